@@ -1,0 +1,40 @@
+# divopd — every target sets up .venv itself, idempotently.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export RAY_AUTH_MODE := disabled
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test test-slow lint bench paper clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[envs,ray,dev]'
+	rm -f $(VENV)/.stamp-*
+	touch $@
+
+demo: setup
+	$(PY) -m divopd.demo
+
+test: setup
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m pytest -q
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+lint: setup
+	$(PY) -m ruff check src tests benchmarks
+
+bench: setup
+	$(PY) benchmarks/bench_sampler.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,161 @@
+"""Batch composers, registered by method name.
+
+A composer picks ``batch_size`` entries from a candidate pool of valid, non-stale turns and returns them in
+composition order. The pool is given in arrival order (pending turns first, then fresh ones, all oldest first). An
+entry is an ``(arrival, Turn)`` pair. Register a new rule with :func:`register_method`; it then works everywhere a
+method name is accepted (configs, ``divopd replay``, ``divopd train``).
+
+Methods (paper, Sections 3–4):
+
+==============  ===========================================================================================
+``vanilla``     arrival-order reader over the raw queue: no pool, no gate (see ``Sampler``)
+``vanilla-pool``  same pool and gate as DivOPD, then the B oldest turns by arrival
+``nocap``       pool + gate + rollout-first with k = ∞, uniform within-rollout order
+``divopd-base`` pool + gate + rollout-first with cap k, uniform within-rollout order
+``divopd``      pool + gate + rollout-first with cap k, focus order
+``divopd-focus``  pool + gate + global focus-first: all candidates ranked by disagreement
+==============  ===========================================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from divopd.experience import Turn
+from divopd.sampling.rules import (
+    allocate_rollout_first,
+    allocate_rollout_first_tokens,
+    focus_key,
+    slot_pass,
+    uniform_order,
+)
+
+if TYPE_CHECKING:
+    from divopd.sampling.sampler import SamplerConfig
+
+Entry = tuple[int, Turn]
+Composer = Callable[[list[Entry], int, "SamplerConfig", np.random.Generator], list[Entry]]
+
+__all__ = ["Method", "METHODS", "register_method", "get_method", "compose_rollout_first"]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A batch-selection method.
+
+    Attributes:
+        name: the registry name (``SamplerConfig.method``).
+        compose: the composer; ``None`` for the arrival-order reader, which reads the raw queue.
+        pooled: True when the method reads a gated candidate pool of ``pool_factor × batch_size`` turns.
+        description: one line for ``--help`` and the README.
+    """
+
+    name: str
+    compose: Composer | None
+    pooled: bool
+    description: str
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(name: str, compose: Composer, description: str = "") -> Method:
+    """Register a pooled composer under ``name`` (the extension point for new selection rules, e.g. TurnOPD)."""
+    if not name or not isinstance(name, str):
+        raise ValueError("method name must be a non-empty str")
+    if name in METHODS:
+        raise ValueError(f"method {name!r} is already registered")
+    method = Method(name=name, compose=compose, pooled=True, description=description)
+    METHODS[name] = method
+    return method
+
+
+def get_method(name: str) -> Method:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown sampler method {name!r}; known: {', '.join(sorted(METHODS))}") from None
+
+
+# ---------------------------------------------------------------------------------------------------- composers
+def compose_oldest(pool: list[Entry], batch_size: int, config: SamplerConfig, rng: np.random.Generator) -> list[Entry]:
+    """``vanilla-pool``: the B oldest candidates by arrival."""
+    return sorted(pool, key=lambda e: e[0])[:batch_size]
+
+
+def compose_focus_first(
+    pool: list[Entry], batch_size: int, config: SamplerConfig, rng: np.random.Generator
+) -> list[Entry]:
+    """``divopd-focus``: all candidates ranked by disagreement, descending, ties by (rollout_id, turn_index)."""
+    return sorted(pool, key=lambda e: focus_key(e[1]))[:batch_size]
+
+
+def compose_rollout_first(
+    pool: list[Entry],
+    batch_size: int,
+    cap: int | None,
+    within: str,
+    rng: np.random.Generator,
+    cap_unit: str = "turns",
+) -> list[Entry]:
+    """Rollout-first composition: group by rollout, visit longest-waiting groups first, cap k on the first pass.
+
+    Args:
+        pool: candidates in arrival order.
+        batch_size: B.
+        cap: first-pass cap k (``None`` = no cap).
+        within: within-rollout order, ``"focus"`` or ``"uniform"``.
+        rng: draws the uniform order (one permutation of the pool per composition).
+        cap_unit: ``"turns"`` (the paper) or ``"tokens"`` (token-share cap).
+
+    Returns:
+        The selected entries in composition order: by pass, then group visiting order, then within-rollout rank.
+    """
+    # 1. Group by rollout. The pool is in arrival order, so first appearance = the group's oldest arrival:
+    #    dict insertion order is "longest-waiting first" (arrivals are unique, so no ties remain to break).
+    groups: dict[str, list[Entry]] = {}
+    for entry in pool:
+        groups.setdefault(entry[1].rollout_id, []).append(entry)
+    ordered = list(groups.values())
+    # 2. Order turns within each rollout.
+    if within == "focus":
+        for g in ordered:
+            g.sort(key=lambda e: focus_key(e[1]))
+    elif within == "uniform":
+        keys = uniform_order(len(pool), rng)
+        key_of = {entry[0]: float(k) for entry, k in zip(pool, keys, strict=True)}
+        for g in ordered:
+            g.sort(key=lambda e: key_of[e[0]])
+    else:
+        raise ValueError(f"within-rollout order must be 'focus' or 'uniform', got {within!r}")
+    # 3. Allocate slots per rollout, then lay them out pass by pass.
+    if cap_unit == "tokens":
+        alloc = allocate_rollout_first_tokens([[e[1].response_len for e in g] for g in ordered], batch_size, cap)
+    else:
+        alloc = allocate_rollout_first([len(g) for g in ordered], batch_size, cap)
+    slots = [(slot_pass(rank, cap), gi, rank) for gi, n in enumerate(alloc) for rank in range(n)]
+    slots.sort()
+    return [ordered[gi][rank] for _, gi, rank in slots]
+
+
+def _rollout_first(within: str, capped: bool) -> Composer:
+    def compose(pool: list[Entry], batch_size: int, config: SamplerConfig, rng: np.random.Generator) -> list[Entry]:
+        cap = config.cap if capped else None
+        return compose_rollout_first(pool, batch_size, cap, within, rng, config.cap_unit)
+
+    compose.__name__ = f"compose_rollout_first_{within}_{'cap' if capped else 'nocap'}"
+    return compose
+
+
+METHODS["vanilla"] = Method("vanilla", None, False, "arrival-order reader: next B non-stale turns, no gate")
+register_method("vanilla-pool", compose_oldest, "pool + gate, then the B oldest turns by arrival")
+register_method("nocap", _rollout_first("uniform", capped=False), "pool + gate + rollout-first, k=∞, uniform within")
+register_method(
+    "divopd-base", _rollout_first("uniform", capped=True), "pool + gate + rollout-first cap k, uniform within"
+)
+register_method("divopd", _rollout_first("focus", capped=True), "pool + gate + rollout-first cap k, focus within")
+register_method("divopd-focus", compose_focus_first, "pool + gate + global focus-first ranking")

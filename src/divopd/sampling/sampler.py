@@ -1,0 +1,297 @@
+"""The sampler: queue, validity gate, candidate pool with pending turns, staleness expiry, and the ledger.
+
+Data path (paper, Algorithm 1, "core DivOPD changes only queue consumption")::
+
+    add(turns) ──► queue (arrival order) ──► [pooled methods] gate on entry ──► pool = pending + fresh (≤ c·B)
+                                                                                   │ compose B turns (method)
+                                                                                   ▼
+                                               unselected valid turns ──► pending (until stale / max_pending)
+
+Every turn ends in exactly one ledger bucket: ``selected``, ``expired`` (stale, or pushed out of a full pending
+pool), ``invalid`` (rejected by the gate, with its reason), or is still waiting (``pending`` in the pool, ``queued``
+not yet read). Invariant: ``received == selected + expired + invalid + pending + queued``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from divopd import gate
+from divopd.experience import Turn
+from divopd.sampling.methods import Entry, get_method
+from divopd.sampling.rules import is_stale, pool_capacity
+from divopd.sampling.stats import batch_stats
+
+__all__ = ["SamplerConfig", "Batch", "Sampler", "make_sampler"]
+
+CAP_UNITS = ("turns", "tokens")
+
+
+@dataclass
+class SamplerConfig:
+    """Batch-selection settings (paper, Appendix Table 3).
+
+    Attributes:
+        method: selection rule, a name in ``divopd.sampling.METHODS``.
+        batch_size: B, rows per learner update.
+        pool_factor: c; pooled methods inspect up to ``ceil(c·B)`` pending + fresh turns per composition.
+        cap: k, the first-pass per-rollout cap of rollout-first methods.
+        max_staleness: a turn expires when ``learner_version − policy_version > max_staleness``.
+        max_pending: at most this many unselected valid turns are kept; the oldest beyond it expire (None = no limit).
+        seed: seeds the uniform within-rollout order (one permutation per composition).
+        cap_unit: ``"turns"`` (the paper's cap) or ``"tokens"`` (token-share cap: first-pass allowance of
+            ``cap × mean response length`` tokens per rollout; beyond the paper).
+    """
+
+    method: str
+    batch_size: int
+    pool_factor: float = 4
+    cap: int = 4
+    max_staleness: int = 2
+    max_pending: int | None = None
+    seed: int = 0
+    cap_unit: str = "turns"
+
+    def __post_init__(self) -> None:
+        get_method(self.method)  # raises a clear error for unknown names
+        _require_int("batch_size", self.batch_size, 1)
+        _require_int("cap", self.cap, 1)
+        _require_int("max_staleness", self.max_staleness, 0)
+        _require_int("seed", self.seed, 0)
+        if self.max_pending is not None:
+            _require_int("max_pending", self.max_pending, 0)
+        if isinstance(self.pool_factor, bool) or not isinstance(self.pool_factor, (int, float)):
+            raise ValueError(f"SamplerConfig.pool_factor must be a number >= 1, got {self.pool_factor!r}")
+        if not math.isfinite(self.pool_factor) or self.pool_factor < 1:
+            raise ValueError(f"SamplerConfig.pool_factor must be a number >= 1, got {self.pool_factor!r}")
+        if self.cap_unit not in CAP_UNITS:
+            raise ValueError(f"SamplerConfig.cap_unit must be one of {CAP_UNITS}, got {self.cap_unit!r}")
+
+    @property
+    def pool_size(self) -> int:
+        return pool_capacity(self.batch_size, self.pool_factor)
+
+
+def _require_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"SamplerConfig.{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass
+class Batch:
+    """A composed learner batch.
+
+    Attributes:
+        turns: the selected turns, in composition order (exactly ``batch_size``).
+        arrivals: the sampler's arrival number of each selected turn.
+        learner_version: the learner version the batch was composed for.
+        stats: composition statistics (see :func:`divopd.sampling.stats.batch_stats`) plus ``expired`` and ``invalid``
+            (during this call), ``pending`` and ``queued`` (after it) and ``candidates`` (pool size inspected).
+        candidates: the valid candidate turns the method chose from (pooled methods; for ``vanilla`` the batch).
+    """
+
+    turns: list[Turn]
+    arrivals: list[int]
+    learner_version: int
+    stats: dict[str, float]
+    candidates: list[Turn] = field(default_factory=list, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.turns)
+
+
+class Sampler:
+    """Queue + pool + ledger around one registered selection method. Build with :func:`make_sampler`."""
+
+    def __init__(self, config: SamplerConfig) -> None:
+        self.config = config
+        self.method = get_method(config.method)
+        self._queue: OrderedDict[int, Turn] = OrderedDict()  # arrival -> turn, not yet read
+        self._expiry: list[tuple[int, int]] = []  # heap of (policy_version, arrival) over queued turns
+        self._pending: list[Entry] = []  # gated, unselected, arrival order
+        self._next_arrival = 0
+        self._compositions = 0
+        self._counts = {"received": 0, "selected": 0, "expired": 0, "invalid": 0}
+        self._invalid_by_reason: dict[str, int] = dict.fromkeys(gate.REASONS, 0)
+        self._expired_by_reason: dict[str, int] = {"stale": 0, "pending_overflow": 0}
+
+    # ------------------------------------------------------------------ intake
+    def add(self, turns: Turn | list[Turn] | tuple[Turn, ...]) -> list[int]:
+        """Queue arrivals; returns their arrival numbers (the sampler numbers turns in arrival order)."""
+        if isinstance(turns, Turn):
+            turns = [turns]
+        arrivals = []
+        for turn in turns:
+            if not isinstance(turn, Turn):
+                raise TypeError(f"Sampler.add expects divopd.Turn objects, got {type(turn).__name__}")
+            arrival = self._next_arrival
+            self._next_arrival += 1
+            self._queue[arrival] = turn
+            heapq.heappush(self._expiry, (turn.policy_version, arrival))
+            arrivals.append(arrival)
+        self._counts["received"] += len(arrivals)
+        return arrivals
+
+    # ------------------------------------------------------------------ ledger
+    @property
+    def ledger(self) -> dict[str, Any]:
+        """Counters; ``received == selected + expired + invalid + pending + queued`` always holds."""
+        return {
+            **self._counts,
+            "pending": len(self._pending),
+            "queued": len(self._queue),
+            "invalid_by_reason": dict(self._invalid_by_reason),
+            "expired_by_reason": dict(self._expired_by_reason),
+        }
+
+    @property
+    def waiting(self) -> int:
+        """Turns not yet decided (pending + queued)."""
+        return len(self._pending) + len(self._queue)
+
+    # ------------------------------------------------------------------ composition
+    def next_batch(self, learner_version: int) -> Batch | None:
+        """Compose exactly ``batch_size`` turns for ``learner_version``, or ``None`` when too few are eligible.
+
+        Stale turns are expired first, wherever they sit. ``None`` selects nothing; pooled methods may still have
+        moved fresh turns into the pool (and rejected invalid ones), which the ledger shows.
+        """
+        if isinstance(learner_version, bool) or not isinstance(learner_version, (int, np.integer)):
+            raise TypeError(f"learner_version must be an int, got {learner_version!r}")
+        learner_version = int(learner_version)
+        before_expired, before_invalid = self._counts["expired"], self._counts["invalid"]
+        self._expire_stale(learner_version)
+        if self.method.pooled:
+            selected, candidates = self._compose_pooled(learner_version)
+        else:
+            selected = self._read_arrival_order()
+            candidates = None
+        if selected is None:
+            return None
+        self._counts["selected"] += len(selected)
+        turns = [t for _, t in selected]
+        stats = batch_stats(turns, learner_version)
+        stats.update(
+            expired=self._counts["expired"] - before_expired,
+            invalid=self._counts["invalid"] - before_invalid,
+            pending=len(self._pending),
+            queued=len(self._queue),
+            candidates=len(candidates) if candidates is not None else len(turns),
+        )
+        return Batch(
+            turns=turns,
+            arrivals=[a for a, _ in selected],
+            learner_version=learner_version,
+            stats=stats,
+            candidates=candidates if candidates is not None else list(turns),
+        )
+
+    def _expire_stale(self, learner_version: int) -> None:
+        """Drop every stale turn (queue and pending), counting it ``expired``."""
+        threshold = learner_version - self.config.max_staleness  # stale iff policy_version < threshold
+        heap = self._expiry
+        while heap and heap[0][0] < threshold:
+            _, arrival = heapq.heappop(heap)
+            if self._queue.pop(arrival, None) is not None:
+                self._expire(1, "stale")
+        if len(heap) > 2 * len(self._queue) + 1024:  # drop entries of turns already read from the queue
+            self._expiry = [(t.policy_version, a) for a, t in self._queue.items()]
+            heapq.heapify(self._expiry)
+        if self._pending:
+            max_staleness = self.config.max_staleness
+            keep = [e for e in self._pending if not is_stale(e[1].policy_version, learner_version, max_staleness)]
+            self._expire(len(self._pending) - len(keep), "stale")
+            self._pending = keep
+
+    def _expire(self, n: int, reason: str) -> None:
+        self._counts["expired"] += n
+        self._expired_by_reason[reason] += n
+
+    def _read_arrival_order(self) -> list[Entry] | None:
+        """``vanilla``: the next B (non-stale) turns in arrival order, ungated."""
+        batch_size = self.config.batch_size
+        if len(self._queue) < batch_size:
+            return None
+        return [self._queue.popitem(last=False) for _ in range(batch_size)]
+
+    def _fill_pool(self) -> list[Entry]:
+        """Pending turns (oldest first), then fresh queued turns through the gate until the pool holds c·B."""
+        pool = self._pending
+        capacity = self.config.pool_size
+        queue = self._queue
+        while len(pool) < capacity and queue:
+            arrival, turn = queue.popitem(last=False)
+            reason = gate.check(turn)
+            if reason is None:
+                pool.append((arrival, turn))
+            else:
+                self._counts["invalid"] += 1
+                self._invalid_by_reason[reason] += 1
+        return pool
+
+    def _compose_pooled(self, learner_version: int) -> tuple[list[Entry] | None, list[Turn] | None]:
+        pool = self._fill_pool()
+        batch_size = self.config.batch_size
+        if len(pool) < batch_size:
+            self._pending = pool
+            return None, None
+        rng = np.random.default_rng([self.config.seed, self._compositions])
+        self._compositions += 1
+        selected = self.method.compose(list(pool), batch_size, self.config, rng)
+        if len(selected) != batch_size:
+            raise RuntimeError(f"method {self.config.method!r} returned {len(selected)} rows, expected {batch_size}")
+        chosen = {a for a, _ in selected}
+        if len(chosen) != batch_size:
+            raise RuntimeError(f"method {self.config.method!r} selected a turn twice")
+        pending = [e for e in pool if e[0] not in chosen]
+        if self.config.max_pending is not None and len(pending) > self.config.max_pending:
+            overflow = len(pending) - self.config.max_pending
+            self._expire(overflow, "pending_overflow")
+            pending = pending[overflow:]
+        self._pending = pending
+        return selected, [t for _, t in pool]
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """All that is needed to continue exactly: config, counters, queued and pending turns (JSON-able)."""
+        return {
+            "version": 1,
+            "config": asdict(self.config),
+            "next_arrival": self._next_arrival,
+            "compositions": self._compositions,
+            "counts": dict(self._counts),
+            "invalid_by_reason": dict(self._invalid_by_reason),
+            "expired_by_reason": dict(self._expired_by_reason),
+            "queue": [[a, t.to_dict()] for a, t in self._queue.items()],
+            "pending": [[a, t.to_dict()] for a, t in self._pending],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; the config must match this sampler's."""
+        if state.get("version") != 1:
+            raise ValueError(f"unsupported sampler state version {state.get('version')!r}")
+        saved = SamplerConfig(**state["config"])
+        if saved != self.config:
+            raise ValueError(f"sampler state was saved with {saved}, this sampler has {self.config}")
+        self._next_arrival = int(state["next_arrival"])
+        self._compositions = int(state["compositions"])
+        self._counts = {k: int(v) for k, v in state["counts"].items()}
+        self._invalid_by_reason = {k: int(v) for k, v in state["invalid_by_reason"].items()}
+        self._expired_by_reason = {k: int(v) for k, v in state["expired_by_reason"].items()}
+        self._queue = OrderedDict((int(a), Turn.from_dict(d)) for a, d in state["queue"])
+        self._expiry = [(t.policy_version, a) for a, t in self._queue.items()]
+        heapq.heapify(self._expiry)
+        self._pending = [(int(a), Turn.from_dict(d)) for a, d in state["pending"]]
+
+
+def make_sampler(config: SamplerConfig) -> Sampler:
+    """Build the sampler for ``config.method``."""
+    if not isinstance(config, SamplerConfig):
+        raise TypeError(f"make_sampler expects a SamplerConfig, got {type(config).__name__}")
+    return Sampler(config)

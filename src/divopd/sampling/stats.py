@@ -1,0 +1,68 @@
+"""Batch statistics (paper, "Concentration within an update" and Figure 6)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from divopd.experience import Turn
+
+__all__ = ["batch_stats", "effective_rollouts"]
+
+
+def effective_rollouts(shares: Sequence[float]) -> float:
+    """Effective rollout count ``(Σ_r p_r²)^-1`` of per-rollout shares ``p_r`` (0 for an empty batch)."""
+    total = sum(p * p for p in shares)
+    return 1.0 / total if total > 0 else 0.0
+
+
+def batch_stats(turns: Sequence[Turn], learner_version: int) -> dict[str, float]:
+    """Composition statistics of one batch.
+
+    Keys: ``rows``, ``distinct_rollouts``, ``effective_rollouts`` (1/Σ p_r², p_r = rollout r's share of the batch's
+    response tokens; row shares when the batch has no response token), ``max_rollout_share``, ``dead_rows`` (rows
+    with no valid token), ``response_tokens``, ``valid_tokens``, ``mean_staleness`` (learner − generating version),
+    ``max_staleness``, ``version_min``/``version_max``/``version_mean``, ``disagreement_mean`` (per row) and
+    ``disagreement_std_across_rollouts`` (std of each rollout's summed disagreement in the batch, Figure 6).
+    """
+    rows = len(turns)
+    if rows == 0:
+        return {"rows": 0, "distinct_rollouts": 0, "effective_rollouts": 0.0, "max_rollout_share": 0.0, "dead_rows": 0}
+    tokens: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    disagreement: dict[str, float] = {}
+    dead = valid_tokens = 0
+    versions = []
+    for t in turns:
+        rid = t.rollout_id
+        tokens[rid] = tokens.get(rid, 0) + t.response_len
+        counts[rid] = counts.get(rid, 0) + 1
+        disagreement[rid] = disagreement.get(rid, 0.0) + t.disagreement
+        n_valid = t.n_valid
+        valid_tokens += n_valid
+        dead += n_valid == 0
+        versions.append(t.policy_version)
+    total_tokens = sum(tokens.values())
+    weights = tokens if total_tokens > 0 else counts
+    denom = total_tokens if total_tokens > 0 else rows
+    shares = [w / denom for w in weights.values()]
+    per_rollout = list(disagreement.values())
+    mean_d = sum(per_rollout) / len(per_rollout)
+    std_d = math.sqrt(sum((d - mean_d) ** 2 for d in per_rollout) / len(per_rollout))
+    staleness = [learner_version - v for v in versions]
+    return {
+        "rows": rows,
+        "distinct_rollouts": len(tokens),
+        "effective_rollouts": effective_rollouts(shares),
+        "max_rollout_share": max(shares),
+        "dead_rows": dead,
+        "response_tokens": total_tokens,
+        "valid_tokens": valid_tokens,
+        "mean_staleness": sum(staleness) / rows,
+        "max_staleness": max(staleness),
+        "version_min": min(versions),
+        "version_max": max(versions),
+        "version_mean": sum(versions) / rows,
+        "disagreement_mean": sum(per_rollout) / rows,
+        "disagreement_std_across_rollouts": std_d,
+    }
