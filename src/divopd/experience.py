@@ -54,6 +54,9 @@ class Turn:
         teacher_valid_mask: per response token, True where the teacher score is usable (``None`` = no extra mask).
         prompt_truncated: True when the explorer had to truncate the prompt (history past the context budget).
         info: free-form metadata (env, task, success, reward, score, horizon, teacher_acted, ...).
+        teacher_topk_ids: optional, per response token the teacher's top-k token ids, shape [L, k] (for the
+            non-default top-k reverse-KL estimator of :func:`divopd.loss.opd_loss`).
+        teacher_topk_logprobs: optional, the teacher log probabilities of ``teacher_topk_ids``, shape [L, k].
     """
 
     rollout_id: str
@@ -67,6 +70,8 @@ class Turn:
     teacher_valid_mask: _ArrayLike | None = None
     prompt_truncated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    teacher_topk_ids: np.ndarray | None = None
+    teacher_topk_logprobs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.rollout_id, str) or not self.rollout_id:
@@ -85,6 +90,13 @@ class Turn:
         self.teacher_logprobs = _as_array(self.teacher_logprobs, np.float32, "teacher_logprobs")
         self.teacher_valid_mask = _as_array(self.teacher_valid_mask, bool, "teacher_valid_mask")
         self.prompt_truncated = bool(self.prompt_truncated)
+        for name, dtype in (("teacher_topk_ids", np.int32), ("teacher_topk_logprobs", np.float32)):
+            value = getattr(self, name)
+            if value is not None:
+                arr = np.asarray(value, dtype=dtype)
+                if arr.ndim != 2:
+                    raise ValueError(f"Turn.{name}: expected shape [response_len, k], got {arr.shape}")
+                setattr(self, name, arr)
         if self.info is None:
             self.info = {}
         if not isinstance(self.info, dict):
@@ -109,7 +121,14 @@ class Turn:
     def length_mismatch(self) -> str | None:
         """Name of the first per-token array whose length differs from the response, else ``None``."""
         n = self.response_len
-        for name in ("action_mask", "student_logprobs", "teacher_logprobs", "teacher_valid_mask"):
+        for name in (
+            "action_mask",
+            "student_logprobs",
+            "teacher_logprobs",
+            "teacher_valid_mask",
+            "teacher_topk_ids",
+            "teacher_topk_logprobs",
+        ):
             arr = getattr(self, name)
             if arr is not None and arr.shape[0] != n:
                 return name
@@ -165,6 +184,8 @@ class Turn:
             "teacher_valid_mask": lst(self.teacher_valid_mask),
             "prompt_truncated": self.prompt_truncated,
             "info": dict(self.info),
+            "teacher_topk_ids": lst(self.teacher_topk_ids),
+            "teacher_topk_logprobs": lst(self.teacher_topk_logprobs),
         }
 
     @classmethod

@@ -1,0 +1,5 @@
+import sys
+
+from divopd.cli import main
+
+sys.exit(main())
