@@ -1,0 +1,326 @@
+"""Evaluation metrics of the paper (Section 4) as pure functions, and the run's metrics writer.
+
+Paper, Section 4: "We report peak success rate (SR) and final-five SR, the mean over the last five evaluation
+checkpoints; ± denotes the standard deviation across those checkpoints. For efficiency, the target success rate τ is a
+multiple of 5 at or below vanilla OPD's peak SR. For either cumulative learner-side resource C (training tokens or
+trainer GPU-hours), we report C_vanilla(τ)/C_method(τ), where each cost is accumulated through the first evaluation
+reaching τ. Values above one favor the method; a dash means that the method did not reach τ. We also report normalized
+area under the success-rate curve over a common learner-update budget (nAUC), equivalently the mean SR over that
+budget."
+
+Conventions (one rule of the paper = one function):
+
+- SR values are passed in whatever unit the caller uses; :func:`default_target` alone assumes percent (the paper's τ
+  is a multiple of 5 percentage points). ``divopd report`` converts ``eval/success_rate`` (0–1) to percent on load.
+- Standard deviations over evaluation checkpoints are population std (ddof=0): the final five are the whole
+  population being described, not a sample.
+- :func:`nauc` integrates the SR curve with the trapezoid rule by default (``rule="step"`` holds each eval's SR until
+  the next eval); both are normalised by the budget span, so the result is a mean SR in the caller's unit.
+
+:class:`MetricsWriter` appends the records of ``metrics.jsonl`` (format: docs/sections/run-dir.md) and mirrors numeric
+values to TensorBoard when ``torch.utils.tensorboard`` is importable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time as _time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "SR_TOLERANCE",
+    "Cost",
+    "EvalPoint",
+    "MetricsWriter",
+    "cost_to_target",
+    "default_target",
+    "final_five",
+    "geometric_mean",
+    "nauc",
+    "peak_sr",
+    "reaches",
+    "speedup",
+]
+
+#: Absolute tolerance when comparing an SR with a target: 0.29 * 100 == 28.999999999999996 must reach τ = 29.
+SR_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    """One evaluation checkpoint: learner version, SR, and the cumulative learner-side resources at that point."""
+
+    update: int
+    sr: float
+    tokens: float | None = None  # learner/tokens_total at this eval
+    compute_s: float | None = None  # learner/compute_s_total at this eval
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Learner-side resources accumulated through the first evaluation reaching τ."""
+
+    update: int
+    tokens: float | None
+    compute_s: float | None
+
+
+def peak_sr(srs: Sequence[float]) -> float | None:
+    """Peak SR: the highest SR over all evaluation checkpoints (``None`` when there is none)."""
+    return max(srs) if len(srs) else None
+
+
+def final_five(srs: Sequence[float], n: int = 5) -> tuple[float, float] | None:
+    """Final-five SR: (mean, population std) over the last ``n`` evaluation checkpoints, in evaluation order.
+
+    With fewer than ``n`` checkpoints the available ones are used (callers report how many); ``None`` when there is
+    none.
+    """
+    if n < 1:
+        raise ValueError(f"final_five: n must be >= 1, got {n}")
+    last = [float(x) for x in srs[-n:]]
+    if not last:
+        return None
+    mean = sum(last) / len(last)
+    std = math.sqrt(sum((x - mean) ** 2 for x in last) / len(last))
+    return mean, std
+
+
+def nauc(updates: Sequence[float], srs: Sequence[float], budget: float, rule: str = "trapezoid") -> float | None:
+    """nAUC: area under the SR-vs-update curve over ``[updates[0], budget]`` divided by the span (= mean SR there).
+
+    ``rule="trapezoid"`` (default) joins consecutive evals linearly and interpolates the SR at ``budget``;
+    ``rule="step"`` holds each eval's SR until the next eval. Returns ``None`` when the run's evals do not cover the
+    budget (no eval at or after ``budget``), so a run still in progress is never scored on a shorter span. When the
+    first eval is at ``budget`` the nAUC is that eval's SR. ``updates`` must be strictly increasing.
+    """
+    if rule not in ("trapezoid", "step"):
+        raise ValueError(f"nauc: rule must be 'trapezoid' or 'step', got {rule!r}")
+    if len(updates) != len(srs):
+        raise ValueError(f"nauc: {len(updates)} updates but {len(srs)} SR values")
+    if not len(updates):
+        return None
+    if any(updates[i + 1] <= updates[i] for i in range(len(updates) - 1)):
+        raise ValueError("nauc: updates must be strictly increasing")
+    start = updates[0]
+    if budget < start:
+        raise ValueError(f"nauc: budget {budget} is before the first eval (update {start})")
+    if updates[-1] < budget:
+        return None
+    if budget == start:
+        return float(srs[0])
+    area = 0.0
+    for i in range(len(updates) - 1):
+        u0, s0, u1, s1 = updates[i], srs[i], updates[i + 1], srs[i + 1]
+        if u0 >= budget:
+            break
+        end = min(u1, budget)
+        if rule == "step":
+            area += s0 * (end - u0)
+        else:
+            s_end = s0 + (s1 - s0) * (end - u0) / (u1 - u0)
+            area += 0.5 * (s0 + s_end) * (end - u0)
+    return area / (budget - start)
+
+
+def default_target(vanilla_peak_percent: float) -> float | None:
+    """Default τ: the largest multiple of 5 (percent) at or below vanilla's peak SR; ``None`` below 5%."""
+    tau = 5.0 * math.floor(vanilla_peak_percent / 5.0 + SR_TOLERANCE)
+    return tau if tau >= 5.0 else None
+
+
+def reaches(sr: float, tau: float) -> bool:
+    """An evaluation reaches τ when its SR is at least τ (up to :data:`SR_TOLERANCE`)."""
+    return sr >= tau - SR_TOLERANCE
+
+
+def cost_to_target(evals: Sequence[EvalPoint], tau: float) -> Cost | None:
+    """Learner tokens and compute seconds accumulated through the first evaluation (in order) reaching τ.
+
+    ``None`` when no evaluation reaches τ (the paper's dash).
+    """
+    for e in evals:
+        if reaches(e.sr, tau):
+            return Cost(update=e.update, tokens=e.tokens, compute_s=e.compute_s)
+    return None
+
+
+def speedup(vanilla_cost: float | None, method_cost: float | None) -> float | None:
+    """Time-to-target ratio ``C_vanilla(τ) / C_method(τ)``; above one favours the method.
+
+    ``None`` when either cost is missing (not reached, or not recorded). A method that reaches τ at zero cost gives
+    ``inf`` (1.0 when vanilla's cost is zero too).
+    """
+    if vanilla_cost is None or method_cost is None:
+        return None
+    if vanilla_cost < 0 or method_cost < 0:
+        raise ValueError(f"speedup: negative cost (vanilla {vanilla_cost}, method {method_cost})")
+    if method_cost == 0:
+        return 1.0 if vanilla_cost == 0 else math.inf
+    return vanilla_cost / method_cost
+
+
+def geometric_mean(values: Sequence[float]) -> float | None:
+    """Geometric mean (the paper's cross-setting speedup summary); ``None`` for no values.
+
+    Raises ``ValueError`` for a non-positive or non-finite value: callers drop missing ratios (dashes) first and say so.
+    """
+    vals = [float(v) for v in values]
+    if not vals:
+        return None
+    bad = [v for v in vals if not (v > 0 and math.isfinite(v))]
+    if bad:
+        raise ValueError(f"geometric_mean: values must be positive and finite, got {bad}")
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def _jsonable(value: Any, key: str) -> Any:
+    """A JSON-safe copy of a metric value: non-finite floats become ``null`` (strict JSON has no NaN)."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if callable(item):
+        try:
+            return _jsonable(item(), key)
+        except (ValueError, RuntimeError):
+            pass
+    raise TypeError(f"metric {key!r}: value of type {type(value).__name__} is not a JSON scalar")
+
+
+class MetricsWriter:
+    """Appends ``metrics.jsonl`` records to a run directory and mirrors numeric values to TensorBoard (``tb/``).
+
+    Example::
+
+        with MetricsWriter(run_dir) as mw:
+            mw.update(1, {"learner/loss": 0.7, "learner/tokens_total": 4096})
+            mw.eval(1, {"eval/success_rate": 0.25, "learner/tokens_total": 4096})
+
+    Each record is one line ``{"kind": ..., "update": ..., "time": ..., <metrics>}``, flushed at once so a killed run
+    loses at most the line being written. ``time`` defaults to seconds since the writer was created plus
+    ``time_offset`` (pass the previous run's elapsed time when resuming). On opening, a final line without a newline
+    (a write cut off by a kill) is dropped with a warning; with ``truncate_after=N`` (resume from the checkpoint of
+    update N), records with ``update > N`` are dropped too, so redone updates are not counted twice. Thread-safe.
+    """
+
+    KINDS = ("update", "eval")
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        tensorboard: bool = True,
+        time_offset: float = 0.0,
+        truncate_after: int | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._lock = threading.Lock()
+        self._t0 = _time.monotonic() - time_offset
+        self._repair(truncate_after)
+        self._file = open(self.path, "a", encoding="utf-8")  # closed in close()
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # TensorBoard is optional for the writer; metrics.jsonl is the record
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+
+    def _repair(self, truncate_after: int | None) -> None:
+        """Drop a cut-off final line and, when resuming, records past the checkpoint (see the class docstring)."""
+        if not self.path.exists():
+            return
+        text = self.path.read_text(encoding="utf-8")
+        lines = text.split("\n")
+        tail = lines.pop()  # "" when the file ends with a newline
+        changed = False
+        if tail:
+            warnings.warn(f"{self.path}: dropping a cut-off final line ({len(tail)} chars)", stacklevel=3)
+            changed = True
+        if truncate_after is not None:
+            kept = []
+            for lineno, line in enumerate(lines, 1):
+                try:
+                    rec = json.loads(line) if line.strip() else None
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{self.path}:{lineno}: malformed JSON line: {exc.msg}") from exc
+                if isinstance(rec, dict) and isinstance(rec.get("update"), int) and rec["update"] > truncate_after:
+                    changed = True
+                    continue
+                kept.append(line)
+            lines = kept
+        if changed:
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            os.replace(tmp, self.path)
+
+    def write(self, kind: str, update: int, metrics: Mapping[str, Any], time: float | None = None) -> dict[str, Any]:
+        """Append one record of ``kind`` (``"update"`` or ``"eval"``) and return it as written."""
+        if kind not in self.KINDS:
+            raise ValueError(f"MetricsWriter: kind must be one of {self.KINDS}, got {kind!r}")
+        if isinstance(update, bool) or not isinstance(update, int) or update < 0:
+            raise ValueError(f"MetricsWriter: update must be a non-negative int, got {update!r}")
+        reserved = {"kind", "update", "time"} & set(metrics)
+        if reserved:
+            raise ValueError(f"MetricsWriter: metric names {sorted(reserved)} are reserved")
+        elapsed = _time.monotonic() - self._t0 if time is None else float(time)
+        record: dict[str, Any] = {"kind": kind, "update": update, "time": round(elapsed, 6)}
+        for key, value in metrics.items():
+            if not isinstance(key, str):
+                raise TypeError(f"MetricsWriter: metric name {key!r} is not a string")
+            record[key] = _jsonable(value, key)
+        line = json.dumps(record, allow_nan=False, separators=(",", ":"))
+        with self._lock:
+            if self._file.closed:
+                raise ValueError(f"MetricsWriter: {self.path} is closed")
+            self._file.write(line + "\n")
+            self._file.flush()
+            if self._tb is not None:
+                for key, value in metrics.items():
+                    v = record[key]
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        self._tb.add_scalar(key, v, global_step=update)
+                    elif v is None and isinstance(value, float):  # keep NaN/inf visible in TensorBoard
+                        self._tb.add_scalar(key, value, global_step=update)
+        return record
+
+    def update(self, update: int, metrics: Mapping[str, Any], time: float | None = None) -> dict[str, Any]:
+        """Append an ``"update"`` record (one per learner update)."""
+        return self.write("update", update, metrics, time)
+
+    def eval(self, update: int, metrics: Mapping[str, Any], time: float | None = None) -> dict[str, Any]:
+        """Append an ``"eval"`` record (one per evaluation; carries ``eval/success_rate`` in 0–1)."""
+        return self.write("eval", update, metrics, time)
+
+    def flush(self) -> None:
+        """Flush TensorBoard events (metrics.jsonl is flushed after every record)."""
+        with self._lock:
+            if self._tb is not None:
+                self._tb.flush()
+
+    def close(self) -> None:
+        """Close metrics.jsonl and the TensorBoard writer; idempotent."""
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
+            if self._tb is not None:
+                self._tb.close()
+                self._tb = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
