@@ -30,7 +30,7 @@ def _as_array(values: Any, dtype: Any, name: str) -> np.ndarray | None:
         return None
     try:
         arr = np.asarray(values, dtype=dtype)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"Turn.{name}: cannot be read as a {np.dtype(dtype).name} sequence ({exc})") from None
     if arr.ndim != 1:
         raise ValueError(f"Turn.{name}: expected a 1-d sequence, got shape {arr.shape}")

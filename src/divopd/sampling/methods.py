@@ -75,10 +75,11 @@ def register_method(name: str, compose: Composer, description: str = "") -> Meth
 
 
 def get_method(name: str) -> Method:
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise ValueError(f"unknown sampler method {name!r}; known: {', '.join(sorted(METHODS))}") from None
+    """The registered method called ``name``; ``ValueError`` naming the known methods otherwise."""
+    method = METHODS.get(name) if isinstance(name, str) else None
+    if method is None:
+        raise ValueError(f"unknown sampler method {name!r}; known: {', '.join(sorted(METHODS))}")
+    return method
 
 
 # ---------------------------------------------------------------------------------------------------- composers

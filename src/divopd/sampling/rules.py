@@ -148,5 +148,5 @@ def uniform_order(n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def pool_capacity(batch_size: int, pool_factor: float) -> int:
-    """Candidate pool size ``c·B`` (rounded up)."""
-    return int(math.ceil(pool_factor * batch_size))
+    """Candidate pool size ``c·B`` (rounded up; float noise such as 1.1 × 100 = 110.00000000000001 is ignored)."""
+    return int(math.ceil(round(pool_factor * batch_size, 9)))

@@ -124,12 +124,12 @@ class Sampler:
     # ------------------------------------------------------------------ intake
     def add(self, turns: Turn | list[Turn] | tuple[Turn, ...]) -> list[int]:
         """Queue arrivals; returns their arrival numbers (the sampler numbers turns in arrival order)."""
-        if isinstance(turns, Turn):
-            turns = [turns]
-        arrivals = []
-        for turn in turns:
+        turns = [turns] if isinstance(turns, Turn) else list(turns)
+        for turn in turns:  # check all first: a bad item must not leave half the call queued and uncounted
             if not isinstance(turn, Turn):
                 raise TypeError(f"Sampler.add expects divopd.Turn objects, got {type(turn).__name__}")
+        arrivals = []
+        for turn in turns:
             arrival = self._next_arrival
             self._next_arrival += 1
             self._queue[arrival] = turn
@@ -249,6 +249,8 @@ class Sampler:
         chosen = {a for a, _ in selected}
         if len(chosen) != batch_size:
             raise RuntimeError(f"method {self.config.method!r} selected a turn twice")
+        if not chosen.issubset(a for a, _ in pool):
+            raise RuntimeError(f"method {self.config.method!r} selected a turn that is not in the candidate pool")
         pending = [e for e in pool if e[0] not in chosen]
         if self.config.max_pending is not None and len(pending) > self.config.max_pending:
             overflow = len(pending) - self.config.max_pending
