@@ -1,0 +1,164 @@
+"""Environment adapters: the protocol's rules on the tiny env, and gold-path episodes on real TextWorld-Express."""
+
+from __future__ import annotations
+
+import pytest
+
+from divopd.envs import SPLITS, EnvCrash, ProgressTracker, make_env
+from divopd.envs.tiny import TinyEnv
+
+
+def play(env, task: str, actions: list[str]) -> list[tuple[str, float, bool, dict]]:
+    env.reset(task)
+    out = []
+    for a in actions:
+        out.append(env.step(a))
+        if out[-1][2]:
+            break
+    return out
+
+
+# ---------------------------------------------------------------------------- protocol helpers
+def test_progress_tracker_counts_score_rises_and_new_states_only():
+    p = ProgressTracker()
+    p.reset(0.0, "a")
+    assert p.update(0.0, "b") is True  # new state
+    assert p.update(0.0, "a") is False  # back to a seen state
+    assert p.update(0.5, "a") is True  # score rose
+    assert p.update(0.5, "a") is False
+    assert p.update(0.2, "c") is True  # new state even if score fell
+    assert p.update(0.4, "c") is False  # below the best score
+
+
+def test_make_env_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown environment 'nope'"):
+        make_env("nope")
+
+
+# ---------------------------------------------------------------------------- tiny
+def test_tiny_gold_path_wins_every_task_of_every_split():
+    env = make_env("tiny", num_rooms=6)
+    for split in SPLITS:
+        for task in env.tasks(split):
+            steps = play(env, task, env.gold_actions(task))
+            obs, reward, done, info = steps[-1]
+            assert done and info["success"] and info["score"] == 1.0 and reward == 1.0, task
+            assert all(s[3]["progress"] for s in steps), task  # every gold step is a new room or the coin
+
+
+def test_tiny_splits_are_disjoint():
+    env = TinyEnv()
+    sets = [set(env.tasks(s)) for s in SPLITS]
+    assert not (sets[0] & sets[1]) and not (sets[0] & sets[2]) and not (sets[1] & sets[2])
+
+
+def test_tiny_bad_actions_give_feedback_not_exceptions_and_no_progress():
+    env = TinyEnv()
+    task = env.tasks("train")[0]
+    env.reset(task)
+    for action in ["", "fly to the moon", "take coin", "look around"]:
+        obs, reward, done, info = env.step(action)
+        assert isinstance(obs, str) and obs and not done and not info["success"]
+        assert info["progress"] is False
+
+
+def test_tiny_crash_and_close_raise_env_crash():
+    env = TinyEnv(crash_prob=1.0)
+    env.reset(env.tasks("train")[0])
+    with pytest.raises(EnvCrash):
+        env.step("look around")
+    env = TinyEnv()
+    env.reset(env.tasks("train")[0])
+    env.close()
+    with pytest.raises(EnvCrash):
+        env.step("look around")
+
+
+def test_tiny_rejects_bad_task_and_split():
+    env = TinyEnv()
+    with pytest.raises(ValueError, match="unknown split"):
+        env.tasks("eval")
+    with pytest.raises(ValueError, match="bad task"):
+        env.reset("nope")
+
+
+# ---------------------------------------------------------------------------- TextWorld-Express (real package)
+@pytest.fixture(scope="module")
+def twx():
+    env = make_env("twx")
+    yield env
+    env.close()
+
+
+def test_twx_gold_path_wins_on_every_split(twx):
+    for split in SPLITS:
+        for task in twx.tasks(split)[:5]:
+            gold = twx.gold_actions(task)
+            assert 1 <= len(gold) <= 30
+            first = twx.reset(task)
+            assert "coin" in first and twx.valid_actions()
+            steps = play(twx, task, gold)
+            obs, reward, done, info = steps[-1]
+            assert done and info["success"] and info["score"] == 1.0, (task, gold, obs)
+            assert len(steps) == len(gold)
+
+
+def test_twx_splits_come_from_the_package_folds(twx):
+    train, dev, test = (set(twx.tasks(s)) for s in SPLITS)
+    assert len(train) == len(dev) == len(test) == 1000
+    assert not (train & dev) and not (dev & test) and not (train & test)
+
+
+def test_twx_bad_action_is_feedback_with_no_progress(twx):
+    twx.reset(twx.tasks("train")[0])
+    obs, reward, done, info = twx.step("fly to the moon")
+    assert "not sure" in obs and not done and reward == 0.0
+    assert info == {"success": False, "progress": False, "score": 0.0, "failure": False}
+    obs, reward, done, info = twx.step("look around")
+    assert info["progress"] is False  # same room, same inventory
+
+
+def test_twx_cookingworld_gold_path_wins_and_score_rises():
+    env = make_env("twx", game="cookingworld",
+                   params="numLocations=1,numIngredients=1,numDistractorItems=0,includeDoors=0,limitInventorySize=0")
+    try:
+        task = env.tasks("dev")[0]
+        steps = play(env, task, env.gold_actions(task))
+        scores = [s[3]["score"] for s in steps]
+        assert steps[-1][3]["success"] and scores[-1] == 1.0 and 0.0 < scores[len(scores) // 2] < 1.0
+    finally:
+        env.close()
+
+
+def test_twx_close_ends_the_jvm_and_later_calls_crash():
+    env = make_env("twx")
+    proc = env._env._gateway.java_process
+    env.reset(env.tasks("train")[0])
+    env.close()
+    assert proc.poll() is not None
+    with pytest.raises(EnvCrash):
+        env.step("look around")
+    env.close()  # idempotent
+
+
+def test_twx_killed_jvm_is_an_env_crash():
+    env = make_env("twx")
+    try:
+        env.reset(env.tasks("train")[0])
+        env._env._gateway.java_process.kill()
+        env._env._gateway.java_process.wait()
+        with pytest.raises(EnvCrash, match="jvm alive=False"):
+            env.step("look around")
+    finally:
+        env.close()
+
+
+def test_twx_rejects_unknown_game_and_bad_task():
+    with pytest.raises(ValueError, match="unknown game"):
+        make_env("twx", game="zork")
+    env = make_env("twx")
+    try:
+        with pytest.raises(ValueError, match="bad task"):
+            env.reset("valid:3")
+    finally:
+        env.close()
