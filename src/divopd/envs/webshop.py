@@ -88,7 +88,11 @@ class WebShopEnv(Env):
 
     def reset(self, task: str) -> str:
         goal = _goal_index(task)
-        payload = self._call("POST", "/reset", {"env_idx": self._env_idx, "session_id": goal})
+        status, payload = self._call_status("POST", "/reset", {"env_idx": self._env_idx, "session_id": goal})
+        if status == 422:  # the request was understood and the goal refused (e.g. out of range)
+            raise ValueError(f"WebShop server rejected task {task!r}: {payload}")
+        if status != 200:
+            raise EnvCrash(f"WebShop POST /reset answered HTTP {status}: {payload}")
         obs = payload[0] if isinstance(payload, list) else payload
         if not isinstance(obs, str):
             raise EnvCrash(f"WebShop /reset returned {payload!r}, expected [observation, ...]")
