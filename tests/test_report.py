@@ -273,3 +273,27 @@ def test_eval_without_cumulative_fields_uses_latest_update_record(tmp_path):
     assert len(run.evals) == 1 and run.evals[0].sr == pytest.approx(60.0)
     assert (run.evals[0].tokens, run.evals[0].compute_s) == (250.0, 5.0)
     assert any("second eval at update 2" in n for n in run.notes)
+
+
+def test_partial_reach_uses_reaching_seeds_and_says_so(runs_root):
+    runs = [load_run(p) for p in find_run_dirs([runs_root / "s1-vanilla-0", runs_root / "s1-vanilla-1"])]
+    runs += [load_run(runs_root / "s1-divopd-0"), load_run(runs_root / "s1-divopd-1")]
+    rep = build_report(runs, target_all=75.0)
+    s1 = rep["settings"]["s1"]
+    # vanilla: seed 0 peaks at 72 (never), seed 1 reaches 75 at update 50 -> 5000 tokens, 50 s.
+    # divopd: 80 at update 30 (1500 tokens, 18 s) and 90 at update 40 (2000 tokens, 24 s) -> 1750, 21.
+    assert s1["methods"]["vanilla"]["aggregate"]["reached_target"] == {"n": 1, "of": 2}
+    assert s1["methods"]["divopd"]["ratios"]["tokens"] == pytest.approx(5000 / 1750)
+    assert s1["methods"]["divopd"]["ratios"]["compute"] == pytest.approx(50 / 21)
+    assert any("s1/vanilla: reached τ=75 in 1 of 2 seeds" in n for n in rep["notes"])
+
+
+def test_unfinished_run_limiting_budget_is_noted_and_seeds_sort_numerically(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, "s", "vanilla", 10, [10, 20, 30], 10, 100, 1.0)
+    make_run(root, "s", "vanilla", 2, [10, 20], 10, 100, 1.0, finished=False)
+    rep = build_report([load_run(p) for p in find_run_dirs([root])])
+    s = rep["settings"]["s"]
+    assert s["budget"] == 10
+    assert [sd["seed"] for sd in s["methods"]["vanilla"]["seeds"]] == [2, 10]
+    assert any("U=10 is set by unfinished run(s)" in n and "s-vanilla-2" in n for n in rep["notes"])

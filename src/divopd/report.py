@@ -254,6 +254,13 @@ def _method_key(method: str, baseline: str) -> tuple[int, int, str]:
     return (2, 0, method)
 
 
+def _seed_key(r: Run) -> tuple[int, float, str]:
+    """Integer seeds in numeric order, then the others as text."""
+    if isinstance(r.seed, int) and not isinstance(r.seed, bool):
+        return (0, float(r.seed), "")
+    return (1, 0.0, str(r.seed))
+
+
 def composition(run_: Run) -> dict[str, float | None]:
     """Batch-composition summary of one run: per-update means (or last cumulative value) of the sampler stats."""
     out: dict[str, float | None] = {}
@@ -326,11 +333,15 @@ def build_report(
             if dup:
                 paths = [str(r.path) for r in rs if str(r.seed) in dup]
                 raise ReportError(f"setting {setting!r}, method {method!r}: seed(s) {sorted(dup)} twice: {paths}")
-            rs.sort(key=lambda r: str(r.seed))
+            rs.sort(key=_seed_key)
         all_runs = [r for rs in methods.values() for r in rs]
         # Common update budget U: the smallest last-eval update, so every run covers [first eval, U].
         last_evals = [r.evals[-1].update for r in all_runs if r.evals]
         u_budget = budget if budget is not None else (min(last_evals) if last_evals else None)
+        if budget is None and u_budget is not None:
+            limiting = [str(r.path) for r in all_runs if r.evals and r.evals[-1].update == u_budget and not r.finished]
+            if limiting:
+                notes.append(f"{setting}: U={u_budget} is set by unfinished run(s) {limiting}")
         firsts = {r.evals[0].update for r in all_runs if r.evals}
         if len(firsts) > 1:
             notes.append(f"{setting}: runs start evaluating at different updates {sorted(firsts)}; nAUC spans differ")
@@ -358,6 +369,11 @@ def build_report(
                 vals = [s[k] for s in reached if s[k] is not None]
                 agg[k] = {"mean": _mean(vals), "std": _sd(vals), "n": len(vals)}
             agg["reached_target"] = {"n": len(reached), "of": len(seeds)}
+            if tau is not None and 0 < len(reached) < len(seeds):
+                notes.append(
+                    f"{setting}/{method}: reached τ={tau:g} in {len(reached)} of {len(seeds)} seeds; "
+                    "its cost to τ is the mean over those seeds"
+                )
             if len(seeds) == 1 and seeds[0]["final_five_std"] is not None:
                 agg["final_five_mean"]["std_checkpoints"] = seeds[0]["final_five_std"]
             comp_keys = seeds[0]["composition"].keys() if seeds else []
