@@ -182,3 +182,13 @@ def test_metrics_writer_mirrors_to_tensorboard(tmp_path):
     with MetricsWriter(tmp_path) as mw:
         mw.update(1, {"learner/loss": 0.5, "note": "text is not a scalar"})
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_metrics_writer_converts_numpy_scalars(tmp_path):
+    np = pytest.importorskip("numpy")
+    with MetricsWriter(tmp_path, tensorboard=False) as mw:
+        rec = mw.update(1, {"a": np.int64(3), "b": np.float32(0.5), "c": np.float64("inf")})
+        with pytest.raises(TypeError, match="'d'"):
+            mw.update(2, {"d": np.zeros(3)})
+    assert (rec["a"], rec["b"], rec["c"]) == (3, 0.5, None)
+    assert _read(tmp_path / "metrics.jsonl") == [rec]
