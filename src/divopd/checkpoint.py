@@ -1,0 +1,182 @@
+"""Atomic checkpoints and versioned weight handles.
+
+A checkpoint directory (the run-dir layout: ``checkpoints/update-NNNNNN/``) holds:
+
+* the model in Hugging Face format (``config.json``, ``model.safetensors``, ...) and the tokenizer when given,
+* ``optimizer.pt`` — the optimizer ``state_dict`` (tensors only; loaded with ``weights_only=True``),
+* ``state.json`` — learner version, counters, the learner config, the torch RNG state, and ``extra_state`` (e.g. the
+  sampler's ``state_dict``) as plain JSON: never pickle.
+
+It is written to a temporary sibling directory and renamed into place, so a reader never sees a half-written
+checkpoint: a crash leaves either the previous checkpoint or the new one (plus a ``.tmp-*`` directory to ignore).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "STATE_FILE",
+    "WeightHandle",
+    "atomic_dir",
+    "decode_rng_state",
+    "encode_rng_state",
+    "latest_checkpoint",
+    "read_state",
+    "to_json_safe",
+]
+
+STATE_FILE = "state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh temporary directory next to ``path``; on success it replaces ``path`` by rename.
+
+    An existing ``path`` is moved aside first and removed only after the new directory is in place. On an exception
+    the temporary directory is removed and ``path`` is untouched.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        old = None
+        if final.exists():
+            old = final.parent / f".{final.name}.old-{os.getpid()}"
+            if old.exists():
+                shutil.rmtree(old)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def to_json_safe(obj: Any) -> Any:
+    """Convert numpy scalars/arrays and tuples to plain JSON types (non-finite floats stay floats: the file is written
+    with ``allow_nan=True`` and Python's ``json`` reads NaN/Infinity back); raise ``TypeError`` naming the offending
+    type for anything else (no pickle fallback)."""
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return {str(k): to_json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_json_safe(obj.tolist())
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj)
+    if obj is None or isinstance(obj, str):
+        return obj
+    raise TypeError(f"checkpoint extra_state: cannot store a {type(obj).__name__} as JSON")
+
+
+def encode_rng_state(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def decode_rng_state(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+def read_state(path: str | os.PathLike) -> dict[str, Any]:
+    """``state.json`` of a checkpoint directory, with a clear error when it is not one."""
+    f = Path(path) / STATE_FILE
+    if not f.is_file():
+        raise FileNotFoundError(f"{path} is not a divopd checkpoint (no {STATE_FILE})")
+    return json.loads(f.read_text())
+
+
+def latest_checkpoint(checkpoints_dir: str | os.PathLike) -> Path | None:
+    """The complete checkpoint with the highest learner version under ``checkpoints_dir`` (``None`` if none)."""
+    d = Path(checkpoints_dir)
+    if not d.is_dir():
+        return None
+    best: tuple[int, Path] | None = None
+    for sub in d.iterdir():
+        if sub.name.startswith(".") or not (sub / STATE_FILE).is_file():
+            continue
+        try:
+            version = int(read_state(sub)["learner"]["version"])
+        except (KeyError, ValueError, json.JSONDecodeError):
+            continue
+        if best is None or version > best[0]:
+            best = (version, sub)
+    return None if best is None else best[1]
+
+
+@dataclass
+class WeightHandle:
+    """A published snapshot of the learner's weights, for explorers to load at their own pace.
+
+    Attributes:
+        version: learner version of these weights (number of updates applied).
+        state_dict: a CPU copy of the model's ``state_dict`` (in-process and Ray object-ref publication), or ``None``.
+        path: a saved HF model folder holding the weights, or ``None``.
+    """
+
+    version: int
+    state_dict: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    path: str | None = None
+
+    def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Copy these weights into ``model`` (same architecture), in place, keeping its dtype and device."""
+        if self.state_dict is not None:
+            model.load_state_dict(self.state_dict, strict=True)
+        elif self.path is not None:
+            from safetensors.torch import load_file
+
+            files = sorted(Path(self.path).glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"WeightHandle: no *.safetensors in {self.path}")
+            state: dict[str, torch.Tensor] = {}
+            for f in files:
+                state.update(load_file(str(f)))
+            missing, unexpected = model.load_state_dict(state, strict=False)
+            # tied weights (lm_head = embeddings) are saved once; anything else missing is an error
+            missing = [k for k in missing if not _is_tied(model, k)]
+            if missing or unexpected:
+                raise ValueError(f"WeightHandle: weights at {self.path} do not fit the model "
+                                 f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+        else:
+            raise ValueError("WeightHandle has neither a state_dict nor a path")
+        return model
+
+
+def _is_tied(model: torch.nn.Module, key: str) -> bool:
+    out = getattr(model, "get_output_embeddings", lambda: None)()
+    inp = getattr(model, "get_input_embeddings", lambda: None)()
+    return out is not None and inp is not None and out.weight is inp.weight and key.endswith("lm_head.weight")
+
+
+def copy_state_dict(model: torch.nn.Module, transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+                    ) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of ``model.state_dict()`` (optionally transformed, e.g. cast)."""
+    out = {}
+    for k, v in model.state_dict().items():
+        t = v.detach().to("cpu", copy=True)
+        out[k] = transform(t) if transform else t
+    return out

@@ -1,0 +1,71 @@
+"""Models: load any Hugging Face causal LM + tokenizer, tiny offline models, packing and no-grad scoring.
+
+* :func:`load_model` — ``AutoModelForCausalLM`` + tokenizer from a hub name or a local folder (dtype, device).
+* :mod:`divopd.models.tiny` — word-level/BPE tokenizers and 0.2–20 M parameter Llama/Qwen2 models built offline.
+* :mod:`divopd.models.packing` — (prompt, response) rows → model inputs, padded or padding-free packed.
+* :mod:`divopd.models.scoring` — per-token log probabilities of given responses (teacher scoring, θ_old recompute).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+__all__ = ["DTYPES", "load_model", "load_tokenizer", "resolve_dtype"]
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """``"float32" | "bfloat16" | "float16"`` (also ``fp32``/``bf16``/``fp16``) → torch dtype; clear error otherwise."""
+    alias = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+    key = alias.get(name, name)
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)} (or fp32/bf16/fp16)")
+    return DTYPES[key]
+
+
+def _is_plain_fast_tokenizer_folder(path: Path) -> bool:
+    cfg = path / "tokenizer_config.json"
+    if not (path / "tokenizer.json").is_file() or not cfg.is_file():
+        return False
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return data.get("tokenizer_class") in ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``name_or_path``. Folders saved from a plain ``PreTrainedTokenizerFast`` (e.g. by
+    :func:`divopd.models.tiny.build_tokenizer`) are loaded as such: ``AutoTokenizer`` would pick the model type's own
+    tokenizer class (``Qwen2Tokenizer`` for a Qwen2 config) and re-tokenise with different ids."""
+    path = Path(name_or_path)
+    if path.is_dir() and _is_plain_fast_tokenizer_folder(path):
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(name_or_path)
+
+
+def load_model(name_or_path: str, *, dtype: str = "float32",
+               device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load any causal LM that ``AutoModelForCausalLM`` reads, with its tokenizer, in ``dtype`` on ``device``.
+
+    Returns ``(model, tokenizer)``; the model is in eval mode (dropout off: the learner trains in eval mode so that the
+    gradient pass and the θ_old log probabilities agree). A tokenizer without a pad token gets ``pad = eos``.
+    """
+    torch_dtype = resolve_dtype(dtype)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
+    model = model.to(device).eval()
+    tokenizer = load_tokenizer(name_or_path)
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

@@ -1,0 +1,117 @@
+"""No-grad scoring: the log probability a model assigns to given response tokens after given prompts.
+
+Used by the teacher scorer (explorer side: ``π_T(y)`` of every student response token) and by the learner when it
+recomputes θ_old log probabilities on queued tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
+
+__all__ = ["ResponseScores", "response_logprobs", "score_responses"]
+
+
+class ResponseScores(NamedTuple):
+    """Scores of one response of length L.
+
+    Attributes:
+        logprobs: [L] float32, log prob of each given response token (NaN where it has no context: empty prompt, i = 0).
+        topk_ids: [L, k] int32, the model's k most likely tokens at each position, most likely first.
+        topk_logprobs: [L, k] float32, their log probabilities.
+    """
+
+    logprobs: np.ndarray
+    topk_ids: np.ndarray
+    topk_logprobs: np.ndarray
+
+
+def _chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Consecutive groups of indices whose total length stays ≤ max_tokens (a longer item gets its own group)."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    for i, n in enumerate(lengths):
+        if cur and total + n > max_tokens:
+            groups.append(cur)
+            cur, total = [], 0
+        cur.append(i)
+        total += n
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def score_responses(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    topk: int = 0,
+    max_tokens_per_batch: int = 8192,
+    layout: str = "packed",
+    pad_id: int = 0,
+) -> list[ResponseScores]:
+    """As :func:`response_logprobs`, always returning :class:`ResponseScores` (``topk_*`` of width ``topk``)."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"score_responses: {len(prompts)} prompts but {len(responses)} responses")
+    if topk < 0:
+        raise ValueError(f"score_responses: topk must be >= 0, got {topk}")
+    device = _model_device(model)
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+    out: list[ResponseScores | None] = [None] * len(prompts)
+    for group in _chunks(lengths, max_tokens_per_batch):
+        batch = pack_sequences([prompts[i] for i in group], [responses[i] for i in group], layout=layout,
+                               pad_id=pad_id).to(device)
+        logits = selected_logits(model, batch)
+        lp = scatter_rows(gather_logprobs(logits, batch.targets), batch, fill=float("nan")).cpu().numpy()
+        if topk > 0:
+            k = min(topk, logits.shape[-1])
+            top_lp, top_id = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
+            top_lp = scatter_rows(top_lp, batch, fill=float("nan")).cpu().numpy()
+            top_id = scatter_rows(top_id, batch, fill=0).cpu().numpy()
+        for j, i in enumerate(group):
+            n = len(responses[i])
+            if topk > 0:
+                ids, tlp = top_id[j, :n].astype(np.int32), top_lp[j, :n].astype(np.float32)
+            else:
+                ids, tlp = np.zeros((n, 0), np.int32), np.zeros((n, 0), np.float32)
+            out[i] = ResponseScores(lp[j, :n].astype(np.float32), ids, tlp)
+    return out  # type: ignore[return-value]
+
+
+def response_logprobs(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    max_tokens_per_batch: int = 8192,
+    topk: int = 0,
+    layout: str = "packed",
+    pad_id: int = 0,
+) -> list[np.ndarray] | list[ResponseScores]:
+    """Per-token log probabilities of ``responses[i]`` after ``prompts[i]`` under ``model`` (no grad, float32).
+
+    Sequences are grouped so that each forward pass holds at most ``max_tokens_per_batch`` prompt+response tokens (a
+    longer sequence goes alone) and laid out padding-free (``layout="packed"``) or right-padded.
+
+    Returns:
+        ``topk == 0``: a list of [L_i] float32 arrays (NaN at a position with no context: the first token of a response
+        whose prompt is empty). ``topk > 0``: a list of :class:`ResponseScores` (``logprobs``, ``topk_ids`` [L_i, k],
+        ``topk_logprobs`` [L_i, k]), ready for ``Turn.teacher_topk_ids`` / ``Turn.teacher_topk_logprobs``.
+    """
+    scores = score_responses(model, prompts, responses, topk=topk, max_tokens_per_batch=max_tokens_per_batch,
+                             layout=layout, pad_id=pad_id)
+    if topk > 0:
+        return scores
+    return [s.logprobs for s in scores]

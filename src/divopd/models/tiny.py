@@ -1,0 +1,114 @@
+"""Tiny offline models for CPU runs and tests: a tokenizer trained on an environment's text, and a Llama/Qwen2 causal LM
+built from a config alone (no download). Both round-trip through ``save_pretrained`` / ``from_pretrained`` offline.
+
+Example::
+
+    tok = build_tokenizer(env_texts, kind="word")
+    model = build_model(tok, size="1m", arch="llama", seed=0)
+    ids = tok.apply_chat_template([{"role": "user", "content": "go north"}], add_generation_prompt=True, tokenize=True)
+
+Chat format: every message is ``<|role|>`` + content + ``<eos>``; the generation prompt is ``<|assistant|>``, so a
+generated response ends with ``<eos>`` exactly as assistant messages do in the history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+__all__ = ["CHAT_TEMPLATE", "ROLES", "SIZES", "SPECIAL_TOKENS", "build_model", "build_tokenizer"]
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+ROLES: tuple[str, ...] = ("system", "user", "assistant")
+SPECIAL_TOKENS: list[str] = [PAD, EOS, UNK] + [f"<|{r}|>" for r in ROLES]
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('tiny chat template: unknown role ' + message['role']) }}{% endif %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + eos_token }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+# name -> (hidden, layers, heads, intermediate); parameter counts with a ~1k vocabulary, tied embeddings.
+SIZES: dict[str, tuple[int, int, int, int]] = {
+    "0.2m": (64, 2, 4, 256),
+    "1m": (128, 4, 4, 512),
+    "5m": (256, 5, 8, 1024),
+    "20m": (512, 5, 8, 2048),
+}
+
+
+def build_tokenizer(texts: Iterable[str], kind: str = "word", vocab_size: int = 4096) -> PreTrainedTokenizerFast:
+    """Train a word-level or byte-level BPE tokenizer on ``texts`` (an environment's observations, actions, prompts).
+
+    Both kinds use byte-level pre-tokenisation and decoding, so ``decode(encode(text)) == text`` for every text made of
+    known words (``word``: unknown words become ``<unk>``; ``bpe``: every text round-trips, the byte alphabet is
+    included). Special tokens: ``<pad>``, ``<eos>``, ``<unk>``, ``<|system|>``, ``<|user|>``, ``<|assistant|>``; the
+    returned tokenizer carries the chat template of this module.
+    """
+    if kind not in ("word", "bpe"):
+        raise ValueError(f"build_tokenizer: kind must be 'word' or 'bpe', got {kind!r}")
+    texts = list(texts)
+    if not texts:
+        raise ValueError("build_tokenizer: no texts given")
+    if kind == "word":
+        tok = Tokenizer(models.WordLevel(unk_token=UNK))
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
+    else:
+        tok = Tokenizer(models.BPE(unk_token=None))
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        )
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK,
+        additional_special_tokens=[f"<|{r}|>" for r in ROLES], clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "right"
+    return fast
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, size: str = "1m", arch: str = "llama", seed: int = 0,
+                max_position_embeddings: int = 4096) -> PreTrainedModel:
+    """A randomly initialised causal LM from config alone: ``arch`` ``llama`` or ``qwen2``, ``size`` one of
+    :data:`SIZES` (0.2m: h64×2 layers, 1m: h128×4, 5m: h256×5, 20m: h512×5), seeded, float32, eval mode."""
+    if size not in SIZES:
+        raise ValueError(f"build_model: unknown size {size!r}; expected one of {sorted(SIZES)}")
+    hidden, layers, heads, inter = SIZES[size]
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=heads, intermediate_size=inter, max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None, attention_dropout=0.0,
+    )
+    if arch == "llama":
+        config, cls = LlamaConfig(**common), LlamaForCausalLM
+    elif arch == "qwen2":
+        config, cls = Qwen2Config(**common), Qwen2ForCausalLM
+    else:
+        raise ValueError(f"build_model: arch must be 'llama' or 'qwen2', got {arch!r}")
+    # The model (not the tokenizer's folder) is what AutoModel reads; mark tiny folders for load_model.
+    config.divopd_tiny = True
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = None
+    return model.eval()
