@@ -108,6 +108,7 @@ NON_NEGATIVE: tuple[str, ...] = (
     "response_len",
 )
 _INFO_KEYS = ("env", "success", "teacher_acted")
+_TOKEN_ARRAYS = ("action_mask", "student_logprobs", "teacher_logprobs", "teacher_valid_mask")
 PART_PATTERN = re.compile(r"^part-(\d+)\.parquet$")
 
 
@@ -145,6 +146,13 @@ def _type_ok(name: str, actual: pa.DataType) -> bool:
     return False
 
 
+def _type_name(t: pa.DataType) -> str:
+    """``list<float32>`` rather than pyarrow's ``list<item: float>``."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"list<{_type_name(t.value_type)}>"
+    return {"float": "float32", "double": "float64", "halffloat": "float16"}.get(str(t), str(t))
+
+
 def validate_schema(schema: pa.Schema, source: str = "experience log") -> None:
     """Raise :class:`ExperienceLogError` unless ``schema`` has every required column with an accepted type.
 
@@ -157,7 +165,8 @@ def validate_schema(schema: pa.Schema, source: str = "experience log") -> None:
     for name in SCHEMA.names:
         if name in names and not _type_ok(name, schema.field(name).type):
             raise ExperienceLogError(
-                f"{source}: column {name!r} has type {schema.field(name).type}, expected {SCHEMA.field(name).type}"
+                f"{source}: column {name!r} has type {_type_name(schema.field(name).type)}, "
+                f"expected {_type_name(SCHEMA.field(name).type)}"
             )
 
 
@@ -407,10 +416,22 @@ def turn_to_row(turn: Turn, arrival: int, arrival_update: int, write_ids: bool =
 
     ``info`` keys ``env``, ``success`` and ``teacher_acted`` fill the metadata columns. Token ids are included only
     with ``write_ids`` (prompt ids grow with the history; logging them for every turn is costly).
+
+    A turn with a per-token array whose length differs from the response (including the teacher top-k arrays, which
+    are not logged) stays invalid in the log: the misfit arrays and ``teacher_logprobs`` are logged as null, so a
+    replay's gate rejects it (as ``missing_teacher`` instead of ``length_mismatch``).
     """
     info = turn.info or {}
     success = info.get("success")
     env = info.get("env")
+    arrays = {name: getattr(turn, name) for name in _TOKEN_ARRAYS}
+    if turn.length_mismatch is not None:
+        # The log cannot hold a per-token array of the wrong length. Such a turn is invalid (gate: length_mismatch);
+        # keep it invalid in the log: drop the misfit arrays and the teacher scores (gate: missing_teacher).
+        for name in _TOKEN_ARRAYS:
+            if arrays[name] is not None and arrays[name].shape[0] != turn.response_len:
+                arrays[name] = None
+        arrays["teacher_logprobs"] = None
     row: dict[str, Any] = {
         "rollout_id": turn.rollout_id,
         "turn_index": turn.turn_index,
@@ -420,10 +441,7 @@ def turn_to_row(turn: Turn, arrival: int, arrival_update: int, write_ids: bool =
         "prompt_truncated": bool(turn.prompt_truncated),
         "prompt_len": turn.prompt_len,
         "response_len": turn.response_len,
-        "action_mask": turn.action_mask,
-        "student_logprobs": turn.student_logprobs,
-        "teacher_logprobs": turn.teacher_logprobs,
-        "teacher_valid_mask": turn.teacher_valid_mask,
+        **arrays,
         "success": None if success is None else bool(success),
         "env": None if env is None else str(env),
         "teacher_acted": bool(info.get("teacher_acted", False)),
