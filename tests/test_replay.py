@@ -17,8 +17,9 @@ from divopd.replay import RESULT_KEYS, SERIES_KEYS, ReplayConfig, deliveries, re
 
 def turn(rid: str, t: int, version: int, teacher: list[float], n: int = 2, truncated: bool = False) -> Turn:
     """A turn of ``n`` tokens with student log prob −1 per token; disagreement = Σ(−1 − teacher)."""
-    return Turn(rid, t, version, [0], [1] * n, student_logprobs=[-1.0] * n, teacher_logprobs=teacher,
-                prompt_truncated=truncated)  # fmt: skip
+    return Turn(
+        rid, t, version, [0], [1] * n, student_logprobs=[-1.0] * n, teacher_logprobs=teacher, prompt_truncated=truncated
+    )
 
 
 def d(x: float, n: int = 2) -> list[float]:
@@ -144,8 +145,8 @@ def test_hand_built_log_through_the_cli(tmp_path, capsys):
     log = tmp_path / "hand.parquet"
     write_log(log, [(t, i, u) for i, (t, u) in enumerate(HAND_LOG)])
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    rc = main(["replay", str(log), "--methods", "vanilla,divopd", "--batch-size", "2", "--pool-factor", "2",
-               "--cap", "1", "--max-staleness", "1", "--updates", "4", "--json", str(out), "--plot", str(png)])  # fmt: skip
+    args = "--methods vanilla,divopd --batch-size 2 --pool-factor 2 --cap 1 --max-staleness 1 --updates 4".split()
+    rc = main(["replay", str(log), *args, "--json", str(out), "--plot", str(png)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "vanilla" in text and "divopd" in text and "20.0%" in text  # vanilla's unused fraction in the table
@@ -175,8 +176,8 @@ def test_default_updates_run_through_the_last_arrival_update(tmp_path):
 
 def test_starved_ticks_and_undelivered_turns():
     # B=5, U=2: both starve at t0 (4 turns) and compose at t1
-    result = replay(hand_stream(), ReplayConfig(methods=["vanilla", "divopd"], **{**HAND_CONFIG, "batch_size": 5,
-                                                                                     "updates": 2}))  # fmt: skip
+    cfg = ReplayConfig(methods=["vanilla", "divopd"], **{**HAND_CONFIG, "batch_size": 5, "updates": 2})
+    result = replay(hand_stream(), cfg)
     assert result["delivered_turns"] == 7  # turns with arrival_update >= 2 are never delivered
     v = result["methods"]["vanilla"]
     assert (v["updates"], v["starved"]) == (1, 1)  # t0: 4 < 5 queued; t1: 7 queued -> one batch
