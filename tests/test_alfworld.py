@@ -190,3 +190,11 @@ def test_tiny_tw_make_game_walkthrough_wins(tmp_path):
         assert done and reward == 1.0 and info["success"]
     finally:
         env.close()
+
+
+def test_registry_name_reaches_the_same_error_path(monkeypatch):
+    from divopd.envs import make_env
+
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    with pytest.raises(AlfWorldSetupError, match="ALFWORLD_DATA is not set"):
+        make_env("alfworld")

@@ -206,3 +206,19 @@ def test_server_cli_rejects_bad_split_sizes():
     cmd = [sys.executable, "-m", "divopd.envs.webshop_offline.server", "--goals", "10", "--test-goals", "10"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "n_test + n_dev" in out.stderr
+
+
+def test_registry_builds_both_webshop_envs(server):
+    from divopd.envs import make_env
+
+    offline = make_env("webshop-offline", seed=5, n_products=40, n_goals=12, n_test=2, n_dev=2)
+    remote = make_env("webshop", url=server.url)
+    try:
+        assert offline.name == "webshop-offline" and remote.name == "webshop"
+        for env in (offline, remote):
+            task = env.tasks("train")[0]
+            reward, done, info = _play(env, task, env.gold_actions(task))
+            assert done and reward == 1.0 and info["success"]
+    finally:
+        offline.close()
+        remote.close()

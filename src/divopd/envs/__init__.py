@@ -19,6 +19,9 @@ ENVS: dict[str, tuple[str, str]] = {
     "textworld-express": ("divopd.envs.twx", "TextWorldExpressEnv"),
     "scienceworld": ("divopd.envs.scienceworld", "ScienceWorldEnv"),
     "tiny": ("divopd.envs.tiny", "TinyEnv"),
+    "webshop": ("divopd.envs.webshop", "WebShopEnv"),
+    "webshop-offline": ("divopd.envs.webshop", "OfflineWebShopEnv"),
+    "alfworld": ("divopd.envs.alfworld", "AlfWorldEnv"),
 }
 
 
