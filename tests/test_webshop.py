@@ -14,6 +14,7 @@ from divopd.envs.base import EnvCrash
 from divopd.envs.webshop import WEBSHOP_SPLITS, OfflineWebShopEnv, WebShopEnv, webshop_progress
 from divopd.envs.webshop_offline import CatalogConfig, WebShopServer
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, never via an env proxy
 SMALL = CatalogConfig(seed=7, n_products=120, n_goals=60, n_test=10, n_dev=10)
 
 
@@ -52,7 +53,7 @@ def _bad_policy(env: WebShopEnv, task: str) -> list[str]:
 def test_server_listens_on_loopback_with_a_free_port(server):
     assert server.url.startswith("http://127.0.0.1:")
     assert int(server.url.rsplit(":", 1)[1]) > 0
-    with urllib.request.urlopen(server.url + "/") as r:
+    with _DIRECT.open(server.url + "/") as r:
         assert json.loads(r.read()) == "ok"
 
 
@@ -148,7 +149,7 @@ def test_transport_failures_raise_envcrash_and_bad_inputs_are_named(server):
     request = urllib.request.Request(
         server.url + "/close", data=json.dumps({"env_idx": env._env_idx}).encode(), method="POST"
     )
-    urllib.request.urlopen(request).close()
+    _DIRECT.open(request).close()
     with pytest.raises(EnvCrash, match="HTTP 404"):
         env.step("search[x]")
     env.close()  # closing a forgotten session does not raise

@@ -25,7 +25,7 @@ import json
 import urllib.error
 import urllib.request
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from divopd.envs.base import Env, EnvCrash, StepResult
 
@@ -60,6 +60,10 @@ class WebShopEnv(Env):
             raise ValueError(f"WebShop url must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
         self.timeout = timeout
+        # a loopback server is never reached through an HTTP(S)_PROXY from the environment
+        loopback = urlsplit(self.url).hostname in ("127.0.0.1", "localhost", "::1")
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}) if loopback else
+                                                   urllib.request.ProxyHandler())
         self.splits = dict(splits or WEBSHOP_SPLITS)
         self._env_idx: int | None = None
         self._seen: set[str] = set()
@@ -159,7 +163,7 @@ class WebShopEnv(Env):
         data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
         request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as reply:
+            with self._opener.open(request, timeout=self.timeout) as reply:
                 status, raw = reply.status, reply.read()
         except urllib.error.HTTPError as e:
             status, raw = e.code, e.read()
