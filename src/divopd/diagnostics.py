@@ -61,6 +61,7 @@ def opd_gradient(model: torch.nn.Module, turns: Sequence[Turn], *, beta: float =
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
     na, nb = float(a.norm()), float(b.norm())
     if na == 0.0 or nb == 0.0:
         return 0.0
@@ -83,10 +84,10 @@ def gradient_diagnostics(model: torch.nn.Module, batch: Any, *, beta: float = 1.
     turns = _turns_of(batch)
     pool = [t for t in getattr(batch, "candidates", []) if t.n_valid > 0]
     kw = dict(beta=beta, reduction=reduction, layout=layout, pad_id=pad_id)
-    g_batch = opd_gradient(model, turns, **kw)
+    g_batch = opd_gradient(model, turns, **kw).double()  # float64 norms and dots over ~10⁶ entries
     out = {"diag/grad_norm_batch": float(g_batch.norm()), "diag/grad_pool_turns": float(len(pool))}
     if pool:
-        g_pool = opd_gradient(model, pool, **kw)
+        g_pool = opd_gradient(model, pool, **kw).double()
         n_pool = float(g_pool.norm())
         out["diag/grad_norm_pool"] = n_pool
         out["diag/grad_cos_pool"] = _cos(g_batch, g_pool)
@@ -101,7 +102,7 @@ def gradient_diagnostics(model: torch.nn.Module, batch: Any, *, beta: float = 1.
     total = None
     n = 0
     for t in live:
-        g = opd_gradient(model, [t], **kw)
+        g = opd_gradient(model, [t], **kw).double()  # float64: (‖Σu‖² − n) cancels heavily when rows are alike
         norm = g.norm()
         if float(norm) == 0.0:
             continue

@@ -237,6 +237,8 @@ class Learner:
         metrics. Exactly one optimizer step (skipped, and counted, only if the gradient is not finite)."""
         cfg = self.config
         t0 = time.perf_counter()
+        if batch is None:
+            raise ValueError("Learner.step: batch is None (the sampler was not ready; call next_batch again later)")
         turns = list(getattr(batch, "turns", batch))
         if not turns:
             raise ValueError("Learner.step: empty batch (the sampler returns None, not an empty batch, when not ready)")

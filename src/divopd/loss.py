@@ -15,7 +15,8 @@ No entropy term, KL penalty, critic or reference model. Minimising the loss lowe
 gradient is ``β · E_valid[(log π_θ(y) − log π_T(y)) ∇ log π_θ(y)]``, the sampled-token reverse-KL policy gradient.
 
 The loss is finite for every input: positions whose teacher, student or θ_old log probability is not finite are
-dropped from the mask (and counted), and a batch of only dead rows gives loss 0 with zero gradients.
+dropped from the mask (and counted), the log ratio is clamped to ±20 before ``exp`` (as verl does), and a batch of only
+dead rows gives loss 0 with zero gradients.
 
 Tensor names carry their axes: ``_NL`` = [rows, response positions], ``_NLK`` = [rows, positions, top-k entries].
 """
@@ -39,6 +40,7 @@ __all__ = [
 
 Reduction = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"]
 REDUCTIONS: tuple[str, ...] = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum")
+LOG_RATIO_CLAMP = 20.0
 
 
 def _check_shapes(name_to_tensor: dict[str, torch.Tensor], shape: torch.Size) -> None:
@@ -135,9 +137,12 @@ def opd_loss(
     given = mask.to(torch.bool)
     m = effective_mask(given, teacher_logprobs, old_logprobs, logprobs)
     adv = stopped_advantage(old_logprobs, teacher_logprobs, m, beta)
-    # r = exp(logπ_θ − logπ_θold); computed only where valid so that masked garbage cannot overflow.
+    m = m & torch.isfinite(adv)  # β·(old − teacher) can overflow for absurd inputs
+    adv = torch.where(m, adv, torch.zeros_like(adv))
+    # r = exp(logπ_θ − logπ_θold), only where valid, log-ratio clamped to ±LOG_RATIO_CLAMP (inactive in practice:
+    # r = 1 with one update per batch) so that the ratio cannot overflow to inf and turn 0·inf into NaN.
     log_ratio = torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     objective = clipped_surrogate(ratio, adv, clip_eps)
     loss = -reduce_tokens(objective, m, reduction)
 
