@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,7 +31,6 @@ from divopd.sampling.rules import (
     allocate_rollout_first,
     allocate_rollout_first_tokens,
     focus_key,
-    slot_pass,
     uniform_order,
 )
 
@@ -85,13 +85,24 @@ def get_method(name: str) -> Method:
 # ---------------------------------------------------------------------------------------------------- composers
 def compose_oldest(pool: list[Entry], batch_size: int, config: SamplerConfig, rng: np.random.Generator) -> list[Entry]:
     """``vanilla-pool``: the B oldest candidates by arrival."""
-    return sorted(pool, key=lambda e: e[0])[:batch_size]
+    return sorted(pool, key=itemgetter(0))[:batch_size]
 
 
 def compose_focus_first(
     pool: list[Entry], batch_size: int, config: SamplerConfig, rng: np.random.Generator
 ) -> list[Entry]:
-    """``divopd-focus``: all candidates ranked by disagreement, descending, ties by (rollout_id, turn_index)."""
+    """``divopd-focus``: all candidates ranked by disagreement, descending, ties by (rollout_id, turn_index).
+
+    Only the B best are needed: a partial partition on the score keeps every candidate that can reach the top B
+    (ties at the boundary included), and only those are sorted by the full key, so the result equals a full sort.
+    """
+    n = len(pool)
+    if batch_size <= 0:
+        return []
+    if n > 2 * batch_size:
+        neg = np.fromiter((-t.disagreement for _, t in pool), dtype=np.float64, count=n)
+        bound = np.partition(neg, batch_size - 1)[batch_size - 1]
+        pool = [pool[i] for i in np.flatnonzero(neg <= bound).tolist()]
     return sorted(pool, key=lambda e: focus_key(e[1]))[:batch_size]
 
 
@@ -116,31 +127,59 @@ def compose_rollout_first(
     Returns:
         The selected entries in composition order: by pass, then group visiting order, then within-rollout rank.
     """
-    # 1. Group by rollout. The pool is in arrival order, so first appearance = the group's oldest arrival:
-    #    dict insertion order is "longest-waiting first" (arrivals are unique, so no ties remain to break).
-    groups: dict[str, list[Entry]] = {}
-    for entry in pool:
-        groups.setdefault(entry[1].rollout_id, []).append(entry)
-    ordered = list(groups.values())
-    # 2. Order turns within each rollout.
-    if within == "focus":
-        for g in ordered:
-            g.sort(key=lambda e: focus_key(e[1]))
-    elif within == "uniform":
-        keys = uniform_order(len(pool), rng)
-        key_of = {entry[0]: float(k) for entry, k in zip(pool, keys, strict=True)}
-        for g in ordered:
-            g.sort(key=lambda e: key_of[e[0]])
-    else:
+    if within not in ("focus", "uniform"):
         raise ValueError(f"within-rollout order must be 'focus' or 'uniform', got {within!r}")
-    # 3. Allocate slots per rollout, then lay them out pass by pass.
-    if cap_unit == "tokens":
-        alloc = allocate_rollout_first_tokens([[e[1].response_len for e in g] for g in ordered], batch_size, cap)
+    # 1. Group by rollout. The pool is in arrival order, so first appearance = the group's oldest arrival: insertion
+    #    order is "longest-waiting first" (arrivals are unique, so no ties remain to break). A member is its pool
+    #    index; for focus it is decorated as (−disagreement, turn_index, index), so that a plain sort of the group
+    #    is focus order (the rollout id is shared inside a group) with ties kept in pool order.
+    index_of: dict[str, int] = {}
+    members: list[list] = []
+    focus = within == "focus"
+    for i, (_, turn) in enumerate(pool):
+        member = (-turn.disagreement, turn.turn_index, i) if focus else i
+        g = index_of.get(turn.rollout_id)
+        if g is None:
+            index_of[turn.rollout_id] = len(members)
+            members.append([member])
+        else:
+            members[g].append(member)
+    # 2. Within-rollout order: focus (above) or uniform, one random key per pool turn drawn once per composition.
+    if focus:
+
+        def rank(m: list) -> list[int]:
+            return [i for _, _, i in (sorted(m) if len(m) > 1 else m)]
+
     else:
-        alloc = allocate_rollout_first([len(g) for g in ordered], batch_size, cap)
-    slots = [(slot_pass(rank, cap), gi, rank) for gi, n in enumerate(alloc) for rank in range(n)]
-    slots.sort()
-    return [ordered[gi][rank] for _, gi, rank in slots]
+        key = uniform_order(len(pool), rng).tolist().__getitem__
+
+        def rank(m: list) -> list[int]:
+            return sorted(m, key=key) if len(m) > 1 else m
+
+    # 3. Allocate slots per rollout. The turn cap needs only the group sizes, so only groups that receive slots are
+    #    ordered; the token cap needs every group's order first.
+    if cap_unit == "tokens":
+        ranked = [rank(m) for m in members]
+        alloc = allocate_rollout_first_tokens([[pool[i][1].response_len for i in m] for m in ranked], batch_size, cap)
+    else:
+        alloc = allocate_rollout_first([len(m) for m in members], batch_size, cap)
+        ranked = [rank(m) if a else [] for m, a in zip(members, alloc, strict=True)]
+    # 4. Lay the slots out pass by pass: pass 0 holds ranks 0..k-1 of every group (visiting order), pass j >= 1 holds
+    #    rank k-1+j of every group allocated more than k-1+j slots.
+    out: list[Entry] = []
+    deeper: list[int] = []
+    for g, a in enumerate(alloc):
+        if a:
+            head = a if cap is None else min(a, cap)
+            out.extend(pool[i] for i in ranked[g][:head])
+            if head < a:
+                deeper.append(g)
+    r = cap if cap is not None else 0
+    while deeper:
+        out.extend(pool[ranked[g][r]] for g in deeper)
+        r += 1
+        deeper = [g for g in deeper if alloc[g] > r]
+    return out
 
 
 def _rollout_first(within: str, capped: bool) -> Composer:

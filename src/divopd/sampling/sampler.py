@@ -25,7 +25,7 @@ import numpy as np
 from divopd import gate
 from divopd.experience import Turn
 from divopd.sampling.methods import Entry, get_method
-from divopd.sampling.rules import is_stale, pool_capacity
+from divopd.sampling.rules import pool_capacity
 from divopd.sampling.stats import batch_stats
 
 __all__ = ["SamplerConfig", "Batch", "Sampler", "make_sampler"]
@@ -112,9 +112,12 @@ class Sampler:
     def __init__(self, config: SamplerConfig) -> None:
         self.config = config
         self.method = get_method(config.method)
-        self._queue: OrderedDict[int, Turn] = OrderedDict()  # arrival -> turn, not yet read
+        # arrival -> (turn, gate reason), not yet read; the gate runs once per turn, at arrival, and its verdict is
+        # applied (counted, pooled or rejected) when the turn is read into the pool
+        self._queue: OrderedDict[int, tuple[Turn, str | None]] = OrderedDict()
         self._expiry: list[tuple[int, int]] = []  # heap of (policy_version, arrival) over queued turns
         self._pending: list[Entry] = []  # gated, unselected, arrival order
+        self._pending_floor = 0  # a lower bound of the pending turns' policy versions (skips needless stale scans)
         self._next_arrival = 0
         self._compositions = 0
         self._counts = {"received": 0, "selected": 0, "expired": 0, "invalid": 0}
@@ -123,7 +126,11 @@ class Sampler:
 
     # ------------------------------------------------------------------ intake
     def add(self, turns: Turn | list[Turn] | tuple[Turn, ...]) -> list[int]:
-        """Queue arrivals; returns their arrival numbers (the sampler numbers turns in arrival order)."""
+        """Queue arrivals; returns their arrival numbers (the sampler numbers turns in arrival order).
+
+        Each turn's derived fields (valid mask, ``n_valid``, focus score) and gate verdict are computed here, once, so
+        that :meth:`next_batch` only reads cached values.
+        """
         turns = [turns] if isinstance(turns, Turn) else list(turns)
         for turn in turns:  # check all first: a bad item must not leave half the call queued and uncounted
             if not isinstance(turn, Turn):
@@ -132,11 +139,16 @@ class Sampler:
         for turn in turns:
             arrival = self._next_arrival
             self._next_arrival += 1
-            self._queue[arrival] = turn
-            heapq.heappush(self._expiry, (turn.policy_version, arrival))
+            self._enqueue(arrival, turn)
             arrivals.append(arrival)
         self._counts["received"] += len(arrivals)
         return arrivals
+
+    def _enqueue(self, arrival: int, turn: Turn) -> None:
+        reason = gate.check(turn)
+        turn.disagreement  # noqa: B018 - warm the cached focus score (read by focus ranking and batch stats)
+        self._queue[arrival] = (turn, reason)
+        heapq.heappush(self._expiry, (turn.policy_version, arrival))
 
     # ------------------------------------------------------------------ ledger
     @property
@@ -194,20 +206,20 @@ class Sampler:
 
     def _expire_stale(self, learner_version: int) -> None:
         """Drop every stale turn (queue and pending), counting it ``expired``."""
-        threshold = learner_version - self.config.max_staleness  # stale iff policy_version < threshold
+        threshold = learner_version - self.config.max_staleness  # rules.is_stale ⟺ policy_version < threshold
         heap = self._expiry
         while heap and heap[0][0] < threshold:
             _, arrival = heapq.heappop(heap)
             if self._queue.pop(arrival, None) is not None:
                 self._expire(1, "stale")
         if len(heap) > 2 * len(self._queue) + 1024:  # drop entries of turns already read from the queue
-            self._expiry = [(t.policy_version, a) for a, t in self._queue.items()]
+            self._expiry = [(t.policy_version, a) for a, (t, _) in self._queue.items()]
             heapq.heapify(self._expiry)
-        if self._pending:
-            max_staleness = self.config.max_staleness
-            keep = [e for e in self._pending if not is_stale(e[1].policy_version, learner_version, max_staleness)]
+        if self._pending and self._pending_floor < threshold:
+            keep = [e for e in self._pending if e[1].policy_version >= threshold]  # i.e. not rules.is_stale
             self._expire(len(self._pending) - len(keep), "stale")
             self._pending = keep
+            self._pending_floor = threshold  # every kept turn has policy_version >= threshold
 
     def _expire(self, n: int, reason: str) -> None:
         self._counts["expired"] += n
@@ -218,21 +230,32 @@ class Sampler:
         batch_size = self.config.batch_size
         if len(self._queue) < batch_size:
             return None
-        return [self._queue.popitem(last=False) for _ in range(batch_size)]
+        popitem = self._queue.popitem
+        out = []
+        for _ in range(batch_size):
+            arrival, (turn, _) = popitem(last=False)
+            out.append((arrival, turn))
+        return out
 
     def _fill_pool(self) -> list[Entry]:
         """Pending turns (oldest first), then fresh queued turns through the gate until the pool holds c·B."""
         pool = self._pending
-        capacity = self.config.pool_size
-        queue = self._queue
-        while len(pool) < capacity and queue:
-            arrival, turn = queue.popitem(last=False)
-            reason = gate.check(turn)
+        room = self.config.pool_size - len(pool)
+        popitem = self._queue.popitem
+        floor = self._pending_floor
+        invalid = 0
+        while room > 0 and self._queue:
+            arrival, (turn, reason) = popitem(last=False)
             if reason is None:
                 pool.append((arrival, turn))
+                room -= 1
+                if turn.policy_version < floor:
+                    floor = turn.policy_version
             else:
-                self._counts["invalid"] += 1
+                invalid += 1
                 self._invalid_by_reason[reason] += 1
+        self._counts["invalid"] += invalid
+        self._pending_floor = floor
         return pool
 
     def _compose_pooled(self, learner_version: int) -> tuple[list[Entry] | None, list[Turn] | None]:
@@ -249,9 +272,9 @@ class Sampler:
         chosen = {a for a, _ in selected}
         if len(chosen) != batch_size:
             raise RuntimeError(f"method {self.config.method!r} selected a turn twice")
-        if not chosen.issubset(a for a, _ in pool):
-            raise RuntimeError(f"method {self.config.method!r} selected a turn that is not in the candidate pool")
         pending = [e for e in pool if e[0] not in chosen]
+        if len(pool) - len(pending) != batch_size:  # arrivals are unique: some chosen arrival is not in the pool
+            raise RuntimeError(f"method {self.config.method!r} selected a turn that is not in the candidate pool")
         if self.config.max_pending is not None and len(pending) > self.config.max_pending:
             overflow = len(pending) - self.config.max_pending
             self._expire(overflow, "pending_overflow")
@@ -270,7 +293,7 @@ class Sampler:
             "counts": dict(self._counts),
             "invalid_by_reason": dict(self._invalid_by_reason),
             "expired_by_reason": dict(self._expired_by_reason),
-            "queue": [[a, t.to_dict()] for a, t in self._queue.items()],
+            "queue": [[a, t.to_dict()] for a, (t, _) in self._queue.items()],
             "pending": [[a, t.to_dict()] for a, t in self._pending],
         }
 
@@ -286,10 +309,12 @@ class Sampler:
         self._counts = {k: int(v) for k, v in state["counts"].items()}
         self._invalid_by_reason = {k: int(v) for k, v in state["invalid_by_reason"].items()}
         self._expired_by_reason = {k: int(v) for k, v in state["expired_by_reason"].items()}
-        self._queue = OrderedDict((int(a), Turn.from_dict(d)) for a, d in state["queue"])
-        self._expiry = [(t.policy_version, a) for a, t in self._queue.items()]
-        heapq.heapify(self._expiry)
+        self._queue = OrderedDict()
+        self._expiry = []
+        for a, d in state["queue"]:
+            self._enqueue(int(a), Turn.from_dict(d))
         self._pending = [(int(a), Turn.from_dict(d)) for a, d in state["pending"]]
+        self._pending_floor = min((t.policy_version for _, t in self._pending), default=0)
 
 
 def make_sampler(config: SamplerConfig) -> Sampler:

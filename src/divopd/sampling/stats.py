@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 from divopd.experience import Turn
@@ -29,27 +30,22 @@ def batch_stats(turns: Sequence[Turn], learner_version: int) -> dict[str, float]
     if rows == 0:
         return {"rows": 0, "distinct_rollouts": 0, "effective_rollouts": 0.0, "max_rollout_share": 0.0, "dead_rows": 0}
     tokens: dict[str, int] = {}
-    counts: dict[str, int] = {}
     disagreement: dict[str, float] = {}
-    dead = valid_tokens = 0
-    versions = []
+    versions = [t.policy_version for t in turns]
+    n_valid = [t.n_valid for t in turns]
     for t in turns:
         rid = t.rollout_id
-        tokens[rid] = tokens.get(rid, 0) + t.response_len
-        counts[rid] = counts.get(rid, 0) + 1
+        tokens[rid] = tokens.get(rid, 0) + len(t.response_ids)
         disagreement[rid] = disagreement.get(rid, 0.0) + t.disagreement
-        n_valid = t.n_valid
-        valid_tokens += n_valid
-        dead += n_valid == 0
-        versions.append(t.policy_version)
+    dead = n_valid.count(0)
+    valid_tokens = sum(n_valid)
     total_tokens = sum(tokens.values())
-    weights = tokens if total_tokens > 0 else counts
+    weights = tokens if total_tokens > 0 else Counter(t.rollout_id for t in turns)
     denom = total_tokens if total_tokens > 0 else rows
     shares = [w / denom for w in weights.values()]
     per_rollout = list(disagreement.values())
     mean_d = sum(per_rollout) / len(per_rollout)
     std_d = math.sqrt(sum((d - mean_d) ** 2 for d in per_rollout) / len(per_rollout))
-    staleness = [learner_version - v for v in versions]
     return {
         "rows": rows,
         "distinct_rollouts": len(tokens),
@@ -58,8 +54,8 @@ def batch_stats(turns: Sequence[Turn], learner_version: int) -> dict[str, float]
         "dead_rows": dead,
         "response_tokens": total_tokens,
         "valid_tokens": valid_tokens,
-        "mean_staleness": sum(staleness) / rows,
-        "max_staleness": max(staleness),
+        "mean_staleness": (rows * learner_version - sum(versions)) / rows,  # mean of learner − generating version
+        "max_staleness": learner_version - min(versions),
         "version_min": min(versions),
         "version_max": max(versions),
         "version_mean": sum(versions) / rows,
