@@ -1,0 +1,200 @@
+"""Training configuration: one YAML file per method row, validated by one typed tree.
+
+A config file may name a ``base:`` file (relative to itself) whose keys it overrides, so the per-method files under
+``configs/`` only say what differs. Command-line ``--set a.b=c`` overrides are applied last; values are parsed as YAML
+(``--set sampler.cap=6``, ``--set explorer.recovery.enabled=true``, ``--set runtime.kind=ray``).
+
+The method row (``method``) decides the sampler rule; two rows change the explorer instead:
+
+- ``divopd-r``: the ``divopd`` sampler + teacher recovery (``explorer.recovery.enabled: true``);
+- ``tcod-f2b``: the ``vanilla`` reader + the TCOD-F2B horizon curriculum (``tcod.enabled: true``).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from divopd.explorer import ExplorerConfig
+from divopd.learner import LearnerConfig
+from divopd.sampling import METHODS, SamplerConfig
+from divopd.tcod import TCODConfig
+
+__all__ = ["TrainConfig", "load_config", "apply_overrides", "METHOD_ROWS", "sampler_method_for"]
+
+#: Method rows of the paper that are not sampler names, and the sampler rule each one reads batches with.
+METHOD_ROWS: dict[str, str] = {"divopd-r": "divopd", "tcod-f2b": "vanilla"}
+
+
+def sampler_method_for(method: str) -> str:
+    """The sampler rule of a method row (``divopd-r`` → ``divopd``, ``tcod-f2b`` → ``vanilla``, others unchanged)."""
+    return METHOD_ROWS.get(method, method)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelRef(_Strict):
+    """A causal LM to load (any ``AutoModelForCausalLM`` name or folder)."""
+
+    path: str = Field(description="HF model name or local folder (e.g. one written by `divopd sft`).")
+    dtype: str = Field("float32", description="float32 | bfloat16 | float16.")
+    device: str = Field("cpu", description="Torch device for this model (explorers and teacher scoring).")
+
+
+class SamplerSettings(_Strict):
+    """Batch selection (the method comes from the top-level ``method``; the seed from ``seed``)."""
+
+    batch_size: int = Field(32, ge=1, description="B: rows per learner update.")
+    pool_factor: float = Field(4, ge=1, description="c: pooled methods inspect up to c·B pending + fresh turns.")
+    cap: int = Field(4, ge=1, description="k: first-pass per-rollout cap of rollout-first methods.")
+    max_staleness: int = Field(2, ge=0, description="Turns with learner − policy version above this expire.")
+    max_pending: int | None = Field(None, ge=0, description="Keep at most this many unselected valid turns.")
+    cap_unit: Literal["turns", "tokens"] = Field("turns", description="Cap counts turns (paper) or token share.")
+
+
+class EvalSettings(_Strict):
+    """Student-only evaluation on held-out tasks (greedy), run beside training on a weight snapshot."""
+
+    every: int = Field(10, ge=1, description="Evaluate every N learner updates.")
+    tasks: int = Field(50, ge=1, description="Held-out tasks per evaluation (first N of explorer.eval_split).")
+    at_start: bool = Field(True, description="Also evaluate the initial student (update 0).")
+
+
+class CheckpointSettings(_Strict):
+    every: int = Field(25, ge=1, description="Checkpoint every N learner updates (and at the end / on Ctrl-C).")
+    keep: int = Field(2, ge=1, description="Keep the newest N checkpoints.")
+
+
+class RuntimeSettings(_Strict):
+    """How explorers and the learner run. The same Explorer/Learner/Sampler code runs under both kinds."""
+
+    kind: Literal["embedded", "ray"] = Field("embedded", description="embedded (threads, one process) or ray.")
+    num_explorers: int = Field(1, ge=1, description="Explorer workers, each with its own student copy and envs.")
+    queue_rollouts: int = Field(64, ge=1, description="Bounded rollout queue between explorers and learner.")
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads per worker (1 is best on 2 cores).")
+    ray_address: str | None = Field(None, description="Ray cluster address; None starts a local Ray on loopback.")
+    ray_num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray instance (None = all).")
+    explorer_cpus: float = Field(1.0, ge=0, description="Ray: CPUs reserved per explorer actor.")
+    explorer_gpus: float = Field(0.0, ge=0, description="Ray: GPUs reserved per explorer actor.")
+    max_explorer_restarts: int = Field(3, ge=0, description="Ray: restarts of a dead explorer actor.")
+
+
+class TrainConfig(_Strict):
+    """Everything `divopd train` needs. Keys are documented in the README's config table."""
+
+    setting: str = Field(description="Name of the experimental setting (groups runs in `divopd report`).")
+    method: str = Field(description="Method row: a sampler method, or divopd-r / tcod-f2b.")
+    seed: int = Field(0, ge=0, description="Seeds the learner, sampler and explorers.")
+    out_dir: str = Field("runs", description="Runs are written to out_dir/<setting>/<method>/seed<seed>.")
+    run_dir: str | None = Field(None, description="Explicit run directory (overrides out_dir layout).")
+    updates: int = Field(100, ge=1, description="Learner updates to run.")
+    max_seconds: float | None = Field(None, gt=0, description="Stop (and checkpoint) after this much wall time.")
+    student: ModelRef
+    teacher: ModelRef
+    sampler: SamplerSettings = Field(default_factory=SamplerSettings)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
+    tcod: TCODConfig = Field(default_factory=TCODConfig)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    log_experience: bool = Field(True, description="Write every queued turn to the run's experience log.")
+    log_token_ids: bool = Field(False, description="Also store prompt/response token ids in the experience log.")
+
+    @model_validator(mode="after")
+    def _check_method(self) -> TrainConfig:
+        rule = sampler_method_for(self.method)
+        if rule not in METHODS:
+            known = sorted(set(METHODS) | set(METHOD_ROWS))
+            raise ValueError(f"unknown method {self.method!r}; known: {', '.join(known)}")
+        if self.method == "divopd-r" and not self.explorer.recovery.enabled:
+            raise ValueError("method divopd-r needs explorer.recovery.enabled: true")
+        if self.method == "tcod-f2b" and not self.tcod.enabled:
+            raise ValueError("method tcod-f2b needs tcod.enabled: true")
+        return self
+
+    def sampler_config(self) -> SamplerConfig:
+        """The :class:`SamplerConfig` of this run."""
+        s = self.sampler
+        return SamplerConfig(
+            method=sampler_method_for(self.method),
+            batch_size=s.batch_size,
+            pool_factor=s.pool_factor,
+            cap=s.cap,
+            max_staleness=s.max_staleness,
+            max_pending=s.max_pending,
+            seed=self.seed,
+            cap_unit=s.cap_unit,
+        )
+
+    def resolved_run_dir(self) -> Path:
+        if self.run_dir:
+            return Path(self.run_dir)
+        return Path(self.out_dir) / self.setting / self.method / f"seed{self.seed}"
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    path = path.resolve()
+    if path in seen:
+        raise ValueError(f"config {path}: `base:` cycle through {' -> '.join(str(p) for p in seen)}")
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config {path}: top level must be a mapping, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    return _deep_merge(_read_yaml(path.parent / base, (*seen, path)), data)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=c`` overrides (values parsed as YAML) to a config mapping."""
+    out = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set expects KEY=VALUE (e.g. sampler.cap=6), got {item!r}")
+        key, raw = item.split("=", 1)
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ValueError(f"--set: empty key in {item!r}")
+        node = out
+        for p in parts[:-1]:
+            if node.get(p) is None:
+                node[p] = {}
+            if not isinstance(node[p], dict):
+                raise ValueError(f"--set {key}: {p!r} is not a section")
+            node = node[p]
+        node[parts[-1]] = yaml.safe_load(raw)
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                data: dict[str, Any] | None = None) -> TrainConfig:
+    """Read a YAML config (following ``base:``), apply ``--set`` overrides, validate."""
+    raw = _read_yaml(Path(path)) if path is not None else {}
+    if data:
+        raw = _deep_merge(raw, data)
+    raw = apply_overrides(raw, overrides or [])
+    return TrainConfig.model_validate(raw)
+
+
+def dump_config(cfg: TrainConfig) -> str:
+    """The resolved config as YAML (written to every run directory)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
