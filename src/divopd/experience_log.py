@@ -283,8 +283,10 @@ def log_files(path: str | os.PathLike) -> list[Path]:
 
 
 def _open(path: Path) -> pq.ParquetFile:
+    # pre_buffer (pyarrow's default) keeps read column chunks cached for the file's lifetime: memory would grow with
+    # the log. A buffered stream reads each row group once and lets it go.
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
     except (pa.ArrowInvalid, OSError) as exc:
         raise ExperienceLogError(f"{path}: not a readable Parquet file ({exc})") from None
 
