@@ -130,3 +130,9 @@ def test_to_dict_json_from_dict_round_trip_keeps_everything() -> None:
         assert getattr(back, name).dtype == getattr(t, name).dtype
     assert back.n_valid == t.n_valid == 1
     assert back.disagreement == t.disagreement
+
+
+def test_derived_fields_raise_no_floating_point_warnings(recwarn: pytest.WarningsRecorder) -> None:
+    t = make(student_logprobs=[-math.inf, math.inf, -1.0], teacher_logprobs=[-math.inf, -math.inf, -2.0])
+    assert (t.n_valid, t.disagreement) == (1, 1.0)
+    assert len(recwarn) == 0

@@ -150,7 +150,7 @@ class Turn:
     @cached_property
     def n_valid(self) -> int:
         """Number of valid (scored, student-action) tokens: the paper's |V_t|."""
-        return int(self.valid_mask.sum())
+        return int(np.count_nonzero(self.valid_mask))
 
     @cached_property
     def disagreement(self) -> float:
@@ -162,8 +162,9 @@ class Turn:
         if self.student_logprobs is None or self.n_valid == 0:
             return 0.0
         mask = self.valid_mask & np.isfinite(self.student_logprobs)
-        diff = self.student_logprobs[mask].astype(np.float64) - self.teacher_logprobs[mask].astype(np.float64)
-        return float(diff.sum())
+        # float64 differences at the masked positions only (the rest of ``diff`` is never read)
+        diff = np.subtract(self.student_logprobs, self.teacher_logprobs, out=None, dtype=np.float64, where=mask)
+        return float(diff[mask].sum())
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
