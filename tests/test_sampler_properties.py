@@ -18,7 +18,7 @@ from sampler_helpers import turn
 BUILTIN = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus")
 GATED = BUILTIN[1:]
 DEFECT_KINDS = [None] * 6 + ["prompt_truncated", "missing_teacher", "length_mismatch", "no_valid_token", "nan_teacher"]
-FAST = settings(max_examples=120, deadline=None)
+FAST = settings(max_examples=250, deadline=None)
 
 # A turn spec: (rollout, version lag behind the learner, response length, focus score, defect).
 turn_spec = st.tuples(
@@ -130,7 +130,7 @@ def test_invariants_hold_after_any_program(config: SamplerConfig, prog: list) ->
             assert ledger["pending"] <= config.max_pending
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(config=configs(), prog=program)
 def test_same_seed_same_batches(config: SamplerConfig, prog: list) -> None:
     a, b = make_sampler(config), make_sampler(config)
@@ -143,7 +143,7 @@ def test_same_seed_same_batches(config: SamplerConfig, prog: list) -> None:
         assert a.ledger == b.ledger
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(config=configs(), prog=program, split=st.integers(0, 14))
 def test_state_dict_json_round_trip_continues_identically(config: SamplerConfig, prog: list, split: int) -> None:
     original = make_sampler(config)
