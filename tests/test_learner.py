@@ -153,12 +153,17 @@ def test_prompt_truncation_only_for_unflagged_turns(tok, turns):
     assert m["learner/tokens"] == (5 + 2) + (20 + 2)
 
 
-def test_topk_estimator_names_a_turn_without_topk_data(tok, turns):
+def test_bad_batches_get_errors_naming_the_turn(tok, turns):
     bare = [Turn("z", 3, 0, [5, 6], [7], teacher_logprobs=[-1.0])]
     with pytest.raises(ValueError, match=r"\('z', 3\)"):
         Learner(student(tok), LearnerConfig(estimator="topk"), tok).step(bare)
     with pytest.raises(ValueError, match="empty batch"):
         Learner(student(tok), LearnerConfig(), tok).step([])
+    with pytest.raises(ValueError, match="not ready"):
+        Learner(student(tok), LearnerConfig(), tok).step(None)
+    with pytest.raises(ValueError, match=r"\('w', 1\) has response_ids outside"):
+        bad = Turn("w", 1, 0, [5], [len(tok) + 3], teacher_logprobs=[-1.0])
+        Learner(student(tok), LearnerConfig(), tok).step([bad])
 
 
 def test_qwen2_bf16_step_is_finite(tok, turns):

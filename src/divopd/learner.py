@@ -198,6 +198,14 @@ class Learner:
         self.skipped_updates = 0
 
     # ------------------------------------------------------------------ forward helpers
+    def _check_ids(self, turns: Sequence[Turn], rows: Rows) -> None:
+        vocab = self.model.get_input_embeddings().num_embeddings
+        for t, p, r in zip(turns, rows.prompts, rows.responses, strict=True):
+            for name, ids in (("prompt_ids", p), ("response_ids", r)):
+                if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
+                    raise ValueError(f"Learner.step: turn {t.key} has {name} outside the model's vocabulary "
+                                     f"[0, {vocab}) (min {ids.min()}, max {ids.max()}): tokenizer/model mismatch?")
+
     def _forward(self, rows: Rows, idx: np.ndarray, *, with_topk: bool
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, int, int]:
         """log π of the response tokens of rows ``idx`` ([n, L]), the student's log probs at the teacher top-k ids
@@ -245,6 +253,7 @@ class Learner:
         rows = prepare_rows(turns, max_prompt_len=cfg.max_prompt_len,
                             topk=cfg.topk if cfg.estimator == "topk" else None)
         n = len(turns)
+        self._check_ids(turns, rows)
         groups = _micro_batches(rows, cfg.micro_batch_tokens)
         with_topk = cfg.estimator == "topk"
         self.optimizer.zero_grad(set_to_none=True)
