@@ -10,6 +10,9 @@ Data path (paper, Algorithm 1, "core DivOPD changes only queue consumption")::
 Every turn ends in exactly one ledger bucket: ``selected``, ``expired`` (stale, or pushed out of a full pending
 pool), ``invalid`` (rejected by the gate, with its reason), or is still waiting (``pending`` in the pool, ``queued``
 not yet read). Invariant: ``received == selected + expired + invalid + pending + queued``.
+
+Cost placement: ``add`` computes each turn's gate verdict and focus score once (cached on the turn); the verdict is
+applied (pooled, or counted ``invalid``) when the turn is read into the pool, so the ledger is as if the gate ran there.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -125,7 +129,7 @@ class Sampler:
         self._expired_by_reason: dict[str, int] = {"stale": 0, "pending_overflow": 0}
 
     # ------------------------------------------------------------------ intake
-    def add(self, turns: Turn | list[Turn] | tuple[Turn, ...]) -> list[int]:
+    def add(self, turns: Turn | Iterable[Turn]) -> list[int]:
         """Queue arrivals; returns their arrival numbers (the sampler numbers turns in arrival order).
 
         Each turn's derived fields (valid mask, ``n_valid``, focus score) and gate verdict are computed here, once, so
