@@ -331,3 +331,21 @@ def test_property_round_trip(tmp_path, ts):
         assert {k: v for k, v in a.info.items() if v is not None} == {
             k: v for k, v in b.turn.info.items() if k != "teacher_acted"
         }
+
+
+def test_resume_truncates_rows_after_the_checkpoint_and_crashed_parts(tmp_path):
+    d = tmp_path / "experience"
+    with ExperienceLogWriter(d, rows_per_file=3) as w:
+        for i in range(8):
+            w.append(make_turn(f"r{i}"), arrival_update=i // 2)
+    (d / "part-000003.parquet").write_bytes(b"PAR1 crashed before the footer")
+    with pytest.raises(ExperienceLogError, match="unreadable part.*truncate_from"):
+        ExperienceLogWriter(d)
+    # the checkpoint restored a sampler whose next arrival is 5: rows 5..7 were logged after it
+    with ExperienceLogWriter(d, truncate_from=5) as w:
+        assert w.next_arrival == 5
+        w.append(make_turn("again"), arrival_update=2)
+    back = list(read_log(d))
+    assert [b.arrival for b in back] == [0, 1, 2, 3, 4, 5]
+    assert back[-1].turn.rollout_id == "again"
+    assert (d / "part-000003.parquet.unreadable").exists()

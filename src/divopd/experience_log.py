@@ -57,6 +57,7 @@ __all__ = [
     "log_files",
     "read_log",
     "row_to_turn",
+    "truncate_log",
     "turn_to_row",
     "validate_batch",
     "validate_schema",
@@ -494,6 +495,10 @@ class ExperienceLogWriter:
     crash, so long runs should keep parts modest or call :meth:`roll` at checkpoints.
 
     Rows are validated on the way in (types, lengths, non-negative integers, arrival order).
+
+    Resuming from a checkpoint: the log may hold rows logged after the checkpoint (and a crashed, unreadable last
+    part). ``truncate_from=A`` first drops every row with ``arrival >= A`` (:func:`truncate_log`), A being the
+    restored sampler's next arrival number, so the log again matches the queue the resumed run continues.
     """
 
     def __init__(
@@ -503,6 +508,7 @@ class ExperienceLogWriter:
         rows_per_file: int = 1 << 20,
         write_ids: bool = False,
         overwrite: bool = False,
+        truncate_from: int | None = None,
     ) -> None:
         if row_group_size < 1 or rows_per_file < 1:
             raise ValueError("row_group_size and rows_per_file must be >= 1")
@@ -528,14 +534,23 @@ class ExperienceLogWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         else:
             self.path.mkdir(parents=True, exist_ok=True)
-            parts = [f for f in self.path.iterdir() if PART_PATTERN.match(f.name)]
+            if truncate_from is not None:
+                truncate_log(self.path, truncate_from)
+            parts = sorted(f for f in self.path.iterdir() if PART_PATTERN.match(f.name))
             if parts:
-                last = max(parts, key=lambda f: int(PART_PATTERN.match(f.name).group(1)))
-                self._next_part = int(PART_PATTERN.match(last.name).group(1)) + 1
-                tail = pq.read_table(last, columns=["arrival", "arrival_update"])
+                self._next_part = int(PART_PATTERN.match(parts[-1].name).group(1)) + 1
+            for part in reversed(parts):  # the last non-empty part holds the last arrival
+                try:
+                    tail = pq.read_table(part, columns=["arrival", "arrival_update"])
+                except (pa.ArrowInvalid, OSError) as exc:
+                    raise ExperienceLogError(
+                        f"{part}: unreadable part ({exc}); a run that crashed mid-part resumes with "
+                        "ExperienceLogWriter(..., truncate_from=<first arrival after the checkpoint>)"
+                    ) from None
                 if tail.num_rows:
                     self._order.last_arrival = int(tail.column("arrival")[-1].as_py())
                     self._order.last_update = int(tail.column("arrival_update")[-1].as_py())
+                    break
 
     @property
     def next_arrival(self) -> int:
@@ -638,6 +653,36 @@ class ExperienceLogWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def truncate_log(path: str | os.PathLike, first_dropped_arrival: int) -> int:
+    """Drop the rows with ``arrival >= first_dropped_arrival`` from a part-directory log; returns rows dropped.
+
+    Parts entirely past the cut are deleted; the part straddling it is rewritten. An unreadable part (a crash before
+    its footer was written) is renamed to ``<name>.unreadable`` and left out of the log.
+    """
+    d = Path(path)
+    if not d.is_dir():
+        raise ExperienceLogError(f"{d}: truncate_log works on a directory of part files")
+    dropped = 0
+    for part in sorted(f for f in d.iterdir() if PART_PATTERN.match(f.name)):
+        try:
+            arrivals = pq.read_table(part, columns=["arrival"]).column("arrival").to_numpy()
+        except (pa.ArrowInvalid, OSError):
+            part.rename(part.with_name(part.name + ".unreadable"))
+            continue
+        keep = arrivals < first_dropped_arrival
+        if keep.all():
+            continue
+        dropped += int((~keep).sum())
+        if not keep.any():
+            part.unlink()
+            continue
+        table = pq.read_table(part).filter(pa.array(keep))
+        tmp = part.with_name(part.name + ".tmp")
+        pq.write_table(table, tmp, compression="zstd")
+        tmp.replace(part)
+    return dropped
 
 
 def write_log(
