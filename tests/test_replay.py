@@ -238,3 +238,15 @@ def test_replay_reads_back_what_was_written(tmp_path):
     from_file = replay(log, cfg)["methods"]
     in_memory = replay(hand_stream(), cfg)["methods"]
     assert from_file == in_memory
+
+
+def test_replay_demo_writes_table_and_plots(tmp_path):
+    from divopd.demo import DEMO_METHODS, run_replay_demo
+
+    results = run_replay_demo(tmp_path, presets=("webshop",), updates=6)
+    assert set(results) == {"webshop"} and list(results["webshop"]["methods"]) == list(DEMO_METHODS)
+    table = (tmp_path / "table.md").read_text()
+    assert table.count("| webshop |") == len(DEMO_METHODS)
+    for name in ("summary.png", "webshop.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "webshop.json").read_text())["updates"] == 6
