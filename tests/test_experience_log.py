@@ -349,3 +349,13 @@ def test_resume_truncates_rows_after_the_checkpoint_and_crashed_parts(tmp_path):
     assert [b.arrival for b in back] == [0, 1, 2, 3, 4, 5]
     assert back[-1].turn.rollout_id == "again"
     assert (d / "part-000003.parquet.unreadable").exists()
+
+
+def test_require_ids_rejects_logs_without_token_ids(tmp_path):
+    write_log(tmp_path / "no-ids.parquet", [make_turn()])
+    assert len(list(read_log(tmp_path / "no-ids.parquet"))) == 1  # fine for replay
+    with pytest.raises(ExperienceLogError, match="'prompt_ids' is missing"):
+        list(read_log(tmp_path / "no-ids.parquet", require_ids=True))
+    write_log(tmp_path / "ids.parquet", [make_turn()], write_ids=True)
+    (back,) = read_log(tmp_path / "ids.parquet", require_ids=True)
+    assert back.turn.response_ids.tolist() == [100, 101, 102]

@@ -379,13 +379,24 @@ def batch_to_turns(batch: pa.RecordBatch) -> Iterator[LoggedTurn]:
         yield LoggedTurn(turn, int(col["arrival"][i]), int(col["arrival_update"][i]))
 
 
-def read_log(path: str | os.PathLike, batch_size: int = 8192, validate: bool = True) -> Iterator[LoggedTurn]:
+def read_log(
+    path: str | os.PathLike, batch_size: int = 8192, validate: bool = True, require_ids: bool = False
+) -> Iterator[LoggedTurn]:
     """Stream a log as :class:`LoggedTurn` ``(turn, arrival, arrival_update)`` in arrival order.
 
     Holds one record batch (``batch_size`` rows) at a time, plus whatever turns the caller keeps: a turn's arrays are
-    views into its batch's buffers.
+    views into its batch's buffers. Without ``prompt_ids``/``response_ids`` the turns carry zero placeholder ids, fine
+    for selection but not for training: pass ``require_ids=True`` where real token ids are needed (e.g. re-queueing
+    logged turns for a learner), and a log without them is rejected.
     """
     for batch in iter_record_batches(path, batch_size=batch_size, validate=validate):
+        if require_ids:
+            for name in ("prompt_ids", "response_ids"):
+                if name not in batch.schema.names:
+                    raise ExperienceLogError(f"{path}: column {name!r} is missing; this log holds no token ids")
+                if batch.column(name).null_count:
+                    row = _first(batch.column(name).is_null().to_numpy(zero_copy_only=False))
+                    raise ExperienceLogError(f"{path}: column {name!r}: null token ids in batch row {row}")
         yield from batch_to_turns(batch)
 
 
