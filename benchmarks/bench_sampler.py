@@ -17,6 +17,7 @@ Run: ``.venv/bin/python benchmarks/bench_sampler.py`` (``--quick`` for a fast ch
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import statistics
 import time
@@ -74,8 +75,8 @@ class TurnFactory:
 
 
 def time_next_batch(method: str, batch_size: int, pool_factor: float, calls: int, factory: TurnFactory,
-                    base: list[Turn]) -> tuple[float, float]:
-    """Median CPU and median wall seconds of one steady-state ``next_batch``; ``base`` fills the pool (untimed).
+                    base: list[Turn]) -> tuple[list[float], list[float]]:
+    """CPU and wall seconds of each steady-state ``next_batch``, sorted; ``base`` fills the pool first (untimed).
 
     CPU time (``time.process_time``) is the headline: on a shared machine, wall time also counts the time other
     processes hold the core.
@@ -85,6 +86,8 @@ def time_next_batch(method: str, batch_size: int, pool_factor: float, calls: int
     sampler.next_batch(0)  # the pool is now full: pending + queued
     # a few more than B per call, so that the ~5% invalid arrivals do not slowly drain the pool
     fresh = [factory.make(batch_size + batch_size // 16) for _ in range(calls)]
+    gc.collect()
+    gc.freeze()  # the pre-built turns are the benchmark's, not the sampler's: keep them out of the cyclic GC's scans
     cpu, wall = [], []
     for arrivals in fresh:
         sampler.add(arrivals)
@@ -93,7 +96,8 @@ def time_next_batch(method: str, batch_size: int, pool_factor: float, calls: int
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - w0)
         assert batch is not None and len(batch) == batch_size
-    return statistics.median(cpu), statistics.median(wall)
+    gc.unfreeze()
+    return sorted(cpu), sorted(wall)
 
 
 def time_intake(factory: TurnFactory, n: int) -> tuple[float, float]:
@@ -132,6 +136,7 @@ def main() -> int:
     for m in args.methods:
         table.add_column(m, justify="right")
     results: dict[tuple[str, int], float] = {}
+    spread: dict[str, list[float]] = {}
     for pool in pools:
         pool_factor = pool / batch_size
         calls = 10 if args.quick else max(7, min(60, 400_000 // pool))
@@ -139,11 +144,19 @@ def main() -> int:
         row = [f"{pool:,}", f"{pool_factor:g}"]
         for m in args.methods:
             cpu, wall = time_next_batch(m, batch_size, pool_factor, calls, factory, base)
-            results[(m, pool)] = cpu
-            row.append(f"{cpu * 1e3:.2f} ({wall * 1e3:.2f})")
+            results[(m, pool)] = statistics.median(cpu)
+            row.append(f"{statistics.median(cpu) * 1e3:.2f} ({statistics.median(wall) * 1e3:.2f})")
+            if pool == pools[0]:
+                spread[m] = [cpu[0], statistics.median(cpu), cpu[int(0.9 * (len(cpu) - 1))]]
         table.add_row(*row)
         console.print(f"[dim]pool {pool}: done ({calls} timed calls per method)[/dim]")
     console.print(table)
+    first = Table(title=f"Pool {pools[0]}: CPU ms per next_batch, min / median / p90 over the timed calls")
+    first.add_column("method")
+    first.add_column("min / median / p90", justify="right")
+    for m, values in spread.items():
+        first.add_row(m, " / ".join(f"{v * 1e3:.2f}" for v in values))
+    console.print(first)
 
     if len(pools) > 1:
         growth = Table(title=f"Growth of CPU time: time(n) / time({pools[0]}) vs n/n0 and n·log n / (n0·log n0)")

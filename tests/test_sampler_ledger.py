@@ -239,3 +239,16 @@ def test_load_state_dict_rejects_another_config_or_version() -> None:
         make_sampler(SamplerConfig("divopd", 4)).load_state_dict(s.state_dict())
     with pytest.raises(ValueError, match="version"):
         s.load_state_dict({**s.state_dict(), "version": 99})
+
+
+def test_recoding_rollout_ids_changes_no_batch() -> None:
+    config = SamplerConfig("divopd", 3, pool_factor=2, cap=1, seed=1)
+    plain, recoded = make_sampler(config), make_sampler(config)
+    for step in range(6):
+        arrivals = [turn(f"r{(step * 5 + i) % 4}", step * 10 + i, score=(i * 3) % 4) for i in range(5)]
+        plain.add(arrivals)
+        recoded.add(arrivals)
+        recoded._recode()  # what a long run does when it has seen many more rollouts than are waiting
+        a, b = plain.next_batch(0), recoded.next_batch(0)
+        assert a.arrivals == b.arrivals
+    assert plain.ledger == recoded.ledger

@@ -12,10 +12,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from divopd.sampling import SamplerConfig
-from divopd.sampling.methods import compose_focus_first, compose_oldest, compose_rollout_first
+from divopd.sampling import METHODS, SamplerConfig
+from divopd.sampling.methods import PoolColumns, compose_focus_first, compose_oldest, compose_rollout_first
 from divopd.sampling.rules import (
     allocate_rollout_first,
+    allocate_rollout_first_array,
     allocate_rollout_first_tokens,
     focus_key,
     slot_pass,
@@ -94,3 +95,39 @@ def test_reference_agrees_with_the_hand_case() -> None:
     specs = [(0, i, 0, 1) for i in range(5)] + [(1, 0, 0, 1)] + [(2, i, 0, 1) for i in range(4)]
     ref = reference_rollout_first(build_pool(specs), 6, 2, "focus", None)
     assert Counter(e[1].rollout_id for e in ref) == {"r0": 3, "r1": 1, "r2": 2}
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 12), max_size=25),
+    batch_size=st.integers(0, 80),
+    cap=st.one_of(st.none(), st.integers(1, 6)),
+)
+def test_closed_form_allocation_equals_the_pass_loop(sizes, batch_size, cap) -> None:
+    fast = allocate_rollout_first_array(sizes, batch_size, cap)
+    assert fast.tolist() == allocate_rollout_first(sizes, batch_size, cap)
+
+
+def columns_of(pool) -> PoolColumns:
+    codes: dict = {}
+    rows = [(a, t.policy_version, codes.setdefault(t.rollout_id, len(codes)), -t.disagreement, t.turn_index)
+            for a, t in pool]
+    return PoolColumns.from_rows(rows)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    specs=st.lists(entry_spec, min_size=1, max_size=60),
+    batch_size=st.integers(1, 30),
+    cap=st.integers(1, 5),
+    method=st.sampled_from(["vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus"]),
+    cap_unit=st.sampled_from(["turns", "tokens"]),
+    seed=st.integers(0, 50),
+)
+def test_each_builtin_selector_equals_its_composer(specs, batch_size, cap, method, cap_unit, seed) -> None:
+    pool = build_pool(specs)
+    batch_size = min(batch_size, len(pool))
+    config = SamplerConfig(method, batch_size, cap=cap, cap_unit=cap_unit)
+    composed = METHODS[method].compose(list(pool), batch_size, config, np.random.default_rng(seed))
+    positions = METHODS[method].select(pool, columns_of(pool), batch_size, config, np.random.default_rng(seed))
+    assert [pool[i][0] for i in positions.tolist()] == [e[0] for e in composed]

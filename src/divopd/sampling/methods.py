@@ -5,6 +5,11 @@ composition order. The pool is given in arrival order (pending turns first, then
 entry is an ``(arrival, Turn)`` pair. Register a new rule with :func:`register_method`; it then works everywhere a
 method name is accepted (configs, ``divopd replay``, ``divopd train``).
 
+The built-in rules also have a *selector*: the same rule over :class:`PoolColumns`, numpy arrays of the per-turn
+scalars the rule reads, which the sampler keeps alongside its pool. The sampler uses the selector when there is one
+(it returns pool positions; it never has to visit every turn object of a large pool); the composer and the selector
+of a rule return the same batch, which the tests check.
+
 Methods (paper, Sections 3–4):
 
 ==============  ===========================================================================================
@@ -29,6 +34,7 @@ import numpy as np
 from divopd.experience import Turn
 from divopd.sampling.rules import (
     allocate_rollout_first,
+    allocate_rollout_first_array,
     allocate_rollout_first_tokens,
     focus_key,
     uniform_order,
@@ -40,7 +46,67 @@ if TYPE_CHECKING:
 Entry = tuple[int, Turn]
 Composer = Callable[[list[Entry], int, "SamplerConfig", np.random.Generator], list[Entry]]
 
-__all__ = ["Method", "METHODS", "register_method", "get_method", "compose_rollout_first"]
+
+@dataclass(frozen=True)
+class PoolColumns:
+    """Per-turn scalars of a candidate pool as numpy arrays, aligned with the pool's entries.
+
+    Attributes:
+        arrival: the sampler's arrival number of each turn (int64).
+        version: generating policy version (int64).
+        group: an int code of the rollout id (equal codes = same rollout; codes carry no order).
+        neg_score: minus the cached disagreement (float64), so that ascending = focus order.
+        turn_index: the turn index (int64).
+    """
+
+    arrival: np.ndarray
+    version: np.ndarray
+    group: np.ndarray
+    neg_score: np.ndarray
+    turn_index: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.arrival.shape[0])
+
+    @classmethod
+    def from_rows(cls, rows: list[tuple[int, int, int, float, int]]) -> PoolColumns:
+        """From ``(arrival, version, group, neg_score, turn_index)`` rows."""
+        if not rows:
+            return cls.empty()
+        arrival, version, group, neg_score, turn_index = zip(*rows, strict=True)
+        return cls(
+            np.array(arrival, dtype=np.int64),
+            np.array(version, dtype=np.int64),
+            np.array(group, dtype=np.int64),
+            np.array(neg_score, dtype=np.float64),
+            np.array(turn_index, dtype=np.int64),
+        )
+
+    @classmethod
+    def empty(cls) -> PoolColumns:
+        i64 = np.zeros(0, dtype=np.int64)
+        return cls(i64, i64, i64, np.zeros(0, dtype=np.float64), i64)
+
+    def take(self, index: np.ndarray | slice) -> PoolColumns:
+        return PoolColumns(
+            self.arrival[index], self.version[index], self.group[index], self.neg_score[index], self.turn_index[index]
+        )
+
+    def concat(self, other: PoolColumns) -> PoolColumns:
+        if len(other) == 0:
+            return self
+        return PoolColumns(
+            np.concatenate([self.arrival, other.arrival]),
+            np.concatenate([self.version, other.version]),
+            np.concatenate([self.group, other.group]),
+            np.concatenate([self.neg_score, other.neg_score]),
+            np.concatenate([self.turn_index, other.turn_index]),
+        )
+
+
+Selector = Callable[[list[Entry], PoolColumns, int, "SamplerConfig", np.random.Generator], np.ndarray]
+
+__all__ = ["Method", "METHODS", "PoolColumns", "register_method", "get_method", "compose_rollout_first"]
 
 
 @dataclass(frozen=True)
@@ -52,12 +118,14 @@ class Method:
         compose: the composer; ``None`` for the arrival-order reader, which reads the raw queue.
         pooled: True when the method reads a gated candidate pool of ``pool_factor × batch_size`` turns.
         description: one line for ``--help`` and the README.
+        select: optional, the same rule over :class:`PoolColumns`, returning pool positions in composition order.
     """
 
     name: str
     compose: Composer | None
     pooled: bool
     description: str
+    select: Selector | None = None
 
 
 METHODS: dict[str, Method] = {}
@@ -191,11 +259,102 @@ def _rollout_first(within: str, capped: bool) -> Composer:
     return compose
 
 
+# ---------------------------------------------------------------------------------------------------- selectors
+def select_oldest(
+    pool: list[Entry], cols: PoolColumns, batch_size: int, config: SamplerConfig, rng: np.random.Generator
+) -> np.ndarray:
+    """``vanilla-pool`` over columns: positions of the B oldest candidates by arrival."""
+    return np.argsort(cols.arrival, kind="stable")[:batch_size]
+
+
+def select_focus_first(
+    pool: list[Entry], cols: PoolColumns, batch_size: int, config: SamplerConfig, rng: np.random.Generator
+) -> np.ndarray:
+    """``divopd-focus`` over columns: partition on the score, then the full key on the few that can make the top B."""
+    neg = cols.neg_score
+    n = len(cols)
+    if n > 2 * batch_size:
+        candidates = np.flatnonzero(neg <= np.partition(neg, batch_size - 1)[batch_size - 1])
+    else:
+        candidates = np.arange(n)
+    keyed = sorted(
+        (score, pool[i][1].rollout_id, pool[i][1].turn_index, i)
+        for score, i in zip(neg[candidates].tolist(), candidates.tolist(), strict=True)
+    )
+    return np.array([k[3] for k in keyed[:batch_size]], dtype=np.intp)
+
+
+def select_rollout_first(
+    cols: PoolColumns, batch_size: int, cap: int | None, within: str, rng: np.random.Generator
+) -> np.ndarray:
+    """:func:`compose_rollout_first` (turn cap) over columns; returns pool positions in composition order.
+
+    Groups get visiting ordinals by first appearance (oldest arrival); one stable ``lexsort`` ranks every group
+    (focus: score, then turn index; uniform: the composition's random keys); the closed-form allocation gives each
+    group's slots; a group's first ``alloc`` ranked turns are taken and laid out by (pass, group, rank).
+    """
+    n = len(cols)
+    _, first, inverse = np.unique(cols.group, return_index=True, return_inverse=True)
+    visit = np.empty(len(first), dtype=np.intp)
+    visit[np.argsort(first)] = np.arange(len(first))
+    group = visit[inverse.reshape(-1)]  # visiting ordinal of each pool turn
+    if within == "focus":
+        order = np.lexsort((cols.turn_index, cols.neg_score, group))
+    elif within == "uniform":
+        order = np.lexsort((uniform_order(n, rng), group))
+    else:
+        raise ValueError(f"within-rollout order must be 'focus' or 'uniform', got {within!r}")
+    sizes = np.bincount(group, minlength=len(first))
+    alloc = allocate_rollout_first_array(sizes, batch_size, cap)
+    group_sorted = group[order]
+    rank = np.arange(n) - (np.cumsum(sizes) - sizes)[group_sorted]
+    take = rank < alloc[group_sorted]
+    positions = order[take]
+    if cap is not None:
+        rank = rank[take]
+        positions = positions[np.lexsort((rank, group_sorted[take], np.maximum(rank - cap + 1, 0)))]
+    return positions
+
+
+def _positions(pool: list[Entry], selected: list[Entry]) -> np.ndarray:
+    where = {arrival: i for i, (arrival, _) in enumerate(pool)}
+    return np.array([where[arrival] for arrival, _ in selected], dtype=np.intp)
+
+
+def _rollout_first_select(within: str, capped: bool) -> Selector:
+    def select(
+        pool: list[Entry], cols: PoolColumns, batch_size: int, config: SamplerConfig, rng: np.random.Generator
+    ) -> np.ndarray:
+        cap = config.cap if capped else None
+        if config.cap_unit != "turns":  # the token cap (beyond the paper) runs on the entries
+            return _positions(pool, compose_rollout_first(pool, batch_size, cap, within, rng, config.cap_unit))
+        return select_rollout_first(cols, batch_size, cap, within, rng)
+
+    return select
+
+
+def _builtin(name: str, compose: Composer, select: Selector, description: str) -> None:
+    METHODS[name] = Method(name, compose, True, description, select)
+
+
 METHODS["vanilla"] = Method("vanilla", None, False, "arrival-order reader: next B non-stale turns, no gate")
-register_method("vanilla-pool", compose_oldest, "pool + gate, then the B oldest turns by arrival")
-register_method("nocap", _rollout_first("uniform", capped=False), "pool + gate + rollout-first, k=∞, uniform within")
-register_method(
-    "divopd-base", _rollout_first("uniform", capped=True), "pool + gate + rollout-first cap k, uniform within"
+_builtin("vanilla-pool", compose_oldest, select_oldest, "pool + gate, then the B oldest turns by arrival")
+_builtin(
+    "nocap",
+    _rollout_first("uniform", capped=False),
+    _rollout_first_select("uniform", capped=False),
+    "pool + gate + rollout-first, k=∞, uniform within",
 )
-register_method("divopd", _rollout_first("focus", capped=True), "pool + gate + rollout-first cap k, focus within")
-register_method("divopd-focus", compose_focus_first, "pool + gate + global focus-first ranking")
+_builtin(
+    "divopd-base",
+    _rollout_first("uniform", capped=True),
+    _rollout_first_select("uniform", capped=True),
+    "pool + gate + rollout-first cap k, uniform within",
+)
+_builtin(
+    "divopd",
+    _rollout_first("focus", capped=True),
+    _rollout_first_select("focus", capped=True),
+    "pool + gate + rollout-first cap k, focus within",
+)
+_builtin("divopd-focus", compose_focus_first, select_focus_first, "pool + gate + global focus-first ranking")

@@ -16,6 +16,7 @@ from divopd.experience import Turn
 __all__ = [
     "is_stale",
     "allocate_rollout_first",
+    "allocate_rollout_first_array",
     "allocate_rollout_first_tokens",
     "slot_pass",
     "focus_key",
@@ -66,6 +67,45 @@ def allocate_rollout_first(group_sizes: Sequence[int], batch_size: int, cap: int
                 still_open.append(g)
         open_groups = still_open
         limit += 1  # pass j + 1 lets each rollout hold at most k + j + 1 turns
+    return alloc
+
+
+def allocate_rollout_first_array(
+    group_sizes: Sequence[int] | np.ndarray, batch_size: int, cap: int | None
+) -> np.ndarray:
+    """:func:`allocate_rollout_first` in closed form over a numpy array (the same allocation, for large pools).
+
+    After passes 0..j every rollout holds ``min(size, k + j)`` turns. If pass 0 already fills the batch, rollouts take
+    ``min(size, k)`` in visiting order until B runs out. Otherwise find the last complete pass j (the largest j with
+    ``Σ min(size, k + j) <= B``, by bisection) and give one more slot, in visiting order, to the first rollouts that
+    still have turns, until the batch is full: that is the partial pass j + 1.
+    """
+    if batch_size < 0:
+        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+    if cap is not None and cap < 1:
+        raise ValueError(f"cap must be >= 1 or None, got {cap}")
+    sizes = np.asarray(group_sizes, dtype=np.int64)
+    if int(sizes.sum()) <= batch_size:
+        return sizes.copy()
+    first = sizes if cap is None else np.minimum(sizes, cap)
+    filled = np.cumsum(first)
+    if filled[-1] >= batch_size:  # the batch fills during pass 0 (always so without a cap)
+        alloc = np.zeros_like(sizes)
+        cut = int(np.searchsorted(filled, batch_size))  # first rollout at which the running total reaches B
+        alloc[:cut] = first[:cut]
+        alloc[cut] = batch_size - (int(filled[cut - 1]) if cut else 0)
+        return alloc
+    lo, hi = 0, int(sizes.max()) - cap  # Σ min(size, k + lo) < B  and  Σ min(size, k + hi) = Σ size > B
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if int(np.minimum(sizes, cap + mid).sum()) <= batch_size:
+            lo = mid
+        else:
+            hi = mid
+    alloc = np.minimum(sizes, cap + lo)
+    short = batch_size - int(alloc.sum())
+    if short:
+        alloc[np.flatnonzero(sizes > cap + lo)[:short]] += 1
     return alloc
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from divopd import gate
 from divopd.experience import Turn
-from divopd.sampling.methods import Entry, get_method
+from divopd.sampling.methods import Entry, PoolColumns, get_method
 from divopd.sampling.rules import pool_capacity
 from divopd.sampling.stats import batch_stats
 
@@ -116,12 +116,13 @@ class Sampler:
     def __init__(self, config: SamplerConfig) -> None:
         self.config = config
         self.method = get_method(config.method)
-        # arrival -> (turn, gate reason), not yet read; the gate runs once per turn, at arrival, and its verdict is
-        # applied (counted, pooled or rejected) when the turn is read into the pool
-        self._queue: OrderedDict[int, tuple[Turn, str | None]] = OrderedDict()
+        # arrival -> (turn, gate reason, column row), not yet read; the gate runs once per turn, at arrival, and its
+        # verdict is applied (counted, pooled or rejected) when the turn is read into the pool
+        self._queue: OrderedDict[int, tuple[Turn, str | None, tuple]] = OrderedDict()
         self._expiry: list[tuple[int, int]] = []  # heap of (policy_version, arrival) over queued turns
         self._pending: list[Entry] = []  # gated, unselected, arrival order
-        self._pending_floor = 0  # a lower bound of the pending turns' policy versions (skips needless stale scans)
+        self._columns = PoolColumns.empty()  # the pending turns' scalars, aligned with self._pending
+        self._codes: dict[str, int] = {}  # rollout id -> int code of PoolColumns.group
         self._next_arrival = 0
         self._compositions = 0
         self._counts = {"received": 0, "selected": 0, "expired": 0, "invalid": 0}
@@ -150,9 +151,23 @@ class Sampler:
 
     def _enqueue(self, arrival: int, turn: Turn) -> None:
         reason = gate.check(turn)
-        turn.disagreement  # noqa: B018 - warm the cached focus score (read by focus ranking and batch stats)
-        self._queue[arrival] = (turn, reason)
+        if len(self._codes) > 4 * self.waiting + 4096:  # forget the codes of rollouts no longer waiting
+            self._recode()
+        row = self._row(arrival, turn)
+        self._queue[arrival] = (turn, reason, row)
         heapq.heappush(self._expiry, (turn.policy_version, arrival))
+
+    def _row(self, arrival: int, turn: Turn) -> tuple[int, int, int, float, int]:
+        """The turn's :class:`PoolColumns` row (this computes and caches its focus score)."""
+        codes = self._codes
+        code = codes.setdefault(turn.rollout_id, len(codes))
+        return (arrival, turn.policy_version, code, -turn.disagreement, turn.turn_index)
+
+    def _recode(self) -> None:
+        self._codes = {}
+        for arrival, (turn, reason, _) in list(self._queue.items()):
+            self._queue[arrival] = (turn, reason, self._row(arrival, turn))
+        self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending])
 
     # ------------------------------------------------------------------ ledger
     @property
@@ -217,13 +232,18 @@ class Sampler:
             if self._queue.pop(arrival, None) is not None:
                 self._expire(1, "stale")
         if len(heap) > 2 * len(self._queue) + 1024:  # drop entries of turns already read from the queue
-            self._expiry = [(t.policy_version, a) for a, (t, _) in self._queue.items()]
+            self._expiry = [(t.policy_version, a) for a, (t, _, _) in self._queue.items()]
             heapq.heapify(self._expiry)
-        if self._pending and self._pending_floor < threshold:
-            keep = [e for e in self._pending if e[1].policy_version >= threshold]  # i.e. not rules.is_stale
-            self._expire(len(self._pending) - len(keep), "stale")
-            self._pending = keep
-            self._pending_floor = threshold  # every kept turn has policy_version >= threshold
+        if self._pending:
+            fresh = self._columns.version >= threshold  # i.e. not rules.is_stale
+            if not fresh.all():
+                self._expire(int(fresh.size - np.count_nonzero(fresh)), "stale")
+                self._keep_pending(self._pending, self._columns, np.flatnonzero(fresh))
+
+    def _keep_pending(self, pool: list[Entry], columns: PoolColumns, index: np.ndarray) -> None:
+        """Pending = the pool turns at ``index`` (ascending, so arrival order is kept)."""
+        self._pending = [pool[i] for i in index.tolist()]
+        self._columns = columns.take(index)
 
     def _expire(self, n: int, reason: str) -> None:
         self._counts["expired"] += n
@@ -237,54 +257,61 @@ class Sampler:
         popitem = self._queue.popitem
         out = []
         for _ in range(batch_size):
-            arrival, (turn, _) = popitem(last=False)
+            arrival, (turn, _, _) = popitem(last=False)
             out.append((arrival, turn))
         return out
 
-    def _fill_pool(self) -> list[Entry]:
+    def _fill_pool(self) -> tuple[list[Entry], PoolColumns]:
         """Pending turns (oldest first), then fresh queued turns through the gate until the pool holds c·B."""
         pool = self._pending
         room = self.config.pool_size - len(pool)
         popitem = self._queue.popitem
-        floor = self._pending_floor
+        rows = []
         invalid = 0
         while room > 0 and self._queue:
-            arrival, (turn, reason) = popitem(last=False)
+            arrival, (turn, reason, row) = popitem(last=False)
             if reason is None:
                 pool.append((arrival, turn))
+                rows.append(row)
                 room -= 1
-                if turn.policy_version < floor:
-                    floor = turn.policy_version
             else:
                 invalid += 1
                 self._invalid_by_reason[reason] += 1
         self._counts["invalid"] += invalid
-        self._pending_floor = floor
-        return pool
+        self._columns = self._columns.concat(PoolColumns.from_rows(rows))
+        return pool, self._columns
 
     def _compose_pooled(self, learner_version: int) -> tuple[list[Entry] | None, list[Turn] | None]:
-        pool = self._fill_pool()
+        pool, columns = self._fill_pool()
         batch_size = self.config.batch_size
         if len(pool) < batch_size:
-            self._pending = pool
             return None, None
         rng = np.random.default_rng([self.config.seed, self._compositions])
         self._compositions += 1
-        selected = self.method.compose(list(pool), batch_size, self.config, rng)
+        name = self.config.method
+        keep = np.ones(len(pool), dtype=bool)
+        if self.method.select is not None:  # a built-in rule over the columns: pool positions
+            positions = self.method.select(pool, columns, batch_size, self.config, rng)
+            selected = [pool[i] for i in positions.tolist()]
+            keep[positions] = False
+        else:
+            selected = self.method.compose(list(pool), batch_size, self.config, rng)
+            chosen = {a for a, _ in selected}
+            keep = np.fromiter((a not in chosen for a, _ in pool), dtype=bool, count=len(pool))
         if len(selected) != batch_size:
-            raise RuntimeError(f"method {self.config.method!r} returned {len(selected)} rows, expected {batch_size}")
-        chosen = {a for a, _ in selected}
-        if len(chosen) != batch_size:
-            raise RuntimeError(f"method {self.config.method!r} selected a turn twice")
-        pending = [e for e in pool if e[0] not in chosen]
-        if len(pool) - len(pending) != batch_size:  # arrivals are unique: some chosen arrival is not in the pool
-            raise RuntimeError(f"method {self.config.method!r} selected a turn that is not in the candidate pool")
-        if self.config.max_pending is not None and len(pending) > self.config.max_pending:
-            overflow = len(pending) - self.config.max_pending
+            raise RuntimeError(f"method {name!r} returned {len(selected)} rows, expected {batch_size}")
+        if len({a for a, _ in selected}) != batch_size:
+            raise RuntimeError(f"method {name!r} selected a turn twice")
+        pending_index = np.flatnonzero(keep)
+        if len(pool) - len(pending_index) != batch_size:  # arrivals are unique: a chosen turn is not in the pool
+            raise RuntimeError(f"method {name!r} selected a turn that is not in the candidate pool")
+        if self.config.max_pending is not None and len(pending_index) > self.config.max_pending:
+            overflow = len(pending_index) - self.config.max_pending
             self._expire(overflow, "pending_overflow")
-            pending = pending[overflow:]
-        self._pending = pending
-        return selected, [t for _, t in pool]
+            pending_index = pending_index[overflow:]
+        candidates = [t for _, t in pool]
+        self._keep_pending(pool, columns, pending_index)
+        return selected, candidates
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -297,7 +324,7 @@ class Sampler:
             "counts": dict(self._counts),
             "invalid_by_reason": dict(self._invalid_by_reason),
             "expired_by_reason": dict(self._expired_by_reason),
-            "queue": [[a, t.to_dict()] for a, (t, _) in self._queue.items()],
+            "queue": [[a, t.to_dict()] for a, (t, _, _) in self._queue.items()],
             "pending": [[a, t.to_dict()] for a, t in self._pending],
         }
 
@@ -315,10 +342,11 @@ class Sampler:
         self._expired_by_reason = {k: int(v) for k, v in state["expired_by_reason"].items()}
         self._queue = OrderedDict()
         self._expiry = []
+        self._codes = {}
+        self._pending = [(int(a), Turn.from_dict(d)) for a, d in state["pending"]]
+        self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending])
         for a, d in state["queue"]:
             self._enqueue(int(a), Turn.from_dict(d))
-        self._pending = [(int(a), Turn.from_dict(d)) for a, d in state["pending"]]
-        self._pending_floor = min((t.policy_version for _, t in self._pending), default=0)
 
 
 def make_sampler(config: SamplerConfig) -> Sampler:
