@@ -105,7 +105,9 @@ class TrainConfig(_Strict):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     log_experience: bool = Field(True, description="Write every queued turn to the run's experience log.")
-    log_token_ids: bool = Field(False, description="Also store prompt/response token ids in the experience log.")
+    log_token_ids: bool = Field(
+        True, description="Store prompt/response token ids in the experience log (needed to re-queue, on --resume, "
+        "turns logged after the last checkpoint; without them those turns are dropped from the log).")
 
     @model_validator(mode="after")
     def _check_method(self) -> TrainConfig:

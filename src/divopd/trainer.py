@@ -28,7 +28,14 @@ from typing import Any
 
 from divopd.checkpoint import WeightHandle, latest_checkpoint, read_state
 from divopd.config import TrainConfig, dump_config, load_config
-from divopd.experience_log import PART_PATTERN, ExperienceLogError, ExperienceLogWriter, log_files, read_log
+from divopd.experience_log import (
+    PART_PATTERN,
+    ExperienceLogError,
+    ExperienceLogWriter,
+    log_files,
+    read_log,
+    truncate_log,
+)
 from divopd.learner import Learner
 from divopd.metrics import MetricsWriter, final_five, peak_sr
 from divopd.models import load_model
@@ -200,7 +207,7 @@ def _quarantine_unreadable_parts(log_dir: Path) -> list[Path]:
         try:
             pq.ParquetFile(part)
         except Exception:  # an unfinished Parquet file has no footer
-            target = part.with_name(part.name + ".incomplete")
+            target = part.with_name(part.name + ".unreadable")
             part.rename(target)
             moved.append(target)
             log.warning("experience log: set aside unfinished part %s", target.name)
@@ -251,9 +258,17 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     if cfg.log_experience:
         log_dir = run_dir / EXPERIENCE
         _quarantine_unreadable_parts(log_dir)
-        requeued = _requeue_logged_turns(log_dir, sampler) if ckpt is not None else 0
-        if requeued:
-            log.info("resume: %d logged turns past the checkpoint queued again", requeued)
+        if ckpt is not None and cfg.log_token_ids:
+            requeued = _requeue_logged_turns(log_dir, sampler)
+            state.turns += requeued
+            if requeued:
+                log.info("resume: %d logged turns past the checkpoint queued again", requeued)
+        elif ckpt is not None and log_dir.is_dir():
+            dropped = truncate_log(log_dir, sampler.ledger["received"])
+            if dropped:
+                log.warning("resume: %d turns logged after the checkpoint were never received by the restored "
+                            "sampler (log_token_ids is off, so they cannot be queued again); removed from the log",
+                            dropped)
         log_writer = ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
     metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
@@ -269,7 +284,7 @@ def _requeue_logged_turns(log_dir: Path, sampler: Sampler) -> int:
         return 0
     n = 0
     for f in files:
-        for logged in read_log(f):
+        for logged in read_log(f, require_ids=True):
             if logged.arrival < start:
                 continue
             (arrival,) = sampler.add([logged.turn])

@@ -59,8 +59,11 @@ def build_explorer(
     handle: WeightHandle | None,
     teacher: Any | None,
     teacher_tokenizer: Any | None = None,
+    evaluation: bool = False,
 ) -> Explorer:
-    """An explorer with its own student copy (loaded from ``cfg.student``, then the published ``handle``)."""
+    """An explorer with its own student copy (loaded from ``cfg.student``, then the published ``handle``).
+
+    ``evaluation=True`` builds a student-only evaluator: no teacher, recovery off (the paper's evaluation)."""
     with _LOAD_LOCK:
         student, tokenizer = load_model(cfg.student.path, dtype=cfg.student.dtype, device=cfg.student.device)
     student.eval()
@@ -68,8 +71,12 @@ def build_explorer(
     if handle is not None:
         handle.load_into(student)
         version = handle.version
+    explorer_cfg = cfg.explorer.model_copy(deep=True)
+    if evaluation:
+        explorer_cfg.recovery.enabled = False
+        teacher = teacher_tokenizer = None
     return Explorer(
-        cfg.explorer.model_copy(deep=True),
+        explorer_cfg,
         student,
         tokenizer,
         teacher,

@@ -40,7 +40,7 @@ class ExplorerActor:
         torch.set_num_threads(cfg.runtime.torch_threads)
         self.cfg = cfg
         teacher = load_teacher(cfg)[0] if with_teacher else None
-        self.explorer = build_explorer(cfg, idx, session, handle, teacher)
+        self.explorer = build_explorer(cfg, idx, session, handle, teacher, evaluation=not with_teacher)
 
     def collect(self, n: int, handle: Any) -> list[Any]:
         self.explorer.set_weights(handle)

@@ -93,7 +93,7 @@ class EvalWorker(threading.Thread):
     def run(self) -> None:
         explorer = None
         try:
-            explorer = build_explorer(self.cfg, 999, self.session, self.weights.get(), None)
+            explorer = build_explorer(self.cfg, 999, self.session, self.weights.get(), None, evaluation=True)
             while True:
                 item = self.requests.get()
                 if item is None or self.stop_event.is_set():

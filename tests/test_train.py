@@ -1,0 +1,218 @@
+"""End-to-end tests of `divopd train`: config validation, every method row embedded, Ray, kill -9 and --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from divopd.config import METHOD_ROWS, TrainConfig, apply_overrides, load_config
+from divopd.experience_log import read_log
+from divopd.sampling import METHODS
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER_ROWS = ["vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus", "divopd-r", "tcod-f2b"]
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Random-init tiny student and teacher sharing a word-level tokenizer built from the tiny env's text."""
+    from divopd.envs import make_env
+    from divopd.models.tiny import build_model, build_tokenizer
+
+    out = tmp_path_factory.mktemp("models")
+    env = make_env("tiny")
+    texts = ["You are an agent. Valid actions: move east west take coin"]
+    for task in env.tasks("train")[:30]:
+        texts.append(env.reset(task))
+        for action in env.gold_actions(task) or []:
+            texts += [action, env.step(action)[0]]
+    tok = build_tokenizer(texts)
+    paths = {}
+    for name, seed in (("student", 0), ("teacher", 1)):
+        model = build_model(tok, size="0.2m", seed=seed)
+        model.save_pretrained(out / name)
+        tok.save_pretrained(out / name)
+        paths[name] = str(out / name)
+    return paths
+
+
+def tiny_config(models: dict[str, str], run_dir: Path, method: str, **over: object) -> TrainConfig:
+    data = {
+        "setting": "test-tiny",
+        "method": method,
+        "seed": 0,
+        "updates": 3,
+        "run_dir": str(run_dir),
+        "student": {"path": models["student"]},
+        "teacher": {"path": models["teacher"]},
+        "sampler": {"batch_size": 6, "pool_factor": 4, "cap": 2, "max_staleness": 2},
+        "learner": {"lr": 1e-3},
+        "explorer": {"env": "tiny", "num_envs": 3, "max_steps": 5, "eval_tasks": 3,
+                     "recovery": {"enabled": method == "divopd-r", "patience": 1, "max_takeover": 1}},
+        "tcod": {"enabled": method == "tcod-f2b", "start_depth": 2},
+        "eval": {"every": 3, "tasks": 3, "at_start": False},
+        "checkpoint": {"every": 2, "keep": 1},
+    }
+    return load_config(data=data, overrides=[f"{k}={v}" for k, v in over.items()])
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def assert_ledger_identity(ledger: dict) -> None:
+    parts = ledger["selected"] + ledger["expired"] + ledger["invalid"] + ledger["pending"] + ledger["queued"]
+    assert ledger["received"] == parts, ledger
+
+
+# ---------------------------------------------------------------------------------------------------- config
+def test_every_paper_row_is_a_known_method() -> None:
+    for row in PAPER_ROWS:
+        assert row in METHODS or row in METHOD_ROWS
+
+
+def test_every_config_file_validates() -> None:
+    files = [p for p in (REPO / "configs").rglob("*.yaml") if not p.name.startswith("_")]
+    assert len(files) >= 32
+    for path in files:
+        cfg = load_config(path)
+        assert cfg.method == path.stem, path
+        assert cfg.sampler_config().method in METHODS
+
+
+def test_overrides_and_errors(tmp_path: Path) -> None:
+    got = apply_overrides({"a": {"b": 1}}, ["a.b=6", "a.c=true", "d=[1, 2]"])
+    assert got == {"a": {"b": 6, "c": True}, "d": [1, 2]}
+    cfg = load_config(REPO / "configs/tiny/divopd.yaml", ["sampler.cap=6", "runtime.kind=ray"])
+    assert cfg.sampler.cap == 6 and cfg.runtime.kind == "ray" and cfg.sampler_config().cap == 6
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        apply_overrides({}, ["sampler.cap"])
+    with pytest.raises(ValueError, match="unknown method"):
+        load_config(REPO / "configs/tiny/divopd.yaml", ["method=fancy"])
+    with pytest.raises(ValueError, match="extra|not permitted"):
+        load_config(REPO / "configs/tiny/divopd.yaml", ["sampler.kap=3"])
+    with pytest.raises(ValueError, match="recovery.enabled"):
+        load_config(REPO / "configs/tiny/divopd-r.yaml", ["explorer.recovery.enabled=false"])
+    with pytest.raises(ValueError, match="tcod.enabled"):
+        load_config(REPO / "configs/tiny/tcod-f2b.yaml", ["tcod.enabled=false"])
+    cyc = tmp_path / "a.yaml"
+    cyc.write_text("base: a.yaml\n")
+    with pytest.raises(ValueError, match="cycle"):
+        load_config(cyc)
+
+
+def test_method_rows_map_to_sampler_rules() -> None:
+    assert load_config(REPO / "configs/tiny/divopd-r.yaml").sampler_config().method == "divopd"
+    assert load_config(REPO / "configs/tiny/tcod-f2b.yaml").sampler_config().method == "vanilla"
+
+
+def test_cli_rejects_bad_config(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"setting": "x", "method": "divopd", "student": {"path": "s"}}))
+    out = subprocess.run([sys.executable, "-m", "divopd", "train", str(bad)], capture_output=True, text=True)
+    assert out.returncode == 2 and "teacher" in out.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- end to end
+@pytest.mark.parametrize("method", PAPER_ROWS)
+def test_each_method_trains_embedded(tiny_models: dict[str, str], tmp_path: Path, method: str) -> None:
+    from divopd.train import train
+
+    run_dir = tmp_path / method
+    summary = train(tiny_config(tiny_models, run_dir, method))
+    assert summary["updates"] == 3 and not summary["interrupted"]
+    assert_ledger_identity(summary["ledger"])
+    records = read_metrics(run_dir)
+    updates = [r for r in records if r["kind"] == "update"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["update"] for r in updates] == [1, 2, 3]
+    assert all(r["sampler/rows"] == 6 for r in updates)
+    assert updates[-1]["learner/tokens_total"] > updates[0]["learner/tokens_total"] > 0
+    assert evals and evals[-1]["update"] == 3 and 0 <= evals[-1]["eval/success_rate"] <= 1
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert (cfg["method"], cfg["setting"], cfg["seed"]) == (method, "test-tiny", 0)
+    # every received turn is in the experience log, each arrival once
+    arrivals = [t.arrival for t in read_log(run_dir / "experience")]
+    assert arrivals == list(range(summary["ledger"]["received"]))
+    assert (run_dir / "checkpoints" / "update-000003").is_dir() and (run_dir / "summary.json").is_file()
+    if method == "divopd-r":
+        assert updates[-1]["explorer/teacher_turns"] > 0
+    if method in ("divopd", "divopd-base", "nocap", "vanilla-pool", "divopd-focus"):
+        assert all(r["sampler/candidates"] >= 6 for r in updates)
+
+
+def test_existing_run_dir_needs_resume(tiny_models: dict[str, str], tmp_path: Path) -> None:
+    from divopd.train import train
+
+    cfg = tiny_config(tiny_models, tmp_path / "run", "divopd", updates=2)
+    train(cfg)
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(cfg)
+    summary = train(resume=tmp_path / "run")  # finished run: nothing left to do, ledger intact
+    assert summary["updates"] == 2 and summary["resumed"]
+    assert_ledger_identity(summary["ledger"])
+
+
+def test_ray_runtime(tiny_models: dict[str, str], tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    from divopd.train import train
+
+    run_dir = tmp_path / "ray"
+    cfg = tiny_config(tiny_models, run_dir, "divopd", **{"runtime.kind": "ray", "runtime.ray_num_cpus": 2})
+    summary = train(cfg)
+    assert summary["updates"] == 3
+    assert_ledger_identity(summary["ledger"])
+    assert [r["update"] for r in read_metrics(run_dir) if r["kind"] == "update"] == [1, 2, 3]
+
+
+def test_kill_and_resume(tiny_models: dict[str, str], tmp_path: Path) -> None:
+    """kill -9 mid-run, then --resume: the ledger stays whole, no arrival is logged twice, training continues."""
+    run_dir = tmp_path / "killed"
+    cfg = tiny_config(tiny_models, run_dir, "divopd", updates=40, **{"checkpoint.every": 2, "eval.every": 100})
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "divopd", "train", str(cfg_path), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ckpts = list((run_dir / "checkpoints").glob("update-*")) if (run_dir / "checkpoints").is_dir() else []
+            if any(int(p.name.split("-")[1]) >= 4 for p in ckpts):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no checkpoint within 120 s")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = [r for r in read_metrics(run_dir) if r["kind"] == "update"]
+    assert before, "the killed run wrote no update"
+    from divopd.train import train
+
+    summary = train(resume=run_dir)
+    assert summary["resumed"] and summary["updates"] == 40
+    assert_ledger_identity(summary["ledger"])
+    updates = [r["update"] for r in read_metrics(run_dir) if r["kind"] == "update"]
+    assert updates == list(range(1, 41)), "each update recorded exactly once"
+    arrivals = [t.arrival for t in read_log(run_dir / "experience")]
+    assert arrivals == list(range(summary["ledger"]["received"])), "each received turn logged exactly once"
+
+
+def test_tcod_step_limit_follows_the_schedule() -> None:
+    from divopd.runtime.common import step_limit
+
+    cfg = load_config(REPO / "configs/tiny/tcod-f2b.yaml", ["updates=100", "explorer.max_steps=20"])
+    limits = [step_limit(cfg, v) for v in range(0, 101, 10)]
+    assert limits[0] == 2 and limits[5] == 20 and limits[-1] == 20
+    assert limits == sorted(limits)
+    plain = load_config(REPO / "configs/tiny/vanilla.yaml", ["explorer.max_steps=20"])
+    assert {step_limit(plain, v) for v in (0, 50, 100)} == {20}
