@@ -14,7 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("divopd.train", "run asynchronous OPD training from a YAML config"),
     "eval": ("divopd.evaluate", "evaluate a checkpoint (student-only rollouts)"),
     "report": ("divopd.report", "compare run directories: SR curves, time-to-target, nAUC, plots"),
-    "sft": ("divopd.sft", "behaviour cloning on an environment's gold trajectories (tiny teachers, warm starts)"),
+    "sft": ("divopd.sft_cli", "behaviour cloning on an environment's gold trajectories (tiny teachers, warm starts)"),
     "simulate": ("divopd.simulate", "write a synthetic asynchronous experience log"),
     "replay": ("divopd.replay", "replay selection rules over an experience log"),
     "tune-cap": ("divopd.tune_cap", "choose the cap k from an experience log"),

@@ -53,6 +53,10 @@ class PromptConfig(BaseModel):
     history_window: int | None = Field(
         None, ge=0, description="Keep only the last N (action, observation) pairs by design (not flagged); "
         "None = the whole history, subject to the budget.")
+    past_observation_max_words: int | None = Field(
+        None, ge=1, description="Shorten every observation in the history except the latest to its first N words "
+        "(+ ' ...'); the first observation (the task) is kept whole. None = keep them whole. Shorter prompts make "
+        "tiny CPU runs several times faster.")
     flag_dropped_history: bool = Field(
         True, description="Flag a prompt as truncated whenever budget pressure drops history (the paper's setting). "
         "False = dropping old history is a window; only prompts whose last observation cannot fit are flagged.")
@@ -82,7 +86,12 @@ def build_messages(
     if config.system:
         messages.append({"role": "system", "content": config.system})
     messages.append({"role": "user", "content": first_observation})
-    for action, observation in history:
+    limit = config.past_observation_max_words
+    for j, (action, observation) in enumerate(history):
+        if limit is not None and j < len(history) - 1:
+            words = observation.split()
+            if len(words) > limit:
+                observation = " ".join(words[:limit]) + " ..."
         messages.append({"role": "assistant", "content": action})
         messages.append({"role": "user", "content": observation})
     if config.include_valid_actions and valid_actions:
