@@ -216,3 +216,14 @@ def test_tcod_step_limit_follows_the_schedule() -> None:
     assert limits == sorted(limits)
     plain = load_config(REPO / "configs/tiny/vanilla.yaml", ["explorer.max_steps=20"])
     assert {step_limit(plain, v) for v in (0, 50, 100)} == {20}
+
+
+def test_eval_checkpoint(tiny_models: dict[str, str], tmp_path: Path) -> None:
+    from divopd.evaluate import evaluate_checkpoint
+    from divopd.train import train
+
+    train(tiny_config(tiny_models, tmp_path / "run", "divopd-base", updates=2))
+    results = evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "update-000002", tasks=3)
+    assert results["eval/episodes"] == 3 and 0 <= results["eval/success_rate"] <= 1
+    with pytest.raises(FileNotFoundError, match="config"):
+        evaluate_checkpoint(tiny_models["student"])
