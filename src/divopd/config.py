@@ -13,8 +13,9 @@ The method row (``method``) decides the sampler rule; two rows change the explor
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -200,3 +201,37 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def dump_config(cfg: TrainConfig) -> str:
     """The resolved config as YAML (written to every run directory)."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def config_reference() -> list[tuple[str, str, str, str]]:
+    """Every config key as ``(dotted key, type, default, description)``, walked from the schema (README table)."""
+    rows: list[tuple[str, str, str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{name}"
+            ann = field.annotation
+            sub = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+            if sub is not None:
+                walk(sub, key + ".")
+                continue
+            if field.is_required():
+                default = "required"
+            else:
+                value = field.get_default(call_default_factory=True)
+                default = json.dumps(value) if not isinstance(value, BaseModel) else ""
+            if get_origin(ann) is Literal:
+                type_name = " / ".join(str(a) for a in get_args(ann))
+            else:
+                type_name = getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
+            rows.append((key, type_name, default, (field.description or "").replace("|", "\\|")))
+
+    walk(TrainConfig, "")
+    return rows
+
+
+def config_reference_markdown() -> str:
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, type_name, default, desc in config_reference():
+        lines.append(f"| `{key}` | {type_name.replace('|', 'or')} | `{default}` | {desc} |")
+    return "\n".join(lines)
