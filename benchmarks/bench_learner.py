@@ -9,6 +9,9 @@ short responses) is timed four ways, interleaved, median over repeats:
   response positions, loss = −Σ log π(y)), no optimizer: the cost floor of the learner's step.
 * ``bare[hf-padded]`` — the textbook HF pass: right-padded batch, all logits, cross-entropy on response tokens.
 
+``in-step overhead`` = (step seconds − its own forward+loss+backward seconds) ÷ the latter, read from the learner's
+``learner/time_*`` metrics of the same steps: robust to machine load, unlike ratios of separate timings.
+
 Usage: ``.venv/bin/python benchmarks/bench_learner.py [--sizes 1m 5m] [--rows 64] [--threads 1] [--repeats 7]``
 """
 
@@ -74,6 +77,45 @@ def timed(fn, repeats: int) -> list[float]:
     return out
 
 
+def bench_size(size: str, tok, turns: list[Turn], repeats: int, device: str) -> str:
+    """One Markdown table row for model ``size``."""
+    model = build_model(tok, size, seed=0).to(device)
+    learners = {lay: Learner(build_model(tok, size, seed=0), LearnerConfig(lr=1e-5, packing=lay, device=device), tok)
+                for lay in ("packed", "padded")}
+    pad = tok.pad_token_id
+    steps: list[dict[str, float]] = []
+    fns = {
+        "step_packed": lambda: steps.append(learners["packed"].step(turns)),
+        "step_padded": lambda: learners["padded"].step(turns),
+        "bare_packed": lambda: bare_same(model, turns, "packed", pad),
+        "bare_padded": lambda: bare_same(model, turns, "padded", pad),
+        "bare_hf": lambda: bare_hf_padded(model, turns, pad),
+    }
+    for fn in fns.values():  # warm-up
+        fn()
+    steps.clear()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):  # interleaved, so load changes hit every variant alike
+        for k, fn in fns.items():
+            times[k] += timed(fn, 1)
+    lo = {k: min(v) for k, v in times.items()}
+    med = {k: statistics.median(v) for k, v in times.items()}
+    # overhead measured inside the same steps: everything but forward+loss+backward, relative to it
+    over = statistics.median((m["learner/compute_s"] - m["learner/time_forward_backward_s"])
+                             / m["learner/time_forward_backward_s"] for m in steps)
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+
+    def cell(k: str) -> str:
+        return f"{lo[k]:.3f} / {med[k]:.3f}"
+
+    def ratio(a: str, b: str) -> str:
+        return f"{lo[a] / lo[b]:.2f}× / {med[a] / med[b]:.2f}×"
+
+    return (f"| {size} | {params:.2f} M | {cell('step_packed')} | {cell('step_padded')} | {cell('bare_packed')} "
+            f"| {cell('bare_padded')} | {cell('bare_hf')} | {ratio('step_packed', 'bare_packed')} "
+            f"| {ratio('step_padded', 'bare_padded')} | +{100 * over:.1f}% |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", default=["1m", "5m"])
@@ -88,34 +130,12 @@ def main() -> None:
     turns = synthetic_turns(len(tok), args.rows)
     n_tok = sum(t.prompt_len + t.response_len for t in turns)
     print(f"# {args.rows} rows, {n_tok} tokens (prompt+response), vocab {len(tok)}, threads {args.threads}, "
-          f"device {args.device}, median of {args.repeats}")
-    print("| model | params | step packed (s) | step padded (s) | bare same-input F+B (s) | bare HF padded F+B (s) "
-          "| step/bare (packed) | step/bare (padded) | step packed / bare HF |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"device {args.device}, {args.repeats} interleaved repeats (min / median seconds)")
+    print("| model | params | step packed | step padded | bare same-input packed | bare same-input padded "
+          "| bare HF padded | step/bare packed | step/bare padded | in-step overhead |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes:
-        model = build_model(tok, size, seed=0).to(args.device)
-        learners = {lay: Learner(build_model(tok, size, seed=0), LearnerConfig(lr=1e-5, packing=lay,
-                                                                                device=args.device), tok)
-                    for lay in ("packed", "padded")}
-        fns = {
-            "step_packed": lambda lr=learners: lr["packed"].step(turns),
-            "step_padded": lambda lr=learners: lr["padded"].step(turns),
-            "bare_packed": lambda m=model: bare_same(m, turns, "packed", tok.pad_token_id),
-            "bare_padded": lambda m=model: bare_same(m, turns, "padded", tok.pad_token_id),
-            "bare_hf": lambda m=model: bare_hf_padded(m, turns, tok.pad_token_id),
-        }
-        for fn in fns.values():  # warm-up
-            fn()
-        times: dict[str, list[float]] = {k: [] for k in fns}
-        for _ in range(args.repeats):  # interleaved, so load changes hit every variant alike
-            for k, fn in fns.items():
-                times[k] += timed(fn, 1)
-        med = {k: statistics.median(v) for k, v in times.items()}
-        params = sum(p.numel() for p in model.parameters()) / 1e6
-        bare_same_s = f"{med['bare_packed']:.3f} / {med['bare_padded']:.3f}"
-        print(f"| {size} | {params:.2f} M | {med['step_packed']:.3f} | {med['step_padded']:.3f} | {bare_same_s} "
-              f"| {med['bare_hf']:.3f} | {med['step_packed'] / med['bare_packed']:.2f}× "
-              f"| {med['step_padded'] / med['bare_padded']:.2f}× | {med['step_packed'] / med['bare_hf']:.2f}× |")
+        print(bench_size(size, tok, turns, args.repeats, args.device), flush=True)
 
 
 if __name__ == "__main__":

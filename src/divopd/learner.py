@@ -261,7 +261,9 @@ class Learner:
         parts: list[tuple[np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
         # token-mean needs the global count of valid tokens to weight micro-batches
         total_valid = max(int(rows.mask.sum()), 1)
+        t_fb = 0.0  # forward + loss + backward seconds, for the overhead breakdown
         for idx in groups:
+            t1 = time.perf_counter()
             if cfg.old_logprobs == "recompute":
                 with torch.no_grad():
                     old, _, _, _, _ = self._forward(rows, idx, with_topk=False)
@@ -278,6 +280,7 @@ class Learner:
                 parts.append((idx, lp.detach(), old, None if top is None else top.detach(), scored))
             else:
                 loss.backward()
+            t_fb += time.perf_counter() - t1
         if len(groups) > 1:  # metrics of the whole batch, from the detached pieces
             order = np.concatenate(groups)
             lp_all = torch.cat([p[1] for p in parts])[np.argsort(order)]
@@ -286,6 +289,7 @@ class Learner:
             sc_all = torch.cat([p[4] for p in parts])[np.argsort(order)]
             with torch.no_grad():
                 _, metrics = self._loss(rows, np.arange(n), lp_all, old_all, top_all, sc_all)
+        t2 = time.perf_counter()
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         skipped = not math.isfinite(grad_norm)
@@ -298,7 +302,8 @@ class Learner:
         self.version += 1
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        compute_s = time.perf_counter() - t0
+        t3 = time.perf_counter()
+        compute_s = t3 - t0
         self.tokens_total += tokens
         self.compute_s_total += compute_s
         out = {f"learner/{k}": float(v) for k, v in metrics.items()}
@@ -313,6 +318,9 @@ class Learner:
             "learner/truncated_prompts": float(rows.truncated_prompts),
             "learner/skipped_update": float(skipped),
             "learner/lr": float(self.optimizer.param_groups[0]["lr"]),
+            "learner/time_forward_backward_s": t_fb,
+            "learner/time_optimizer_s": t3 - t2,
+            "learner/time_other_s": compute_s - t_fb - (t3 - t2),
         })
         return out
 
