@@ -129,5 +129,5 @@ def test_each_builtin_selector_equals_its_composer(specs, batch_size, cap, metho
     batch_size = min(batch_size, len(pool))
     config = SamplerConfig(method, batch_size, cap=cap, cap_unit=cap_unit)
     composed = METHODS[method].compose(list(pool), batch_size, config, np.random.default_rng(seed))
-    positions = METHODS[method].select(pool, columns_of(pool), batch_size, config, np.random.default_rng(seed))
+    positions = METHODS[method].select(dict(pool), columns_of(pool), batch_size, config, np.random.default_rng(seed))
     assert [pool[i][0] for i in positions.tolist()] == [e[0] for e in composed]

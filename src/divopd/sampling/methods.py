@@ -104,7 +104,9 @@ class PoolColumns:
         )
 
 
-Selector = Callable[[list[Entry], PoolColumns, int, "SamplerConfig", np.random.Generator], np.ndarray]
+#: A rule over the pool's columns: ``(pool, columns, batch_size, config, rng) -> positions`` (composition order), the
+#: pool being ``{arrival: Turn}`` in the columns' order.
+Selector = Callable[[dict[int, Turn], PoolColumns, int, "SamplerConfig", np.random.Generator], np.ndarray]
 
 __all__ = ["Method", "METHODS", "PoolColumns", "register_method", "get_method", "compose_rollout_first"]
 
@@ -261,14 +263,14 @@ def _rollout_first(within: str, capped: bool) -> Composer:
 
 # ---------------------------------------------------------------------------------------------------- selectors
 def select_oldest(
-    pool: list[Entry], cols: PoolColumns, batch_size: int, config: SamplerConfig, rng: np.random.Generator
+    pool: dict[int, Turn], cols: PoolColumns, batch_size: int, config: SamplerConfig, rng: np.random.Generator
 ) -> np.ndarray:
     """``vanilla-pool`` over columns: positions of the B oldest candidates by arrival."""
     return np.argsort(cols.arrival, kind="stable")[:batch_size]
 
 
 def select_focus_first(
-    pool: list[Entry], cols: PoolColumns, batch_size: int, config: SamplerConfig, rng: np.random.Generator
+    pool: dict[int, Turn], cols: PoolColumns, batch_size: int, config: SamplerConfig, rng: np.random.Generator
 ) -> np.ndarray:
     """``divopd-focus`` over columns: partition on the score, then the full key on the few that can make the top B."""
     neg = cols.neg_score
@@ -277,9 +279,10 @@ def select_focus_first(
         candidates = np.flatnonzero(neg <= np.partition(neg, batch_size - 1)[batch_size - 1])
     else:
         candidates = np.arange(n)
+    turns = [pool[a] for a in cols.arrival[candidates].tolist()]
     keyed = sorted(
-        (score, pool[i][1].rollout_id, pool[i][1].turn_index, i)
-        for score, i in zip(neg[candidates].tolist(), candidates.tolist(), strict=True)
+        (score, t.rollout_id, t.turn_index, i)
+        for score, t, i in zip(neg[candidates].tolist(), turns, candidates.tolist(), strict=True)
     )
     return np.array([k[3] for k in keyed[:batch_size]], dtype=np.intp)
 
@@ -316,18 +319,16 @@ def select_rollout_first(
     return positions
 
 
-def _positions(pool: list[Entry], selected: list[Entry]) -> np.ndarray:
-    where = {arrival: i for i, (arrival, _) in enumerate(pool)}
-    return np.array([where[arrival] for arrival, _ in selected], dtype=np.intp)
-
-
 def _rollout_first_select(within: str, capped: bool) -> Selector:
     def select(
-        pool: list[Entry], cols: PoolColumns, batch_size: int, config: SamplerConfig, rng: np.random.Generator
+        pool: dict[int, Turn], cols: PoolColumns, batch_size: int, config: SamplerConfig, rng: np.random.Generator
     ) -> np.ndarray:
         cap = config.cap if capped else None
         if config.cap_unit != "turns":  # the token cap (beyond the paper) runs on the entries
-            return _positions(pool, compose_rollout_first(pool, batch_size, cap, within, rng, config.cap_unit))
+            entries = list(pool.items())
+            where = {arrival: i for i, (arrival, _) in enumerate(entries)}
+            selected = compose_rollout_first(entries, batch_size, cap, within, rng, config.cap_unit)
+            return np.array([where[arrival] for arrival, _ in selected], dtype=np.intp)
         return select_rollout_first(cols, batch_size, cap, within, rng)
 
     return select

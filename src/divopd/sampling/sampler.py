@@ -120,8 +120,8 @@ class Sampler:
         # verdict is applied (counted, pooled or rejected) when the turn is read into the pool
         self._queue: OrderedDict[int, tuple[Turn, str | None, tuple]] = OrderedDict()
         self._expiry: list[tuple[int, int]] = []  # heap of (policy_version, arrival) over queued turns
-        self._pending: list[Entry] = []  # gated, unselected, arrival order
-        self._columns = PoolColumns.empty()  # the pending turns' scalars, aligned with self._pending
+        self._pending: dict[int, Turn] = {}  # arrival -> turn: gated, unselected, in arrival order
+        self._columns = PoolColumns.empty()  # the pending turns' scalars, aligned with the order of self._pending
         self._codes: dict[str, int] = {}  # rollout id -> int code of PoolColumns.group
         self._next_arrival = 0
         self._compositions = 0
@@ -167,7 +167,7 @@ class Sampler:
         self._codes = {}
         for arrival, (turn, reason, _) in list(self._queue.items()):
             self._queue[arrival] = (turn, reason, self._row(arrival, turn))
-        self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending])
+        self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending.items()])
 
     # ------------------------------------------------------------------ ledger
     @property
@@ -235,15 +235,16 @@ class Sampler:
             self._expiry = [(t.policy_version, a) for a, (t, _, _) in self._queue.items()]
             heapq.heapify(self._expiry)
         if self._pending:
-            fresh = self._columns.version >= threshold  # i.e. not rules.is_stale
-            if not fresh.all():
-                self._expire(int(fresh.size - np.count_nonzero(fresh)), "stale")
-                self._keep_pending(self._pending, self._columns, np.flatnonzero(fresh))
+            stale = self._columns.version < threshold  # rules.is_stale
+            if stale.any():
+                self._drop_pending(self._columns.arrival[stale])
+                self._columns = self._columns.take(np.flatnonzero(~stale))
+                self._expire(int(np.count_nonzero(stale)), "stale")
 
-    def _keep_pending(self, pool: list[Entry], columns: PoolColumns, index: np.ndarray) -> None:
-        """Pending = the pool turns at ``index`` (ascending, so arrival order is kept)."""
-        self._pending = [pool[i] for i in index.tolist()]
-        self._columns = columns.take(index)
+    def _drop_pending(self, arrivals: np.ndarray) -> None:
+        pending = self._pending
+        for arrival in arrivals.tolist():
+            del pending[arrival]
 
     def _expire(self, n: int, reason: str) -> None:
         self._counts["expired"] += n
@@ -261,7 +262,7 @@ class Sampler:
             out.append((arrival, turn))
         return out
 
-    def _fill_pool(self) -> tuple[list[Entry], PoolColumns]:
+    def _fill_pool(self) -> tuple[dict[int, Turn], PoolColumns]:
         """Pending turns (oldest first), then fresh queued turns through the gate until the pool holds c·B."""
         pool = self._pending
         room = self.config.pool_size - len(pool)
@@ -271,7 +272,7 @@ class Sampler:
         while room > 0 and self._queue:
             arrival, (turn, reason, row) = popitem(last=False)
             if reason is None:
-                pool.append((arrival, turn))
+                pool[arrival] = turn
                 rows.append(row)
                 room -= 1
             else:
@@ -292,12 +293,12 @@ class Sampler:
         keep = np.ones(len(pool), dtype=bool)
         if self.method.select is not None:  # a built-in rule over the columns: pool positions
             positions = self.method.select(pool, columns, batch_size, self.config, rng)
-            selected = [pool[i] for i in positions.tolist()]
+            selected = [(a, pool[a]) for a in columns.arrival[positions].tolist()]
             keep[positions] = False
         else:
-            selected = self.method.compose(list(pool), batch_size, self.config, rng)
+            selected = self.method.compose(list(pool.items()), batch_size, self.config, rng)
             chosen = {a for a, _ in selected}
-            keep = np.fromiter((a not in chosen for a, _ in pool), dtype=bool, count=len(pool))
+            keep = np.fromiter((a not in chosen for a in pool), dtype=bool, count=len(pool))
         if len(selected) != batch_size:
             raise RuntimeError(f"method {name!r} returned {len(selected)} rows, expected {batch_size}")
         if len({a for a, _ in selected}) != batch_size:
@@ -305,12 +306,15 @@ class Sampler:
         pending_index = np.flatnonzero(keep)
         if len(pool) - len(pending_index) != batch_size:  # arrivals are unique: a chosen turn is not in the pool
             raise RuntimeError(f"method {name!r} selected a turn that is not in the candidate pool")
+        candidates = list(pool.values())
+        for arrival, _ in selected:
+            del pool[arrival]
         if self.config.max_pending is not None and len(pending_index) > self.config.max_pending:
             overflow = len(pending_index) - self.config.max_pending
+            self._drop_pending(columns.arrival[pending_index[:overflow]])
             self._expire(overflow, "pending_overflow")
             pending_index = pending_index[overflow:]
-        candidates = [t for _, t in pool]
-        self._keep_pending(pool, columns, pending_index)
+        self._columns = columns.take(pending_index)
         return selected, candidates
 
     # ------------------------------------------------------------------ state
@@ -325,7 +329,7 @@ class Sampler:
             "invalid_by_reason": dict(self._invalid_by_reason),
             "expired_by_reason": dict(self._expired_by_reason),
             "queue": [[a, t.to_dict()] for a, (t, _, _) in self._queue.items()],
-            "pending": [[a, t.to_dict()] for a, t in self._pending],
+            "pending": [[a, t.to_dict()] for a, t in self._pending.items()],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -343,8 +347,8 @@ class Sampler:
         self._queue = OrderedDict()
         self._expiry = []
         self._codes = {}
-        self._pending = [(int(a), Turn.from_dict(d)) for a, d in state["pending"]]
-        self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending])
+        self._pending = {int(a): Turn.from_dict(d) for a, d in state["pending"]}
+        self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending.items()])
         for a, d in state["queue"]:
             self._enqueue(int(a), Turn.from_dict(d))
 
