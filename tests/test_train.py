@@ -149,6 +149,18 @@ def test_each_method_trains_embedded(tiny_models: dict[str, str], tmp_path: Path
         assert all(r["sampler/candidates"] >= 6 for r in updates)
 
 
+def test_diagnostics_every_n_updates(tiny_models: dict[str, str], tmp_path: Path) -> None:
+    from divopd.train import train
+
+    run_dir = tmp_path / "diag"
+    train(tiny_config(tiny_models, run_dir, "divopd", **{"diagnostics.every": 2, "updates": 4}))
+    updates = [r for r in read_metrics(run_dir) if r["kind"] == "update"]
+    with_diag = [r["update"] for r in updates if "diag/grad_cos_pool" in r]
+    assert with_diag == [2, 4]
+    assert all(-1 <= r["diag/grad_cos_pool"] <= 1 for r in updates if "diag/grad_cos_pool" in r)
+    assert all("diag/focus_spearman" in r for r in updates if r["update"] in (2, 4))
+
+
 def test_existing_run_dir_needs_resume(tiny_models: dict[str, str], tmp_path: Path) -> None:
     from divopd.train import train
 

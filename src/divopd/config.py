@@ -72,6 +72,14 @@ class CheckpointSettings(_Strict):
     keep: int = Field(2, ge=1, description="Keep the newest N checkpoints.")
 
 
+class DiagnosticsSettings(_Strict):
+    """Appendix E audits, computed on the composed batch before its update (costly: off by default)."""
+
+    every: int = Field(0, ge=0, description="Run E.2 (focus ranking stability) and E.3 (gradient projection onto "
+                       "the pool gradient, pairwise cosines) every N updates; 0 = never.")
+    max_rows: int = Field(64, ge=2, description="E.3: per-row gradients of at most this many batch rows.")
+
+
 class RuntimeSettings(_Strict):
     """How explorers and the learner run. The same Explorer/Learner/Sampler code runs under both kinds."""
 
@@ -105,6 +113,7 @@ class TrainConfig(_Strict):
     eval: EvalSettings = Field(default_factory=EvalSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     log_experience: bool = Field(True, description="Write every queued turn to the run's experience log.")
     log_token_ids: bool = Field(
         True, description="Store prompt/response token ids in the experience log (needed to re-queue, on --resume, "

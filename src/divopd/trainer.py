@@ -106,7 +106,9 @@ class Trainer:
         batch = self.sampler.next_batch(self.learner.version)
         if batch is None:
             return None
+        diag = self._diagnostics(batch)
         metrics = self.learner.step(batch)
+        metrics.update(diag)
         metrics.update({f"sampler/{k}": float(v) for k, v in batch.stats.items()})
         ledger = self.sampler.ledger
         metrics.update({f"ledger/{k}": float(v) for k, v in ledger.items() if not isinstance(v, dict)})
@@ -124,6 +126,20 @@ class Trainer:
         self._arrived_since_update = 0
         self.metrics.update(self.learner.version, metrics, time=self.elapsed())
         return metrics
+
+    def _diagnostics(self, batch: Any) -> dict[str, float]:
+        """Appendix E.2/E.3 on this batch before its update, every ``diagnostics.every`` updates."""
+        every = self.cfg.diagnostics.every
+        if not every or (self.learner.version + 1) % every:
+            return {}
+        from divopd.diagnostics import gradient_diagnostics, ranking_stability
+
+        model, lc = self.learner.model, self.cfg.learner
+        out = gradient_diagnostics(model, batch, beta=lc.beta, reduction=lc.reduction,
+                                   max_rows=self.cfg.diagnostics.max_rows, seed=self.learner.version)
+        out.update(ranking_stability(model, batch))
+        model.zero_grad(set_to_none=True)
+        return out
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
