@@ -162,6 +162,7 @@ def test_hand_built_log_through_the_cli(tmp_path, capsys):
         "updates": 4,
         "seed": 0,
         "max_pending": None,
+        "cap_unit": "turns",
     }
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

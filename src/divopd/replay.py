@@ -72,6 +72,7 @@ SERIES_KEYS: tuple[str, ...] = (
     "effective_rollouts",
     "max_rollout_share",
     "dead_rows",
+    "distinct_rollouts",
     "mean_staleness",
     "selected",
     "expired",
@@ -94,6 +95,7 @@ class ReplayConfig:
         updates: U, number of ticks; ``None`` = through the log's last ``arrival_update``.
         seed: sampler seed (uniform within-rollout order).
         max_pending: cap on pending turns (``None`` = none).
+        cap_unit: ``"turns"`` (the paper's cap) or ``"tokens"`` (token-share cap, see ``SamplerConfig``).
     """
 
     methods: Sequence[str] = DEFAULT_METHODS
@@ -104,6 +106,7 @@ class ReplayConfig:
     updates: int | None = None
     seed: int = 0
     max_pending: int | None = None
+    cap_unit: str = "turns"
 
     def __post_init__(self) -> None:
         self.methods = tuple(self.methods)
@@ -127,6 +130,7 @@ class ReplayConfig:
             max_staleness=self.max_staleness,
             max_pending=self.max_pending,
             seed=self.seed,
+            cap_unit=self.cap_unit,
         )
 
 
@@ -261,8 +265,9 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
             s = tr.series
             if batch is None:
                 s["batch"].append(0)
-                for key in ("effective_rollouts", "max_rollout_share", "dead_rows", "mean_staleness"):
+                for key in ("effective_rollouts", "max_rollout_share", "dead_rows", "distinct_rollouts"):
                     s[key].append(None)
+                s["mean_staleness"].append(None)
             else:
                 st = batch.stats
                 tr.batches += 1
@@ -279,6 +284,7 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
                 s["effective_rollouts"].append(float(st["effective_rollouts"]))
                 s["max_rollout_share"].append(float(st["max_rollout_share"]))
                 s["dead_rows"].append(int(st["dead_rows"]))
+                s["distinct_rollouts"].append(int(st["distinct_rollouts"]))
                 s["mean_staleness"].append(float(st["mean_staleness"]))
             ledger = tr.sampler.ledger
             s["selected"].append(ledger["selected"])
@@ -340,10 +346,11 @@ def render_table(result: dict[str, Any], title: str | None = None):  # -> rich.t
     from rich.table import Table
 
     cfg = result["config"]
+    unit = " (token share)" if cfg.get("cap_unit") == "tokens" else ""
     table = Table(
         title=title
         or (
-            f"replay: U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} k={cfg['cap']} "
+            f"replay: U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} k={cfg['cap']}{unit} "
             f"S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}"
         )
     )
@@ -443,6 +450,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=256, help="B, rows per update (default 256)")
     parser.add_argument("--pool-factor", type=float, default=4, help="c, candidate pool c·B (default 4)")
     parser.add_argument("--cap", type=int, default=4, help="k, first-pass per-rollout cap (default 4)")
+    parser.add_argument(
+        "--cap-unit", choices=("turns", "tokens"), default="turns", help="cap counts turns (paper) or token share"
+    )
     parser.add_argument("--max-staleness", type=int, default=2, help="S, staleness window in versions (default 2)")
     parser.add_argument("--max-pending", type=int, default=None, help="cap on pending turns (default none)")
     parser.add_argument("--updates", type=int, default=None, help="U ticks (default: through the last arrival_update)")
@@ -469,6 +479,7 @@ def run(args: argparse.Namespace) -> int:
             updates=args.updates,
             seed=args.seed,
             max_pending=args.max_pending,
+            cap_unit=args.cap_unit,
         )
         result = replay(args.log, config)
     except (ExperienceLogError, ValueError) as exc:
