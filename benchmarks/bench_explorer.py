@@ -1,0 +1,99 @@
+"""Explorer throughput: student turns per second on each environment with tiny models (CPU, one torch thread).
+
+For each env: build a word tokenizer from a few episodes of the env's text, a random-init tiny student and teacher, and
+time ``Explorer.collect`` (lockstep env instances, batched generation, batched teacher scoring at rollout end). Reports
+student turns/s, env steps/s and where the time goes (generate / env / teacher scoring).
+
+    .venv/bin/python benchmarks/bench_explorer.py                      # tiny, twx, scienceworld
+    .venv/bin/python benchmarks/bench_explorer.py --envs twx --size 5m --num-envs 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def env_texts(env_name: str, env_kwargs: dict, episodes: int = 6, steps: int = 6) -> list[str]:
+    """Observations and actions from a few short episodes that cycle through the listed valid actions."""
+    from divopd.envs import make_env
+    from divopd.prompting import DEFAULT_SYSTEM, PromptConfig
+
+    env = make_env(env_name, **env_kwargs)
+    texts = [DEFAULT_SYSTEM, PromptConfig().valid_actions_prefix]
+    try:
+        for task in env.tasks("train")[:episodes]:
+            texts.append(env.reset(task))
+            for j in range(steps):
+                valid = env.valid_actions() or ["look around"]
+                texts.append(", ".join(valid))
+                obs, _, done, _ = env.step(valid[j % len(valid)])
+                texts.append(obs)
+                if done:
+                    break
+    finally:
+        env.close()
+    return texts
+
+
+def bench_env(env_name: str, env_kwargs: dict, args: argparse.Namespace) -> dict:
+    from divopd.explorer import Explorer, ExplorerConfig
+    from divopd.models.tiny import build_model, build_tokenizer
+
+    tok = build_tokenizer(env_texts(env_name, env_kwargs), kind="word")
+    student = build_model(tok, size=args.size, seed=0)
+    teacher = build_model(tok, size=args.size, seed=1)
+    cfg = ExplorerConfig(env=env_name, env_kwargs=env_kwargs, num_envs=args.num_envs, max_steps=args.max_steps,
+                         generation={"max_new_tokens": args.max_new_tokens},
+                         prompt={"max_prompt_tokens": args.max_prompt_tokens,
+                                 "past_observation_max_words": args.past_observation_max_words})
+    with Explorer(cfg, student, tok, teacher, seed=0) as explorer:
+        explorer.collect(args.num_envs)  # warm up: env start, first generate
+        before = explorer.stats()
+        t0 = time.perf_counter()
+        rollouts = explorer.collect(args.rollouts)
+        seconds = time.perf_counter() - t0
+        after = explorer.stats()
+    d = {k: after[k] - before[k] for k in after}
+    turns = sum(len(r.turns) for r in rollouts)
+    return {
+        "env": env_name, "size": args.size, "num_envs": args.num_envs, "rollouts": len(rollouts), "turns": turns,
+        "seconds": seconds, "turns_per_s": turns / seconds, "env_steps_per_s": d["explorer/env_steps"] / seconds,
+        "mean_prompt_tokens": sum(t.prompt_len for r in rollouts for t in r.turns) / max(turns, 1),
+        "generate_s": d["explorer/time/generate"], "env_s": d["explorer/time/env"],
+        "teacher_score_s": d["explorer/time/teacher_score"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", nargs="+", default=["tiny", "twx", "scienceworld"])
+    parser.add_argument("--size", default="1m")
+    parser.add_argument("--num-envs", type=int, default=4)
+    parser.add_argument("--rollouts", type=int, default=8)
+    parser.add_argument("--max-steps", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--max-prompt-tokens", type=int, default=1024)
+    parser.add_argument("--past-observation-max-words", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    kwargs = {"scienceworld": {"task_names": ["find-living-thing", "boil", "melt"]}}
+    results = [bench_env(name, kwargs.get(name, {}), args) for name in args.envs]
+    print("| env | model | envs | turns/s | env steps/s | mean prompt tok | generate s | env s | teacher s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['env']} | {r['size']} | {r['num_envs']} | {r['turns_per_s']:.1f} | {r['env_steps_per_s']:.1f} "
+              f"| {r['mean_prompt_tokens']:.0f} | {r['generate_s']:.2f} | {r['env_s']:.2f} "
+              f"| {r['teacher_score_s']:.2f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
