@@ -6,6 +6,7 @@ student turns/s, env steps/s and where the time goes (generate / env / teacher s
 
     .venv/bin/python benchmarks/bench_explorer.py                      # tiny, twx, scienceworld
     .venv/bin/python benchmarks/bench_explorer.py --envs twx --size 5m --num-envs 8
+    .venv/bin/python benchmarks/bench_explorer.py --envs twx --student runs/sft/student --teacher runs/sft/teacher
 """
 
 from __future__ import annotations
@@ -43,9 +44,15 @@ def bench_env(env_name: str, env_kwargs: dict, args: argparse.Namespace) -> dict
     from divopd.explorer import Explorer, ExplorerConfig
     from divopd.models.tiny import build_model, build_tokenizer
 
-    tok = build_tokenizer(env_texts(env_name, env_kwargs), kind="word")
-    student = build_model(tok, size=args.size, seed=0)
-    teacher = build_model(tok, size=args.size, seed=1)
+    if args.student:  # trained models (they stop after a few tokens, unlike random ones)
+        from divopd.models import load_model
+
+        student, tok = load_model(args.student)
+        teacher, _ = load_model(args.teacher or args.student)
+    else:
+        tok = build_tokenizer(env_texts(env_name, env_kwargs), kind="word")
+        student = build_model(tok, size=args.size, seed=0)
+        teacher = build_model(tok, size=args.size, seed=1)
     cfg = ExplorerConfig(env=env_name, env_kwargs=env_kwargs, num_envs=args.num_envs, max_steps=args.max_steps,
                          generation={"max_new_tokens": args.max_new_tokens},
                          prompt={"max_prompt_tokens": args.max_prompt_tokens,
@@ -60,7 +67,8 @@ def bench_env(env_name: str, env_kwargs: dict, args: argparse.Namespace) -> dict
     d = {k: after[k] - before[k] for k in after}
     turns = sum(len(r.turns) for r in rollouts)
     return {
-        "env": env_name, "size": args.size, "num_envs": args.num_envs, "rollouts": len(rollouts), "turns": turns,
+        "env": env_name, "size": args.student or args.size, "num_envs": args.num_envs, "rollouts": len(rollouts),
+        "turns": turns,
         "seconds": seconds, "turns_per_s": turns / seconds, "env_steps_per_s": d["explorer/env_steps"] / seconds,
         "mean_prompt_tokens": sum(t.prompt_len for r in rollouts for t in r.turns) / max(turns, 1),
         "generate_s": d["explorer/time/generate"], "env_s": d["explorer/time/env"],
@@ -71,7 +79,9 @@ def bench_env(env_name: str, env_kwargs: dict, args: argparse.Namespace) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=["tiny", "twx", "scienceworld"])
-    parser.add_argument("--size", default="1m")
+    parser.add_argument("--size", default="1m", help="random-init tiny model size (without --student)")
+    parser.add_argument("--student", default=None, help="HF folder of a trained student (e.g. a divopd sft output)")
+    parser.add_argument("--teacher", default=None, help="HF folder of the teacher (default: the student)")
     parser.add_argument("--num-envs", type=int, default=4)
     parser.add_argument("--rollouts", type=int, default=8)
     parser.add_argument("--max-steps", type=int, default=10)

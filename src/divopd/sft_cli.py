@@ -9,9 +9,12 @@ students' warm start.
 3. Train with :func:`divopd.sft.train_sft`, save an HF folder (model + tokenizer + ``sft.json`` with the prompt config
    and the numbers), and report the held-out success rate of greedy student-only episodes on ``--eval-split``.
 
-Example (the CPU demo's teacher)::
+Example (a CPU teacher, then a weaker student warm start sharing its vocabulary)::
 
-    divopd sft --env twx --out runs/sft/twx-coin-teacher --size 1m --train-tasks 400 --epochs 6
+    divopd sft --env twx --out runs/sft/teacher --size 0.2m --train-tasks 400 --epochs 6 \
+        --prompt '{"past_observation_max_words": 8}'
+    divopd sft --env twx --out runs/sft/student --size 0.2m --train-tasks 100 --epochs 2 --seed 1 \
+        --tokenizer-from runs/sft/teacher --prompt '{"past_observation_max_words": 8}'
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", default="1m", help="tiny model size when --init is not given (0.2m, 1m, 5m, 20m)")
     parser.add_argument("--arch", default="llama", help="tiny model architecture (llama, qwen2)")
     parser.add_argument("--tokenizer", default="word", choices=["word", "bpe"], help="tiny tokenizer kind")
+    parser.add_argument("--tokenizer-from", default=None,
+                        help="reuse the tokenizer of this HF folder (a student must share its teacher's vocabulary)")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--train-tasks", type=int, default=400, help="gold trajectories from this many train tasks")
     parser.add_argument("--eval-tasks", type=int, default=100, help="held-out episodes for the success rate")
@@ -92,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
     from divopd.envs import make_env
     from divopd.explorer import Explorer, ExplorerConfig
-    from divopd.models import load_model
+    from divopd.models import load_model, load_tokenizer
     from divopd.models.tiny import build_model, build_tokenizer
     from divopd.prompting import PromptConfig, encode_action, encode_prompt
     from divopd.sft import train_sft
@@ -120,7 +125,11 @@ def run(args: argparse.Namespace) -> int:
     if args.init:
         model, tokenizer = load_model(args.init)
     else:
-        tokenizer = build_tokenizer(_texts(records, prompt_config), kind=args.tokenizer, vocab_size=args.vocab_size)
+        if args.tokenizer_from:
+            tokenizer = load_tokenizer(args.tokenizer_from)
+        else:
+            tokenizer = build_tokenizer(_texts(records, prompt_config), kind=args.tokenizer,
+                                        vocab_size=args.vocab_size)
         model = build_model(tokenizer, size=args.size, arch=args.arch, seed=args.seed)
     n_params = sum(p.numel() for p in model.parameters())
     examples, truncated = [], 0
