@@ -2,7 +2,8 @@
 
 For each env: build a word tokenizer from a few episodes of the env's text, a random-init tiny student and teacher, and
 time ``Explorer.collect`` (lockstep env instances, batched generation, batched teacher scoring at rollout end). Reports
-student turns/s, env steps/s and where the time goes (generate / env / teacher scoring).
+turns/s (student turns of the rollouts that finished in the timed window, i.e. queued), env steps/s (every student
+action taken in the window, finished or not: the generation throughput) and where the time goes.
 
     .venv/bin/python benchmarks/bench_explorer.py                      # tiny, twx, scienceworld
     .venv/bin/python benchmarks/bench_explorer.py --envs twx --size 5m --num-envs 8
@@ -94,7 +95,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     kwargs = {"scienceworld": {"task_names": ["find-living-thing", "boil", "melt"]}}
     results = [bench_env(name, kwargs.get(name, {}), args) for name in args.envs]
-    print("| env | model | envs | turns/s | env steps/s | mean prompt tok | generate s | env s | teacher s |")
+    print("| env | model | envs | queued turns/s | env steps/s | mean prompt tok | generate s | env s | teacher s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['env']} | {r['size']} | {r['num_envs']} | {r['turns_per_s']:.1f} | {r['env_steps_per_s']:.1f} "

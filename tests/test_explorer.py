@@ -222,3 +222,25 @@ def test_mismatched_teacher_vocabulary_is_refused():
     other_tok = env_tokenizer("twx")
     with pytest.raises(ValueError, match="different vocabulary"):
         Explorer(ExplorerConfig(env="tiny"), tiny_model(tok, 0), tok, tiny_model(other_tok, 1), other_tok)
+
+
+# ---------------------------------------------------------------------------- generation backend
+def test_generator_stops_at_newline_or_eos_and_seeds_without_touching_the_global_rng():
+    from divopd.generation import HFGenerator
+
+    tok = env_tokenizer("tiny")
+    gen = HFGenerator(tiny_model(tok, 0), tok)
+    newline_ids = [i for i in gen.stop_ids if i != tok.eos_token_id]
+    assert newline_ids and all("\n" in tok.decode([i]) for i in newline_ids)
+    prompts = [tok("You are in room 2 .", add_special_tokens=False)["input_ids"], [tok.eos_token_id]]
+    state = torch.random.get_rng_state()
+    a = gen.generate(prompts, greedy=False, temperature=1.0, max_new_tokens=12, seed=5)
+    assert torch.equal(state, torch.random.get_rng_state())
+    b = gen.generate(prompts, greedy=False, temperature=1.0, max_new_tokens=12, seed=5)
+    assert [g.response_ids for g in a] == [g.response_ids for g in b]
+    for g in a + gen.generate(prompts, greedy=True, max_new_tokens=12):
+        stops = [i for i, t in enumerate(g.response_ids) if t in gen.stop_ids]
+        assert stops == ([len(g.response_ids) - 1] if g.stopped else [])  # cut right after the first stop token
+        assert len(g.logprobs) == len(g.response_ids) and (g.logprobs <= 0).all()
+    with pytest.raises(ValueError, match="empty prompt"):
+        gen.generate([[]])

@@ -101,7 +101,7 @@ class HFGenerator:
             do_sample=not greedy, max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
             output_logits=True, return_dict_in_generate=True, **sampling,
         )
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             if seed is not None:
                 torch.manual_seed(seed)
             out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
