@@ -201,12 +201,19 @@ class Explorer:
     # ------------------------------------------------------------------ runtime-facing API
     def collect(self, num_rollouts: int) -> list[Rollout]:
         """The next ``num_rollouts`` finished rollouts (in-flight rollouts carry over to the next call)."""
-        if self._rollout_iter is None:
-            self._rollout_iter = self.rollouts()
-        return [next(self._rollout_iter) for _ in range(num_rollouts)]
+        stream = self.rollouts()
+        return [next(stream) for _ in range(num_rollouts)]
 
     def rollouts(self) -> Iterator[Rollout]:
-        """Endless stream of finished rollouts from the training split, in the order they end."""
+        """Endless stream of finished rollouts from the training split, in the order they end.
+
+        There is one stream per explorer (its env instances hold the in-flight rollouts): every call returns it.
+        """
+        if self._rollout_iter is None:
+            self._rollout_iter = self._rollout_stream()
+        return self._rollout_iter
+
+    def _rollout_stream(self) -> Iterator[Rollout]:
         self._apply_pending_weights()
         if not self._envs:
             self._envs = [self._new_env() for _ in range(self.config.num_envs)]
