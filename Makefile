@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml constraints.txt
 	rm -f $(VENV)/.stamp-*
 	touch $@
 
+DEMO_SEEDS ?= 0
 demo: setup
-	$(PY) -m divopd.demo
+	$(PY) -m divopd.demo --seeds $(DEMO_SEEDS)
 
 test: setup
 	$(PY) -m ruff check src tests benchmarks

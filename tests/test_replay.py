@@ -242,7 +242,7 @@ def test_replay_reads_back_what_was_written(tmp_path):
 
 
 def test_replay_demo_writes_table_and_plots(tmp_path):
-    from divopd.demo import DEMO_METHODS, run_replay_demo
+    from divopd.demo_replay import DEMO_METHODS, run_replay_demo
 
     results = run_replay_demo(tmp_path, presets=("webshop",), updates=6)
     assert set(results) == {"webshop"} and list(results["webshop"]["methods"]) == list(DEMO_METHODS)

@@ -239,3 +239,13 @@ def test_eval_checkpoint(tiny_models: dict[str, str], tmp_path: Path) -> None:
     assert results["eval/episodes"] == 3 and 0 <= results["eval/success_rate"] <= 1
     with pytest.raises(FileNotFoundError, match="config"):
         evaluate_checkpoint(tiny_models["student"])
+
+
+def test_demo_config_matches_the_demo_models() -> None:
+    """configs/tiny must use the environment and prompt the demo's models are SFT-trained with."""
+    from divopd import demo
+
+    cfg = load_config(REPO / "configs/tiny/divopd.yaml")
+    assert cfg.explorer.env == demo.ENV and cfg.explorer.env_kwargs == demo.ENV_KWARGS
+    for key, value in demo.PROMPT.items():
+        assert getattr(cfg.explorer.prompt, key) == value

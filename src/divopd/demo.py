@@ -1,166 +1,148 @@
-"""``make demo`` (for now): simulate an asynchronous producer per preset, replay the selection rules over each log,
-and write a table and plots under ``runs/demo-replay/``.
+"""``make demo`` / ``python -m divopd.demo``: a real asynchronous OPD run on a laptop CPU, vanilla vs DivOPD.
 
-Equivalent commands, per preset::
+1. **Models** (cached in ``cache/demo/``; skipped when present): ``divopd sft`` builds a word-level tokenizer from
+   TextWorld-Express *coin* text and trains a 0.14 M-parameter Llama teacher on the game's gold paths; a student
+   sharing its vocabulary gets a deliberately short warm start (it starts near 0% success).
+2. **Training**: ``configs/tiny/vanilla.yaml`` and ``configs/tiny/divopd.yaml`` (same explorer, learner, batch size
+   and producer; only the sampler differs) for each seed — explorers and learner run concurrently, producer load > 1.
+   A finished run is not redone (delete its directory to redo it).
+3. **Report**: ``divopd report`` over the runs (SR curves vs updates / learner tokens / compute, time-to-target,
+   batch composition) and ``divopd replay`` of the selection rules over the vanilla run's own experience log.
 
-    divopd simulate --preset alfworld --updates 100 --seed 0 --out runs/demo-replay/alfworld.parquet
-    divopd replay runs/demo-replay/alfworld.parquet --methods vanilla,vanilla-pool,nocap,divopd-base,divopd \\
-        --batch-size 256 --pool-factor 4 --cap 4 --max-staleness 2 --updates 100 \\
-        --json runs/demo-replay/alfworld.json --plot runs/demo-replay/alfworld.png
+Everything lands in ``runs/demo/`` (report: ``runs/demo/report/report.md``). Options::
 
-The training demo will replace this entry point; :func:`run_replay_demo` stays callable.
+    python -m divopd.demo [--seeds 0 1 2] [--updates 100] [--methods vanilla divopd] [--out runs/demo]
 """
 
 from __future__ import annotations
 
-import os
+import argparse
+import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from divopd.replay import ReplayConfig, plot_replay, replay, write_json
-from divopd.simulate import PRESETS, simulate
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs" / "tiny"
 
-__all__ = ["DEMO_METHODS", "run_replay_demo", "summary_rows", "markdown_table", "main"]
-
-DEMO_METHODS: tuple[str, ...] = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd")
-
-
-def summary_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (preset, method) with the coverage and concentration numbers."""
-    rows = []
-    for preset, r in results.items():
-        for method, m in r["methods"].items():
-            rows.append(
-                {
-                    "preset": preset,
-                    "load": r["arrival_drain_ratio"],
-                    "method": method,
-                    "valid": m["valid_rollouts"],
-                    "used": m["used_rollouts"],
-                    "undecided": m["undecided_rollouts"],
-                    "unused": m["unused_fraction"],
-                    "eff": m["effective_rollouts_mean"],
-                    "max_share": m["max_rollout_share_mean"],
-                    "dead": m["dead_row_fraction"],
-                    "expired": m["expired"],
-                    "invalid": m["invalid"],
-                }
-            )
-    return rows
+#: The demo's environment and prompt; configs/tiny/_base.yaml uses the same values (a test checks they agree).
+ENV = "twx"
+ENV_KWARGS = {"game": "coin", "params": "numLocations=2,numDistractorItems=0,includeDoors=0"}
+PROMPT = {"past_observation_max_words": 8}
 
 
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f}%"
+def _sft(argv: list[str]) -> None:
+    from divopd import sft_cli
+
+    parser = argparse.ArgumentParser(prog="divopd sft")
+    sft_cli.add_arguments(parser)
+    code = sft_cli.run(parser.parse_args(argv))
+    if code:
+        raise RuntimeError(f"divopd sft {' '.join(argv)} failed with exit code {code}")
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The summary as a Markdown table (what docs/sections/replay.md shows)."""
-    lines = [
-        "| preset | arrival/drain | method | valid rollouts | used | undecided | unused | eff. rollouts/batch "
-        "| max rollout share | dead rows | expired | invalid |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['preset']} | {r['load']:.2f} | {r['method']} | {r['valid']} | {r['used']} | {r['undecided']} | "
-            f"{_pct(r['unused'])} | {r['eff']:.1f} | {_pct(r['max_share'])} | {_pct(r['dead'])} | {r['expired']} | "
-            f"{r['invalid']} |"
-        )
+def prepare_models(cache: Path) -> dict[str, Path]:
+    """Train (once) the tiny SFT teacher and the student's short warm start; returns their folders."""
+    teacher, student = cache / "teacher", cache / "student"
+    common = ["--env", ENV, "--env-kwargs", json.dumps(ENV_KWARGS), "--prompt", json.dumps(PROMPT),
+              "--size", "0.2m", "--eval-tasks", "100", "--threads", "1"]
+    if not (teacher / "sft.json").is_file():
+        print("demo: training the tiny teacher on gold paths (once, ~1 min)", flush=True)
+        _sft(["--out", str(teacher), "--train-tasks", "300", "--epochs", "4", "--seed", "0", *common])
+    if not (student / "sft.json").is_file():
+        print("demo: short warm start of the student (once, ~30 s)", flush=True)
+        _sft(["--out", str(student), "--train-tasks", "100", "--epochs", "2", "--seed", "1",
+              "--tokenizer-from", str(teacher), *common])
+    return {"teacher": teacher, "student": student}
+
+
+def run_methods(out: Path, models: dict[str, Path], methods: list[str], seeds: list[int], updates: int,
+                extra: list[str] | None = None) -> list[Path]:
+    """Train every (method, seed) not finished yet; returns the run directories."""
+    from divopd.config import load_config
+    from divopd.train import train
+
+    run_dirs = []
+    for seed in seeds:
+        for method in methods:
+            overrides = [f"seed={seed}", f"updates={updates}", f"out_dir={out}",
+                         f"student.path={models['student']}", f"teacher.path={models['teacher']}", *(extra or [])]
+            cfg = load_config(CONFIGS / f"{method}.yaml", overrides)
+            run_dir = cfg.resolved_run_dir()
+            run_dirs.append(run_dir)
+            if (run_dir / "summary.json").is_file():
+                print(f"demo: {run_dir} is finished, kept", flush=True)
+                continue
+            t0 = time.perf_counter()
+            print(f"demo: training {method} seed {seed} ({updates} updates) -> {run_dir}", flush=True)
+            resume = run_dir if (run_dir / "config.yaml").is_file() else None
+            summary = train(None if resume else cfg, resume=resume, progress=sys.stderr.isatty())
+            print(f"demo: {method} seed {seed}: peak SR {summary['peak_sr']}, arrival/drain "
+                  f"{summary['arrival_drain_ratio']:.2f}, {time.perf_counter() - t0:.0f}s", flush=True)
+    return run_dirs
+
+
+def replay_vanilla_log(run_dir: Path, out: Path, batch_size: int, updates: int) -> dict[str, Any]:
+    """Replay the selection rules over one run's own experience log (the paper's shared-buffer replay)."""
+    from divopd.replay import ReplayConfig, plot_replay, replay, write_json
+
+    cfg = ReplayConfig(methods=("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"),
+                       batch_size=batch_size, updates=updates)
+    result = replay(run_dir / "experience", cfg)
+    write_json(result, out / "replay.json")
+    plot_replay(result, out / "replay.png", title=f"replay over {run_dir.parent.name} seed log")
+    return result
+
+
+def replay_markdown(result: dict[str, Any]) -> str:
+    lines = ["| method | valid rollouts | used | unused fraction | effective rollouts / batch | max rollout share |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for method, m in result["methods"].items():
+        unused = "–" if m["unused_fraction"] is None else f"{100 * m['unused_fraction']:.1f}%"
+        eff = "–" if m["effective_rollouts_mean"] is None else f"{m['effective_rollouts_mean']:.1f}"
+        share = "–" if m["max_rollout_share_mean"] is None else f"{100 * m['max_rollout_share_mean']:.1f}%"
+        lines.append(f"| {method} | {m['valid_rollouts']} | {m['used_rollouts']} | {unused} | {eff} | {share} |")
     return "\n".join(lines) + "\n"
 
 
-def plot_summary(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
-    """Grouped bars per preset: unused fraction of valid rollouts, and effective rollouts per batch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    presets = list(dict.fromkeys(r["preset"] for r in rows))
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    value = {(r["preset"], r["method"]): r for r in rows}
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), constrained_layout=True)
-    x = np.arange(len(presets))
-    width = 0.8 / len(methods)
-    for ax, key, label, scale in (
-        (axes[0], "unused", "valid rollouts never used (%)", 100),
-        (axes[1], "eff", "effective rollouts per batch", 1),
-    ):
-        for i, method in enumerate(methods):
-            ys = [scale * (value[(p, method)][key] or 0) for p in presets]
-            ax.bar(x + (i - (len(methods) - 1) / 2) * width, ys, width, label=method)
-        ax.set_xticks(x, [f"{p}\n(load {value[(p, methods[0])]['load']:.2f})" for p in presets])
-        ax.set_title(label, fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle("shared-buffer replay of simulated asynchronous producers (B=256, c=4, k=4, S=2, 100 updates)")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def run_replay_demo(
-    out_dir: str | os.PathLike = "runs/demo-replay",
-    presets: tuple[str, ...] = tuple(PRESETS),
-    updates: int = 100,
-    seed: int = 0,
-    batch_size: int = 256,
-    methods: tuple[str, ...] = DEMO_METHODS,
-) -> dict[str, dict[str, Any]]:
-    """Simulate each preset at its default load (≈ 2), replay ``methods`` over each log, write everything to
-    ``out_dir`` (``<preset>.parquet/.json/.png``, ``table.md``, ``summary.png``) and return the replay results."""
-    from rich.console import Console
-
-    console = Console(width=None if Console().is_terminal else 160)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    results = {}
-    for name in presets:
-        t0 = time.perf_counter()
-        log = out / f"{name}.parquet"
-        s = simulate(name, log, updates=updates, seed=seed, batch_size=batch_size, overwrite=True)
-        cfg = ReplayConfig(methods=methods, batch_size=batch_size, updates=updates, seed=seed)
-        result = replay(log, cfg)
-        write_json(result, out / f"{name}.json")
-        plot_replay(result, out / f"{name}.png", title=f"{name}-like preset, arrival/drain {s.arrival_drain_ratio:.2f}")
-        results[name] = result
-        console.print(
-            f"{name}: {s.turns} turns, {s.rollouts} rollouts, truncated prompts "
-            f"{100 * s.truncated_turns / max(s.turns, 1):.1f}%, arrival/drain {s.arrival_drain_ratio:.2f} "
-            f"({time.perf_counter() - t0:.1f}s)"
-        )
-    rows = summary_rows(results)
-    table = markdown_table(rows)
-    (out / "table.md").write_text(table)
-    plot_summary(rows, out / "summary.png")
-
-    from rich.table import Table
-
-    rt = Table(title=f"shared-buffer replay, B={batch_size}, c=4, k=4, S=2, {updates} updates")
-    for h in ("preset", "load", "method", "valid", "used", "unused", "eff. rollouts", "max share", "dead rows"):
-        rt.add_column(h, justify="left" if h in ("preset", "method") else "right")
-    for r in rows:
-        rt.add_row(
-            r["preset"],
-            f"{r['load']:.2f}",
-            r["method"],
-            str(r["valid"]),
-            str(r["used"]),
-            _pct(r["unused"]),
-            f"{r['eff']:.1f}",
-            _pct(r["max_share"]),
-            _pct(r["dead"]),
-        )
-    console.print(rt)
-    console.print(f"wrote {out}/table.md, {out}/summary.png and per-preset .parquet/.json/.png")
-    return results
-
-
 def main(argv: list[str] | None = None) -> int:
-    out_dir = (argv if argv is not None else sys.argv[1:]) or ["runs/demo-replay"]
-    run_replay_demo(out_dir[0])
+    parser = argparse.ArgumentParser(prog="python -m divopd.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/demo", help="output folder (runs, report)")
+    parser.add_argument("--cache", default="cache/demo", help="folder of the tiny teacher and student")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--updates", type=int, default=100)
+    parser.add_argument("--methods", nargs="+", default=["vanilla", "divopd"])
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra config override for every run")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    out = Path(args.out)
+    models = prepare_models(Path(args.cache))
+    run_dirs = run_methods(out, models, args.methods, args.seeds, args.updates, args.overrides)
+
+    from divopd.report import find_run_dirs, load_run, write_report
+
+    report_dir = out / "report"
+    runs = [load_run(p) for p in find_run_dirs([str(d) for d in run_dirs])]
+    write_report(runs, report_dir)
+    vanilla = next((d for d in run_dirs if d.parent.name == "vanilla"), None)
+    if vanilla is not None and (vanilla / "experience").is_dir():
+        from divopd.config import load_config
+
+        cfg = load_config(vanilla / "config.yaml")
+        result = replay_vanilla_log(vanilla, report_dir, cfg.sampler.batch_size, cfg.updates)
+        table = replay_markdown(result)
+        with open(report_dir / "report.md", "a") as f:
+            f.write("\n## Shared-buffer replay of the vanilla run's experience log\n\n"
+                    f"Every selection rule replayed over the same log (B={cfg.sampler.batch_size}, "
+                    f"c={cfg.sampler.pool_factor:g}, k={cfg.sampler.cap}, S={cfg.sampler.max_staleness}); "
+                    "see `divopd replay`.\n\n" + table + "\n![replay](replay.png)\n")
+    print((report_dir / "report.md").read_text())
+    print(f"demo: done in {time.perf_counter() - t0:.0f}s; report in {report_dir}/report.md")
     return 0
 
 
