@@ -249,3 +249,33 @@ def test_demo_config_matches_the_demo_models() -> None:
     assert cfg.explorer.env == demo.ENV and cfg.explorer.env_kwargs == demo.ENV_KWARGS
     for key, value in demo.PROMPT.items():
         assert getattr(cfg.explorer.prompt, key) == value
+
+
+def test_ctrl_c_checkpoints_and_exits(tiny_models: dict[str, str], tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) mid-run: the run checkpoints, exits with 130, and --resume finishes it."""
+    run_dir = tmp_path / "interrupted"
+    cfg = tiny_config(tiny_models, run_dir, "divopd-base", updates=200, **{"checkpoint.every": 1000})
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "divopd", "train", str(cfg_path), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+        (run_dir / "metrics.jsonl").is_file() and '"update"' in (run_dir / "metrics.jsonl").read_text()
+    ):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    ckpts = sorted((run_dir / "checkpoints").glob("update-*"))
+    assert ckpts, "Ctrl-C must leave a checkpoint"
+    version = int(ckpts[-1].name.split("-")[1])
+    assert 0 < version < 200
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["updates"] == version
+    assert_ledger_identity(summary["ledger"])
+    from divopd.train import train
+
+    resumed = train(resume=run_dir)
+    assert resumed["updates"] == 200 and resumed["resumed"]
+    assert_ledger_identity(resumed["ledger"])

@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
+    from divopd.train import quiet_hf_progress
+
+    quiet_hf_progress()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     out = Path(args.out)

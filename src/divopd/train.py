@@ -91,7 +91,18 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def quiet_hf_progress() -> None:
+    """No per-file progress bars from transformers / huggingface_hub while training (the run has its own bar)."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def run(args: argparse.Namespace) -> int:
+    quiet_hf_progress()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.resume and args.config:
         print("divopd train: give a CONFIG or --resume RUN_DIR, not both", file=sys.stderr)
