@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow lint bench paper clean
+.PHONY: setup demo test test-slow lint bench clean
 
 setup: $(STAMP)
 
@@ -35,7 +35,9 @@ lint: setup
 	$(PY) -m ruff check src tests benchmarks
 
 bench: setup
-	$(PY) benchmarks/bench_sampler.py
+	$(PY) benchmarks/bench_sampler.py --quick
+	$(PY) benchmarks/bench_learner.py
+	$(PY) benchmarks/bench_explorer.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -18,12 +18,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("divopd.simulate", "write a synthetic asynchronous experience log"),
     "replay": ("divopd.replay", "replay selection rules over an experience log"),
     "tune-cap": ("divopd.tune_cap", "choose the cap k from an experience log"),
-    "bench": ("divopd.bench", "run a benchmark suite (e.g. `divopd bench paper`)"),
 }
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(prog="divopd", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="divopd", description="DivOPD: asynchronous on-policy distillation of multi-turn agents")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers = {}
