@@ -127,6 +127,15 @@ class Trainer:
         self.metrics.update(self.learner.version, metrics, time=self.elapsed())
         return metrics
 
+    def after_update(self, metrics: dict[str, float], request_eval: Any, progress: Any = None) -> None:
+        """The schedule after each update, shared by the runtimes: evaluation, checkpoint, progress display."""
+        if self.version % self.cfg.eval.every == 0:
+            request_eval()
+        if self.version % self.cfg.checkpoint.every == 0:
+            self.checkpoint()
+        if progress is not None:
+            progress.on_update(self, metrics)
+
     def _diagnostics(self, batch: Any) -> dict[str, float]:
         """Appendix E.2/E.3 on this batch before its update, every ``diagnostics.every`` updates."""
         every = self.cfg.diagnostics.every

@@ -146,12 +146,7 @@ def run_ray(trainer: Trainer, progress: Any = None) -> dict[str, Any]:
             if trainer.version - weights_version >= 1:
                 weights_ref = ray.put(trainer.publish())
                 weights_version = trainer.version
-            if trainer.version % cfg.eval.every == 0:
-                request_eval()
-            if trainer.version % cfg.checkpoint.every == 0:
-                trainer.checkpoint()
-            if progress is not None:
-                progress.on_update(trainer, metrics)
+            trainer.after_update(metrics, request_eval, progress)
     except KeyboardInterrupt:
         interrupted = True
     finally:

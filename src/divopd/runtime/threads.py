@@ -182,12 +182,7 @@ def run_embedded(trainer: Trainer, progress: Any = None) -> dict[str, Any]:
                     pass
                 continue
             weights.set(trainer.publish())
-            if trainer.version % cfg.eval.every == 0:
-                request_eval()
-            if trainer.version % cfg.checkpoint.every == 0:
-                trainer.checkpoint()
-            if progress is not None:
-                progress.on_update(trainer, metrics)
+            trainer.after_update(metrics, request_eval, progress)
     except KeyboardInterrupt:
         interrupted = True
         abort.set()
