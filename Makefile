@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow lint bench clean
+.PHONY: setup demo test test-slow lint bench paper clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,10 @@ bench: setup
 	$(PY) benchmarks/bench_sampler.py --quick
 	$(PY) benchmarks/bench_learner.py
 	$(PY) benchmarks/bench_explorer.py
+
+# Paper benchmark suite (issue 8): resumable, a finished run is skipped; PAPER_ARGS="--dry-run" lists the plan.
+paper: setup
+	$(PY) -m divopd.cli bench paper $(PAPER_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("divopd.simulate", "write a synthetic asynchronous experience log"),
     "replay": ("divopd.replay", "replay selection rules over an experience log"),
     "tune-cap": ("divopd.tune_cap", "choose the cap k from an experience log"),
+    "bench": ("divopd.bench", "run the paper benchmark suite (resumable; --dry-run, --only, --report)"),
 }
 
 
