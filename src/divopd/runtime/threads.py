@@ -6,7 +6,8 @@
     evaluator thread ◄── (update, snapshot) requests;  results ──► main thread writes them
 
 Shutdown order: (1) the main loop stops at ``updates``/``max_seconds``/Ctrl-C; (2) the stop event is set and explorer
-threads finish the rollout in hand (a full queue is not waited on); (3) pending evaluations finish (skipped on
+threads finish the rollout in hand (a full queue is not waited on) and every finished rollout still in the queue is
+taken into the sampler, so the final ledger counts it as queued; (3) pending evaluations finish (skipped on
 Ctrl-C) and the final snapshot is evaluated; (4) the trainer checkpoints and writes ``summary.json``.
 
 Threads rather than processes: torch releases the GIL inside its kernels, the weights are shared in memory without
@@ -191,6 +192,7 @@ def run_embedded(trainer: Trainer, progress: Any = None) -> dict[str, Any]:
         stop.set()
         for w in workers:
             w.join(timeout=60)
+        trainer.intake(_drain(rollouts))  # finished rollouts still in the queue enter the ledger (as queued)
         if not interrupted:
             request_eval()  # the final snapshot
             collect_evals(block=True)
