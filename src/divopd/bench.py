@@ -150,8 +150,7 @@ class Plan(_Strict):
         cap = self.sweeps.cap
         if cap is not None and cap.setting not in self.settings:
             raise ValueError(f"cap sweep: setting {cap.setting!r} is not in settings {sorted(self.settings)}")
-        groups = [r.group for r in plan_runs(self)]
-        clash = sorted(set(self.settings) & {g for g in groups if g not in self.settings})
+        clash = sorted(set(self.settings) & {r.group for r in plan_runs(self) if r.kind != "main"})
         if clash:
             raise ValueError(f"setting names clash with sweep groups: {clash}")
         return self
