@@ -382,6 +382,8 @@ def tune_cap_section(runs: list[PlannedRun], plan: Plan, out: Path, report_dir: 
             best, means = measured_best_cap(sweep)
             shown = ", ".join(f"k={k}: {v:.1f}" for k, v in means.items())
             agree = "agrees" if best == result["recommended"] else "differs"
+            if sum(v == means.get(best) for v in means.values()) > 1:
+                agree += " (the best mean peak SR is tied; ties go to the larger k)"
             line += f"; measured best k = {best} by mean peak SR ({shown}) — the pick {agree}"
         else:
             line += "; no cap-sweep runs for this setting"
