@@ -140,6 +140,16 @@ def _fake_run(run_dir: Path, setting: str, method: str, seed: int, srs: list[flo
         (run_dir / "summary.json").write_text("{}")
 
 
+def test_a_summary_short_of_the_configured_updates_is_resumed(tmp_path) -> None:
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "config.yaml").write_text("updates: 150\n")
+    (d / "summary.json").write_text('{"updates": 40}')
+    assert run_state(d) == "partial"
+    (d / "summary.json").write_text('{"updates": 150}')
+    assert run_state(d) == "done"
+
+
 def test_dry_run_lists_states_and_trains_nothing(tmp_path, capsys, monkeypatch) -> None:
     plan_path = write_plan(tmp_path, SMALL)
     out = tmp_path / "out"

@@ -250,8 +250,19 @@ def select_runs(runs: list[PlannedRun], only: list[str] | None) -> list[PlannedR
 
 
 def run_state(run_dir: Path) -> Literal["done", "partial", "todo"]:
-    """``done`` (summary.json: skipped), ``partial`` (config.yaml, no summary: resumed) or ``todo`` (started)."""
+    """``done`` (summary.json: skipped), ``partial`` (config.yaml, no summary: resumed) or ``todo`` (started).
+
+    A summary that records fewer updates than the run's config asks for (a run stopped by ``max_seconds`` or an
+    interrupt that still wrote one) counts as ``partial``, so it is resumed rather than kept short.
+    """
     if (run_dir / "summary.json").is_file():
+        try:
+            done = json.loads((run_dir / "summary.json").read_text()).get("updates")
+            wanted = yaml.safe_load((run_dir / "config.yaml").read_text()).get("updates")
+        except (OSError, ValueError, AttributeError, yaml.YAMLError):
+            return "done"
+        if isinstance(done, int) and isinstance(wanted, int) and done < wanted:
+            return "partial"
         return "done"
     if (run_dir / "config.yaml").is_file():
         return "partial"
