@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from divopd.checkpoint import WeightHandle, latest_checkpoint, read_state
+from divopd.checkpoint import WeightHandle, latest_checkpoint
 from divopd.config import TrainConfig, dump_config, load_config
 from divopd.experience_log import (
     PART_PATTERN,
@@ -318,6 +318,3 @@ def _requeue_logged_turns(log_dir: Path, sampler: Sampler) -> int:
             n += 1
     return n
 
-
-def read_checkpoint_version(path: Path) -> int:
-    return int(read_state(path)["learner"]["version"])
