@@ -666,6 +666,23 @@ class ExperienceLogWriter:
         self.close()
 
 
+def set_aside_unreadable_parts(path: str | os.PathLike) -> list[Path]:
+    """Rename the part files of a directory log that cannot be opened (a crash before the footer was written) to
+    ``<name>.unreadable``, so readers and appending writers leave them out; returns the new paths."""
+    d = Path(path)
+    moved: list[Path] = []
+    if not d.is_dir():
+        return moved
+    for part in sorted(f for f in d.iterdir() if PART_PATTERN.match(f.name)):
+        try:
+            pq.ParquetFile(part)
+        except (pa.ArrowInvalid, OSError):
+            target = part.with_name(part.name + ".unreadable")
+            part.rename(target)
+            moved.append(target)
+    return moved
+
+
 def truncate_log(path: str | os.PathLike, first_dropped_arrival: int) -> int:
     """Drop the rows with ``arrival >= first_dropped_arrival`` from a part-directory log; returns rows dropped.
 
@@ -675,13 +692,10 @@ def truncate_log(path: str | os.PathLike, first_dropped_arrival: int) -> int:
     d = Path(path)
     if not d.is_dir():
         raise ExperienceLogError(f"{d}: truncate_log works on a directory of part files")
+    set_aside_unreadable_parts(d)
     dropped = 0
     for part in sorted(f for f in d.iterdir() if PART_PATTERN.match(f.name)):
-        try:
-            arrivals = pq.read_table(part, columns=["arrival"]).column("arrival").to_numpy()
-        except (pa.ArrowInvalid, OSError):
-            part.rename(part.with_name(part.name + ".unreadable"))
-            continue
+        arrivals = pq.read_table(part, columns=["arrival"]).column("arrival").to_numpy()
         keep = arrivals < first_dropped_arrival
         if keep.all():
             continue

@@ -26,14 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from divopd.checkpoint import WeightHandle, latest_checkpoint
 from divopd.config import TrainConfig, dump_config, load_config
 from divopd.experience_log import (
-    PART_PATTERN,
     ExperienceLogError,
     ExperienceLogWriter,
     log_files,
     read_log,
+    set_aside_unreadable_parts,
     truncate_log,
 )
 from divopd.learner import Learner
@@ -116,9 +118,8 @@ class Trainer:
             metrics[f"ledger/invalid/{reason}"] = float(count)
         for reason, count in ledger["expired_by_reason"].items():
             metrics[f"ledger/expired/{reason}"] = float(count)
-        b = self.cfg.sampler.batch_size
         metrics["queue/arrivals"] = float(self._arrived_since_update)
-        metrics["queue/arrival_drain_ratio"] = ledger["received"] / (self.learner.version * b)
+        metrics["queue/arrival_drain_ratio"] = self.arrival_drain_ratio()
         metrics["explorer/rollouts"] = float(self.state.rollouts)
         metrics["explorer/turns"] = float(self.state.turns)
         metrics["explorer/success_rate_train"] = self.state.successes / max(1, self.state.rollouts)
@@ -149,6 +150,10 @@ class Trainer:
         out.update(ranking_stability(model, batch))
         model.zero_grad(set_to_none=True)
         return out
+
+    def arrival_drain_ratio(self) -> float:
+        """Producer load: turns received ÷ turns the learner has drained (updates × B)."""
+        return self.sampler.ledger["received"] / max(1, self.learner.version * self.cfg.sampler.batch_size)
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
@@ -204,8 +209,7 @@ class Trainer:
             "ledger": self.sampler.ledger,
             "rollouts": self.state.rollouts,
             "turns": self.state.turns,
-            "arrival_drain_ratio": self.sampler.ledger["received"]
-            / max(1, self.learner.version * self.cfg.sampler.batch_size),
+            "arrival_drain_ratio": self.arrival_drain_ratio(),
             "peak_sr": peak_sr(srs),
             "final_five_sr": five[0] if five else None,
             "final_five_sr_std": five[1] if five else None,
@@ -221,24 +225,6 @@ class Trainer:
 
 
 # ---------------------------------------------------------------------------------------------------- set-up
-def _quarantine_unreadable_parts(log_dir: Path) -> list[Path]:
-    """Set aside log parts a kill left unfinished (their turns were never checkpointed nor re-queued)."""
-    import pyarrow.parquet as pq
-
-    moved = []
-    if not log_dir.is_dir():
-        return moved
-    for part in sorted(p for p in log_dir.iterdir() if PART_PATTERN.match(p.name)):
-        try:
-            pq.ParquetFile(part)
-        except Exception:  # an unfinished Parquet file has no footer
-            target = part.with_name(part.name + ".unreadable")
-            part.rename(target)
-            moved.append(target)
-            log.warning("experience log: set aside unfinished part %s", target.name)
-    return moved
-
-
 def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None) -> tuple[Trainer, bool]:
     """Create a run directory (or reopen one to resume) and build the learner-side pieces.
 
@@ -282,7 +268,8 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     log_writer = None
     if cfg.log_experience:
         log_dir = run_dir / EXPERIENCE
-        _quarantine_unreadable_parts(log_dir)
+        for part in set_aside_unreadable_parts(log_dir):
+            log.warning("experience log: set aside unfinished part %s", part.name)
         if ckpt is not None and cfg.log_token_ids:
             requeued = _requeue_logged_turns(log_dir, sampler)
             state.turns += requeued
@@ -309,6 +296,9 @@ def _requeue_logged_turns(log_dir: Path, sampler: Sampler) -> int:
         return 0
     n = 0
     for f in files:
+        arrivals = pq.read_table(f, columns=["arrival"]).column("arrival").to_numpy()
+        if len(arrivals) == 0 or arrivals.max() < start:
+            continue  # every turn of this part is in the checkpoint already
         for logged in read_log(f, require_ids=True):
             if logged.arrival < start:
                 continue
