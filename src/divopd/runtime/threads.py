@@ -128,7 +128,7 @@ def run_embedded(trainer: Trainer, progress: Any = None) -> dict[str, Any]:
     stop = threading.Event()
     rollouts: queue.Queue = queue.Queue(maxsize=cfg.runtime.queue_rollouts)
     weights = LatestWeights(trainer.publish())
-    teacher, teacher_tok = load_teacher(cfg)
+    teacher, _ = load_teacher(cfg)
     workers = [ExplorerWorker(cfg, i, session, weights, teacher, rollouts, stop, cfg.runtime.max_explorer_restarts)
                for i in range(cfg.runtime.num_explorers)]
     abort = threading.Event()  # set on Ctrl-C: pending evaluations are skipped
@@ -203,5 +203,4 @@ def run_embedded(trainer: Trainer, progress: Any = None) -> dict[str, Any]:
     summary = trainer.close()
     summary["interrupted"] = interrupted
     summary["explorer_restarts"] = sum(w.restarts for w in workers)
-    del teacher_tok
     return summary
