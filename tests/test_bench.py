@@ -75,6 +75,44 @@ def test_run_config_puts_the_run_where_the_plan_says(tmp_path) -> None:
     assert bench.run_config(tok, plan, tmp_path, models).sampler.cap_unit == "tokens"
 
 
+def test_sweep_points_equal_to_a_main_run_reuse_it(tmp_path, monkeypatch) -> None:
+    data = json.loads(json.dumps(SMALL))
+    data["methods"].append({"method": "divopd"})
+    data["sweeps"]["load"].update(values=[8, 16], seeds=[1])  # the tiny configs run 8 envs
+    data["sweeps"]["cap"].update(values=[3, 4])  # DivOPD's k is 4
+    plan = load_plan(write_plan(tmp_path, data))
+    runs = plan_runs(plan)
+    out = tmp_path / "out"
+    load = [r for r in runs if r.kind == "load"]
+    assert {r.seed for r in load} == {1} and len(load) == 4
+    shared = {r.key: r.main.key for r in runs if r.main is not None}
+    assert shared == {"a-load-num_envs8/vanilla/seed1": "a/vanilla/seed1",
+                      "a-load-num_envs8/divopd-base/seed1": "a/divopd-base/seed1",
+                      "a-cap/divopd-k4/seed0": "a/divopd/seed0", "a-cap/divopd-k4/seed1": "a/divopd/seed1"}
+    k4 = next(r for r in runs if r.key == "a-cap/divopd-k4/seed0")
+    assert k4.run_dir(out) == out / "a" / "divopd" / "seed0"
+    cfg = bench.run_config(k4, plan, out, {"student": tmp_path / "s", "teacher": tmp_path / "t"})
+    assert cfg.setting == "a" and cfg.resolved_run_dir() == out / "a" / "divopd" / "seed0"
+    # selecting only the sweep trains the shared point once, as its main run; the dry run counts it once
+    calls = []
+
+    def fake_train(cfg=None, **kwargs):
+        calls.append(cfg)
+        cfg.resolved_run_dir().mkdir(parents=True)
+        (cfg.resolved_run_dir() / "summary.json").write_text("{}")
+        return {}
+
+    monkeypatch.setattr("divopd.train.train", fake_train)
+    chosen = select_runs(runs, ["a-cap", "a/divopd"])
+    bench.train_runs(chosen, plan, out, {"student": tmp_path / "s", "teacher": tmp_path / "t"})
+    assert sorted(str(c.resolved_run_dir().relative_to(out)) for c in calls) == [
+        "a-cap/divopd-k3/seed0", "a-cap/divopd-k3/seed1", "a/divopd/seed0", "a/divopd/seed1"]
+    assert bench.dry_run_text(chosen, out).endswith("4 runs: 4 done, 0 to resume, 0 to start")
+    assert "(= main run a/divopd/seed0)" in bench.dry_run_text(chosen, out)
+    # a cap sweep over a method that is not a plain method row of the plan shares nothing
+    assert not [r for r in plan_runs(load_plan(write_plan(tmp_path, SMALL))) if r.main is not None]
+
+
 def _bad(**changes):
     data = json.loads(json.dumps(SMALL))
     for key, value in changes.items():
@@ -100,6 +138,8 @@ def _bad(**changes):
         (_bad(sweeps__cap__values=[0, 2]), r"every k must be >= 1"),
         (_bad(seeds=[]), r"seeds: List should have at least 1 item"),
         (_bad(seeds=[1, 1]), r"seeds must be distinct"),
+        (_bad(sweeps__cap__seeds=[2, 2]), r"cap sweep: seeds must be distinct"),
+        (_bad(sweeps__load__seeds=[]), r"load sweep: seeds must be distinct and >= 0"),
         (_bad(settings={"a/b": {}}), r"setting 'a/b': use a plain name"),
         (_bad(settings={"a": {}, "a-cap": {}}), r"setting names clash with sweep groups: \['a-cap'\]"),
         (_bad(typo=1), r"typo: Extra inputs are not permitted"),

@@ -17,6 +17,10 @@ and ``method``, so when a label differs from its config method (``divopd-tokens`
 setting instead of silently merging it with the method it is built on, and ``divopd bench paper --report`` relabels
 it (setting = group, method = label) so that it sits in its group's table beside the baseline.
 
+A sweep point whose value is the one its main run already has (the tiny config's ``explorer.num_envs: 8``, DivOPD's
+``sampler.cap: 4``) is not trained again: its planned run points at the main run (``PlannedRun.main``) and its group's
+report reads that run. A sweep may run fewer seeds than the main runs (``seeds`` in the sweep; default: the plan's).
+
 Rules (:func:`run_state`): a run with ``summary.json`` is finished and skipped; one with ``config.yaml`` but no summary
 is resumed (``train(resume=run_dir)``); any other is started.
 """
@@ -93,6 +97,7 @@ class LoadSweep(_Strict):
     key: str = "explorer.num_envs"
     values: list[Any] = Field(min_length=1)
     methods: list[str] = Field(default_factory=lambda: ["vanilla", "divopd-base"], min_length=1)
+    seeds: list[int] | None = None  # default: the plan's seeds
 
 
 class CapSweep(_Strict):
@@ -101,6 +106,7 @@ class CapSweep(_Strict):
     setting: str
     method: str = "divopd"
     values: list[int] = Field(min_length=1)
+    seeds: list[int] | None = None  # default: the plan's seeds
 
     @model_validator(mode="after")
     def _check(self) -> CapSweep:
@@ -130,8 +136,10 @@ class Plan(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
-        if len(set(self.seeds)) != len(self.seeds) or any(s < 0 for s in self.seeds):
-            raise ValueError(f"seeds must be distinct and >= 0, got {self.seeds}")
+        for what, seeds in (("seeds", self.seeds), ("load sweep: seeds", self.sweeps.load and self.sweeps.load.seeds),
+                            ("cap sweep: seeds", self.sweeps.cap and self.sweeps.cap.seeds)):
+            if seeds is not None and (not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds)):
+                raise ValueError(f"{what} must be distinct and >= 0, got {seeds}")
         for name in self.settings:
             _check_name(name, "setting")
         labels = [m.name for m in self.methods]
@@ -167,12 +175,15 @@ class PlannedRun:
     method: str  # config method (configs/tiny/<method>.yaml)
     seed: int
     overrides: tuple[str, ...]  # KEY=VALUE, setting's then method's then sweep point's
+    main: PlannedRun | None = None  # a sweep point identical to this main run: trained and stored once, there
 
     @property
     def key(self) -> str:
         return f"{self.group}/{self.label}/seed{self.seed}"
 
     def run_dir(self, out: str | Path) -> Path:
+        if self.main is not None:
+            return self.main.run_dir(out)
         return Path(out) / self.group / self.label / f"seed{self.seed}"
 
     @property
@@ -203,15 +214,39 @@ def load_plan(path: str | Path) -> Plan:
         raise PlanError(f"{path}: {msgs}") from None
 
 
+def config_value(method: str, overrides: tuple[str, ...], key: str) -> Any:
+    """The value of dotted ``key`` in configs/tiny/<method>.yaml with ``overrides`` applied (None: no such key)."""
+    from divopd.config import load_config
+
+    node: Any = load_config(CONFIGS / f"{method}.yaml", list(overrides)).model_dump(mode="json")
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
 def plan_runs(plan: Plan) -> list[PlannedRun]:
-    """Expand the plan into runs: settings × methods × seeds, then the load sweep, then the cap sweep."""
+    """Expand the plan into runs: settings × methods × seeds, then the load sweep, then the cap sweep.
+
+    A sweep point that equals its main run's config (same method row, the swept key already at that value, a seed the
+    main runs have) gets ``main`` set: it is that run, not a new one.
+    """
     runs: list[PlannedRun] = []
+    main: dict[tuple[str, str, int], PlannedRun] = {}
     by_label = {m.name: m for m in plan.methods}
     for setting, s in plan.settings.items():
         for m in plan.methods:
             for seed in plan.seeds:
-                runs.append(PlannedRun("main", setting, setting, m.name, m.method, seed,
-                                       _as_overrides(s.overrides) + _as_overrides(m.overrides)))
+                r = PlannedRun("main", setting, setting, m.name, m.method, seed,
+                               _as_overrides(s.overrides) + _as_overrides(m.overrides))
+                runs.append(r)
+                main[(setting, m.name, seed)] = r
+
+    def same(setting: str, label: str, seed: int, key: str, value: Any) -> PlannedRun | None:
+        r = main.get((setting, label, seed))
+        return r if r is not None and config_value(r.method, r.overrides, key) == value else None
+
     load = plan.sweeps.load
     if load is not None:
         s = plan.settings[load.setting]
@@ -220,16 +255,20 @@ def plan_runs(plan: Plan) -> list[PlannedRun]:
             group = f"{load.setting}-load-{leaf}{value}"
             for label in load.methods:
                 m = by_label[label]
-                for seed in plan.seeds:
+                for seed in load.seeds or plan.seeds:
                     ov = _as_overrides(s.overrides) + _as_overrides(m.overrides) + (f"{load.key}={json.dumps(value)}",)
-                    runs.append(PlannedRun("load", load.setting, group, label, m.method, seed, ov))
+                    runs.append(PlannedRun("load", load.setting, group, label, m.method, seed, ov,
+                                           same(load.setting, label, seed, load.key, value)))
     cap = plan.sweeps.cap
     if cap is not None:
         s = plan.settings[cap.setting]
         for k in cap.values:
-            for seed in plan.seeds:
+            for seed in cap.seeds or plan.seeds:
+                row = by_label.get(cap.method)
+                twin = same(cap.setting, cap.method, seed, "sampler.cap", k) if row and row.method == cap.method \
+                    and not row.overrides else None
                 runs.append(PlannedRun("cap", cap.setting, f"{cap.setting}-cap", f"{cap.method}-k{k}", cap.method,
-                                       seed, _as_overrides(s.overrides) + (f"sampler.cap={k}",)))
+                                       seed, _as_overrides(s.overrides) + (f"sampler.cap={k}",), twin))
     return runs
 
 
@@ -273,6 +312,7 @@ def run_config(r: PlannedRun, plan: Plan, out: Path, models: dict[str, Path]):  
     """The training config of one planned run: configs/tiny/<method>.yaml + the demo models + the run's overrides."""
     from divopd.config import load_config
 
+    r = r.main or r  # a sweep point shared with a main run has that run's config
     fixed = [f"seed={r.seed}", f"updates={plan.updates}", f"setting={json.dumps(r.config_setting)}",
              f"run_dir={json.dumps(str(r.run_dir(out)))}", f"student.path={json.dumps(str(models['student']))}",
              f"teacher.path={json.dumps(str(models['teacher']))}"]
@@ -285,9 +325,11 @@ def dry_run_text(runs: list[PlannedRun], out: Path) -> str:
     for r in runs:
         state = run_state(r.run_dir(out))
         extra = " ".join(r.overrides)
-        lines.append(f"{state:7s} {r.run_dir(out)}  [{r.method}{' ' + extra if extra else ''}]")
-    counts = {s: sum(run_state(r.run_dir(out)) == s for r in runs) for s in ("done", "partial", "todo")}
-    lines.append(f"{len(runs)} runs: {counts['done']} done, {counts['partial']} to resume, {counts['todo']} to start")
+        shared = f"  (= main run {r.main.key})" if r.main is not None else ""
+        lines.append(f"{state:7s} {r.run_dir(out)}  [{r.method}{' ' + extra if extra else ''}]{shared}")
+    dirs = dict.fromkeys(r.run_dir(out) for r in runs)  # a sweep point shared with a main run counts once
+    counts = {s: sum(run_state(d) == s for d in dirs) for s in ("done", "partial", "todo")}
+    lines.append(f"{len(dirs)} runs: {counts['done']} done, {counts['partial']} to resume, {counts['todo']} to start")
     return "\n".join(lines)
 
 
@@ -296,6 +338,7 @@ def train_runs(runs: list[PlannedRun], plan: Plan, out: Path, models: dict[str, 
     from divopd.train import train
 
     for i, r in enumerate(runs, 1):
+        r = r.main or r  # a sweep point shared with a main run is trained as that run
         run_dir = r.run_dir(out)
         state = run_state(run_dir)
         if state == "done":
