@@ -402,9 +402,28 @@ def write_reports(runs: list[PlannedRun], plan: Plan, out: Path) -> Path:
         index.append("No run has started yet.")
     index += ["", "## Choosing k: `divopd tune-cap` pick vs the measured best k", ""]
     index += tune_cap_section(runs, plan, out, report_dir, groups)
+    index += ["", "## Replay coverage (Table 11) on each run's own experience log", ""]
+    index += coverage_section(groups, out, report_dir)
     path = report_dir / "index.md"
     path.write_text("\n".join(index) + "\n")
     return path
+
+
+def coverage_section(groups: dict[str, list[tuple[PlannedRun, Any]]], out: Path, report_dir: Path) -> list[str]:
+    """Per group: :func:`divopd.bench_coverage.run_coverage` of every run, as Markdown (also ``coverage.md``/json)."""
+    from divopd.bench_coverage import coverage_markdown, run_coverage
+    from divopd.replay import write_json
+
+    lines: list[str] = []
+    for group, pairs in groups.items():
+        by_label: dict[str, list[Any]] = {}
+        for r, _ in pairs:
+            by_label.setdefault(r.label, []).append(run_coverage(r.run_dir(out)))
+        table = coverage_markdown(by_label)
+        write_json(by_label, report_dir / group / "coverage.json")
+        (report_dir / group / "coverage.md").write_text(f"# Replay coverage: {group}\n\n" + "\n".join(table) + "\n")
+        lines += [f"### {group}", "", *table, ""]
+    return lines
 
 
 def tune_cap_section(runs: list[PlannedRun], plan: Plan, out: Path, report_dir: Path,
