@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from tests.test_replay import EXPECTED, HAND_CONFIG, HAND_LOG
 
 from divopd.bench import CONFIGS
 from divopd.bench_coverage import PAPER_RULES, coverage_markdown, run_coverage
 from divopd.config import dump_config, load_config
 from divopd.experience_log import write_log
+from test_replay import EXPECTED, HAND_CONFIG, HAND_LOG
 
 KEYS = ("valid_rollouts", "unused_fraction", "effective_rollouts_mean", "max_rollout_share_mean")
 
