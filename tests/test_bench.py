@@ -143,6 +143,7 @@ def _bad(**changes):
         (_bad(settings={"a/b": {}}), r"setting 'a/b': use a plain name"),
         (_bad(settings={"a": {}, "a-cap": {}}), r"setting names clash with sweep groups: \['a-cap'\]"),
         (_bad(typo=1), r"typo: Extra inputs are not permitted"),
+        (_bad(settings={"settings": {}}), r"setting 'settings': the name is taken by a combined report"),
     ],
 )
 def test_plan_errors_name_the_problem(tmp_path, data, message) -> None:
@@ -247,5 +248,13 @@ def test_reports_relabel_variants_into_their_group(tmp_path) -> None:
     assert "[a](a/report.md): 2 runs (2 finished), baseline vanilla" in text
     assert "[a-cap](a-cap/report.md): 2 runs (2 finished), baseline divopd-k2" in text
     assert "- a: no finished vanilla run with an experience log yet" in text
+    assert "[settings](settings/report.md)" not in text  # one setting has runs: no cross-setting report
+    _fake_run(out / "b" / "vanilla" / "seed0", "b", "vanilla", 0, [0.0, 0.4, 0.4], finished=True)
+    _fake_run(out / "b" / "divopd-base" / "seed0", "b", "divopd-base", 0, [0.0, 0.2, 0.5], finished=True)
+    text = bench.write_reports(runs, plan, out).read_text()
+    assert "[settings](settings/report.md)" in text
+    both = json.loads((out / "report" / "settings" / "report.json").read_text())
+    assert set(both["settings"]) == {"a", "b"}
+    assert "Geometric-mean speedups across settings" in (out / "report" / "settings" / "report.md").read_text()
     best, means = bench.measured_best_cap(bench._group_runs(runs, out)["a-cap"])
     assert best == 4 and means == {2: 30.0, 4: 60.0}

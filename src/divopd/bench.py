@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PLAN = REPO / "benchmarks" / "paper" / "plan.yaml"
 CONFIGS = REPO / "configs" / "tiny"
+COMBINED_REPORTS = ("settings", "load")  # <out>/report/<name>/: every main run together, the load sweep together
 
 __all__ = ["Plan", "PlannedRun", "PlanError", "add_arguments", "load_plan", "plan_runs", "run", "run_state",
            "select_runs"]
@@ -142,6 +143,8 @@ class Plan(_Strict):
                 raise ValueError(f"{what} must be distinct and >= 0, got {seeds}")
         for name in self.settings:
             _check_name(name, "setting")
+            if name in COMBINED_REPORTS:
+                raise ValueError(f"setting {name!r}: the name is taken by a combined report {COMBINED_REPORTS}")
         labels = [m.name for m in self.methods]
         dup = sorted({x for x in labels if labels.count(x) > 1})
         if dup:
@@ -398,6 +401,13 @@ def write_reports(runs: list[PlannedRun], plan: Plan, out: Path) -> Path:
         write_report([loaded for _, loaded in pairs], report_dir / group, baseline=baseline)
         done = sum(loaded.finished for _, loaded in pairs)
         index.append(f"- [{group}]({group}/report.md): {len(pairs)} runs ({done} finished), baseline {baseline}")
+    for kind, name, what in (("main", "settings", "every setting's main runs together: geometric means across them"),
+                             ("load", "load", "the load sweep together: one setting per producer load (Table 2)")):
+        pairs = [(r, loaded) for g in groups.values() for r, loaded in g if r.kind == kind]
+        if len({r.group for r, _ in pairs}) > 1:
+            baseline = "vanilla" if any(r.label == "vanilla" for r, _ in pairs) else pairs[0][0].label
+            write_report([loaded for _, loaded in pairs], report_dir / name, baseline=baseline)
+            index.append(f"- [{name}]({name}/report.md): {what}")
     if not groups:
         index.append("No run has started yet.")
     index += ["", "## Choosing k: `divopd tune-cap` pick vs the measured best k", ""]
