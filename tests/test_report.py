@@ -297,3 +297,10 @@ def test_unfinished_run_limiting_budget_is_noted_and_seeds_sort_numerically(tmp_
     assert s["budget"] == 10
     assert [sd["seed"] for sd in s["methods"]["vanilla"]["seeds"]] == [2, 10]
     assert any("U=10 is set by unfinished run(s)" in n and "s-vanilla-2" in n for n in rep["notes"])
+
+
+def test_settings_are_ordered_with_numbers_as_numbers(tmp_path):
+    for n in (16, 4, 8):
+        make_run(tmp_path, f"load-num_envs{n}", "vanilla", 0, [0, 10], 10, 100, 1.0)
+    rep = build_report([load_run(d) for d in sorted(tmp_path.iterdir())])
+    assert list(rep["settings"]) == ["load-num_envs4", "load-num_envs8", "load-num_envs16"]

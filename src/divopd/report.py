@@ -306,6 +306,11 @@ def _agg(seeds: list[dict[str, Any]], key: str) -> dict[str, Any]:
     return {"mean": _mean(vals), "std": _sd(vals), "n": len(vals)}
 
 
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders digit runs as numbers: ``load-num_envs4`` before ``load-num_envs16``."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name))
+
+
 def build_report(
     runs: Sequence[Run],
     *,
@@ -325,7 +330,7 @@ def build_report(
     if unknown:
         raise ReportError(f"--target names unknown setting(s) {sorted(unknown)}; settings: {sorted(by_setting)}")
     settings: dict[str, Any] = {}
-    for setting in sorted(by_setting):
+    for setting in sorted(by_setting, key=natural_key):
         methods = by_setting[setting]
         for method, rs in methods.items():
             seeds = [str(r.seed) for r in rs]
