@@ -246,9 +246,15 @@ def plan_runs(plan: Plan) -> list[PlannedRun]:
                 runs.append(r)
                 main[(setting, m.name, seed)] = r
 
+    main_values: dict[tuple[str, str, str], Any] = {}  # (setting, label, key) -> the main runs' value (seed-free)
+
     def same(setting: str, label: str, seed: int, key: str, value: Any) -> PlannedRun | None:
         r = main.get((setting, label, seed))
-        return r if r is not None and config_value(r.method, r.overrides, key) == value else None
+        if r is None:
+            return None
+        if (setting, label, key) not in main_values:
+            main_values[(setting, label, key)] = config_value(r.method, r.overrides, key)
+        return r if main_values[(setting, label, key)] == value else None
 
     load = plan.sweeps.load
     if load is not None:
@@ -265,11 +271,11 @@ def plan_runs(plan: Plan) -> list[PlannedRun]:
     cap = plan.sweeps.cap
     if cap is not None:
         s = plan.settings[cap.setting]
+        row = by_label.get(cap.method)
+        plain_row = row is not None and row.method == cap.method and not row.overrides  # a main run to share
         for k in cap.values:
             for seed in cap.seeds or plan.seeds:
-                row = by_label.get(cap.method)
-                twin = same(cap.setting, cap.method, seed, "sampler.cap", k) if row and row.method == cap.method \
-                    and not row.overrides else None
+                twin = same(cap.setting, cap.method, seed, "sampler.cap", k) if plain_row else None
                 runs.append(PlannedRun("cap", cap.setting, f"{cap.setting}-cap", f"{cap.method}-k{k}", cap.method,
                                        seed, _as_overrides(s.overrides) + (f"sampler.cap={k}",), twin))
     return runs
