@@ -13,12 +13,12 @@ from test_replay import EXPECTED, HAND_CONFIG, HAND_LOG
 KEYS = ("valid_rollouts", "unused_fraction", "effective_rollouts_mean", "max_rollout_share_mean")
 
 
-def fake_run(run_dir, method: str, log: bool = True):
+def fake_run(run_dir, method: str, log: bool = True, extra: tuple[str, ...] = ()):
     run_dir.mkdir(parents=True)
     c = HAND_CONFIG
     cfg = load_config(CONFIGS / f"{method}.yaml", [
         f"sampler.batch_size={c['batch_size']}", f"sampler.pool_factor={c['pool_factor']}", f"sampler.cap={c['cap']}",
-        f"sampler.max_staleness={c['max_staleness']}", f"updates={c['updates']}", f"seed={c['seed']}"])
+        f"sampler.max_staleness={c['max_staleness']}", f"updates={c['updates']}", f"seed={c['seed']}", *extra])
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     if log:
         write_log(run_dir / "experience", [(t, i, u) for i, (t, u) in enumerate(HAND_LOG)])
@@ -33,6 +33,17 @@ def test_own_rule_and_shared_buffers_match_the_hand_worked_replay(tmp_path) -> N
     assert cov["shared"]["vanilla"] == pytest.approx({k: EXPECTED["vanilla"][k] for k in KEYS})
     assert cov["shared"]["divopd"] == cov["own"]
     assert run_coverage(fake_run(tmp_path / "nolog", "vanilla", log=False)) is None
+
+
+def test_a_token_cap_run_gets_its_own_replay_and_the_shared_table_stays_in_turns(tmp_path) -> None:
+    from divopd.replay import ReplayConfig, replay
+
+    run_dir = fake_run(tmp_path / "t", "divopd", extra=('sampler.cap_unit="tokens"',))
+    cov = run_coverage(run_dir)
+    assert cov["rule"] == "divopd" and cov["cap_unit"] == "tokens"
+    tokens = replay(run_dir / "experience", ReplayConfig(methods=("divopd",), cap_unit="tokens", **HAND_CONFIG))
+    assert cov["own"] == {k: tokens["methods"]["divopd"][k] for k in KEYS}
+    assert cov["shared"]["divopd"] == pytest.approx({k: EXPECTED["divopd"][k] for k in KEYS})
 
 
 def test_markdown_tables_aggregate_over_seeds_and_logs(tmp_path) -> None:

@@ -37,8 +37,11 @@ def run_coverage(run_dir: str | Path) -> dict[str, Any] | None:
     common = dict(batch_size=s.batch_size, pool_factor=s.pool_factor, cap=s.cap, max_staleness=s.max_staleness,
                   max_pending=s.max_pending, updates=cfg.updates, seed=cfg.seed)
     own_rule = sampler_method_for(cfg.method)
-    own = replay(log, ReplayConfig(methods=(own_rule,), cap_unit=s.cap_unit, **common))["methods"][own_rule]
-    shared = replay(log, ReplayConfig(methods=PAPER_RULES, **common))["methods"]
+    # One pass over the log serves both tables when the run's cap counts turns; a token cap needs its own replay.
+    rules = PAPER_RULES + (() if own_rule in PAPER_RULES else (own_rule,))
+    shared = replay(log, ReplayConfig(methods=rules, **common))["methods"]
+    own = shared[own_rule] if s.cap_unit == "turns" else \
+        replay(log, ReplayConfig(methods=(own_rule,), cap_unit=s.cap_unit, **common))["methods"][own_rule]
     return {"rule": own_rule, "cap_unit": s.cap_unit, "own": {k: own[k] for k in _KEYS},
             "shared": {m: {k: shared[m][k] for k in _KEYS} for m in PAPER_RULES}}
 
