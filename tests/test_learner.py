@@ -234,8 +234,12 @@ def test_sft_clones_a_fixed_mapping(tok):
                                          add_generation_prompt=True, tokenize=True, return_dict=False)
         response = tok(f"{words[i + 1]} {words[i + 2]}", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         examples.append((prompt, response))
-    out = train_sft(model, tok, examples, epochs=120, lr=3e-2, batch_size=6, seed=0)
-    assert out["steps"] == 120 and out["final_loss"] < 0.15 and out["epoch_losses"][0] > 1.0
+    # lr 3e-3 converges on every model seed and thread count tried (12 seeds × 1/2 threads: final loss 0.0018-0.0019
+    # from ~3.3); the old lr 3e-2 was chaotic (final 1e-4 to 0.8 by seed, and by CPU model). The assertions are the
+    # guarantees of fitting six examples: the loss falls by two orders of magnitude and greedy decoding reproduces them.
+    out = train_sft(model, tok, examples, epochs=150, lr=3e-3, batch_size=6, seed=0)
+    assert out["steps"] == 150 and out["epoch_losses"][0] > 1.0
+    assert out["final_loss"] < out["epoch_losses"][0] / 100
     for prompt, response in examples:
         with torch.no_grad():
             gen = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),

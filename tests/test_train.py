@@ -195,14 +195,14 @@ def test_kill_and_resume(tiny_models: dict[str, str], tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "divopd", "train", str(cfg_path), "--no-progress"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # generous: the verdict must not depend on machine load
         while time.monotonic() < deadline:
             ckpts = list((run_dir / "checkpoints").glob("update-*")) if (run_dir / "checkpoints").is_dir() else []
             if any(int(p.name.split("-")[1]) >= 4 for p in ckpts):
                 break
             time.sleep(0.2)
         else:
-            pytest.fail("no checkpoint within 120 s")
+            pytest.fail("no checkpoint within 600 s")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -260,13 +260,14 @@ def test_ctrl_c_checkpoints_and_exits(tiny_models: dict[str, str], tmp_path: Pat
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "divopd", "train", str(cfg_path), "--no-progress"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (
-        (run_dir / "metrics.jsonl").is_file() and '"update"' in (run_dir / "metrics.jsonl").read_text()
-    ):
+    deadline = time.monotonic() + 600  # generous: the verdict must not depend on machine load
+    while not ((run_dir / "metrics.jsonl").is_file() and '"update"' in (run_dir / "metrics.jsonl").read_text()):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            pytest.fail(f"no update written (exit code {proc.poll()})")
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130
+    assert proc.wait(timeout=600) == 130
     ckpts = sorted((run_dir / "checkpoints").glob("update-*"))
     assert ckpts, "Ctrl-C must leave a checkpoint"
     version = int(ckpts[-1].name.split("-")[1])

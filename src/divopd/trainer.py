@@ -38,10 +38,11 @@ from divopd.experience_log import (
     set_aside_unreadable_parts,
     truncate_log,
 )
+from divopd.interrupt import fault_point
 from divopd.learner import Learner
 from divopd.metrics import MetricsWriter, final_five, peak_sr
 from divopd.models import load_model
-from divopd.sampling import Sampler, make_sampler
+from divopd.sampling import Batch, Sampler, make_sampler
 
 __all__ = ["Trainer", "open_run", "RunState"]
 
@@ -103,15 +104,30 @@ class Trainer:
         return n
 
     # ------------------------------------------------------------------ 2. one update
-    def step(self) -> dict[str, float] | None:
-        """One learner update if the sampler can compose a batch now, else ``None``."""
-        batch = self.sampler.next_batch(self.learner.version)
-        if batch is None:
-            return None
+    def compose(self) -> Batch | None:
+        """Algorithm 1, steps 1-9: the batch at the current learner version, or ``None`` (not enough turns)."""
+        fault_point("compose")
+        return self.sampler.next_batch(self.learner.version)
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on ``batch``; writes and returns the update's metrics."""
+        fault_point("update")
         diag = self._diagnostics(batch)
         metrics = self.learner.step(batch)
         metrics.update(diag)
-        metrics.update({f"sampler/{k}": float(v) for k, v in batch.stats.items()})
+        metrics.update(self.update_metrics(batch))
+        self._arrived_since_update = 0
+        self.metrics.update(self.learner.version, metrics, time=self.elapsed())
+        return metrics
+
+    def step(self) -> dict[str, float] | None:
+        """:meth:`compose` then :meth:`update` when a batch is ready; ``None`` otherwise."""
+        batch = self.compose()
+        return None if batch is None else self.update(batch)
+
+    def update_metrics(self, batch: Batch) -> dict[str, float]:
+        """The sampler's, ledger's, queue's and explorers' metrics of one update (``sampler/``, ``ledger/``, ...)."""
+        metrics = {f"sampler/{k}": float(v) for k, v in batch.stats.items()}
         ledger = self.sampler.ledger
         metrics.update({f"ledger/{k}": float(v) for k, v in ledger.items() if not isinstance(v, dict)})
         for reason, count in ledger["invalid_by_reason"].items():
@@ -124,8 +140,6 @@ class Trainer:
         metrics["explorer/turns"] = float(self.state.turns)
         metrics["explorer/success_rate_train"] = self.state.successes / max(1, self.state.rollouts)
         metrics["explorer/teacher_turns"] = float(self.state.teacher_turns)
-        self._arrived_since_update = 0
-        self.metrics.update(self.learner.version, metrics, time=self.elapsed())
         return metrics
 
     def after_update(self, metrics: dict[str, float], request_eval: Any, progress: Any = None) -> None:
@@ -173,8 +187,7 @@ class Trainer:
         self.state.elapsed_s = self.elapsed()
         extra = {"sampler": self.sampler.state_dict(), "run": self.state.__dict__}
         path = self.run_dir / CHECKPOINTS / f"update-{self.learner.version:06d}"
-        if path.exists():
-            shutil.rmtree(path)
+        fault_point("checkpoint")
         self.learner.save_checkpoint(path, extra_state=extra)
         kept = sorted(p for p in (self.run_dir / CHECKPOINTS).iterdir() if p.name.startswith("update-"))
         for old in kept[: -self.cfg.checkpoint.keep]:
@@ -215,8 +228,9 @@ class Trainer:
             "final_five_sr_std": five[1] if five else None,
         }
 
-    def close(self) -> dict[str, Any]:
-        summary = self.summary()
+    def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write ``summary.json`` (the summary plus ``extra``, e.g. ``interrupted``) and close the run's files."""
+        summary = {**self.summary(), **(extra or {})}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
         if self.log_writer is not None:
             self.log_writer.close()
@@ -247,6 +261,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
 
     sampler = make_sampler(cfg.sampler_config())
     state = RunState()
+    fault_point("load")
     if ckpt is not None:
         learner, extra = Learner.from_checkpoint(ckpt, cfg.learner)
         sampler.load_state_dict(extra["sampler"])

@@ -16,18 +16,21 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any
 
 import ray
 import torch
 from ray.exceptions import RayActorError, RayTaskError
 
+from divopd.checkpoint import WeightHandle
 from divopd.config import TrainConfig
+from divopd.explorer import Rollout
+from divopd.interrupt import StopRequest
 from divopd.runtime.common import build_explorer, load_teacher, step_limit
+from divopd.runtime.loop import EvalResult, run_loop
 from divopd.trainer import Trainer
 
-__all__ = ["run_ray", "ExplorerActor"]
+__all__ = ["RayRuntime", "run_ray", "ExplorerActor"]
 
 log = logging.getLogger(__name__)
 
@@ -71,96 +74,98 @@ def _init_ray(cfg: TrainConfig) -> bool:
     return True
 
 
-def run_ray(trainer: Trainer, progress: Any = None) -> dict[str, Any]:
-    """Run training with explorer actors; the learner stays in this (driver) process."""
-    cfg = trainer.cfg
-    started = _init_ray(cfg)
-    session = trainer.state.sessions
-    cfg_data = cfg.model_dump(mode="json")
-    actor_cls = ray.remote(ExplorerActor)
-    weights_ref = ray.put(trainer.publish())
-    weights_version = trainer.version
+class RayRuntime:
+    """The :class:`~divopd.runtime.loop.Runtime` of explorer actors (``runtime.kind: ray``); the learner stays here."""
 
-    def new_explorer(i: int) -> Any:
-        return actor_cls.options(num_cpus=cfg.runtime.explorer_cpus, num_gpus=cfg.runtime.explorer_gpus,
-                                 max_restarts=cfg.runtime.max_explorer_restarts, max_task_retries=0,
-                                 name=None).remote(cfg_data, i, session, weights_ref, True)
+    def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
+        self.cfg = cfg
+        self._started = _init_ray(cfg)
+        self._cfg_data = cfg.model_dump(mode="json")
+        self._session = session
+        self._actor_cls = ray.remote(ExplorerActor)
+        self._weights_ref = ray.put(weights)
+        self._weights_version = weights.version
+        self._explorers = [self._new_explorer(i) for i in range(cfg.runtime.num_explorers)]
+        self._evaluator = self._actor_cls.options(num_cpus=0).remote(self._cfg_data, 999, session,
+                                                                     self._weights_ref, False)
+        self._inflight: dict[Any, int] = {e.collect.remote(1, self._weights_ref): i
+                                          for i, e in enumerate(self._explorers)}
+        self._evals: dict[Any, tuple[int, dict[str, float]]] = {}
+        self._failures = [0] * len(self._explorers)
 
-    explorers = [new_explorer(i) for i in range(cfg.runtime.num_explorers)]
-    evaluator = actor_cls.options(num_cpus=0).remote(cfg_data, 999, session, weights_ref, False)
-    inflight: dict[Any, int] = {e.collect.remote(1, weights_ref): i for i, e in enumerate(explorers)}
-    evals: dict[Any, tuple[int, dict[str, float]]] = {}
-    evaluated = {int(e["update"]) for e in trainer.state.eval_history}
-    failures = [0] * len(explorers)
+    def _new_explorer(self, i: int) -> Any:
+        rt = self.cfg.runtime
+        return self._actor_cls.options(num_cpus=rt.explorer_cpus, num_gpus=rt.explorer_gpus,
+                                       max_restarts=rt.max_explorer_restarts, max_task_retries=0,
+                                       name=None).remote(self._cfg_data, i, self._session, self._weights_ref, True)
 
-    def request_eval() -> None:
-        if trainer.version not in evaluated:
-            evaluated.add(trainer.version)
-            evals[evaluator.evaluate.remote(weights_ref, cfg.eval.tasks)] = (trainer.version,
-                                                                             trainer.snapshot_counters())
-
-    def collect_evals(timeout: float = 0) -> None:
-        if not evals:
-            return
-        ready, _ = ray.wait(list(evals), num_returns=len(evals), timeout=timeout)
-        for ref in ready:
-            update, counters = evals.pop(ref)
-            results = ray.get(ref)
-            trainer.record_eval(update, counters, results)
-            if progress is not None:
-                progress.on_eval(update, results)
-
-    def poll(timeout: float) -> None:
-        ready, _ = ray.wait(list(inflight), num_returns=1, timeout=timeout)
-        if ready:  # take everything else that is already done too
-            more, _ = ray.wait([r for r in inflight if r not in ready], num_returns=len(inflight) - 1, timeout=0) \
-                if len(inflight) > 1 else ([], None)
+    def poll(self, timeout: float) -> list[Rollout]:
+        if not self._inflight:
+            return []
+        refs = list(self._inflight)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready and len(refs) > 1:  # take everything else that is already done too
+            more, _ = ray.wait([r for r in refs if r not in ready], num_returns=len(refs) - 1, timeout=0)
             ready = ready + more
+        out: list[Rollout] = []
         for ref in ready:
-            i = inflight.pop(ref)
+            i = self._inflight.pop(ref)
             try:
-                trainer.intake(ray.get(ref))
+                out.extend(ray.get(ref))
             except (RayActorError, RayTaskError) as exc:
-                failures[i] += 1
-                log.error("explorer actor %d failed (%d so far): %s", i, failures[i], exc)
-                if failures[i] > cfg.runtime.max_explorer_restarts:
+                self._failures[i] += 1
+                log.error("explorer actor %d failed (%d so far): %s", i, self._failures[i], exc)
+                if self._failures[i] > self.cfg.runtime.max_explorer_restarts:
                     continue  # this explorer is given up; the others go on
-            inflight[explorers[i].collect.remote(1, weights_ref)] = i
+            self._inflight[self._explorers[i].collect.remote(1, self._weights_ref)] = i
+        return out
 
-    if cfg.eval.at_start and trainer.version == 0:
-        request_eval()
-    deadline = None if cfg.max_seconds is None else time.monotonic() + cfg.max_seconds
-    interrupted = False
-    try:
-        while trainer.version < cfg.updates:
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            if not inflight:
-                raise RuntimeError("every explorer actor has failed; see the log above")
-            poll(timeout=0)
-            metrics = trainer.step()
-            collect_evals()
-            if metrics is None:
-                poll(timeout=0.5)
-                continue
-            if trainer.version - weights_version >= 1:
-                weights_ref = ray.put(trainer.publish())
-                weights_version = trainer.version
-            trainer.after_update(metrics, request_eval, progress)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        if not interrupted:
-            request_eval()
-            collect_evals(timeout=600)
-        for ref in list(inflight):
+    def check_alive(self) -> None:
+        if not self._inflight:
+            raise RuntimeError("every explorer actor has failed; see the log above")
+
+    def publish(self, handle: WeightHandle) -> None:
+        if handle.version > self._weights_version:  # one object per version, shared by every actor
+            self._weights_ref = ray.put(handle)
+            self._weights_version = handle.version
+
+    def request_eval(self, update: int, handle: WeightHandle, counters: dict[str, float]) -> None:
+        ref = self._weights_ref if handle.version == self._weights_version else ray.put(handle)
+        self._evals[self._evaluator.evaluate.remote(ref, self.cfg.eval.tasks)] = (update, counters)
+
+    def eval_results(self, timeout: float) -> list[EvalResult]:
+        if not self._evals:
+            return []
+        ready, _ = ray.wait(list(self._evals), num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = ray.wait(list(self._evals), num_returns=len(self._evals), timeout=0)
+        out = []
+        for ref in ready:
+            update, counters = self._evals.pop(ref)
+            out.append(EvalResult(update, counters, ray.get(ref)))
+        return out
+
+    def evals_pending(self) -> bool:
+        return bool(self._evals)
+
+    def shutdown(self, interrupted: bool) -> list[Rollout]:
+        for ref in list(self._inflight):
             ray.cancel(ref, force=True)
-        for actor in [*explorers, evaluator]:
+        self._inflight.clear()
+        for actor in self._explorers:
             ray.kill(actor, no_restart=True)
-        trainer.checkpoint()
-        if started:
+        return []
+
+    def close(self, interrupted: bool) -> dict[str, Any]:
+        ray.kill(self._evaluator, no_restart=True)
+        self._evals.clear()
+        if self._started:
             ray.shutdown()
-    summary = trainer.close()
-    summary["interrupted"] = interrupted
-    summary["explorer_failures"] = sum(failures)
-    return summary
+        return {"explorer_failures": sum(self._failures)}
+
+
+def run_ray(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
+    """Run training with explorer actors; the learner stays in this (driver) process."""
+    weights = trainer.publish()
+    runtime = RayRuntime(trainer.cfg, weights, trainer.state.sessions)
+    return run_loop(trainer, runtime, weights=weights, stop=stop, progress=progress)

@@ -1,14 +1,13 @@
-"""Embedded runtime: explorer threads and an evaluator thread feed the learner on the main thread.
+"""Threads runtime: explorer threads and an evaluator thread feed the one loop running on the main thread.
 
-    explorer threads ──(bounded queue of finished rollouts: backpressure)──► main thread: Trainer
-          ▲                                                                    │ intake → step → publish
+    explorer threads ──(bounded queue of finished rollouts: backpressure)──► main thread: run_loop
+          ▲                                                                    │ intake → compose → update → publish
           └──────────────────────── newest WeightHandle ◄──────────────────────┘
     evaluator thread ◄── (update, snapshot) requests;  results ──► main thread writes them
 
-Shutdown order: (1) the main loop stops at ``updates``/``max_seconds``/Ctrl-C; (2) the stop event is set and explorer
-threads finish the rollout in hand (a full queue is not waited on) and every finished rollout still in the queue is
-taken into the sampler, so the final ledger counts it as queued; (3) pending evaluations finish (skipped on
-Ctrl-C) and the final snapshot is evaluated; (4) the trainer checkpoints and writes ``summary.json``.
+:class:`ThreadsRuntime` is only the adapter (see :mod:`divopd.runtime.loop` for the loop and its shutdown order). On
+shutdown the stop event is set, explorer threads finish the rollout in hand (a full queue is not waited on), and every
+finished rollout still in the queue is handed back to the loop.
 
 Threads rather than processes: torch releases the GIL inside its kernels, the weights are shared in memory without
 copies, and a single process is what `make demo` needs; see the README's measurement of the alternatives.
@@ -19,17 +18,20 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 import traceback
 from typing import Any
 
 import torch
 
+from divopd.checkpoint import WeightHandle
 from divopd.config import TrainConfig
+from divopd.explorer import Rollout
+from divopd.interrupt import StopRequest, fault_point
 from divopd.runtime.common import LatestWeights, build_explorer, load_teacher, step_limit
+from divopd.runtime.loop import EvalResult, run_loop
 from divopd.trainer import Trainer
 
-__all__ = ["run_embedded"]
+__all__ = ["ThreadsRuntime", "run_embedded"]
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +83,12 @@ class ExplorerWorker(threading.Thread):
 class EvalWorker(threading.Thread):
     """Evaluates weight snapshots on held-out tasks, in request order, with its own student copy (no teacher)."""
 
-    def __init__(self, cfg: TrainConfig, session: int, weights: LatestWeights, stop: threading.Event) -> None:
+    def __init__(self, cfg: TrainConfig, session: int, weights: LatestWeights, abort: threading.Event) -> None:
         super().__init__(name="evaluator", daemon=True)
-        self.cfg, self.session, self.weights, self.stop_event = cfg, session, weights, stop
+        self.cfg, self.session, self.weights, self.abort = cfg, session, weights, abort
         self.requests: queue.Queue = queue.Queue()
         self.results: queue.Queue = queue.Queue()
         self.error: str | None = None
-
-    def request(self, update: int, handle: Any, counters: dict[str, float]) -> None:
-        self.requests.put((update, handle, counters))
 
     def run(self) -> None:
         explorer = None
@@ -97,12 +96,13 @@ class EvalWorker(threading.Thread):
             explorer = build_explorer(self.cfg, 999, self.session, self.weights.get(), None, evaluation=True)
             while True:
                 item = self.requests.get()
-                if item is None or self.stop_event.is_set():
+                if item is None or self.abort.is_set():
                     return
                 update, handle, counters = item
                 explorer.set_weights(handle)
+                fault_point("eval")
                 results = explorer.evaluate(num_tasks=self.cfg.eval.tasks)
-                self.results.put((update, counters, results))
+                self.results.put(EvalResult(update, counters, results))
         except Exception:  # noqa: BLE001
             self.error = traceback.format_exc()
             log.error("evaluator failed:\n%s", self.error)
@@ -120,87 +120,72 @@ def _drain(q: queue.Queue, first: Any = None) -> list[Any]:
             return items
 
 
-def run_embedded(trainer: Trainer, progress: Any = None) -> dict[str, Any]:
-    """Run training to ``cfg.updates`` (or ``max_seconds`` / Ctrl-C). Returns the run summary."""
-    cfg = trainer.cfg
-    torch.set_num_threads(cfg.runtime.torch_threads)
-    session = trainer.state.sessions
-    stop = threading.Event()
-    rollouts: queue.Queue = queue.Queue(maxsize=cfg.runtime.queue_rollouts)
-    weights = LatestWeights(trainer.publish())
-    teacher, _ = load_teacher(cfg)
-    workers = [ExplorerWorker(cfg, i, session, weights, teacher, rollouts, stop, cfg.runtime.max_explorer_restarts)
-               for i in range(cfg.runtime.num_explorers)]
-    abort = threading.Event()  # set on Ctrl-C: pending evaluations are skipped
-    evaluator = EvalWorker(cfg, session, weights, abort)
-    evaluated: set[int] = {int(e["update"]) for e in trainer.state.eval_history}
-    outstanding = 0
-
-    def request_eval() -> None:
-        nonlocal outstanding
-        if trainer.version not in evaluated:
-            evaluated.add(trainer.version)
-            evaluator.request(trainer.version, weights.get(), trainer.snapshot_counters())
-            outstanding += 1
-
-    def collect_evals(block: bool = False) -> None:
-        nonlocal outstanding
-        while outstanding:
-            try:
-                update, counters, results = evaluator.results.get(timeout=1.0) if block else \
-                    evaluator.results.get_nowait()
-            except queue.Empty:
-                if block and evaluator.is_alive():
-                    continue
-                return
-            trainer.record_eval(update, counters, results)
-            outstanding -= 1
-            if progress is not None:
-                progress.on_eval(update, results)
-
-    for w in workers:
-        w.start()
-    evaluator.start()
-    if cfg.eval.at_start and trainer.version == 0:
-        request_eval()
-    deadline = None if cfg.max_seconds is None else time.monotonic() + cfg.max_seconds
-    interrupted = False
+def _take(q: queue.Queue, timeout: float) -> list[Any]:
+    """Everything in ``q``, waiting up to ``timeout`` seconds for the first item."""
+    if timeout <= 0:
+        return _drain(q)
     try:
-        while trainer.version < cfg.updates:
-            if deadline is not None and time.monotonic() > deadline:
-                log.info("max_seconds reached at update %d", trainer.version)
-                break
-            trainer.intake(_drain(rollouts))
-            metrics = trainer.step()
-            collect_evals()
-            if metrics is None:
-                if not any(w.is_alive() for w in workers):
-                    raise RuntimeError("every explorer has stopped; last error:\n"
-                                       + next((w.error for w in workers if w.error), "none"))
-                try:
-                    trainer.intake(_drain(rollouts, rollouts.get(timeout=0.5)))
-                except queue.Empty:
-                    pass
-                continue
-            weights.set(trainer.publish())
-            trainer.after_update(metrics, request_eval, progress)
-    except KeyboardInterrupt:
-        interrupted = True
-        abort.set()
-        log.warning("interrupted at update %d: checkpointing", trainer.version)
-    finally:
-        stop.set()
-        for w in workers:
+        return _drain(q, q.get(timeout=timeout))
+    except queue.Empty:
+        return []
+
+
+class ThreadsRuntime:
+    """The :class:`~divopd.runtime.loop.Runtime` of explorer threads in this process (``runtime.kind: threads``)."""
+
+    def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
+        self.cfg = cfg
+        self._stop = threading.Event()
+        self._abort = threading.Event()  # set on Ctrl-C: pending evaluations are skipped
+        self._rollouts: queue.Queue = queue.Queue(maxsize=cfg.runtime.queue_rollouts)
+        self._weights = LatestWeights(weights)
+        teacher, _ = load_teacher(cfg)
+        self._workers = [ExplorerWorker(cfg, i, session, self._weights, teacher, self._rollouts, self._stop,
+                                        cfg.runtime.max_explorer_restarts) for i in range(cfg.runtime.num_explorers)]
+        self._evaluator = EvalWorker(cfg, session, self._weights, self._abort)
+        for w in self._workers:
+            w.start()
+        self._evaluator.start()
+
+    def poll(self, timeout: float) -> list[Rollout]:
+        return _take(self._rollouts, timeout)
+
+    def check_alive(self) -> None:
+        if not any(w.is_alive() for w in self._workers):
+            raise RuntimeError("every explorer has stopped; last error:\n"
+                               + next((w.error for w in self._workers if w.error), "none"))
+
+    def publish(self, handle: WeightHandle) -> None:
+        self._weights.set(handle)
+
+    def request_eval(self, update: int, handle: WeightHandle, counters: dict[str, float]) -> None:
+        self._evaluator.requests.put((update, handle, counters))
+
+    def eval_results(self, timeout: float) -> list[EvalResult]:
+        return _take(self._evaluator.results, timeout)
+
+    def evals_pending(self) -> bool:
+        return self._evaluator.is_alive() or not self._evaluator.results.empty()
+
+    def shutdown(self, interrupted: bool) -> list[Rollout]:
+        if interrupted:
+            self._abort.set()
+        self._stop.set()
+        for w in self._workers:
             w.join(timeout=60)
-        trainer.intake(_drain(rollouts))  # finished rollouts still in the queue enter the ledger (as queued)
-        if not interrupted:
-            request_eval()  # the final snapshot
-            collect_evals(block=True)
-        evaluator.requests.put(None)
-        evaluator.join(timeout=5 if interrupted else 600)
-        collect_evals()
-        trainer.checkpoint()
-    summary = trainer.close()
-    summary["interrupted"] = interrupted
-    summary["explorer_restarts"] = sum(w.restarts for w in workers)
-    return summary
+        return _drain(self._rollouts)
+
+    def close(self, interrupted: bool) -> dict[str, Any]:
+        if interrupted:
+            self._abort.set()
+        self._evaluator.requests.put(None)
+        self._evaluator.join(timeout=5 if interrupted else 600)
+        return {"explorer_restarts": sum(w.restarts for w in self._workers)}
+
+
+def run_embedded(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
+    """Run training with explorer threads to ``cfg.updates`` (or ``max_seconds`` / Ctrl-C); returns the summary."""
+    torch.set_num_threads(trainer.cfg.runtime.torch_threads)
+    weights = trainer.publish()
+    runtime = ThreadsRuntime(trainer.cfg, weights, trainer.state.sessions)
+    return run_loop(trainer, runtime, weights=weights, stop=stop, progress=progress)

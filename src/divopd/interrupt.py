@@ -1,0 +1,95 @@
+"""Ctrl-C and SIGTERM as a stop request that the training loop checks, never an exception at a random bytecode.
+
+Why a flag: Python runs a signal handler between two bytecodes of the main thread. The default SIGINT handler raises
+``KeyboardInterrupt`` there, which can land inside a finalizer (``__del__``, a weakref callback: the exception is
+printed as "ignored" and the run goes on to report success), half-way through an optimizer step, or inside library
+code that catches ``BaseException``. :class:`StopRequest` only records the request; the loop stops at its next
+stage boundary, checkpoints and the command exits with 130. A second Ctrl-C raises ``KeyboardInterrupt`` at once
+(force quit, for a phase that hangs).
+
+:func:`fault_point` is the test hook that makes every phase testable: ``DIVOPD_SIGINT_AT=phase[:n]`` sends this
+process SIGINT the n-th time (default 1) the named phase is reached. Phases: ``load`` (before the models load),
+``start`` (explorers built, before the loop), ``compose``, ``update``, ``publish``, ``eval`` (inside an evaluation),
+``checkpoint`` (inside a checkpoint write).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections import Counter
+from types import FrameType, TracebackType
+
+__all__ = ["StopRequest", "fault_point", "PHASES", "EXIT_INTERRUPTED"]
+
+log = logging.getLogger(__name__)
+
+#: Exit code of a command stopped by SIGINT / SIGTERM (128 + SIGINT, the shell's convention).
+EXIT_INTERRUPTED = 130
+PHASES = ("load", "start", "compose", "update", "publish", "eval", "checkpoint")
+_ENV = "DIVOPD_SIGINT_AT"
+_reached: Counter[str] = Counter()
+_reached_lock = threading.Lock()
+
+
+class StopRequest:
+    """SIGINT / SIGTERM set :attr:`requested`; use as a context manager around a run (restores the old handlers).
+
+    Only the main thread can install handlers; elsewhere the request can still be set with :meth:`set`.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    def set(self, signum: int | None = None) -> None:
+        self.signal = signum
+        self._event.set()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._event.is_set():
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, wherever the run is
+        self.set(signum)
+        log.warning("%s received: stopping at the next stage boundary (checkpoint, then exit %d); "
+                    "press Ctrl-C again to quit at once", signal.Signals(signum).name, EXIT_INTERRUPTED)
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+
+def fault_point(phase: str) -> None:
+    """Test hook: with ``DIVOPD_SIGINT_AT=phase[:n]``, send this process SIGINT the n-th time ``phase`` is reached."""
+    spec = os.environ.get(_ENV)
+    if not spec:
+        return
+    name, _, nth = spec.partition(":")
+    if name != phase:
+        return
+    with _reached_lock:
+        _reached[phase] += 1
+        hit = _reached[phase] == (int(nth) if nth else 1)
+    if hit:
+        log.info("fault point %r: sending SIGINT to this process", phase)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def reset_fault_points() -> None:
+    """Forget how often each phase was reached (tests that run several commands in one process)."""
+    with _reached_lock:
+        _reached.clear()
