@@ -189,6 +189,7 @@ class Explorer:
         self._envs: list[Env] = []
         self._eval_envs: list[Env] = []
         self._rollout_iter: Iterator[Rollout] | None = None
+        self._round_iter: Iterator[tuple[list[_Episode], int]] | None = None
         self._task_rng = random.Random(f"{seed}-{explorer_id}-tasks")
         self._train_tasks: list[str] = []
         self._n_rollouts = 0
@@ -210,6 +211,8 @@ class Explorer:
         There is one stream per explorer (its env instances hold the in-flight rollouts): every call returns it.
         """
         if self._rollout_iter is None:
+            if self._round_iter is not None:
+                raise RuntimeError("Explorer.rollouts: this explorer is driven by step_round (lockstep runtime)")
             self._rollout_iter = self._rollout_stream()
         return self._rollout_iter
 
@@ -287,8 +290,34 @@ class Explorer:
         self.close()
 
     # ------------------------------------------------------------------ the spine
+    def step_round(self) -> tuple[list[Rollout], int]:
+        """One round on the training envs: every instance takes one step (one batched generate per actor).
+
+        Returns the rollouts that ended in this round and the number of env steps taken. The lockstep runtime drives
+        explorers this way; :meth:`collect` / :meth:`rollouts` are the pull-based equivalent (do not mix the two on
+        one explorer: they share the env instances)."""
+        if self._rollout_iter is not None:
+            raise RuntimeError("Explorer.step_round: this explorer already streams rollouts (collect/rollouts)")
+        if self._round_iter is None:
+            self._apply_pending_weights()
+            if not self._envs:
+                self._envs = [self._new_env() for _ in range(self.config.num_envs)]
+            self._round_iter = self._rounds(self._envs, self._train_task_stream(), evaluating=False)
+        ended, steps = next(self._round_iter)
+        rollouts = []
+        for episode in ended:
+            rollouts.append(self._finish_rollout(episode))
+            self._apply_pending_weights()  # the slot's next episode starts with the newest published weights
+        return rollouts, steps
+
     def _run(self, envs: list[Env], tasks: Iterator[str], evaluating: bool) -> Iterator[_Episode]:
         """Play episodes on ``envs`` in lockstep, taking tasks from ``tasks``; yield each episode when it ends."""
+        for ended, _ in self._rounds(envs, tasks, evaluating):
+            yield from ended
+
+    def _rounds(self, envs: list[Env], tasks: Iterator[str],
+                evaluating: bool) -> Iterator[tuple[list[_Episode], int]]:
+        """Step every live env once per round; yield (episodes that ended, env steps taken) after each round."""
         episodes: list[_Episode | None] = [self._start_episode(envs, i, tasks) for i in range(len(envs))]
         while any(e is not None for e in episodes):
             live = [i for i, e in enumerate(episodes) if e is not None]
@@ -297,11 +326,13 @@ class Explorer:
             actions = self._act(episodes, actors, evaluating)
             for i in live:
                 self._step_env(envs, i, episodes[i], actors[i], actions[i])
+            ended = []
             for i in live:
                 episode = episodes[i]
                 if episode.done:
-                    yield episode
+                    ended.append(episode)
                     episodes[i] = self._start_episode(envs, i, tasks)
+            yield ended, len(live)
 
     def _act(self, episodes: list[_Episode | None], actors: dict[int, str], evaluating: bool) -> dict[int, Any]:
         """One batched generate for the student-controlled episodes (and one for the teacher's, under +R)."""
