@@ -225,9 +225,9 @@ def test_bad_configs_and_logs_are_reported(tmp_path, capsys):
     table = pa.Table.from_batches([rows_to_batch(rows)]).drop_columns(["response_len"])
     pq.write_table(table, tmp_path / "bad.parquet")
     assert main(["replay", str(tmp_path / "bad.parquet")]) == 2
-    assert "missing required column(s) 'response_len'" in capsys.readouterr().out
+    assert "missing required column(s) 'response_len'" in capsys.readouterr().err
     assert main(["replay", str(tmp_path / "hand.parquet"), "--methods", "vanilla,bogus"]) == 2
-    assert "unknown method 'bogus'" in capsys.readouterr().out
+    assert "unknown method 'bogus'" in capsys.readouterr().err
 
 
 def test_replay_reads_back_what_was_written(tmp_path):

@@ -143,6 +143,6 @@ def test_cli_prints_the_measured_ratio_and_refuses_to_overwrite(tmp_path, capsys
     text = capsys.readouterr().out
     assert "arrival/drain ratio" in text and "B=128" in text
     assert main(args) == 2
-    assert "exists" in capsys.readouterr().out
+    assert "exists" in capsys.readouterr().err
     assert main([*args, "--force"]) == 0
     assert main([*args[:-2], "--force", "--success-rate", "2"]) == 2

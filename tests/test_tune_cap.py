@@ -143,9 +143,9 @@ def test_cli(log, tmp_path, capsys) -> None:
 )
 def test_cli_errors(log, capsys, extra, message) -> None:
     assert main(["tune-cap", str(log), "--batch-size", "4", *extra]) == 2
-    assert message in capsys.readouterr().out
+    assert message in capsys.readouterr().err
 
 
 def test_missing_log(tmp_path, capsys) -> None:
     assert main(["tune-cap", str(tmp_path / "nope.parquet")]) == 2
-    assert "tune-cap" in capsys.readouterr().out
+    assert "tune-cap" in capsys.readouterr().err

@@ -39,6 +39,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from divopd.errors import UsageError, describe_validation_error, describe_yaml_error
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PLAN = REPO / "benchmarks" / "paper" / "plan.yaml"
 CONFIGS = REPO / "configs" / "tiny"
@@ -48,7 +50,7 @@ __all__ = ["Plan", "PlannedRun", "PlanError", "add_arguments", "load_plan", "pla
            "select_runs"]
 
 
-class PlanError(Exception):
+class PlanError(UsageError):
     """A plan file that cannot be used; the message names the file and what is wrong."""
 
 
@@ -206,15 +208,20 @@ def load_plan(path: str | Path) -> Plan:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise PlanError(f"{path}: no such plan file") from None
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot read the plan file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"{path}: not a YAML text file ({exc.reason})") from None
     except yaml.YAMLError as exc:
-        raise PlanError(f"{path}: not valid YAML: {exc}") from None
+        raise PlanError(f"{path}: not valid YAML: {describe_yaml_error(exc)}") from None
+    if data is None:
+        raise PlanError(f"{path}: empty plan file; a plan is a mapping (out, seeds, settings, methods, sweeps)")
     if not isinstance(data, dict):
         raise PlanError(f"{path}: a plan is a mapping (out, seeds, settings, methods, sweeps)")
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:
-        msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'plan'}: {e['msg']}" for e in exc.errors())
-        raise PlanError(f"{path}: {msgs}") from None
+        raise PlanError(f"{path}: {describe_validation_error(exc)}") from None
 
 
 def config_value(method: str, overrides: tuple[str, ...], key: str) -> Any:
@@ -493,13 +500,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``divopd bench``."""
-    try:
-        plan = load_plan(args.plan)
-        out = Path(args.out or plan.out)
-        runs = select_runs(plan_runs(plan), args.only)
-    except PlanError as exc:
-        print(f"divopd bench: error: {exc}", file=sys.stderr)
-        return 2
+    plan = load_plan(args.plan)  # PlanError: one line, exit 2 (divopd.cli)
+    out = Path(args.out or plan.out)
+    runs = select_runs(plan_runs(plan), args.only)
     if args.dry_run:
         print(dry_run_text(runs, out))
         return 0

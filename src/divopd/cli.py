@@ -1,13 +1,22 @@
 """``divopd`` command line. Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run(args)``.
 
 Modules are imported only when their command runs, so ``divopd replay`` never imports torch.
+
+Input errors (:class:`divopd.errors.UsageError` and its subclasses, pydantic validation errors, YAML syntax errors,
+missing or unreadable input files, bad arguments) are printed as one line, ``divopd <command>: error: <message>``, and
+the command exits 2; ``--debug`` (or ``DIVOPD_DEBUG=1``) shows their traceback instead. Other exceptions are bugs and
+keep their traceback. Third-party loggers (py4j, Ray, transformers, ...) are quiet below WARNING unless ``--verbose``
+(or ``DIVOPD_VERBOSE=1``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
+from typing import NoReturn
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -21,16 +30,76 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("divopd.bench", "run the paper benchmark suite (resumable; --dry-run, --only, --report)"),
 }
 
+#: Loggers of libraries that chat at INFO (py4j's "Callback Server Starting" per TextWorld-Express JVM, Ray's start-up
+#: lines, ...): set to WARNING by :func:`main` unless ``--verbose``. Ray resets its ``ray`` logger to INFO when it is
+#: imported, so its chatty children are named too.
+THIRD_PARTY_LOGGERS: tuple[str, ...] = (
+    "py4j", "ray", "ray._private", "ray.util", "ray.data", "ray.train", "ray.tune", "vllm", "urllib3", "filelock",
+    "fsspec", "httpx", "httpcore", "huggingface_hub", "transformers", "datasets", "torch", "matplotlib", "PIL",
+    "tensorboard", "tensorflow", "h5py", "asyncio", "numexpr", "jieba", "nltk", "gym", "gymnasium", "textworld",
+    "scienceworld", "textworld_express", "alfworld", "pyserini", "faiss", "spacy",
+)
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``divopd train: error: ...; see divopd train --help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        from divopd.errors import one_line
+
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def _add_global_flags(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument("--debug", action="store_true", default=default,
+                        help="show the full traceback of input errors (also DIVOPD_DEBUG=1)")
+    parser.add_argument("--verbose", action="store_true", default=default,
+                        help="keep third-party INFO logs (py4j, Ray, transformers, ...; also DIVOPD_VERBOSE=1)")
+
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(
-        prog="divopd", description="DivOPD: asynchronous on-policy distillation of multi-turn agents")
+    parser = _Parser(prog="divopd", description="DivOPD: asynchronous on-policy distillation of multi-turn agents")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
+    _add_global_flags(parser, False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers = {}
     for name, (_, help_text) in COMMANDS.items():
         subparsers[name] = sub.add_parser(name, help=help_text, description=help_text)
+        _add_global_flags(subparsers[name], argparse.SUPPRESS)  # also accepted after the command
     return parser, subparsers
+
+
+def quiet_third_party_loggers(verbose: bool = False) -> None:
+    """Third-party loggers at WARNING (``verbose``: left as they are, so INFO reaches a root logger at INFO)."""
+    if verbose:
+        return
+    for name in THIRD_PARTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def input_error_message(exc: BaseException) -> str | None:
+    """The one-line message of an input error, or ``None`` when ``exc`` is not one (a bug: keep the traceback)."""
+    from divopd.errors import UsageError, describe_validation_error, describe_yaml_error, one_line
+
+    if isinstance(exc, UsageError):
+        return str(exc)
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(exc, pydantic.ValidationError):
+        return describe_validation_error(exc)
+    yaml = sys.modules.get("yaml")
+    if yaml is not None and isinstance(exc, yaml.YAMLError):
+        return f"YAML syntax error at {describe_yaml_error(exc)}"
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)):
+        if exc.filename is not None and exc.strerror:
+            return one_line(f"{exc.filename}: {exc.strerror}")
+        return one_line(exc)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    return int(args._run(args) or 0)
+    debug = args.debug or _env_flag("DIVOPD_DEBUG")
+    quiet_third_party_loggers(args.verbose or _env_flag("DIVOPD_VERBOSE"))
+    try:
+        return int(args._run(args) or 0)
+    except Exception as exc:
+        message = None if debug else input_error_message(exc)
+        if message is None:
+            raise
+        print(f"divopd {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

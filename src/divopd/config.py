@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from divopd.envs import ENVS, SPLITS
+from divopd.errors import ConfigError, describe_validation_error, describe_yaml_error
 from divopd.explorer import ExplorerConfig
 from divopd.learner import LearnerConfig
 from divopd.sampling import METHODS, SamplerConfig
@@ -124,11 +126,17 @@ class TrainConfig(_Strict):
         rule = sampler_method_for(self.method)
         if rule not in METHODS:
             known = sorted(set(METHODS) | set(METHOD_ROWS))
-            raise ValueError(f"unknown method {self.method!r}; known: {', '.join(known)}")
+            raise ValueError(f"method: unknown method {self.method!r}; known: {', '.join(known)}")
         if self.method == "divopd-r" and not self.explorer.recovery.enabled:
             raise ValueError("method divopd-r needs explorer.recovery.enabled: true")
         if self.method == "tcod-f2b" and not self.tcod.enabled:
             raise ValueError("method tcod-f2b needs tcod.enabled: true")
+        if self.explorer.env not in ENVS:
+            raise ValueError(f"explorer.env: unknown environment {self.explorer.env!r}; known: {', '.join(ENVS)}")
+        for key in ("split", "eval_split"):
+            if getattr(self.explorer, key) not in SPLITS:
+                raise ValueError(f"explorer.{key}: unknown split {getattr(self.explorer, key)!r}; "
+                                 f"expected one of {', '.join(SPLITS)}")
         return self
 
     def sampler_config(self) -> SamplerConfig:
@@ -162,17 +170,32 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    path = path.resolve()
+    shown, path = path, path.resolve()
     if path in seen:
-        raise ValueError(f"config {path}: `base:` cycle through {' -> '.join(str(p) for p in seen)}")
+        raise ConfigError(f"config {path}: `base:` cycle through {' -> '.join(str(p) for p in seen)}")
+    if not path.exists():
+        raise ConfigError(f"{shown}: no such config file")
     if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+        raise ConfigError(f"{shown}: not a config file (a directory)")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{shown}: cannot read the config file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{shown}: not a YAML text file ({exc.reason})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{shown}: YAML syntax error at {describe_yaml_error(exc)}") from exc
+    if data is None:
+        raise ConfigError(f"{shown}: empty config file; expected a mapping (setting, method, student, teacher, ...)")
     if not isinstance(data, dict):
-        raise ValueError(f"config {path}: top level must be a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{shown}: top level must be a mapping of config keys, got {type(data).__name__}")
     base = data.pop("base", None)
     if base is None:
         return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{shown}: base: expected a file name relative to this file, got {base!r}")
     return _deep_merge(_read_yaml(path.parent / base, (*seen, path)), data)
 
 
@@ -181,30 +204,40 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     out = copy.deepcopy(data)
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"--set expects KEY=VALUE (e.g. sampler.cap=6), got {item!r}")
+            raise ConfigError(f"--set expects KEY=VALUE (e.g. sampler.cap=6), got {item!r}")
         key, raw = item.split("=", 1)
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
-            raise ValueError(f"--set: empty key in {item!r}")
+            raise ConfigError(f"--set: empty key in {item!r}")
         node = out
         for p in parts[:-1]:
             if node.get(p) is None:
                 node[p] = {}
             if not isinstance(node[p], dict):
-                raise ValueError(f"--set {key}: {p!r} is not a section")
+                raise ConfigError(f"--set {key}: {p!r} is not a section")
             node = node[p]
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({describe_yaml_error(exc)})") from None
     return out
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None) -> TrainConfig:
-    """Read a YAML config (following ``base:``), apply ``--set`` overrides, validate."""
+    """Read a YAML config (following ``base:``), apply ``--set`` overrides, validate.
+
+    Every problem raises :class:`~divopd.errors.ConfigError` (a ``ValueError``), one line naming the file and the key.
+    """
     raw = _read_yaml(Path(path)) if path is not None else {}
     if data:
         raw = _deep_merge(raw, data)
     raw = apply_overrides(raw, overrides or [])
-    return TrainConfig.model_validate(raw)
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as exc:
+        where = f"{path}: " if path is not None else ""
+        raise ConfigError(f"{where}{describe_validation_error(exc)}") from exc
 
 
 def dump_config(cfg: TrainConfig) -> str:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from divopd.config import load_config
+from divopd.errors import InputFileError, UsageError, check_model_folder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,10 +37,13 @@ def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None
 
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
-        raise FileNotFoundError(f"no checkpoint folder at {checkpoint}")
+        raise InputFileError(f"checkpoint: no checkpoint folder at {checkpoint}")
+    check_model_folder(checkpoint, "checkpoint", what="a checkpoint or model folder")
     config = Path(config) if config else find_config(checkpoint)
     if config is None:
-        raise FileNotFoundError(f"no config.yaml found beside {checkpoint}; pass --config")
+        raise InputFileError(f"no config.yaml found beside {checkpoint}; pass --config")
+    if tasks is not None and tasks < 1:
+        raise UsageError(f"--tasks must be at least 1, got {tasks}")
     over = [f"student.path={checkpoint}"] + list(overrides or [])
     if split:
         over.append(f"explorer.eval_split={split}")
@@ -54,11 +57,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        results = evaluate_checkpoint(args.checkpoint, args.config, args.overrides, args.split, args.tasks)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"divopd eval: {exc}", file=sys.stderr)
-        return 2
+    results = evaluate_checkpoint(args.checkpoint, args.config, args.overrides, args.split, args.tasks)
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

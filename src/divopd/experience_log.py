@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from divopd.errors import UsageError
 from divopd.experience import Turn
 
 __all__ = [
@@ -113,7 +114,7 @@ _TOKEN_ARRAYS = ("action_mask", "student_logprobs", "teacher_logprobs", "teacher
 PART_PATTERN = re.compile(r"^part-(\d+)\.parquet$")
 
 
-class ExperienceLogError(ValueError):
+class ExperienceLogError(UsageError, ValueError):
     """A malformed experience log; the message names the file, the column and, for content, the first bad row."""
 
 

@@ -464,7 +464,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from divopd.experience_log import ExperienceLogError
+    from divopd.errors import UsageError
 
     console = Console(width=None if Console().is_terminal else 160)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -482,9 +482,10 @@ def run(args: argparse.Namespace) -> int:
             cap_unit=args.cap_unit,
         )
         result = replay(args.log, config)
-    except (ExperienceLogError, ValueError) as exc:
-        console.print(f"[red]divopd replay: {exc}[/red]")
-        return 2
+    except ValueError as exc:  # the options, or the log (an ExperienceLogError): one line, exit 2 (divopd.cli)
+        if isinstance(exc, UsageError):
+            raise
+        raise UsageError(str(exc)) from exc
     console.print(render_table(result))
     console.print(
         f"delivered {result['delivered_turns']} turns of {result['delivered_rollouts']} rollouts over "

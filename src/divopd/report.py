@@ -24,7 +24,6 @@ import json
 import math
 import re
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from divopd.errors import UsageError, describe_yaml_error
 from divopd.metrics import (
     EvalPoint,
     cost_to_target,
@@ -71,7 +71,7 @@ COMPOSITION_LABELS = {
 }
 
 
-class ReportError(Exception):
+class ReportError(UsageError):
     """A run directory or metrics file that cannot be read; the message names the file (and line)."""
 
 
@@ -127,7 +127,7 @@ def _load_config(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ReportError(f"{cfg_path}: cannot read ({exc.strerror})") from exc
     except yaml.YAMLError as exc:
-        raise ReportError(f"{cfg_path}: malformed YAML: {exc}") from exc
+        raise ReportError(f"{cfg_path}: malformed YAML: {describe_yaml_error(exc)}") from exc
     if not isinstance(cfg, dict):
         raise ReportError(f"{cfg_path}: expected a mapping at top level, got {type(cfg).__name__}")
     for key in ("method", "setting", "seed"):
@@ -733,23 +733,18 @@ def run(args: argparse.Namespace) -> int:
         else:
             targets[setting] = tau
     if args.budget is not None and args.budget < 0:
-        print("divopd report: error: --budget must be >= 0", file=sys.stderr)
-        return 2
-    try:
-        runs = [load_run(p) for p in find_run_dirs(args.run_dirs)]
-        rep = write_report(
-            runs,
-            args.out,
-            plots=not args.no_plots,
-            baseline=args.baseline,
-            targets=targets,
-            target_all=target_all,
-            budget=args.budget,
-            rule=args.nauc_rule,
-        )
-    except ReportError as exc:
-        print(f"divopd report: error: {exc}", file=sys.stderr)
-        return 2
+        raise ReportError(f"--budget must be >= 0, got {args.budget}")
+    runs = [load_run(p) for p in find_run_dirs(args.run_dirs)]  # ReportError: one line, exit 2 (divopd.cli)
+    rep = write_report(
+        runs,
+        args.out,
+        plots=not args.no_plots,
+        baseline=args.baseline,
+        targets=targets,
+        target_all=target_all,
+        budget=args.budget,
+        rule=args.nauc_rule,
+    )
     n_settings = len(rep["settings"])
     print(f"divopd report: {len(runs)} run(s), {n_settings} setting(s) -> {Path(args.out) / 'report.md'}")
     for note in rep["notes"]:

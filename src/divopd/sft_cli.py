@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder (HF model + tokenizer + sft.json)")
     parser.add_argument("--init", default=None, help="start from this HF model folder instead of a fresh tiny model")
     parser.add_argument("--size", default="1m", help="tiny model size when --init is not given (0.2m, 1m, 5m, 20m)")
-    parser.add_argument("--arch", default="llama", help="tiny model architecture (llama, qwen2)")
+    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2"], help="tiny model architecture")
     parser.add_argument("--tokenizer", default="word", choices=["word", "bpe"], help="tiny tokenizer kind")
     parser.add_argument("--tokenizer-from", default=None,
                         help="reuse the tokenizer of this HF folder (a student must share its teacher's vocabulary)")
@@ -92,19 +92,72 @@ def _texts(records: list[dict[str, Any]], prompt_config: Any) -> list[str]:
     return texts
 
 
+def _json_object(flag: str, text: str) -> dict[str, Any]:
+    from divopd.errors import UsageError
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{flag}: not valid JSON ({exc.msg} at column {exc.colno}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag}: expected a JSON object like '{{\"key\": value}}', got {text!r}")
+    return value
+
+
+def check_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """Validate the arguments before anything heavy runs; returns ``(env_kwargs, prompt_config)``.
+
+    Raises :class:`~divopd.errors.UsageError` naming the flag."""
+    from pydantic import ValidationError
+
+    from divopd.envs import ENVS, SPLITS
+    from divopd.errors import UsageError, check_model_folder, check_tokenizer_folder, describe_validation_error
+    from divopd.prompting import PromptConfig
+
+    if args.env not in ENVS:
+        raise UsageError(f"--env: unknown environment {args.env!r}; known: {', '.join(ENVS)}")
+    env_kwargs = _json_object("--env-kwargs", args.env_kwargs)
+    try:
+        prompt_config = PromptConfig(**_json_object("--prompt", args.prompt))
+    except ValidationError as exc:
+        raise UsageError(f"--prompt: {describe_validation_error(exc)}") from exc
+    for flag, value in (("--train-tasks", args.train_tasks), ("--eval-tasks", args.eval_tasks),
+                        ("--epochs", args.epochs), ("--batch-size", args.batch_size), ("--max-steps", args.max_steps),
+                        ("--num-envs", args.num_envs), ("--threads", args.threads), ("--vocab-size", args.vocab_size)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if not args.lr > 0:
+        raise UsageError(f"--lr must be positive, got {args.lr}")
+    if args.eval_split not in SPLITS:
+        raise UsageError(f"--eval-split: unknown split {args.eval_split!r}; expected one of {', '.join(SPLITS)}")
+    if args.init:
+        check_model_folder(args.init, "--init")
+    else:
+        from divopd.models.tiny import SIZES
+
+        if args.size not in SIZES:
+            raise UsageError(f"--size: unknown tiny model size {args.size!r}; expected one of {', '.join(SIZES)}")
+        if args.tokenizer_from:
+            check_tokenizer_folder(args.tokenizer_from, "--tokenizer-from")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: a file, not a folder")
+    return env_kwargs, prompt_config
+
+
 def run(args: argparse.Namespace) -> int:
+    env_kwargs, prompt_config = check_arguments(args)
+
     import torch
 
     from divopd.envs import make_env
     from divopd.explorer import Explorer, ExplorerConfig
     from divopd.models import load_model, load_tokenizer
     from divopd.models.tiny import build_model, build_tokenizer
-    from divopd.prompting import PromptConfig, encode_action, encode_prompt
+    from divopd.prompting import encode_action, encode_prompt
     from divopd.sft import train_sft
 
     torch.set_num_threads(args.threads)
-    env_kwargs = json.loads(args.env_kwargs)
-    prompt_config = PromptConfig(**json.loads(args.prompt))
     out = Path(args.out)
     t0 = time.perf_counter()
 

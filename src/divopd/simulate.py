@@ -427,17 +427,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from divopd.errors import UsageError
+
     console = Console(width=None if Console().is_terminal else 160)
     preset = PRESETS[args.preset]
+    for flag, value in (("--explorers", args.explorers), ("--rollouts-per-update", args.rollouts_per_update),
+                        ("--updates", args.updates), ("--batch-size", args.batch_size)):
+        if value is not None and not value > 0:
+            raise UsageError(f"{flag} must be positive, got {value}")
     if args.success_rate is not None:
         if not 0 <= args.success_rate <= 1:
-            console.print("[red]divopd simulate: --success-rate must be in [0, 1][/red]")
-            return 2
+            raise UsageError(f"--success-rate must be in [0, 1], got {args.success_rate}")
         preset = replace(preset, success_rate=args.success_rate)
     out = Path(args.out)
     if out.suffix != ".parquet" and out.is_dir() and any(out.glob("part-*.parquet")):
-        console.print(f"[red]divopd simulate: {out} already holds part files; choose a new --out[/red]")
-        return 2
+        raise UsageError(f"--out {out} already holds part files; choose a new --out")
+    if out.suffix == ".parquet" and out.exists() and not args.force:
+        raise UsageError(f"--out {out} exists; pass --force to overwrite it")
+    if out.suffix != ".parquet" and out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: a file that is not a .parquet log; give FILE.parquet or a directory")
     try:
         s = simulate(
             preset,
@@ -450,8 +458,9 @@ def run(args: argparse.Namespace) -> int:
             overwrite=args.force,
         )
     except (ValueError, FileExistsError) as exc:
-        console.print(f"[red]divopd simulate: {exc}[/red]")
-        return 2
+        if isinstance(exc, UsageError):
+            raise
+        raise UsageError(str(exc)) from exc
     console.print(
         f"wrote {out}: {s.turns} turns of {s.rollouts} rollouts ({s.successes} successes) over {s.updates} updates; "
         f"horizon mean {s.mean_horizon:.1f} (success {s.mean_success_horizon or 0:.1f}, failure "

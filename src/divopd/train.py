@@ -104,25 +104,34 @@ def quiet_hf_progress() -> None:
 def run(args: argparse.Namespace) -> int:
     quiet_hf_progress()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from divopd.errors import UsageError, check_model_folder
+
     if args.resume and args.config:
-        print("divopd train: give a CONFIG or --resume RUN_DIR, not both", file=sys.stderr)
-        return 2
+        raise UsageError("give a CONFIG or --resume RUN_DIR, not both")
     if not args.resume and not args.config:
-        print("divopd train: a CONFIG file is required (or --resume RUN_DIR)", file=sys.stderr)
-        return 2
-    cfg = None
-    try:
-        if args.config:
-            extra = {"run_dir": args.run_dir} if args.run_dir else None
-            cfg = load_config(args.config, args.overrides, data=extra)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"divopd train: invalid config: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError("a CONFIG file is required (or --resume RUN_DIR)")
+    if args.resume and (args.overrides or args.run_dir):
+        raise UsageError("--set and --run-dir do not apply to --resume RUN_DIR (the run keeps its config.yaml)")
+    if args.config:
+        extra = {"run_dir": args.run_dir} if args.run_dir else None
+        cfg = load_config(args.config, args.overrides, data=extra)
+    else:
+        cfg = None
+        saved = Path(args.resume, "config.yaml")
+        if not Path(args.resume).exists():
+            raise UsageError(f"--resume {args.resume}: no such run directory")
+        if not Path(args.resume).is_dir():
+            raise UsageError(f"--resume {args.resume}: not a run directory (a file)")
+        if not saved.is_file():
+            raise UsageError(f"--resume {args.resume}: not a divopd run directory (no config.yaml)")
+        loaded = load_config(saved)  # the models below are checked against the run's own config
     if args.print_config:
         from divopd.config import dump_config
 
-        print(dump_config(cfg) if cfg else Path(args.resume, "config.yaml").read_text())
+        print(dump_config(cfg) if cfg else saved.read_text())
         return 0
+    for key in ("student", "teacher"):  # before anything heavy loads
+        check_model_folder(getattr(cfg or loaded, key).path, f"{key}.path")
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     summary = train(cfg, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty())
     print(json.dumps(summary, indent=2, default=str))

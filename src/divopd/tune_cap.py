@@ -207,6 +207,8 @@ def tune_cap(
             f"{', '.join(CAP_METHODS)}"
         )
     cap_list = parse_caps(caps)
+    if updates is not None and updates < 1:
+        raise ValueError(f"--updates must be >= 1, got {updates}")
     log_name = None
     if isinstance(log, (str, os.PathLike)):
         log_name = str(log)
@@ -390,7 +392,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from divopd.experience_log import ExperienceLogError
+    from divopd.errors import UsageError
 
     console = Console(width=None if Console().is_terminal else 180)
     pool_factor = int(args.pool_factor) if float(args.pool_factor).is_integer() else args.pool_factor
@@ -409,9 +411,10 @@ def run(args: argparse.Namespace) -> int:
             unused_tol=args.unused_tol,
             eff_tol=args.eff_tol,
         )
-    except (ExperienceLogError, ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]divopd tune-cap: {exc}[/red]")
-        return 2
+    except ValueError as exc:  # the options, or the log (an ExperienceLogError): one line, exit 2 (divopd.cli)
+        if isinstance(exc, UsageError):
+            raise
+        raise UsageError(str(exc)) from exc
     console.print(render_table(result))
     console.print(f"recommended k = {result['recommended']}  ({result['reason']})")
     if args.json_out:

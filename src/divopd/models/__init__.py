@@ -20,7 +20,9 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-__all__ = ["DTYPES", "load_model", "load_tokenizer", "resolve_dtype"]
+from divopd.errors import UsageError
+
+__all__ = ["DTYPES", "ModelLoadError", "load_model", "load_tokenizer", "resolve_dtype"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,6 +34,14 @@ def resolve_dtype(name: str) -> torch.dtype:
     if key not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)} (or fp32/bf16/fp16)")
     return DTYPES[key]
+
+
+class ModelLoadError(UsageError, OSError):
+    """A model or tokenizer path transformers cannot load (not a model folder; offline and not cached; ...)."""
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
 def _is_plain_fast_tokenizer_folder(path: Path) -> bool:
@@ -50,9 +60,13 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     :func:`divopd.models.tiny.build_tokenizer`) are loaded as such: ``AutoTokenizer`` would pick the model type's own
     tokenizer class (``Qwen2Tokenizer`` for a Qwen2 config) and re-tokenise with different ids."""
     path = Path(name_or_path)
-    if path.is_dir() and _is_plain_fast_tokenizer_folder(path):
-        return PreTrainedTokenizerFast.from_pretrained(str(path))
-    return AutoTokenizer.from_pretrained(name_or_path)
+    try:
+        if path.is_dir() and _is_plain_fast_tokenizer_folder(path):
+            return PreTrainedTokenizerFast.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except OSError as exc:
+        raise ModelLoadError(f"{name_or_path}: no tokenizer there (or a Hugging Face tokenizer that can be fetched): "
+                             f"{_first_line(exc)}") from exc
 
 
 def load_model(name_or_path: str, *, dtype: str = "float32",
@@ -63,7 +77,15 @@ def load_model(name_or_path: str, *, dtype: str = "float32",
     gradient pass and the θ_old log probabilities agree). A tokenizer without a pad token gets ``pad = eos``.
     """
     torch_dtype = resolve_dtype(dtype)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
+    if Path(name_or_path).is_dir() and not (Path(name_or_path) / "config.json").is_file():
+        raise ModelLoadError(f"{name_or_path} is not a model folder (no config.json)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
+    except (OSError, ValueError) as exc:  # transformers: "... does not appear to have ...", "Unrecognized model ..."
+        if isinstance(exc, ValueError) and not str(exc).startswith("Unrecognized model"):
+            raise
+        raise ModelLoadError(f"{name_or_path} is not a model folder (or a Hugging Face model that can be fetched): "
+                             f"{_first_line(exc)}") from exc
     model = model.to(device).eval()
     tokenizer = load_tokenizer(name_or_path)
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:

@@ -1,0 +1,136 @@
+"""Input errors of the ``divopd`` commands: one class, one line each.
+
+Any command raises :class:`UsageError` (or a subclass: config, experience log, report and plan errors) for input that
+cannot be used — a missing or malformed file, an unknown config key, a value out of range, a model path that is not a
+model folder. :func:`divopd.cli.main` prints it as ``divopd <command>: error: <message>`` (one line) and exits 2;
+any other exception is a bug and keeps its traceback. ``divopd --debug`` (or ``DIVOPD_DEBUG=1``) shows the traceback
+of input errors too.
+
+Nothing heavy is imported here: the helpers run before torch or transformers are loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "InputFileError",
+    "UsageError",
+    "check_model_folder",
+    "check_tokenizer_folder",
+    "describe_validation_error",
+    "describe_yaml_error",
+    "hf_offline",
+    "one_line",
+]
+
+
+class UsageError(Exception):
+    """Input the command cannot use. The message is the whole story, on one line (the file, the key, the form)."""
+
+    def __str__(self) -> str:
+        return one_line(super().__str__())
+
+
+class ConfigError(UsageError, ValueError):
+    """A training config that cannot be used (file, YAML, ``--set`` or validation); names the file and the key."""
+
+
+class InputFileError(UsageError, FileNotFoundError):
+    """An input file or folder that does not exist or is not what the command needs."""
+
+
+def one_line(text: Any, limit: int = 600) -> str:
+    """``text`` with every run of whitespace holding a newline collapsed to one space, cut at ``limit`` characters."""
+    s = re.sub(r"\s*\n\s*", " ", str(text)).strip()
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def _short_repr(value: Any, limit: int = 60) -> str:
+    s = repr(value)
+    return s if len(s) <= limit else s[: limit - 4] + "...'"
+
+
+def describe_validation_error(exc: Any, max_errors: int = 4) -> str:
+    """A pydantic ``ValidationError`` as one line: ``key.path: message (got value)`` per error, joined by ``; ``."""
+    parts = []
+    errors = exc.errors(include_url=False)
+    for err in errors[:max_errors]:
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        kind, msg = err.get("type", ""), str(err.get("msg", ""))
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if kind == "extra_forbidden":
+            msg = "Extra inputs are not permitted (unknown key)"
+        elif kind == "missing":
+            msg = "required key is missing"
+        elif kind != "value_error" and "input" in err and not isinstance(err["input"], (dict, list)):
+            msg = f"{msg} (got {_short_repr(err['input'])})"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    if len(errors) > max_errors:
+        parts.append(f"and {len(errors) - max_errors} more error(s)")
+    return one_line("; ".join(parts))
+
+
+def describe_yaml_error(exc: Any) -> str:
+    """A ``yaml.YAMLError`` as one line: ``line L, column C: problem`` (the position of the problem, 1-based)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return one_line(f"{where}{problem}")
+
+
+def hf_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` asks for no network."""
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def _looks_like_local_path(path: str) -> bool:
+    """A string no Hugging Face repo id could be: absolute, ``./``/``~``-relative, several ``/``, odd characters."""
+    return (path.startswith(("/", ".", "~")) or "\\" in path or path.endswith("/") or path.count("/") > 1
+            or not _REPO_ID.match(path))
+
+
+def _in_hf_cache(repo_id: str, filename: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, filename), str)
+    except Exception:  # an invalid repo id, an unreadable cache: not in the cache
+        return False
+
+
+def check_model_folder(path: str | os.PathLike, key: str, *, marker: str = "config.json",
+                       what: str = "a model folder") -> None:
+    """Raise :class:`UsageError` naming ``key`` unless ``path`` can be loaded as a model, without loading anything.
+
+    A local folder must hold ``marker``; a string that is not an existing path is a Hugging Face hub name, an error
+    when it cannot be one (it looks like a local path) or when offline and the HF cache does not hold it."""
+    text = str(path)
+    if not text.strip():
+        raise UsageError(f"{key}: empty path; expected {what}")
+    p = Path(text).expanduser()
+    if p.is_dir():
+        if not (p / marker).is_file():
+            raise UsageError(f"{key}: {text} is not {what} (no {marker})")
+        return
+    if p.exists():
+        raise UsageError(f"{key}: {text} is not {what} (a file, not a folder)")
+    if _looks_like_local_path(text):
+        raise UsageError(f"{key}: {text} is not {what} (no such folder)")
+    if hf_offline() and not _in_hf_cache(text, marker):
+        raise UsageError(f"{key}: {text} is not {what} (no such folder) and, offline (HF_HUB_OFFLINE), "
+                         "not a Hugging Face model in the local cache")
+
+
+def check_tokenizer_folder(path: str | os.PathLike, key: str) -> None:
+    """Like :func:`check_model_folder` for a tokenizer: a local folder must hold ``tokenizer_config.json``."""
+    check_model_folder(path, key, marker="tokenizer_config.json", what="a tokenizer folder")
