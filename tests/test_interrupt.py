@@ -17,7 +17,6 @@ import yaml
 
 from divopd import cli
 from divopd.interrupt import EXIT_INTERRUPTED, PHASES, StopRequest, fault_point, reset_fault_points
-
 from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 
 UPDATES = 12

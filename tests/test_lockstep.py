@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 
 from divopd.experience_log import log_files
 from divopd.train import train
-
+from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 
 
 def _timed(key: str) -> bool:

@@ -82,10 +82,21 @@ class DiagnosticsSettings(_Strict):
     max_rows: int = Field(64, ge=2, description="E.3: per-row gradients of at most this many batch rows.")
 
 
-class RuntimeSettings(_Strict):
-    """How explorers and the learner run. The same Explorer/Learner/Sampler code runs under both kinds."""
+class LockstepSettings(_Strict):
+    """The lockstep runtime's producer model (one process, deterministic)."""
 
-    kind: Literal["embedded", "ray"] = Field("embedded", description="embedded (threads, one process) or ray.")
+    env_steps_per_update: int = Field(
+        16, ge=1, description="Env steps (all instances together, round-robin) before each learner update: the "
+        "producer-load knob (arrival/drain ≈ this × student turns per step ÷ B).")
+
+
+class RuntimeSettings(_Strict):
+    """How explorers and the learner run. The same loop, Explorer, Learner and Sampler code runs under every kind."""
+
+    kind: Literal["threads", "embedded", "lockstep", "ray"] = Field(
+        "threads", description="threads (explorer threads, one process; `embedded` is its old name), lockstep "
+        "(one process, no threads, deterministic) or ray (explorer actors).")
+    lockstep: LockstepSettings = Field(default_factory=LockstepSettings, description="runtime.kind: lockstep only.")
     num_explorers: int = Field(1, ge=1, description="Explorer workers, each with its own student copy and envs.")
     queue_rollouts: int = Field(64, ge=1, description="Bounded rollout queue between explorers and learner.")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per worker (1 is best on 2 cores).")

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from divopd.config import TrainConfig, load_config
+from divopd.interrupt import EXIT_INTERRUPTED, StopRequest
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,8 +64,13 @@ class Progress:
             self._bar.stop()
 
 
-def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, progress: bool = False) -> dict:
-    """Run (or resume) one training run; returns its summary."""
+def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, progress: bool = False,
+          stop: StopRequest | None = None) -> dict:
+    """Run (or resume) one training run; returns its summary (``summary["interrupted"]`` after a stop request).
+
+    ``stop``: a :class:`~divopd.interrupt.StopRequest` whose signal handlers are installed (the CLI's); a stop
+    requested while the models load or the explorers start is honoured once the loop starts: it checkpoints at
+    once."""
     from divopd.trainer import open_run
 
     trainer, resumed = open_run(cfg, resume=resume)
@@ -75,20 +80,20 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
         if cfg.runtime.kind == "ray":
             from divopd.runtime.ray import run_ray
 
-            summary = run_ray(trainer, bar)
+            summary = run_ray(trainer, bar, stop=stop)
+        elif cfg.runtime.kind == "lockstep":
+            from divopd.runtime.lockstep import run_lockstep
+
+            summary = run_lockstep(trainer, bar, stop=stop)
         else:
             from divopd.runtime.threads import run_embedded
 
-            summary = run_embedded(trainer, bar)
+            summary = run_embedded(trainer, bar, stop=stop)
     finally:
         bar.close()
     summary["resumed"] = resumed
     summary["run_dir"] = str(trainer.run_dir)
     return summary
-
-
-def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def quiet_hf_progress() -> None:
@@ -132,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for key in ("student", "teacher"):  # before anything heavy loads
         check_model_folder(getattr(cfg or loaded, key).path, f"{key}.path")
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    summary = train(cfg, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty())
+    with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next stage boundary, checkpoint, exit 130
+        summary = train(cfg, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty(), stop=stop)
     print(json.dumps(summary, indent=2, default=str))
-    return 130 if summary.get("interrupted") else 0
+    return EXIT_INTERRUPTED if summary.get("interrupted") else 0

@@ -149,9 +149,7 @@ class RayRuntime:
         return bool(self._evals)
 
     def shutdown(self, interrupted: bool) -> list[Rollout]:
-        for ref in list(self._inflight):
-            ray.cancel(ref, force=True)
-        self._inflight.clear()
+        self._inflight.clear()  # killing an actor ends the collect call it is running
         for actor in self._explorers:
             ray.kill(actor, no_restart=True)
         return []
