@@ -102,3 +102,16 @@ def test_sigint_in_any_phase_checkpoints_and_exits_130(phase: str, tiny_models: 
         updates = [m["update"] for m in read_metrics(run_dir) if m["kind"] == "update" and
                    "learner/loss" in m]
         assert updates == sorted(set(updates)) and updates[-1] == UPDATES  # every update recorded once
+
+
+def test_ctrl_c_in_any_other_command_exits_130_without_a_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from divopd import simulate
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(simulate, "run", interrupted)
+    assert cli.main(["simulate", "--out", "x"]) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert err.strip() == "divopd simulate: interrupted" and "Traceback" not in err

@@ -130,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     quiet_third_party_loggers(args.verbose or _env_flag("DIVOPD_VERBOSE"))
     try:
         return int(args._run(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops cleanly by itself): no traceback
+        if debug:
+            raise
+        print(f"divopd {args.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         message = None if debug else input_error_message(exc)
         if message is None:
