@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 DEMO_SEEDS ?= 0
 demo: setup
-	$(PY) -m divopd.demo --seeds $(DEMO_SEEDS)
+	$(PY) -m divopd.suite.demo --seeds $(DEMO_SEEDS)
 
 test: setup
 	$(PY) -m ruff check src tests benchmarks

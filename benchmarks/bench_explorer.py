@@ -21,8 +21,8 @@ import torch
 
 def env_texts(env_name: str, env_kwargs: dict, episodes: int = 6, steps: int = 6) -> list[str]:
     """Observations and actions from a few short episodes that cycle through the listed valid actions."""
-    from divopd.envs import make_env
-    from divopd.prompting import DEFAULT_SYSTEM, PromptConfig
+    from divopd.explore.envs import make_env
+    from divopd.explore.prompting import DEFAULT_SYSTEM, PromptConfig
 
     env = make_env(env_name, **env_kwargs)
     texts = [DEFAULT_SYSTEM, PromptConfig().valid_actions_prefix]
@@ -42,7 +42,7 @@ def env_texts(env_name: str, env_kwargs: dict, episodes: int = 6, steps: int = 6
 
 
 def bench_env(env_name: str, env_kwargs: dict, args: argparse.Namespace) -> dict:
-    from divopd.explorer import Explorer, ExplorerConfig
+    from divopd.explore.explorer import Explorer, ExplorerConfig
     from divopd.models.tiny import build_model, build_tokenizer
 
     if args.student:  # trained models (they stop after a few tokens, unlike random ones)

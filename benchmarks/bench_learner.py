@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from divopd import Turn
-from divopd.learner import Learner, LearnerConfig
+from divopd.learn.learner import Learner, LearnerConfig
 from divopd.models.packing import gather_logprobs, pack_sequences, selected_logits
 from divopd.models.tiny import build_model, build_tokenizer
 

@@ -18,12 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-from divopd.simulate import PRESETS, expected_horizon, simulate
+from divopd.analysis.simulate import PRESETS, expected_horizon, simulate
 
 
 def child(log: str, updates: int, methods: str, batch_size: int) -> None:
     """Run in a fresh process: replay and print wall time and peak RSS as JSON."""
-    from divopd.replay import ReplayConfig, replay
+    from divopd.analysis.replay import ReplayConfig, replay
 
     t0 = time.perf_counter()
     result = replay(log, ReplayConfig(methods=methods.split(","), batch_size=batch_size, updates=updates))

@@ -15,8 +15,8 @@ import statistics
 
 import numpy as np
 
-from divopd.experience_log import read_log
-from divopd.replay import deliveries
+from divopd.analysis.replay import deliveries
+from divopd.experience.log import read_log
 from divopd.sampling import SamplerConfig, make_sampler
 
 METHODS = ("vanilla", "divopd-base", "divopd")

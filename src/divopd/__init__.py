@@ -3,10 +3,17 @@
 Explorers run a student LM in text environments, a frozen teacher scores every response token, and each student turn
 enters a queue as a :class:`Turn`. The learner takes one optimizer step per batch of B turns; DivOPD changes which turns
 enter the batch (:mod:`divopd.sampling`). This top-level package imports no torch.
+
+Sub-packages follow the data path: ``explore`` → ``experience`` → ``sampling`` → ``learn``, driven by ``train``;
+``analysis``, ``commands`` and ``suite`` sit on top; ``models`` at the bottom.
 """
 
-from divopd import gate
-from divopd.experience import Turn
+from divopd import _moved
+
+_moved.install()  # the old flat module paths (divopd.gate, divopd.loss, ...) stay importable: see divopd._moved
+
+from divopd.experience import Rollout, Turn  # noqa: E402
+from divopd.sampling import gate  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["Turn", "gate", "__version__"]
+__all__ = ["Rollout", "Turn", "gate", "__version__"]

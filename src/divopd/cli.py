@@ -20,14 +20,15 @@ from typing import NoReturn
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("divopd.train", "run asynchronous OPD training from a YAML config"),
-    "eval": ("divopd.evaluate", "evaluate a checkpoint (student-only rollouts)"),
-    "report": ("divopd.report", "compare run directories: SR curves, time-to-target, nAUC, plots"),
-    "sft": ("divopd.sft_cli", "behaviour cloning on an environment's gold trajectories (tiny teachers, warm starts)"),
-    "simulate": ("divopd.simulate", "write a synthetic asynchronous experience log"),
-    "replay": ("divopd.replay", "replay selection rules over an experience log"),
-    "tune-cap": ("divopd.tune_cap", "choose the cap k from an experience log"),
-    "bench": ("divopd.bench", "run the paper benchmark suite (resumable; --dry-run, --only, --report)"),
+    "train": ("divopd.commands.train", "run asynchronous OPD training from a YAML config"),
+    "eval": ("divopd.commands.eval", "evaluate a checkpoint (student-only rollouts)"),
+    "report": ("divopd.commands.report", "compare run directories: SR curves, time-to-target, nAUC, plots"),
+    "sft": ("divopd.commands.sft",
+            "behaviour cloning on an environment's gold trajectories (tiny teachers, warm starts)"),
+    "simulate": ("divopd.commands.simulate", "write a synthetic asynchronous experience log"),
+    "replay": ("divopd.commands.replay", "replay selection rules over an experience log"),
+    "tune-cap": ("divopd.commands.tune_cap", "choose the cap k from an experience log"),
+    "bench": ("divopd.commands.bench", "run the paper benchmark suite (resumable; --dry-run, --only, --report)"),
 }
 
 #: Loggers of libraries that chat at INFO (py4j's "Callback Server Starting" per TextWorld-Express JVM, Ray's start-up

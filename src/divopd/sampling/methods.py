@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from divopd.experience import Turn
+from divopd.experience.turn import Turn
 from divopd.sampling.rules import (
     allocate_rollout_first,
     allocate_rollout_first_array,

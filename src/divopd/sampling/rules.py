@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from divopd.experience import Turn
+from divopd.experience.turn import Turn
 
 __all__ = [
     "is_stale",

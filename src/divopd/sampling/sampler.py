@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from divopd import gate
-from divopd.experience import Turn
+from divopd.experience.turn import Turn
 from divopd.sampling.methods import Entry, PoolColumns, get_method
 from divopd.sampling.rules import pool_capacity
 from divopd.sampling.stats import batch_stats

@@ -6,7 +6,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from divopd.experience import Turn
+from divopd.experience.turn import Turn
 
 __all__ = ["batch_stats", "effective_rollouts"]
 

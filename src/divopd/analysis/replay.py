@@ -1,0 +1,500 @@
+"""Shared-buffer replay: run several selection rules over one experience log (paper, Appendix Table 11).
+
+Every method sees exactly the same experience, tick by tick (:func:`replay`):
+
+- tick ``j = 0 … U−1`` is one learner update opportunity at learner version ``j``;
+- before tick ``j``, every logged turn with ``arrival_update ≤ j`` not yet delivered is added, in arrival order;
+- the method's sampler is asked for a batch; a tick without a batch is counted ``starved``.
+
+Coverage (:func:`rollout_coverage`): a rollout is *valid* when at least one of its delivered turns passes the gate; it
+is *used* when any of its turns was selected; a rollout is *decided* when every delivered turn of it is selected,
+expired or rejected by the end. ``unused_fraction`` = valid decided rollouts never used ÷ valid decided rollouts;
+valid rollouts with a turn still waiting are reported as ``undecided_rollouts``. ``used_rollouts`` counts valid
+rollouts that were used (a rollout whose only selected turns are dead rows of an invalid rollout is not counted).
+
+The log is read once and streamed: all methods advance in lockstep and share the same :class:`~divopd.Turn` objects,
+so memory holds the turns some sampler still waits on (bounded by the staleness window), one record batch, and a few
+dozen bytes per rollout of bookkeeping.
+
+Usage::
+
+    divopd replay LOG --methods vanilla,divopd-base,divopd --batch-size 256 --pool-factor 4 --cap 4 \\
+        --max-staleness 2 --updates 100 --json replay.json --plot replay.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from divopd import gate
+from divopd.experience.log import LoggedTurn, read_log
+from divopd.sampling import METHODS, Sampler, SamplerConfig, make_sampler
+
+__all__ = [
+    "DEFAULT_METHODS",
+    "ReplayConfig",
+    "add_arguments",
+    "deliveries",
+    "plot_replay",
+    "render_table",
+    "replay",
+    "rollout_coverage",
+    "run",
+]
+
+DEFAULT_METHODS: tuple[str, ...] = ("vanilla", "divopd-base", "divopd")
+#: The per-method JSON keys (in this order), besides ``series`` and ``ledger``.
+RESULT_KEYS: tuple[str, ...] = (
+    "updates",
+    "starved",
+    "valid_rollouts",
+    "used_rollouts",
+    "undecided_rollouts",
+    "unused_fraction",
+    "effective_rollouts_mean",
+    "max_rollout_share_mean",
+    "dead_row_fraction",
+    "selected",
+    "expired",
+    "invalid",
+)
+#: Per-update series of each method (one value per tick; ``None`` where the tick was starved).
+SERIES_KEYS: tuple[str, ...] = (
+    "batch",
+    "effective_rollouts",
+    "max_rollout_share",
+    "dead_rows",
+    "distinct_rollouts",
+    "mean_staleness",
+    "selected",
+    "expired",
+    "invalid",
+    "waiting",
+    "used_rollouts",
+)
+
+
+@dataclass
+class ReplayConfig:
+    """Settings shared by every replayed method.
+
+    Attributes:
+        methods: sampler method names (``divopd.sampling.METHODS``), replayed side by side.
+        batch_size: B, rows per update.
+        pool_factor: c, candidate pool ``c·B`` of the pooled methods.
+        cap: k, first-pass per-rollout cap.
+        max_staleness: S; a turn expires when ``learner_version − policy_version > S``.
+        updates: U, number of ticks; ``None`` = through the log's last ``arrival_update``.
+        seed: sampler seed (uniform within-rollout order).
+        max_pending: cap on pending turns (``None`` = none).
+        cap_unit: ``"turns"`` (the paper's cap) or ``"tokens"`` (token-share cap, see ``SamplerConfig``).
+    """
+
+    methods: Sequence[str] = DEFAULT_METHODS
+    batch_size: int = 256
+    pool_factor: float = 4
+    cap: int = 4
+    max_staleness: int = 2
+    updates: int | None = None
+    seed: int = 0
+    max_pending: int | None = None
+    cap_unit: str = "turns"
+
+    def __post_init__(self) -> None:
+        self.methods = tuple(self.methods)
+        if not self.methods:
+            raise ValueError("ReplayConfig.methods: give at least one method")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"ReplayConfig.methods: duplicate method in {list(self.methods)}")
+        for m in self.methods:
+            if m not in METHODS:
+                raise ValueError(f"unknown method {m!r}; known: {', '.join(sorted(METHODS))}")
+        if self.updates is not None and (isinstance(self.updates, bool) or self.updates < 1):
+            raise ValueError(f"ReplayConfig.updates must be >= 1, got {self.updates!r}")
+        self.sampler_config(self.methods[0])  # validates the shared settings
+
+    def sampler_config(self, method: str) -> SamplerConfig:
+        return SamplerConfig(
+            method=method,
+            batch_size=self.batch_size,
+            pool_factor=self.pool_factor,
+            cap=self.cap,
+            max_staleness=self.max_staleness,
+            max_pending=self.max_pending,
+            seed=self.seed,
+            cap_unit=self.cap_unit,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- delivery
+def deliveries(stream: Iterable[LoggedTurn], updates: int) -> Iterator[tuple[int, list[LoggedTurn]]]:
+    """Replay's delivery rule: for tick ``j`` in ``0…U−1``, the not-yet-delivered turns with ``arrival_update ≤ j``.
+
+    Yields ``(j, turns)`` for every tick (``turns`` may be empty), in arrival order. The stream must be in arrival
+    order with non-decreasing ``arrival_update`` (logs are checked by the reader; this rechecks plain iterables).
+    Turns with ``arrival_update ≥ U`` are never delivered, and reading stops at the first of them.
+    """
+    it = iter(stream)
+    nxt = next(it, None)
+    last: LoggedTurn | None = None
+    for j in range(updates):
+        batch: list[LoggedTurn] = []
+        while nxt is not None and nxt.arrival_update <= j:
+            if last is not None and (nxt.arrival <= last.arrival or nxt.arrival_update < last.arrival_update):
+                raise ValueError(
+                    f"replay input out of order: (arrival {nxt.arrival}, arrival_update {nxt.arrival_update}) after "
+                    f"(arrival {last.arrival}, arrival_update {last.arrival_update})"
+                )
+            if nxt.arrival_update < 0:
+                raise ValueError(f"replay input: negative arrival_update {nxt.arrival_update} at arrival {nxt.arrival}")
+            batch.append(nxt)
+            last = nxt
+            nxt = next(it, None)
+        yield j, batch
+
+
+# ---------------------------------------------------------------------------------------------------- bookkeeping
+@dataclass
+class _Track:
+    """One method's sampler and running statistics."""
+
+    sampler: Sampler
+    used: set[str] = field(default_factory=set)
+    used_valid: int = 0
+    batches: int = 0
+    rows: int = 0
+    dead_rows: int = 0
+    eff_sum: float = 0.0
+    share_sum: float = 0.0
+    series: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in SERIES_KEYS})
+
+
+def waiting_rollouts(sampler: Sampler) -> Counter[str]:
+    """Rollout id -> number of its turns still waiting (pending or queued) in ``sampler``, from its public state."""
+    state = sampler.state_dict()
+    counts: Counter[str] = Counter()
+    for key in ("queue", "pending"):
+        if key not in state:
+            raise RuntimeError(f"sampler state_dict has no {key!r} entry; replay cannot tell which turns still wait")
+        for _, turn in state[key]:
+            counts[turn["rollout_id"]] += 1
+    return counts
+
+
+def rollout_coverage(valid: set[str], used: set[str], waiting: Counter[str]) -> dict[str, Any]:
+    """Table 11's coverage rule.
+
+    Args:
+        valid: rollouts with at least one delivered turn that passes the gate.
+        used: rollouts with at least one selected turn.
+        waiting: rollouts with turns still pending or queued at the end (-> count).
+
+    Returns:
+        ``valid_rollouts``, ``used_rollouts`` (valid ∧ used), ``undecided_rollouts`` (valid with a turn still
+        waiting) and ``unused_fraction`` = |valid ∧ decided ∧ ¬used| ÷ |valid ∧ decided| (``None`` when no valid
+        rollout is decided).
+    """
+    undecided = {r for r in valid if waiting.get(r, 0) > 0}
+    decided = valid - undecided
+    unused = decided - used
+    return {
+        "valid_rollouts": len(valid),
+        "used_rollouts": len(valid & used),
+        "undecided_rollouts": len(undecided),
+        "unused_fraction": (len(unused) / len(decided)) if decided else None,
+    }
+
+
+def _mean(total: float, n: int) -> float | None:
+    return total / n if n else None
+
+
+# ---------------------------------------------------------------------------------------------------- replay
+def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfig) -> dict[str, Any]:
+    """Replay ``config.methods`` side by side over one log (a path, or an iterable of :class:`LoggedTurn`).
+
+    Returns a JSON-able dict: ``config``, ``log``, ``updates`` (U), ``delivered_turns``, ``delivered_rollouts``,
+    ``arrival_drain_ratio`` (delivered turns ÷ (U·B)), ``series`` (per tick: ``delivered_turns``, ``valid_rollouts``,
+    cumulative) and ``methods``: per method the keys of :data:`RESULT_KEYS`, plus ``series`` (:data:`SERIES_KEYS`)
+    and the sampler's final ``ledger``.
+    """
+    log_name = None
+    if isinstance(source, (str, os.PathLike)):
+        log_name = str(source)
+        updates = config.updates if config.updates is not None else log_updates(source)
+        stream: Iterable[LoggedTurn] = read_log(source)
+    else:
+        if config.updates is None:
+            source = list(source)
+            updates = max((t.arrival_update for t in source), default=-1) + 1
+        else:
+            updates = config.updates
+        stream = source
+    if updates < 1:
+        raise ValueError("replay: the log is empty and no --updates was given")
+
+    tracks = {m: _Track(make_sampler(config.sampler_config(m))) for m in config.methods}
+    delivered_rollouts: set[str] = set()
+    valid: set[str] = set()
+    delivered = 0
+    top_series: dict[str, list[int]] = {"delivered_turns": [], "valid_rollouts": []}
+
+    for j, arrivals in deliveries(stream, updates):
+        # 1. Deliver: the same turns, in arrival order, to every method.
+        turns = [a.turn for a in arrivals]
+        delivered += len(turns)
+        for turn in turns:
+            rid = turn.rollout_id
+            delivered_rollouts.add(rid)
+            if rid not in valid and gate.check(turn) is None:
+                valid.add(rid)
+                for tr in tracks.values():  # a rollout used earlier (vanilla: a dead row) now counts as valid used
+                    tr.used_valid += rid in tr.used
+        # 2. Ask each method for a batch at learner version j.
+        for tr in tracks.values():
+            tr.sampler.add(turns)
+            batch = tr.sampler.next_batch(j)
+            s = tr.series
+            if batch is None:
+                s["batch"].append(0)
+                for key in ("effective_rollouts", "max_rollout_share", "dead_rows", "distinct_rollouts"):
+                    s[key].append(None)
+                s["mean_staleness"].append(None)
+            else:
+                st = batch.stats
+                tr.batches += 1
+                tr.rows += int(st["rows"])
+                tr.dead_rows += int(st["dead_rows"])
+                tr.eff_sum += float(st["effective_rollouts"])
+                tr.share_sum += float(st["max_rollout_share"])
+                for turn in batch.turns:
+                    rid = turn.rollout_id
+                    if rid not in tr.used:
+                        tr.used.add(rid)
+                        tr.used_valid += rid in valid
+                s["batch"].append(1)
+                s["effective_rollouts"].append(float(st["effective_rollouts"]))
+                s["max_rollout_share"].append(float(st["max_rollout_share"]))
+                s["dead_rows"].append(int(st["dead_rows"]))
+                s["distinct_rollouts"].append(int(st["distinct_rollouts"]))
+                s["mean_staleness"].append(float(st["mean_staleness"]))
+            ledger = tr.sampler.ledger
+            s["selected"].append(ledger["selected"])
+            s["expired"].append(ledger["expired"])
+            s["invalid"].append(ledger["invalid"])
+            s["waiting"].append(ledger["pending"] + ledger["queued"])
+            s["used_rollouts"].append(tr.used_valid)
+        top_series["delivered_turns"].append(delivered)
+        top_series["valid_rollouts"].append(len(valid))
+
+    methods: dict[str, Any] = {}
+    for name, tr in tracks.items():
+        ledger = tr.sampler.ledger
+        coverage = rollout_coverage(valid, tr.used, waiting_rollouts(tr.sampler))
+        result = {
+            "updates": tr.batches,
+            "starved": updates - tr.batches,
+            **coverage,
+            "effective_rollouts_mean": _mean(tr.eff_sum, tr.batches),
+            "max_rollout_share_mean": _mean(tr.share_sum, tr.batches),
+            "dead_row_fraction": _mean(tr.dead_rows, tr.rows),
+            "selected": ledger["selected"],
+            "expired": ledger["expired"],
+            "invalid": ledger["invalid"],
+        }
+        methods[name] = {k: result[k] for k in RESULT_KEYS} | {"series": tr.series, "ledger": ledger}
+    return {
+        "log": log_name,
+        "config": asdict(config) | {"methods": list(config.methods), "updates": updates},
+        "updates": updates,
+        "delivered_turns": delivered,
+        "delivered_rollouts": len(delivered_rollouts),
+        "arrival_drain_ratio": delivered / (updates * config.batch_size),
+        "series": top_series,
+        "methods": methods,
+    }
+
+
+def log_updates(path: str | os.PathLike) -> int:
+    """``max(arrival_update) + 1`` of a log (reads only that column): the default number of ticks."""
+    from divopd.experience.log import iter_record_batches
+
+    last = -1
+    for batch in iter_record_batches(path, columns=["arrival_update"], validate=False):
+        if batch.num_rows:
+            last = max(last, int(batch.column("arrival_update").to_numpy().max()))
+    return last + 1
+
+
+# ---------------------------------------------------------------------------------------------------- output
+def _fmt(value: float | None, pct: bool = False, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{100 * value:.1f}%" if pct else f"{value:.{digits}f}"
+
+
+def render_table(result: dict[str, Any], title: str | None = None):  # -> rich.table.Table
+    """A rich table of the per-method results."""
+    from rich.table import Table
+
+    cfg = result["config"]
+    unit = " (token share)" if cfg.get("cap_unit") == "tokens" else ""
+    table = Table(
+        title=title
+        or (
+            f"replay: U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} k={cfg['cap']}{unit} "
+            f"S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}"
+        )
+    )
+    headers = [
+        ("method", "left"),
+        ("updates", "right"),
+        ("starved", "right"),
+        ("valid", "right"),
+        ("used", "right"),
+        ("undecided", "right"),
+        ("unused", "right"),
+        ("eff. rollouts", "right"),
+        ("max share", "right"),
+        ("dead rows", "right"),
+        ("selected", "right"),
+        ("expired", "right"),
+        ("invalid", "right"),
+    ]
+    for h, justify in headers:
+        table.add_column(h, justify=justify)
+    for name, m in result["methods"].items():
+        table.add_row(
+            name,
+            str(m["updates"]),
+            str(m["starved"]),
+            str(m["valid_rollouts"]),
+            str(m["used_rollouts"]),
+            str(m["undecided_rollouts"]),
+            _fmt(m["unused_fraction"], pct=True),
+            _fmt(m["effective_rollouts_mean"]),
+            _fmt(m["max_rollout_share_mean"], pct=True),
+            _fmt(m["dead_row_fraction"], pct=True),
+            str(m["selected"]),
+            str(m["expired"]),
+            str(m["invalid"]),
+        )
+    return table
+
+
+def plot_replay(result: dict[str, Any], path: str | os.PathLike, title: str | None = None) -> None:
+    """Four panels over updates: effective rollouts per batch, largest rollout share, cumulative valid rollouts used
+    (with all valid rollouts delivered, dashed), and turns waiting in each sampler."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    ticks = list(range(result["updates"]))
+    panels = [
+        (axes[0, 0], "effective_rollouts", "effective rollouts per batch"),
+        (axes[0, 1], "max_rollout_share", "largest rollout's token share"),
+        (axes[1, 0], "used_rollouts", "valid rollouts used (cumulative)"),
+        (axes[1, 1], "waiting", "turns waiting (pending + queued)"),
+    ]
+    for ax, key, label in panels:
+        for name, m in result["methods"].items():
+            ys = [float("nan") if v is None else v for v in m["series"][key]]
+            ax.plot(ticks, ys, label=name, linewidth=1.2)
+        ax.set_xlabel("learner update")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[1, 0].plot(ticks, result["series"]["valid_rollouts"], "k--", linewidth=1, label="valid delivered")
+    axes[1, 0].legend(fontsize=8)
+    fig.suptitle(title or f"replay of {result.get('log') or 'log'}", fontsize=11)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _json_clean(obj: Any) -> Any:
+    """NaN/inf -> None, so the JSON file is strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_clean(v) for v in obj]
+    return obj
+
+
+def write_json(result: dict[str, Any], path: str | os.PathLike) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(_json_clean(result), f, indent=1, allow_nan=False)
+        f.write("\n")
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("log", help="experience log: a .parquet file or a directory of part-*.parquet files")
+    parser.add_argument(
+        "--methods",
+        default=",".join(DEFAULT_METHODS),
+        help=f"comma-separated sampler methods (default {','.join(DEFAULT_METHODS)}; known: {', '.join(METHODS)})",
+    )
+    parser.add_argument("--batch-size", type=int, default=256, help="B, rows per update (default 256)")
+    parser.add_argument("--pool-factor", type=float, default=4, help="c, candidate pool c·B (default 4)")
+    parser.add_argument("--cap", type=int, default=4, help="k, first-pass per-rollout cap (default 4)")
+    parser.add_argument(
+        "--cap-unit", choices=("turns", "tokens"), default="turns", help="cap counts turns (paper) or token share"
+    )
+    parser.add_argument("--max-staleness", type=int, default=2, help="S, staleness window in versions (default 2)")
+    parser.add_argument("--max-pending", type=int, default=None, help="cap on pending turns (default none)")
+    parser.add_argument("--updates", type=int, default=None, help="U ticks (default: through the last arrival_update)")
+    parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    parser.add_argument("--json", dest="json_out", default=None, help="write results (with per-update series) here")
+    parser.add_argument("--plot", default=None, help="write a PNG of the per-update series here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from divopd.errors import UsageError
+
+    console = Console(width=None if Console().is_terminal else 160)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    pool_factor = int(args.pool_factor) if float(args.pool_factor).is_integer() else args.pool_factor
+    try:
+        config = ReplayConfig(
+            methods=methods,
+            batch_size=args.batch_size,
+            pool_factor=pool_factor,
+            cap=args.cap,
+            max_staleness=args.max_staleness,
+            updates=args.updates,
+            seed=args.seed,
+            max_pending=args.max_pending,
+            cap_unit=args.cap_unit,
+        )
+        result = replay(args.log, config)
+    except ValueError as exc:  # the options, or the log (an ExperienceLogError): one line, exit 2 (divopd.cli)
+        if isinstance(exc, UsageError):
+            raise
+        raise UsageError(str(exc)) from exc
+    console.print(render_table(result))
+    console.print(
+        f"delivered {result['delivered_turns']} turns of {result['delivered_rollouts']} rollouts over "
+        f"{result['updates']} updates; arrival/drain ratio {result['arrival_drain_ratio']:.2f}"
+    )
+    if args.json_out:
+        write_json(result, args.json_out)
+        console.print(f"wrote {args.json_out}")
+    if args.plot:
+        plot_replay(result, args.plot)
+        console.print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,430 @@
+"""Choose the cap k from an experience log (``divopd tune-cap``; beyond the paper).
+
+The paper fixes k per setting and notes that "the best cap varies by setting, so choosing k matters" (peak SR moves by
+up to 7.9 points over k ∈ {3…6}, its Table 19). :func:`tune_cap` replays one log (shared-buffer replay,
+:func:`~divopd.replay.replay`, one pass per k) with a rollout-first method at each candidate k and reports, per k,
+what the cap is for: coverage of valid rollouts (``unused_fraction``), spread within a batch (effective rollouts,
+largest rollout share, distinct rollouts per batch and whether the first pass found the ⌈B/k⌉ rollouts the cap
+promises), dead rows, starved ticks and staleness. :func:`recommend_cap` then picks one k.
+
+Recommendation rule (:func:`recommend_cap`), applied in this order:
+
+1. **Do not starve the learner**: keep the caps with the fewest starved ticks.
+2. **Coverage**: of those, keep the caps whose unused fraction is within ``unused_tol`` (absolute, default 0.02) of
+   the best one.
+3. **Spread**: of those, keep the caps whose mean effective rollouts per batch is at least ``1 − eff_tol`` (default
+   0.9) of the best one among them.
+4. **Loosest cap**: recommend the largest k left.
+
+Why: coverage and spread are what a cap buys (the paper's Table 11 and "Concentration within an update"), and both are
+measured here, so a cap is only tightened while that measurably improves them. What a tighter cap may cost is not
+measured by a replay: it splits every rollout into smaller pieces per update, and the paper's cap sensitivity (Table
+19: the best k varies by setting, so the smallest k is not always best) says that cost is real in training. So, among
+the caps a replay cannot tell apart on coverage and spread, the loosest one is recommended, as in a one-standard-error
+rule (the least restrictive setting within noise of the best). Caps below the point where the first pass finds ⌈B/k⌉
+rollouts behave like a larger cap (later passes raise it), so they give identical rows and the rule picks the largest
+of them. The tolerances absorb replay noise (uniform within-rollout order, expiry at the margins); ``unused_tol = 0``
+and ``eff_tol = 0`` ask for the best exactly.
+
+A replay measures selection, not learning: the pick is the cap that gives the best-covered, best-spread batches with
+the least fragmentation, which is the mechanism the paper credits for its gains; check it against training runs where
+you can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from divopd.analysis.replay import ReplayConfig, log_updates, replay, write_json
+from divopd.experience.log import LoggedTurn
+
+__all__ = [
+    "CAP_METHODS",
+    "DEFAULT_CAPS",
+    "INF_CAP",
+    "add_arguments",
+    "parse_caps",
+    "plot_tune_cap",
+    "recommend_cap",
+    "render_table",
+    "run",
+    "tune_cap",
+]
+
+DEFAULT_CAPS: tuple[int, ...] = (2, 3, 4, 6, 8)
+#: Stand-in for k = ∞ (``inf`` in ``--caps``): a first-pass cap no rollout reaches, i.e. no cap.
+INF_CAP = 2**31 - 1
+#: Methods whose batches depend on the cap (rollout-first with a cap k).
+CAP_METHODS: tuple[str, ...] = ("divopd-base", "divopd")
+#: Methods that ignore the cap: tuning k for them is refused with this reason.
+_CAPLESS = {
+    "vanilla": "reads the queue in arrival order",
+    "vanilla-pool": "takes the oldest pooled turns",
+    "nocap": "is rollout-first with k = ∞",
+    "divopd-focus": "ranks all candidates globally",
+}
+
+
+def cap_label(cap: int) -> int | str:
+    """``"inf"`` for :data:`INF_CAP`, else the cap itself."""
+    return "inf" if cap == INF_CAP else cap
+
+
+def parse_caps(text: str | Sequence[int | str]) -> list[int]:
+    """``"2,3,4,6,8"`` (or a sequence) -> sorted distinct caps; ``inf`` means no cap (:data:`INF_CAP`)."""
+    items = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
+    caps: list[int] = []
+    for item in items:
+        if item == "":
+            continue
+        if isinstance(item, str) and item.lower() in ("inf", "none", "∞"):
+            caps.append(INF_CAP)
+            continue
+        try:
+            cap = int(item)
+        except (TypeError, ValueError):
+            raise ValueError(f"--caps: {item!r} is not an integer k >= 1 or 'inf'") from None
+        if isinstance(item, bool) or cap < 1 or (isinstance(item, float) and item != cap):
+            raise ValueError(f"--caps: {item!r} is not an integer k >= 1 or 'inf'")
+        caps.append(cap)
+    if not caps:
+        raise ValueError("--caps: give at least one cap")
+    return sorted(set(caps))
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _cap_row(cap: int, batch_size: int, m: dict[str, Any]) -> dict[str, Any]:
+    """One k's coverage row from the replay result ``m`` of the method."""
+    distinct = [d for d in m["series"]["distinct_rollouts"] if d is not None]
+    promised = math.ceil(batch_size / cap)
+    return {
+        "cap": cap_label(cap),
+        "starved": m["starved"],
+        "updates": m["updates"],
+        "valid_rollouts": m["valid_rollouts"],
+        "used_rollouts": m["used_rollouts"],
+        "undecided_rollouts": m["undecided_rollouts"],
+        "unused_fraction": m["unused_fraction"],
+        "effective_rollouts_mean": m["effective_rollouts_mean"],
+        "max_rollout_share_mean": m["max_rollout_share_mean"],
+        "dead_row_fraction": m["dead_row_fraction"],
+        "distinct_rollouts_mean": _mean(distinct),
+        "distinct_rollouts_min": min(distinct) if distinct else None,
+        "promised_rollouts": promised,
+        "cap_binds_fraction": (sum(d >= promised for d in distinct) / len(distinct)) if distinct else None,
+        "mean_staleness": _mean(m["series"]["mean_staleness"]),
+        "selected": m["selected"],
+        "expired": m["expired"],
+        "invalid": m["invalid"],
+    }
+
+
+def recommend_cap(
+    rows: Sequence[dict[str, Any]], unused_tol: float = 0.02, eff_tol: float = 0.10
+) -> tuple[int | str | None, str]:
+    """The recommendation rule (see the module docstring): fewest starved ticks, then unused fraction within
+    ``unused_tol`` of the best, then effective rollouts ≥ ``(1 − eff_tol)`` × the best among those, then the largest k.
+
+    Args:
+        rows: per-cap rows of :func:`tune_cap` (keys ``cap``, ``starved``, ``unused_fraction``,
+            ``effective_rollouts_mean``).
+        unused_tol: absolute tolerance on the unused fraction (0.02 = 2 points).
+        eff_tol: relative tolerance on the effective rollouts (0.10 = within 10 %).
+
+    Returns:
+        ``(cap, reason)``; cap is ``None`` when no k composed a batch.
+    """
+    if unused_tol < 0 or not 0 <= eff_tol < 1:
+        raise ValueError(f"unused_tol must be >= 0 and eff_tol in [0, 1), got {unused_tol}, {eff_tol}")
+    live = [r for r in rows if r["updates"] > 0]
+    if not live:
+        return None, "no cap composed a batch (every tick starved): the log is too short or B too large"
+    steps = []
+    fewest = min(r["starved"] for r in live)
+    keep = [r for r in live if r["starved"] == fewest]
+    steps.append(f"{len(keep)} of {len(live)} caps have the fewest starved ticks ({fewest})")
+    unused = [r["unused_fraction"] for r in keep if r["unused_fraction"] is not None]
+    if unused:
+        best = min(unused)
+        keep = [
+            r for r in keep if r["unused_fraction"] is not None and r["unused_fraction"] <= best + unused_tol + 1e-12
+        ]
+        steps.append(f"unused fraction within {100 * unused_tol:g} points of the best {100 * best:.1f}%: {_caps(keep)}")
+    else:
+        steps.append("no valid rollout decided: coverage not compared")
+    best_eff = max(r["effective_rollouts_mean"] for r in keep)
+    keep = [r for r in keep if r["effective_rollouts_mean"] >= (1 - eff_tol) * best_eff - 1e-12]
+    steps.append(f"effective rollouts >= {100 * (1 - eff_tol):g}% of the best {best_eff:.1f}: {_caps(keep)}")
+    pick = max(keep, key=lambda r: INF_CAP if r["cap"] == "inf" else r["cap"])["cap"]
+    steps.append(f"the largest: k = {pick}")
+    return pick, "; ".join(steps)
+
+
+def _caps(rows: Sequence[dict[str, Any]]) -> str:
+    return "k ∈ {" + ", ".join(str(r["cap"]) for r in rows) + "}"
+
+
+def tune_cap(
+    log: str | os.PathLike | Iterable[LoggedTurn],
+    caps: Sequence[int | str] | str = DEFAULT_CAPS,
+    *,
+    method: str = "divopd-base",
+    batch_size: int = 256,
+    pool_factor: float = 4,
+    max_staleness: int = 2,
+    updates: int | None = None,
+    cap_unit: str = "turns",
+    seed: int = 0,
+    max_pending: int | None = None,
+    unused_tol: float = 0.02,
+    eff_tol: float = 0.10,
+) -> dict[str, Any]:
+    """Replay ``log`` with ``method`` at every cap in ``caps`` and recommend one (rule: :func:`recommend_cap`).
+
+    Every k sees the same experience, tick by tick (the replay's delivery rule); one replay pass per k.
+
+    Returns:
+        A JSON-able dict: ``log``, ``config``, ``updates``, ``delivered_turns``, ``delivered_rollouts``,
+        ``arrival_drain_ratio``, ``caps`` (one row per k, keys as in :func:`_cap_row`: ``cap``, ``starved``,
+        ``updates``, ``valid_rollouts``, ``used_rollouts``, ``undecided_rollouts``, ``unused_fraction``,
+        ``effective_rollouts_mean``, ``max_rollout_share_mean``, ``dead_row_fraction``, ``distinct_rollouts_mean``,
+        ``distinct_rollouts_min``, ``promised_rollouts`` (⌈B/k⌉), ``cap_binds_fraction`` (share of batches with at
+        least ⌈B/k⌉ distinct rollouts), ``mean_staleness``, ``selected``, ``expired``, ``invalid``),
+        ``recommended`` (k, ``"inf"`` or None), ``reason`` and ``rule`` (the tolerances).
+    """
+    if method in _CAPLESS:
+        raise ValueError(
+            f"method {method!r} {_CAPLESS[method]}: the cap does not change its batches; use one of "
+            f"{', '.join(CAP_METHODS)}"
+        )
+    cap_list = parse_caps(caps)
+    if updates is not None and updates < 1:
+        raise ValueError(f"--updates must be >= 1, got {updates}")
+    log_name = None
+    if isinstance(log, (str, os.PathLike)):
+        log_name = str(log)
+        if updates is None:
+            updates = log_updates(log)
+        source: Any = log
+    else:
+        source = list(log)  # replayed once per k
+        if updates is None:
+            updates = max((t.arrival_update for t in source), default=-1) + 1
+    if updates < 1:
+        raise ValueError("tune-cap: the log is empty and no --updates was given")
+    rows = []
+    first: dict[str, Any] | None = None
+    for cap in cap_list:
+        config = ReplayConfig(
+            methods=(method,),
+            batch_size=batch_size,
+            pool_factor=pool_factor,
+            cap=cap,
+            max_staleness=max_staleness,
+            updates=updates,
+            seed=seed,
+            max_pending=max_pending,
+            cap_unit=cap_unit,
+        )
+        result = replay(source, config)
+        first = first or result
+        rows.append(_cap_row(cap, batch_size, result["methods"][method]))
+    assert first is not None
+    pick, reason = recommend_cap(rows, unused_tol=unused_tol, eff_tol=eff_tol)
+    return {
+        "log": log_name,
+        "config": {
+            "method": method,
+            "caps": [cap_label(c) for c in cap_list],
+            "batch_size": batch_size,
+            "pool_factor": pool_factor,
+            "max_staleness": max_staleness,
+            "updates": updates,
+            "cap_unit": cap_unit,
+            "seed": seed,
+            "max_pending": max_pending,
+        },
+        "updates": updates,
+        "delivered_turns": first["delivered_turns"],
+        "delivered_rollouts": first["delivered_rollouts"],
+        "arrival_drain_ratio": first["arrival_drain_ratio"],
+        "caps": rows,
+        "recommended": pick,
+        "reason": reason,
+        "rule": {"unused_tol": unused_tol, "eff_tol": eff_tol},
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- output
+def _fmt(value: float | None, pct: bool = False, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    return f"{100 * value:.1f}%" if pct else f"{value:.{digits}f}"
+
+
+def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the printed table (also used for Markdown)."""
+    header = [
+        "k",
+        "starved",
+        "used / valid",
+        "undecided",
+        "unused",
+        "eff. rollouts",
+        "max share",
+        "distinct/batch (min)",
+        "⌈B/k⌉ met",
+        "staleness",
+        "dead rows",
+        "expired",
+    ]
+    out = []
+    for r in result["caps"]:
+        mark = " ←" if r["cap"] == result["recommended"] else ""
+        out.append(
+            [
+                f"{r['cap']}{mark}",
+                str(r["starved"]),
+                f"{r['used_rollouts']} / {r['valid_rollouts']}",
+                str(r["undecided_rollouts"]),
+                _fmt(r["unused_fraction"], pct=True),
+                _fmt(r["effective_rollouts_mean"]),
+                _fmt(r["max_rollout_share_mean"], pct=True),
+                f"{_fmt(r['distinct_rollouts_mean'])} ({_fmt(r['distinct_rollouts_min'], digits=0)})",
+                f"{_fmt(r['cap_binds_fraction'], pct=True)} of {r['promised_rollouts']}",
+                _fmt(r["mean_staleness"], digits=2),
+                _fmt(r["dead_row_fraction"], pct=True),
+                str(r["expired"]),
+            ]
+        )
+    return header, out
+
+
+def title(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    unit = "token-share cap" if cfg["cap_unit"] == "tokens" else "turn cap"
+    return (
+        f"tune-cap {cfg['method']} ({unit}): U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} "
+        f"S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}"
+    )
+
+
+def render_table(result: dict[str, Any]):  # -> rich.table.Table
+    """A rich table, one row per k; the recommended k is marked ←."""
+    from rich.table import Table
+
+    header, rows = table_rows(result)
+    table = Table(title=title(result))
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def markdown_table(result: dict[str, Any]) -> str:
+    """The same table as Markdown."""
+    header, rows = table_rows(result)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def plot_tune_cap(result: dict[str, Any], path: str | os.PathLike) -> None:
+    """Two panels over k: unused fraction and effective rollouts per batch; the recommended k is marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["caps"]
+    labels = [str(r["cap"]) for r in rows]
+    xs = list(range(len(rows)))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
+    panels = [
+        (axes[0], [r["unused_fraction"] for r in rows], "unused fraction of valid rollouts"),
+        (axes[1], [r["effective_rollouts_mean"] for r in rows], "effective rollouts per batch"),
+    ]
+    for ax, ys, label in panels:
+        ax.plot(xs, [float("nan") if y is None else y for y in ys], "o-")
+        if result["recommended"] is not None:
+            i = labels.index(str(result["recommended"]))
+            ax.axvline(i, color="tab:red", linestyle="--", linewidth=1, label=f"recommended k = {labels[i]}")
+            ax.legend(fontsize=8)
+        ax.set_xticks(xs, labels)
+        ax.set_xlabel("cap k")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title(result), fontsize=9)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("log", help="experience log: a .parquet file or a directory of part-*.parquet files")
+    parser.add_argument("--caps", default=",".join(map(str, DEFAULT_CAPS)), help="candidate caps, 'inf' = no cap")
+    parser.add_argument("--method", default="divopd-base", help=f"rollout-first method ({', '.join(CAP_METHODS)})")
+    parser.add_argument("--cap-unit", choices=("turns", "tokens"), default="turns", help="turn cap or token-share cap")
+    parser.add_argument("--batch-size", type=int, default=256, help="B, rows per update (default 256)")
+    parser.add_argument("--pool-factor", type=float, default=4, help="c, candidate pool c·B (default 4)")
+    parser.add_argument("--max-staleness", type=int, default=2, help="S, staleness window in versions (default 2)")
+    parser.add_argument("--max-pending", type=int, default=None, help="cap on pending turns (default none)")
+    parser.add_argument("--updates", type=int, default=None, help="U ticks (default: through the last arrival_update)")
+    parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    parser.add_argument("--unused-tol", type=float, default=0.02, help="rule: unused fraction tolerance (absolute)")
+    parser.add_argument("--eff-tol", type=float, default=0.10, help="rule: effective rollouts tolerance (relative)")
+    parser.add_argument("--json", dest="json_out", default=None, help="write the per-k results here")
+    parser.add_argument("--markdown", default=None, help="write the table as Markdown here")
+    parser.add_argument("--plot", default=None, help="write a PNG (unused fraction, effective rollouts over k) here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from divopd.errors import UsageError
+
+    console = Console(width=None if Console().is_terminal else 180)
+    pool_factor = int(args.pool_factor) if float(args.pool_factor).is_integer() else args.pool_factor
+    try:
+        result = tune_cap(
+            args.log,
+            args.caps,
+            method=args.method,
+            batch_size=args.batch_size,
+            pool_factor=pool_factor,
+            max_staleness=args.max_staleness,
+            updates=args.updates,
+            cap_unit=args.cap_unit,
+            seed=args.seed,
+            max_pending=args.max_pending,
+            unused_tol=args.unused_tol,
+            eff_tol=args.eff_tol,
+        )
+    except ValueError as exc:  # the options, or the log (an ExperienceLogError): one line, exit 2 (divopd.cli)
+        if isinstance(exc, UsageError):
+            raise
+        raise UsageError(str(exc)) from exc
+    console.print(render_table(result))
+    console.print(f"recommended k = {result['recommended']}  ({result['reason']})")
+    if args.json_out:
+        write_json(result, args.json_out)
+        console.print(f"wrote {args.json_out}")
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(f"{title(result)}\n\n{markdown_table(result)}\n")
+        console.print(f"wrote {args.markdown}")
+    if args.plot:
+        plot_tune_cap(result, args.plot)
+        console.print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,17 @@
+"""``divopd bench``: the flags and the entry point live with the library code in :mod:`divopd.suite.bench`."""
+
+from __future__ import annotations
+
+import argparse
+
+from divopd.suite import bench as _lib
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _lib.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(_lib.run(args) or 0)

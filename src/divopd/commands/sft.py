@@ -1,0 +1,225 @@
+"""``divopd sft``: behaviour cloning on an environment's gold trajectories — the tiny teacher for CPU runs, and the
+students' warm start.
+
+1. Play the gold path of ``--train-tasks`` tasks of the train split; every gold step becomes one example whose prompt is
+   built exactly as the explorer builds it (``encode_prompt``, same template and budget) and whose
+   response is the gold action + eos (:func:`divopd.explore.prompting.encode_action`).
+2. Build a tiny word-level tokenizer on those texts and a tiny Llama (``--size``), or start from ``--init`` (any HF
+   folder, e.g. a previous SFT output for a shorter warm start).
+3. Train with ``train_sft``, save an HF folder (model + tokenizer + ``sft.json`` with the prompt config
+   and the numbers), and report the held-out success rate of greedy student-only episodes on ``--eval-split``.
+
+Example (a CPU teacher, then a weaker student warm start sharing its vocabulary)::
+
+    divopd sft --env twx --out runs/sft/teacher --size 0.2m --train-tasks 400 --epochs 6 \
+        --prompt '{"past_observation_max_words": 8}'
+    divopd sft --env twx --out runs/sft/student --size 0.2m --train-tasks 100 --epochs 2 --seed 1 \
+        --tokenizer-from runs/sft/teacher --prompt '{"past_observation_max_words": 8}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_arguments", "collect_gold_examples", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--env", default="twx", help="environment registry name (twx, scienceworld, tiny)")
+    parser.add_argument("--env-kwargs", default="{}", help='JSON constructor arguments, e.g. \'{"game": "coin"}\'')
+    parser.add_argument("--out", required=True, help="output folder (HF model + tokenizer + sft.json)")
+    parser.add_argument("--init", default=None, help="start from this HF model folder instead of a fresh tiny model")
+    parser.add_argument("--size", default="1m", help="tiny model size when --init is not given (0.2m, 1m, 5m, 20m)")
+    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2"], help="tiny model architecture")
+    parser.add_argument("--tokenizer", default="word", choices=["word", "bpe"], help="tiny tokenizer kind")
+    parser.add_argument("--tokenizer-from", default=None,
+                        help="reuse the tokenizer of this HF folder (a student must share its teacher's vocabulary)")
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--train-tasks", type=int, default=400, help="gold trajectories from this many train tasks")
+    parser.add_argument("--eval-tasks", type=int, default=100, help="held-out episodes for the success rate")
+    parser.add_argument("--eval-split", default="dev", help="held-out split (dev or test)")
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int, default=20, help="step limit of evaluation episodes")
+    parser.add_argument("--num-envs", type=int, default=8, help="env instances for evaluation (lockstep batch)")
+    parser.add_argument("--prompt", default="{}",
+                        help='JSON PromptConfig fields (must match the explorer), e.g. {"max_prompt_tokens": 768}')
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (keep 1 beside other jobs)")
+
+
+def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any) -> tuple[list[dict[str, Any]], int]:
+    """Replay each task's gold path; returns (one record per gold step, number of tasks whose gold path failed).
+
+    A record holds the prompt's parts (first observation, history, valid actions) and the gold action, so it can be
+    encoded with any tokenizer later.
+    """
+    records, failed = [], 0
+    for task in tasks:
+        gold = env.gold_actions(task)
+        if not gold:
+            failed += 1
+            continue
+        first = env.reset(task)
+        history: list[tuple[str, str]] = []
+        steps = []
+        info: dict[str, Any] = {}
+        for action in gold:
+            steps.append({"first": first, "history": list(history), "valid": env.valid_actions(), "action": action})
+            obs, _, done, info = env.step(action)
+            history.append((action, obs))
+            if done:
+                break
+        if info.get("success"):
+            records.extend(steps)
+        else:
+            failed += 1
+    return records, failed
+
+
+def _texts(records: list[dict[str, Any]], prompt_config: Any) -> list[str]:
+    from divopd.explore.prompting import build_messages
+
+    texts = [prompt_config.system, prompt_config.valid_actions_prefix]
+    for r in records:
+        texts.extend(m["content"] for m in build_messages(prompt_config, r["first"], r["history"], r["valid"]))
+        texts.append(r["action"])
+    return texts
+
+
+def _json_object(flag: str, text: str) -> dict[str, Any]:
+    from divopd.errors import UsageError
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{flag}: not valid JSON ({exc.msg} at column {exc.colno}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag}: expected a JSON object like '{{\"key\": value}}', got {text!r}")
+    return value
+
+
+def check_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """Validate the arguments before anything heavy runs; returns ``(env_kwargs, prompt_config)``.
+
+    Raises :class:`~divopd.errors.UsageError` naming the flag."""
+    from pydantic import ValidationError
+
+    from divopd.errors import UsageError, check_model_folder, check_tokenizer_folder, describe_validation_error
+    from divopd.explore.envs import ENVS, SPLITS
+    from divopd.explore.prompting import PromptConfig
+
+    if args.env not in ENVS:
+        raise UsageError(f"--env: unknown environment {args.env!r}; known: {', '.join(ENVS)}")
+    env_kwargs = _json_object("--env-kwargs", args.env_kwargs)
+    try:
+        prompt_config = PromptConfig(**_json_object("--prompt", args.prompt))
+    except ValidationError as exc:
+        raise UsageError(f"--prompt: {describe_validation_error(exc)}") from exc
+    for flag, value in (("--train-tasks", args.train_tasks), ("--eval-tasks", args.eval_tasks),
+                        ("--epochs", args.epochs), ("--batch-size", args.batch_size), ("--max-steps", args.max_steps),
+                        ("--num-envs", args.num_envs), ("--threads", args.threads), ("--vocab-size", args.vocab_size)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if not args.lr > 0:
+        raise UsageError(f"--lr must be positive, got {args.lr}")
+    if args.eval_split not in SPLITS:
+        raise UsageError(f"--eval-split: unknown split {args.eval_split!r}; expected one of {', '.join(SPLITS)}")
+    if args.init:
+        check_model_folder(args.init, "--init")
+    else:
+        from divopd.models.tiny import SIZES
+
+        if args.size not in SIZES:
+            raise UsageError(f"--size: unknown tiny model size {args.size!r}; expected one of {', '.join(SIZES)}")
+        if args.tokenizer_from:
+            check_tokenizer_folder(args.tokenizer_from, "--tokenizer-from")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: a file, not a folder")
+    return env_kwargs, prompt_config
+
+
+def run(args: argparse.Namespace) -> int:
+    env_kwargs, prompt_config = check_arguments(args)
+
+    import torch
+
+    from divopd.explore.envs import make_env
+    from divopd.explore.explorer import Explorer, ExplorerConfig
+    from divopd.explore.prompting import encode_action, encode_prompt
+    from divopd.learn.sft import train_sft
+    from divopd.models import load_model, load_tokenizer
+    from divopd.models.tiny import build_model, build_tokenizer
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    t0 = time.perf_counter()
+
+    # 1. gold trajectories
+    env = make_env(args.env, **env_kwargs)
+    try:
+        tasks = env.tasks("train")[: args.train_tasks]
+        records, failed = collect_gold_examples(env, tasks, prompt_config)
+    finally:
+        env.close()
+    if not records:
+        print(f"divopd sft: no gold trajectory succeeded on {args.env} ({failed} failed)")
+        return 1
+    print(f"gold: {len(records)} steps from {len(tasks) - failed} tasks ({failed} failed) "
+          f"in {time.perf_counter() - t0:.1f}s")
+
+    # 2. tokenizer + model
+    if args.init:
+        model, tokenizer = load_model(args.init)
+    else:
+        if args.tokenizer_from:
+            tokenizer = load_tokenizer(args.tokenizer_from)
+        else:
+            tokenizer = build_tokenizer(_texts(records, prompt_config), kind=args.tokenizer,
+                                        vocab_size=args.vocab_size)
+        model = build_model(tokenizer, size=args.size, arch=args.arch, seed=args.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    examples, truncated = [], 0
+    for r in records:
+        enc = encode_prompt(tokenizer, prompt_config, r["first"], r["history"], r["valid"])
+        truncated += enc.truncated
+        examples.append((enc.ids, encode_action(tokenizer, r["action"])))
+    mean_prompt = sum(len(p) for p, _ in examples) / len(examples)
+    print(f"model: {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}; {len(examples)} examples, "
+          f"mean prompt {mean_prompt:.0f} tokens, {truncated} truncated")
+
+    # 3. train
+    result = train_sft(model, tokenizer, examples, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+                       seed=args.seed, log_every=max(1, len(examples) // args.batch_size),
+                       log_fn=lambda m: print(f"  epoch {m['sft/epoch']:.0f} step {m['sft/step']:.0f} "
+                                              f"loss {m['sft/loss']:.4f}"))
+    model.eval()
+    print(f"trained: {result['steps']} steps, final loss {result['final_loss']:.4f}, {result['seconds']:.0f}s")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+    # 4. held-out success (greedy, student-only)
+    config = ExplorerConfig(env=args.env, env_kwargs=env_kwargs, num_envs=args.num_envs, eval_split=args.eval_split,
+                            eval_tasks=args.eval_tasks, max_steps=args.max_steps, prompt=prompt_config)
+    with Explorer(config, model, tokenizer, seed=args.seed) as explorer:
+        metrics = explorer.evaluate()
+    print(f"held-out {args.eval_split}: success rate {metrics['eval/success_rate']:.3f}, mean score "
+          f"{metrics['eval/mean_score']:.3f}, mean steps {metrics['eval/mean_steps']:.1f} "
+          f"({metrics['eval/episodes']:.0f} episodes, {metrics['eval/seconds']:.0f}s)")
+    summary = {
+        "env": args.env, "env_kwargs": env_kwargs, "prompt": prompt_config.model_dump(), "params": n_params,
+        "gold_steps": len(records), "gold_tasks": len(tasks) - failed, "gold_failed": failed,
+        "truncated_examples": truncated, "sft": {k: v for k, v in result.items() if k != "epoch_losses"},
+        "epoch_losses": result.get("epoch_losses"), "eval": metrics, "seconds": time.perf_counter() - t0,
+        "args": vars(args) | {"_run": None},
+    }
+    (out / "sft.json").write_text(json.dumps(summary, indent=2, default=str))
+    print(f"saved {out} in {summary['seconds']:.0f}s total")
+    return 0

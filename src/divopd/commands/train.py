@@ -1,0 +1,62 @@
+"""``divopd train CONFIG [--set key=value ...]`` and ``divopd train --resume RUN_DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from divopd.train.config import load_config
+from divopd.train.interrupt import EXIT_INTERRUPTED, StopRequest
+from divopd.train.run import quiet_hf_progress, train
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="YAML config (one per method row, see configs/)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set sampler.cap=6 (repeatable)")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint")
+    parser.add_argument("--run-dir", help="write the run here instead of out_dir/<setting>/<method>/seed<seed>")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (log lines instead)")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    quiet_hf_progress()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from divopd.errors import UsageError, check_model_folder
+
+    if args.resume and args.config:
+        raise UsageError("give a CONFIG or --resume RUN_DIR, not both")
+    if not args.resume and not args.config:
+        raise UsageError("a CONFIG file is required (or --resume RUN_DIR)")
+    if args.resume and (args.overrides or args.run_dir):
+        raise UsageError("--set and --run-dir do not apply to --resume RUN_DIR (the run keeps its config.yaml)")
+    if args.config:
+        extra = {"run_dir": args.run_dir} if args.run_dir else None
+        cfg = load_config(args.config, args.overrides, data=extra)
+    else:
+        cfg = None
+        saved = Path(args.resume, "config.yaml")
+        if not Path(args.resume).exists():
+            raise UsageError(f"--resume {args.resume}: no such run directory")
+        if not Path(args.resume).is_dir():
+            raise UsageError(f"--resume {args.resume}: not a run directory (a file)")
+        if not saved.is_file():
+            raise UsageError(f"--resume {args.resume}: not a divopd run directory (no config.yaml)")
+        loaded = load_config(saved)  # the models below are checked against the run's own config
+    if args.print_config:
+        from divopd.train.config import dump_config
+
+        print(dump_config(cfg) if cfg else saved.read_text())
+        return 0
+    for key in ("student", "teacher"):  # before anything heavy loads
+        check_model_folder(getattr(cfg or loaded, key).path, f"{key}.path")
+    with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next stage boundary, checkpoint, exit 130
+        summary = train(cfg, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty(), stop=stop)
+    print(json.dumps(summary, indent=2, default=str))
+    return EXIT_INTERRUPTED if summary.get("interrupted") else 0

@@ -1,0 +1,5 @@
+"""Records and logs: the :class:`Turn` every part exchanges, finished :class:`Rollout` s, the experience log."""
+
+from divopd.experience.turn import Rollout, Turn
+
+__all__ = ["Rollout", "Turn"]

@@ -1,0 +1,212 @@
+"""Turn records: one student response turn, as explorers queue it and the sampler selects it.
+
+A ``Turn`` is the unit every other part of divopd exchanges. It carries the token ids, the generating policy's
+per-token log probabilities, the frozen teacher's per-token log probabilities and the masks the loss needs, tagged by
+``(rollout_id, turn_index, policy_version)`` (paper, "Asynchronous multi-turn OPD").
+
+Per-token arrays are stored as numpy arrays (int32 ids, float32 log probabilities, bool masks). Malformed *types*
+(a non-string rollout id, a negative turn index or version) raise ``ValueError`` at construction; malformed *content*
+(missing teacher scores, arrays of the wrong length, no scored token, a truncated prompt) is legal to construct and is
+what :func:`divopd.sampling.gate.check` names, so that nothing is lost silently: such a turn is counted as rejected
+with a reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Rollout", "Turn"]
+
+_ArrayLike = Sequence[int] | Sequence[float] | Sequence[bool] | np.ndarray
+
+
+def _as_array(values: Any, dtype: Any, name: str) -> np.ndarray | None:
+    if values is None:
+        return None
+    try:
+        arr = np.asarray(values, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"Turn.{name}: cannot be read as a {np.dtype(dtype).name} sequence ({exc})") from None
+    if arr.ndim != 1:
+        raise ValueError(f"Turn.{name}: expected a 1-d sequence, got shape {arr.shape}")
+    return arr
+
+
+@dataclass(eq=False)
+class Turn:
+    """One student response turn.
+
+    Attributes:
+        rollout_id: id of the rollout (episode) the turn belongs to.
+        turn_index: position of the turn within its rollout (>= 0).
+        policy_version: student policy version that generated the response (>= 0).
+        prompt_ids: token ids of the prompt (chat template + task + history), int sequence.
+        response_ids: token ids of the student's response, int sequence.
+        action_mask: per response token, True where the token is the student's action (``None`` = all True).
+        student_logprobs: per response token, log probability under the generating policy (``None`` = not kept).
+        teacher_logprobs: per response token, frozen-teacher log probability (``None`` = not scored;
+            NaN or +-inf at a position = that position not scored).
+        teacher_valid_mask: per response token, True where the teacher score is usable (``None`` = no extra mask).
+        prompt_truncated: True when the explorer had to truncate the prompt (history past the context budget).
+        info: free-form metadata (env, task, success, reward, score, horizon, teacher_acted, ...).
+        teacher_topk_ids: optional, per response token the teacher's top-k token ids, shape [L, k] (for the
+            non-default top-k reverse-KL estimator of :func:`divopd.learn.loss.opd_loss`).
+        teacher_topk_logprobs: optional, the teacher log probabilities of ``teacher_topk_ids``, shape [L, k].
+    """
+
+    rollout_id: str
+    turn_index: int
+    policy_version: int
+    prompt_ids: _ArrayLike
+    response_ids: _ArrayLike
+    action_mask: _ArrayLike | None = None
+    student_logprobs: _ArrayLike | None = None
+    teacher_logprobs: _ArrayLike | None = None
+    teacher_valid_mask: _ArrayLike | None = None
+    prompt_truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    teacher_topk_ids: np.ndarray | None = None
+    teacher_topk_logprobs: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rollout_id, str) or not self.rollout_id:
+            raise ValueError(f"Turn.rollout_id must be a non-empty str, got {self.rollout_id!r}")
+        for name in ("turn_index", "policy_version"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"Turn.{name} must be an int >= 0, got {value!r}")
+            setattr(self, name, int(value))
+        self.prompt_ids = _as_array(self.prompt_ids, np.int32, "prompt_ids")
+        self.response_ids = _as_array(self.response_ids, np.int32, "response_ids")
+        if self.prompt_ids is None or self.response_ids is None:
+            raise ValueError("Turn.prompt_ids and Turn.response_ids are required (use an empty sequence for none)")
+        self.action_mask = _as_array(self.action_mask, bool, "action_mask")
+        self.student_logprobs = _as_array(self.student_logprobs, np.float32, "student_logprobs")
+        self.teacher_logprobs = _as_array(self.teacher_logprobs, np.float32, "teacher_logprobs")
+        self.teacher_valid_mask = _as_array(self.teacher_valid_mask, bool, "teacher_valid_mask")
+        self.prompt_truncated = bool(self.prompt_truncated)
+        for name, dtype in (("teacher_topk_ids", np.int32), ("teacher_topk_logprobs", np.float32)):
+            value = getattr(self, name)
+            if value is not None:
+                arr = np.asarray(value, dtype=dtype)
+                if arr.ndim != 2:
+                    raise ValueError(f"Turn.{name}: expected shape [response_len, k], got {arr.shape}")
+                setattr(self, name, arr)
+        if self.info is None:
+            self.info = {}
+        if not isinstance(self.info, dict):
+            raise ValueError(f"Turn.info must be a dict, got {type(self.info).__name__}")
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def key(self) -> tuple[str, int]:
+        """``(rollout_id, turn_index)``: the turn's identity in the paper."""
+        return (self.rollout_id, self.turn_index)
+
+    @property
+    def response_len(self) -> int:
+        return int(self.response_ids.shape[0])
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    # ------------------------------------------------------------------ derived, cached
+    @cached_property
+    def length_mismatch(self) -> str | None:
+        """Name of the first per-token array whose length differs from the response, else ``None``."""
+        n = self.response_len
+        for name in (
+            "action_mask",
+            "student_logprobs",
+            "teacher_logprobs",
+            "teacher_valid_mask",
+            "teacher_topk_ids",
+            "teacher_topk_logprobs",
+        ):
+            arr = getattr(self, name)
+            if arr is not None and arr.shape[0] != n:
+                return name
+        return None
+
+    @cached_property
+    def valid_mask(self) -> np.ndarray:
+        """Action ∧ teacher-valid ∧ finite teacher logprob, per response token (all False when unusable)."""
+        n = self.response_len
+        if self.teacher_logprobs is None or self.length_mismatch is not None:
+            return np.zeros(n, dtype=bool)
+        mask = np.isfinite(self.teacher_logprobs)
+        if self.action_mask is not None:
+            mask &= self.action_mask
+        if self.teacher_valid_mask is not None:
+            mask &= self.teacher_valid_mask
+        return mask
+
+    @cached_property
+    def n_valid(self) -> int:
+        """Number of valid (scored, student-action) tokens: the paper's |V_t|."""
+        return int(np.count_nonzero(self.valid_mask))
+
+    @cached_property
+    def disagreement(self) -> float:
+        """Focus score: Σ over valid tokens of (student_logprob − teacher_logprob), the cached disagreement.
+
+        Uses the generating policy's log probabilities, so no model pass is needed. Positions whose student log
+        probability is not finite are skipped. 0.0 when the turn has no student log probabilities or no valid token.
+        """
+        if self.student_logprobs is None or self.n_valid == 0:
+            return 0.0
+        mask = self.valid_mask & np.isfinite(self.student_logprobs)
+        # float64 differences at the masked positions only (the rest of ``diff`` is never read)
+        diff = np.subtract(self.student_logprobs, self.teacher_logprobs, out=None, dtype=np.float64, where=mask)
+        return float(diff[mask].sum())
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (lists, ints, floats, NaN kept), for state dicts and JSON."""
+
+        def lst(arr: np.ndarray | None) -> list | None:
+            return None if arr is None else arr.tolist()
+
+        return {
+            "rollout_id": self.rollout_id,
+            "turn_index": self.turn_index,
+            "policy_version": self.policy_version,
+            "prompt_ids": lst(self.prompt_ids),
+            "response_ids": lst(self.response_ids),
+            "action_mask": lst(self.action_mask),
+            "student_logprobs": lst(self.student_logprobs),
+            "teacher_logprobs": lst(self.teacher_logprobs),
+            "teacher_valid_mask": lst(self.teacher_valid_mask),
+            "prompt_truncated": self.prompt_truncated,
+            "info": dict(self.info),
+            "teacher_topk_ids": lst(self.teacher_topk_ids),
+            "teacher_topk_logprobs": lst(self.teacher_topk_logprobs),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Turn:
+        return cls(**data)
+
+    def __repr__(self) -> str:
+        return (
+            f"Turn(rollout_id={self.rollout_id!r}, turn_index={self.turn_index}, policy_version={self.policy_version}, "
+            f"prompt_len={self.prompt_len}, response_len={self.response_len}, n_valid={self.n_valid})"
+        )
+
+
+@dataclass
+class Rollout:
+    """One finished rollout: its student turns (in order) and the episode's info.
+
+    ``info`` keys: rollout_id, explorer_id, env, task, success, score, horizon (env steps taken), student_turns,
+    teacher_turns, takeovers, crashed, hit_step_limit, truncated_turns, unscored_turns, policy_version_min/max.
+    """
+
+    turns: list[Turn]
+    info: dict[str, Any]

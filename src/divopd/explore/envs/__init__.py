@@ -1,0 +1,34 @@
+"""Text environments behind one protocol (:class:`divopd.explore.envs.base.Env`) and a registry.
+
+``make_env(name, **kwargs)`` builds one instance: ``"twx"`` (TextWorld-Express, the CPU demo's default),
+``"scienceworld"`` and ``"tiny"`` (pure Python, for fast tests). Adapters import their package only when built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult
+
+__all__ = ["ENVS", "SPLITS", "Env", "EnvCrash", "ProgressTracker", "StepResult", "make_env"]
+
+#: registry name -> (module, class name)
+ENVS: dict[str, tuple[str, str]] = {
+    "twx": ("divopd.explore.envs.twx", "TextWorldExpressEnv"),
+    "textworld-express": ("divopd.explore.envs.twx", "TextWorldExpressEnv"),
+    "scienceworld": ("divopd.explore.envs.scienceworld", "ScienceWorldEnv"),
+    "tiny": ("divopd.explore.envs.tiny", "TinyEnv"),
+    "webshop": ("divopd.explore.envs.webshop", "WebShopEnv"),
+    "webshop-offline": ("divopd.explore.envs.webshop", "OfflineWebShopEnv"),
+    "alfworld": ("divopd.explore.envs.alfworld", "AlfWorldEnv"),
+}
+
+
+def make_env(name: str, **kwargs: Any) -> Env:
+    """Build one environment instance by registry name; ``kwargs`` go to the adapter's constructor."""
+    if name not in ENVS:
+        raise ValueError(f"make_env: unknown environment {name!r}; expected one of {sorted(ENVS)}")
+    module_name, cls_name = ENVS[name]
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    return cls(**kwargs)

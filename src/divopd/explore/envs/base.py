@@ -1,0 +1,105 @@
+"""The environment protocol every explorer talks to.
+
+An environment is one text game instance. Tasks are plain strings naming a task (and its variation/seed) that
+:meth:`Env.tasks` lists per split. Example::
+
+    env = TextWorldExpressEnv(game="coin", params="numLocations=3")
+    obs = env.reset(env.tasks("train")[0])
+    obs, reward, done, info = env.step("open door to north")
+    info["success"], info["progress"], info["score"]
+    env.close()
+
+Rules: a bad action returns the environment's own feedback as the observation (never an exception); ``info`` always
+holds ``success`` (bool), ``progress`` (bool: this step raised the score or reached a new state / sub-goal) and
+``score`` (float, the env's running score normalised to [0, 1] where the env has one). An environment crash raises
+:class:`EnvCrash`; the explorer ends that rollout (counted) and carries on with a fresh instance.
+
+Splits are named ``"train"``, ``"dev"`` and ``"test"`` (the packages' own folds where they have them). Tasks are
+strings such as ``"train:17"`` (TextWorld-Express seed 17 of the train fold) or ``"boil:0"`` (ScienceWorld task
+``boil``, variation 0); :meth:`Env.tasks` is the source of truth. The explorer owns the step limit: adapters set the
+packages' internal limits high enough never to end an episode first.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+__all__ = ["SPLITS", "Env", "EnvCrash", "ProgressTracker", "StepResult"]
+
+SPLITS: tuple[str, ...] = ("train", "dev", "test")
+
+StepResult = tuple[str, float, bool, dict[str, Any]]
+
+
+class EnvCrash(RuntimeError):
+    """The environment process failed (not a bad action): the rollout ends and the instance is replaced."""
+
+
+class ProgressTracker:
+    """The ``info["progress"]`` rule shared by the adapters: a step made progress when the score rose above its best so
+    far in the episode, or the agent reached a state (e.g. location + inventory) not seen before in the episode.
+
+    Repeating an action that changes nothing, an unknown command, or walking back to a visited room is no progress:
+    this is what the +R trigger (:func:`divopd.explore.recovery.should_recover`) counts.
+    """
+
+    def __init__(self) -> None:
+        self.best_score = float("-inf")
+        self.seen: set[object] = set()
+
+    def reset(self, score: float, state: object) -> None:
+        """Start an episode at ``score`` in ``state``."""
+        self.best_score = float(score)
+        self.seen = {state}
+
+    def update(self, score: float, state: object) -> bool:
+        """Record one step; returns whether it made progress."""
+        progressed = False
+        if score > self.best_score:
+            self.best_score = float(score)
+            progressed = True
+        if state not in self.seen:
+            self.seen.add(state)
+            progressed = True
+        return progressed
+
+
+class Env(abc.ABC):
+    """One text-environment instance."""
+
+    #: short name used in configs and Turn.info["env"]
+    name: str = "env"
+
+    @abc.abstractmethod
+    def tasks(self, split: str) -> list[str]:
+        """Task ids of ``split`` (``"train"``, ``"dev"`` or ``"test"``)."""
+
+    @abc.abstractmethod
+    def reset(self, task: str) -> str:
+        """Start ``task``; returns the first observation (task description included)."""
+
+    @abc.abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Apply ``action``; returns ``(observation, reward, done, info)``."""
+
+    def gold_actions(self, task: str) -> list[str] | None:
+        """An expert action sequence that solves ``task``, where the environment has one.
+
+        May restart the instance on ``task`` to compute it: call it before :meth:`reset`, not mid-episode.
+        """
+        return None
+
+    def valid_actions(self) -> list[str] | None:
+        """Currently valid actions, where the environment lists them (for prompts); ``None`` otherwise."""
+        return None
+
+    def close(self) -> None:
+        """Release the environment's resources (e.g. its JVM); the default has none to release."""
+        return None
+
+    def __enter__(self) -> Env:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,132 @@
+"""TextWorld-Express adapter (``pip install textworld-express``; offline, ~1,000+ steps/s, ~300 MB JVM per instance).
+
+Games: ``coin``, ``cookingworld``, ``twc``, ``mapreader``, ``arithmetic``, ``sorting``, ``simonsays``,
+``peckingorder``; ``params`` is the package's ``gameParams`` string. Tasks are ``"<fold>:<seed>"`` with the package's
+own train/dev/test seed folds. Every reset generates the gold path (cheap here), which always wins.
+
+The default, ``coin`` with three rooms and no doors or distractors, has gold paths of 2-9 steps: the CPU demo's and CI's
+environment. Example::
+
+    env = TextWorldExpressEnv(game="coin", params="numLocations=3,numDistractorItems=0,includeDoors=0")
+    obs = env.reset(env.tasks("dev")[0])
+    obs, reward, done, info = env.step("look around")
+    env.close()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from divopd.explore.envs._jvm import java_opts, jvm_alive, shutdown_gateway
+from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult
+
+__all__ = ["DEFAULT_GAME", "DEFAULT_PARAMS", "TextWorldExpressEnv"]
+
+DEFAULT_GAME = "coin"
+DEFAULT_PARAMS = "numLocations=3,numDistractorItems=0,includeDoors=0"
+_NO_LIMIT = 10**9  # the explorer owns the step limit
+
+
+class TextWorldExpressEnv(Env):
+    """One TextWorld-Express game instance (one JVM)."""
+
+    name = "twx"
+
+    def __init__(self, game: str = DEFAULT_GAME, params: str = DEFAULT_PARAMS, java_opts_str: str | None = None):
+        from textworld_express import TextWorldExpressEnv as _PackageEnv
+        from textworld_express.constants import GAME_NAMES
+
+        if game not in GAME_NAMES:
+            raise ValueError(f"TextWorldExpressEnv: unknown game {game!r}; expected one of {GAME_NAMES}")
+        self.game = game
+        self.params = params
+        with java_opts(java_opts_str):
+            self._env = _PackageEnv(envStepLimit=_NO_LIMIT)
+        try:
+            self._env.load(game, params)  # raises ValueError on a bad params string
+        except Exception:
+            shutdown_gateway(self._env)
+            raise
+        self._seeds: dict[str, list[int]] = {}
+        self._gold: dict[str, list[str]] = {}
+        self._valid: list[str] = []
+        self._task: str | None = None
+        self._progress = ProgressTracker()
+        self.closed = False
+
+    # ------------------------------------------------------------------ tasks
+    def tasks(self, split: str) -> list[str]:
+        if split not in SPLITS:
+            raise ValueError(f"TextWorldExpressEnv: unknown split {split!r}; expected one of {SPLITS}")
+        if split not in self._seeds:
+            getter = {"train": "getSeedsTrain", "dev": "getSeedsDev", "test": "getSeedsTest"}[split]
+            self._seeds[split] = [int(s) for s in self._call(lambda: getattr(self._env.server, getter)())]
+        return [f"{split}:{s}" for s in self._seeds[split]]
+
+    @staticmethod
+    def _parse(task: str) -> tuple[str, int]:
+        try:
+            fold, seed = task.split(":")
+            if fold not in SPLITS:
+                raise ValueError
+            return fold, int(seed)
+        except ValueError:
+            raise ValueError(f"TextWorldExpressEnv: bad task {task!r}; expected '<train|dev|test>:<seed>'") from None
+
+    # ------------------------------------------------------------------ episode
+    def reset(self, task: str) -> str:
+        fold, seed = self._parse(task)
+        obs, infos = self._call(lambda: self._env.reset(seed=seed, gameFold=fold, generateGoldPath=True))
+        self._task = task
+        self._gold[task] = list(self._env.getGoldActionSequence())
+        self._valid = sorted(infos["validActions"])
+        self._progress.reset(float(infos["score"]), _state(infos))
+        return f"{infos['taskDescription'].strip()}\n{obs.strip()}"
+
+    def step(self, action: str) -> StepResult:
+        if self._task is None:
+            raise RuntimeError("TextWorldExpressEnv.step called before reset")
+        obs, reward, _, infos = self._call(lambda: self._env.step(action.strip()))
+        self._valid = sorted(infos["validActions"])
+        score = float(infos["score"])
+        success = bool(infos["tasksuccess"])
+        done = success or bool(infos["taskfailure"])
+        info = {
+            "success": success,
+            "progress": self._progress.update(score, _state(infos)),
+            "score": max(0.0, min(1.0, score)),
+            "failure": bool(infos["taskfailure"]),
+        }
+        return obs.strip(), float(reward), done, info
+
+    def gold_actions(self, task: str) -> list[str]:
+        if task not in self._gold:
+            self.reset(task)
+            self._task = None
+        return list(self._gold[task])
+
+    def valid_actions(self) -> list[str]:
+        return list(self._valid)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            shutdown_gateway(self._env)
+
+    # ------------------------------------------------------------------ helpers
+    def _call(self, fn: Any) -> Any:
+        """Run a call into the JVM; a dead JVM or a broken gateway becomes :class:`EnvCrash`."""
+        if self.closed:
+            raise EnvCrash("TextWorldExpressEnv: used after close()")
+        from py4j.protocol import Py4JError
+
+        try:
+            return fn()
+        except (Py4JError, ConnectionError, OSError) as exc:
+            alive = jvm_alive(self._env)
+            raise EnvCrash(f"TextWorldExpressEnv: JVM call failed (jvm alive={alive}): {exc}") from exc
+
+
+def _state(infos: dict[str, Any]) -> tuple[str, str]:
+    """The state key for the progress rule: where the agent is and what it carries."""
+    return (infos.get("look", ""), infos.get("inventory", ""))

@@ -1,0 +1,530 @@
+"""Explorer: the student plays several env instances turn by turn; the frozen teacher scores every response token.
+
+Paper, "Asynchronous multi-turn OPD": rollout workers generate student interactions and frozen-teacher scores
+independently of learner updates, adding turns to a queue with rollout IDs and policy versions. One explorer here:
+
+1. keeps ``num_envs`` env instances in lockstep; each turn, every unfinished rollout gets a chat prompt built from its
+   task and history (``prompting``, flagged ``prompt_truncated`` past the context budget) and one action,
+   generated for all instances in one batch with the current student weights (``generation``), keeping the
+   per-token generating log probabilities;
+2. steps each env; a rollout ends on success/failure, at ``max_steps``, or when its env crashes (counted; the turns so
+   far are kept and a fresh instance replaces the env);
+3. when a rollout ends, the teacher scores all its student turns in one batched no-grad pass (a teacher failure marks
+   the turns unscored — ``teacher_logprobs=None`` — and counts it; nothing is dropped), and the rollout's
+   :class:`~divopd.experience.turn.Turn` s are returned together, tagged ``(rollout_id, turn_index, policy_version)``;
+4. between rollouts it loads newer student weights published by the learner (:meth:`Explorer.set_weights`); every
+   turn records the version that generated it;
+5. with +R on (:mod:`divopd.explore.recovery`), the teacher acts after ``p`` no-progress student turns for at most ``m``
+   turns; its turns are not queued.
+
+``turn_index`` is the env step at which the student acted (0-based): teacher steps under +R leave gaps.
+
+Runtimes drive it through ``collect(n)`` / ``rollouts()``, ``set_weights(handle)``, ``set_learner_version(v)``,
+``evaluate()``, ``stats()`` and ``close()``; one thread (or actor) per explorer, since the model is used in place.
+Example::
+
+    explorer = Explorer(ExplorerConfig(env="twx", num_envs=4), student, tokenizer, teacher, seed=0)
+    rollouts = explorer.collect(8)           # list[Rollout]; rollout.turns are Turns, rollout.info the episode
+    explorer.set_weights(learner.publish())  # applied at the next rollout boundary
+    explorer.evaluate(num_tasks=50)          # {"eval/success_rate": ..., "eval/mean_score": ...}
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from divopd.experience.turn import Rollout, Turn
+from divopd.explore.envs import Env, EnvCrash, make_env
+from divopd.explore.generation import Generation, HFGenerator
+from divopd.explore.prompting import PromptConfig, decode_action, encode_prompt
+from divopd.explore.recovery import RecoveryConfig, RecoveryState
+
+__all__ = ["Explorer", "ExplorerConfig", "GenerationSettings", "Rollout"]
+
+log = logging.getLogger(__name__)
+
+
+# ============================================================================ config
+class GenerationSettings(BaseModel):
+    """How the student generates its actions during training rollouts (evaluation is always greedy)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = Field(16, ge=1, description="At most this many tokens per action.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (the stored log probs are at T=1).")
+    greedy: bool = Field(False, description="Greedy decoding for training rollouts too (default: sample).")
+    stop_on_newline: bool = Field(True, description="Stop an action at the first newline token as well as at eos.")
+
+
+class ExplorerConfig(BaseModel):
+    """One explorer: which environment, how many instances, prompts, generation, teacher scoring and +R."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = Field("twx", description="Environment registry name (divopd.envs.make_env): twx, scienceworld, tiny.")
+    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments of the environment.")
+    num_envs: int = Field(4, ge=1, description="Env instances stepped in lockstep, one batched generate per turn.")
+    split: str = Field("train", description="Task split for training rollouts.")
+    eval_split: str = Field("dev", description="Held-out task split for evaluation.")
+    eval_tasks: int = Field(50, ge=1, description="Evaluation uses the first N tasks of eval_split by default.")
+    max_steps: int = Field(20, ge=1, description="Step limit per rollout (student and teacher steps together).")
+    prompt: PromptConfig = Field(default_factory=PromptConfig, description="Prompt template and context budget.")
+    generation: GenerationSettings = Field(default_factory=GenerationSettings, description="Student decoding.")
+    teacher_max_tokens_per_batch: int = Field(
+        8192, ge=1, description="Teacher scoring packs at most this many prompt+response tokens per forward pass.")
+    teacher_topk: int = Field(
+        0, ge=0, description="Also keep the teacher's top-k log probs per token (for the top-k reverse-KL estimator).")
+    recovery: RecoveryConfig = Field(default_factory=RecoveryConfig, description="+R teacher recovery.")
+    max_env_restarts: int = Field(3, ge=1, description="Consecutive failed env (re)starts before the explorer fails.")
+
+
+# ============================================================================ records
+@dataclass
+class _StudentStep:
+    """A student turn while its rollout is running (becomes a Turn once the teacher has scored it)."""
+
+    step: int
+    prompt_ids: list[int]
+    prompt_truncated: bool
+    response_ids: list[int]
+    logprobs: np.ndarray
+    policy_version: int
+    action: str
+    reward: float = 0.0
+    progress: bool = False
+    score: float = 0.0
+
+
+@dataclass
+class _Episode:
+    """One running rollout on one env slot."""
+
+    rollout_id: str
+    task: str
+    first_observation: str
+    valid_actions: list[str] | None
+    history: list[tuple[str, str]] = field(default_factory=list)
+    student_steps: list[_StudentStep] = field(default_factory=list)
+    recovery: RecoveryState = field(default_factory=RecoveryState)
+    steps: int = 0
+    score: float = 0.0
+    success: bool = False
+    done: bool = False
+    crashed: bool = False
+
+
+# ============================================================================ explorer
+class Explorer:
+    """Runs the student on ``config.num_envs`` env instances and turns its rollouts into scored :class:`Turn` s.
+
+    Args:
+        config: the explorer's settings.
+        student: causal LM generating actions (used in place; its weights change via :meth:`set_weights`).
+        tokenizer: the student's tokenizer (chat template used for prompts).
+        teacher: frozen causal LM scoring every student token, and acting under +R; ``None`` = turns unscored.
+        teacher_tokenizer: the teacher's tokenizer; must share the student's vocabulary (OPD scores the student's
+            token ids). ``None`` = the student's.
+        seed: base seed of task order and sampling.
+        explorer_id: this explorer's number; rollout ids are ``f"{id_prefix}{explorer_id}-{n}"``.
+        policy_version: version of the student weights given.
+        env_factory: builds one env instance (default: ``make_env(config.env, **config.env_kwargs)``).
+        id_prefix: rollout-id prefix; a runtime that restarts explorers passes a fresh one so ids never repeat.
+    """
+
+    def __init__(
+        self,
+        config: ExplorerConfig,
+        student: Any,
+        tokenizer: Any,
+        teacher: Any | None = None,
+        teacher_tokenizer: Any | None = None,
+        *,
+        seed: int = 0,
+        explorer_id: int = 0,
+        policy_version: int = 0,
+        env_factory: Callable[[], Env] | None = None,
+        id_prefix: str = "x",
+    ) -> None:
+        self.config = config
+        self.student, self.tokenizer = student, tokenizer
+        self.teacher = teacher
+        self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else tokenizer
+        if teacher is not None and self.teacher_tokenizer is not tokenizer:
+            if self.teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+                raise ValueError("Explorer: the teacher's tokenizer has a different vocabulary from the student's; "
+                                 "OPD scores the student's token ids, so they must share one")
+        if config.recovery.enabled and teacher is None:
+            raise ValueError("Explorer: recovery.enabled needs a teacher to act")
+        self.seed, self.explorer_id, self.id_prefix = seed, explorer_id, id_prefix
+        self.policy_version = policy_version
+        self.learner_version = policy_version
+        self._env_factory = env_factory or (lambda: make_env(config.env, **config.env_kwargs))
+        self._student_gen = HFGenerator(student, tokenizer, stop_on_newline=config.generation.stop_on_newline)
+        self._teacher_gen = (HFGenerator(teacher, self.teacher_tokenizer,
+                                         stop_on_newline=config.generation.stop_on_newline)
+                             if config.recovery.enabled else None)
+        self._lock = threading.Lock()
+        self._pending_weights: Any = None
+        self._envs: list[Env] = []
+        self._eval_envs: list[Env] = []
+        self._rollout_iter: Iterator[Rollout] | None = None
+        self._round_iter: Iterator[tuple[list[_Episode], int]] | None = None
+        self._task_rng = random.Random(f"{seed}-{explorer_id}-tasks")
+        self._train_tasks: list[str] = []
+        self._n_rollouts = 0
+        self._gen_calls = 0
+        self._stats: dict[str, float] = {k: 0.0 for k in (
+            "rollouts", "turns", "teacher_turns", "takeovers", "successes", "env_steps",
+            "env_crashes", "teacher_failures", "unscored_turns", "truncated_turns", "weight_loads", "step_limit_hits",
+            "generated_tokens", "time/generate", "time/env", "time/teacher_score")}
+
+    # ------------------------------------------------------------------ runtime-facing API
+    def collect(self, num_rollouts: int) -> list[Rollout]:
+        """The next ``num_rollouts`` finished rollouts (in-flight rollouts carry over to the next call)."""
+        stream = self.rollouts()
+        return [next(stream) for _ in range(num_rollouts)]
+
+    def rollouts(self) -> Iterator[Rollout]:
+        """Endless stream of finished rollouts from the training split, in the order they end.
+
+        There is one stream per explorer (its env instances hold the in-flight rollouts): every call returns it.
+        """
+        if self._rollout_iter is None:
+            if self._round_iter is not None:
+                raise RuntimeError("Explorer.rollouts: this explorer is driven by step_round (lockstep runtime)")
+            self._rollout_iter = self._rollout_stream()
+        return self._rollout_iter
+
+    def _rollout_stream(self) -> Iterator[Rollout]:
+        self._apply_pending_weights()
+        if not self._envs:
+            self._envs = [self._new_env() for _ in range(self.config.num_envs)]
+        tasks = self._train_task_stream()
+        for episode in self._run(self._envs, tasks, evaluating=False):
+            rollout = self._finish_rollout(episode)
+            self._apply_pending_weights()  # between rollouts: the next turns use the newest published weights
+            yield rollout
+
+    def set_weights(self, handle: Any) -> None:
+        """Queue a published weight handle (``.version``, ``.load_into(model)``); loaded at the next rollout boundary.
+
+        Thread-safe; a newer handle replaces an older one not yet loaded.
+        """
+        with self._lock:
+            if self._pending_weights is None or handle.version >= self._pending_weights.version:
+                self._pending_weights = handle
+            self.learner_version = max(self.learner_version, int(handle.version))
+
+    def set_learner_version(self, version: int) -> None:
+        """Tell the explorer how many updates the learner has made (the +R warmup counts these)."""
+        with self._lock:
+            self.learner_version = max(self.learner_version, int(version))
+
+    def evaluate(self, tasks: Iterable[str] | None = None, num_tasks: int | None = None) -> dict[str, float]:
+        """Student-only greedy episodes on held-out tasks (no recovery, no teacher): success rate and mean score.
+
+        ``tasks`` defaults to the first ``num_tasks`` (default ``config.eval_tasks``) tasks of ``config.eval_split``.
+        Must not run concurrently with :meth:`rollouts` on the same explorer (they share the model).
+        """
+        self._apply_pending_weights()
+        if not self._eval_envs:
+            self._eval_envs = [self._new_env() for _ in range(self.config.num_envs)]
+        if tasks is None:
+            tasks = self._eval_envs[0].tasks(self.config.eval_split)[: num_tasks or self.config.eval_tasks]
+        tasks = list(tasks)
+        if not tasks:
+            raise ValueError("Explorer.evaluate: no tasks to evaluate")
+        t0 = time.perf_counter()
+        episodes = list(self._run(self._eval_envs, iter(tasks), evaluating=True))
+        n = len(episodes)
+        return {
+            "eval/success_rate": sum(e.success for e in episodes) / n,
+            "eval/mean_score": sum(e.score for e in episodes) / n,
+            "eval/mean_steps": sum(e.steps for e in episodes) / n,
+            "eval/episodes": float(n),
+            "eval/crashed": float(sum(e.crashed for e in episodes)),
+            "eval/policy_version": float(self.policy_version),
+            "eval/seconds": time.perf_counter() - t0,
+        }
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative counters, namespaced ``explorer/...`` (rollouts, turns, env_crashes, teacher_failures, ...)."""
+        out = {f"explorer/{k}": v for k, v in self._stats.items()}
+        out["explorer/policy_version"] = float(self.policy_version)
+        return out
+
+    def close(self) -> None:
+        """Close every env instance (ends their JVMs)."""
+        for env in self._envs + self._eval_envs:
+            try:
+                env.close()
+            except Exception as exc:  # closing must not mask the caller's own error
+                log.warning("explorer %s: closing %s failed: %s", self.explorer_id, env.name, exc)
+        self._envs, self._eval_envs = [], []
+
+    def __enter__(self) -> Explorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the spine
+    def step_round(self) -> tuple[list[Rollout], int]:
+        """One round on the training envs: every instance takes one step (one batched generate per actor).
+
+        Returns the rollouts that ended in this round and the number of env steps taken. The lockstep runtime drives
+        explorers this way; :meth:`collect` / :meth:`rollouts` are the pull-based equivalent (do not mix the two on
+        one explorer: they share the env instances)."""
+        if self._rollout_iter is not None:
+            raise RuntimeError("Explorer.step_round: this explorer already streams rollouts (collect/rollouts)")
+        if self._round_iter is None:
+            self._apply_pending_weights()
+            if not self._envs:
+                self._envs = [self._new_env() for _ in range(self.config.num_envs)]
+            self._round_iter = self._rounds(self._envs, self._train_task_stream(), evaluating=False)
+        ended, steps = next(self._round_iter)
+        rollouts = []
+        for episode in ended:
+            rollouts.append(self._finish_rollout(episode))
+            self._apply_pending_weights()  # the slot's next episode starts with the newest published weights
+        return rollouts, steps
+
+    def _run(self, envs: list[Env], tasks: Iterator[str], evaluating: bool) -> Iterator[_Episode]:
+        """Play episodes on ``envs`` in lockstep, taking tasks from ``tasks``; yield each episode when it ends."""
+        for ended, _ in self._rounds(envs, tasks, evaluating):
+            yield from ended
+
+    def _rounds(self, envs: list[Env], tasks: Iterator[str],
+                evaluating: bool) -> Iterator[tuple[list[_Episode], int]]:
+        """Step every live env once per round; yield (episodes that ended, env steps taken) after each round."""
+        episodes: list[_Episode | None] = [self._start_episode(envs, i, tasks) for i in range(len(envs))]
+        while any(e is not None for e in episodes):
+            live = [i for i, e in enumerate(episodes) if e is not None]
+            actors = {i: episodes[i].recovery.next_actor(self.learner_version, self.config.recovery, evaluating)
+                      for i in live}
+            actions = self._act(episodes, actors, evaluating)
+            for i in live:
+                self._step_env(envs, i, episodes[i], actors[i], actions[i])
+            ended = []
+            for i in live:
+                episode = episodes[i]
+                if episode.done:
+                    ended.append(episode)
+                    episodes[i] = self._start_episode(envs, i, tasks)
+            yield ended, len(live)
+
+    def _act(self, episodes: list[_Episode | None], actors: dict[int, str], evaluating: bool) -> dict[int, Any]:
+        """One batched generate for the student-controlled episodes (and one for the teacher's, under +R)."""
+        out: dict[int, Any] = {}
+        for actor in ("student", "teacher"):
+            idx = [i for i, a in actors.items() if a == actor]
+            if not idx:
+                continue
+            tok = self.tokenizer if actor == "student" else self.teacher_tokenizer
+            prompts = [self._prompt(episodes[i], tok) for i in idx]
+            gen = self._student_gen if actor == "student" else self._teacher_gen
+            greedy = evaluating or (self.config.generation.greedy if actor == "student"
+                                    else self.config.recovery.teacher_greedy)
+            t0 = time.perf_counter()
+            results = gen.generate([p.ids for p in prompts], greedy=greedy,
+                                   temperature=self.config.generation.temperature,
+                                   max_new_tokens=self.config.generation.max_new_tokens, seed=self._next_gen_seed())
+            self._stats["time/generate"] += time.perf_counter() - t0
+            for i, prompt, result in zip(idx, prompts, results, strict=True):
+                out[i] = (prompt, result, decode_action(tok, result.response_ids))
+                if actor == "student":
+                    self._stats["generated_tokens"] += len(result.response_ids)
+        return out
+
+    def _step_env(self, envs: list[Env], i: int, episode: _Episode, actor: str, acted: Any) -> None:
+        """Apply one action to env ``i``; record the student turn, +R bookkeeping and the end conditions."""
+        prompt, result, action = acted
+        generation: Generation = result
+        if actor == "student":
+            episode.student_steps.append(_StudentStep(
+                step=episode.steps, prompt_ids=prompt.ids, prompt_truncated=prompt.truncated,
+                response_ids=generation.response_ids, logprobs=generation.logprobs,
+                policy_version=self.policy_version, action=action))
+        t0 = time.perf_counter()
+        try:
+            obs, reward, done, info = envs[i].step(action)
+        except EnvCrash as exc:
+            self._stats["time/env"] += time.perf_counter() - t0
+            log.warning("explorer %s: env crashed in rollout %s (%s); replacing the instance",
+                        self.explorer_id, episode.rollout_id, exc)
+            self._stats["env_crashes"] += 1
+            episode.crashed = episode.done = True
+            envs[i] = self._replace_env(envs[i])
+            return
+        self._stats["time/env"] += time.perf_counter() - t0
+        self._stats["env_steps"] += 1
+        progress = bool(info.get("progress", False))
+        if actor == "student":
+            last = episode.student_steps[-1]
+            last.reward, last.progress, last.score = float(reward), progress, float(info.get("score", 0.0))
+        episode.recovery.record(actor, progress, self.config.recovery)
+        episode.steps += 1
+        episode.score = float(info.get("score", 0.0))
+        episode.success = bool(info.get("success", False))
+        episode.history.append((action, obs))
+        episode.valid_actions = envs[i].valid_actions()
+        episode.done = bool(done) or episode.steps >= self.config.max_steps
+
+    def _finish_rollout(self, episode: _Episode) -> Rollout:
+        """Teacher-score the rollout's student turns in one batch and build its Turns and info."""
+        steps = episode.student_steps
+        scores, topk = self._teacher_scores([s.prompt_ids for s in steps], [s.response_ids for s in steps])
+        hit_limit = not episode.crashed and not episode.success and episode.steps >= self.config.max_steps
+        versions = [s.policy_version for s in steps] or [self.policy_version]
+        info = {
+            "rollout_id": episode.rollout_id, "explorer_id": self.explorer_id, "env": self.config.env,
+            "task": episode.task, "success": episode.success, "score": episode.score, "horizon": episode.steps,
+            "student_turns": len(steps), "teacher_turns": episode.recovery.teacher_turns,
+            "takeovers": episode.recovery.takeovers, "crashed": episode.crashed, "hit_step_limit": hit_limit,
+            "truncated_turns": sum(s.prompt_truncated for s in steps),
+            "unscored_turns": sum(s is None for s in scores),
+            "policy_version_min": min(versions), "policy_version_max": max(versions),
+        }
+        turns = []
+        for s, lp, tk in zip(steps, scores, topk, strict=True):
+            turns.append(Turn(
+                rollout_id=episode.rollout_id, turn_index=s.step, policy_version=s.policy_version,
+                prompt_ids=s.prompt_ids, response_ids=s.response_ids, student_logprobs=s.logprobs,
+                teacher_logprobs=lp, prompt_truncated=s.prompt_truncated,
+                teacher_topk_ids=None if tk is None else tk[0], teacher_topk_logprobs=None if tk is None else tk[1],
+                info={"env": self.config.env, "task": episode.task, "action": s.action, "reward": s.reward,
+                      "progress": s.progress, "score": s.score, "success": episode.success,
+                      "rollout_score": episode.score, "horizon": episode.steps, "teacher_acted": False,
+                      "teacher_turns": episode.recovery.teacher_turns, "explorer_id": self.explorer_id}))
+        self._count_rollout(info)
+        return Rollout(turns, info)
+
+    # ------------------------------------------------------------------ helpers
+    def _prompt(self, episode: _Episode, tokenizer: Any) -> Any:
+        return encode_prompt(tokenizer, self.config.prompt, episode.first_observation, episode.history,
+                             episode.valid_actions)
+
+    def _teacher_scores(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[list, list]:
+        """Teacher log probs per turn (``None`` = unscored) and, with ``teacher_topk``, (ids, logprobs) per turn.
+
+        One batched call; if it fails, each turn is retried alone so one bad turn cannot unscore its rollout.
+        """
+        n = len(prompts)
+        if self.teacher is None or n == 0:
+            return [None] * n, [None] * n
+        t0 = time.perf_counter()
+        try:
+            results = self._score_call(prompts, responses)
+        except Exception as exc:  # a teacher failure never drops turns: retry one by one, else leave unscored
+            log.warning("explorer %s: teacher scoring failed for %d turns (%s); retrying one by one",
+                        self.explorer_id, n, exc)
+            self._stats["teacher_failures"] += 1
+            results = []
+            for p, r in zip(prompts, responses, strict=True):
+                try:
+                    results.append(self._score_call([p], [r])[0])
+                except Exception as exc_one:
+                    log.warning("explorer %s: teacher scoring failed for one turn: %s", self.explorer_id, exc_one)
+                    results.append(None)
+        self._stats["time/teacher_score"] += time.perf_counter() - t0
+        lps, topk = [], []
+        for r, resp in zip(results, responses, strict=True):
+            if r is None or len(r[0]) != len(resp):
+                lps.append(None)
+                topk.append(None)
+            else:
+                lps.append(r[0])
+                topk.append(r[1])
+        return lps, topk
+
+    def _score_call(self, prompts: list[list[int]], responses: list[list[int]]) -> list[tuple[np.ndarray, Any]]:
+        from divopd.models.scoring import response_logprobs
+
+        k = self.config.teacher_topk
+        pad = self.teacher_tokenizer.pad_token_id or 0
+        out = response_logprobs(self.teacher, prompts, responses, topk=k, pad_id=pad,
+                                max_tokens_per_batch=self.config.teacher_max_tokens_per_batch)
+        if k > 0:
+            return [(s.logprobs, (s.topk_ids, s.topk_logprobs)) for s in out]
+        return [(lp, None) for lp in out]
+
+    def _start_episode(self, envs: list[Env], i: int, tasks: Iterator[str]) -> _Episode | None:
+        """Reset env ``i`` on the next task (``None`` when ``tasks`` is exhausted); a crash replaces the instance."""
+        task = next(tasks, None)
+        if task is None:
+            return None
+        for attempt in range(self.config.max_env_restarts + 1):
+            try:
+                first = envs[i].reset(task)
+                break
+            except EnvCrash as exc:
+                self._stats["env_crashes"] += 1
+                log.warning("explorer %s: env crashed on reset of %s (%s)", self.explorer_id, task, exc)
+                if attempt == self.config.max_env_restarts:
+                    raise RuntimeError(f"Explorer {self.explorer_id}: env {self.config.env!r} crashed on "
+                                       f"{attempt + 1} consecutive starts; last error: {exc}") from exc
+                envs[i] = self._replace_env(envs[i])
+        rollout_id = f"{self.id_prefix}{self.explorer_id}-{self._n_rollouts}"
+        self._n_rollouts += 1
+        return _Episode(rollout_id=rollout_id, task=task, first_observation=first,
+                        valid_actions=envs[i].valid_actions())
+
+    def _new_env(self) -> Env:
+        for attempt in range(self.config.max_env_restarts):
+            try:
+                return self._env_factory()
+            except EnvCrash as exc:
+                log.warning("explorer %s: env start failed (%s), attempt %d", self.explorer_id, exc, attempt + 1)
+        raise RuntimeError(f"Explorer {self.explorer_id}: could not start env {self.config.env!r} "
+                           f"in {self.config.max_env_restarts} attempts")
+
+    def _replace_env(self, env: Env) -> Env:
+        try:
+            env.close()
+        except Exception as exc:
+            log.warning("explorer %s: closing a crashed env failed: %s", self.explorer_id, exc)
+        return self._new_env()
+
+    def _train_task_stream(self) -> Iterator[str]:
+        """Training tasks in a seeded random order, reshuffled at every pass."""
+        if not self._train_tasks:
+            self._train_tasks = list(self._envs[0].tasks(self.config.split))
+            if not self._train_tasks:
+                raise ValueError(f"Explorer: env {self.config.env!r} has no tasks in split {self.config.split!r}")
+        while True:
+            order = list(self._train_tasks)
+            self._task_rng.shuffle(order)
+            yield from order
+
+    def _apply_pending_weights(self) -> None:
+        with self._lock:
+            handle, self._pending_weights = self._pending_weights, None
+        if handle is not None and int(handle.version) != self.policy_version:
+            handle.load_into(self.student)
+            self.policy_version = int(handle.version)
+            self._stats["weight_loads"] += 1
+
+    def _next_gen_seed(self) -> int:
+        self._gen_calls += 1
+        return int(np.random.SeedSequence([self.seed, self.explorer_id, self._gen_calls]).generate_state(1)[0])
+
+    def _count_rollout(self, info: dict[str, Any]) -> None:
+        s = self._stats
+        s["rollouts"] += 1
+        s["turns"] += info["student_turns"]
+        s["teacher_turns"] += info["teacher_turns"]
+        s["takeovers"] += info["takeovers"]
+        s["successes"] += info["success"]
+        s["truncated_turns"] += info["truncated_turns"]
+        s["unscored_turns"] += info["unscored_turns"]
+        s["step_limit_hits"] += info["hit_step_limit"]
+

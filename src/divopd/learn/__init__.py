@@ -1,0 +1,1 @@
+"""Learn: the OPD loss, the learner's one optimizer step per batch, checkpoints, Appendix E diagnostics, SFT."""

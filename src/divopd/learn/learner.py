@@ -1,0 +1,404 @@
+"""The learner: exactly one optimizer update per composed batch (paper, "Asynchronous multi-turn OPD").
+
+``Learner.step(batch)`` reads top to bottom:
+
+1. rows: each turn's prompt (left-truncated to ``max_prompt_len`` unless the explorer already flagged it truncated)
+   and response, its effective mask (action ∧ teacher-valid ∧ finite teacher logprob) and teacher log probabilities;
+2. pack the rows into model inputs (``packed``: padding-free, or ``padded``);
+3. one forward pass with gradients → log π_θ of every response token (only response positions get logits);
+4. θ_old = the learner snapshot immediately before the update, recomputed on the queued tokens. With one update per
+   batch θ_old = θ at gradient evaluation, so by default (``old_logprobs="same-pass"``) the detached values of step 3
+   *are* the recomputation (r = 1 exactly); ``"recompute"`` runs a separate no-grad pass (same numbers, ~30% slower);
+5. :func:`divopd.loss.opd_loss` (or the top-k estimator), backward, gradient clipping, one AdamW step, ``version += 1``.
+
+The model is kept in eval mode (dropout off), so steps 3 and 4 see the same function. Counters for the paper's
+efficiency figures: ``tokens_total`` (prompt + response tokens processed) and ``compute_s_total`` (wall seconds inside
+``step``, the CPU stand-in for trainer GPU-hours).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from divopd.experience.turn import Turn
+from divopd.learn.checkpoint import (
+    OPTIMIZER_FILE,
+    STATE_FILE,
+    WeightHandle,
+    atomic_dir,
+    copy_state_dict,
+    decode_rng_state,
+    encode_rng_state,
+    read_state,
+    to_json_safe,
+)
+from divopd.learn.loss import opd_loss, topk_reverse_kl_loss
+from divopd.models import load_model, resolve_dtype
+from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
+
+__all__ = ["Learner", "LearnerConfig", "Rows", "WeightHandle", "prepare_rows"]
+
+CHECKPOINT_FORMAT = 1
+
+
+class LearnerConfig(BaseModel):
+    """Learner settings (YAML key ``learner``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2).")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    grad_clip: float = Field(
+        1.0, description="Max global gradient L2 norm; <= 0 disables clipping (norm still logged).")
+    beta: float = Field(
+        1.0, description="Distillation coefficient β of the stopped advantage A = −β·sg(logπ_θold − logπ_T).")
+    clip_eps: float = Field(0.2, ge=0, description="PPO clip ε; inactive with one update per batch (r = 1).")
+    reduction: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"] = Field(
+        "seq-mean-token-mean",
+        description="Loss aggregation; the paper's seq-mean-token-mean keeps dead rows in the denominator.",
+    )
+    estimator: Literal["sampled", "topk"] = Field(
+        "sampled",
+        description="'sampled' = the paper's sampled-token advantage (opd_loss); 'topk' = reverse KL on the teacher's "
+        "top-k support (needs Turn.teacher_topk_*; non-default, for tiny/early students that learn slowly).",
+    )
+    topk: int = Field(0, ge=0, description="Top-k estimator: teacher top-k columns used (first k); 0 = all stored.")
+    max_prompt_len: int | None = Field(
+        None, ge=1, description="Left-truncate longer prompts to this many tokens (not turns the explorer flagged).")
+    packing: Literal["padded", "packed"] = Field(
+        "packed", description="Input layout: 'packed' (padding-free, block-diagonal attention) or 'padded'.")
+    micro_batch_tokens: int = Field(
+        0, ge=0, description="Split a batch into micro-batches of at most this many tokens (gradient accumulation, "
+        "same loss); 0 = one pass.")
+    old_logprobs: Literal["same-pass", "recompute"] = Field(
+        "same-pass", description="θ_old log probs: detached values of the gradient pass (equal with one update per "
+        "batch) or a separate no-grad forward.")
+    dtype: str = Field("float32", description="Model/training dtype: float32 | bfloat16 | float16.")
+    device: str = Field("cpu", description="Torch device of the learner, e.g. cpu or cuda:0.")
+    seed: int = Field(0, description="Seed of torch's RNG at learner start (restored on resume).")
+
+
+@dataclass
+class Rows:
+    """A batch's rows as arrays (numpy), ready to pack.
+
+    Attributes:
+        prompts, responses: per row int64 token ids (prompts after truncation).
+        mask: [N, L] bool, the effective mask (action ∧ teacher-valid ∧ finite teacher logprob), False past a row.
+        teacher: [N, L] float32 teacher log probabilities (NaN where not scored / past a row).
+        topk_ids, topk_logprobs: [N, L, k] teacher top-k (ids 0 and NaN where missing), or ``None``.
+        truncated_prompts: number of prompts the learner left-truncated.
+    """
+
+    prompts: list[np.ndarray]
+    responses: list[np.ndarray]
+    mask: np.ndarray
+    teacher: np.ndarray
+    topk_ids: np.ndarray | None
+    topk_logprobs: np.ndarray | None
+    truncated_prompts: int
+
+
+def prepare_rows(turns: Sequence[Turn], *, max_prompt_len: int | None = None, topk: int | None = None) -> Rows:
+    """Rows of the learner batch. ``topk`` not ``None``: also collect the teacher top-k arrays (first ``topk`` columns,
+    all when 0); a row with valid tokens but no top-k data raises ``ValueError`` naming the turn."""
+    n = len(turns)
+    max_l = max([t.response_len for t in turns] + [1])
+    mask = np.zeros((n, max_l), dtype=bool)
+    teacher = np.full((n, max_l), np.nan, dtype=np.float32)
+    prompts, responses = [], []
+    truncated = 0
+    for r, t in enumerate(turns):
+        p = t.prompt_ids.astype(np.int64)
+        if max_prompt_len is not None and not t.prompt_truncated and len(p) > max_prompt_len:
+            p = p[-max_prompt_len:]
+            truncated += 1
+        prompts.append(p)
+        responses.append(t.response_ids.astype(np.int64))
+        ln = t.response_len
+        mask[r, :ln] = t.valid_mask
+        if t.teacher_logprobs is not None and t.length_mismatch is None:
+            teacher[r, :ln] = t.teacher_logprobs
+    topk_ids = topk_lp = None
+    if topk is not None:
+        ks = [t.teacher_topk_ids.shape[1] for t in turns
+              if t.teacher_topk_ids is not None and t.teacher_topk_logprobs is not None and t.length_mismatch is None]
+        k = max(ks + [1]) if topk == 0 else topk
+        topk_ids = np.zeros((n, max_l, k), dtype=np.int64)
+        topk_lp = np.full((n, max_l, k), np.nan, dtype=np.float32)
+        for r, t in enumerate(turns):
+            has = t.teacher_topk_ids is not None and t.teacher_topk_logprobs is not None and t.length_mismatch is None
+            if not has:
+                if mask[r].any():
+                    raise ValueError(
+                        f"estimator 'topk' needs Turn.teacher_topk_ids/teacher_topk_logprobs; turn {t.key} has none "
+                        "(score the teacher with topk > 0)")
+                continue
+            kk = min(k, t.teacher_topk_ids.shape[1], t.teacher_topk_logprobs.shape[1])
+            ln = t.response_len
+            topk_ids[r, :ln, :kk] = t.teacher_topk_ids[:, :kk]
+            topk_lp[r, :ln, :kk] = t.teacher_topk_logprobs[:, :kk]
+    return Rows(prompts, responses, mask, teacher, topk_ids, topk_lp, truncated)
+
+
+def _micro_batches(rows: Rows, max_tokens: int) -> list[np.ndarray]:
+    n = len(rows.prompts)
+    if max_tokens <= 0 or n == 0:
+        return [np.arange(n)]
+    groups, cur, total = [], [], 0
+    for i in range(n):
+        ln = len(rows.prompts[i]) + len(rows.responses[i])
+        if cur and total + ln > max_tokens:
+            groups.append(np.asarray(cur))
+            cur, total = [], 0
+        cur.append(i)
+        total += ln
+    groups.append(np.asarray(cur))
+    return groups
+
+
+class Learner:
+    """One optimizer update per batch of turns; versioned weights; atomic checkpoints.
+
+    Args:
+        model: any causal LM (e.g. from :func:`divopd.models.load_model`); moved to ``config.device``/``config.dtype``.
+        config: :class:`LearnerConfig`.
+        tokenizer: optional; its pad id is used for padding and it is saved with checkpoints.
+    """
+
+    def __init__(self, model: torch.nn.Module, config: LearnerConfig, tokenizer: Any = None) -> None:
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.device = torch.device(config.device)
+        self.model = model.to(device=self.device, dtype=resolve_dtype(config.dtype)).eval()
+        self.tokenizer = tokenizer
+        pad = getattr(tokenizer, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay,
+        )
+        self.version = 0
+        self.tokens_total = 0
+        self.compute_s_total = 0.0
+        self.skipped_updates = 0
+
+    # ------------------------------------------------------------------ forward helpers
+    def _check_ids(self, turns: Sequence[Turn], rows: Rows) -> None:
+        vocab = self.model.get_input_embeddings().num_embeddings
+        for t, p, r in zip(turns, rows.prompts, rows.responses, strict=True):
+            for name, ids in (("prompt_ids", p), ("response_ids", r)):
+                if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
+                    raise ValueError(f"Learner.step: turn {t.key} has {name} outside the model's vocabulary "
+                                     f"[0, {vocab}) (min {ids.min()}, max {ids.max()}): tokenizer/model mismatch?")
+
+    def _forward(self, rows: Rows, idx: np.ndarray, *, with_topk: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, int, int]:
+        """log π of the response tokens of rows ``idx`` ([n, L]), the student's log probs at the teacher top-k ids
+        ([n, L, k] or None), the scored mask [n, L], tokens processed and input slots."""
+        packed = pack_sequences([rows.prompts[i] for i in idx], [rows.responses[i] for i in idx],
+                                layout=self.config.packing, pad_id=self.pad_id).to(self.device)
+        logits = selected_logits(self.model, packed)  # [K, V]
+        lp = scatter_rows(gather_logprobs(logits, packed.targets), packed)  # [n, Lb]
+        L = rows.mask.shape[1]
+        lp = torch.nn.functional.pad(lp, (0, L - lp.shape[1]))
+        scored = torch.nn.functional.pad(packed.scored, (0, L - packed.scored.shape[1]))
+        top = None
+        if with_topk:
+            ids = torch.from_numpy(rows.topk_ids[idx]).to(self.device)  # [n, L, k]
+            ids_K = ids[packed.seq_index, packed.token_index]  # [K, k]
+            top = scatter_rows(gather_logprobs(logits, ids_K), packed, fill=float("nan"))
+            top = torch.nn.functional.pad(top, (0, 0, 0, L - top.shape[1]), value=float("nan"))
+        return lp, top, scored, packed.tokens, packed.input_tokens
+
+    def _loss(self, rows: Rows, idx: np.ndarray, lp: torch.Tensor, old: torch.Tensor, top: torch.Tensor | None,
+              scored: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        mask = torch.from_numpy(rows.mask[idx]).to(self.device) & scored
+        teacher = torch.from_numpy(rows.teacher[idx]).to(self.device)
+        if cfg.estimator == "topk":
+            t_top = torch.from_numpy(rows.topk_logprobs[idx]).to(self.device)
+            loss, m = topk_reverse_kl_loss(top, t_top, mask, beta=cfg.beta, reduction=cfg.reduction)
+            _, sampled = opd_loss(lp.detach(), old, teacher, mask, beta=cfg.beta, clip_eps=cfg.clip_eps,
+                                  reduction=cfg.reduction)
+            m["reverse_kl"] = sampled["reverse_kl"]
+            return loss, m
+        return opd_loss(lp, old, teacher, mask, beta=cfg.beta, clip_eps=cfg.clip_eps, reduction=cfg.reduction)
+
+    # ------------------------------------------------------------------ the update
+    def step(self, batch: Any) -> dict[str, float]:
+        """One update on ``batch`` (a :class:`divopd.sampling.Batch` or a sequence of turns); returns ``learner/*``
+        metrics. Exactly one optimizer step (skipped, and counted, only if the gradient is not finite)."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        if batch is None:
+            raise ValueError("Learner.step: batch is None (the sampler was not ready; call next_batch again later)")
+        turns = list(getattr(batch, "turns", batch))
+        if not turns:
+            raise ValueError("Learner.step: empty batch (the sampler returns None, not an empty batch, when not ready)")
+        rows = prepare_rows(turns, max_prompt_len=cfg.max_prompt_len,
+                            topk=cfg.topk if cfg.estimator == "topk" else None)
+        n = len(turns)
+        self._check_ids(turns, rows)
+        groups = _micro_batches(rows, cfg.micro_batch_tokens)
+        with_topk = cfg.estimator == "topk"
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = input_slots = 0
+        parts: list[tuple[np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
+        # token-mean needs the global count of valid tokens to weight micro-batches
+        total_valid = max(int(rows.mask.sum()), 1)
+        t_fb = 0.0  # forward + loss + backward seconds, for the overhead breakdown
+        for idx in groups:
+            t1 = time.perf_counter()
+            if cfg.old_logprobs == "recompute":
+                with torch.no_grad():
+                    old, _, _, _, _ = self._forward(rows, idx, with_topk=False)
+            lp, top, scored, tok, slots = self._forward(rows, idx, with_topk=with_topk)
+            if cfg.old_logprobs == "same-pass":
+                old = lp.detach()
+            tokens += tok
+            input_slots += slots
+            loss, metrics = self._loss(rows, idx, lp, old, top, scored)
+            if len(groups) > 1:
+                weight = (len(idx) / max(n, 1)) if cfg.reduction != "token-mean" else \
+                    float(rows.mask[idx].sum()) / total_valid
+                (loss * weight).backward()
+                parts.append((idx, lp.detach(), old, None if top is None else top.detach(), scored))
+            else:
+                loss.backward()
+            t_fb += time.perf_counter() - t1
+        if len(groups) > 1:  # metrics of the whole batch, from the detached pieces
+            order = np.concatenate(groups)
+            lp_all = torch.cat([p[1] for p in parts])[np.argsort(order)]
+            old_all = torch.cat([p[2] for p in parts])[np.argsort(order)]
+            top_all = None if not with_topk else torch.cat([p[3] for p in parts])[np.argsort(order)]
+            sc_all = torch.cat([p[4] for p in parts])[np.argsort(order)]
+            with torch.no_grad():
+                _, metrics = self._loss(rows, np.arange(n), lp_all, old_all, top_all, sc_all)
+        t2 = time.perf_counter()
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_updates += 1
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t3 = time.perf_counter()
+        compute_s = t3 - t0
+        self.tokens_total += tokens
+        self.compute_s_total += compute_s
+        out = {f"learner/{k}": float(v) for k, v in metrics.items()}
+        out.update({
+            "learner/grad_norm": grad_norm,
+            "learner/tokens": float(tokens),
+            "learner/tokens_total": float(self.tokens_total),
+            "learner/input_slots": float(input_slots),
+            "learner/compute_s": compute_s,
+            "learner/compute_s_total": self.compute_s_total,
+            "learner/version": float(self.version),
+            "learner/truncated_prompts": float(rows.truncated_prompts),
+            "learner/skipped_update": float(skipped),
+            "learner/lr": float(self.optimizer.param_groups[0]["lr"]),
+            "learner/time_forward_backward_s": t_fb,
+            "learner/time_optimizer_s": t3 - t2,
+            "learner/time_other_s": compute_s - t_fb - (t3 - t2),
+        })
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, batch: Any) -> dict[str, float]:
+        """The loss metrics of ``batch`` under the current weights, without updating (``learner/*`` names)."""
+        cfg = self.config
+        turns = list(getattr(batch, "turns", batch))
+        rows = prepare_rows(turns, max_prompt_len=cfg.max_prompt_len,
+                            topk=cfg.topk if cfg.estimator == "topk" else None)
+        idx = np.arange(len(turns))
+        lp, top, scored, _, _ = self._forward(rows, idx, with_topk=cfg.estimator == "topk")
+        _, metrics = self._loss(rows, idx, lp, lp, top, scored)
+        return {f"learner/{k}": float(v) for k, v in metrics.items()}
+
+    # ------------------------------------------------------------------ publication and checkpoints
+    def publish(self, path: str | Path | None = None) -> WeightHandle:
+        """A versioned snapshot for explorers: a CPU ``state_dict`` copy, or (``path`` given) an HF folder written
+        atomically, which explorers load with ``handle.load_into(model)``."""
+        if path is None:
+            return WeightHandle(version=self.version, state_dict=copy_state_dict(self.model))
+        with atomic_dir(path) as tmp:
+            self.model.save_pretrained(tmp)
+        return WeightHandle(version=self.version, path=str(path))
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "tokens_total": self.tokens_total,
+            "compute_s_total": self.compute_s_total,
+            "skipped_updates": self.skipped_updates,
+        }
+
+    def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
+        """Write model (HF safetensors) + tokenizer + ``optimizer.pt`` + ``state.json`` (version, counters, config,
+        torch RNG, ``extra_state`` as JSON) atomically to ``path``. Returns ``path``."""
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "learner": self.state(),
+            "config": self.config.model_dump(mode="json"),
+            "rng": {"torch": encode_rng_state(torch.get_rng_state())},
+            "extra_state": to_json_safe(extra_state or {}),
+        }
+        text = json.dumps(state, allow_nan=True)
+        with atomic_dir(path) as tmp:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tmp)
+            torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            (tmp / STATE_FILE).write_text(text)
+        return Path(path)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, config: LearnerConfig | None = None) -> tuple[Learner, dict[str, Any]]:
+        """Resume from :meth:`save_checkpoint`: model, tokenizer (if saved), optimizer, version, counters and RNG.
+
+        ``config`` defaults to the saved one. Returns ``(learner, extra_state)``; the next ``step`` on the same batch
+        reproduces an uninterrupted run's update bit for bit on CPU.
+        """
+        state = read_state(path)
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT}")
+        if config is None:
+            config = LearnerConfig(**state["config"])
+        if (Path(path) / "tokenizer_config.json").is_file():
+            model, tokenizer = load_model(str(path), dtype=config.dtype, device=config.device)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(config.dtype))
+            tokenizer = None
+        learner = cls(model, config, tokenizer)
+        opt_state = torch.load(Path(path) / OPTIMIZER_FILE, map_location=learner.device, weights_only=True)
+        learner.optimizer.load_state_dict(opt_state)
+        saved = state["learner"]
+        learner.version = int(saved["version"])
+        learner.tokens_total = int(saved["tokens_total"])
+        learner.compute_s_total = float(saved["compute_s_total"])
+        learner.skipped_updates = int(saved.get("skipped_updates", 0))
+        torch.set_rng_state(decode_rng_state(state["rng"]["torch"]))
+        return learner, state.get("extra_state", {})

@@ -1,1 +1,0 @@
-"""Runtimes: thin shells that run the same Explorer / Trainer code with threads (embedded) or Ray actors."""

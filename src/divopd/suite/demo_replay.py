@@ -1,0 +1,168 @@
+"""``python -m divopd.suite.demo_replay``: simulate an asynchronous producer per preset, replay the selection rules
+over each log, and write a table and plots under ``runs/demo-replay/``.
+
+Equivalent commands, per preset::
+
+    divopd simulate --preset alfworld --updates 100 --seed 0 --out runs/demo-replay/alfworld.parquet
+    divopd replay runs/demo-replay/alfworld.parquet --methods vanilla,vanilla-pool,nocap,divopd-base,divopd \\
+        --batch-size 256 --pool-factor 4 --cap 4 --max-staleness 2 --updates 100 \\
+        --json runs/demo-replay/alfworld.json --plot runs/demo-replay/alfworld.png
+
+Part of ``make demo``, which also replays the selection rules over the demo runs' own experience logs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from divopd.analysis.replay import ReplayConfig, plot_replay, replay, write_json
+from divopd.analysis.simulate import PRESETS, simulate
+
+__all__ = ["DEMO_METHODS", "run_replay_demo", "summary_rows", "markdown_table", "main"]
+
+DEMO_METHODS: tuple[str, ...] = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd")
+
+
+def summary_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (preset, method) with the coverage and concentration numbers."""
+    rows = []
+    for preset, r in results.items():
+        for method, m in r["methods"].items():
+            rows.append(
+                {
+                    "preset": preset,
+                    "load": r["arrival_drain_ratio"],
+                    "method": method,
+                    "valid": m["valid_rollouts"],
+                    "used": m["used_rollouts"],
+                    "undecided": m["undecided_rollouts"],
+                    "unused": m["unused_fraction"],
+                    "eff": m["effective_rollouts_mean"],
+                    "max_share": m["max_rollout_share_mean"],
+                    "dead": m["dead_row_fraction"],
+                    "expired": m["expired"],
+                    "invalid": m["invalid"],
+                }
+            )
+    return rows
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The summary as a Markdown table (what docs/sections/replay.md shows)."""
+    lines = [
+        "| preset | arrival/drain | method | valid rollouts | used | undecided | unused | eff. rollouts/batch "
+        "| max rollout share | dead rows | expired | invalid |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['preset']} | {r['load']:.2f} | {r['method']} | {r['valid']} | {r['used']} | {r['undecided']} | "
+            f"{_pct(r['unused'])} | {r['eff']:.1f} | {_pct(r['max_share'])} | {_pct(r['dead'])} | {r['expired']} | "
+            f"{r['invalid']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_summary(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
+    """Grouped bars per preset: unused fraction of valid rollouts, and effective rollouts per batch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    presets = list(dict.fromkeys(r["preset"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    value = {(r["preset"], r["method"]): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), constrained_layout=True)
+    x = np.arange(len(presets))
+    width = 0.8 / len(methods)
+    for ax, key, label, scale in (
+        (axes[0], "unused", "valid rollouts never used (%)", 100),
+        (axes[1], "eff", "effective rollouts per batch", 1),
+    ):
+        for i, method in enumerate(methods):
+            ys = [scale * (value[(p, method)][key] or 0) for p in presets]
+            ax.bar(x + (i - (len(methods) - 1) / 2) * width, ys, width, label=method)
+        ax.set_xticks(x, [f"{p}\n(load {value[(p, methods[0])]['load']:.2f})" for p in presets])
+        ax.set_title(label, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("shared-buffer replay of simulated asynchronous producers (B=256, c=4, k=4, S=2, 100 updates)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_replay_demo(
+    out_dir: str | os.PathLike = "runs/demo-replay",
+    presets: tuple[str, ...] = tuple(PRESETS),
+    updates: int = 100,
+    seed: int = 0,
+    batch_size: int = 256,
+    methods: tuple[str, ...] = DEMO_METHODS,
+) -> dict[str, dict[str, Any]]:
+    """Simulate each preset at its default load (≈ 2), replay ``methods`` over each log, write everything to
+    ``out_dir`` (``<preset>.parquet/.json/.png``, ``table.md``, ``summary.png``) and return the replay results."""
+    from rich.console import Console
+
+    console = Console(width=None if Console().is_terminal else 160)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name in presets:
+        t0 = time.perf_counter()
+        log = out / f"{name}.parquet"
+        s = simulate(name, log, updates=updates, seed=seed, batch_size=batch_size, overwrite=True)
+        cfg = ReplayConfig(methods=methods, batch_size=batch_size, updates=updates, seed=seed)
+        result = replay(log, cfg)
+        write_json(result, out / f"{name}.json")
+        plot_replay(result, out / f"{name}.png", title=f"{name}-like preset, arrival/drain {s.arrival_drain_ratio:.2f}")
+        results[name] = result
+        console.print(
+            f"{name}: {s.turns} turns, {s.rollouts} rollouts, truncated prompts "
+            f"{100 * s.truncated_turns / max(s.turns, 1):.1f}%, arrival/drain {s.arrival_drain_ratio:.2f} "
+            f"({time.perf_counter() - t0:.1f}s)"
+        )
+    rows = summary_rows(results)
+    table = markdown_table(rows)
+    (out / "table.md").write_text(table)
+    plot_summary(rows, out / "summary.png")
+
+    from rich.table import Table
+
+    rt = Table(title=f"shared-buffer replay, B={batch_size}, c=4, k=4, S=2, {updates} updates")
+    for h in ("preset", "load", "method", "valid", "used", "unused", "eff. rollouts", "max share", "dead rows"):
+        rt.add_column(h, justify="left" if h in ("preset", "method") else "right")
+    for r in rows:
+        rt.add_row(
+            r["preset"],
+            f"{r['load']:.2f}",
+            r["method"],
+            str(r["valid"]),
+            str(r["used"]),
+            _pct(r["unused"]),
+            f"{r['eff']:.1f}",
+            _pct(r["max_share"]),
+            _pct(r["dead"]),
+        )
+    console.print(rt)
+    console.print(f"wrote {out}/table.md, {out}/summary.png and per-preset .parquet/.json/.png")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    out_dir = (argv if argv is not None else sys.argv[1:]) or ["runs/demo-replay"]
+    run_replay_demo(out_dir[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""Training configuration: one YAML file per method row, validated by one typed tree.
+
+A config file may name a ``base:`` file (relative to itself) whose keys it overrides, so the per-method files under
+``configs/`` only say what differs. Command-line ``--set a.b=c`` overrides are applied last; values are parsed as YAML
+(``--set sampler.cap=6``, ``--set explorer.recovery.enabled=true``, ``--set runtime.kind=ray``).
+
+The method row (``method``) decides the sampler rule; two rows change the explorer instead:
+
+- ``divopd-r``: the ``divopd`` sampler + teacher recovery (``explorer.recovery.enabled: true``);
+- ``tcod-f2b``: the ``vanilla`` reader + the TCOD-F2B horizon curriculum (``tcod.enabled: true``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from divopd.errors import ConfigError, describe_validation_error, describe_yaml_error
+from divopd.explore.envs import ENVS, SPLITS
+from divopd.explore.explorer import ExplorerConfig
+from divopd.explore.tcod import TCODConfig
+from divopd.learn.learner import LearnerConfig
+from divopd.sampling import METHODS, SamplerConfig
+
+__all__ = ["TrainConfig", "load_config", "apply_overrides", "METHOD_ROWS", "sampler_method_for"]
+
+#: Method rows of the paper that are not sampler names, and the sampler rule each one reads batches with.
+METHOD_ROWS: dict[str, str] = {"divopd-r": "divopd", "tcod-f2b": "vanilla"}
+
+
+def sampler_method_for(method: str) -> str:
+    """The sampler rule of a method row (``divopd-r`` → ``divopd``, ``tcod-f2b`` → ``vanilla``, others unchanged)."""
+    return METHOD_ROWS.get(method, method)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelRef(_Strict):
+    """A causal LM to load (any ``AutoModelForCausalLM`` name or folder)."""
+
+    path: str = Field(description="HF model name or local folder (e.g. one written by `divopd sft`).")
+    dtype: str = Field("float32", description="float32 | bfloat16 | float16.")
+    device: str = Field("cpu", description="Torch device for this model (explorers and teacher scoring).")
+
+
+class SamplerSettings(_Strict):
+    """Batch selection (the method comes from the top-level ``method``; the seed from ``seed``)."""
+
+    batch_size: int = Field(32, ge=1, description="B: rows per learner update.")
+    pool_factor: float = Field(4, ge=1, description="c: pooled methods inspect up to c·B pending + fresh turns.")
+    cap: int = Field(4, ge=1, description="k: first-pass per-rollout cap of rollout-first methods.")
+    max_staleness: int = Field(2, ge=0, description="Turns with learner − policy version above this expire.")
+    max_pending: int | None = Field(None, ge=0, description="Keep at most this many unselected valid turns.")
+    cap_unit: Literal["turns", "tokens"] = Field("turns", description="Cap counts turns (paper) or token share.")
+
+
+class EvalSettings(_Strict):
+    """Student-only evaluation on held-out tasks (greedy), run beside training on a weight snapshot."""
+
+    every: int = Field(10, ge=1, description="Evaluate every N learner updates.")
+    tasks: int = Field(50, ge=1, description="Held-out tasks per evaluation (first N of explorer.eval_split).")
+    at_start: bool = Field(True, description="Also evaluate the initial student (update 0).")
+
+
+class CheckpointSettings(_Strict):
+    every: int = Field(25, ge=1, description="Checkpoint every N learner updates (and at the end / on Ctrl-C).")
+    keep: int = Field(2, ge=1, description="Keep the newest N checkpoints.")
+
+
+class DiagnosticsSettings(_Strict):
+    """Appendix E audits, computed on the composed batch before its update (costly: off by default)."""
+
+    every: int = Field(0, ge=0, description="Run E.2 (focus ranking stability) and E.3 (gradient projection onto "
+                       "the pool gradient, pairwise cosines) every N updates; 0 = never.")
+    max_rows: int = Field(64, ge=2, description="E.3: per-row gradients of at most this many batch rows.")
+
+
+class LockstepSettings(_Strict):
+    """The lockstep runtime's producer model (one process, deterministic)."""
+
+    env_steps_per_update: int = Field(
+        16, ge=1, description="Env steps (all instances together, round-robin) before each learner update: the "
+        "producer-load knob (arrival/drain ≈ this × student turns per step ÷ B).")
+
+
+class RuntimeSettings(_Strict):
+    """How explorers and the learner run. The same loop, Explorer, Learner and Sampler code runs under every kind."""
+
+    kind: Literal["threads", "embedded", "lockstep", "ray"] = Field(
+        "threads", description="threads (explorer threads, one process; `embedded` is its old name), lockstep "
+        "(one process, no threads, deterministic) or ray (explorer actors).")
+    lockstep: LockstepSettings = Field(default_factory=LockstepSettings, description="runtime.kind: lockstep only.")
+    num_explorers: int = Field(1, ge=1, description="Explorer workers, each with its own student copy and envs.")
+    queue_rollouts: int = Field(64, ge=1, description="Bounded rollout queue between explorers and learner.")
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads per worker (1 is best on 2 cores).")
+    ray_address: str | None = Field(None, description="Ray cluster address; None starts a local Ray on loopback.")
+    ray_num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray instance (None = all).")
+    explorer_cpus: float = Field(1.0, ge=0, description="Ray: CPUs reserved per explorer actor.")
+    explorer_gpus: float = Field(0.0, ge=0, description="Ray: GPUs reserved per explorer actor.")
+    max_explorer_restarts: int = Field(3, ge=0, description="Ray: restarts of a dead explorer actor.")
+
+
+class TrainConfig(_Strict):
+    """Everything `divopd train` needs. Keys are documented in the README's config table."""
+
+    setting: str = Field(description="Name of the experimental setting (groups runs in `divopd report`).")
+    method: str = Field(description="Method row: a sampler method, or divopd-r / tcod-f2b.")
+    seed: int = Field(0, ge=0, description="Seeds the learner, sampler and explorers.")
+    out_dir: str = Field("runs", description="Runs are written to out_dir/<setting>/<method>/seed<seed>.")
+    run_dir: str | None = Field(None, description="Explicit run directory (overrides out_dir layout).")
+    updates: int = Field(100, ge=1, description="Learner updates to run.")
+    max_seconds: float | None = Field(None, gt=0, description="Stop (and checkpoint) after this much wall time.")
+    student: ModelRef
+    teacher: ModelRef
+    sampler: SamplerSettings = Field(default_factory=SamplerSettings)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
+    tcod: TCODConfig = Field(default_factory=TCODConfig)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
+    log_experience: bool = Field(True, description="Write every queued turn to the run's experience log.")
+    log_token_ids: bool = Field(
+        True, description="Store prompt/response token ids in the experience log (needed to re-queue, on --resume, "
+        "turns logged after the last checkpoint; without them those turns are dropped from the log).")
+
+    @model_validator(mode="after")
+    def _check_method(self) -> TrainConfig:
+        rule = sampler_method_for(self.method)
+        if rule not in METHODS:
+            known = sorted(set(METHODS) | set(METHOD_ROWS))
+            raise ValueError(f"method: unknown method {self.method!r}; known: {', '.join(known)}")
+        if self.method == "divopd-r" and not self.explorer.recovery.enabled:
+            raise ValueError("method divopd-r needs explorer.recovery.enabled: true")
+        if self.method == "tcod-f2b" and not self.tcod.enabled:
+            raise ValueError("method tcod-f2b needs tcod.enabled: true")
+        if self.explorer.env not in ENVS:
+            raise ValueError(f"explorer.env: unknown environment {self.explorer.env!r}; known: {', '.join(ENVS)}")
+        for key in ("split", "eval_split"):
+            if getattr(self.explorer, key) not in SPLITS:
+                raise ValueError(f"explorer.{key}: unknown split {getattr(self.explorer, key)!r}; "
+                                 f"expected one of {', '.join(SPLITS)}")
+        return self
+
+    def sampler_config(self) -> SamplerConfig:
+        """The :class:`SamplerConfig` of this run."""
+        s = self.sampler
+        return SamplerConfig(
+            method=sampler_method_for(self.method),
+            batch_size=s.batch_size,
+            pool_factor=s.pool_factor,
+            cap=s.cap,
+            max_staleness=s.max_staleness,
+            max_pending=s.max_pending,
+            seed=self.seed,
+            cap_unit=s.cap_unit,
+        )
+
+    def resolved_run_dir(self) -> Path:
+        if self.run_dir:
+            return Path(self.run_dir)
+        return Path(self.out_dir) / self.setting / self.method / f"seed{self.seed}"
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    shown, path = path, path.resolve()
+    if path in seen:
+        raise ConfigError(f"config {path}: `base:` cycle through {' -> '.join(str(p) for p in seen)}")
+    if not path.exists():
+        raise ConfigError(f"{shown}: no such config file")
+    if not path.is_file():
+        raise ConfigError(f"{shown}: not a config file (a directory)")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{shown}: cannot read the config file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{shown}: not a YAML text file ({exc.reason})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{shown}: YAML syntax error at {describe_yaml_error(exc)}") from exc
+    if data is None:
+        raise ConfigError(f"{shown}: empty config file; expected a mapping (setting, method, student, teacher, ...)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shown}: top level must be a mapping of config keys, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{shown}: base: expected a file name relative to this file, got {base!r}")
+    return _deep_merge(_read_yaml(path.parent / base, (*seen, path)), data)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=c`` overrides (values parsed as YAML) to a config mapping."""
+    out = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set expects KEY=VALUE (e.g. sampler.cap=6), got {item!r}")
+        key, raw = item.split("=", 1)
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ConfigError(f"--set: empty key in {item!r}")
+        node = out
+        for p in parts[:-1]:
+            if node.get(p) is None:
+                node[p] = {}
+            if not isinstance(node[p], dict):
+                raise ConfigError(f"--set {key}: {p!r} is not a section")
+            node = node[p]
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({describe_yaml_error(exc)})") from None
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                data: dict[str, Any] | None = None) -> TrainConfig:
+    """Read a YAML config (following ``base:``), apply ``--set`` overrides, validate.
+
+    Every problem raises :class:`~divopd.errors.ConfigError` (a ``ValueError``), one line naming the file and the key.
+    """
+    raw = _read_yaml(Path(path)) if path is not None else {}
+    if data:
+        raw = _deep_merge(raw, data)
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as exc:
+        where = f"{path}: " if path is not None else ""
+        raise ConfigError(f"{where}{describe_validation_error(exc)}") from exc
+
+
+def dump_config(cfg: TrainConfig) -> str:
+    """The resolved config as YAML (written to every run directory)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def config_reference() -> list[tuple[str, str, str, str]]:
+    """Every config key as ``(dotted key, type, default, description)``, walked from the schema (README table)."""
+    rows: list[tuple[str, str, str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{name}"
+            ann = field.annotation
+            sub = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+            if sub is not None:
+                walk(sub, key + ".")
+                continue
+            if field.is_required():
+                default = "required"
+            else:
+                value = field.get_default(call_default_factory=True)
+                default = json.dumps(value) if not isinstance(value, BaseModel) else ""
+            if get_origin(ann) is Literal:
+                type_name = " / ".join(str(a) for a in get_args(ann))
+            else:
+                type_name = getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
+            rows.append((key, type_name, default, (field.description or "").replace("|", "\\|")))
+
+    walk(TrainConfig, "")
+    return rows
+
+
+def config_reference_markdown() -> str:
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, type_name, default, desc in config_reference():
+        lines.append(f"| `{key}` | {type_name.replace('|', 'or')} | `{default}` | {desc} |")
+    return "\n".join(lines)

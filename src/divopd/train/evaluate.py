@@ -1,0 +1,65 @@
+"""``divopd eval CHECKPOINT``: student-only greedy evaluation of a checkpoint (or any HF model folder).
+
+The environment, prompt and step limit come from the run's ``config.yaml`` (found beside the checkpoint folder, i.e.
+``RUN_DIR/checkpoints/update-N/../../config.yaml``) or from ``--config``; recovery is always off, as in the paper.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from divopd.errors import InputFileError, UsageError, check_model_folder
+from divopd.train.config import load_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="checkpoint folder, e.g. RUN/checkpoints/update-000100")
+    parser.add_argument("--config", help="training config (default: the run's config.yaml beside the checkpoint)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--split", help="task split (default: explorer.eval_split)")
+    parser.add_argument("--tasks", type=int, help="number of tasks (default: eval.tasks)")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+
+
+def find_config(checkpoint: Path) -> Path | None:
+    for parent in [checkpoint, *checkpoint.parents][:4]:
+        if (parent / "config.yaml").is_file():
+            return parent / "config.yaml"
+    return None
+
+
+def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None, overrides: list[str] | None = None,
+                        split: str | None = None, tasks: int | None = None) -> dict[str, float]:
+    """Evaluate ``checkpoint`` as the student of ``config``; returns ``eval/*`` metrics."""
+    from divopd.train.runtime.common import build_explorer
+
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise InputFileError(f"checkpoint: no checkpoint folder at {checkpoint}")
+    check_model_folder(checkpoint, "checkpoint", what="a checkpoint or model folder")
+    config = Path(config) if config else find_config(checkpoint)
+    if config is None:
+        raise InputFileError(f"no config.yaml found beside {checkpoint}; pass --config")
+    if tasks is not None and tasks < 1:
+        raise UsageError(f"--tasks must be at least 1, got {tasks}")
+    over = [f"student.path={checkpoint}"] + list(overrides or [])
+    if split:
+        over.append(f"explorer.eval_split={split}")
+    cfg = load_config(config, over)
+    explorer = build_explorer(cfg, 0, 0, None, None, evaluation=True)
+    try:
+        results = explorer.evaluate(num_tasks=tasks or cfg.eval.tasks)
+    finally:
+        explorer.close()
+    return {"checkpoint": str(checkpoint), "split": cfg.explorer.eval_split, **results}
+
+
+def run(args: argparse.Namespace) -> int:
+    results = evaluate_checkpoint(args.checkpoint, args.config, args.overrides, args.split, args.tasks)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    return 0

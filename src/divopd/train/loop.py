@@ -1,0 +1,144 @@
+"""The one Algorithm-1 loop. Every runtime (threads, Ray) is an adapter that supplies a :class:`Runtime` to it.
+
+    while learner version < updates:
+        explore → enqueue    finished rollouts enter the queue tagged with the learner version at arrival
+        compose              the sampler's rule picks B turns (or waits for more)
+        update               one optimizer step on the batch
+        publish              the new weights go to every explorer
+        evaluate/checkpoint  on their schedules
+
+Stopping: ``updates`` reached, ``max_seconds`` passed, or a :class:`~divopd.train.interrupt.StopRequest` (Ctrl-C /
+SIGTERM) seen at a stage boundary. Then (1) the runtime stops its explorers and hands over every rollout that
+finished but was not taken yet (it enters the ledger as queued: received, never lost); (2) the final snapshot is
+evaluated (not after a stop request); (3) the trainer checkpoints; (4) ``summary.json`` is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from divopd.explore.explorer import Rollout
+from divopd.learn.checkpoint import WeightHandle
+from divopd.train.interrupt import StopRequest, fault_point
+from divopd.train.trainer import Trainer
+
+__all__ = ["EvalResult", "Runtime", "run_loop"]
+
+log = logging.getLogger(__name__)
+
+#: How long the loop waits for the final evaluation before giving up on it.
+FINAL_EVAL_TIMEOUT_S = 600.0
+
+
+@dataclass
+class EvalResult:
+    """One finished evaluation: the snapshot's update, its learner counters and the eval metrics."""
+
+    update: int
+    counters: dict[str, float]
+    results: dict[str, float]
+
+
+class Runtime(Protocol):
+    """What a runtime gives the loop: rollouts, weight publication, evaluation, shutdown."""
+
+    def poll(self, timeout: float) -> list[Rollout]:
+        """Finished rollouts not taken yet; waits up to ``timeout`` seconds for the first one."""
+
+    def check_alive(self) -> None:
+        """Raise ``RuntimeError`` when no explorer is left to produce rollouts."""
+
+    def publish(self, handle: WeightHandle) -> None:
+        """Make ``handle`` the weights every explorer loads before its next rollout."""
+
+    def request_eval(self, update: int, handle: WeightHandle, counters: dict[str, float]) -> None:
+        """Start evaluating the snapshot ``handle`` of learner ``update`` (results arrive in request order)."""
+
+    def eval_results(self, timeout: float) -> list[EvalResult]:
+        """Evaluations finished so far; waits up to ``timeout`` seconds for one."""
+
+    def evals_pending(self) -> bool:
+        """Whether a requested evaluation may still arrive (False once the evaluator has failed)."""
+
+    def shutdown(self, interrupted: bool) -> list[Rollout]:
+        """Stop the explorers; return the rollouts that finished but were not polled."""
+
+    def close(self, interrupted: bool) -> dict[str, Any]:
+        """Release the evaluator and everything else; return the runtime's summary fields."""
+
+
+def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None = None,
+             stop: StopRequest | None = None, progress: Any = None) -> dict[str, Any]:
+    """Train to ``cfg.updates`` (or ``max_seconds`` / a stop request); returns the run summary.
+
+    ``weights``: the handle the runtime's explorers were built with (default: published now)."""
+    cfg = trainer.cfg
+    stop = stop or StopRequest()
+    evaluated = {int(e["update"]) for e in trainer.state.eval_history}
+    outstanding = 0
+    latest = weights if weights is not None else trainer.publish()  # what the explorers hold now
+
+    def request_eval() -> None:
+        nonlocal outstanding
+        if trainer.version not in evaluated:
+            evaluated.add(trainer.version)
+            runtime.request_eval(trainer.version, latest, trainer.snapshot_counters())
+            outstanding += 1
+
+    def record(results: list[EvalResult]) -> None:
+        nonlocal outstanding
+        for r in results:
+            trainer.record_eval(r.update, r.counters, r.results)
+            outstanding -= 1
+            if progress is not None:
+                progress.on_eval(r.update, r.results)
+
+    fault_point("start")
+    if cfg.eval.at_start and trainer.version == 0:
+        request_eval()
+    deadline = None if cfg.max_seconds is None else time.monotonic() + cfg.max_seconds
+    interrupted = False
+    try:
+        while trainer.version < cfg.updates and not stop.requested:
+            if deadline is not None and time.monotonic() > deadline:
+                log.info("max_seconds reached at update %d", trainer.version)
+                break
+            # explore → enqueue: each turn is tagged with the learner version at its arrival (staleness counts
+            # from the policy version that generated it, which the explorer stamped)
+            trainer.intake(runtime.poll(timeout=0))
+            batch = trainer.compose()
+            record(runtime.eval_results(timeout=0))
+            if batch is None:  # not enough valid turns yet: wait for explorers
+                runtime.check_alive()
+                trainer.intake(runtime.poll(timeout=0.5))
+                continue
+            metrics = trainer.update(batch)
+            # publish: explorers load the new weights at their next rollout boundary, so a rollout's turns may
+            # carry older versions than the learner's (the staleness the gate bounds by δ)
+            fault_point("publish")
+            latest = trainer.publish()
+            runtime.publish(latest)
+            trainer.after_update(metrics, request_eval, progress)
+    except KeyboardInterrupt:  # a second Ctrl-C while a stage was running
+        interrupted = True
+    finally:
+        interrupted = interrupted or stop.requested
+        if interrupted:
+            log.warning("interrupted at update %d: checkpointing", trainer.version)
+        trainer.intake(runtime.shutdown(interrupted))  # finished rollouts enter the ledger (as queued)
+        if not interrupted:
+            request_eval()  # the final snapshot
+            _wait_for_evals(runtime, stop, record, lambda: outstanding)
+        extra = runtime.close(interrupted or stop.requested)
+        record(runtime.eval_results(timeout=0))
+        trainer.checkpoint()
+    return trainer.close({"interrupted": interrupted or stop.requested, **extra})
+
+
+def _wait_for_evals(runtime: Runtime, stop: StopRequest, record: Any, outstanding: Any) -> None:
+    deadline = time.monotonic() + FINAL_EVAL_TIMEOUT_S
+    while outstanding() > 0 and runtime.evals_pending() and not stop.requested and time.monotonic() < deadline:
+        record(runtime.eval_results(timeout=0.5))

@@ -1,0 +1,96 @@
+"""One training run: :func:`train` opens (or resumes) the run directory and runs the config's runtime.
+
+The ``divopd train`` command is :mod:`divopd.commands.train`.
+
+Runs asynchronous OPD: explorers play the student in the config's environment, the frozen teacher scores every
+response token, the sampler composes one batch per update with the config's method, the learner takes one optimizer
+step per batch. Writes a run directory (``config.yaml``, ``metrics.jsonl``, ``tb/``, ``experience/``,
+``checkpoints/``, ``summary.json``). Ctrl-C checkpoints and exits; ``--resume`` continues from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from divopd.train.config import TrainConfig
+from divopd.train.interrupt import StopRequest
+
+
+class Progress:
+    """A rich progress bar: updates, latest SR, queue depth and the arrival/drain ratio."""
+
+    def __init__(self, total: int, start: int, enabled: bool) -> None:
+        self.enabled = enabled
+        self.sr: float | None = None
+        self._bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False)
+            self._task = self._bar.add_task("train", total=total, completed=start, info="")
+            self._bar.start()
+
+    def on_update(self, trainer: Any, metrics: dict[str, float]) -> None:
+        sr = "-" if self.sr is None else f"{100 * self.sr:.0f}%"
+        info = (f"SR {sr} | queue {trainer.sampler.waiting} | arrival/drain "
+                f"{metrics['queue/arrival_drain_ratio']:.2f} | loss {metrics['learner/loss']:.3f}")
+        if self._bar is not None:
+            self._bar.update(self._task, completed=trainer.version, info=info)
+        elif trainer.version % 10 == 0:
+            logging.getLogger("divopd.train.run").info("update %d %s", trainer.version, info)
+
+    def on_eval(self, update: int, results: dict[str, float]) -> None:
+        self.sr = results.get("eval/success_rate")
+        if self._bar is None:
+            logging.getLogger("divopd.train.run").info("eval @%d: %s", update, json.dumps(results))
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, progress: bool = False,
+          stop: StopRequest | None = None) -> dict:
+    """Run (or resume) one training run; returns its summary (``summary["interrupted"]`` after a stop request).
+
+    ``stop``: a :class:`~divopd.train.interrupt.StopRequest` whose signal handlers are installed (the CLI's); a stop
+    requested while the models load or the explorers start is honoured once the loop starts: it checkpoints at
+    once."""
+    from divopd.train.trainer import open_run
+
+    trainer, resumed = open_run(cfg, resume=resume)
+    cfg = trainer.cfg
+    bar = Progress(cfg.updates, trainer.version, progress)
+    try:
+        if cfg.runtime.kind == "ray":
+            from divopd.train.runtime.ray import run_ray
+
+            summary = run_ray(trainer, bar, stop=stop)
+        elif cfg.runtime.kind == "lockstep":
+            from divopd.train.runtime.lockstep import run_lockstep
+
+            summary = run_lockstep(trainer, bar, stop=stop)
+        else:
+            from divopd.train.runtime.threads import run_embedded
+
+            summary = run_embedded(trainer, bar, stop=stop)
+    finally:
+        bar.close()
+    summary["resumed"] = resumed
+    summary["run_dir"] = str(trainer.run_dir)
+    return summary
+
+
+def quiet_hf_progress() -> None:
+    """No per-file progress bars from transformers / huggingface_hub while training (the run has its own bar)."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()

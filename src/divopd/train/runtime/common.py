@@ -1,0 +1,98 @@
+"""Pieces both runtimes share: building explorers and the evaluator from a config (no runtime imports here)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from divopd.explore.explorer import Explorer
+from divopd.learn.checkpoint import WeightHandle
+from divopd.models import load_model
+from divopd.train.config import TrainConfig
+
+__all__ = ["LatestWeights", "build_explorer", "load_teacher", "explorer_seed", "step_limit"]
+
+# transformers' from_pretrained swaps process-global state (meta-device init); loading in two threads at once races.
+_LOAD_LOCK = threading.Lock()
+
+
+class LatestWeights:
+    """The newest published weight handle, shared with explorer workers (thread-safe)."""
+
+    def __init__(self, handle: WeightHandle) -> None:
+        self._lock = threading.Lock()
+        self._handle = handle
+
+    def set(self, handle: WeightHandle) -> None:
+        with self._lock:
+            if handle.version >= self._handle.version:
+                self._handle = handle
+
+    def get(self) -> WeightHandle:
+        with self._lock:
+            return self._handle
+
+    @property
+    def version(self) -> int:
+        return self.get().version
+
+
+def explorer_seed(cfg: TrainConfig, explorer_id: int, session: int) -> int:
+    """Distinct, reproducible seeds per (run seed, explorer, resume session)."""
+    return cfg.seed * 100_003 + session * 1_009 + explorer_id
+
+
+def load_teacher(cfg: TrainConfig) -> tuple[Any, Any]:
+    """The frozen teacher (eval mode, no grad) and its tokenizer."""
+    with _LOAD_LOCK:
+        teacher, tokenizer = load_model(cfg.teacher.path, dtype=cfg.teacher.dtype, device=cfg.teacher.device)
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher, tokenizer
+
+
+def build_explorer(
+    cfg: TrainConfig,
+    explorer_id: int,
+    session: int,
+    handle: WeightHandle | None,
+    teacher: Any | None,
+    teacher_tokenizer: Any | None = None,
+    evaluation: bool = False,
+) -> Explorer:
+    """An explorer with its own student copy (loaded from ``cfg.student``, then the published ``handle``).
+
+    ``evaluation=True`` builds a student-only evaluator: no teacher, recovery off (the paper's evaluation)."""
+    with _LOAD_LOCK:
+        student, tokenizer = load_model(cfg.student.path, dtype=cfg.student.dtype, device=cfg.student.device)
+    student.eval()
+    version = 0
+    if handle is not None:
+        handle.load_into(student)
+        version = handle.version
+    explorer_cfg = cfg.explorer.model_copy(deep=True)
+    if evaluation:
+        explorer_cfg.recovery.enabled = False
+        teacher = teacher_tokenizer = None
+    return Explorer(
+        explorer_cfg,
+        student,
+        tokenizer,
+        teacher,
+        teacher_tokenizer,
+        seed=explorer_seed(cfg, explorer_id, session),
+        explorer_id=explorer_id,
+        policy_version=version,
+        id_prefix=f"s{session}x",
+    )
+
+
+def step_limit(cfg: TrainConfig, learner_version: int) -> int:
+    """The explorer's step limit now: the config's, or TCOD-F2B's curriculum horizon."""
+    if not cfg.tcod.enabled:
+        return cfg.explorer.max_steps
+    tcod = cfg.tcod
+    if tcod.total_updates is None:
+        tcod = tcod.model_copy(update={"total_updates": cfg.updates})
+    return tcod.horizon(cfg.explorer.max_steps, update=learner_version)

@@ -1,0 +1,107 @@
+"""Lockstep runtime: one process, no threads, fully deterministic (``runtime.kind: lockstep``).
+
+Before each learner update the env instances advance round-robin by ``runtime.lockstep.env_steps_per_update``
+environment steps: explorer 0 steps each of its live instances once (one batched generate), then explorer 1, and so
+on, until the budget is spent (a round's extra steps are carried over, so the average is exact). A rollout's turns
+enter the queue when it ends; each slot starts its next episode with the newest published weights, so policy lag
+arises as in the asynchronous runtimes, but at a rate the config fixes instead of the machine's speed.
+
+    producer load (arrival/drain) ≈ env_steps_per_update × (student turns per env step) / B
+
+Evaluation runs in place, when requested, on its own student copy. With the same config and seed, two runs give
+the same learner series and experience log (on the same machine and torch build: float kernels differ across CPU
+models); ``torch`` uses one thread and deterministic algorithms here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from divopd.explore.explorer import Explorer, Rollout
+from divopd.learn.checkpoint import WeightHandle
+from divopd.train.config import TrainConfig
+from divopd.train.interrupt import StopRequest, fault_point
+from divopd.train.loop import EvalResult, run_loop
+from divopd.train.runtime.common import build_explorer, load_teacher, step_limit
+from divopd.train.trainer import Trainer
+
+__all__ = ["LockstepRuntime", "run_lockstep"]
+
+
+class LockstepRuntime:
+    """The :class:`~divopd.train.loop.Runtime` that steps every env instance from the loop's own thread."""
+
+    def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
+        self.cfg = cfg
+        self._session = session
+        self._weights = weights
+        teacher, _ = load_teacher(cfg)
+        self._explorers: list[Explorer] = [build_explorer(cfg, i, session, weights, teacher)
+                                           for i in range(cfg.runtime.num_explorers)]
+        self._evaluator: Explorer | None = None
+        self._results: list[EvalResult] = []
+        self._next = 0  # the explorer whose turn it is
+        self._budget = 0  # env steps owed (negative: steps taken ahead)
+        self.env_steps = 0
+
+    def poll(self, timeout: float) -> list[Rollout]:
+        """Advance the env instances by ``env_steps_per_update`` steps; return the rollouts that ended."""
+        self._budget += self.cfg.runtime.lockstep.env_steps_per_update
+        out: list[Rollout] = []
+        while self._budget > 0:
+            explorer = self._explorers[self._next]
+            explorer.config.max_steps = step_limit(self.cfg, self._weights.version)
+            rollouts, steps = explorer.step_round()
+            out.extend(rollouts)
+            self._budget -= steps
+            self.env_steps += steps
+            self._next = (self._next + 1) % len(self._explorers)
+        return out
+
+    def check_alive(self) -> None:
+        """Explorers here fail by raising in :meth:`poll`: nothing to check."""
+
+    def publish(self, handle: WeightHandle) -> None:
+        self._weights = handle
+        for explorer in self._explorers:
+            explorer.set_weights(handle)  # loaded at each slot's next episode
+
+    def request_eval(self, update: int, handle: WeightHandle, counters: dict[str, float]) -> None:
+        if self._evaluator is None:
+            self._evaluator = build_explorer(self.cfg, 999, self._session, handle, None, evaluation=True)
+        self._evaluator.set_weights(handle)
+        fault_point("eval")
+        self._results.append(EvalResult(update, counters, self._evaluator.evaluate(num_tasks=self.cfg.eval.tasks)))
+
+    def eval_results(self, timeout: float) -> list[EvalResult]:
+        out, self._results = self._results, []
+        return out
+
+    def evals_pending(self) -> bool:
+        return bool(self._results)
+
+    def shutdown(self, interrupted: bool) -> list[Rollout]:
+        for explorer in self._explorers:
+            explorer.close()
+        return []
+
+    def close(self, interrupted: bool) -> dict[str, Any]:
+        if self._evaluator is not None:
+            self._evaluator.close()
+        return {"env_steps": self.env_steps}
+
+
+def run_lockstep(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
+    """Run training in lockstep to ``cfg.updates`` (or ``max_seconds`` / Ctrl-C); returns the summary."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        weights = trainer.publish()
+        runtime = LockstepRuntime(trainer.cfg, weights, trainer.state.sessions)
+        return run_loop(trainer, runtime, weights=weights, stop=stop, progress=progress)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)

@@ -1,0 +1,169 @@
+"""Ray runtime: the same Explorer and Trainer code, with explorers (and the evaluator) as Ray actors.
+
+    ExplorerActor × N ──collect(1, weights_ref)──► driver: Trainer (queue + sampler + learner)
+           ▲                                              │ publish → ray.put(handle)
+           └──────────────── weights object ref ◄─────────┘
+    EvalActor ◄── evaluate(weights_ref) futures; results written by the driver
+
+The queue and the sampler live with the learner in the driver. Each explorer actor has one ``collect`` call in
+flight, so a slow learner does not stall production (turns wait in the sampler, where staleness expires them). A dead
+explorer actor is restarted by Ray (``runtime.max_explorer_restarts``) and its lost call is resubmitted; the run goes
+on. Local runs start Ray on loopback; set ``runtime.ray_address`` (e.g. ``ray://head:10001`` or ``auto``) for a
+cluster, and ``student.device``/``teacher.device`` + ``runtime.explorer_gpus`` for GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import RayActorError, RayTaskError
+
+from divopd.explore.explorer import Rollout
+from divopd.learn.checkpoint import WeightHandle
+from divopd.train.config import TrainConfig
+from divopd.train.interrupt import StopRequest
+from divopd.train.loop import EvalResult, run_loop
+from divopd.train.runtime.common import build_explorer, load_teacher, step_limit
+from divopd.train.trainer import Trainer
+
+__all__ = ["RayRuntime", "run_ray", "ExplorerActor"]
+
+log = logging.getLogger(__name__)
+
+
+class ExplorerActor:
+    """An Explorer inside a Ray actor (wrapped with ``ray.remote`` at the edge, in :func:`run_ray`)."""
+
+    def __init__(self, cfg_data: dict[str, Any], idx: int, session: int, handle: Any, with_teacher: bool) -> None:
+        cfg = TrainConfig.model_validate(cfg_data)
+        torch.set_num_threads(cfg.runtime.torch_threads)
+        self.cfg = cfg
+        teacher = load_teacher(cfg)[0] if with_teacher else None
+        self.explorer = build_explorer(cfg, idx, session, handle, teacher, evaluation=not with_teacher)
+
+    def collect(self, n: int, handle: Any) -> list[Any]:
+        self.explorer.set_weights(handle)
+        self.explorer.config.max_steps = step_limit(self.cfg, handle.version)
+        return self.explorer.collect(n)
+
+    def evaluate(self, handle: Any, num_tasks: int) -> dict[str, float]:
+        self.explorer.set_weights(handle)
+        return self.explorer.evaluate(num_tasks=num_tasks)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        self.explorer.close()
+
+
+def _init_ray(cfg: TrainConfig) -> bool:
+    """Start (or connect to) Ray; returns True when this call started it."""
+    if ray.is_initialized():
+        return False
+    if cfg.runtime.ray_address:
+        ray.init(address=cfg.runtime.ray_address, log_to_driver=False)
+    else:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        ray.init(num_cpus=cfg.runtime.ray_num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 object_store_memory=512 * 2**20, log_to_driver=False)
+    return True
+
+
+class RayRuntime:
+    """The :class:`~divopd.train.loop.Runtime` of explorer actors (``runtime.kind: ray``); the learner stays here."""
+
+    def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
+        self.cfg = cfg
+        self._started = _init_ray(cfg)
+        self._cfg_data = cfg.model_dump(mode="json")
+        self._session = session
+        self._actor_cls = ray.remote(ExplorerActor)
+        self._weights_ref = ray.put(weights)
+        self._weights_version = weights.version
+        self._explorers = [self._new_explorer(i) for i in range(cfg.runtime.num_explorers)]
+        self._evaluator = self._actor_cls.options(num_cpus=0).remote(self._cfg_data, 999, session,
+                                                                     self._weights_ref, False)
+        self._inflight: dict[Any, int] = {e.collect.remote(1, self._weights_ref): i
+                                          for i, e in enumerate(self._explorers)}
+        self._evals: dict[Any, tuple[int, dict[str, float]]] = {}
+        self._failures = [0] * len(self._explorers)
+
+    def _new_explorer(self, i: int) -> Any:
+        rt = self.cfg.runtime
+        return self._actor_cls.options(num_cpus=rt.explorer_cpus, num_gpus=rt.explorer_gpus,
+                                       max_restarts=rt.max_explorer_restarts, max_task_retries=0,
+                                       name=None).remote(self._cfg_data, i, self._session, self._weights_ref, True)
+
+    def poll(self, timeout: float) -> list[Rollout]:
+        if not self._inflight:
+            return []
+        refs = list(self._inflight)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready and len(refs) > 1:  # take everything else that is already done too
+            more, _ = ray.wait([r for r in refs if r not in ready], num_returns=len(refs) - 1, timeout=0)
+            ready = ready + more
+        out: list[Rollout] = []
+        for ref in ready:
+            i = self._inflight.pop(ref)
+            try:
+                out.extend(ray.get(ref))
+            except (RayActorError, RayTaskError) as exc:
+                self._failures[i] += 1
+                log.error("explorer actor %d failed (%d so far): %s", i, self._failures[i], exc)
+                if self._failures[i] > self.cfg.runtime.max_explorer_restarts:
+                    continue  # this explorer is given up; the others go on
+            self._inflight[self._explorers[i].collect.remote(1, self._weights_ref)] = i
+        return out
+
+    def check_alive(self) -> None:
+        if not self._inflight:
+            raise RuntimeError("every explorer actor has failed; see the log above")
+
+    def publish(self, handle: WeightHandle) -> None:
+        if handle.version > self._weights_version:  # one object per version, shared by every actor
+            self._weights_ref = ray.put(handle)
+            self._weights_version = handle.version
+
+    def request_eval(self, update: int, handle: WeightHandle, counters: dict[str, float]) -> None:
+        ref = self._weights_ref if handle.version == self._weights_version else ray.put(handle)
+        self._evals[self._evaluator.evaluate.remote(ref, self.cfg.eval.tasks)] = (update, counters)
+
+    def eval_results(self, timeout: float) -> list[EvalResult]:
+        if not self._evals:
+            return []
+        ready, _ = ray.wait(list(self._evals), num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = ray.wait(list(self._evals), num_returns=len(self._evals), timeout=0)
+        out = []
+        for ref in ready:
+            update, counters = self._evals.pop(ref)
+            out.append(EvalResult(update, counters, ray.get(ref)))
+        return out
+
+    def evals_pending(self) -> bool:
+        return bool(self._evals)
+
+    def shutdown(self, interrupted: bool) -> list[Rollout]:
+        self._inflight.clear()  # killing an actor ends the collect call it is running
+        for actor in self._explorers:
+            ray.kill(actor, no_restart=True)
+        return []
+
+    def close(self, interrupted: bool) -> dict[str, Any]:
+        ray.kill(self._evaluator, no_restart=True)
+        self._evals.clear()
+        if self._started:
+            ray.shutdown()
+        return {"explorer_failures": sum(self._failures)}
+
+
+def run_ray(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
+    """Run training with explorer actors; the learner stays in this (driver) process."""
+    weights = trainer.publish()
+    runtime = RayRuntime(trainer.cfg, weights, trainer.state.sessions)
+    return run_loop(trainer, runtime, weights=weights, stop=stop, progress=progress)

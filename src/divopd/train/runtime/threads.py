@@ -1,0 +1,191 @@
+"""Threads runtime: explorer threads and an evaluator thread feed the one loop running on the main thread.
+
+    explorer threads ──(bounded queue of finished rollouts: backpressure)──► main thread: run_loop
+          ▲                                                                    │ intake → compose → update → publish
+          └──────────────────────── newest WeightHandle ◄──────────────────────┘
+    evaluator thread ◄── (update, snapshot) requests;  results ──► main thread writes them
+
+:class:`ThreadsRuntime` is only the adapter (see :mod:`divopd.train.loop` for the loop and its shutdown order). On
+shutdown the stop event is set, explorer threads finish the rollout in hand (a full queue is not waited on), and every
+finished rollout still in the queue is handed back to the loop.
+
+Threads rather than processes: torch releases the GIL inside its kernels, the weights are shared in memory without
+copies, and a single process is what `make demo` needs; see the README's measurement of the alternatives.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import traceback
+from typing import Any
+
+import torch
+
+from divopd.explore.explorer import Rollout
+from divopd.learn.checkpoint import WeightHandle
+from divopd.train.config import TrainConfig
+from divopd.train.interrupt import StopRequest, fault_point
+from divopd.train.loop import EvalResult, run_loop
+from divopd.train.runtime.common import LatestWeights, build_explorer, load_teacher, step_limit
+from divopd.train.trainer import Trainer
+
+__all__ = ["ThreadsRuntime", "run_embedded"]
+
+log = logging.getLogger(__name__)
+
+
+class ExplorerWorker(threading.Thread):
+    """Runs one Explorer: collect a rollout, hand it to the learner, pick up newer weights; restart on failure."""
+
+    def __init__(self, cfg: TrainConfig, idx: int, session: int, weights: LatestWeights, teacher: Any,
+                 out: queue.Queue, stop: threading.Event, max_restarts: int = 3) -> None:
+        super().__init__(name=f"explorer-{idx}", daemon=True)
+        self.cfg, self.idx, self.session = cfg, idx, session
+        self.weights, self.teacher, self.out, self.stop_event = weights, teacher, out, stop
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.error: str | None = None
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self._loop()
+                return
+            except Exception:  # noqa: BLE001 — an explorer failure is logged, counted and the worker restarted
+                self.error = traceback.format_exc()
+                log.error("explorer %d failed:\n%s", self.idx, self.error)
+                self.restarts += 1
+                if self.restarts > self.max_restarts:
+                    return
+
+    def _loop(self) -> None:
+        # a restarted worker takes a fresh id prefix so rollout ids never repeat
+        session = self.session * 100 + self.restarts
+        explorer = build_explorer(self.cfg, self.idx, session, self.weights.get(), self.teacher)
+        try:
+            while not self.stop_event.is_set():
+                handle = self.weights.get()
+                explorer.set_weights(handle)
+                explorer.config.max_steps = step_limit(self.cfg, handle.version)
+                (rollout,) = explorer.collect(1)
+                while not self.stop_event.is_set():
+                    try:
+                        self.out.put(rollout, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+        finally:
+            explorer.close()
+
+
+class EvalWorker(threading.Thread):
+    """Evaluates weight snapshots on held-out tasks, in request order, with its own student copy (no teacher)."""
+
+    def __init__(self, cfg: TrainConfig, session: int, weights: LatestWeights, abort: threading.Event) -> None:
+        super().__init__(name="evaluator", daemon=True)
+        self.cfg, self.session, self.weights, self.abort = cfg, session, weights, abort
+        self.requests: queue.Queue = queue.Queue()
+        self.results: queue.Queue = queue.Queue()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        explorer = None
+        try:
+            explorer = build_explorer(self.cfg, 999, self.session, self.weights.get(), None, evaluation=True)
+            while True:
+                item = self.requests.get()
+                if item is None or self.abort.is_set():
+                    return
+                update, handle, counters = item
+                explorer.set_weights(handle)
+                fault_point("eval")
+                results = explorer.evaluate(num_tasks=self.cfg.eval.tasks)
+                self.results.put(EvalResult(update, counters, results))
+        except Exception:  # noqa: BLE001
+            self.error = traceback.format_exc()
+            log.error("evaluator failed:\n%s", self.error)
+        finally:
+            if explorer is not None:
+                explorer.close()
+
+
+def _drain(q: queue.Queue, first: Any = None) -> list[Any]:
+    items = [] if first is None else [first]
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
+
+
+def _take(q: queue.Queue, timeout: float) -> list[Any]:
+    """Everything in ``q``, waiting up to ``timeout`` seconds for the first item."""
+    if timeout <= 0:
+        return _drain(q)
+    try:
+        return _drain(q, q.get(timeout=timeout))
+    except queue.Empty:
+        return []
+
+
+class ThreadsRuntime:
+    """The :class:`~divopd.train.loop.Runtime` of explorer threads in this process (``runtime.kind: threads``)."""
+
+    def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
+        self.cfg = cfg
+        self._stop = threading.Event()
+        self._abort = threading.Event()  # set on Ctrl-C: pending evaluations are skipped
+        self._rollouts: queue.Queue = queue.Queue(maxsize=cfg.runtime.queue_rollouts)
+        self._weights = LatestWeights(weights)
+        teacher, _ = load_teacher(cfg)
+        self._workers = [ExplorerWorker(cfg, i, session, self._weights, teacher, self._rollouts, self._stop,
+                                        cfg.runtime.max_explorer_restarts) for i in range(cfg.runtime.num_explorers)]
+        self._evaluator = EvalWorker(cfg, session, self._weights, self._abort)
+        for w in self._workers:
+            w.start()
+        self._evaluator.start()
+
+    def poll(self, timeout: float) -> list[Rollout]:
+        return _take(self._rollouts, timeout)
+
+    def check_alive(self) -> None:
+        if not any(w.is_alive() for w in self._workers):
+            raise RuntimeError("every explorer has stopped; last error:\n"
+                               + next((w.error for w in self._workers if w.error), "none"))
+
+    def publish(self, handle: WeightHandle) -> None:
+        self._weights.set(handle)
+
+    def request_eval(self, update: int, handle: WeightHandle, counters: dict[str, float]) -> None:
+        self._evaluator.requests.put((update, handle, counters))
+
+    def eval_results(self, timeout: float) -> list[EvalResult]:
+        return _take(self._evaluator.results, timeout)
+
+    def evals_pending(self) -> bool:
+        return self._evaluator.is_alive() or not self._evaluator.results.empty()
+
+    def shutdown(self, interrupted: bool) -> list[Rollout]:
+        if interrupted:
+            self._abort.set()
+        self._stop.set()
+        for w in self._workers:
+            w.join(timeout=60)
+        return _drain(self._rollouts)
+
+    def close(self, interrupted: bool) -> dict[str, Any]:
+        if interrupted:
+            self._abort.set()
+        self._evaluator.requests.put(None)
+        self._evaluator.join(timeout=5 if interrupted else 600)
+        return {"explorer_restarts": sum(w.restarts for w in self._workers)}
+
+
+def run_embedded(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
+    """Run training with explorer threads to ``cfg.updates`` (or ``max_seconds`` / Ctrl-C); returns the summary."""
+    torch.set_num_threads(trainer.cfg.runtime.torch_threads)
+    weights = trainer.publish()
+    runtime = ThreadsRuntime(trainer.cfg, weights, trainer.state.sessions)
+    return run_loop(trainer, runtime, weights=weights, stop=stop, progress=progress)

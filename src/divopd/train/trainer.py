@@ -1,0 +1,325 @@
+"""The learner side of asynchronous OPD, free of any runtime: queue intake → sampler → one update per batch.
+
+Runtimes (``divopd.train.runtime.threads``, ``divopd.train.runtime.ray``) own the explorers and call this class:
+
+1. :meth:`Trainer.intake` — finished rollouts enter the sampler's queue in arrival order, tagged with the learner
+   version at arrival, and are appended to the experience log (the log is the write-ahead record used on resume);
+2. :meth:`Trainer.step` — asks the sampler for a batch at the current learner version; with one, the learner takes
+   exactly one optimizer step and the update's metrics are written;
+3. :meth:`Trainer.checkpoint` — learner + sampler state + counters, atomically; the experience log part is closed so
+   everything logged so far stays readable after a crash;
+4. :meth:`Trainer.record_eval` — an evaluation of a weight snapshot, written with the learner counters of that
+   snapshot (time-to-target is measured in learner tokens and compute seconds, as in the paper).
+
+Resume (:func:`open_run`): the newest checkpoint restores learner, sampler and counters; turns the log holds past the
+checkpoint's last arrival are queued again (they were received, so they are not lost), metrics past the checkpoint's
+update are dropped (they will be redone), and an unfinished log part left by a kill is set aside.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from divopd.analysis.metrics import MetricsWriter, final_five, peak_sr
+from divopd.experience.log import (
+    ExperienceLogError,
+    ExperienceLogWriter,
+    log_files,
+    read_log,
+    set_aside_unreadable_parts,
+    truncate_log,
+)
+from divopd.learn.checkpoint import WeightHandle, latest_checkpoint
+from divopd.learn.learner import Learner
+from divopd.models import load_model
+from divopd.sampling import Batch, Sampler, make_sampler
+from divopd.train.config import TrainConfig, dump_config, load_config
+from divopd.train.interrupt import fault_point
+
+__all__ = ["Trainer", "open_run", "RunState"]
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+EXPERIENCE = "experience"
+
+
+@dataclass
+class RunState:
+    """Counters the trainer carries across checkpoints (besides the learner's and the sampler's own)."""
+
+    rollouts: int = 0
+    turns: int = 0
+    successes: int = 0
+    teacher_turns: int = 0
+    elapsed_s: float = 0.0
+    sessions: int = 0
+    eval_history: list[dict[str, float]] = field(default_factory=list)
+
+
+class Trainer:
+    """Learner loop pieces shared by every runtime. Not thread-safe: call it from one thread."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: Path,
+        learner: Learner,
+        sampler: Sampler,
+        metrics: MetricsWriter,
+        log_writer: ExperienceLogWriter | None,
+        state: RunState,
+    ) -> None:
+        self.cfg, self.run_dir = cfg, run_dir
+        self.learner, self.sampler = learner, sampler
+        self.metrics, self.log_writer = metrics, log_writer
+        self.state = state
+        self._t0 = time.monotonic() - state.elapsed_s
+        self._arrived_since_update = 0
+
+    # ------------------------------------------------------------------ 1. intake
+    def intake(self, rollouts: list[Any]) -> int:
+        """Queue finished rollouts (``.turns``, ``.info``); returns the number of turns queued."""
+        n = 0
+        for rollout in rollouts:
+            turns = list(rollout.turns)
+            arrivals = self.sampler.add(turns)
+            if self.log_writer is not None and turns:
+                self.log_writer.extend(turns, arrival_update=self.learner.version, arrivals=arrivals)
+            n += len(turns)
+            info = getattr(rollout, "info", {}) or {}
+            self.state.rollouts += 1
+            self.state.successes += bool(info.get("success"))
+            self.state.teacher_turns += int(info.get("teacher_turns", 0))
+        self.state.turns += n
+        self._arrived_since_update += n
+        return n
+
+    # ------------------------------------------------------------------ 2. one update
+    def compose(self) -> Batch | None:
+        """Algorithm 1, steps 1-9: the batch at the current learner version, or ``None`` (not enough turns)."""
+        fault_point("compose")
+        return self.sampler.next_batch(self.learner.version)
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on ``batch``; writes and returns the update's metrics."""
+        fault_point("update")
+        diag = self._diagnostics(batch)
+        metrics = self.learner.step(batch)
+        metrics.update(diag)
+        metrics.update(self.update_metrics(batch))
+        self._arrived_since_update = 0
+        self.metrics.update(self.learner.version, metrics, time=self.elapsed())
+        return metrics
+
+    def step(self) -> dict[str, float] | None:
+        """:meth:`compose` then :meth:`update` when a batch is ready; ``None`` otherwise."""
+        batch = self.compose()
+        return None if batch is None else self.update(batch)
+
+    def update_metrics(self, batch: Batch) -> dict[str, float]:
+        """The sampler's, ledger's, queue's and explorers' metrics of one update (``sampler/``, ``ledger/``, ...)."""
+        metrics = {f"sampler/{k}": float(v) for k, v in batch.stats.items()}
+        ledger = self.sampler.ledger
+        metrics.update({f"ledger/{k}": float(v) for k, v in ledger.items() if not isinstance(v, dict)})
+        for reason, count in ledger["invalid_by_reason"].items():
+            metrics[f"ledger/invalid/{reason}"] = float(count)
+        for reason, count in ledger["expired_by_reason"].items():
+            metrics[f"ledger/expired/{reason}"] = float(count)
+        metrics["queue/arrivals"] = float(self._arrived_since_update)
+        metrics["queue/arrival_drain_ratio"] = self.arrival_drain_ratio()
+        metrics["explorer/rollouts"] = float(self.state.rollouts)
+        metrics["explorer/turns"] = float(self.state.turns)
+        metrics["explorer/success_rate_train"] = self.state.successes / max(1, self.state.rollouts)
+        metrics["explorer/teacher_turns"] = float(self.state.teacher_turns)
+        return metrics
+
+    def after_update(self, metrics: dict[str, float], request_eval: Any, progress: Any = None) -> None:
+        """The schedule after each update, shared by the runtimes: evaluation, checkpoint, progress display."""
+        if self.version % self.cfg.eval.every == 0:
+            request_eval()
+        if self.version % self.cfg.checkpoint.every == 0:
+            self.checkpoint()
+        if progress is not None:
+            progress.on_update(self, metrics)
+
+    def _diagnostics(self, batch: Any) -> dict[str, float]:
+        """Appendix E.2/E.3 on this batch before its update, every ``diagnostics.every`` updates."""
+        every = self.cfg.diagnostics.every
+        if not every or (self.learner.version + 1) % every:
+            return {}
+        from divopd.learn.diagnostics import gradient_diagnostics, ranking_stability
+
+        model, lc = self.learner.model, self.cfg.learner
+        out = gradient_diagnostics(model, batch, beta=lc.beta, reduction=lc.reduction,
+                                   max_rows=self.cfg.diagnostics.max_rows, seed=self.learner.version)
+        out.update(ranking_stability(model, batch))
+        model.zero_grad(set_to_none=True)
+        return out
+
+    def arrival_drain_ratio(self) -> float:
+        """Producer load: turns received ÷ turns the learner has drained (updates × B)."""
+        return self.sampler.ledger["received"] / max(1, self.learner.version * self.cfg.sampler.batch_size)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    @property
+    def version(self) -> int:
+        return self.learner.version
+
+    def publish(self) -> WeightHandle:
+        return self.learner.publish()
+
+    # ------------------------------------------------------------------ 3. checkpoints
+    def checkpoint(self) -> Path:
+        """Write ``checkpoints/update-NNNNNN`` atomically and prune old ones."""
+        if self.log_writer is not None:
+            self.log_writer.roll()  # every logged turn is in a finished, readable part from here on
+        self.state.elapsed_s = self.elapsed()
+        extra = {"sampler": self.sampler.state_dict(), "run": self.state.__dict__}
+        path = self.run_dir / CHECKPOINTS / f"update-{self.learner.version:06d}"
+        fault_point("checkpoint")
+        self.learner.save_checkpoint(path, extra_state=extra)
+        kept = sorted(p for p in (self.run_dir / CHECKPOINTS).iterdir() if p.name.startswith("update-"))
+        for old in kept[: -self.cfg.checkpoint.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    # ------------------------------------------------------------------ 4. evaluation
+    def record_eval(self, update: int, counters: dict[str, float], results: dict[str, float]) -> None:
+        """Write one evaluation of the snapshot taken at learner ``update`` (``counters``: its learner counters)."""
+        record = {**results, **counters}
+        self.metrics.eval(update, record, time=self.elapsed())
+        self.state.eval_history.append({"update": update, **record})
+
+    def snapshot_counters(self) -> dict[str, float]:
+        return {
+            "learner/tokens_total": float(self.learner.tokens_total),
+            "learner/compute_s_total": float(self.learner.compute_s_total),
+        }
+
+    # ------------------------------------------------------------------ end
+    def summary(self) -> dict[str, Any]:
+        srs = [e["eval/success_rate"] for e in sorted(self.state.eval_history, key=lambda e: e["update"])]
+        five = final_five(srs)
+        return {
+            "setting": self.cfg.setting,
+            "method": self.cfg.method,
+            "seed": self.cfg.seed,
+            "updates": self.learner.version,
+            "elapsed_s": self.elapsed(),
+            "learner_tokens_total": self.learner.tokens_total,
+            "learner_compute_s_total": self.learner.compute_s_total,
+            "ledger": self.sampler.ledger,
+            "rollouts": self.state.rollouts,
+            "turns": self.state.turns,
+            "arrival_drain_ratio": self.arrival_drain_ratio(),
+            "peak_sr": peak_sr(srs),
+            "final_five_sr": five[0] if five else None,
+            "final_five_sr_std": five[1] if five else None,
+        }
+
+    def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write ``summary.json`` (the summary plus ``extra``, e.g. ``interrupted``) and close the run's files."""
+        summary = {**self.summary(), **(extra or {})}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        if self.log_writer is not None:
+            self.log_writer.close()
+        self.metrics.close()
+        return summary
+
+
+# ---------------------------------------------------------------------------------------------------- set-up
+def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None) -> tuple[Trainer, bool]:
+    """Create a run directory (or reopen one to resume) and build the learner-side pieces.
+
+    Returns ``(trainer, resumed)``. A fresh run refuses a directory that already holds a run.
+    """
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise FileNotFoundError(f"--resume {run_dir}: no config.yaml there; is it a divopd run directory?")
+        saved = load_config(run_dir / "config.yaml")
+        cfg = saved if cfg is None else cfg
+    if cfg is None:
+        raise ValueError("open_run needs a config or a run directory to resume")
+    run_dir = Path(resume) if resume is not None else cfg.resolved_run_dir()
+    ckpt = latest_checkpoint(run_dir / CHECKPOINTS) if (run_dir / CHECKPOINTS).is_dir() else None
+    if resume is None and (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+
+    sampler = make_sampler(cfg.sampler_config())
+    state = RunState()
+    fault_point("load")
+    if ckpt is not None:
+        learner, extra = Learner.from_checkpoint(ckpt, cfg.learner)
+        sampler.load_state_dict(extra["sampler"])
+        saved_state = dict(extra.get("run", {}))
+        state = RunState(**{k: v for k, v in saved_state.items() if k in RunState.__dataclass_fields__})
+        version = learner.version
+    else:
+        if resume is not None:
+            log.warning("%s: no checkpoint yet; starting the run over", run_dir)
+            for name in ("metrics.jsonl", "summary.json"):
+                (run_dir / name).unlink(missing_ok=True)
+            shutil.rmtree(run_dir / EXPERIENCE, ignore_errors=True)
+            shutil.rmtree(run_dir / "tb", ignore_errors=True)
+        model, tokenizer = load_model(cfg.student.path, dtype=cfg.learner.dtype, device=cfg.learner.device)
+        learner = Learner(model, cfg.learner, tokenizer)
+        version = 0
+    state.sessions += 1
+
+    log_writer = None
+    if cfg.log_experience:
+        log_dir = run_dir / EXPERIENCE
+        for part in set_aside_unreadable_parts(log_dir):
+            log.warning("experience log: set aside unfinished part %s", part.name)
+        if ckpt is not None and cfg.log_token_ids:
+            requeued = _requeue_logged_turns(log_dir, sampler)
+            state.turns += requeued
+            if requeued:
+                log.info("resume: %d logged turns past the checkpoint queued again", requeued)
+        elif ckpt is not None and log_dir.is_dir():
+            dropped = truncate_log(log_dir, sampler.ledger["received"])
+            if dropped:
+                log.warning("resume: %d turns logged after the checkpoint were never received by the restored "
+                            "sampler (log_token_ids is off, so they cannot be queued again); removed from the log",
+                            dropped)
+        log_writer = ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
+    metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
+    state.eval_history = [e for e in state.eval_history if e["update"] <= version]
+    return Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state), ckpt is not None
+
+
+def _requeue_logged_turns(log_dir: Path, sampler: Sampler) -> int:
+    """Queue again the turns logged after the checkpoint (arrival >= the sampler's next arrival number)."""
+    start = sampler.ledger["received"]  # arrivals are numbered 0, 1, ... so this is the next one
+    try:
+        files = log_files(log_dir)
+    except ExperienceLogError:
+        return 0
+    n = 0
+    for f in files:
+        arrivals = pq.read_table(f, columns=["arrival"]).column("arrival").to_numpy()
+        if len(arrivals) == 0 or arrivals.max() < start:
+            continue  # every turn of this part is in the checkpoint already
+        for logged in read_log(f, require_ids=True):
+            if logged.arrival < start:
+                continue
+            (arrival,) = sampler.add([logged.turn])
+            if arrival != logged.arrival:
+                raise RuntimeError(f"resume: log arrival {logged.arrival} does not follow the checkpoint ({arrival})")
+            n += 1
+    return n
+
