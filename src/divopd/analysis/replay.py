@@ -37,6 +37,7 @@ from typing import Any
 from divopd import gate
 from divopd.experience.log import LoggedTurn, read_log
 from divopd.sampling import METHODS, Sampler, SamplerConfig, make_sampler
+from divopd.sampling.rows import method_names
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -50,7 +51,7 @@ __all__ = [
     "run",
 ]
 
-DEFAULT_METHODS: tuple[str, ...] = ("vanilla", "divopd-base", "divopd")
+DEFAULT_METHODS: tuple[str, ...] = method_names("replay")
 #: The per-method JSON keys (in this order), besides ``series`` and ``ledger``.
 RESULT_KEYS: tuple[str, ...] = (
     "updates",

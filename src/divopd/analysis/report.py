@@ -31,7 +31,8 @@ from typing import Any
 
 import yaml
 
-from divopd.analysis.metrics import (
+from divopd.errors import UsageError, describe_yaml_error
+from divopd.experience.metrics import (
     EvalPoint,
     cost_to_target,
     default_target,
@@ -41,12 +42,13 @@ from divopd.analysis.metrics import (
     peak_sr,
     speedup,
 )
-from divopd.errors import UsageError, describe_yaml_error
+from divopd.sampling.rows import method_names
 
 __all__ = ["ReportError", "Run", "add_arguments", "build_report", "find_run_dirs", "load_run", "run", "write_report"]
 
 #: Paper's method rows, in table order; other methods follow alphabetically.
-METHOD_ORDER = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus", "divopd-r", "tcod-f2b")
+#: The method rows in display order (the registry's, :data:`divopd.sampling.ROWS`, when this module was imported).
+METHOD_ORDER = method_names()
 
 #: Batch-composition columns: (report key, metrics.jsonl key, how the run's per-update values are summarised).
 COMPOSITION = (
@@ -249,8 +251,9 @@ def _sd(xs: Sequence[float]) -> float | None:
 def _method_key(method: str, baseline: str) -> tuple[int, int, str]:
     if method == baseline:
         return (0, 0, method)
-    if method in METHOD_ORDER:
-        return (1, METHOD_ORDER.index(method), method)
+    order = method_names()  # read live: rows registered after import sort after the built-in ones
+    if method in order:
+        return (1, order.index(method), method)
     return (2, 0, method)
 
 

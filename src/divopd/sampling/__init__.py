@@ -13,6 +13,7 @@ Pure Python + numpy, no torch: usable inside any trainer. Typical use::
 """
 
 from divopd.sampling.methods import METHODS, Method, get_method, register_method
+from divopd.sampling.rows import ROWS, MethodRow, method_names, method_row
 from divopd.sampling.rules import (
     allocate_rollout_first,
     allocate_rollout_first_tokens,
@@ -25,6 +26,10 @@ from divopd.sampling.stats import batch_stats, effective_rollouts
 
 __all__ = [
     "METHODS",
+    "ROWS",
+    "MethodRow",
+    "method_names",
+    "method_row",
     "Batch",
     "Method",
     "Sampler",

@@ -141,6 +141,10 @@ def register_method(name: str, compose: Composer, description: str = "") -> Meth
         raise ValueError(f"method {name!r} is already registered")
     method = Method(name=name, compose=compose, pooled=True, description=description)
     METHODS[name] = method
+    from divopd.sampling.rows import ROWS, add_row
+
+    if name not in ROWS:
+        add_row(name, name, description)
     return method
 
 

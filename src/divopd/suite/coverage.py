@@ -16,10 +16,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from divopd.sampling.rows import method_names
+
 __all__ = ["PAPER_RULES", "run_coverage", "coverage_markdown"]
 
 #: Selection rules of the shared-buffer table, in the paper's order.
-PAPER_RULES: tuple[str, ...] = ("vanilla", "nocap", "divopd-base", "divopd")
+PAPER_RULES: tuple[str, ...] = method_names("coverage")
 _KEYS = ("valid_rollouts", "unused_fraction", "effective_rollouts_mean", "max_rollout_share_mean")
 
 

@@ -91,8 +91,9 @@ def run_methods(out: Path, models: dict[str, Path], methods: list[str], seeds: l
 def replay_vanilla_log(run_dir: Path, out: Path, batch_size: int, updates: int) -> dict[str, Any]:
     """Replay the selection rules over one run's own experience log (the paper's shared-buffer replay)."""
     from divopd.analysis.replay import ReplayConfig, plot_replay, replay, write_json
+    from divopd.sampling.rows import method_names
 
-    cfg = ReplayConfig(methods=("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"),
+    cfg = ReplayConfig(methods=method_names("demo-replay"),
                        batch_size=batch_size, updates=updates)
     result = replay(run_dir / "experience", cfg)
     write_json(result, out / "replay.json")

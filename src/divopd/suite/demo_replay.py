@@ -21,10 +21,11 @@ from typing import Any
 
 from divopd.analysis.replay import ReplayConfig, plot_replay, replay, write_json
 from divopd.analysis.simulate import PRESETS, simulate
+from divopd.sampling.rows import method_names
 
 __all__ = ["DEMO_METHODS", "run_replay_demo", "summary_rows", "markdown_table", "main"]
 
-DEMO_METHODS: tuple[str, ...] = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd")
+DEMO_METHODS: tuple[str, ...] = method_names("demo-replay")
 
 
 def summary_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

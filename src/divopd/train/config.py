@@ -25,17 +25,18 @@ from divopd.explore.envs import ENVS, SPLITS
 from divopd.explore.explorer import ExplorerConfig
 from divopd.explore.tcod import TCODConfig
 from divopd.learn.learner import LearnerConfig
-from divopd.sampling import METHODS, SamplerConfig
+from divopd.sampling import METHODS, ROWS, SamplerConfig
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "METHOD_ROWS", "sampler_method_for"]
 
 #: Method rows of the paper that are not sampler names, and the sampler rule each one reads batches with.
-METHOD_ROWS: dict[str, str] = {"divopd-r": "divopd", "tcod-f2b": "vanilla"}
+METHOD_ROWS: dict[str, str] = {name: row.rule for name, row in ROWS.items() if row.rule != name}
 
 
 def sampler_method_for(method: str) -> str:
     """The sampler rule of a method row (``divopd-r`` → ``divopd``, ``tcod-f2b`` → ``vanilla``, others unchanged)."""
-    return METHOD_ROWS.get(method, method)
+    row = ROWS.get(method)
+    return row.rule if row is not None else method
 
 
 class _Strict(BaseModel):

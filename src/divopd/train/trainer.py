@@ -28,7 +28,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from divopd.analysis.metrics import MetricsWriter, final_five, peak_sr
 from divopd.experience.log import (
     ExperienceLogError,
     ExperienceLogWriter,
@@ -37,6 +36,7 @@ from divopd.experience.log import (
     set_aside_unreadable_parts,
     truncate_log,
 )
+from divopd.experience.metrics import MetricsWriter, final_five, peak_sr
 from divopd.learn.checkpoint import WeightHandle, latest_checkpoint
 from divopd.learn.learner import Learner
 from divopd.models import load_model

@@ -1,0 +1,120 @@
+"""The house (issue 13): sub-packages along the data path, imports that run one way, old module paths as aliases,
+one method-row registry that every list of methods reads."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+from divopd import _moved
+from divopd.sampling import METHODS, ROWS, method_names, method_row
+from divopd.sampling.methods import register_method
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "divopd"
+
+#: Layers, bottom first: a package may import its own layer and the layers below, never one above.
+LAYERS = [
+    {"errors", "_moved", "models", "experience"},
+    {"sampling", "explore", "learn"},
+    {"train"},
+    {"analysis"},
+    {"suite", "commands", "cli", "__main__", "__init__"},
+]
+
+
+def _layer(part: str) -> int:
+    return next(i for i, names in enumerate(LAYERS) if part in names)
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return {n for n in names if n.startswith("divopd.")}
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for path in SRC.rglob("*.py"):
+        _layer(path.relative_to(SRC).parts[0].removesuffix(".py"))
+
+
+def test_imports_run_one_way() -> None:
+    bad = []
+    for path in SRC.rglob("*.py"):
+        own = path.relative_to(SRC).parts[0].removesuffix(".py")
+        for name in _imports(path):
+            target = name.split(".")[1]
+            if target in _moved.MOVED or f"divopd.{target}" in _moved.MOVED:
+                bad.append(f"{path.relative_to(SRC)} imports the old path {name}")
+            elif _layer(target) > _layer(own):
+                bad.append(f"{path.relative_to(SRC)} ({own}) imports {name} from a layer above")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_sampler_imports_no_runtime_and_no_torch() -> None:
+    for path in (SRC / "sampling").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not {m for m in mods if m.split(".")[0] in ("torch", "ray", "vllm")}, path
+
+
+@pytest.mark.parametrize("old", sorted(_moved.MOVED))
+def test_old_module_paths_are_the_moved_modules(old: str) -> None:
+    if old.endswith(("webshop", "alfworld")):
+        pytest.skip("optional environment")
+    assert importlib.import_module(old) is importlib.import_module(_moved.MOVED[old])
+
+
+def test_prescribed_public_names_import_where_they_were() -> None:
+    from divopd import Turn, gate  # noqa: F401
+    from divopd.gate import check  # noqa: F401
+    from divopd.loss import opd_loss  # noqa: F401
+    from divopd.recovery import should_recover  # noqa: F401
+    from divopd.sampling import (  # noqa: F401
+        SamplerConfig,
+        allocate_rollout_first,
+        focus_order,
+        make_sampler,
+        register_method,
+    )
+    from divopd.train import train  # noqa: F401
+
+    assert gate.check is check
+
+
+def test_rows_cover_every_sampler_rule_and_keep_the_old_lists() -> None:
+    assert set(METHODS) <= set(ROWS)
+    assert all(row.rule in METHODS for row in ROWS.values())
+    assert method_names("paper")[:8] == ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd",
+                                         "divopd-focus", "divopd-r", "tcod-f2b")
+    assert method_names("coverage") == ("vanilla", "nocap", "divopd-base", "divopd")
+    assert method_names("replay") == ("vanilla", "divopd-base", "divopd")
+    assert method_names("demo-replay") == ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd")
+    from divopd.config import METHOD_ROWS, sampler_method_for
+
+    assert METHOD_ROWS == {"divopd-r": "divopd", "tcod-f2b": "vanilla"}
+    assert sampler_method_for("divopd-r") == "divopd" and sampler_method_for("nocap") == "nocap"
+    with pytest.raises(ValueError, match="unknown method"):
+        method_row("no-such-row")
+
+
+def test_a_registered_method_gets_a_row_after_the_built_in_ones() -> None:
+    from divopd.sampling.methods import compose_oldest
+
+    name = "test-layout-rule"
+    try:
+        register_method(name, compose_oldest, "a test rule")
+        assert method_names()[-1] == name and ROWS[name].rule == name and not ROWS[name].tags
+        from divopd.report import _method_key
+
+        assert _method_key(name, "vanilla")[0] == 1  # the report orders it by the registry
+    finally:
+        METHODS.pop(name, None)
+        ROWS.pop(name, None)
