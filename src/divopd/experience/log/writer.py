@@ -1,0 +1,287 @@
+"""Writing experience logs: log rows from turns (:func:`turn_to_row`, :func:`rows_to_batch`), the streaming
+:class:`ExperienceLogWriter` (single file or a directory of parts, resumable) and :func:`write_log`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from divopd.experience.log.parts import truncate_log
+from divopd.experience.log.schema import (
+    _TOKEN_ARRAYS,
+    PART_PATTERN,
+    SCHEMA,
+    ExperienceLogError,
+    LoggedTurn,
+    _conform,
+    _OrderState,
+    validate_batch,
+    validate_schema,
+)
+from divopd.experience.turn import Turn
+
+
+def turn_to_row(turn: Turn, arrival: int, arrival_update: int, write_ids: bool = False) -> dict[str, Any]:
+    """One log row (column -> value; per-token arrays as numpy arrays) for ``turn`` entering the queue.
+
+    ``info`` keys ``env``, ``success`` and ``teacher_acted`` fill the metadata columns. Token ids are included only
+    with ``write_ids`` (prompt ids grow with the history; logging them for every turn is costly).
+
+    A turn with a per-token array whose length differs from the response (including the teacher top-k arrays, which
+    are not logged) stays invalid in the log: the misfit arrays and ``teacher_logprobs`` are logged as null, so a
+    replay's gate rejects it (as ``missing_teacher`` instead of ``length_mismatch``).
+    """
+    info = turn.info or {}
+    success = info.get("success")
+    env = info.get("env")
+    arrays = {name: getattr(turn, name) for name in _TOKEN_ARRAYS}
+    if turn.length_mismatch is not None:
+        # The log cannot hold a per-token array of the wrong length. Such a turn is invalid (gate: length_mismatch);
+        # keep it invalid in the log: drop the misfit arrays and the teacher scores (gate: missing_teacher).
+        for name in _TOKEN_ARRAYS:
+            if arrays[name] is not None and arrays[name].shape[0] != turn.response_len:
+                arrays[name] = None
+        arrays["teacher_logprobs"] = None
+    row: dict[str, Any] = {
+        "rollout_id": turn.rollout_id,
+        "turn_index": turn.turn_index,
+        "policy_version": turn.policy_version,
+        "arrival": int(arrival),
+        "arrival_update": int(arrival_update),
+        "prompt_truncated": bool(turn.prompt_truncated),
+        "prompt_len": turn.prompt_len,
+        "response_len": turn.response_len,
+        **arrays,
+        "success": None if success is None else bool(success),
+        "env": None if env is None else str(env),
+        "teacher_acted": bool(info.get("teacher_acted", False)),
+    }
+    if write_ids:
+        row["prompt_ids"] = turn.prompt_ids
+        row["response_ids"] = turn.response_ids
+    return row
+
+
+def _list_array(values: list[np.ndarray | None], value_type: pa.DataType, dtype: Any) -> pa.Array:
+    """A list array from per-row numpy arrays (``None`` = null list), built from one flat buffer."""
+    lengths = np.fromiter((0 if v is None else len(v) for v in values), dtype=np.int64, count=len(values))
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    present = [v for v in values if v is not None and len(v)]
+    flat = np.concatenate(present).astype(dtype, copy=False) if present else np.zeros(0, dtype=dtype)
+    mask = pa.array([v is None for v in values], type=pa.bool_())
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=value_type), mask=mask)
+
+
+def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
+    """A record batch (schema :data:`SCHEMA`, optional id columns only when every row has them) from log rows."""
+    with_ids = bool(rows) and all("prompt_ids" in r for r in rows)
+    arrays, fields = [], []
+    for field in SCHEMA:
+        name = field.name
+        if name in ("prompt_ids", "response_ids") and not with_ids:
+            continue
+        values = [r[name] for r in rows]
+        if pa.types.is_list(field.type):
+            inner = field.type.value_type
+            dtype = bool if pa.types.is_boolean(inner) else inner.to_pandas_dtype()
+            arrays.append(_list_array(values, inner, dtype))
+        else:
+            arrays.append(pa.array(values, type=field.type))
+        fields.append(field)
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
+class ExperienceLogWriter:
+    """Append turns to an experience log as they enter the queue, in streaming row groups.
+
+    ``path`` ending in ``.parquet`` writes one file (which must not exist unless ``overwrite``). Any other ``path`` is
+    a directory of ``part-NNNNNN.parquet`` files: a new writer on an existing directory continues it (next part
+    number, arrivals after the last logged one), so a resumed training run appends. A part is finalised when it
+    reaches ``rows_per_file`` rows, on :meth:`roll` and on :meth:`close`; an unfinished part is unreadable after a
+    crash, so long runs should keep parts modest or call :meth:`roll` at checkpoints.
+
+    Rows are validated on the way in (types, lengths, non-negative integers, arrival order).
+
+    Resuming from a checkpoint: the log may hold rows logged after the checkpoint (and a crashed, unreadable last
+    part). ``truncate_from=A`` first drops every row with ``arrival >= A`` (:func:`truncate_log`), A being the
+    restored sampler's next arrival number, so the log again matches the queue the resumed run continues.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        row_group_size: int = 8192,
+        rows_per_file: int = 1 << 20,
+        write_ids: bool = False,
+        overwrite: bool = False,
+        truncate_from: int | None = None,
+    ) -> None:
+        if row_group_size < 1 or rows_per_file < 1:
+            raise ValueError("row_group_size and rows_per_file must be >= 1")
+        self.path = Path(path)
+        self.single_file = self.path.suffix == ".parquet"
+        self.row_group_size = row_group_size
+        self.rows_per_file = rows_per_file
+        self.write_ids = write_ids
+        self._rows: list[dict[str, Any]] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._file_rows = 0
+        self._order = _OrderState()
+        self._next_part = 0
+        self.rows_written = 0
+        self._closed = False
+        self._schema: pa.Schema | None = None
+        if self.single_file:
+            if self.path.exists() and not overwrite:
+                raise FileExistsError(
+                    f"{self.path} exists (Parquet files cannot be appended; pass overwrite=True "
+                    "or log to a directory of part files)"
+                )
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if truncate_from is not None:
+                truncate_log(self.path, truncate_from)
+            parts = sorted(f for f in self.path.iterdir() if PART_PATTERN.match(f.name))
+            if parts:
+                self._next_part = int(PART_PATTERN.match(parts[-1].name).group(1)) + 1
+            for part in reversed(parts):  # the last non-empty part holds the last arrival
+                try:
+                    tail = pq.read_table(part, columns=["arrival", "arrival_update"])
+                except (pa.ArrowInvalid, OSError) as exc:
+                    raise ExperienceLogError(
+                        f"{part}: unreadable part ({exc}); a run that crashed mid-part resumes with "
+                        "ExperienceLogWriter(..., truncate_from=<first arrival after the checkpoint>)"
+                    ) from None
+                if tail.num_rows:
+                    self._order.last_arrival = int(tail.column("arrival")[-1].as_py())
+                    self._order.last_update = int(tail.column("arrival_update")[-1].as_py())
+                    break
+
+    @property
+    def next_arrival(self) -> int:
+        """The arrival number :meth:`append` assigns when none is given."""
+        pending = self._rows[-1]["arrival"] if self._rows else self._order.last_arrival
+        return 0 if pending is None else pending + 1
+
+    def append(self, turn: Turn, arrival_update: int, arrival: int | None = None) -> int:
+        """Log one turn entering the queue after ``arrival_update`` learner updates; returns its arrival number."""
+        if self._closed:
+            raise ValueError("ExperienceLogWriter is closed")
+        if not isinstance(turn, Turn):
+            raise TypeError(f"ExperienceLogWriter.append expects a divopd.Turn, got {type(turn).__name__}")
+        arrival = self.next_arrival if arrival is None else int(arrival)
+        self._rows.append(turn_to_row(turn, arrival, arrival_update, self.write_ids))
+        if len(self._rows) >= self.row_group_size:
+            self.flush()
+        return arrival
+
+    def extend(self, turns: Iterable[Turn], arrival_update: int, arrivals: Iterable[int] | None = None) -> list[int]:
+        """Log several turns entering the queue together (e.g. one finished rollout)."""
+        if arrivals is None:
+            return [self.append(t, arrival_update) for t in turns]
+        return [self.append(t, arrival_update, a) for t, a in zip(turns, arrivals, strict=True)]
+
+    def write_batch(self, batch: pa.RecordBatch | pa.Table) -> None:
+        """Write columnar rows directly (for producers that build columns, e.g. ``divopd simulate``)."""
+        if self._closed:
+            raise ValueError("ExperienceLogWriter is closed")
+        self.flush()
+        batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
+        for b in batches:
+            validate_schema(b.schema, str(self.path))
+            self._write(_conform(b))
+
+    def flush(self) -> None:
+        """Write buffered rows as a row group."""
+        if self._rows:
+            rows, self._rows = self._rows, []
+            self._write(rows_to_batch(rows))
+
+    def _write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        validate_batch(batch, str(self.path), self._order)
+        start = 0
+        while start < batch.num_rows:
+            if self._writer is None:
+                self._open_file(batch.schema)
+            elif batch.schema != self._schema:
+                raise ExperienceLogError(
+                    f"{self.path}: rows with different columns ({batch.schema.names}) cannot "
+                    f"join a file with {self._schema.names}"
+                )
+            take = batch.num_rows - start
+            if not self.single_file:
+                take = min(take, self.rows_per_file - self._file_rows)
+            self._writer.write_batch(batch.slice(start, take), row_group_size=self.row_group_size)
+            self._file_rows += take
+            self.rows_written += take
+            start += take
+            if not self.single_file and self._file_rows >= self.rows_per_file:
+                self.roll()
+
+    def _open_file(self, schema: pa.Schema) -> None:
+        if self.single_file:
+            target = self.path
+        else:
+            target = self.path / f"part-{self._next_part:06d}.parquet"
+            self._next_part += 1
+        self._schema = schema
+        self._writer = pq.ParquetWriter(target, schema, compression="zstd")
+        self._file_rows = 0
+
+    def roll(self) -> None:
+        """Finalise the current part file (directory logs); the next rows start a new part."""
+        if self.single_file:
+            self.flush()
+            return
+        self.flush()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def close(self) -> None:
+        """Flush and finalise. A single-file log with no rows is still written (empty, with the schema)."""
+        if self._closed:
+            return
+        self.flush()
+        if self._writer is None and self.single_file:
+            schema = pa.schema([f for f in SCHEMA if self.write_ids or f.name not in ("prompt_ids", "response_ids")])
+            self._open_file(schema)
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._closed = True
+
+    def __enter__(self) -> ExperienceLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_log(
+    path: str | os.PathLike,
+    turns: Iterable[LoggedTurn | tuple[Turn, int, int] | Turn],
+    write_ids: bool = False,
+    overwrite: bool = False,
+    row_group_size: int = 8192,
+) -> int:
+    """Write a whole log from ``(turn, arrival, arrival_update)`` triples (a bare Turn gets the next arrival and
+    ``arrival_update`` 0); returns the number of rows written."""
+    with ExperienceLogWriter(path, row_group_size=row_group_size, write_ids=write_ids, overwrite=overwrite) as writer:
+        for item in turns:
+            if isinstance(item, Turn):
+                writer.append(item, 0)
+            else:
+                turn, arrival, arrival_update = item
+                writer.append(turn, arrival_update, arrival)
+    return writer.rows_written
