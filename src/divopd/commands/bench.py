@@ -1,17 +1,47 @@
-"""``divopd bench``: the flags and the entry point live with the library code in :mod:`divopd.suite.bench`."""
+"""``divopd bench paper``: run the paper benchmark suite of :mod:`divopd.suite.bench` (resumable; ``--dry-run``,
+``--only``, ``--report``)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from divopd.suite import bench as _lib
+from divopd.suite.plan import DEFAULT_PLAN, load_plan, plan_runs, select_runs
+from divopd.suite.report import write_reports
+from divopd.suite.runs import dry_run_text, train_runs
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _lib.add_arguments(parser)
+    """Arguments of ``divopd bench``."""
+    parser.add_argument("suite", choices=("paper",), help="benchmark suite (paper: issue 8's plan)")
+    parser.add_argument("--plan", default=str(DEFAULT_PLAN), help="plan file (default: benchmarks/paper/plan.yaml)")
+    parser.add_argument("--out", default=None, help="runs folder (default: the plan's out, runs/paper)")
+    parser.add_argument("--only", action="append", default=[], metavar="GROUP[/LABEL]",
+                        help="only these runs (shell globs, repeatable), e.g. coin2/divopd or '*-cap'")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
+    parser.add_argument("--report", action="store_true", help="only write the reports from the runs that exist")
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(_lib.run(args) or 0)
+    """Entry point of ``divopd bench``."""
+    plan = load_plan(args.plan)  # PlanError: one line, exit 2 (divopd.cli)
+    out = Path(args.out or plan.out)
+    runs = select_runs(plan_runs(plan), args.only)
+    if args.dry_run:
+        print(dry_run_text(runs, out))
+        return 0
+    if not args.report:
+        import torch
+
+        from divopd.suite.demo import prepare_models
+        from divopd.train.run import quiet_hf_progress
+
+        quiet_hf_progress()
+        torch.set_num_threads(1)
+        train_runs(runs, plan, out, prepare_models(Path(plan.cache)))
+    index = write_reports(runs, plan, out)
+    print(index.read_text())
+    print(f"divopd bench: reports in {index.parent}")
+    return 0
