@@ -1,26 +1,19 @@
-"""``divopd eval CHECKPOINT``: student-only greedy evaluation of a checkpoint (or any HF model folder).
+"""Student-only greedy evaluation of a checkpoint (or any HF model folder), behind ``divopd eval CHECKPOINT``.
 
 The environment, prompt and step limit come from the run's ``config.yaml`` (found beside the checkpoint folder, i.e.
 ``RUN_DIR/checkpoints/update-N/../../config.yaml``) or from ``--config``; recovery is always off, as in the paper.
+
+The command line (``add_arguments``, ``run``) is :mod:`divopd.commands.eval`; both names stay importable from here.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import importlib
 from pathlib import Path
+from typing import Any
 
 from divopd.errors import InputFileError, UsageError, check_model_folder
 from divopd.train.config import load_config
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="checkpoint folder, e.g. RUN/checkpoints/update-000100")
-    parser.add_argument("--config", help="training config (default: the run's config.yaml beside the checkpoint)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--split", help="task split (default: explorer.eval_split)")
-    parser.add_argument("--tasks", type=int, help="number of tasks (default: eval.tasks)")
-    parser.add_argument("--json", help="also write the results to this JSON file")
 
 
 def find_config(checkpoint: Path) -> Path | None:
@@ -56,10 +49,9 @@ def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None
     return {"checkpoint": str(checkpoint), "split": cfg.explorer.eval_split, **results}
 
 
-def run(args: argparse.Namespace) -> int:
-    results = evaluate_checkpoint(args.checkpoint, args.config, args.overrides, args.split, args.tasks)
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text)
-    return 0
+def __getattr__(name: str) -> Any:
+    """``add_arguments`` and ``run``, the command line that lived here, from :mod:`divopd.commands.eval` (loaded on
+    first use: the training layer does not import the command layer)."""
+    if name in ("add_arguments", "run"):
+        return getattr(importlib.import_module("divopd.commands.eval"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
