@@ -27,6 +27,9 @@ Example::
     rollouts = explorer.collect(8)           # list[Rollout]; rollout.turns are Turns, rollout.info the episode
     explorer.set_weights(learner.publish())  # applied at the next rollout boundary
     explorer.evaluate(num_tasks=50)          # {"eval/success_rate": ..., "eval/mean_score": ...}
+
+The settings are :mod:`divopd.explore.settings` (importable from here), the episode records and the Rollout built from
+one :mod:`divopd.explore.episode`, the teacher's scoring :mod:`divopd.explore.scoring`.
 """
 
 from __future__ import annotations
@@ -36,93 +39,23 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
-from divopd.experience.turn import Rollout, Turn
+from divopd.experience.turn import Rollout
 from divopd.explore.envs import Env, EnvCrash, make_env
+from divopd.explore.episode import Episode, StudentStep, build_rollout, count_rollout, eval_metrics
 from divopd.explore.generation import Generation, HFGenerator
-from divopd.explore.prompting import PromptConfig, decode_action, encode_prompt
-from divopd.explore.recovery import RecoveryConfig, RecoveryState
+from divopd.explore.prompting import decode_action, encode_prompt
+from divopd.explore.scoring import score_responses, teacher_scores
+from divopd.explore.settings import ExplorerConfig, GenerationSettings
 
 __all__ = ["Explorer", "ExplorerConfig", "GenerationSettings", "Rollout"]
 
 log = logging.getLogger(__name__)
 
 
-# ============================================================================ config
-class GenerationSettings(BaseModel):
-    """How the student generates its actions during training rollouts (evaluation is always greedy)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_new_tokens: int = Field(16, ge=1, description="At most this many tokens per action.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature (the stored log probs are at T=1).")
-    greedy: bool = Field(False, description="Greedy decoding for training rollouts too (default: sample).")
-    stop_on_newline: bool = Field(True, description="Stop an action at the first newline token as well as at eos.")
-
-
-class ExplorerConfig(BaseModel):
-    """One explorer: which environment, how many instances, prompts, generation, teacher scoring and +R."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    env: str = Field("twx", description="Environment registry name (divopd.envs.make_env): twx, scienceworld, tiny.")
-    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments of the environment.")
-    num_envs: int = Field(4, ge=1, description="Env instances stepped in lockstep, one batched generate per turn.")
-    split: str = Field("train", description="Task split for training rollouts.")
-    eval_split: str = Field("dev", description="Held-out task split for evaluation.")
-    eval_tasks: int = Field(50, ge=1, description="Evaluation uses the first N tasks of eval_split by default.")
-    max_steps: int = Field(20, ge=1, description="Step limit per rollout (student and teacher steps together).")
-    prompt: PromptConfig = Field(default_factory=PromptConfig, description="Prompt template and context budget.")
-    generation: GenerationSettings = Field(default_factory=GenerationSettings, description="Student decoding.")
-    teacher_max_tokens_per_batch: int = Field(
-        8192, ge=1, description="Teacher scoring packs at most this many prompt+response tokens per forward pass.")
-    teacher_topk: int = Field(
-        0, ge=0, description="Also keep the teacher's top-k log probs per token (for the top-k reverse-KL estimator).")
-    recovery: RecoveryConfig = Field(default_factory=RecoveryConfig, description="+R teacher recovery.")
-    max_env_restarts: int = Field(3, ge=1, description="Consecutive failed env (re)starts before the explorer fails.")
-
-
-# ============================================================================ records
-@dataclass
-class _StudentStep:
-    """A student turn while its rollout is running (becomes a Turn once the teacher has scored it)."""
-
-    step: int
-    prompt_ids: list[int]
-    prompt_truncated: bool
-    response_ids: list[int]
-    logprobs: np.ndarray
-    policy_version: int
-    action: str
-    reward: float = 0.0
-    progress: bool = False
-    score: float = 0.0
-
-
-@dataclass
-class _Episode:
-    """One running rollout on one env slot."""
-
-    rollout_id: str
-    task: str
-    first_observation: str
-    valid_actions: list[str] | None
-    history: list[tuple[str, str]] = field(default_factory=list)
-    student_steps: list[_StudentStep] = field(default_factory=list)
-    recovery: RecoveryState = field(default_factory=RecoveryState)
-    steps: int = 0
-    score: float = 0.0
-    success: bool = False
-    done: bool = False
-    crashed: bool = False
-
-
-# ============================================================================ explorer
 class Explorer:
     """Runs the student on ``config.num_envs`` env instances and turns its rollouts into scored :class:`Turn` s.
 
@@ -177,7 +110,7 @@ class Explorer:
         self._envs: list[Env] = []
         self._eval_envs: list[Env] = []
         self._rollout_iter: Iterator[Rollout] | None = None
-        self._round_iter: Iterator[tuple[list[_Episode], int]] | None = None
+        self._round_iter: Iterator[tuple[list[Episode], int]] | None = None
         self._task_rng = random.Random(f"{seed}-{explorer_id}-tasks")
         self._train_tasks: list[str] = []
         self._n_rollouts = 0
@@ -245,16 +178,7 @@ class Explorer:
             raise ValueError("Explorer.evaluate: no tasks to evaluate")
         t0 = time.perf_counter()
         episodes = list(self._run(self._eval_envs, iter(tasks), evaluating=True))
-        n = len(episodes)
-        return {
-            "eval/success_rate": sum(e.success for e in episodes) / n,
-            "eval/mean_score": sum(e.score for e in episodes) / n,
-            "eval/mean_steps": sum(e.steps for e in episodes) / n,
-            "eval/episodes": float(n),
-            "eval/crashed": float(sum(e.crashed for e in episodes)),
-            "eval/policy_version": float(self.policy_version),
-            "eval/seconds": time.perf_counter() - t0,
-        }
+        return eval_metrics(episodes, self.policy_version, t0)
 
     def stats(self) -> dict[str, float]:
         """Cumulative counters, namespaced ``explorer/...`` (rollouts, turns, env_crashes, teacher_failures, ...)."""
@@ -298,15 +222,15 @@ class Explorer:
             self._apply_pending_weights()  # the slot's next episode starts with the newest published weights
         return rollouts, steps
 
-    def _run(self, envs: list[Env], tasks: Iterator[str], evaluating: bool) -> Iterator[_Episode]:
+    def _run(self, envs: list[Env], tasks: Iterator[str], evaluating: bool) -> Iterator[Episode]:
         """Play episodes on ``envs`` in lockstep, taking tasks from ``tasks``; yield each episode when it ends."""
         for ended, _ in self._rounds(envs, tasks, evaluating):
             yield from ended
 
     def _rounds(self, envs: list[Env], tasks: Iterator[str],
-                evaluating: bool) -> Iterator[tuple[list[_Episode], int]]:
+                evaluating: bool) -> Iterator[tuple[list[Episode], int]]:
         """Step every live env once per round; yield (episodes that ended, env steps taken) after each round."""
-        episodes: list[_Episode | None] = [self._start_episode(envs, i, tasks) for i in range(len(envs))]
+        episodes: list[Episode | None] = [self._start_episode(envs, i, tasks) for i in range(len(envs))]
         while any(e is not None for e in episodes):
             live = [i for i, e in enumerate(episodes) if e is not None]
             actors = {i: episodes[i].recovery.next_actor(self.learner_version, self.config.recovery, evaluating)
@@ -322,7 +246,7 @@ class Explorer:
                     episodes[i] = self._start_episode(envs, i, tasks)
             yield ended, len(live)
 
-    def _act(self, episodes: list[_Episode | None], actors: dict[int, str], evaluating: bool) -> dict[int, Any]:
+    def _act(self, episodes: list[Episode | None], actors: dict[int, str], evaluating: bool) -> dict[int, Any]:
         """One batched generate for the student-controlled episodes (and one for the teacher's, under +R)."""
         out: dict[int, Any] = {}
         for actor in ("student", "teacher"):
@@ -345,12 +269,12 @@ class Explorer:
                     self._stats["generated_tokens"] += len(result.response_ids)
         return out
 
-    def _step_env(self, envs: list[Env], i: int, episode: _Episode, actor: str, acted: Any) -> None:
+    def _step_env(self, envs: list[Env], i: int, episode: Episode, actor: str, acted: Any) -> None:
         """Apply one action to env ``i``; record the student turn, +R bookkeeping and the end conditions."""
         prompt, result, action = acted
         generation: Generation = result
         if actor == "student":
-            episode.student_steps.append(_StudentStep(
+            episode.student_steps.append(StudentStep(
                 step=episode.steps, prompt_ids=prompt.ids, prompt_truncated=prompt.truncated,
                 response_ids=generation.response_ids, logprobs=generation.logprobs,
                 policy_version=self.policy_version, action=action))
@@ -379,37 +303,17 @@ class Explorer:
         episode.valid_actions = envs[i].valid_actions()
         episode.done = bool(done) or episode.steps >= self.config.max_steps
 
-    def _finish_rollout(self, episode: _Episode) -> Rollout:
+    def _finish_rollout(self, episode: Episode) -> Rollout:
         """Teacher-score the rollout's student turns in one batch and build its Turns and info."""
         steps = episode.student_steps
         scores, topk = self._teacher_scores([s.prompt_ids for s in steps], [s.response_ids for s in steps])
-        hit_limit = not episode.crashed and not episode.success and episode.steps >= self.config.max_steps
-        versions = [s.policy_version for s in steps] or [self.policy_version]
-        info = {
-            "rollout_id": episode.rollout_id, "explorer_id": self.explorer_id, "env": self.config.env,
-            "task": episode.task, "success": episode.success, "score": episode.score, "horizon": episode.steps,
-            "student_turns": len(steps), "teacher_turns": episode.recovery.teacher_turns,
-            "takeovers": episode.recovery.takeovers, "crashed": episode.crashed, "hit_step_limit": hit_limit,
-            "truncated_turns": sum(s.prompt_truncated for s in steps),
-            "unscored_turns": sum(s is None for s in scores),
-            "policy_version_min": min(versions), "policy_version_max": max(versions),
-        }
-        turns = []
-        for s, lp, tk in zip(steps, scores, topk, strict=True):
-            turns.append(Turn(
-                rollout_id=episode.rollout_id, turn_index=s.step, policy_version=s.policy_version,
-                prompt_ids=s.prompt_ids, response_ids=s.response_ids, student_logprobs=s.logprobs,
-                teacher_logprobs=lp, prompt_truncated=s.prompt_truncated,
-                teacher_topk_ids=None if tk is None else tk[0], teacher_topk_logprobs=None if tk is None else tk[1],
-                info={"env": self.config.env, "task": episode.task, "action": s.action, "reward": s.reward,
-                      "progress": s.progress, "score": s.score, "success": episode.success,
-                      "rollout_score": episode.score, "horizon": episode.steps, "teacher_acted": False,
-                      "teacher_turns": episode.recovery.teacher_turns, "explorer_id": self.explorer_id}))
-        self._count_rollout(info)
-        return Rollout(turns, info)
+        rollout = build_rollout(episode, scores, topk, explorer_id=self.explorer_id, env=self.config.env,
+                                max_steps=self.config.max_steps, policy_version=self.policy_version)
+        count_rollout(self._stats, rollout.info)
+        return rollout
 
     # ------------------------------------------------------------------ helpers
-    def _prompt(self, episode: _Episode, tokenizer: Any) -> Any:
+    def _prompt(self, episode: Episode, tokenizer: Any) -> Any:
         return encode_prompt(tokenizer, self.config.prompt, episode.first_observation, episode.history,
                              episode.valid_actions)
 
@@ -421,43 +325,14 @@ class Explorer:
         n = len(prompts)
         if self.teacher is None or n == 0:
             return [None] * n, [None] * n
-        t0 = time.perf_counter()
-        try:
-            results = self._score_call(prompts, responses)
-        except Exception as exc:  # a teacher failure never drops turns: retry one by one, else leave unscored
-            log.warning("explorer %s: teacher scoring failed for %d turns (%s); retrying one by one",
-                        self.explorer_id, n, exc)
-            self._stats["teacher_failures"] += 1
-            results = []
-            for p, r in zip(prompts, responses, strict=True):
-                try:
-                    results.append(self._score_call([p], [r])[0])
-                except Exception as exc_one:
-                    log.warning("explorer %s: teacher scoring failed for one turn: %s", self.explorer_id, exc_one)
-                    results.append(None)
-        self._stats["time/teacher_score"] += time.perf_counter() - t0
-        lps, topk = [], []
-        for r, resp in zip(results, responses, strict=True):
-            if r is None or len(r[0]) != len(resp):
-                lps.append(None)
-                topk.append(None)
-            else:
-                lps.append(r[0])
-                topk.append(r[1])
-        return lps, topk
+        return teacher_scores(self._score_call, prompts, responses, self._stats, self.explorer_id)
 
     def _score_call(self, prompts: list[list[int]], responses: list[list[int]]) -> list[tuple[np.ndarray, Any]]:
-        from divopd.models.scoring import response_logprobs
+        return score_responses(self.teacher, prompts, responses, topk=self.config.teacher_topk,
+                               pad_id=self.teacher_tokenizer.pad_token_id or 0,
+                               max_tokens_per_batch=self.config.teacher_max_tokens_per_batch)
 
-        k = self.config.teacher_topk
-        pad = self.teacher_tokenizer.pad_token_id or 0
-        out = response_logprobs(self.teacher, prompts, responses, topk=k, pad_id=pad,
-                                max_tokens_per_batch=self.config.teacher_max_tokens_per_batch)
-        if k > 0:
-            return [(s.logprobs, (s.topk_ids, s.topk_logprobs)) for s in out]
-        return [(lp, None) for lp in out]
-
-    def _start_episode(self, envs: list[Env], i: int, tasks: Iterator[str]) -> _Episode | None:
+    def _start_episode(self, envs: list[Env], i: int, tasks: Iterator[str]) -> Episode | None:
         """Reset env ``i`` on the next task (``None`` when ``tasks`` is exhausted); a crash replaces the instance."""
         task = next(tasks, None)
         if task is None:
@@ -475,7 +350,7 @@ class Explorer:
                 envs[i] = self._replace_env(envs[i])
         rollout_id = f"{self.id_prefix}{self.explorer_id}-{self._n_rollouts}"
         self._n_rollouts += 1
-        return _Episode(rollout_id=rollout_id, task=task, first_observation=first,
+        return Episode(rollout_id=rollout_id, task=task, first_observation=first,
                         valid_actions=envs[i].valid_actions())
 
     def _new_env(self) -> Env:
@@ -516,15 +391,3 @@ class Explorer:
     def _next_gen_seed(self) -> int:
         self._gen_calls += 1
         return int(np.random.SeedSequence([self.seed, self.explorer_id, self._gen_calls]).generate_state(1)[0])
-
-    def _count_rollout(self, info: dict[str, Any]) -> None:
-        s = self._stats
-        s["rollouts"] += 1
-        s["turns"] += info["student_turns"]
-        s["teacher_turns"] += info["teacher_turns"]
-        s["takeovers"] += info["takeovers"]
-        s["successes"] += info["success"]
-        s["truncated_turns"] += info["truncated_turns"]
-        s["unscored_turns"] += info["unscored_turns"]
-        s["step_limit_hits"] += info["hit_step_limit"]
-

@@ -1,0 +1,106 @@
+"""The explorer's records of a running rollout (:class:`Episode`, its :class:`StudentStep` s), the finished
+:class:`~divopd.experience.turn.Rollout` built from one once the teacher has scored it (:func:`build_rollout`), and
+what an explorer counts over them (:func:`count_rollout`, :func:`eval_metrics`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from divopd.experience.turn import Rollout, Turn
+from divopd.explore.recovery import RecoveryState
+
+__all__ = ["Episode", "StudentStep", "build_rollout", "count_rollout", "eval_metrics"]
+
+
+@dataclass
+class StudentStep:
+    """A student turn while its rollout is running (becomes a Turn once the teacher has scored it)."""
+
+    step: int
+    prompt_ids: list[int]
+    prompt_truncated: bool
+    response_ids: list[int]
+    logprobs: np.ndarray
+    policy_version: int
+    action: str
+    reward: float = 0.0
+    progress: bool = False
+    score: float = 0.0
+
+
+@dataclass
+class Episode:
+    """One running rollout on one env slot."""
+
+    rollout_id: str
+    task: str
+    first_observation: str
+    valid_actions: list[str] | None
+    history: list[tuple[str, str]] = field(default_factory=list)
+    student_steps: list[StudentStep] = field(default_factory=list)
+    recovery: RecoveryState = field(default_factory=RecoveryState)
+    steps: int = 0
+    score: float = 0.0
+    success: bool = False
+    done: bool = False
+    crashed: bool = False
+
+
+def build_rollout(episode: Episode, scores: list, topk: list, *, explorer_id: int, env: str, max_steps: int,
+                  policy_version: int) -> Rollout:
+    """The rollout's Turns and info from an ended episode and the teacher's scores of its student turns
+    (``scores[i]`` ``None`` = unscored; ``topk[i]`` ``(ids, logprobs)`` or ``None``)."""
+    steps = episode.student_steps
+    hit_limit = not episode.crashed and not episode.success and episode.steps >= max_steps
+    versions = [s.policy_version for s in steps] or [policy_version]
+    info = {
+        "rollout_id": episode.rollout_id, "explorer_id": explorer_id, "env": env,
+        "task": episode.task, "success": episode.success, "score": episode.score, "horizon": episode.steps,
+        "student_turns": len(steps), "teacher_turns": episode.recovery.teacher_turns,
+        "takeovers": episode.recovery.takeovers, "crashed": episode.crashed, "hit_step_limit": hit_limit,
+        "truncated_turns": sum(s.prompt_truncated for s in steps),
+        "unscored_turns": sum(s is None for s in scores),
+        "policy_version_min": min(versions), "policy_version_max": max(versions),
+    }
+    turns = []
+    for s, lp, tk in zip(steps, scores, topk, strict=True):
+        turns.append(Turn(
+            rollout_id=episode.rollout_id, turn_index=s.step, policy_version=s.policy_version,
+            prompt_ids=s.prompt_ids, response_ids=s.response_ids, student_logprobs=s.logprobs,
+            teacher_logprobs=lp, prompt_truncated=s.prompt_truncated,
+            teacher_topk_ids=None if tk is None else tk[0], teacher_topk_logprobs=None if tk is None else tk[1],
+            info={"env": env, "task": episode.task, "action": s.action, "reward": s.reward,
+                  "progress": s.progress, "score": s.score, "success": episode.success,
+                  "rollout_score": episode.score, "horizon": episode.steps, "teacher_acted": False,
+                  "teacher_turns": episode.recovery.teacher_turns, "explorer_id": explorer_id}))
+    return Rollout(turns, info)
+
+
+def count_rollout(stats: dict[str, float], info: dict) -> None:
+    """Add a finished rollout's info to the explorer's cumulative counters."""
+    s = stats
+    s["rollouts"] += 1
+    s["turns"] += info["student_turns"]
+    s["teacher_turns"] += info["teacher_turns"]
+    s["takeovers"] += info["takeovers"]
+    s["successes"] += info["success"]
+    s["truncated_turns"] += info["truncated_turns"]
+    s["unscored_turns"] += info["unscored_turns"]
+    s["step_limit_hits"] += info["hit_step_limit"]
+
+
+def eval_metrics(episodes: list[Episode], policy_version: int, t0: float) -> dict[str, float]:
+    """``eval/*`` metrics of evaluation episodes that started at ``time.perf_counter()`` ``t0``."""
+    n = len(episodes)
+    return {
+        "eval/success_rate": sum(e.success for e in episodes) / n,
+        "eval/mean_score": sum(e.score for e in episodes) / n,
+        "eval/mean_steps": sum(e.steps for e in episodes) / n,
+        "eval/episodes": float(n),
+        "eval/crashed": float(sum(e.crashed for e in episodes)),
+        "eval/policy_version": float(policy_version),
+        "eval/seconds": time.perf_counter() - t0,
+    }

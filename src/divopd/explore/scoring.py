@@ -1,0 +1,63 @@
+"""Teacher scoring of a finished rollout's student turns: one batched no-grad pass (:func:`score_responses`), retried
+turn by turn when it fails so that one bad turn cannot unscore its rollout (:func:`teacher_scores`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["score_responses", "teacher_scores"]
+
+log = logging.getLogger(__name__)
+
+ScoreCall = Callable[[list[list[int]], list[list[int]]], list[tuple[np.ndarray, Any]]]
+
+
+def score_responses(teacher: Any, prompts: list[list[int]], responses: list[list[int]], *, topk: int, pad_id: int,
+                    max_tokens_per_batch: int) -> list[tuple[np.ndarray, Any]]:
+    """Per turn, the teacher's log probs of the response tokens and, with ``topk`` > 0, its (ids, logprobs) top-k."""
+    from divopd.models.scoring import response_logprobs
+
+    out = response_logprobs(teacher, prompts, responses, topk=topk, pad_id=pad_id,
+                            max_tokens_per_batch=max_tokens_per_batch)
+    if topk > 0:
+        return [(s.logprobs, (s.topk_ids, s.topk_logprobs)) for s in out]
+    return [(lp, None) for lp in out]
+
+
+def teacher_scores(score_call: ScoreCall, prompts: list[list[int]], responses: list[list[int]],
+                   stats: dict[str, float], explorer_id: int) -> tuple[list, list]:
+    """Teacher log probs per turn (``None`` = unscored) and the top-k (ids, logprobs) per turn (``None``: none kept).
+
+    One batched ``score_call``; if it fails, each turn is retried alone. Counts ``teacher_failures`` and
+    ``time/teacher_score`` in ``stats``. A result whose length differs from its response counts as unscored.
+    """
+    n = len(prompts)
+    t0 = time.perf_counter()
+    try:
+        results = score_call(prompts, responses)
+    except Exception as exc:  # a teacher failure never drops turns: retry one by one, else leave unscored
+        log.warning("explorer %s: teacher scoring failed for %d turns (%s); retrying one by one",
+                    explorer_id, n, exc)
+        stats["teacher_failures"] += 1
+        results = []
+        for p, r in zip(prompts, responses, strict=True):
+            try:
+                results.append(score_call([p], [r])[0])
+            except Exception as exc_one:
+                log.warning("explorer %s: teacher scoring failed for one turn: %s", explorer_id, exc_one)
+                results.append(None)
+    stats["time/teacher_score"] += time.perf_counter() - t0
+    lps, topk = [], []
+    for r, resp in zip(results, responses, strict=True):
+        if r is None or len(r[0]) != len(resp):
+            lps.append(None)
+            topk.append(None)
+        else:
+            lps.append(r[0])
+            topk.append(r[1])
+    return lps, topk

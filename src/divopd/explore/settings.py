@@ -1,0 +1,47 @@
+"""The explorer's settings: :class:`ExplorerConfig` (environment, instances, prompts, teacher scoring, +R) and the
+student's decoding (:class:`GenerationSettings`); also importable from :mod:`divopd.explore.explorer`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from divopd.explore.prompting import PromptConfig
+from divopd.explore.recovery import RecoveryConfig
+
+__all__ = ["ExplorerConfig", "GenerationSettings"]
+
+
+class GenerationSettings(BaseModel):
+    """How the student generates its actions during training rollouts (evaluation is always greedy)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = Field(16, ge=1, description="At most this many tokens per action.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (the stored log probs are at T=1).")
+    greedy: bool = Field(False, description="Greedy decoding for training rollouts too (default: sample).")
+    stop_on_newline: bool = Field(True, description="Stop an action at the first newline token as well as at eos.")
+
+
+class ExplorerConfig(BaseModel):
+    """One explorer: which environment, how many instances, prompts, generation, teacher scoring and +R."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = Field("twx", description="Environment registry name (divopd.envs.make_env): twx, scienceworld, tiny.")
+    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments of the environment.")
+    num_envs: int = Field(4, ge=1, description="Env instances stepped in lockstep, one batched generate per turn.")
+    split: str = Field("train", description="Task split for training rollouts.")
+    eval_split: str = Field("dev", description="Held-out task split for evaluation.")
+    eval_tasks: int = Field(50, ge=1, description="Evaluation uses the first N tasks of eval_split by default.")
+    max_steps: int = Field(20, ge=1, description="Step limit per rollout (student and teacher steps together).")
+    prompt: PromptConfig = Field(default_factory=PromptConfig, description="Prompt template and context budget.")
+    generation: GenerationSettings = Field(default_factory=GenerationSettings, description="Student decoding.")
+    teacher_max_tokens_per_batch: int = Field(
+        8192, ge=1, description="Teacher scoring packs at most this many prompt+response tokens per forward pass.")
+    teacher_topk: int = Field(
+        0, ge=0, description="Also keep the teacher's top-k log probs per token (for the top-k reverse-KL estimator).")
+    recovery: RecoveryConfig = Field(default_factory=RecoveryConfig, description="+R teacher recovery.")
+    max_env_restarts: int = Field(3, ge=1, description="Consecutive failed env (re)starts before the explorer fails.")
+
