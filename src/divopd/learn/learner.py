@@ -13,7 +13,7 @@
 
 The model is kept in eval mode (dropout off), so steps 3 and 4 see the same function. Counters for the paper's
 efficiency figures: ``tokens_total`` (prompt + response tokens processed) and ``compute_s_total`` (wall seconds inside
-``step``, the CPU stand-in for trainer GPU-hours).
+``step``, the CPU stand-in for trainer GPU-hours). The settings are :mod:`divopd.learn.settings` (importable from here).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from divopd.experience.turn import Turn
 from divopd.learn.checkpoint import (
@@ -43,51 +42,13 @@ from divopd.learn.checkpoint import (
     to_json_safe,
 )
 from divopd.learn.loss import opd_loss, topk_reverse_kl_loss
+from divopd.learn.settings import LearnerConfig
 from divopd.models import load_model, resolve_dtype
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 
 __all__ = ["Learner", "LearnerConfig", "Rows", "WeightHandle", "prepare_rows"]
 
 CHECKPOINT_FORMAT = 1
-
-
-class LearnerConfig(BaseModel):
-    """Learner settings (YAML key ``learner``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2).")
-    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
-    grad_clip: float = Field(
-        1.0, description="Max global gradient L2 norm; <= 0 disables clipping (norm still logged).")
-    beta: float = Field(
-        1.0, description="Distillation coefficient β of the stopped advantage A = −β·sg(logπ_θold − logπ_T).")
-    clip_eps: float = Field(0.2, ge=0, description="PPO clip ε; inactive with one update per batch (r = 1).")
-    reduction: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"] = Field(
-        "seq-mean-token-mean",
-        description="Loss aggregation; the paper's seq-mean-token-mean keeps dead rows in the denominator.",
-    )
-    estimator: Literal["sampled", "topk"] = Field(
-        "sampled",
-        description="'sampled' = the paper's sampled-token advantage (opd_loss); 'topk' = reverse KL on the teacher's "
-        "top-k support (needs Turn.teacher_topk_*; non-default, for tiny/early students that learn slowly).",
-    )
-    topk: int = Field(0, ge=0, description="Top-k estimator: teacher top-k columns used (first k); 0 = all stored.")
-    max_prompt_len: int | None = Field(
-        None, ge=1, description="Left-truncate longer prompts to this many tokens (not turns the explorer flagged).")
-    packing: Literal["padded", "packed"] = Field(
-        "packed", description="Input layout: 'packed' (padding-free, block-diagonal attention) or 'padded'.")
-    micro_batch_tokens: int = Field(
-        0, ge=0, description="Split a batch into micro-batches of at most this many tokens (gradient accumulation, "
-        "same loss); 0 = one pass.")
-    old_logprobs: Literal["same-pass", "recompute"] = Field(
-        "same-pass", description="θ_old log probs: detached values of the gradient pass (equal with one update per "
-        "batch) or a separate no-grad forward.")
-    dtype: str = Field("float32", description="Model/training dtype: float32 | bfloat16 | float16.")
-    device: str = Field("cpu", description="Torch device of the learner, e.g. cpu or cuda:0.")
-    seed: int = Field(0, description="Seed of torch's RNG at learner start (restored on resume).")
 
 
 @dataclass
@@ -282,24 +243,9 @@ class Learner:
                 loss.backward()
             t_fb += time.perf_counter() - t1
         if len(groups) > 1:  # metrics of the whole batch, from the detached pieces
-            order = np.concatenate(groups)
-            lp_all = torch.cat([p[1] for p in parts])[np.argsort(order)]
-            old_all = torch.cat([p[2] for p in parts])[np.argsort(order)]
-            top_all = None if not with_topk else torch.cat([p[3] for p in parts])[np.argsort(order)]
-            sc_all = torch.cat([p[4] for p in parts])[np.argsort(order)]
-            with torch.no_grad():
-                _, metrics = self._loss(rows, np.arange(n), lp_all, old_all, top_all, sc_all)
+            metrics = self._whole_batch_metrics(rows, groups, parts, with_topk)
         t2 = time.perf_counter()
-        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-        skipped = not math.isfinite(grad_norm)
-        if skipped:
-            self.optimizer.zero_grad(set_to_none=True)
-            self.skipped_updates += 1
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.version += 1
+        grad_norm, skipped = self._optimizer_step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t3 = time.perf_counter()
@@ -323,6 +269,34 @@ class Learner:
             "learner/time_other_s": compute_s - t_fb - (t3 - t2),
         })
         return out
+
+    def _whole_batch_metrics(self, rows: Rows, groups: list[np.ndarray], parts: list[tuple],
+                             with_topk: bool) -> dict[str, Any]:
+        """Loss metrics of the whole batch from the micro-batches' detached pieces, back in row order."""
+        order = np.argsort(np.concatenate(groups))
+        lp_all = torch.cat([p[1] for p in parts])[order]
+        old_all = torch.cat([p[2] for p in parts])[order]
+        top_all = None if not with_topk else torch.cat([p[3] for p in parts])[order]
+        sc_all = torch.cat([p[4] for p in parts])[order]
+        with torch.no_grad():
+            _, metrics = self._loss(rows, np.arange(len(rows.prompts)), lp_all, old_all, top_all, sc_all)
+        return metrics
+
+    def _optimizer_step(self) -> tuple[float, bool]:
+        """Clip the gradient and take the AdamW step (skipped, and counted, when the norm is not finite); zero the
+        gradients; ``version += 1``. Returns (gradient norm, skipped)."""
+        cfg = self.config
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_updates += 1
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        return grad_norm, skipped
 
     @torch.no_grad()
     def evaluate(self, batch: Any) -> dict[str, float]:
