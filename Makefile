@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow lint bench paper clean
+.PHONY: setup demo test test-slow lint bench paper docs clean
 
 setup: $(STAMP)
 
@@ -25,14 +25,20 @@ demo: setup
 	$(PY) -m divopd.suite.demo --seeds $(DEMO_SEEDS)
 
 test: setup
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks docs
 	$(PY) -m pytest -q
+	$(MAKE) docs
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
 lint: setup
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks docs
+
+# Docs site (mkdocs-material): regenerate docs/reference/ from the code, then build into site/ (warnings are errors).
+docs: setup
+	$(PY) docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -q
 
 bench: setup
 	$(PY) benchmarks/bench_sampler.py --quick
@@ -44,4 +50,4 @@ paper: setup
 	$(PY) -m divopd.cli bench paper $(PAPER_ARGS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache
