@@ -38,6 +38,7 @@ from divopd import gate
 from divopd.experience.log import LoggedTurn, read_log
 from divopd.sampling import METHODS, Sampler, SamplerConfig, make_sampler
 from divopd.sampling.rows import method_names
+from divopd.sampling.settings import add_sampler_flags, sampler_kwargs, settings_from_args
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -123,16 +124,7 @@ class ReplayConfig:
         self.sampler_config(self.methods[0])  # validates the shared settings
 
     def sampler_config(self, method: str) -> SamplerConfig:
-        return SamplerConfig(
-            method=method,
-            batch_size=self.batch_size,
-            pool_factor=self.pool_factor,
-            cap=self.cap,
-            max_staleness=self.max_staleness,
-            max_pending=self.max_pending,
-            seed=self.seed,
-            cap_unit=self.cap_unit,
-        )
+        return SamplerConfig(method=method, seed=self.seed, **sampler_kwargs(self))
 
 
 # ---------------------------------------------------------------------------------------------------- delivery
@@ -448,14 +440,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(DEFAULT_METHODS),
         help=f"comma-separated sampler methods (default {','.join(DEFAULT_METHODS)}; known: {', '.join(METHODS)})",
     )
-    parser.add_argument("--batch-size", type=int, default=256, help="B, rows per update (default 256)")
-    parser.add_argument("--pool-factor", type=float, default=4, help="c, candidate pool c·B (default 4)")
-    parser.add_argument("--cap", type=int, default=4, help="k, first-pass per-rollout cap (default 4)")
-    parser.add_argument(
-        "--cap-unit", choices=("turns", "tokens"), default="turns", help="cap counts turns (paper) or token share"
-    )
-    parser.add_argument("--max-staleness", type=int, default=2, help="S, staleness window in versions (default 2)")
-    parser.add_argument("--max-pending", type=int, default=None, help="cap on pending turns (default none)")
+    add_sampler_flags(parser, defaults={"batch_size": 256})  # generated from divopd.sampling.settings
     parser.add_argument("--updates", type=int, default=None, help="U ticks (default: through the last arrival_update)")
     parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     parser.add_argument("--json", dest="json_out", default=None, help="write results (with per-update series) here")
@@ -469,19 +454,8 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(width=None if Console().is_terminal else 160)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    pool_factor = int(args.pool_factor) if float(args.pool_factor).is_integer() else args.pool_factor
     try:
-        config = ReplayConfig(
-            methods=methods,
-            batch_size=args.batch_size,
-            pool_factor=pool_factor,
-            cap=args.cap,
-            max_staleness=args.max_staleness,
-            updates=args.updates,
-            seed=args.seed,
-            max_pending=args.max_pending,
-            cap_unit=args.cap_unit,
-        )
+        config = ReplayConfig(methods=methods, updates=args.updates, seed=args.seed, **settings_from_args(args))
         result = replay(args.log, config)
     except ValueError as exc:  # the options, or the log (an ExperienceLogError): one line, exit 2 (divopd.cli)
         if isinstance(exc, UsageError):

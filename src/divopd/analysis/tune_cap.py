@@ -42,6 +42,7 @@ from typing import Any
 
 from divopd.analysis.replay import ReplayConfig, log_updates, replay, write_json
 from divopd.experience.log import LoggedTurn
+from divopd.sampling.settings import add_sampler_flags, settings_from_args
 
 __all__ = [
     "CAP_METHODS",
@@ -375,11 +376,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", help="experience log: a .parquet file or a directory of part-*.parquet files")
     parser.add_argument("--caps", default=",".join(map(str, DEFAULT_CAPS)), help="candidate caps, 'inf' = no cap")
     parser.add_argument("--method", default="divopd-base", help=f"rollout-first method ({', '.join(CAP_METHODS)})")
-    parser.add_argument("--cap-unit", choices=("turns", "tokens"), default="turns", help="turn cap or token-share cap")
-    parser.add_argument("--batch-size", type=int, default=256, help="B, rows per update (default 256)")
-    parser.add_argument("--pool-factor", type=float, default=4, help="c, candidate pool c·B (default 4)")
-    parser.add_argument("--max-staleness", type=int, default=2, help="S, staleness window in versions (default 2)")
-    parser.add_argument("--max-pending", type=int, default=None, help="cap on pending turns (default none)")
+    add_sampler_flags(parser, defaults={"batch_size": 256}, skip=("cap",))  # from divopd.sampling.settings
     parser.add_argument("--updates", type=int, default=None, help="U ticks (default: through the last arrival_update)")
     parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     parser.add_argument("--unused-tol", type=float, default=0.02, help="rule: unused fraction tolerance (absolute)")
@@ -395,22 +392,9 @@ def run(args: argparse.Namespace) -> int:
     from divopd.errors import UsageError
 
     console = Console(width=None if Console().is_terminal else 180)
-    pool_factor = int(args.pool_factor) if float(args.pool_factor).is_integer() else args.pool_factor
     try:
-        result = tune_cap(
-            args.log,
-            args.caps,
-            method=args.method,
-            batch_size=args.batch_size,
-            pool_factor=pool_factor,
-            max_staleness=args.max_staleness,
-            updates=args.updates,
-            cap_unit=args.cap_unit,
-            seed=args.seed,
-            max_pending=args.max_pending,
-            unused_tol=args.unused_tol,
-            eff_tol=args.eff_tol,
-        )
+        result = tune_cap(args.log, args.caps, method=args.method, updates=args.updates, seed=args.seed,
+                          unused_tol=args.unused_tol, eff_tol=args.eff_tol, **settings_from_args(args, skip=("cap",)))
     except ValueError as exc:  # the options, or the log (an ExperienceLogError): one line, exit 2 (divopd.cli)
         if isinstance(exc, UsageError):
             raise

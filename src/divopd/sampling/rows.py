@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from divopd.sampling.methods import METHODS
+
 __all__ = ["MethodRow", "ROWS", "method_names", "method_row", "add_row"]
 
 
@@ -44,8 +46,9 @@ def add_row(name: str, rule: str, description: str, tags: tuple[str, ...] = (), 
 
 
 def method_names(tag: str | None = None) -> tuple[str, ...]:
-    """Row names in display order, all of them or those with ``tag``."""
-    return tuple(name for name, row in ROWS.items() if tag is None or tag in row.tags)
+    """Row names in display order, all of them or those with ``tag`` (rows whose rule is no longer registered in
+    :data:`~divopd.sampling.METHODS` are left out)."""
+    return tuple(name for name, row in ROWS.items() if (tag is None or tag in row.tags) and row.rule in METHODS)
 
 
 def method_row(name: str) -> MethodRow:

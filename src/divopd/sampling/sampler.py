@@ -18,7 +18,6 @@ applied (pooled, or counted ``invalid``) when the turn is read into the pool, so
 from __future__ import annotations
 
 import heapq
-import math
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -30,11 +29,11 @@ from divopd import gate
 from divopd.experience.turn import Turn
 from divopd.sampling.methods import Entry, PoolColumns, get_method
 from divopd.sampling.rules import pool_capacity
+from divopd.sampling.settings import SAMPLER_SETTINGS, validate_setting
 from divopd.sampling.stats import batch_stats
 
 __all__ = ["SamplerConfig", "Batch", "Sampler", "make_sampler"]
 
-CAP_UNITS = ("turns", "tokens")
 
 
 @dataclass
@@ -64,18 +63,9 @@ class SamplerConfig:
 
     def __post_init__(self) -> None:
         get_method(self.method)  # raises a clear error for unknown names
-        _require_int("batch_size", self.batch_size, 1)
-        _require_int("cap", self.cap, 1)
-        _require_int("max_staleness", self.max_staleness, 0)
+        for setting in SAMPLER_SETTINGS:  # the one table of names, bounds and meanings
+            validate_setting(setting, getattr(self, setting.name), "SamplerConfig")
         _require_int("seed", self.seed, 0)
-        if self.max_pending is not None:
-            _require_int("max_pending", self.max_pending, 0)
-        if isinstance(self.pool_factor, bool) or not isinstance(self.pool_factor, (int, float)):
-            raise ValueError(f"SamplerConfig.pool_factor must be a number >= 1, got {self.pool_factor!r}")
-        if not math.isfinite(self.pool_factor) or self.pool_factor < 1:
-            raise ValueError(f"SamplerConfig.pool_factor must be a number >= 1, got {self.pool_factor!r}")
-        if self.cap_unit not in CAP_UNITS:
-            raise ValueError(f"SamplerConfig.cap_unit must be one of {CAP_UNITS}, got {self.cap_unit!r}")
 
     @property
     def pool_size(self) -> int:

@@ -26,6 +26,7 @@ from divopd.explore.explorer import ExplorerConfig
 from divopd.explore.tcod import TCODConfig
 from divopd.learn.learner import LearnerConfig
 from divopd.sampling import METHODS, ROWS, SamplerConfig
+from divopd.sampling.settings import sampler_kwargs, settings_model
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "METHOD_ROWS", "sampler_method_for"]
 
@@ -51,15 +52,8 @@ class ModelRef(_Strict):
     device: str = Field("cpu", description="Torch device for this model (explorers and teacher scoring).")
 
 
-class SamplerSettings(_Strict):
-    """Batch selection (the method comes from the top-level ``method``; the seed from ``seed``)."""
-
-    batch_size: int = Field(32, ge=1, description="B: rows per learner update.")
-    pool_factor: float = Field(4, ge=1, description="c: pooled methods inspect up to c·B pending + fresh turns.")
-    cap: int = Field(4, ge=1, description="k: first-pass per-rollout cap of rollout-first methods.")
-    max_staleness: int = Field(2, ge=0, description="Turns with learner − policy version above this expire.")
-    max_pending: int | None = Field(None, ge=0, description="Keep at most this many unselected valid turns.")
-    cap_unit: Literal["turns", "tokens"] = Field("turns", description="Cap counts turns (paper) or token share.")
+#: The ``sampler:`` section, generated from the one table of sampler settings (divopd.sampling.settings).
+SamplerSettings = settings_model(_Strict)
 
 
 class EvalSettings(_Strict):
@@ -153,17 +147,7 @@ class TrainConfig(_Strict):
 
     def sampler_config(self) -> SamplerConfig:
         """The :class:`SamplerConfig` of this run."""
-        s = self.sampler
-        return SamplerConfig(
-            method=sampler_method_for(self.method),
-            batch_size=s.batch_size,
-            pool_factor=s.pool_factor,
-            cap=s.cap,
-            max_staleness=s.max_staleness,
-            max_pending=s.max_pending,
-            seed=self.seed,
-            cap_unit=s.cap_unit,
-        )
+        return SamplerConfig(method=sampler_method_for(self.method), seed=self.seed, **sampler_kwargs(self.sampler))
 
     def resolved_run_dir(self) -> Path:
         if self.run_dir:
