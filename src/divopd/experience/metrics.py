@@ -17,7 +17,7 @@ Conventions (one rule of the paper = one function):
 - :func:`nauc` integrates the SR curve with the trapezoid rule by default (``rule="step"`` holds each eval's SR until
   the next eval); both are normalised by the budget span, so the result is a mean SR in the caller's unit.
 
-:class:`MetricsWriter` appends the records of ``metrics.jsonl`` (format: docs/sections/run-dir.md) and mirrors numeric
+:class:`MetricsWriter` appends the records of ``metrics.jsonl`` (format: docs/reference/metrics.md) and mirrors numeric
 values to TensorBoard when ``torch.utils.tensorboard`` is importable.
 """
 

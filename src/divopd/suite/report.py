@@ -26,7 +26,7 @@ def _group_runs(runs: list[PlannedRun], out: Path) -> dict[str, list[tuple[Plann
 
 def measured_best_cap(pairs: list[tuple[PlannedRun, Any]]) -> tuple[int | None, dict[int, float]]:
     """The cap sweep's measured best k: highest mean (over seeds) peak SR; ties go to the larger k."""
-    from divopd.analysis.metrics import peak_sr
+    from divopd.experience.metrics import peak_sr
 
     by_k: dict[int, list[float]] = {}
     for r, loaded in pairs:
