@@ -39,7 +39,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,9 @@ from divopd.explore.scoring import score_responses, teacher_scores
 from divopd.explore.settings import ExplorerConfig, GenerationSettings
 
 __all__ = ["Explorer", "ExplorerConfig", "GenerationSettings", "Rollout"]
+
+if TYPE_CHECKING:
+    from divopd.learn.checkpoint import WeightHandle
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +150,7 @@ class Explorer:
             self._apply_pending_weights()  # between rollouts: the next turns use the newest published weights
             yield rollout
 
-    def set_weights(self, handle: Any) -> None:
+    def set_weights(self, handle: WeightHandle) -> None:
         """Queue a published weight handle (``.version``, ``.load_into(model)``); loaded at the next rollout boundary.
 
         Thread-safe; a newer handle replaces an older one not yet loaded.

@@ -45,6 +45,7 @@ from divopd.learn.loss import opd_loss, topk_reverse_kl_loss
 from divopd.learn.settings import LearnerConfig
 from divopd.models import load_model, resolve_dtype
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
+from divopd.sampling.sampler import Batch
 
 __all__ = ["Learner", "LearnerConfig", "Rows", "WeightHandle", "prepare_rows"]
 
@@ -201,7 +202,7 @@ class Learner:
         return opd_loss(lp, old, teacher, mask, beta=cfg.beta, clip_eps=cfg.clip_eps, reduction=cfg.reduction)
 
     # ------------------------------------------------------------------ the update
-    def step(self, batch: Any) -> dict[str, float]:
+    def step(self, batch: Batch | Sequence[Turn]) -> dict[str, float]:
         """One update on ``batch`` (a :class:`divopd.sampling.Batch` or a sequence of turns); returns ``learner/*``
         metrics. Exactly one optimizer step (skipped, and counted, only if the gradient is not finite)."""
         cfg = self.config

@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from divopd.experience import Rollout
 from divopd.experience.log import (
     ExperienceLogError,
     ExperienceLogWriter,
@@ -86,7 +87,7 @@ class Trainer:
         self._arrived_since_update = 0
 
     # ------------------------------------------------------------------ 1. intake
-    def intake(self, rollouts: list[Any]) -> int:
+    def intake(self, rollouts: list[Rollout]) -> int:
         """Queue finished rollouts (``.turns``, ``.info``); returns the number of turns queued."""
         n = 0
         for rollout in rollouts:
@@ -151,7 +152,7 @@ class Trainer:
         if progress is not None:
             progress.on_update(self, metrics)
 
-    def _diagnostics(self, batch: Any) -> dict[str, float]:
+    def _diagnostics(self, batch: Batch) -> dict[str, float]:
         """Appendix E.2/E.3 on this batch before its update, every ``diagnostics.every`` updates."""
         every = self.cfg.diagnostics.every
         if not every or (self.learner.version + 1) % every:
