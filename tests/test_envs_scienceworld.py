@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from divopd.envs import SPLITS, EnvCrash, make_env
+from divopd.explore.envs import SPLITS, EnvCrash, make_env
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +77,9 @@ def test_random_student_explores_scienceworld_with_well_formed_turns():
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from bench_explorer import env_texts
-    from divopd import gate
-    from divopd.explorer import Explorer, ExplorerConfig
+    from divopd.explore.explorer import Explorer, ExplorerConfig
     from divopd.models.tiny import build_model, build_tokenizer
+    from divopd.sampling import gate
 
     torch.set_num_threads(1)
     kwargs = {"task_names": ["find-living-thing"]}
@@ -91,3 +91,49 @@ def test_random_student_explores_scienceworld_with_well_formed_turns():
     for r in rollouts:
         assert r.info["horizon"] == 5 and [t.turn_index for t in r.turns] == list(range(5))
         assert all(gate.check(t) is None for t in r.turns)
+
+
+def test_scienceworld_paper_split_counts_types_and_order(sw):
+    import importlib
+
+    from divopd.explore.envs.scienceworld import (
+        PAPER_HELD_OUT_TYPES,
+        PAPER_TRAIN_TYPES,
+        scienceworld_paper_split,
+        variation_counts,
+    )
+
+    assert importlib.import_module("divopd.envs").scienceworld_paper_split is scienceworld_paper_split
+    counts = variation_counts(sw)
+    assert len(counts) == 30 and set(PAPER_TRAIN_TYPES) | set(PAPER_HELD_OUT_TYPES) == set(counts)
+    training, held_out = scienceworld_paper_split(seed=42, env=sw)
+    assert (len(training), len(held_out)) == (2294, 1308)  # Appendix Table 6 with scienceworld 1.2.3
+    train_types, held_types = {n for n, _ in training}, {n for n, _ in held_out}
+    assert (len(train_types), len(held_types)) == (17, 13) and not train_types & held_types
+    for items in (training, held_out):
+        assert len(set(items)) == len(items)
+        for name in {n for n, _ in items}:  # the first half of each type's variations, all of it
+            assert sorted(v for n, v in items if n == name) == list(range(counts[name] // 2))
+    # deterministic, seeded, and the first held-out instances (the evaluation set's head) are stable
+    assert scienceworld_paper_split(seed=42, env=sw) == (training, held_out)
+    assert scienceworld_paper_split(seed=43, env=sw)[1] != held_out
+    assert held_out[:5] == [("find-non-living-thing", 140), ("inclined-plane-friction-unnamed-surfaces", 30),
+                            ("find-animal", 12), ("mendelian-genetics-unknown-plant", 121),
+                            ("measure-melting-point-unknown-substance", 85)]
+    assert training[:3] == [("test-conductivity", 194), ("inclined-plane-friction-named-surfaces", 390),
+                            ("find-plant", 147)]
+
+
+def test_scienceworld_paper_split_scheme_lists_the_split_as_train_and_test():
+    env = make_env("scienceworld", split_scheme="paper")
+    try:
+        train, test = env.tasks("train"), env.tasks("test")
+        assert (len(train), len(test)) == (2294, 1308)
+        assert test[:2] == ["find-non-living-thing:140", "inclined-plane-friction-unnamed-surfaces:30"]
+        with pytest.raises(ValueError, match="only 'train' and 'test'"):
+            env.tasks("dev")
+        assert env.reset(test[0]).startswith("Your task is to find")
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="unknown split_scheme"):
+        make_env("scienceworld", split_scheme="paper-ish")

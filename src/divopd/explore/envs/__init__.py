@@ -2,6 +2,9 @@
 
 ``make_env(name, **kwargs)`` builds one instance: ``"twx"`` (TextWorld-Express, the CPU demo's default),
 ``"scienceworld"`` and ``"tiny"`` (pure Python, for fast tests). Adapters import their package only when built.
+
+:func:`scienceworld_paper_split` is the paper's ScienceWorld split (2,294 training / 1,308 held-out instances of
+disjoint task types); ``make_env("scienceworld", split_scheme="paper")`` lists it as the ``train`` / ``test`` splits.
 """
 
 from __future__ import annotations
@@ -10,8 +13,10 @@ import importlib
 from typing import Any
 
 from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult
+from divopd.explore.envs.scienceworld import scienceworld_paper_split
 
-__all__ = ["ENVS", "SPLITS", "Env", "EnvCrash", "ProgressTracker", "StepResult", "make_env"]
+__all__ = ["ENVS", "SPLITS", "Env", "EnvCrash", "ProgressTracker", "StepResult", "make_env",
+           "scienceworld_paper_split"]
 
 #: registry name -> (module, class name)
 ENVS: dict[str, tuple[str, str]] = {

@@ -1,7 +1,15 @@
 """ScienceWorld adapter (``pip install scienceworld``; Java 17, offline; one JVM of ~250-350 MB per instance).
 
-30 tasks × variations, with the package's own train/dev/test variation splits. Tasks are ``"<task-name>:<variation>"``,
-e.g. ``"find-living-thing:5"``. Score-based progress (the package's 0-1 score; a negative score is a failure and ends
+30 tasks × variations. Tasks are ``"<task-name>:<variation>"``, e.g. ``"find-living-thing:5"``. Two split schemes
+(``split_scheme``, i.e. ``explorer.env_kwargs: {split_scheme: paper}``):
+
+- ``"package"`` (default): the package's own train/dev/test variations of every task;
+- ``"paper"``: the paper's protocol (Appendix Table 6, :func:`scienceworld_paper_split`): ``tasks("train")`` is the
+  shuffled list of 2,294 training instances (17 task types), ``tasks("test")`` the shuffled list of 1,308 held-out
+  instances (13 other types), so ``explorer.eval_tasks: 256`` evaluates on the first 256 held-out instances; there is
+  no ``"dev"`` split.
+
+ Score-based progress (the package's 0-1 score; a negative score is a failure and ends
 the episode), gold action sequences from the simulator.
 
 Speed: the package's ``step`` rebuilds the list of valid action/object combinations after every step (~10 steps/s);
@@ -20,19 +28,93 @@ never asks for that list: it has thousands of mostly meaningless strings, unusab
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from divopd.explore.envs._jvm import java_opts, jvm_alive, shutdown_gateway
 from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult
 
-__all__ = ["ScienceWorldEnv"]
+__all__ = ["PAPER_HELD_OUT_TYPES", "PAPER_TRAIN_TYPES", "SPLIT_SCHEMES", "ScienceWorldEnv", "scienceworld_paper_split",
+           "variation_counts"]
 
 _NO_LIMIT = 10**9  # the explorer owns the step limit
 
+#: The paper's 17 training task types (Appendix Table 6; mendelian-genetics-known-plant placed here, see MACHINE-NOTES).
+PAPER_TRAIN_TYPES: tuple[str, ...] = (
+    "boil", "melt", "change-the-state-of-matter-of", "use-thermometer", "measure-melting-point-known-substance",
+    "power-component", "test-conductivity", "find-living-thing", "find-plant", "grow-plant", "chemistry-mix",
+    "chemistry-mix-paint-secondary-color", "lifespan-shortest-lived", "identify-life-stages-2",
+    "inclined-plane-determine-angle", "inclined-plane-friction-named-surfaces", "mendelian-genetics-known-plant",
+)
+#: The paper's 13 held-out task types, disjoint from :data:`PAPER_TRAIN_TYPES`; together they are all 30 tasks.
+PAPER_HELD_OUT_TYPES: tuple[str, ...] = (
+    "freeze", "measure-melting-point-unknown-substance", "power-component-renewable-vs-nonrenewable-energy",
+    "test-conductivity-of-unknown-substances", "find-non-living-thing", "find-animal", "grow-fruit",
+    "chemistry-mix-paint-tertiary-color", "lifespan-longest-lived", "lifespan-longest-lived-then-shortest-lived",
+    "identify-life-stages-1", "inclined-plane-friction-unnamed-surfaces", "mendelian-genetics-unknown-plant",
+)
+#: ``split_scheme`` values of :class:`ScienceWorldEnv`.
+SPLIT_SCHEMES: tuple[str, ...] = ("package", "paper")
+
+_VARIATION_COUNTS: dict[str, int] = {}  # task name -> official variation count, filled once per process
+
+
+def variation_counts(env: ScienceWorldEnv | None = None) -> dict[str, int]:
+    """Every task's official number of variations N (``getTaskMaxVariations``) in the installed package.
+
+    Uses ``env``'s simulator when given, else starts (and closes) one JVM (~1-2 s); cached per process.
+    """
+    if not _VARIATION_COUNTS:
+        own = env is None
+        sim = ScienceWorldEnv() if own else env
+        try:
+            counts = {name: int(sim._call(lambda name=name: sim._server.getTaskMaxVariations(name)))
+                      for name in sim._all_names}
+        finally:
+            if own:
+                sim.close()
+        _VARIATION_COUNTS.update(counts)
+    return dict(_VARIATION_COUNTS)
+
+
+def scienceworld_paper_split(seed: int = 42, env: ScienceWorldEnv | None = None,
+                             ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """The paper's ScienceWorld split (Appendix Table 6): ``(training, held_out)`` lists of ``(task name, variation)``.
+
+    Training uses the 17 task types of :data:`PAPER_TRAIN_TYPES`, held-out the 13 disjoint types of
+    :data:`PAPER_HELD_OUT_TYPES`. Per type, variation ids ``0 .. N // 2 - 1`` are kept (the first half; ``N`` the
+    official count of the installed package, :func:`variation_counts`), listed type by type in the order above, then
+    each list is shuffled once with ``random.Random(seed).shuffle`` (one fresh ``Random(seed)`` per list). With
+    scienceworld 1.2.3 and ``seed=42``: 2,294 training and 1,308 held-out instances. Training cycles through the
+    training list; every evaluation uses the first 256 held-out instances.
+
+    ``env``: an open :class:`ScienceWorldEnv` to read the counts from (else one JVM is started once per process).
+    """
+    counts = variation_counts(env)
+    missing = sorted(set(PAPER_TRAIN_TYPES + PAPER_HELD_OUT_TYPES) - set(counts))
+    if missing:
+        raise ValueError(f"scienceworld_paper_split: the installed scienceworld package lacks tasks {missing}")
+    out = []
+    for types in (PAPER_TRAIN_TYPES, PAPER_HELD_OUT_TYPES):
+        items = [(name, var) for name in types for var in range(counts[name] // 2)]
+        random.Random(seed).shuffle(items)
+        out.append(items)
+    return out[0], out[1]
+
 
 class ScienceWorldEnv(Env):
-    """One ScienceWorld simulator (one JVM)."""
+    """One ScienceWorld simulator (one JVM).
+
+    Args:
+        task_names: restrict the tasks listed by :meth:`tasks` to these task types (default: all 30).
+        simplifications: the package's simplification string (e.g. ``"easy"``).
+        java_opts_str: JVM options (default: a capped heap, see :mod:`divopd.explore.envs._jvm`).
+        split_scheme: ``"package"`` (the package's train/dev/test variations) or ``"paper"``
+            (:func:`scienceworld_paper_split`: ``"train"`` / ``"test"`` are the paper's shuffled training / held-out
+            lists, in that order).
+        split_seed: the shuffle seed of the ``"paper"`` scheme (the paper's: 42).
+    """
 
     name = "scienceworld"
 
@@ -46,8 +128,13 @@ class ScienceWorldEnv(Env):
         task_names: Sequence[str] | None = None,
         simplifications: str = "",
         java_opts_str: str | None = None,
+        split_scheme: str = "package",
+        split_seed: int = 42,
     ) -> None:
         from scienceworld import ScienceWorldEnv as _PackageEnv
+
+        if split_scheme not in SPLIT_SCHEMES:
+            raise ValueError(f"ScienceWorldEnv: unknown split_scheme {split_scheme!r}; expected one of {SPLIT_SCHEMES}")
 
         with java_opts(java_opts_str):
             self._env = _PackageEnv(envStepLimit=_NO_LIMIT)
@@ -57,8 +144,10 @@ class ScienceWorldEnv(Env):
         if unknown:
             shutdown_gateway(self._env)
             raise ValueError(f"ScienceWorldEnv: unknown task names {unknown}; known: {all_names}")
+        self._all_names = all_names
         self.task_names = list(task_names) if task_names else all_names
         self.simplifications = simplifications
+        self.split_scheme, self.split_seed = split_scheme, split_seed
         self._task: str | None = None
         self._progress = ProgressTracker()
         self._templates: list[str] | None = None
@@ -69,6 +158,8 @@ class ScienceWorldEnv(Env):
     def tasks(self, split: str) -> list[str]:
         if split not in SPLITS:
             raise ValueError(f"ScienceWorldEnv: unknown split {split!r}; expected one of {SPLITS}")
+        if self.split_scheme == "paper":
+            return self._paper_tasks(split)
         out = []
         for name in self.task_names:
             key = (name, split)
@@ -78,6 +169,14 @@ class ScienceWorldEnv(Env):
                 self._split_cache[key] = [int(v) for v in self._call(lambda g=getter: getattr(self._server, g)())]
             out.extend(f"{name}:{v}" for v in self._split_cache[key])
         return out
+
+    def _paper_tasks(self, split: str) -> list[str]:
+        if split == "dev":
+            raise ValueError("ScienceWorldEnv: split_scheme 'paper' has only 'train' and 'test' (the held-out list); "
+                             "set explorer.eval_split: test")
+        training, held_out = scienceworld_paper_split(self.split_seed, env=self)
+        keep = set(self.task_names)
+        return [f"{name}:{var}" for name, var in (training if split == "train" else held_out) if name in keep]
 
     def _parse(self, task: str) -> tuple[str, int]:
         name, _, var = task.rpartition(":")
