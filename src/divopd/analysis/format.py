@@ -1,0 +1,106 @@
+"""Formatting shared by the analysis commands and the suite: numbers in tables, strict JSON files, Markdown tables and
+headless matplotlib figures.
+
+One copy of each helper, so that ``divopd report``, ``replay``, ``tune-cap`` and the demos write numbers the same way:
+
+- :func:`mean`, :func:`divide`: a mean or a ratio, ``None`` when there is nothing to average or divide by;
+- :func:`fmt`: a number with fixed decimals (or as a percentage), ``–`` for a missing one;
+- :func:`json_safe`, :func:`dump_json`: strict JSON (no NaN/inf; numpy scalars and arrays as plain values);
+- :func:`md_table`: the lines of a Markdown table;
+- :func:`pyplot`, :func:`save_figure`: matplotlib on the Agg backend (no display needed), figures written and closed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["MISSING", "divide", "dump_json", "fmt", "json_safe", "md_table", "mean", "pyplot", "save_figure"]
+
+#: What a table shows for a missing number.
+MISSING = "–"
+
+
+# ------------------------------------------------------------------------------------------------------ numbers
+def mean(values: Iterable[float | None]) -> float | None:
+    """Mean of the values that are not ``None``; ``None`` when there are none."""
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def divide(total: float, n: float) -> float | None:
+    """``total / n``; ``None`` when ``n`` is 0 (a mean over nothing)."""
+    return total / n if n else None
+
+
+def fmt(value: float | None, digits: int = 1, *, pct: bool = False) -> str:
+    """``value`` with ``digits`` decimals, or with ``pct`` as a percentage (``0.253`` -> ``25.3%``); :data:`MISSING`
+    for ``None`` or NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return MISSING
+    return f"{100 * value:.{digits}f}%" if pct else f"{value:.{digits}f}"
+
+
+# ------------------------------------------------------------------------------------------------------ JSON
+def json_safe(obj: Any, *, nonfinite: Literal["null", "str"] = "null") -> Any:
+    """A copy of ``obj`` that strict JSON can hold: dicts (keys as text) and lists (also from tuples and numpy
+    arrays), numpy scalars as Python numbers, and non-finite floats as ``None`` (``nonfinite="null"``) or as their text
+    ``"inf"``, ``"-inf"``, ``"nan"`` (``nonfinite="str"``). Anything else is returned as it is."""
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return None if nonfinite == "null" else str(float(obj))
+    if isinstance(obj, dict):
+        return {k if isinstance(k, str) else str(k): json_safe(v, nonfinite=nonfinite) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v, nonfinite=nonfinite) for v in obj]
+    if obj is None or isinstance(obj, (str, int)):
+        return obj
+    tolist = getattr(obj, "tolist", None)  # numpy scalars and arrays
+    if callable(tolist) and type(obj).__module__ == "numpy":
+        return json_safe(tolist(), nonfinite=nonfinite)
+    return obj
+
+
+def dump_json(obj: Any, path: str | os.PathLike, *, indent: int = 1,
+              nonfinite: Literal["null", "str"] = "null") -> None:
+    """Write ``obj`` as strict JSON (:func:`json_safe`) with a final newline, creating the folder."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(json_safe(obj, nonfinite=nonfinite), indent=indent, allow_nan=False)
+    Path(path).write_text(text + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------------------ Markdown
+def md_table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str | None = None) -> list[str]:
+    """The lines of a Markdown table. ``align``: one letter per column, ``l`` (``---``) or ``r`` (``---:``); default
+    ``---`` everywhere."""
+    align = align if align is not None else "l" * len(header)
+    if len(align) != len(header) or set(align) - {"l", "r"}:
+        raise ValueError(f"md_table: align {align!r} must give l or r for each of {len(header)} columns")
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ figures
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend: figures are written to files, no display is needed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 110) -> None:
+    """Write ``fig`` to ``path`` (creating the folder) and close it."""
+    import matplotlib.pyplot as plt
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

@@ -1,0 +1,276 @@
+"""The numbers of ``divopd report``: per-run SR statistics (peak, final five, nAUC, cost to the target τ), batch
+composition, per-method aggregates over seeds, baseline/method ratios and geometric-mean speedups across settings.
+
+:func:`build_report` returns them as one JSON-able dict, the content of ``report.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from divopd.analysis.format import mean as _mean
+from divopd.analysis.report.load import ReportError, Run
+from divopd.experience.metrics import (
+    cost_to_target,
+    default_target,
+    final_five,
+    geometric_mean,
+    nauc,
+    peak_sr,
+    speedup,
+)
+from divopd.sampling.rows import method_names
+
+__all__ = ["COMPOSITION", "COMPOSITION_LABELS", "METHOD_ORDER", "build_report", "composition", "natural_key",
+           "seed_metrics"]
+
+#: The method rows in display order (the registry's, :data:`divopd.sampling.ROWS`, when this module was imported);
+#: other methods follow alphabetically.
+METHOD_ORDER = method_names()
+
+#: Batch-composition columns: (report key, metrics.jsonl key, how the run's per-update values are summarised).
+COMPOSITION = (
+    ("effective_rollouts", "sampler/effective_rollouts", "mean"),
+    ("max_rollout_share", "sampler/max_rollout_share", "mean"),
+    ("dead_rows", "sampler/dead_rows", "mean"),
+    ("mean_staleness", "sampler/mean_staleness", "mean"),
+    ("disagreement_std_across_rollouts", "sampler/disagreement_std_across_rollouts", "mean"),
+    ("arrival_drain_ratio", "queue/arrival_drain_ratio", "mean"),
+    ("expired", "ledger/expired", "last"),
+    ("received", "ledger/received", "last"),
+)
+COMPOSITION_LABELS = {
+    "effective_rollouts": "eff. rollouts",
+    "max_rollout_share": "max share",
+    "dead_rows": "dead rows",
+    "mean_staleness": "staleness",
+    "disagreement_std_across_rollouts": "disagr. std",
+    "arrival_drain_ratio": "arrival/drain",
+    "expired": "expired",
+    "expired_fraction": "expired/recv.",
+}
+
+
+# --------------------------------------------------------------------------------------------------- one run
+def _sd(xs: Sequence[float]) -> float | None:
+    return statistics.stdev(xs) if len(xs) >= 2 else None
+
+
+def _method_key(method: str, baseline: str) -> tuple[int, int, str]:
+    if method == baseline:
+        return (0, 0, method)
+    order = method_names()  # read live: rows registered after import sort after the built-in ones
+    if method in order:
+        return (1, order.index(method), method)
+    return (2, 0, method)
+
+
+def _seed_key(r: Run) -> tuple[int, float, str]:
+    """Integer seeds in numeric order, then the others as text."""
+    if isinstance(r.seed, int) and not isinstance(r.seed, bool):
+        return (0, float(r.seed), "")
+    return (1, 0.0, str(r.seed))
+
+
+def composition(run_: Run) -> dict[str, float | None]:
+    """Batch-composition summary of one run: per-update means (or last cumulative value) of the sampler stats."""
+    out: dict[str, float | None] = {}
+    for name, key, how in COMPOSITION:
+        vals = [float(r[key]) for r in run_.updates if isinstance(r.get(key), (int, float))]
+        out[name] = (_mean(vals) if how == "mean" else vals[-1]) if vals else None
+    exp, rec = out.pop("expired"), out.pop("received")
+    out["expired"] = exp
+    out["expired_fraction"] = exp / rec if exp is not None and rec else None
+    return out
+
+
+def seed_metrics(run_: Run, budget: float | None, tau: float | None, rule: str) -> dict[str, Any]:
+    """Every per-run number of the report (SR in percent)."""
+    srs = [e.sr for e in run_.evals]
+    ff = final_five(srs)
+    nauc_value = None
+    if budget is not None and run_.evals and run_.evals[0].update <= budget:
+        nauc_value = nauc([e.update for e in run_.evals], srs, budget, rule=rule)
+    cost = cost_to_target(run_.evals, tau) if tau is not None else None
+    return {
+        "path": str(run_.path),
+        "seed": run_.seed,
+        "finished": run_.finished,
+        "n_evals": len(run_.evals),
+        "last_eval_update": run_.evals[-1].update if run_.evals else None,
+        "last_update": run_.last_update,
+        "peak_sr": peak_sr(srs),
+        "final_five_mean": ff[0] if ff else None,
+        "final_five_std": ff[1] if ff else None,
+        "final_five_n": min(5, len(srs)),
+        "nauc": nauc_value,
+        "reached_target": cost is not None,
+        "update_to_target": cost.update if cost else None,
+        "tokens_to_target": cost.tokens if cost else None,
+        "compute_s_to_target": cost.compute_s if cost else None,
+        "composition": composition(run_),
+    }
+
+
+def _agg(seeds: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    vals = [s[key] for s in seeds if s[key] is not None]
+    return {"mean": _mean(vals), "std": _sd(vals), "n": len(vals)}
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders digit runs as numbers: ``load-num_envs4`` before ``load-num_envs16``."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name))
+
+
+# --------------------------------------------------------------------------------------------------- one setting
+def _check_seeds(setting: str, methods: dict[str, list[Run]]) -> None:
+    """A seed at most once per method; each method's runs in seed order."""
+    for method, rs in methods.items():
+        seeds = [str(r.seed) for r in rs]
+        dup = {s for s in seeds if seeds.count(s) > 1}
+        if dup:
+            paths = [str(r.path) for r in rs if str(r.seed) in dup]
+            raise ReportError(f"setting {setting!r}, method {method!r}: seed(s) {sorted(dup)} twice: {paths}")
+        rs.sort(key=_seed_key)
+
+
+def _budget(setting: str, all_runs: list[Run], budget: float | None, notes: list[str]) -> float | None:
+    """Common update budget U: ``budget``, else the smallest last-eval update, so every run covers [first eval, U]."""
+    last_evals = [r.evals[-1].update for r in all_runs if r.evals]
+    u_budget = budget if budget is not None else (min(last_evals) if last_evals else None)
+    if budget is None and u_budget is not None:
+        limiting = [str(r.path) for r in all_runs if r.evals and r.evals[-1].update == u_budget and not r.finished]
+        if limiting:
+            notes.append(f"{setting}: U={u_budget} is set by unfinished run(s) {limiting}")
+    firsts = {r.evals[0].update for r in all_runs if r.evals}
+    if len(firsts) > 1:
+        notes.append(f"{setting}: runs start evaluating at different updates {sorted(firsts)}; nAUC spans differ")
+    return u_budget
+
+
+def _target(setting: str, methods: dict[str, list[Run]], baseline: str, targets: dict[str, float],
+            target_all: float | None, notes: list[str]) -> tuple[float | None, str]:
+    """Target τ and where it came from: --target, else the largest multiple of 5 at or below the baseline's peak
+    (mean over its seeds)."""
+    baseline_peaks = [p for r in methods.get(baseline, []) if (p := peak_sr([e.sr for e in r.evals])) is not None]
+    if setting in targets or target_all is not None:
+        return targets.get(setting, target_all), "--target"
+    if baseline_peaks:
+        tau = default_target(_mean(baseline_peaks))
+        if tau is None:
+            notes.append(f"{setting}: {baseline}'s peak SR is below 5%; no default target")
+        return tau, f"largest multiple of 5 at or below {baseline}'s mean peak SR {_mean(baseline_peaks):.2f}"
+    why = "has no evaluation" if baseline in methods else "has no run"
+    notes.append(f"{setting}: baseline {baseline!r} {why}; no default target, ratios omitted")
+    return None, "none"
+
+
+def _method_entry(setting: str, method: str, runs: list[Run], u_budget: float | None, tau: float | None,
+                  rule: str, notes: list[str]) -> dict[str, Any]:
+    """Per-seed rows and the aggregate over seeds of one method in one setting (``ratios`` filled in later)."""
+    seeds = [seed_metrics(r, u_budget, tau, rule) for r in runs]
+    agg = {k: _agg(seeds, k) for k in ("peak_sr", "final_five_mean", "nauc")}
+    reached = [s for s in seeds if s["reached_target"]]
+    for k in ("tokens_to_target", "compute_s_to_target"):
+        vals = [s[k] for s in reached if s[k] is not None]
+        agg[k] = {"mean": _mean(vals), "std": _sd(vals), "n": len(vals)}
+    agg["reached_target"] = {"n": len(reached), "of": len(seeds)}
+    if tau is not None and 0 < len(reached) < len(seeds):
+        notes.append(
+            f"{setting}/{method}: reached τ={tau:g} in {len(reached)} of {len(seeds)} seeds; "
+            "its cost to τ is the mean over those seeds"
+        )
+    if len(seeds) == 1 and seeds[0]["final_five_std"] is not None:
+        agg["final_five_mean"]["std_checkpoints"] = seeds[0]["final_five_std"]
+    comp_keys = seeds[0]["composition"].keys() if seeds else []
+    agg["composition"] = {
+        k: _mean([s["composition"][k] for s in seeds if s["composition"][k] is not None]) for k in comp_keys
+    }
+    uncovered = [s["seed"] for s in seeds if s["nauc"] is None and s["n_evals"]]
+    if u_budget is not None and uncovered:
+        notes.append(f"{setting}/{method}: seed(s) {uncovered} do not cover the budget U={u_budget}; no nAUC")
+    return {"seeds": seeds, "aggregate": agg, "ratios": None}
+
+
+def _setting_entry(setting: str, methods: dict[str, list[Run]], *, baseline: str, targets: dict[str, float],
+                   target_all: float | None, budget: float | None, rule: str, notes: list[str]) -> dict[str, Any]:
+    """report.json's entry of one setting: τ, U, and per method its seeds, aggregate and ratios to the baseline."""
+    _check_seeds(setting, methods)
+    u_budget = _budget(setting, [r for rs in methods.values() for r in rs], budget, notes)
+    tau, tau_source = _target(setting, methods, baseline, targets, target_all, notes)
+    has_baseline = baseline in methods
+    method_out = {method: _method_entry(setting, method, methods[method], u_budget, tau, rule, notes)
+                  for method in sorted(methods, key=lambda m: _method_key(m, baseline))}
+    if has_baseline and tau is not None:
+        base = method_out[baseline]["aggregate"]
+        for m in method_out.values():
+            m["ratios"] = {
+                "tokens": speedup(base["tokens_to_target"]["mean"], m["aggregate"]["tokens_to_target"]["mean"]),
+                "compute": speedup(base["compute_s_to_target"]["mean"], m["aggregate"]["compute_s_to_target"]["mean"]),
+            }
+    elif tau is not None:
+        notes.append(f"{setting}: no {baseline!r} run; {baseline}/method ratios omitted")
+    return {
+        "target": tau,
+        "target_source": tau_source,
+        "budget": u_budget,
+        "baseline": baseline if has_baseline else None,
+        "methods": method_out,
+    }
+
+
+# --------------------------------------------------------------------------------------------------- the report
+def _geometric_means(settings: dict[str, Any], baseline: str) -> dict[str, Any]:
+    """Geometric-mean speedups across settings, over the settings where the ratio exists (both reached τ)."""
+    geo: dict[str, Any] = {}
+    all_methods = sorted({m for s in settings.values() for m in s["methods"]}, key=lambda m: _method_key(m, baseline))
+    for method in all_methods:
+        entry: dict[str, Any] = {}
+        for kind in ("tokens", "compute"):
+            present = [s for s in settings.values() if method in s["methods"]]
+            vals = [
+                s["methods"][method]["ratios"][kind]
+                for s in present
+                if s["methods"][method]["ratios"] and s["methods"][method]["ratios"][kind] is not None
+            ]
+            finite = [v for v in vals if math.isfinite(v)]
+            entry[kind] = {"geomean": geometric_mean(finite), "n_settings": len(finite), "of": len(present)}
+        geo[method] = entry
+    return geo
+
+
+def build_report(
+    runs: Sequence[Run],
+    *,
+    baseline: str = "vanilla",
+    targets: dict[str, float] | None = None,
+    target_all: float | None = None,
+    budget: float | None = None,
+    rule: str = "trapezoid",
+) -> dict[str, Any]:
+    """All numbers of the report as one JSON-able dict (the content of report.json)."""
+    targets = targets or {}
+    notes: list[str] = [n for r in runs for n in r.notes]
+    by_setting: dict[str, dict[str, list[Run]]] = {}
+    for r in runs:
+        by_setting.setdefault(r.setting, {}).setdefault(r.method, []).append(r)
+    unknown = set(targets) - set(by_setting)
+    if unknown:
+        raise ReportError(f"--target names unknown setting(s) {sorted(unknown)}; settings: {sorted(by_setting)}")
+    settings = {
+        setting: _setting_entry(setting, by_setting[setting], baseline=baseline, targets=targets,
+                                target_all=target_all, budget=budget, rule=rule, notes=notes)
+        for setting in sorted(by_setting, key=natural_key)
+    }
+    return {
+        "baseline": baseline,
+        "nauc_rule": rule,
+        "units": {"sr": "percent", "tokens": "learner tokens (prompt+response)", "compute": "learner compute seconds"},
+        "settings": settings,
+        "geometric_means": _geometric_means(settings, baseline),
+        "notes": notes,
+    }
