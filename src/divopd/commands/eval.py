@@ -1,5 +1,6 @@
-"""``divopd eval CHECKPOINT``: student-only greedy evaluation of a checkpoint (or any HF model folder), by
-:func:`divopd.train.evaluate.evaluate_checkpoint`; prints the ``eval/*`` metrics as JSON."""
+"""``divopd eval CHECKPOINT``: student-only evaluation of a checkpoint (or any HF model folder), by
+:func:`divopd.train.evaluate.evaluate_checkpoint`; prints the ``eval/*`` metrics as JSON. The student samples at
+``eval.temperature`` (0.4, seeded by the run seed); ``--set eval.greedy=true`` decodes greedily."""
 
 from __future__ import annotations
 

@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     config = ExplorerConfig(env=args.env, env_kwargs=env_kwargs, num_envs=args.num_envs, eval_split=args.eval_split,
                             eval_tasks=args.eval_tasks, max_steps=args.max_steps, prompt=prompt_config)
     with Explorer(config, model, tokenizer, seed=args.seed) as explorer:
-        metrics = explorer.evaluate()
+        metrics = explorer.evaluate(greedy=True)
     print(f"held-out {args.eval_split}: success rate {metrics['eval/success_rate']:.3f}, mean score "
           f"{metrics['eval/mean_score']:.3f}, mean steps {metrics['eval/mean_steps']:.1f} "
           f"({metrics['eval/episodes']:.0f} episodes, {metrics['eval/seconds']:.0f}s)")

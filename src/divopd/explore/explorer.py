@@ -26,7 +26,7 @@ Example::
     explorer = Explorer(ExplorerConfig(env="twx", num_envs=4), student, tokenizer, teacher, seed=0)
     rollouts = explorer.collect(8)           # list[Rollout]; rollout.turns are Turns, rollout.info the episode
     explorer.set_weights(learner.publish())  # applied at the next rollout boundary
-    explorer.evaluate(num_tasks=50)          # {"eval/success_rate": ..., "eval/mean_score": ...}
+    explorer.evaluate(num_tasks=50)          # T = 0.4, seeded: {"eval/success_rate": ..., "eval/mean_score": ...}
 
 The settings are :mod:`divopd.explore.settings` (importable from here), the episode records and the Rollout built from
 one :mod:`divopd.explore.episode`, the teacher's scoring :mod:`divopd.explore.scoring`.
@@ -165,12 +165,20 @@ class Explorer:
         with self._lock:
             self.learner_version = max(self.learner_version, int(version))
 
-    def evaluate(self, tasks: Iterable[str] | None = None, num_tasks: int | None = None) -> dict[str, float]:
-        """Student-only greedy episodes on held-out tasks (no recovery, no teacher): success rate and mean score.
+    def evaluate(self, tasks: Iterable[str] | None = None, num_tasks: int | None = None, *,
+                 temperature: float = 0.4, greedy: bool = False, seed: int | None = None) -> dict[str, float]:
+        """Student-only episodes on held-out tasks (no recovery, no teacher): success rate and mean score.
 
         ``tasks`` defaults to the first ``num_tasks`` (default ``config.eval_tasks``) tasks of ``config.eval_split``.
-        Must not run concurrently with :meth:`rollouts` on the same explorer (they share the model).
+        The student samples at ``temperature`` (the paper's evaluation: 0.4; training samples at
+        ``config.generation.temperature``, 1.0) or decodes greedily with ``greedy=True``. Sampling is seeded by ``seed``
+        (default: the explorer's seed) and the call count within this evaluation only, so the same weights, tasks and
+        seed give the same result however much the explorer has generated before (``divopd train`` and ``divopd eval``
+        pass ``eval.temperature``, ``eval.greedy`` and the run seed). Must not run concurrently with :meth:`rollouts`
+        on the same explorer (they share the model).
         """
+        if not greedy and temperature <= 0:
+            raise ValueError(f"Explorer.evaluate: temperature must be > 0 when sampling, got {temperature}")
         self._apply_pending_weights()
         if not self._eval_envs:
             self._eval_envs = [self._new_env() for _ in range(self.config.num_envs)]
@@ -179,9 +187,21 @@ class Explorer:
         tasks = list(tasks)
         if not tasks:
             raise ValueError("Explorer.evaluate: no tasks to evaluate")
+        self._eval_decoding = (greedy, float(temperature), self.seed if seed is None else int(seed))
+        self._eval_calls = 0
         t0 = time.perf_counter()
         episodes = list(self._run(self._eval_envs, iter(tasks), evaluating=True))
         return eval_metrics(episodes, self.policy_version, t0)
+
+    def _decoding(self, actor: str, evaluating: bool) -> tuple[bool, float, int]:
+        """``(greedy, temperature, seed)`` of one generate call: :meth:`evaluate`'s if evaluating, else the config's."""
+        if evaluating:
+            greedy, temperature, seed = self._eval_decoding
+            self._eval_calls += 1
+            state = np.random.SeedSequence(seed, spawn_key=(0xE7A1, self._eval_calls)).generate_state(1)[0]
+            return greedy, temperature, int(state)
+        greedy = self.config.generation.greedy if actor == "student" else self.config.recovery.teacher_greedy
+        return greedy, self.config.generation.temperature, self._next_gen_seed()
 
     def stats(self) -> dict[str, float]:
         """Cumulative counters, namespaced ``explorer/...`` (rollouts, turns, env_crashes, teacher_failures, ...)."""
@@ -259,12 +279,10 @@ class Explorer:
             tok = self.tokenizer if actor == "student" else self.teacher_tokenizer
             prompts = [self._prompt(episodes[i], tok) for i in idx]
             gen = self._student_gen if actor == "student" else self._teacher_gen
-            greedy = evaluating or (self.config.generation.greedy if actor == "student"
-                                    else self.config.recovery.teacher_greedy)
+            greedy, temperature, seed = self._decoding(actor, evaluating)
             t0 = time.perf_counter()
-            results = gen.generate([p.ids for p in prompts], greedy=greedy,
-                                   temperature=self.config.generation.temperature,
-                                   max_new_tokens=self.config.generation.max_new_tokens, seed=self._next_gen_seed())
+            results = gen.generate([p.ids for p in prompts], greedy=greedy, temperature=temperature,
+                                   max_new_tokens=self.config.generation.max_new_tokens, seed=seed)
             self._stats["time/generate"] += time.perf_counter() - t0
             for i, prompt, result in zip(idx, prompts, results, strict=True):
                 out[i] = (prompt, result, decode_action(tok, result.response_ids))

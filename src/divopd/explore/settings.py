@@ -14,12 +14,16 @@ __all__ = ["ExplorerConfig", "GenerationSettings"]
 
 
 class GenerationSettings(BaseModel):
-    """How the student generates its actions during training rollouts (evaluation is always greedy)."""
+    """How the student generates its actions during training rollouts.
+
+    Evaluation has its own decoding (:meth:`Explorer.evaluate <divopd.explore.explorer.Explorer.evaluate>`; in a
+    training config ``eval.temperature``, the paper's 0.4, or ``eval.greedy``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_new_tokens: int = Field(16, ge=1, description="At most this many tokens per action.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature (the stored log probs are at T=1).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts (the paper's 1.0; "
+                               "the stored log probs are at T=1). Evaluation uses eval.temperature.")
     greedy: bool = Field(False, description="Greedy decoding for training rollouts too (default: sample).")
     stop_on_newline: bool = Field(True, description="Stop an action at the first newline token as well as at eos.")
 

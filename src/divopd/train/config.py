@@ -57,11 +57,24 @@ SamplerSettings = settings_model(_Strict)
 
 
 class EvalSettings(_Strict):
-    """Student-only evaluation on held-out tasks (greedy), run beside training on a weight snapshot."""
+    """Student-only evaluation on held-out tasks, run beside training on a weight snapshot (and by `divopd eval`).
+
+    The student samples at ``temperature`` (the paper's 0.4; training rollouts sample at
+    ``explorer.generation.temperature``, 1.0), seeded by the run seed so an evaluation is reproducible;
+    ``greedy: true`` decodes greedily instead.
+    """
 
     every: int = Field(10, ge=1, description="Evaluate every N learner updates.")
     tasks: int = Field(50, ge=1, description="Held-out tasks per evaluation (first N of explorer.eval_split).")
     at_start: bool = Field(True, description="Also evaluate the initial student (update 0).")
+    temperature: float = Field(
+        0.4, gt=0, description="Sampling temperature of evaluation episodes (the paper's 0.4; training samples at "
+        "explorer.generation.temperature). Sampling is seeded by the run seed: the same weights give the same result.")
+    greedy: bool = Field(False, description="Greedy decoding for evaluation instead of sampling at eval.temperature.")
+
+    def sampling(self, seed: int) -> dict[str, Any]:
+        """Keyword arguments of :meth:`Explorer.evaluate <divopd.explore.explorer.Explorer.evaluate>` for a run seed."""
+        return {"temperature": self.temperature, "greedy": self.greedy, "seed": seed}
 
 
 class CheckpointSettings(_Strict):

@@ -1,5 +1,6 @@
-"""Student-only greedy evaluation of a checkpoint (or any HF model folder), behind ``divopd eval CHECKPOINT``.
+"""Student-only evaluation of a checkpoint (or any HF model folder), behind ``divopd eval CHECKPOINT``.
 
+Decoding follows ``eval.temperature`` (0.4, seeded by the run seed) or ``eval.greedy`` (``--set eval.greedy=true``).
 The environment, prompt and step limit come from the run's ``config.yaml`` (found beside the checkpoint folder, i.e.
 ``RUN_DIR/checkpoints/update-N/../../config.yaml``) or from ``--config``; recovery is always off, as in the paper.
 
@@ -43,7 +44,7 @@ def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None
     cfg = load_config(config, over)
     explorer = build_explorer(cfg, 0, 0, None, None, evaluation=True)
     try:
-        results = explorer.evaluate(num_tasks=tasks or cfg.eval.tasks)
+        results = explorer.evaluate(num_tasks=tasks or cfg.eval.tasks, **cfg.eval.sampling(cfg.seed))
     finally:
         explorer.close()
     return {"checkpoint": str(checkpoint), "split": cfg.explorer.eval_split, **results}

@@ -73,7 +73,8 @@ class LockstepRuntime:
             self._evaluator = build_explorer(self.cfg, 999, self._session, handle, None, evaluation=True)
         self._evaluator.set_weights(handle)
         fault_point("eval")
-        self._results.append(EvalResult(update, counters, self._evaluator.evaluate(num_tasks=self.cfg.eval.tasks)))
+        self._results.append(EvalResult(update, counters, self._evaluator.evaluate(
+            num_tasks=self.cfg.eval.tasks, **self.cfg.eval.sampling(self.cfg.seed))))
 
     def eval_results(self, timeout: float) -> list[EvalResult]:
         out, self._results = self._results, []

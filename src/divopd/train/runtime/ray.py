@@ -52,7 +52,7 @@ class ExplorerActor:
 
     def evaluate(self, handle: Any, num_tasks: int) -> dict[str, float]:
         self.explorer.set_weights(handle)
-        return self.explorer.evaluate(num_tasks=num_tasks)
+        return self.explorer.evaluate(num_tasks=num_tasks, **self.cfg.eval.sampling(self.cfg.seed))
 
     def pid(self) -> int:
         return os.getpid()

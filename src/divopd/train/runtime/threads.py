@@ -101,7 +101,7 @@ class EvalWorker(threading.Thread):
                 update, handle, counters = item
                 explorer.set_weights(handle)
                 fault_point("eval")
-                results = explorer.evaluate(num_tasks=self.cfg.eval.tasks)
+                results = explorer.evaluate(num_tasks=self.cfg.eval.tasks, **self.cfg.eval.sampling(self.cfg.seed))
                 self.results.put(EvalResult(update, counters, results))
         except Exception:  # noqa: BLE001
             self.error = traceback.format_exc()
