@@ -25,16 +25,16 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from divopd import gate
+import divopd.sampling.gate as gate
+from divopd.analysis.format import divide
+from divopd.analysis.replay_output import plot_replay, render_table, write_json
+from divopd.experience import Turn
 from divopd.experience.log import LoggedTurn, read_log
 from divopd.sampling import METHODS, Sampler, SamplerConfig, make_sampler
 from divopd.sampling.rows import method_names
@@ -50,6 +50,7 @@ __all__ = [
     "replay",
     "rollout_coverage",
     "run",
+    "write_json",
 ]
 
 DEFAULT_METHODS: tuple[str, ...] = method_names("replay")
@@ -98,6 +99,8 @@ class ReplayConfig:
         seed: sampler seed (uniform within-rollout order).
         max_pending: cap on pending turns (``None`` = none).
         cap_unit: ``"turns"`` (the paper's cap) or ``"tokens"`` (token-share cap, see ``SamplerConfig``).
+        max_pending_age: W, pending turns first seen more than W updates ago expire (``None`` = no limit).
+        group_order: ``"first-seen"`` (Algorithm 1) or ``"arrival"`` (see ``SamplerConfig``).
     """
 
     methods: Sequence[str] = DEFAULT_METHODS
@@ -109,6 +112,8 @@ class ReplayConfig:
     seed: int = 0
     max_pending: int | None = None
     cap_unit: str = "turns"
+    max_pending_age: int | None = 8
+    group_order: str = "first-seen"
 
     def __post_init__(self) -> None:
         self.methods = tuple(self.methods)
@@ -206,19 +211,10 @@ def rollout_coverage(valid: set[str], used: set[str], waiting: Counter[str]) -> 
     }
 
 
-def _mean(total: float, n: int) -> float | None:
-    return total / n if n else None
-
-
 # ---------------------------------------------------------------------------------------------------- replay
-def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfig) -> dict[str, Any]:
-    """Replay ``config.methods`` side by side over one log (a path, or an iterable of :class:`LoggedTurn`).
-
-    Returns a JSON-able dict: ``config``, ``log``, ``updates`` (U), ``delivered_turns``, ``delivered_rollouts``,
-    ``arrival_drain_ratio`` (delivered turns ÷ (U·B)), ``series`` (per tick: ``delivered_turns``, ``valid_rollouts``,
-    cumulative) and ``methods``: per method the keys of :data:`RESULT_KEYS`, plus ``series`` (:data:`SERIES_KEYS`)
-    and the sampler's final ``ledger``.
-    """
+def _open(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfig
+          ) -> tuple[str | None, int, Iterable[LoggedTurn]]:
+    """(log name or None, U ticks, the turn stream) of a replay source."""
     log_name = None
     if isinstance(source, (str, os.PathLike)):
         log_name = str(source)
@@ -233,7 +229,72 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
         stream = source
     if updates < 1:
         raise ValueError("replay: the log is empty and no --updates was given")
+    return log_name, updates, stream
 
+
+def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
+    """Deliver ``turns`` to one method, ask it for a batch at learner version ``j`` and record the tick."""
+    tr.sampler.add(turns)
+    batch = tr.sampler.next_batch(j)
+    s = tr.series
+    if batch is None:
+        s["batch"].append(0)
+        for key in ("effective_rollouts", "max_rollout_share", "dead_rows", "distinct_rollouts"):
+            s[key].append(None)
+        s["mean_staleness"].append(None)
+    else:
+        st = batch.stats
+        tr.batches += 1
+        tr.rows += int(st["rows"])
+        tr.dead_rows += int(st["dead_rows"])
+        tr.eff_sum += float(st["effective_rollouts"])
+        tr.share_sum += float(st["max_rollout_share"])
+        for turn in batch.turns:
+            rid = turn.rollout_id
+            if rid not in tr.used:
+                tr.used.add(rid)
+                tr.used_valid += rid in valid
+        s["batch"].append(1)
+        s["effective_rollouts"].append(float(st["effective_rollouts"]))
+        s["max_rollout_share"].append(float(st["max_rollout_share"]))
+        s["dead_rows"].append(int(st["dead_rows"]))
+        s["distinct_rollouts"].append(int(st["distinct_rollouts"]))
+        s["mean_staleness"].append(float(st["mean_staleness"]))
+    ledger = tr.sampler.ledger
+    s["selected"].append(ledger["selected"])
+    s["expired"].append(ledger["expired"])
+    s["invalid"].append(ledger["invalid"])
+    s["waiting"].append(ledger["pending"] + ledger["queued"])
+    s["used_rollouts"].append(tr.used_valid)
+
+
+def _method_result(tr: _Track, updates: int, valid: set[str]) -> dict[str, Any]:
+    """One method's entry of the result: :data:`RESULT_KEYS`, then ``series`` and ``ledger``."""
+    ledger = tr.sampler.ledger
+    coverage = rollout_coverage(valid, tr.used, waiting_rollouts(tr.sampler))
+    result = {
+        "updates": tr.batches,
+        "starved": updates - tr.batches,
+        **coverage,
+        "effective_rollouts_mean": divide(tr.eff_sum, tr.batches),
+        "max_rollout_share_mean": divide(tr.share_sum, tr.batches),
+        "dead_row_fraction": divide(tr.dead_rows, tr.rows),
+        "selected": ledger["selected"],
+        "expired": ledger["expired"],
+        "invalid": ledger["invalid"],
+    }
+    return {k: result[k] for k in RESULT_KEYS} | {"series": tr.series, "ledger": ledger}
+
+
+def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfig) -> dict[str, Any]:
+    """Replay ``config.methods`` side by side over one log (a path, or an iterable of :class:`LoggedTurn`).
+
+    Returns a JSON-able dict: ``config``, ``log``, ``updates`` (U), ``delivered_turns``, ``delivered_rollouts``,
+    ``arrival_drain_ratio`` (delivered turns ÷ (U·B)), ``series`` (per tick: ``delivered_turns``, ``valid_rollouts``,
+    cumulative) and ``methods``: per method the keys of :data:`RESULT_KEYS`, plus ``series`` (:data:`SERIES_KEYS`)
+    and the sampler's final ``ledger``.
+    """
+    log_name, updates, stream = _open(source, config)
     tracks = {m: _Track(make_sampler(config.sampler_config(m))) for m in config.methods}
     delivered_rollouts: set[str] = set()
     valid: set[str] = set()
@@ -253,57 +314,10 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
                     tr.used_valid += rid in tr.used
         # 2. Ask each method for a batch at learner version j.
         for tr in tracks.values():
-            tr.sampler.add(turns)
-            batch = tr.sampler.next_batch(j)
-            s = tr.series
-            if batch is None:
-                s["batch"].append(0)
-                for key in ("effective_rollouts", "max_rollout_share", "dead_rows", "distinct_rollouts"):
-                    s[key].append(None)
-                s["mean_staleness"].append(None)
-            else:
-                st = batch.stats
-                tr.batches += 1
-                tr.rows += int(st["rows"])
-                tr.dead_rows += int(st["dead_rows"])
-                tr.eff_sum += float(st["effective_rollouts"])
-                tr.share_sum += float(st["max_rollout_share"])
-                for turn in batch.turns:
-                    rid = turn.rollout_id
-                    if rid not in tr.used:
-                        tr.used.add(rid)
-                        tr.used_valid += rid in valid
-                s["batch"].append(1)
-                s["effective_rollouts"].append(float(st["effective_rollouts"]))
-                s["max_rollout_share"].append(float(st["max_rollout_share"]))
-                s["dead_rows"].append(int(st["dead_rows"]))
-                s["distinct_rollouts"].append(int(st["distinct_rollouts"]))
-                s["mean_staleness"].append(float(st["mean_staleness"]))
-            ledger = tr.sampler.ledger
-            s["selected"].append(ledger["selected"])
-            s["expired"].append(ledger["expired"])
-            s["invalid"].append(ledger["invalid"])
-            s["waiting"].append(ledger["pending"] + ledger["queued"])
-            s["used_rollouts"].append(tr.used_valid)
+            _step(tr, turns, j, valid)
         top_series["delivered_turns"].append(delivered)
         top_series["valid_rollouts"].append(len(valid))
 
-    methods: dict[str, Any] = {}
-    for name, tr in tracks.items():
-        ledger = tr.sampler.ledger
-        coverage = rollout_coverage(valid, tr.used, waiting_rollouts(tr.sampler))
-        result = {
-            "updates": tr.batches,
-            "starved": updates - tr.batches,
-            **coverage,
-            "effective_rollouts_mean": _mean(tr.eff_sum, tr.batches),
-            "max_rollout_share_mean": _mean(tr.share_sum, tr.batches),
-            "dead_row_fraction": _mean(tr.dead_rows, tr.rows),
-            "selected": ledger["selected"],
-            "expired": ledger["expired"],
-            "invalid": ledger["invalid"],
-        }
-        methods[name] = {k: result[k] for k in RESULT_KEYS} | {"series": tr.series, "ledger": ledger}
     return {
         "log": log_name,
         "config": asdict(config) | {"methods": list(config.methods), "updates": updates},
@@ -312,7 +326,7 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
         "delivered_rollouts": len(delivered_rollouts),
         "arrival_drain_ratio": delivered / (updates * config.batch_size),
         "series": top_series,
-        "methods": methods,
+        "methods": {name: _method_result(tr, updates, valid) for name, tr in tracks.items()},
     }
 
 
@@ -325,111 +339,6 @@ def log_updates(path: str | os.PathLike) -> int:
         if batch.num_rows:
             last = max(last, int(batch.column("arrival_update").to_numpy().max()))
     return last + 1
-
-
-# ---------------------------------------------------------------------------------------------------- output
-def _fmt(value: float | None, pct: bool = False, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{100 * value:.1f}%" if pct else f"{value:.{digits}f}"
-
-
-def render_table(result: dict[str, Any], title: str | None = None):  # -> rich.table.Table
-    """A rich table of the per-method results."""
-    from rich.table import Table
-
-    cfg = result["config"]
-    unit = " (token share)" if cfg.get("cap_unit") == "tokens" else ""
-    table = Table(
-        title=title
-        or (
-            f"replay: U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} k={cfg['cap']}{unit} "
-            f"S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}"
-        )
-    )
-    headers = [
-        ("method", "left"),
-        ("updates", "right"),
-        ("starved", "right"),
-        ("valid", "right"),
-        ("used", "right"),
-        ("undecided", "right"),
-        ("unused", "right"),
-        ("eff. rollouts", "right"),
-        ("max share", "right"),
-        ("dead rows", "right"),
-        ("selected", "right"),
-        ("expired", "right"),
-        ("invalid", "right"),
-    ]
-    for h, justify in headers:
-        table.add_column(h, justify=justify)
-    for name, m in result["methods"].items():
-        table.add_row(
-            name,
-            str(m["updates"]),
-            str(m["starved"]),
-            str(m["valid_rollouts"]),
-            str(m["used_rollouts"]),
-            str(m["undecided_rollouts"]),
-            _fmt(m["unused_fraction"], pct=True),
-            _fmt(m["effective_rollouts_mean"]),
-            _fmt(m["max_rollout_share_mean"], pct=True),
-            _fmt(m["dead_row_fraction"], pct=True),
-            str(m["selected"]),
-            str(m["expired"]),
-            str(m["invalid"]),
-        )
-    return table
-
-
-def plot_replay(result: dict[str, Any], path: str | os.PathLike, title: str | None = None) -> None:
-    """Four panels over updates: effective rollouts per batch, largest rollout share, cumulative valid rollouts used
-    (with all valid rollouts delivered, dashed), and turns waiting in each sampler."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
-    ticks = list(range(result["updates"]))
-    panels = [
-        (axes[0, 0], "effective_rollouts", "effective rollouts per batch"),
-        (axes[0, 1], "max_rollout_share", "largest rollout's token share"),
-        (axes[1, 0], "used_rollouts", "valid rollouts used (cumulative)"),
-        (axes[1, 1], "waiting", "turns waiting (pending + queued)"),
-    ]
-    for ax, key, label in panels:
-        for name, m in result["methods"].items():
-            ys = [float("nan") if v is None else v for v in m["series"][key]]
-            ax.plot(ticks, ys, label=name, linewidth=1.2)
-        ax.set_xlabel("learner update")
-        ax.set_title(label, fontsize=10)
-        ax.grid(alpha=0.3)
-    axes[1, 0].plot(ticks, result["series"]["valid_rollouts"], "k--", linewidth=1, label="valid delivered")
-    axes[1, 0].legend(fontsize=8)
-    fig.suptitle(title or f"replay of {result.get('log') or 'log'}", fontsize=11)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _json_clean(obj: Any) -> Any:
-    """NaN/inf -> None, so the JSON file is strict JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_clean(v) for v in obj]
-    return obj
-
-
-def write_json(result: dict[str, Any], path: str | os.PathLike) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(_json_clean(result), f, indent=1, allow_nan=False)
-        f.write("\n")
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

@@ -40,7 +40,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from divopd.analysis.format import mean as _mean
 from divopd.analysis.replay import ReplayConfig, log_updates, replay, write_json
+from divopd.analysis.tune_cap_output import markdown_table, plot_tune_cap, render_table, table_rows, title
 from divopd.experience.log import LoggedTurn
 from divopd.sampling.settings import add_sampler_flags, settings_from_args
 
@@ -49,11 +51,14 @@ __all__ = [
     "DEFAULT_CAPS",
     "INF_CAP",
     "add_arguments",
+    "markdown_table",
     "parse_caps",
     "plot_tune_cap",
     "recommend_cap",
     "render_table",
     "run",
+    "table_rows",
+    "title",
     "tune_cap",
 ]
 
@@ -96,11 +101,6 @@ def parse_caps(text: str | Sequence[int | str]) -> list[int]:
     if not caps:
         raise ValueError("--caps: give at least one cap")
     return sorted(set(caps))
-
-
-def _mean(values: Iterable[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals else None
 
 
 def _cap_row(cap: int, batch_size: int, m: dict[str, Any]) -> dict[str, Any]:
@@ -174,6 +174,25 @@ def _caps(rows: Sequence[dict[str, Any]]) -> str:
     return "k ∈ {" + ", ".join(str(r["cap"]) for r in rows) + "}"
 
 
+def _source(log: str | os.PathLike | Iterable[LoggedTurn], updates: int | None) -> tuple[str | None, Any, int]:
+    """(log name or None, what each replay pass reads, U ticks) of a tune-cap source."""
+    if updates is not None and updates < 1:
+        raise ValueError(f"--updates must be >= 1, got {updates}")
+    log_name = None
+    if isinstance(log, (str, os.PathLike)):
+        log_name = str(log)
+        if updates is None:
+            updates = log_updates(log)
+        source: Any = log
+    else:
+        source = list(log)  # replayed once per k
+        if updates is None:
+            updates = max((t.arrival_update for t in source), default=-1) + 1
+    if updates < 1:
+        raise ValueError("tune-cap: the log is empty and no --updates was given")
+    return log_name, source, updates
+
+
 def tune_cap(
     log: str | os.PathLike | Iterable[LoggedTurn],
     caps: Sequence[int | str] | str = DEFAULT_CAPS,
@@ -208,20 +227,7 @@ def tune_cap(
             f"{', '.join(CAP_METHODS)}"
         )
     cap_list = parse_caps(caps)
-    if updates is not None and updates < 1:
-        raise ValueError(f"--updates must be >= 1, got {updates}")
-    log_name = None
-    if isinstance(log, (str, os.PathLike)):
-        log_name = str(log)
-        if updates is None:
-            updates = log_updates(log)
-        source: Any = log
-    else:
-        source = list(log)  # replayed once per k
-        if updates is None:
-            updates = max((t.arrival_update for t in source), default=-1) + 1
-    if updates < 1:
-        raise ValueError("tune-cap: the log is empty and no --updates was given")
+    log_name, source, updates = _source(log, updates)
     rows = []
     first: dict[str, Any] | None = None
     for cap in cap_list:
@@ -263,112 +269,6 @@ def tune_cap(
         "reason": reason,
         "rule": {"unused_tol": unused_tol, "eff_tol": eff_tol},
     }
-
-
-# ---------------------------------------------------------------------------------------------------- output
-def _fmt(value: float | None, pct: bool = False, digits: int = 1) -> str:
-    if value is None:
-        return "–"
-    return f"{100 * value:.1f}%" if pct else f"{value:.{digits}f}"
-
-
-def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the printed table (also used for Markdown)."""
-    header = [
-        "k",
-        "starved",
-        "used / valid",
-        "undecided",
-        "unused",
-        "eff. rollouts",
-        "max share",
-        "distinct/batch (min)",
-        "⌈B/k⌉ met",
-        "staleness",
-        "dead rows",
-        "expired",
-    ]
-    out = []
-    for r in result["caps"]:
-        mark = " ←" if r["cap"] == result["recommended"] else ""
-        out.append(
-            [
-                f"{r['cap']}{mark}",
-                str(r["starved"]),
-                f"{r['used_rollouts']} / {r['valid_rollouts']}",
-                str(r["undecided_rollouts"]),
-                _fmt(r["unused_fraction"], pct=True),
-                _fmt(r["effective_rollouts_mean"]),
-                _fmt(r["max_rollout_share_mean"], pct=True),
-                f"{_fmt(r['distinct_rollouts_mean'])} ({_fmt(r['distinct_rollouts_min'], digits=0)})",
-                f"{_fmt(r['cap_binds_fraction'], pct=True)} of {r['promised_rollouts']}",
-                _fmt(r["mean_staleness"], digits=2),
-                _fmt(r["dead_row_fraction"], pct=True),
-                str(r["expired"]),
-            ]
-        )
-    return header, out
-
-
-def title(result: dict[str, Any]) -> str:
-    cfg = result["config"]
-    unit = "token-share cap" if cfg["cap_unit"] == "tokens" else "turn cap"
-    return (
-        f"tune-cap {cfg['method']} ({unit}): U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} "
-        f"S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}"
-    )
-
-
-def render_table(result: dict[str, Any]):  # -> rich.table.Table
-    """A rich table, one row per k; the recommended k is marked ←."""
-    from rich.table import Table
-
-    header, rows = table_rows(result)
-    table = Table(title=title(result))
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    return table
-
-
-def markdown_table(result: dict[str, Any]) -> str:
-    """The same table as Markdown."""
-    header, rows = table_rows(result)
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def plot_tune_cap(result: dict[str, Any], path: str | os.PathLike) -> None:
-    """Two panels over k: unused fraction and effective rollouts per batch; the recommended k is marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = result["caps"]
-    labels = [str(r["cap"]) for r in rows]
-    xs = list(range(len(rows)))
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
-    panels = [
-        (axes[0], [r["unused_fraction"] for r in rows], "unused fraction of valid rollouts"),
-        (axes[1], [r["effective_rollouts_mean"] for r in rows], "effective rollouts per batch"),
-    ]
-    for ax, ys, label in panels:
-        ax.plot(xs, [float("nan") if y is None else y for y in ys], "o-")
-        if result["recommended"] is not None:
-            i = labels.index(str(result["recommended"]))
-            ax.axvline(i, color="tab:red", linestyle="--", linewidth=1, label=f"recommended k = {labels[i]}")
-            ax.legend(fontsize=8)
-        ax.set_xticks(xs, labels)
-        ax.set_xlabel("cap k")
-        ax.set_title(label, fontsize=10)
-        ax.grid(alpha=0.3)
-    fig.suptitle(title(result), fontsize=9)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
