@@ -45,129 +45,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from divopd.analysis.sim_presets import PRESETS, Preset
 from divopd.experience.log import SCHEMA, ExperienceLogWriter
 
 __all__ = ["PRESETS", "Preset", "SimulationSummary", "simulate", "add_arguments", "run"]
-
-
-@dataclass(frozen=True)
-class Preset:
-    """Distributions of one synthetic environment (see the module docstring for how they are used).
-
-    Attributes:
-        name: preset name; also the ``env`` column.
-        step_limit: episode step limit; failed rollouts run to it.
-        success_rate: probability that a rollout succeeds.
-        success_median: median horizon of a successful rollout (turns).
-        success_sigma: log-normal sigma of the success horizon.
-        min_horizon: shortest successful rollout.
-        response_median: median response length (tokens); ``response_sigma`` its log-normal sigma.
-        obs_median: median observation length (tokens); ``obs_sigma`` its log-normal sigma.
-        base_prompt: system prompt + task tokens.
-        context_budget: prompt tokens beyond which the explorer truncates the prompt.
-        history_window: keep only the last this many turns of history in the prompt (``None`` = all).
-        student_nll: mean per-token negative log probability of the sampled tokens under the student.
-        disagreement_median: median per-token disagreement (student − teacher log prob) of a turn;
-            ``disagreement_sigma`` its log-normal sigma.
-        fail_factor: multiplier of the turn disagreement in failed rollouts.
-        token_noise: per-token standard deviation around the turn's mean disagreement.
-        max_delay: explorer ``e`` pulls weights ``e mod (max_delay + 1)`` updates late.
-        default_rollouts_per_update: R giving an arrival/drain ratio near 2 at B = 256.
-    """
-
-    name: str
-    step_limit: int
-    success_rate: float
-    success_median: float
-    success_sigma: float
-    min_horizon: int
-    response_median: float
-    response_sigma: float
-    obs_median: float
-    obs_sigma: float
-    base_prompt: int
-    context_budget: int
-    history_window: int | None
-    student_nll: float
-    disagreement_median: float
-    disagreement_sigma: float
-    fail_factor: float
-    token_noise: float
-    max_delay: int
-    default_rollouts_per_update: float
-
-
-PRESETS: dict[str, Preset] = {
-    # ALFWorld-like: 50-step limit, short observations, full history in a 4k context: late turns of failures truncate.
-    "alfworld": Preset(
-        name="alfworld",
-        step_limit=50,
-        success_rate=0.4,
-        success_median=14,
-        success_sigma=0.45,
-        min_horizon=3,
-        response_median=50,
-        response_sigma=0.4,
-        obs_median=30,
-        obs_sigma=0.5,
-        base_prompt=350,
-        context_budget=4096,
-        history_window=None,
-        student_nll=0.35,
-        disagreement_median=0.12,
-        disagreement_sigma=0.8,
-        fail_factor=1.8,
-        token_noise=0.5,
-        max_delay=1,
-        default_rollouts_per_update=14,
-    ),
-    # WebShop-like: 15-step limit, long search-result observations in a 4k context: the last turns of failures truncate.
-    "webshop": Preset(
-        name="webshop",
-        step_limit=15,
-        success_rate=0.5,
-        success_median=6,
-        success_sigma=0.35,
-        min_horizon=2,
-        response_median=40,
-        response_sigma=0.4,
-        obs_median=220,
-        obs_sigma=0.35,
-        base_prompt=600,
-        context_budget=4096,
-        history_window=None,
-        student_nll=0.3,
-        disagreement_median=0.15,
-        disagreement_sigma=0.8,
-        fail_factor=1.6,
-        token_noise=0.5,
-        max_delay=1,
-        default_rollouts_per_update=48,
-    ),
-    # ScienceWorld-like: 40-step limit, a 10-turn history window that always fits the 8k context: no truncation.
-    "scienceworld": Preset(
-        name="scienceworld",
-        step_limit=40,
-        success_rate=0.35,
-        success_median=18,
-        success_sigma=0.4,
-        min_horizon=5,
-        response_median=35,
-        response_sigma=0.4,
-        obs_median=80,
-        obs_sigma=0.5,
-        base_prompt=700,
-        context_budget=8192,
-        history_window=10,
-        student_nll=0.3,
-        disagreement_median=0.1,
-        disagreement_sigma=0.8,
-        fail_factor=1.5,
-        token_noise=0.4,
-        max_delay=1,
-        default_rollouts_per_update=16,
-    ),
-}
 
 
 @dataclass
@@ -251,6 +132,23 @@ class _Chunk:
         self.teacher: list[np.ndarray] = []
         self.rows = 0
 
+    def add(self, r: dict[str, Any], finish: float, arrival: int) -> None:
+        """Append the turns of rollout ``r`` (finished at ``finish``), numbered from ``arrival`` in arrival order."""
+        h = len(r["resp"])
+        c = self.cols
+        c["rollout_id"].append(np.full(h, r["id"], dtype=object))
+        c["turn_index"].append(np.arange(h, dtype=np.int32))
+        c["policy_version"].append(np.full(h, r["version"], dtype=np.int64))
+        c["arrival"].append(np.arange(arrival, arrival + h, dtype=np.int64))
+        c["arrival_update"].append(np.full(h, math.floor(finish), dtype=np.int64))
+        c["prompt_truncated"].append(r["truncated"])
+        c["prompt_len"].append(r["prompt"])
+        c["response_len"].append(r["resp"])
+        c["success"].append(np.full(h, r["success"], dtype=bool))
+        self.student.append(r["student"])
+        self.teacher.append(r["teacher"])
+        self.rows += h
+
     def to_batch(self, env: str) -> pa.RecordBatch:
         c = self.cols
         n = self.rows
@@ -300,6 +198,46 @@ def _rollout_rows(
     return resp, prompt, truncated, student.astype(np.float32), teacher.astype(np.float32)
 
 
+def _new_rollout(preset: Preset, rng: np.random.Generator, e: int, index: int, t0: float,
+                 step_time: float) -> tuple[float, dict[str, Any]]:
+    """(finish time, rows) of the ``index``-th rollout of explorer ``e``, started at ``t0``."""
+    success = bool(rng.random() < preset.success_rate)
+    h = sample_horizon(preset, success, rng)
+    resp, prompt, truncated, student, teacher = _rollout_rows(preset, rng, success, h)
+    finish = t0 + h * step_time * float(rng.uniform(0.8, 1.2))
+    return finish, {
+        "id": f"{preset.name}-e{e:03d}-{index:06d}",
+        "version": policy_version(t0, e % (preset.max_delay + 1)),
+        "success": success,
+        "resp": resp,
+        "prompt": prompt,
+        "truncated": truncated,
+        "student": student,
+        "teacher": teacher,
+    }
+
+
+def _summary(preset: Preset, counts: dict[str, int], updates: int, explorers: int, R: float,
+             batch_size: int) -> SimulationSummary:
+    n_fail = counts["rollouts"] - counts["successes"]
+    return SimulationSummary(
+        preset=preset.name,
+        updates=updates,
+        explorers=explorers,
+        rollouts_per_update=R,
+        rollouts=counts["rollouts"],
+        turns=counts["turns"],
+        successes=counts["successes"],
+        truncated_turns=counts["truncated"],
+        mean_horizon=counts["turns"] / max(counts["rollouts"], 1),
+        mean_success_horizon=counts["succ_h"] / counts["successes"] if counts["successes"] else None,
+        mean_failure_horizon=counts["fail_h"] / n_fail if n_fail else None,
+        turns_per_update=counts["turns"] / updates,
+        batch_size=batch_size,
+        arrival_drain_ratio=counts["turns"] / (updates * batch_size),
+    )
+
+
 def simulate(
     preset: Preset | str,
     out: str | os.PathLike,
@@ -330,20 +268,7 @@ def simulate(
     heap: list[tuple[float, int, int, dict[str, Any]]] = []
 
     def start(e: int, t0: float) -> None:
-        success = bool(rng.random() < preset.success_rate)
-        h = sample_horizon(preset, success, rng)
-        resp, prompt, truncated, student, teacher = _rollout_rows(preset, rng, success, h)
-        finish = t0 + h * step_time * float(rng.uniform(0.8, 1.2))
-        rollout = {
-            "id": f"{preset.name}-e{e:03d}-{next_id[e]:06d}",
-            "version": policy_version(t0, e % (preset.max_delay + 1)),
-            "success": success,
-            "resp": resp,
-            "prompt": prompt,
-            "truncated": truncated,
-            "student": student,
-            "teacher": teacher,
-        }
+        finish, rollout = _new_rollout(preset, rng, e, next_id[e], t0, step_time)
         next_id[e] += 1
         heapq.heappush(heap, (finish, e, next_id[e], rollout))
 
@@ -358,19 +283,7 @@ def simulate(
             if finish >= updates:
                 continue  # this explorer's rollout ends after the horizon; it retires
             h = len(r["resp"])
-            c = chunk.cols
-            c["rollout_id"].append(np.full(h, r["id"], dtype=object))
-            c["turn_index"].append(np.arange(h, dtype=np.int32))
-            c["policy_version"].append(np.full(h, r["version"], dtype=np.int64))
-            c["arrival"].append(np.arange(arrival, arrival + h, dtype=np.int64))
-            c["arrival_update"].append(np.full(h, math.floor(finish), dtype=np.int64))
-            c["prompt_truncated"].append(r["truncated"])
-            c["prompt_len"].append(r["prompt"])
-            c["response_len"].append(r["resp"])
-            c["success"].append(np.full(h, r["success"], dtype=bool))
-            chunk.student.append(r["student"])
-            chunk.teacher.append(r["teacher"])
-            chunk.rows += h
+            chunk.add(r, finish, arrival)
             arrival += h
             counts["rollouts"] += 1
             counts["turns"] += h
@@ -386,24 +299,7 @@ def simulate(
             start(e, finish)
         if chunk.rows:
             writer.write_batch(chunk.to_batch(preset.name))
-
-    n_fail = counts["rollouts"] - counts["successes"]
-    return SimulationSummary(
-        preset=preset.name,
-        updates=updates,
-        explorers=explorers,
-        rollouts_per_update=R,
-        rollouts=counts["rollouts"],
-        turns=counts["turns"],
-        successes=counts["successes"],
-        truncated_turns=counts["truncated"],
-        mean_horizon=counts["turns"] / max(counts["rollouts"], 1),
-        mean_success_horizon=counts["succ_h"] / counts["successes"] if counts["successes"] else None,
-        mean_failure_horizon=counts["fail_h"] / n_fail if n_fail else None,
-        turns_per_update=counts["turns"] / updates,
-        batch_size=batch_size,
-        arrival_drain_ratio=counts["turns"] / (updates * batch_size),
-    )
+    return _summary(preset, counts, updates, explorers, R, batch_size)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

@@ -16,9 +16,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from divopd.analysis.format import fmt, md_table, pyplot, save_figure
 from divopd.analysis.replay import ReplayConfig, plot_replay, replay, write_json
 from divopd.analysis.simulate import PRESETS, simulate
 from divopd.sampling.rows import method_names
@@ -52,34 +54,41 @@ def summary_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f}%"
+#: Columns of the summary table: (header, alignment, cell of a summary row).
+TABLE: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
+    ("preset", "l", lambda r: r["preset"]),
+    ("arrival/drain", "r", lambda r: fmt(r["load"], 2)),
+    ("method", "l", lambda r: r["method"]),
+    ("valid rollouts", "r", lambda r: str(r["valid"])),
+    ("used", "r", lambda r: str(r["used"])),
+    ("undecided", "r", lambda r: str(r["undecided"])),
+    ("unused", "r", lambda r: fmt(r["unused"], pct=True)),
+    ("eff. rollouts/batch", "r", lambda r: fmt(r["eff"])),
+    ("max rollout share", "r", lambda r: fmt(r["max_share"], pct=True)),
+    ("dead rows", "r", lambda r: fmt(r["dead"], pct=True)),
+    ("expired", "r", lambda r: str(r["expired"])),
+    ("invalid", "r", lambda r: str(r["invalid"])),
+)
+#: The columns of the printed (rich) table, by header.
+PRINTED = ("preset", "arrival/drain", "method", "valid rollouts", "used", "unused", "eff. rollouts/batch",
+           "max rollout share", "dead rows")
+#: Their shorter headers in the printed table.
+_SHORT = {"arrival/drain": "load", "valid rollouts": "valid", "eff. rollouts/batch": "eff. rollouts",
+          "max rollout share": "max share"}
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The summary as a Markdown table (what docs/sections/replay.md shows)."""
-    lines = [
-        "| preset | arrival/drain | method | valid rollouts | used | undecided | unused | eff. rollouts/batch "
-        "| max rollout share | dead rows | expired | invalid |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['preset']} | {r['load']:.2f} | {r['method']} | {r['valid']} | {r['used']} | {r['undecided']} | "
-            f"{_pct(r['unused'])} | {r['eff']:.1f} | {_pct(r['max_share'])} | {_pct(r['dead'])} | {r['expired']} | "
-            f"{r['invalid']} |"
-        )
+    lines = md_table([h for h, _, _ in TABLE], ([cell(r) for _, _, cell in TABLE] for r in rows),
+                     align="".join(a for _, a, _ in TABLE))
     return "\n".join(lines) + "\n"
 
 
 def plot_summary(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
     """Grouped bars per preset: unused fraction of valid rollouts, and effective rollouts per batch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    plt = pyplot()
     presets = list(dict.fromkeys(r["preset"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
     value = {(r["preset"], r["method"]): r for r in rows}
@@ -98,8 +107,7 @@ def plot_summary(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle("shared-buffer replay of simulated asynchronous producers (B=256, c=4, k=4, S=2, 100 updates)")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run_replay_demo(
@@ -140,20 +148,11 @@ def run_replay_demo(
     from rich.table import Table
 
     rt = Table(title=f"shared-buffer replay, B={batch_size}, c=4, k=4, S=2, {updates} updates")
-    for h in ("preset", "load", "method", "valid", "used", "unused", "eff. rollouts", "max share", "dead rows"):
+    columns = [(_SHORT.get(h, h), cell) for h, _, cell in TABLE if h in PRINTED]
+    for h, _ in columns:
         rt.add_column(h, justify="left" if h in ("preset", "method") else "right")
     for r in rows:
-        rt.add_row(
-            r["preset"],
-            f"{r['load']:.2f}",
-            r["method"],
-            str(r["valid"]),
-            str(r["used"]),
-            _pct(r["unused"]),
-            f"{r['eff']:.1f}",
-            _pct(r["max_share"]),
-            _pct(r["dead"]),
-        )
+        rt.add_row(*(cell(r) for _, cell in columns))
     console.print(rt)
     console.print(f"wrote {out}/table.md, {out}/summary.png and per-preset .parquet/.json/.png")
     return results
