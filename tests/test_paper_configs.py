@@ -1,0 +1,81 @@
+"""The six paper settings (PAPER-APPENDIX Tables 3-6): configs/<env>/_base.yaml is the smaller student, the `--set`
+line in its header comment the larger one; every method file of the three environments carries the shared values."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from divopd.train.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: setting -> (env, student, teacher, k, horizon, updates)
+SETTINGS = {
+    "alfworld-1.7b": ("alfworld", "Qwen/Qwen3-1.7B", "langfeng01/GiGPO-Qwen2.5-7B-Instruct-ALFWorld", 4, 30, 250),
+    "alfworld-4b": ("alfworld", "Qwen/Qwen3-4B", "langfeng01/GiGPO-Qwen2.5-7B-Instruct-ALFWorld", 4, 30, 250),
+    "webshop-3b": ("webshop", "Qwen/Qwen2.5-3B-Instruct", "langfeng01/GiGPO-Qwen2.5-7B-Instruct-WebShop", 5, 15, 150),
+    "webshop-7b": ("webshop", "Qwen/Qwen2.5-7B-Instruct", "langfeng01/GiGPO-Qwen2.5-7B-Instruct-WebShop", 4, 15, 150),
+    "scienceworld-1.5b": ("scienceworld", "Qwen/Qwen2.5-1.5B-Instruct", None, 4, 30, 250),
+    "scienceworld-3b": ("scienceworld", "Qwen/Qwen2.5-3B-Instruct", None, 5, 30, 250),
+}
+METHODS = ["vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus", "divopd-r", "tcod-f2b"]
+
+
+def larger_student_overrides(env: str) -> list[str]:
+    """The `--set` items of the `divopd train` line in the header comment of configs/<env>/_base.yaml."""
+    lines = [line for line in (REPO / "configs" / env / "_base.yaml").read_text().splitlines()
+             if line.startswith("#") and "divopd train" in line]
+    assert len(lines) == 1, lines
+    return re.findall(r"--set (\S+)", lines[0])
+
+
+def setting_config(setting: str, method: str = "divopd"):
+    env = SETTINGS[setting][0]
+    base = load_config(REPO / "configs" / env / f"{method}.yaml")
+    if base.setting == setting:
+        return base
+    return load_config(REPO / "configs" / env / f"{method}.yaml", larger_student_overrides(env))
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("method", METHODS)
+def test_paper_setting_values(setting: str, method: str) -> None:
+    env, student, teacher, k, horizon, updates = SETTINGS[setting]
+    cfg = setting_config(setting, method)
+    assert cfg.setting == setting and cfg.method == method and cfg.explorer.env == env
+    assert cfg.student.path == student
+    if teacher is not None:
+        assert cfg.teacher.path == teacher
+    s = cfg.sampler
+    assert (s.batch_size, s.pool_factor, s.cap, s.max_staleness) == (64, 4, k, 2)
+    assert getattr(s, "max_pending_age", 8) == 8  # W (the key's default, once the sampler has it)
+    lr = cfg.learner
+    assert (lr.lr, tuple(lr.betas), lr.weight_decay, lr.grad_clip) == (1e-6, (0.9, 0.999), 0.01, 1.0)
+    assert (lr.beta, lr.reduction) == (1.0, "seq-mean-token-mean")
+    assert cfg.explorer.max_steps == horizon and cfg.updates == updates
+    assert cfg.explorer.generation.temperature == 1.0 and not cfg.explorer.generation.greedy
+    assert cfg.eval.temperature == 0.4 and not cfg.eval.greedy
+    assert cfg.eval.tasks == cfg.explorer.eval_tasks
+
+
+def test_paper_configs_note_the_pending_age() -> None:
+    for env in ("alfworld", "webshop", "scienceworld"):
+        text = (REPO / "configs" / env / "_base.yaml").read_text()
+        assert "# W = 8: sampler.max_pending_age (Algorithm 1 step 8)" in text
+
+
+def test_scienceworld_configs_use_the_paper_split() -> None:
+    for setting in ("scienceworld-1.5b", "scienceworld-3b"):
+        ex = setting_config(setting).explorer
+        assert ex.env_kwargs == {"split_scheme": "paper", "split_seed": 42}
+        assert (ex.split, ex.eval_split, ex.eval_tasks) == ("train", "test", 256)
+
+
+def test_every_config_under_configs_loads() -> None:
+    files = sorted(p for p in (REPO / "configs").rglob("*.yaml") if not p.name.startswith("_"))
+    assert len(files) >= 32
+    for path in files:
+        assert load_config(path).method == path.stem, path
