@@ -73,11 +73,10 @@ def test_old_module_paths_are_the_moved_modules(old: str) -> None:
 
 
 def test_prescribed_public_names_import_where_they_were() -> None:
+    from divopd import Turn, gate  # noqa: F401
     from divopd.gate import check  # noqa: F401
     from divopd.loss import opd_loss  # noqa: F401
     from divopd.recovery import should_recover  # noqa: F401
-
-    from divopd import Turn, gate  # noqa: F401
     from divopd.sampling import (  # noqa: F401
         SamplerConfig,
         allocate_rollout_first,

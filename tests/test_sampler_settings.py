@@ -7,11 +7,11 @@ import argparse
 import dataclasses
 
 import pytest
-from divopd.config import TrainConfig
 
 from divopd.analysis.replay import ReplayConfig
 from divopd.analysis.replay import add_arguments as replay_flags
 from divopd.analysis.tune_cap import add_arguments as tune_cap_flags
+from divopd.config import TrainConfig
 from divopd.sampling import SamplerConfig
 from divopd.sampling.settings import SAMPLER_SETTINGS, add_sampler_flags, sampler_kwargs, settings_from_args
 
@@ -38,15 +38,17 @@ def test_the_training_config_hands_every_setting_to_the_sampler() -> None:
         "setting": "x", "method": "divopd-r", "seed": 3, "student": {"path": "s"}, "teacher": {"path": "t"},
         "explorer": {"recovery": {"enabled": True}},
         "sampler": {"batch_size": 7, "pool_factor": 2.5, "cap": 3, "max_staleness": 1, "max_pending": 9,
-                    "cap_unit": "tokens"}})
+                    "cap_unit": "tokens", "max_pending_age": None, "group_order": "arrival"}})
     sc = cfg.sampler_config()
     assert (sc.method, sc.seed) == ("divopd", 3)
     assert sampler_kwargs(sc) == {"batch_size": 7, "pool_factor": 2.5, "cap": 3, "max_staleness": 1,
-                                  "max_pending": 9, "cap_unit": "tokens"}
+                                  "max_pending": 9, "cap_unit": "tokens", "max_pending_age": None,
+                                  "group_order": "arrival"}
 
 
 @pytest.mark.parametrize("name,bad", [("batch_size", 0), ("pool_factor", 0.5), ("cap", 0), ("max_staleness", -1),
-                                      ("max_pending", -1), ("cap_unit", "bytes")])
+                                      ("max_pending", -1), ("cap_unit", "bytes"), ("max_pending_age", -1),
+                                      ("group_order", "random")])
 def test_every_holder_rejects_the_same_bad_values(name: str, bad: object) -> None:
     with pytest.raises(ValueError, match=f"SamplerConfig.{name}"):
         SamplerConfig("divopd", **{"batch_size": 4, name: bad})
@@ -66,4 +68,5 @@ def test_cli_flags_are_generated_from_the_table() -> None:
     add_sampler_flags(parser, defaults={"batch_size": 256})
     args = parser.parse_args(["--pool-factor", "3", "--max-pending", "none", "--cap-unit", "tokens"])
     assert settings_from_args(args) == {"batch_size": 256, "pool_factor": 3, "cap": 4, "max_staleness": 2,
-                                        "max_pending": None, "cap_unit": "tokens"}
+                                        "max_pending": None, "cap_unit": "tokens", "max_pending_age": 8,
+                                        "group_order": "first-seen"}
