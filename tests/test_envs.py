@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from divopd.envs import SPLITS, EnvCrash, ProgressTracker, make_env
-from divopd.envs.tiny import TinyEnv
+from divopd.explore.envs import SPLITS, EnvCrash, ProgressTracker, make_env
+from divopd.explore.envs.tiny import TinyEnv
 
 
 def play(env, task: str, actions: list[str]) -> list[tuple[str, float, bool, dict]]:
@@ -113,7 +113,7 @@ def test_twx_bad_action_is_feedback_with_no_progress(twx):
     twx.reset(twx.tasks("train")[0])
     obs, reward, done, info = twx.step("fly to the moon")
     assert "not sure" in obs and not done and reward == 0.0
-    assert info == {"success": False, "progress": False, "score": 0.0, "failure": False}
+    assert info == {"success": False, "progress": False, "score": 0.0, "failure": False, "invalid": True}
     obs, reward, done, info = twx.step("look around")
     assert info["progress"] is False  # same room, same inventory
 

@@ -1,13 +1,80 @@
-"""TCOD-F2B horizon schedule."""
+"""TCOD-F2B: TCOD's depth rule d = 1 + floor(step / eta), the cut rollout, full-horizon evaluation, the configs' eta;
+then the earlier (non-default) linear / stages schedules."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from divopd.tcod import TCODConfig, tcod_horizon, tcod_progress
+from divopd.explore.tcod import TCODConfig, tcod_depth, tcod_horizon, tcod_progress
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------- TCOD's rule
+def test_depth_sequence_for_eta_6_and_4():
+    assert [tcod_depth(s, 6) for s in range(1, 20)] == [1] * 5 + [2] * 6 + [3] * 6 + [4] * 2
+    assert [tcod_depth(s, 4) for s in range(1, 14)] == [1] * 3 + [2] * 4 + [3] * 4 + [4] * 2
+    assert tcod_depth(0, 6) == 1 and tcod_depth(250, 6) == 42 and tcod_depth(150, 4) == 38
+    with pytest.raises(ValueError, match="eta"):
+        tcod_depth(3, 0)
+    with pytest.raises(ValueError, match="step"):
+        tcod_depth(-1, 6)
+
+
+def test_paper_schedule_counts_learner_updates_plus_one_and_caps_at_the_step_limit():
+    cfg = TCODConfig(enabled=True, eta=6)
+    assert cfg.schedule == "paper"
+    # update v collects rollouts for training step v + 1 (TCOD's 1-based batch_id)
+    assert [cfg.horizon(30, update=v) for v in range(0, 13)] == [1] * 5 + [2] * 6 + [3] * 2
+    assert cfg.horizon(30, update=200) == 30 and cfg.horizon(15, update=10**6) == 15
+    webshop = TCODConfig(enabled=True, eta=4)
+    assert [webshop.horizon(15, update=v) for v in (0, 2, 3, 7, 55, 56)] == [1, 1, 2, 3, 15, 15]
+    assert TCODConfig(eta=4).horizon(15, update=0) == 15  # curriculum off: the full limit
+    with pytest.raises(ValueError, match="update="):
+        cfg.horizon(30, progress=0.5)
+
+
+@pytest.mark.parametrize("env_name, eta", [("alfworld", 6), ("scienceworld", 6), ("webshop", 4)])
+def test_configs_set_eta_per_environment(env_name, eta):
+    from divopd.train.config import load_config
+
+    cfg = load_config(REPO / "configs" / env_name / "tcod-f2b.yaml")
+    assert cfg.tcod.enabled and cfg.tcod.schedule == "paper" and cfg.tcod.eta == eta
+    assert cfg.sampler_config().method == "vanilla"
+
+
+def test_the_rollout_is_cut_at_d_every_student_turn_is_kept_and_evaluation_is_full_horizon():
+    from divopd.explore.explorer import Explorer, ExplorerConfig
+    from divopd.train.config import load_config
+    from divopd.train.runtime.common import step_limit
+    from explorer_helpers import env_tokenizer, tiny_model
+
+    cfg = load_config(REPO / "configs/tiny/tcod-f2b.yaml", ["explorer.max_steps=9"])
+    assert [step_limit(cfg, v) for v in (0, 5, 11, 17, 100)] == [1, 2, 3, 4, 9]
+    tok = env_tokenizer("tiny")
+    ecfg = ExplorerConfig(env="tiny", num_envs=2, max_steps=9, generation={"max_new_tokens": 4})
+    with Explorer(ecfg, tiny_model(tok, 0), tok, tiny_model(tok, 1), seed=0) as explorer:
+        explorer.config.max_steps = step_limit(cfg, 11)  # what the runtimes do before collecting: d = 3
+        rollouts = explorer.collect(6)
+        for r in rollouts:
+            assert r.info["horizon"] <= 3 and r.info["student_turns"] == r.info["horizon"] == len(r.turns)
+            assert [t.turn_index for t in r.turns] == list(range(r.info["horizon"]))
+            assert all(t.teacher_logprobs is not None for t in r.turns)  # every student turn is scored
+        assert any(r.info["hit_step_limit"] for r in rollouts)  # a random student is cut at d
+    # the evaluator is built from the config: the full explorer.max_steps, whatever the curriculum's depth
+    evaluator_cfg = cfg.explorer.model_copy(deep=True)
+    assert evaluator_cfg.max_steps == 9
+    with Explorer(evaluator_cfg, tiny_model(tok, 0), tok, None, seed=0) as evaluator:
+        result = evaluator.evaluate(num_tasks=4)
+    assert result["eval/mean_steps"] > 3  # episodes run past d = 3 (a random student rarely wins)
+
+
+# ---------------------------------------------------------------------------- the earlier, non-default schedules
 
 
 def test_linear_schedule_exact_values():
@@ -55,7 +122,7 @@ def test_horizon_is_bounded_monotone_and_reaches_the_limit(p1, p2, start, full, 
 
 
 def test_config_by_update_and_defaults():
-    cfg = TCODConfig(enabled=True, start_depth=3, expand_fraction=0.5, total_updates=200)
+    cfg = TCODConfig(enabled=True, schedule="linear", start_depth=3, expand_fraction=0.5, total_updates=200)
     assert [cfg.horizon(30, update=u) for u in (0, 50, 100, 150, 400)] == [3, 16, 30, 30, 30]
     assert cfg.horizon(30, progress=0.25) == 16
     assert cfg.sampler_method == "vanilla"
@@ -76,9 +143,9 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="schedule"):
         tcod_horizon(0.1, 2, 10, 0.5, schedule="exp")
     with pytest.raises(ValueError, match="total_updates"):
-        TCODConfig(enabled=True).horizon(10, update=3)
+        TCODConfig(enabled=True, schedule="linear").horizon(10, update=3)
     with pytest.raises(ValueError, match="exactly one"):
-        TCODConfig(enabled=True, total_updates=10).horizon(10)
+        TCODConfig(enabled=True, schedule="linear", total_updates=10).horizon(10)
     with pytest.raises(ValidationError):
         TCODConfig(sampler_method="divopd")
     with pytest.raises(ValidationError):

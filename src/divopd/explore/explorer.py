@@ -14,8 +14,9 @@ independently of learner updates, adding turns to a queue with rollout IDs and p
    :class:`~divopd.experience.turn.Turn` s are returned together, tagged ``(rollout_id, turn_index, policy_version)``;
 4. between rollouts it loads newer student weights published by the learner (:meth:`Explorer.set_weights`); every
    turn records the version that generated it;
-5. with +R on (:mod:`divopd.explore.recovery`), the teacher acts after ``p`` no-progress student turns for at most ``m``
-   turns; its turns are not queued.
+5. with +R on (:mod:`divopd.explore.recovery`), the teacher acts after ``p`` no-progress student turns (an invalid
+   action, or a repeat while the allowed actions are unchanged), for at most ``m`` turns per rollout; its turns are not
+   queued.
 
 ``turn_index`` is the env step at which the student acted (0-based): teacher steps under +R leave gaps.
 
@@ -312,16 +313,17 @@ class Explorer:
             return
         self._stats["time/env"] += time.perf_counter() - t0
         self._stats["env_steps"] += 1
-        progress = bool(info.get("progress", False))
-        if actor == "student":
-            last = episode.student_steps[-1]
-            last.reward, last.progress, last.score = float(reward), progress, float(info.get("score", 0.0))
-        episode.recovery.record(actor, progress, self.config.recovery)
         episode.steps += 1
         episode.score = float(info.get("score", 0.0))
         episode.success = bool(info.get("success", False))
         episode.history.append((action, obs))
         episode.valid_actions = envs[i].valid_actions()
+        # +R: the paper's no-progress turn (an invalid action, or a repeat while the allowed actions are unchanged)
+        no_progress = episode.recovery.step(actor, action, bool(info.get("invalid", False)),
+                                            envs[i].allowed_actions_key(), obs, self.config.recovery)
+        if actor == "student":
+            last = episode.student_steps[-1]
+            last.reward, last.progress, last.score = float(reward), not no_progress, float(info.get("score", 0.0))
         episode.done = bool(done) or episode.steps >= self.config.max_steps
 
     def _finish_rollout(self, episode: Episode) -> Rollout:
@@ -371,8 +373,10 @@ class Explorer:
                 envs[i] = self._replace_env(envs[i])
         rollout_id = f"{self.id_prefix}{self.explorer_id}-{self._n_rollouts}"
         self._n_rollouts += 1
-        return Episode(rollout_id=rollout_id, task=task, first_observation=first,
-                        valid_actions=envs[i].valid_actions())
+        episode = Episode(rollout_id=rollout_id, task=task, first_observation=first,
+                          valid_actions=envs[i].valid_actions())
+        episode.recovery.start(envs[i].allowed_actions_key(), first)
+        return episode
 
     def _new_env(self) -> Env:
         for attempt in range(self.config.max_env_restarts):

@@ -1,27 +1,48 @@
-"""DivOPD+R: teacher recovery for rollouts that stop making progress (paper, Section 3.4).
+"""DivOPD+R: bounded teacher recovery for rollouts that stop making progress (paper, Section 3.4 and Appendix G).
 
-    Batch selection cannot help a rollout that repeatedly makes no progress. DivOPD+R therefore lets the teacher act
-    for at most m turns after p no-progress turns, then returns control to the student. Teacher actions receive no
-    distillation weight, subsequent student turns use the same composer, and recovery is disabled during evaluation.
+What the paper fixes (Appendix G, "Recovery protocol"):
 
-Rules implemented here (the paper's Appendix G is not available; these are our reading, documented):
+* A **no-progress turn** is an invalid action, or a repeated action while the set of allowed actions is unchanged.
+* After **p** (``patience``) consecutive no-progress turns the teacher acts; it acts for at most **m**
+  (``max_takeover``) turns **per rollout**; the student then resumes from the resulting state.
+* Recovery starts after a **warmup** counted in learner updates, and is off at evaluation.
+* Teacher actions get no distillation weight: they are not student turns, so they never become training rows.
+* Per-setting p / m / warmup: ALFWorld 1.7B 4/6/0, 4B 6/6/0; WebShop 3B 4/5/45, 7B 4/4/45; ScienceWorld 1.5B
+  2/6/120, 3B 2/6/50 (``configs/*/divopd-r.yaml``).
 
-* A *no-progress turn* is a student turn whose env step reported ``info["progress"] == False`` (score did not rise
-  above its best and no new state was reached; see :class:`divopd.explore.envs.base.ProgressTracker`).
-* :func:`should_recover`: the teacher takes over once ``patience`` (p) consecutive student turns made no progress,
-  provided recovery is enabled and the learner has completed at least ``warmup`` (W) updates.
-* The teacher then acts for ``max_takeover`` (m) turns, fewer if the episode ends (or, with ``return_on_progress``, as
-  soon as a teacher step makes progress); control returns to the student with its no-progress count reset to zero.
-* Teacher turns are never queued as training rows; the rollout's info counts them (``teacher_turns``).
+What is our reading (the paper does not say):
+
+* *Invalid* is each adapter's rule, reported as ``info["invalid"]`` by its ``step`` (an action outside the listed valid
+  actions, or the env's own "I don't understand" / "Nothing happens." feedback; see each adapter's docstring). The
+  *set of allowed actions* is :meth:`divopd.explore.envs.base.Env.allowed_actions_key` (a frozenset of the listed
+  valid actions; ScienceWorld lists only templates and uses its look + inventory text instead). Where an env reports
+  neither (``None``), the observation text stands for the allowed set.
+* *Repeated* compares the action (stripped, lower case, single spaces) with the previous action of the episode,
+  whoever took it; *unchanged* compares the allowed set when the action is taken with the allowed set when the
+  previous action was taken. The first action of an episode is never a repeat.
+* *Consecutive* counts student turns only; teacher turns neither add to nor break the count, which restarts at zero
+  when control returns to the student.
+* A takeover lasts until the rollout's budget of m teacher turns is spent or the episode ends, so by default a rollout
+  has at most one takeover. With ``return_on_progress: true`` a takeover ends right after a teacher turn that is not
+  a no-progress turn, and what is left of the budget serves later takeovers.
+
+Use::
+
+    state = RecoveryState()
+    state.start(allowed=env.allowed_actions_key(), observation=first_obs)
+    actor = state.next_actor(learner_version, config)            # "teacher" or "student"
+    obs, reward, done, info = env.step(action)
+    no_progress = state.step(actor, action, bool(info.get("invalid")), env.allowed_actions_key(), obs, config)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RecoveryConfig", "RecoveryState", "should_recover"]
+__all__ = ["RecoveryConfig", "RecoveryState", "is_no_progress", "normalize_action", "should_recover"]
 
 
 class RecoveryConfig(BaseModel):
@@ -30,51 +51,112 @@ class RecoveryConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(False, description="Turn teacher recovery on (the DivOPD+R method row).")
-    patience: int = Field(3, ge=1, description="p: consecutive no-progress student turns that trigger a takeover.")
-    max_takeover: int = Field(2, ge=1, description="m: at most this many teacher turns per takeover.")
-    warmup: int = Field(0, ge=0, description="W: recovery starts once the learner has made this many updates.")
-    return_on_progress: bool = Field(
-        False, description="End a takeover early, right after a teacher step that makes progress.")
-    teacher_greedy: bool = Field(True, description="The teacher picks its actions greedily (else samples at T=1).")
+    patience: int = Field(4, ge=1, description=(
+        "p: consecutive no-progress student turns (an invalid action, or the previous action repeated while the set "
+        "of allowed actions is unchanged) that start a takeover."))
+    max_takeover: int = Field(6, ge=1, description=(
+        "m: at most this many teacher turns per rollout, over all its takeovers (the paper's takeover cap)."))
+    warmup: int = Field(0, ge=0, description="Recovery starts once the learner has made this many updates.")
+    return_on_progress: bool = Field(False, description=(
+        "End a takeover right after a teacher turn that is not a no-progress turn (the rest of the rollout's m "
+        "stays for later takeovers); false: a takeover lasts until m is spent or the episode ends."))
+    teacher_greedy: bool = Field(True, description="The teacher picks its actions greedily (else samples).")
 
 
-def should_recover(no_progress_streak: int, learner_version: int, config: RecoveryConfig) -> bool:
-    """+R trigger: ``p`` consecutive no-progress student turns, recovery enabled, learner past its warmup ``W``."""
-    return config.enabled and learner_version >= config.warmup and no_progress_streak >= config.patience
+def normalize_action(action: str) -> str:
+    """The form actions are compared in: stripped, lower case, runs of whitespace as one space."""
+    return " ".join(str(action).lower().split())
+
+
+def is_no_progress(action: str, invalid: bool, allowed: Hashable, previous_action: str | None,
+                   previous_allowed: Hashable) -> bool:
+    """The paper's no-progress turn: an invalid action, or a repeat of ``previous_action`` while the allowed set
+    (``allowed``, when this action is taken) equals ``previous_allowed`` (when the previous action was taken)."""
+    if invalid:
+        return True
+    if previous_action is None:
+        return False
+    return normalize_action(action) == normalize_action(previous_action) and allowed == previous_allowed
+
+
+def should_recover(no_progress_streak: int, learner_version: int, config: RecoveryConfig,
+                   teacher_turns: int = 0) -> bool:
+    """+R trigger: ``p`` consecutive no-progress student turns, recovery enabled, the learner past its warmup, and
+    the rollout's ``m`` teacher turns not all spent (``teacher_turns`` so far)."""
+    return (config.enabled and learner_version >= config.warmup and no_progress_streak >= config.patience
+            and teacher_turns < config.max_takeover)
+
+
+def _allowed(allowed: Hashable | None, observation: str) -> Hashable:
+    """The allowed-set key, or the observation text where the env reports no allowed actions."""
+    return allowed if allowed is not None else ("observation", str(observation).strip())
 
 
 @dataclass
 class RecoveryState:
-    """Who acts next in one rollout, and the counts its info reports."""
+    """Who acts next in one rollout, what the no-progress rule compares, and the counts its info reports."""
 
     no_progress_streak: int = 0
-    takeover_left: int = 0
+    in_takeover: bool = False
     teacher_turns: int = 0
     takeovers: int = 0
+    #: allowed-set key of the current state (before the next action)
+    allowed: Hashable = None
+    #: the previous action of the episode (any actor) and the allowed-set key when it was taken
+    last_action: str | None = None
+    last_allowed: Hashable = None
+    #: (actor, no_progress) of every step so far
+    log: list[tuple[str, bool]] = field(default_factory=list)
 
     @property
     def teacher_in_control(self) -> bool:
-        return self.takeover_left > 0
+        return self.in_takeover
+
+    def start(self, allowed: Hashable | None, observation: str = "") -> None:
+        """The episode's first state: its allowed actions key (``None``: the observation text stands for it)."""
+        self.allowed = _allowed(allowed, observation)
+        self.last_action, self.last_allowed = None, None
 
     def next_actor(self, learner_version: int, config: RecoveryConfig, evaluating: bool = False) -> str:
         """``"teacher"`` or ``"student"`` for the next turn; starts a takeover when :func:`should_recover` fires."""
         if evaluating:
             return "student"
-        if not self.teacher_in_control and should_recover(self.no_progress_streak, learner_version, config):
-            self.takeover_left = config.max_takeover
+        if self.in_takeover and self.teacher_turns >= config.max_takeover:
+            self._end_takeover()
+        if not self.in_takeover and should_recover(self.no_progress_streak, learner_version, config,
+                                                   self.teacher_turns):
+            self.in_takeover = True
             self.takeovers += 1
-        return "teacher" if self.teacher_in_control else "student"
+        return "teacher" if self.in_takeover else "student"
 
-    def record(self, actor: str, progress: bool, config: RecoveryConfig) -> None:
-        """Account for one env step taken by ``actor`` that made (or did not make) progress."""
+    def classify(self, action: str, invalid: bool) -> bool:
+        """Whether ``action``, taken now (in the current state), is a no-progress turn."""
+        return is_no_progress(action, invalid, self.allowed, self.last_action, self.last_allowed)
+
+    def step(self, actor: str, action: str, invalid: bool, allowed_after: Hashable | None, observation: str,
+             config: RecoveryConfig) -> bool:
+        """Account for one env step: ``actor`` took ``action`` (``invalid`` by the env's rule), reaching a state with
+        allowed actions ``allowed_after`` and ``observation``. Returns whether it was a no-progress turn."""
+        no_progress = self.classify(action, invalid)
+        self.record(actor, no_progress, config)
+        self.last_action, self.last_allowed = action, self.allowed
+        self.allowed = _allowed(allowed_after, observation)
+        return no_progress
+
+    def record(self, actor: str, no_progress: bool, config: RecoveryConfig) -> None:
+        """The takeover state machine for one step by ``actor`` that was (or was not) a no-progress turn."""
         if actor == "teacher":
+            if not self.in_takeover:
+                raise ValueError("RecoveryState.record: a teacher step outside a takeover")
             self.teacher_turns += 1
-            self.takeover_left -= 1
-            if progress and config.return_on_progress:
-                self.takeover_left = 0
-            if self.takeover_left == 0:
-                self.no_progress_streak = 0  # control returns: the student gets a fresh patience window
+            if self.teacher_turns >= config.max_takeover or (config.return_on_progress and not no_progress):
+                self._end_takeover()
         elif actor == "student":
-            self.no_progress_streak = 0 if progress else self.no_progress_streak + 1
+            self.no_progress_streak = self.no_progress_streak + 1 if no_progress else 0
         else:
             raise ValueError(f"RecoveryState.record: actor must be 'student' or 'teacher', got {actor!r}")
+        self.log.append((actor, no_progress))
+
+    def _end_takeover(self) -> None:
+        self.in_takeover = False
+        self.no_progress_streak = 0  # control returns: the student gets a fresh patience window

@@ -1,17 +1,36 @@
-"""TCOD-F2B: the trajectory-depth curriculum baseline (Wang et al., 2026c, as described in the DivOPD paper).
+"""TCOD-F2B: the trajectory-depth curriculum baseline (Wang et al., 2026c; "TCOD: Exploring Temporal Curriculum in
+On-Policy Distillation for Multi-turn Autonomous Agents", arXiv 2604.24005).
 
-The paper compares with TCOD, which "controls the trajectory depth exposed to the student and progressively expands
-it from short to long with a curriculum schedule"; F2B is its front-to-back variant. In divopd that is one number: the
-explorer's step limit (the rollout horizon) for the student at a given point of training. It starts at
-``start_depth`` turns and grows to the environment's full step limit over the first ``expand_fraction`` of training,
-then stays there. Batches are read as vanilla OPD reads them (arrival order, no pool, no gate): the baseline changes
-which turns exist, not which are selected.
+TCOD's own rule, read in its public code (the Trinity-RFT fork ``github.com/kokolerk/TCOD``, commit ``465eef4``):
 
-The paper does not give TCOD's schedule shape, so two are offered: ``linear`` (one more turn whenever the linear
-ramp crosses an integer) and ``stages`` (``num_stages`` equal jumps). Example::
+* ``trinity/common/workflows/envs/TCOD/{alfworld,webshop,scienceworld}/TCOD_f2b_workflow.py``: the workflow reads
+  ``step`` from the task's ``batch_id`` (``run_async``, alfworld lines 96-107) and computes the depth
+  ``d = 1 + step // checkpoint_steps`` (``_compute_distill_window``, alfworld lines 79-82); a training episode runs
+  ``min(d, max_env_steps)`` student turns, an evaluation episode ``max_env_steps`` (alfworld lines 130-135). The loop
+  stops there (or earlier when the env is done); every student response of the episode is teacher-scored and returned
+  as an experience (alfworld lines 194-220): the cut rollout is an ordinary rollout.
+* ``trinity/explorer/explorer.py``: ``explore_step`` schedules each batch of tasks with
+  ``batch_id=self.explore_step_num + 1`` (line 467), then counts the step (line 468). So ``step`` is the explorer's
+  step, 1-based: the index of the batch of ``buffer.batch_size`` tasks being explored.
+* ``TCOD_examples/{alfworld,scienceworld}/tcod_f2b.yaml``: ``checkpoint_steps: 6`` (η), ``max_env_steps: 30``;
+  ``TCOD_examples/webshop/tcod_f2b.yaml``: ``checkpoint_steps: 4``, ``max_env_steps: 15``; all with
+  ``checkpoint_strategy: linear`` (read, never used by the workflows), ``total_steps`` equal for the explorer and the
+  trainer, and ``sync_style: dynamic_by_explorer`` with ``sync_interval: 1`` (the explorer takes the newest weights
+  after every step).
 
-    cfg = TCODConfig(enabled=True, start_depth=3, expand_fraction=0.5, total_updates=200)
-    step_limit = cfg.horizon(max_steps=30, update=learner_version)   # 3 at update 0, 30 from update 100 on
+divopd has no explorer batches (explorers stream rollouts), so "step" here is our reading: the training step the
+rollout is collected for, ``learner updates done + 1`` (1-based like TCOD's ``batch_id``; TCOD runs one explorer step
+per weight sync and as many explorer steps as trainer steps). The depth is the explorer's step limit
+(:func:`divopd.train.runtime.common.step_limit`, read when a rollout is collected); evaluation always uses the full
+``explorer.max_steps`` (evaluators are built from the config and never get the curriculum). Batches are read as
+vanilla OPD reads them (arrival order, no pool, no gate): the baseline changes which turns exist, not which are
+selected. Example::
+
+    cfg = TCODConfig(enabled=True, eta=6)
+    [cfg.horizon(30, update=v) for v in (0, 4, 5, 11, 200)]   # [1, 1, 2, 3, 30]
+
+The earlier invented schedules stay as named, non-default options: ``schedule: linear`` (``start_depth`` growing to the
+full limit over ``expand_fraction`` of ``total_updates``, one turn at a time) and ``schedule: stages``.
 """
 
 from __future__ import annotations
@@ -21,7 +40,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["TCODConfig", "tcod_horizon", "tcod_progress"]
+__all__ = ["TCODConfig", "tcod_depth", "tcod_horizon", "tcod_progress"]
+
+
+def tcod_depth(step: int, eta: int) -> int:
+    """TCOD-F2B's student depth at (1-based) training step ``step``: ``d = 1 + ⌊step / η⌋`` turns."""
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    if not isinstance(eta, int) or eta < 1:
+        raise ValueError(f"eta must be an int >= 1, got {eta!r}")
+    return 1 + step // eta
 
 
 def tcod_progress(update: int, total_updates: int) -> float:
@@ -41,7 +69,7 @@ def tcod_horizon(
     schedule: Literal["linear", "stages"] = "linear",
     num_stages: int = 4,
 ) -> int:
-    """TCOD-F2B's rollout horizon at training fraction ``progress`` (front to back).
+    """The non-default ``linear`` / ``stages`` horizons at training fraction ``progress`` (not TCOD's rule).
 
     The horizon is ``start_depth`` at ``progress = 0`` and ``max_steps`` once ``progress >= expand_fraction``; in
     between it follows the ramp ``f = progress / expand_fraction``: ``linear`` gives
@@ -72,33 +100,38 @@ def tcod_horizon(
 
 
 class TCODConfig(BaseModel):
-    """Settings of the TCOD-F2B baseline (config key ``tcod``).
-
-    Attributes:
-        enabled: run the curriculum; when False the explorer uses the full step limit throughout.
-        start_depth: the horizon (turns per student rollout) at the start of training.
-        expand_fraction: fraction of training over which the horizon grows to the full step limit.
-        schedule: ``linear`` (one more turn at a time) or ``stages`` (``num_stages`` equal jumps).
-        num_stages: number of jumps of the ``stages`` schedule.
-        total_updates: learner updates in the run; needed to turn an update count into a training fraction.
-        sampler_method: how batches are read; TCOD-F2B reads them as vanilla OPD does (fixed).
-    """
+    """Settings of the TCOD-F2B baseline (config key ``tcod``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = Field(False, description="run the TCOD-F2B horizon curriculum")
-    start_depth: int = Field(2, ge=1, description="horizon (turns) at the start of training")
-    expand_fraction: float = Field(0.5, gt=0, le=1, description="fraction of training to reach the full step limit")
-    schedule: Literal["linear", "stages"] = Field("linear", description="growth shape: linear or stages")
-    num_stages: int = Field(4, ge=1, description="number of equal jumps of the stages schedule")
-    total_updates: int | None = Field(None, ge=1, description="learner updates in the run (update -> fraction)")
-    sampler_method: Literal["vanilla"] = Field("vanilla", description="TCOD-F2B reads batches in arrival order")
+    enabled: bool = Field(False, description="Run the TCOD-F2B depth curriculum (the tcod-f2b method row).")
+    schedule: Literal["paper", "linear", "stages"] = Field("paper", description=(
+        "paper: TCOD's rule, the student plays d = 1 + floor(step / eta) turns at training step step = learner "
+        "updates + 1, capped by explorer.max_steps; linear / stages: earlier ramps from start_depth to the full "
+        "limit over expand_fraction of total_updates (not TCOD's)."))
+    eta: int = Field(6, ge=1, description=(
+        "η (TCOD's checkpoint_steps): the depth grows by one turn every η training steps (its configs: 6 on ALFWorld "
+        "and ScienceWorld, 4 on WebShop)."))
+    start_depth: int = Field(2, ge=1, description="linear / stages only: the horizon (turns) at the start of training.")
+    expand_fraction: float = Field(0.5, gt=0, le=1, description=(
+        "linear / stages only: fraction of training by which the full step limit is reached."))
+    num_stages: int = Field(4, ge=1, description="stages only: number of equal jumps.")
+    total_updates: int | None = Field(None, ge=1, description=(
+        "linear / stages only: learner updates in the run (default: the run's updates)."))
+    sampler_method: Literal["vanilla"] = Field("vanilla", description="TCOD-F2B reads batches in arrival order.")
 
     def horizon(self, max_steps: int, *, update: int | None = None, progress: float | None = None) -> int:
-        """The explorer's step limit at learner ``update`` (or training fraction ``progress``): ``max_steps`` when
-        the curriculum is off, :func:`tcod_horizon` otherwise."""
+        """The training explorer's step limit after ``update`` learner updates: ``max_steps`` when the curriculum is
+        off; ``min(max_steps, 1 + ⌊(update + 1) / η⌋)`` for ``schedule: paper``; :func:`tcod_horizon` at ``update``
+        (or training fraction ``progress``) for ``linear`` / ``stages``."""
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
         if not self.enabled:
             return max_steps
+        if self.schedule == "paper":
+            if update is None or progress is not None:
+                raise ValueError("schedule 'paper' needs update= (learner updates done), not progress=")
+            return min(max_steps, tcod_depth(update + 1, self.eta))
         if (update is None) == (progress is None):
             raise ValueError("give exactly one of update= or progress=")
         if progress is None:

@@ -16,6 +16,9 @@ message naming what to set when ``ALFWORLD_DATA`` is unset, the split folders ar
 - Progress (for +R) is :func:`alfworld_progress`: an observation not seen before in this episode (a new place, an
   opened receptacle, a picked object…), or the win; ``"Nothing happens."`` never counts.
 - Valid actions are ALFWorld's admissible commands; gold actions come from the package's planner expert.
+- +R rules: an action is *invalid* (``info["invalid"]``) when it is not among the admissible commands of the state it
+  was taken in (where the game lists them), or the game answers ``"Nothing happens."``; the *allowed actions* are the
+  admissible commands (:meth:`TextWorldGamesEnv.valid_actions`; a game that lists none falls back to the observation).
 
 :class:`TextWorldGamesEnv` runs any TextWorld game files (e.g. made offline with ``tw-make``) the same way, without the
 ALFRED wrappers; its gold actions are the games' walkthroughs.
@@ -30,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from divopd.explore.envs.base import Env, EnvCrash, StepResult
+from divopd.explore.envs.base import Env, EnvCrash, StepResult, action_in
 
 __all__ = [
     "ALFWORLD_SPLITS",
@@ -172,6 +175,7 @@ class TextWorldGamesEnv(Env):
     def step(self, action: str) -> StepResult:
         if self._env is None:
             raise RuntimeError("step() before reset()")
+        admissible = self.valid_actions()
         try:
             state, _score, done = self._env.step(str(action))
         except Exception as e:
@@ -182,7 +186,8 @@ class TextWorldGamesEnv(Env):
         progress = alfworld_progress(obs, self._seen, won and not self._won)
         self._seen.add(obs.strip())
         self._won = self._won or won
-        info = {"success": self._won, "progress": progress, "score": 1.0 if self._won else 0.0}
+        invalid = obs.strip() == NOTHING_HAPPENS or (admissible is not None and not action_in(action, admissible))
+        info = {"success": self._won, "progress": progress, "score": 1.0 if self._won else 0.0, "invalid": invalid}
         return obs, 1.0 if won else 0.0, bool(done or won), info
 
     def valid_actions(self) -> list[str] | None:

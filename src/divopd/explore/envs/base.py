@@ -10,9 +10,13 @@ An environment is one text game instance. Tasks are plain strings naming a task 
     env.close()
 
 Rules: a bad action returns the environment's own feedback as the observation (never an exception); ``info`` always
-holds ``success`` (bool), ``progress`` (bool: this step raised the score or reached a new state / sub-goal) and
-``score`` (float, the env's running score normalised to [0, 1] where the env has one). An environment crash raises
-:class:`EnvCrash`; the explorer ends that rollout (counted) and carries on with a fresh instance.
+holds ``success`` (bool), ``progress`` (bool: this step raised the score or reached a new state / sub-goal),
+``score`` (float, the env's running score normalised to [0, 1] where the env has one) and ``invalid`` (bool: the
+action was invalid by the adapter's rule, stated in its docstring). An environment crash raises :class:`EnvCrash`; the
+explorer ends that rollout (counted) and carries on with a fresh instance.
+
++R (:mod:`divopd.explore.recovery`) counts a no-progress turn as an invalid action, or a repeated action while the set
+of allowed actions is unchanged: ``info["invalid"]`` is the first, :meth:`Env.allowed_actions_key` names the set.
 
 Splits are named ``"train"``, ``"dev"`` and ``"test"`` (the packages' own folds where they have them). Tasks are
 strings such as ``"train:17"`` (TextWorld-Express seed 17 of the train fold) or ``"boil:0"`` (ScienceWorld task
@@ -23,9 +27,10 @@ packages' internal limits high enough never to end an episode first.
 from __future__ import annotations
 
 import abc
+from collections.abc import Hashable, Iterable
 from typing import Any
 
-__all__ = ["SPLITS", "Env", "EnvCrash", "ProgressTracker", "StepResult"]
+__all__ = ["SPLITS", "Env", "EnvCrash", "ProgressTracker", "StepResult", "action_in"]
 
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 
@@ -36,12 +41,19 @@ class EnvCrash(RuntimeError):
     """The environment process failed (not a bad action): the rollout ends and the instance is replaced."""
 
 
+def action_in(action: str, actions: Iterable[str]) -> bool:
+    """Whether ``action`` is one of ``actions``, compared stripped, in lower case, with single spaces."""
+    norm = " ".join(str(action).lower().split())
+    return any(norm == " ".join(str(a).lower().split()) for a in actions)
+
+
 class ProgressTracker:
     """The ``info["progress"]`` rule shared by the adapters: a step made progress when the score rose above its best so
     far in the episode, or the agent reached a state (e.g. location + inventory) not seen before in the episode.
 
-    Repeating an action that changes nothing, an unknown command, or walking back to a visited room is no progress:
-    this is what the +R trigger (:func:`divopd.explore.recovery.should_recover`) counts.
+    Repeating an action that changes nothing, an unknown command, or walking back to a visited room is no progress.
+    A diagnostic (``info["progress"]``): the +R trigger counts the paper's rule instead (``info["invalid"]`` and
+    :meth:`Env.allowed_actions_key`, see :mod:`divopd.explore.recovery`).
     """
 
     def __init__(self) -> None:
@@ -93,6 +105,13 @@ class Env(abc.ABC):
     def valid_actions(self) -> list[str] | None:
         """Currently valid actions, where the environment lists them (for prompts); ``None`` otherwise."""
         return None
+
+    def allowed_actions_key(self) -> Hashable | None:
+        """The set of currently allowed actions as a hashable key, for the +R rule "a repeated action while the set of
+        allowed actions is unchanged": by default the frozenset of :meth:`valid_actions` (``None`` where the env lists
+        none: the explorer then uses the observation text). Adapters whose list is not the real set override it."""
+        actions = self.valid_actions()
+        return None if actions is None else frozenset(" ".join(str(a).lower().split()) for a in actions)
 
     def close(self) -> None:
         """Release the environment's resources (e.g. its JVM); the default has none to release."""

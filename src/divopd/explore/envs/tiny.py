@@ -7,6 +7,10 @@ description names the coin's room, so the gold path (walk towards it, ``take coi
     obs = env.reset("train:3")
     obs, reward, done, info = env.step("move east")
 
++R rules: an action is *invalid* (``info["invalid"]``) when it is not in :meth:`TinyEnv.valid_actions` of the state it
+was taken in (the game then answers "Unknown action", "You cannot go that way" or "There is no coin here"); the
+*allowed actions* are that list.
+
 Knobs for tests: ``crash_prob`` makes :meth:`step` raise :class:`EnvCrash` at random (seeded), ``filler_words``
 lengthens every observation (to exercise the prompt's context budget).
 """
@@ -15,11 +19,12 @@ from __future__ import annotations
 
 import random
 
-from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult
+from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult, action_in
 
 __all__ = ["TinyEnv"]
 
 _SPLIT_OFFSET = {"train": 0, "dev": 100_000, "test": 200_000}
+_REFUSALS = ("You cannot go that way.", "There is no coin here.", "Unknown action: I'm not sure what you mean.")
 _FILLER = "the walls are plain and the floor is dusty".split()
 
 
@@ -83,6 +88,7 @@ class TinyEnv(Env):
             raise RuntimeError("TinyEnv.step called before reset")
         if self.crash_prob and self._crash_rng.random() < self.crash_prob:
             raise EnvCrash("TinyEnv: simulated crash")
+        listed = action_in(action, self.valid_actions())
         action = action.strip().lower()
         reward = 0.0
         if action == "move east" and self._room < self.num_rooms - 1:
@@ -103,9 +109,10 @@ class TinyEnv(Env):
             obs = self._look()
         else:
             obs = "Unknown action: I'm not sure what you mean."
+        invalid = not listed or obs in _REFUSALS
         score = 1.0 if self._has_coin else 0.0
         progress = self._progress.update(score, self._room)
-        info = {"success": self._has_coin, "progress": progress, "score": score}
+        info = {"success": self._has_coin, "progress": progress, "score": score, "invalid": invalid}
         return obs, reward, self._has_coin, info
 
     def gold_actions(self, task: str) -> list[str]:

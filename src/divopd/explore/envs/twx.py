@@ -5,7 +5,11 @@ Games: ``coin``, ``cookingworld``, ``twc``, ``mapreader``, ``arithmetic``, ``sor
 own train/dev/test seed folds. Every reset generates the gold path (cheap here), which always wins.
 
 The default, ``coin`` with three rooms and no doors or distractors, has gold paths of 2-9 steps: the CPU demo's and CI's
-environment. Example::
+environment.
+
++R rules: an action is *invalid* (``info["invalid"]``) when it is not among the package's ``validActions`` of the state
+it was taken in, or the game answers "Unknown action" / "I'm not sure what you mean"; the *allowed actions* are those
+``validActions`` (:meth:`TextWorldExpressEnv.valid_actions`). Example::
 
     env = TextWorldExpressEnv(game="coin", params="numLocations=3,numDistractorItems=0,includeDoors=0")
     obs = env.reset(env.tasks("dev")[0])
@@ -18,13 +22,15 @@ from __future__ import annotations
 from typing import Any
 
 from divopd.explore.envs._jvm import java_opts, jvm_alive, shutdown_gateway
-from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult
+from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult, action_in
 
 __all__ = ["DEFAULT_GAME", "DEFAULT_PARAMS", "TextWorldExpressEnv"]
 
 DEFAULT_GAME = "coin"
 DEFAULT_PARAMS = "numLocations=3,numDistractorItems=0,includeDoors=0"
 _NO_LIMIT = 10**9  # the explorer owns the step limit
+#: the game's own answers to a command it cannot parse or apply
+_NOT_UNDERSTOOD = ("unknown action", "i'm not sure what you mean")
 
 
 class TextWorldExpressEnv(Env):
@@ -86,8 +92,10 @@ class TextWorldExpressEnv(Env):
     def step(self, action: str) -> StepResult:
         if self._task is None:
             raise RuntimeError("TextWorldExpressEnv.step called before reset")
+        allowed_before = self._valid
         obs, reward, _, infos = self._call(lambda: self._env.step(action.strip()))
         self._valid = sorted(infos["validActions"])
+        invalid = not action_in(action, allowed_before) or any(m in obs.lower() for m in _NOT_UNDERSTOOD)
         score = float(infos["score"])
         success = bool(infos["tasksuccess"])
         done = success or bool(infos["taskfailure"])
@@ -96,6 +104,7 @@ class TextWorldExpressEnv(Env):
             "progress": self._progress.update(score, _state(infos)),
             "score": max(0.0, min(1.0, score)),
             "failure": bool(infos["taskfailure"]),
+            "invalid": invalid,
         }
         return obs.strip(), float(reward), done, info
 

@@ -11,6 +11,11 @@ The adapter speaks the JSON protocol of AgentGym's WebShop server (``agentenv-we
 - A malformed or unavailable action is the server's business: the offline shop returns the page with its error text,
   reward 0, and the episode goes on. Only transport failures (server gone, timeout, HTTP error, non-JSON reply) raise
   :class:`~divopd.explore.envs.base.EnvCrash`.
+- +R rules: an action is *invalid* (``info["invalid"]``) when the server rejects it (the offline shop's
+  ``info["error"]``) or it is not available on the page it was taken on: ``search[...]`` without a search bar,
+  ``click[b]`` with ``b`` not a button of the page (``/available_actions``), anything else. The *allowed actions* are
+  :meth:`WebShopEnv.valid_actions` (``search[<query>]`` where there is a search bar, one ``click[b]`` per button);
+  the query is part of the action, so only the same search repeated counts as a repeat.
 - ``gold_actions`` come from the offline shop's goal metadata (``/divopd/goal``); a real server has none (``None``).
 
 Usage::
@@ -22,6 +27,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from typing import Any
@@ -29,7 +35,7 @@ from urllib.parse import urlencode, urlsplit
 
 from divopd.explore.envs.base import Env, EnvCrash, StepResult
 
-__all__ = ["WEBSHOP_SPLITS", "OfflineWebShopEnv", "WebShopEnv", "webshop_progress"]
+__all__ = ["WEBSHOP_SPLITS", "OfflineWebShopEnv", "WebShopEnv", "webshop_action_available", "webshop_progress"]
 
 #: WebShop's goal-index split (its baseline code: the first 500 human goals test, the next 1000 dev, the rest train;
 #: 12,087 human goals in all).
@@ -42,6 +48,18 @@ def webshop_progress(page: str, seen: set[str], reward: float, best_reward: floa
     if rejected:
         return False
     return reward > best_reward or page not in seen
+
+
+def webshop_action_available(action: str, available: dict) -> bool:
+    """Whether ``action`` is available on a page whose ``/available_actions`` reply is ``available``:
+    ``search[...]`` needs a search bar, ``click[b]`` needs ``b`` among its buttons (case and spacing ignored)."""
+    m = re.fullmatch(r"\s*(search|click)\s*\[(.*)\]\s*", str(action), flags=re.IGNORECASE | re.DOTALL)
+    if m is None:
+        return False
+    if m.group(1).lower() == "search":
+        return bool(available.get("has_search_bar"))
+    button = " ".join(m.group(2).lower().split())
+    return button in {" ".join(str(c).lower().split()) for c in available.get("clickables", [])}
 
 
 class WebShopEnv(Env):
@@ -69,6 +87,7 @@ class WebShopEnv(Env):
         self._seen: set[str] = set()
         self._best = 0.0
         self._done = False
+        self._available: dict | None = None  # /available_actions of the current page (fetched once per page)
         try:
             self._env_idx = int(self._call("POST", "/create"))
         except EnvCrash as e:
@@ -101,10 +120,13 @@ class WebShopEnv(Env):
         if not isinstance(obs, str):
             raise EnvCrash(f"WebShop /reset returned {payload!r}, expected [observation, ...]")
         self._seen, self._best, self._done = {obs}, 0.0, False
+        self._available = None
         return obs
 
     def step(self, action: str) -> StepResult:
+        available = self._available_actions()
         payload = self._call("POST", "/step", {"env_idx": self._env_idx, "action": str(action)})
+        self._available = None
         try:
             obs, reward, done = str(payload["state"]), float(payload["reward"]), bool(payload["done"])
         except (KeyError, TypeError, ValueError):
@@ -121,6 +143,7 @@ class WebShopEnv(Env):
             "success": bool(done and reward >= 1.0),
             "progress": progress,
             "score": self._best,
+            "invalid": rejected or not webshop_action_available(action, available),
         }
         return obs, reward, done, info
 
@@ -137,9 +160,16 @@ class WebShopEnv(Env):
 
     def valid_actions(self) -> list[str]:
         """``search[<query>]`` (a template) when the page has a search bar, then ``click[b]`` for every button."""
-        payload = self._call("GET", "/available_actions", query={"env_idx": self._env_idx})
+        payload = self._available_actions()
         out = ["search[<query>]"] if payload.get("has_search_bar") else []
         return out + [f"click[{c}]" for c in payload.get("clickables", [])]
+
+    def _available_actions(self) -> dict:
+        """``/available_actions`` of the current page, asked once per page."""
+        if self._available is None:
+            payload = self._call("GET", "/available_actions", query={"env_idx": self._env_idx})
+            self._available = payload if isinstance(payload, dict) else {}
+        return self._available
 
     def close(self) -> None:
         if self._env_idx is not None:

@@ -89,7 +89,9 @@ def build_explorer(
 
 
 def step_limit(cfg: TrainConfig, learner_version: int) -> int:
-    """The explorer's step limit now: the config's, or TCOD-F2B's curriculum horizon."""
+    """A training explorer's step limit once the learner has made ``learner_version`` updates: ``explorer.max_steps``,
+    or with ``tcod.enabled`` TCOD-F2B's depth (:mod:`divopd.explore.tcod`; ``schedule: paper`` gives
+    ``min(max_steps, 1 + ⌊(learner_version + 1) / η⌋)``). Evaluators never use it: they keep the full ``max_steps``."""
     if not cfg.tcod.enabled:
         return cfg.explorer.max_steps
     tcod = cfg.tcod
