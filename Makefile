@@ -25,7 +25,7 @@ demo: setup
 	$(PY) -m divopd.suite.demo --seeds $(DEMO_SEEDS)
 
 test: setup
-	$(PY) -m ruff check src tests benchmarks docs
+	$(PY) -m ruff check --no-cache src tests benchmarks docs
 	$(PY) -m pytest -q
 	$(MAKE) docs
 
@@ -33,7 +33,7 @@ test-slow: setup
 	$(PY) -m pytest -q -m slow
 
 lint: setup
-	$(PY) -m ruff check src tests benchmarks docs
+	$(PY) -m ruff check --no-cache src tests benchmarks docs
 
 # Docs site (mkdocs-material): regenerate docs/reference/ from the code, then build into site/ (warnings are errors).
 docs: setup

@@ -82,7 +82,8 @@ METRICS: list[tuple[str, str, str]] = [
     ("ledger/invalid/<reason>", "update",
      "Rejections per gate code (`prompt_truncated`, `empty_response`, `missing_teacher`, `missing_student_logprobs`, "
      "`length_mismatch`, `no_valid_token`)."),
-    ("ledger/expired/<reason>", "update", "Expiries per reason (`stale`, `pending_overflow`)."),
+    ("ledger/expired/<reason>", "update", "Expiries per reason (`stale`, `pending_age` (W, Algorithm 1 step 8), "
+     "`pending_overflow`)."),
     # queue and explorers
     ("queue/arrivals", "update", "Turns that arrived since the previous update."),
     ("queue/arrival_drain_ratio", "update", "Turns arrived per update ÷ B: the producer load."),

@@ -163,6 +163,8 @@ def test_hand_built_log_through_the_cli(tmp_path, capsys):
         "seed": 0,
         "max_pending": None,
         "cap_unit": "turns",
+        "max_pending_age": 8,
+        "group_order": "first-seen",
     }
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

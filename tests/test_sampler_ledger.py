@@ -42,7 +42,7 @@ def test_max_pending_overflow_drops_the_oldest_pending_turns_as_expired() -> Non
     assert batch.stats["expired"] == 3 and batch.stats["pending"] == 3
     ledger = s.ledger
     assert (ledger["selected"], ledger["expired"], ledger["pending"]) == (2, 3, 3)
-    assert ledger["expired_by_reason"] == {"stale": 0, "pending_overflow": 3}
+    assert ledger["expired_by_reason"] == {"stale": 0, "pending_age": 0, "pending_overflow": 3}
     assert s.next_batch(0).arrivals == [5, 6]
     assert identity_holds(s.ledger)
 
@@ -183,7 +183,8 @@ def test_register_method_plugs_a_new_rule_in_everywhere() -> None:
         assert METHODS["test-newest"].pooled
         s = make_sampler(SamplerConfig("test-newest", 2, pool_factor=2))
         s.add([turn("a", i, defect="missing_teacher" if i == 3 else None) for i in range(6)])
-        assert keys(s.next_batch(0).turns) == [("a", 4), ("a", 2)]  # pool a0 a1 a2 a4 (a3 rejected)
+        # the c·B = 4 read is a0 a1 a2 a3; a3 is rejected (Algorithm 1, step 2): the pool is a0 a1 a2
+        assert keys(s.next_batch(0).turns) == [("a", 2), ("a", 1)]
         with pytest.raises(ValueError, match="already registered"):
             register_method("test-newest", newest)
     finally:

@@ -19,6 +19,9 @@ from sampler_helpers import keys, turn
 
 
 def sampler(method: str, batch_size: int, **kw):
+    """These hand cases visit rollout groups by oldest arrival (``group_order: arrival``, the rule before the
+    appendix); the paper's first-seen order (the default) has its own cases below and in test_algorithm1.py."""
+    kw.setdefault("group_order", "arrival")
     return make_sampler(SamplerConfig(method, batch_size, **kw))
 
 
@@ -87,7 +90,8 @@ def test_vanilla_pool_gates_then_takes_the_oldest_valid_turns() -> None:
            turn("r3", 0), turn("r3", 1)])
     b1 = s.next_batch(0)
     assert keys(b1.turns) == [("r1", 1), ("r0", 0)] and b1.arrivals == [1, 2]
-    assert b1.stats["invalid"] == 1 and b1.stats["candidates"] == 4 and b1.stats["pending"] == 2
+    # Algorithm 1, step 2: the invalid turn uses up one of the c·B = 4 reads, so 3 valid candidates, 1 left pending
+    assert b1.stats["invalid"] == 1 and b1.stats["candidates"] == 3 and b1.stats["pending"] == 1
     assert s.ledger["invalid_by_reason"]["prompt_truncated"] == 1
     b2 = s.next_batch(0)
     assert keys(b2.turns) == [("r2", 0), ("r1", 2)]  # pending first: the oldest

@@ -99,6 +99,8 @@ class ReplayConfig:
         seed: sampler seed (uniform within-rollout order).
         max_pending: cap on pending turns (``None`` = none).
         cap_unit: ``"turns"`` (the paper's cap) or ``"tokens"`` (token-share cap, see ``SamplerConfig``).
+        max_pending_age: W, pending turns first seen more than W updates ago expire (``None`` = no limit).
+        group_order: ``"first-seen"`` (Algorithm 1) or ``"arrival"`` (see ``SamplerConfig``).
     """
 
     methods: Sequence[str] = DEFAULT_METHODS
@@ -110,6 +112,8 @@ class ReplayConfig:
     seed: int = 0
     max_pending: int | None = None
     cap_unit: str = "turns"
+    max_pending_age: int | None = 8
+    group_order: str = "first-seen"
 
     def __post_init__(self) -> None:
         self.methods = tuple(self.methods)
@@ -178,7 +182,7 @@ def waiting_rollouts(sampler: Sampler) -> Counter[str]:
     for key in ("queue", "pending"):
         if key not in state:
             raise RuntimeError(f"sampler state_dict has no {key!r} entry; replay cannot tell which turns still wait")
-        for _, turn in state[key]:
+        for _, turn, *_ in state[key]:  # pending entries also carry their first-seen update
             counts[turn["rollout_id"]] += 1
     return counts
 

@@ -207,6 +207,8 @@ def tune_cap(
     max_pending: int | None = None,
     unused_tol: float = 0.02,
     eff_tol: float = 0.10,
+    max_pending_age: int | None = 8,
+    group_order: str = "first-seen",
 ) -> dict[str, Any]:
     """Replay ``log`` with ``method`` at every cap in ``caps`` and recommend one (rule: :func:`recommend_cap`).
 
@@ -241,6 +243,8 @@ def tune_cap(
             seed=seed,
             max_pending=max_pending,
             cap_unit=cap_unit,
+            max_pending_age=max_pending_age,
+            group_order=group_order,
         )
         result = replay(source, config)
         first = first or result
@@ -259,6 +263,8 @@ def tune_cap(
             "cap_unit": cap_unit,
             "seed": seed,
             "max_pending": max_pending,
+            "max_pending_age": max_pending_age,
+            "group_order": group_order,
         },
         "updates": updates,
         "delivered_turns": first["delivered_turns"],

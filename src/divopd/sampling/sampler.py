@@ -25,56 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from divopd import gate
+import divopd.sampling.gate as gate
 from divopd.experience.turn import Turn
+from divopd.sampling.config import SamplerConfig
 from divopd.sampling.methods import Entry, PoolColumns, get_method
-from divopd.sampling.rules import pool_capacity
-from divopd.sampling.settings import SAMPLER_SETTINGS, validate_setting
 from divopd.sampling.stats import batch_stats
 
 __all__ = ["SamplerConfig", "Batch", "Sampler", "make_sampler"]
 
-
-
-@dataclass
-class SamplerConfig:
-    """Batch-selection settings (paper, Appendix Table 3).
-
-    Attributes:
-        method: selection rule, a name in ``divopd.sampling.METHODS``.
-        batch_size: B, rows per learner update.
-        pool_factor: c; pooled methods inspect up to ``ceil(c·B)`` pending + fresh turns per composition.
-        cap: k, the first-pass per-rollout cap of rollout-first methods.
-        max_staleness: a turn expires when ``learner_version − policy_version > max_staleness``.
-        max_pending: at most this many unselected valid turns are kept; the oldest beyond it expire (None = no limit).
-        seed: seeds the uniform within-rollout order (one permutation per composition).
-        cap_unit: ``"turns"`` (the paper's cap) or ``"tokens"`` (token-share cap: first-pass allowance of
-            ``cap × mean response length`` tokens per rollout; beyond the paper).
-    """
-
-    method: str
-    batch_size: int
-    pool_factor: float = 4
-    cap: int = 4
-    max_staleness: int = 2
-    max_pending: int | None = None
-    seed: int = 0
-    cap_unit: str = "turns"
-
-    def __post_init__(self) -> None:
-        get_method(self.method)  # raises a clear error for unknown names
-        for setting in SAMPLER_SETTINGS:  # the one table of names, bounds and meanings
-            validate_setting(setting, getattr(self, setting.name), "SamplerConfig")
-        _require_int("seed", self.seed, 0)
-
-    @property
-    def pool_size(self) -> int:
-        return pool_capacity(self.batch_size, self.pool_factor)
-
-
-def _require_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"SamplerConfig.{name} must be an int >= {minimum}, got {value!r}")
 
 
 @dataclass
@@ -88,6 +46,8 @@ class Batch:
         stats: composition statistics (see :func:`divopd.sampling.stats.batch_stats`) plus ``expired`` and ``invalid``
             (during this call), ``pending`` and ``queued`` (after it) and ``candidates`` (pool size inspected).
         candidates: the valid candidate turns the method chose from (pooled methods; for ``vanilla`` the batch).
+        first_seen: the update at which each candidate entered the pool (aligned with ``candidates``; pooled
+            methods only).
     """
 
     turns: list[Turn]
@@ -95,6 +55,7 @@ class Batch:
     learner_version: int
     stats: dict[str, float]
     candidates: list[Turn] = field(default_factory=list, repr=False)
+    first_seen: list[int] = field(default_factory=list, repr=False)
 
     def __len__(self) -> int:
         return len(self.turns)
@@ -111,13 +72,15 @@ class Sampler:
         self._queue: OrderedDict[int, tuple[Turn, str | None, tuple]] = OrderedDict()
         self._expiry: list[tuple[int, int]] = []  # heap of (policy_version, arrival) over queued turns
         self._pending: dict[int, Turn] = {}  # arrival -> turn: gated, unselected, in arrival order
+        self._seen: dict[int, int] = {}  # arrival -> first-seen update q of each pending turn (Algorithm 1, step 3)
+        self._last_first_seen: list[int] = []
         self._columns = PoolColumns.empty()  # the pending turns' scalars, aligned with the order of self._pending
         self._codes: dict[str, int] = {}  # rollout id -> int code of PoolColumns.group
         self._next_arrival = 0
         self._compositions = 0
         self._counts = {"received": 0, "selected": 0, "expired": 0, "invalid": 0}
         self._invalid_by_reason: dict[str, int] = dict.fromkeys(gate.REASONS, 0)
-        self._expired_by_reason: dict[str, int] = {"stale": 0, "pending_overflow": 0}
+        self._expired_by_reason: dict[str, int] = {"stale": 0, "pending_age": 0, "pending_overflow": 0}
 
     # ------------------------------------------------------------------ intake
     def add(self, turns: Turn | Iterable[Turn]) -> list[int]:
@@ -211,6 +174,7 @@ class Sampler:
             learner_version=learner_version,
             stats=stats,
             candidates=candidates if candidates is not None else list(turns),
+            first_seen=self._last_first_seen if candidates is not None else [],
         )
 
     def _expire_stale(self, learner_version: int) -> None:
@@ -232,9 +196,10 @@ class Sampler:
                 self._expire(int(np.count_nonzero(stale)), "stale")
 
     def _drop_pending(self, arrivals: np.ndarray) -> None:
-        pending = self._pending
+        pending, seen = self._pending, self._seen
         for arrival in arrivals.tolist():
             del pending[arrival]
+            del seen[arrival]
 
     def _expire(self, n: int, reason: str) -> None:
         self._counts["expired"] += n
@@ -252,19 +217,22 @@ class Sampler:
             out.append((arrival, turn))
         return out
 
-    def _fill_pool(self) -> tuple[dict[int, Turn], PoolColumns]:
-        """Pending turns (oldest first), then fresh queued turns through the gate until the pool holds c·B."""
-        pool = self._pending
+    def _fill_pool(self, update: int) -> tuple[dict[int, Turn], PoolColumns]:
+        """Algorithm 1, steps 2-3: pending turns, then fresh queued turns until |P| + |F| = c·B. Invalid fresh turns
+        use up part of that read and are discarded (counted ``invalid``); valid ones are stamped first-seen ``update``.
+        """
+        pool, seen = self._pending, self._seen
         room = self.config.pool_size - len(pool)
         popitem = self._queue.popitem
         rows = []
         invalid = 0
         while room > 0 and self._queue:
             arrival, (turn, reason, row) = popitem(last=False)
+            room -= 1
             if reason is None:
                 pool[arrival] = turn
+                seen[arrival] = update
                 rows.append(row)
-                room -= 1
             else:
                 invalid += 1
                 self._invalid_by_reason[reason] += 1
@@ -272,8 +240,24 @@ class Sampler:
         self._columns = self._columns.concat(PoolColumns.from_rows(rows))
         return pool, self._columns
 
+    def _visiting_order(self, pool: dict[int, Turn], columns: PoolColumns) -> np.ndarray | None:
+        """Algorithm 1, step 4: pool positions with rollout groups by oldest first-seen update, ties by rollout id
+        (then arrival inside a group); ``None`` for ``group_order: arrival`` (the pool's own arrival order)."""
+        if self.config.group_order == "arrival":
+            return None
+        arrivals = columns.arrival.tolist()
+        seen = np.fromiter((self._seen[a] for a in arrivals), dtype=np.int64, count=len(arrivals))
+        _, first, inverse = np.unique(columns.group, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        oldest = np.full(len(first), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(oldest, inverse, seen)
+        ids = [pool[arrivals[i]].rollout_id for i in first.tolist()]
+        id_rank = np.empty(len(ids), dtype=np.int64)
+        id_rank[sorted(range(len(ids)), key=ids.__getitem__)] = np.arange(len(ids))
+        return np.lexsort((columns.arrival, id_rank[inverse], oldest[inverse]))
+
     def _compose_pooled(self, learner_version: int) -> tuple[list[Entry] | None, list[Turn] | None]:
-        pool, columns = self._fill_pool()
+        pool, columns = self._fill_pool(learner_version)
         batch_size = self.config.batch_size
         if len(pool) < batch_size:
             return None, None
@@ -281,12 +265,20 @@ class Sampler:
         self._compositions += 1
         name = self.config.method
         keep = np.ones(len(pool), dtype=bool)
+        # the rule sees the pool with its rollout groups in visiting order (first appearance = visited first)
+        perm = self._visiting_order(pool, columns)
         if self.method.select is not None:  # a built-in rule over the columns: pool positions
-            positions = self.method.select(pool, columns, batch_size, self.config, rng)
+            ordered = columns if perm is None else columns.take(perm)
+            positions = self.method.select(pool, ordered, batch_size, self.config, rng)
+            if perm is not None:
+                positions = perm[positions]
             selected = [(a, pool[a]) for a in columns.arrival[positions].tolist()]
             keep[positions] = False
         else:
-            selected = self.method.compose(list(pool.items()), batch_size, self.config, rng)
+            entries = list(pool.items())
+            if perm is not None:
+                entries = [entries[i] for i in perm.tolist()]
+            selected = self.method.compose(entries, batch_size, self.config, rng)
             chosen = {a for a, _ in selected}
             keep = np.fromiter((a not in chosen for a in pool), dtype=bool, count=len(pool))
         if len(selected) != batch_size:
@@ -297,8 +289,11 @@ class Sampler:
         if len(pool) - len(pending_index) != batch_size:  # arrivals are unique: a chosen turn is not in the pool
             raise RuntimeError(f"method {name!r} selected a turn that is not in the candidate pool")
         candidates = list(pool.values())
+        self._last_first_seen = [self._seen[a] for a in pool]
         for arrival, _ in selected:
             del pool[arrival]
+            del self._seen[arrival]
+        pending_index = self._expire_old_pending(columns, pending_index, learner_version)
         if self.config.max_pending is not None and len(pending_index) > self.config.max_pending:
             overflow = len(pending_index) - self.config.max_pending
             self._drop_pending(columns.arrival[pending_index[:overflow]])
@@ -307,11 +302,24 @@ class Sampler:
         self._columns = columns.take(pending_index)
         return selected, candidates
 
+    def _expire_old_pending(self, columns: PoolColumns, pending_index: np.ndarray, update: int) -> np.ndarray:
+        """Algorithm 1, step 8: keep the unselected valid turns first seen at most W updates ago."""
+        age_limit = self.config.max_pending_age
+        if age_limit is None or len(pending_index) == 0:
+            return pending_index
+        seen = self._seen
+        arrivals = columns.arrival[pending_index]
+        old = np.fromiter((update - seen[a] > age_limit for a in arrivals.tolist()), dtype=bool, count=len(arrivals))
+        if old.any():
+            self._drop_pending(arrivals[old])
+            self._expire(int(np.count_nonzero(old)), "pending_age")
+        return pending_index[~old]
+
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """All that is needed to continue exactly: config, counters, queued and pending turns (JSON-able)."""
         return {
-            "version": 1,
+            "version": 2,
             "config": asdict(self.config),
             "next_arrival": self._next_arrival,
             "compositions": self._compositions,
@@ -319,12 +327,12 @@ class Sampler:
             "invalid_by_reason": dict(self._invalid_by_reason),
             "expired_by_reason": dict(self._expired_by_reason),
             "queue": [[a, t.to_dict()] for a, (t, _, _) in self._queue.items()],
-            "pending": [[a, t.to_dict()] for a, t in self._pending.items()],
+            "pending": [[a, t.to_dict(), self._seen[a]] for a, t in self._pending.items()],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; the config must match this sampler's."""
-        if state.get("version") != 1:
+        if state.get("version") not in (1, 2):
             raise ValueError(f"unsupported sampler state version {state.get('version')!r}")
         saved = SamplerConfig(**state["config"])
         if saved != self.config:
@@ -333,11 +341,16 @@ class Sampler:
         self._compositions = int(state["compositions"])
         self._counts = {k: int(v) for k, v in state["counts"].items()}
         self._invalid_by_reason = {k: int(v) for k, v in state["invalid_by_reason"].items()}
-        self._expired_by_reason = {k: int(v) for k, v in state["expired_by_reason"].items()}
+        self._expired_by_reason = {"stale": 0, "pending_age": 0, "pending_overflow": 0}
+        self._expired_by_reason.update({k: int(v) for k, v in state["expired_by_reason"].items()})
         self._queue = OrderedDict()
         self._expiry = []
         self._codes = {}
-        self._pending = {int(a): Turn.from_dict(d) for a, d in state["pending"]}
+        self._pending, self._seen = {}, {}
+        for a, d, *stamp in state["pending"]:  # version 1 states carry no first-seen stamp: use the turn's version
+            turn = Turn.from_dict(d)
+            self._pending[int(a)] = turn
+            self._seen[int(a)] = int(stamp[0]) if stamp else turn.policy_version
         self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending.items()])
         for a, d in state["queue"]:
             self._enqueue(int(a), Turn.from_dict(d))

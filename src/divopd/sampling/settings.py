@@ -16,10 +16,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["Setting", "SAMPLER_SETTINGS", "CAP_UNITS", "validate_setting", "add_sampler_flags", "sampler_kwargs",
-           "settings_from_args", "settings_model"]
+__all__ = ["Setting", "SAMPLER_SETTINGS", "CAP_UNITS", "GROUP_ORDERS", "validate_setting", "add_sampler_flags",
+           "sampler_kwargs", "settings_from_args", "settings_model"]
 
 CAP_UNITS = ("turns", "tokens")
+GROUP_ORDERS = ("first-seen", "arrival")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ SAMPLER_SETTINGS: tuple[Setting, ...] = (
             minimum=0),
     Setting("cap_unit", "choice", "turns", "Cap counts turns (paper) or token share (beyond the paper).",
             choices=CAP_UNITS),
+    Setting("max_pending_age", "optional-int", 8, "W: unselected valid turns first seen more than W updates ago "
+            "expire (Algorithm 1, step 8; none = no age limit).", "W", minimum=0),
+    Setting("group_order", "choice", "first-seen", "Rollout groups are visited by their oldest first-seen update, "
+            "ties by rollout id (Algorithm 1, step 4), or by their oldest arrival (`arrival`, the order before the "
+            "appendix).", choices=GROUP_ORDERS),
 )
 
 
