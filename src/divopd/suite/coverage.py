@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from divopd.analysis.format import fmt, mean
 from divopd.sampling.rows import method_names
 
 __all__ = ["PAPER_RULES", "run_coverage", "coverage_markdown"]
@@ -49,12 +50,11 @@ def run_coverage(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def _pm(values: list[float | None], scale: float = 1.0, digits: int = 1, unit: str = "") -> str:
+    """Mean ± std over the values that are not ``None`` (one value: itself; none: :data:`format.MISSING`)."""
     xs = [v * scale for v in values if v is not None]
-    if not xs:
-        return "–"
-    if len(xs) == 1:
-        return f"{xs[0]:.{digits}f}{unit}"
-    return f"{statistics.fmean(xs):.{digits}f} ± {statistics.stdev(xs):.{digits}f}{unit}"
+    if len(xs) < 2:
+        return fmt(mean(xs), digits) + (unit if xs else "")
+    return f"{fmt(mean(xs), digits)} ± {fmt(statistics.stdev(xs), digits)}{unit}"
 
 
 def _row(name: str, items: list[dict[str, Any]]) -> str:

@@ -102,14 +102,13 @@ def replay_vanilla_log(run_dir: Path, out: Path, batch_size: int, updates: int) 
 
 
 def replay_markdown(result: dict[str, Any]) -> str:
-    lines = ["| method | valid rollouts | used | unused fraction | effective rollouts / batch | max rollout share |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for method, m in result["methods"].items():
-        unused = "–" if m["unused_fraction"] is None else f"{100 * m['unused_fraction']:.1f}%"
-        eff = "–" if m["effective_rollouts_mean"] is None else f"{m['effective_rollouts_mean']:.1f}"
-        share = "–" if m["max_rollout_share_mean"] is None else f"{100 * m['max_rollout_share_mean']:.1f}%"
-        lines.append(f"| {method} | {m['valid_rollouts']} | {m['used_rollouts']} | {unused} | {eff} | {share} |")
-    return "\n".join(lines) + "\n"
+    from divopd.analysis.format import fmt, md_table
+
+    header = ["method", "valid rollouts", "used", "unused fraction", "effective rollouts / batch", "max rollout share"]
+    rows = [[method, str(m["valid_rollouts"]), str(m["used_rollouts"]), fmt(m["unused_fraction"], pct=True),
+             fmt(m["effective_rollouts_mean"]), fmt(m["max_rollout_share_mean"], pct=True)]
+            for method, m in result["methods"].items()]
+    return "\n".join(md_table(header, rows, align="lrrrrr")) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

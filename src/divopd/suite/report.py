@@ -26,6 +26,7 @@ def _group_runs(runs: list[PlannedRun], out: Path) -> dict[str, list[tuple[Plann
 
 def measured_best_cap(pairs: list[tuple[PlannedRun, Any]]) -> tuple[int | None, dict[int, float]]:
     """The cap sweep's measured best k: highest mean (over seeds) peak SR; ties go to the larger k."""
+    from divopd.analysis.format import mean
     from divopd.experience.metrics import peak_sr
 
     by_k: dict[int, list[float]] = {}
@@ -33,7 +34,7 @@ def measured_best_cap(pairs: list[tuple[PlannedRun, Any]]) -> tuple[int | None, 
         peak = peak_sr([e.sr for e in loaded.evals])
         if peak is not None:
             by_k.setdefault(int(r.label.rsplit("-k", 1)[1]), []).append(peak)
-    means = {k: sum(v) / len(v) for k, v in sorted(by_k.items())}
+    means = {k: mean(v) for k, v in sorted(by_k.items())}
     if not means:
         return None, {}
     best = max(means.items(), key=lambda kv: (kv[1], kv[0]))[0]
