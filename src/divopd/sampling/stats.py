@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from divopd.experience.turn import Turn
+from divopd.sampling.paper_diagnostics import kl_per_token, turns_per_rollout
 
 __all__ = ["batch_stats", "effective_rollouts"]
 
@@ -24,7 +25,10 @@ def batch_stats(turns: Sequence[Turn], learner_version: int) -> dict[str, float]
     response tokens; row shares when the batch has no response token), ``max_rollout_share``, ``dead_rows`` (rows
     with no valid token), ``response_tokens``, ``valid_tokens``, ``mean_staleness`` (learner − generating version),
     ``max_staleness``, ``version_min``/``version_max``/``version_mean``, ``disagreement_mean`` (per row) and
-    ``disagreement_std_across_rollouts`` (std of each rollout's summed disagreement in the batch, Figure 6).
+    ``disagreement_std_across_rollouts`` (population std, across the batch's distinct rollouts, of each rollout's
+    disagreement summed over its selected turns in the batch: Figure 6), ``turns_per_rollout`` (rows ÷ distinct
+    rollouts, Table 9) and ``kl_per_token`` (Table 9, :func:`~divopd.sampling.paper_diagnostics.kl_per_token`).
+    ``mean_staleness`` is Table 12's mean age of consumed rows.
     """
     rows = len(turns)
     if rows == 0:
@@ -61,4 +65,6 @@ def batch_stats(turns: Sequence[Turn], learner_version: int) -> dict[str, float]
         "version_mean": sum(versions) / rows,
         "disagreement_mean": sum(per_rollout) / rows,
         "disagreement_std_across_rollouts": std_d,
+        "turns_per_rollout": turns_per_rollout(turns),
+        "kl_per_token": kl_per_token(turns),
     }

@@ -42,6 +42,7 @@ from divopd.learn.checkpoint import WeightHandle, latest_checkpoint
 from divopd.learn.learner import Learner
 from divopd.models import load_model
 from divopd.sampling import Batch, Sampler, make_sampler
+from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
 
@@ -64,6 +65,8 @@ class RunState:
     elapsed_s: float = 0.0
     sessions: int = 0
     eval_history: list[dict[str, float]] = field(default_factory=list)
+    #: :class:`~divopd.sampling.paper_diagnostics.RunDiagnostics` state (Table 16 counters, Figure 6 EMA)
+    diagnostics: dict[str, Any] = field(default_factory=dict)
 
 
 class Trainer:
@@ -85,6 +88,7 @@ class Trainer:
         self.state = state
         self._t0 = time.monotonic() - state.elapsed_s
         self._arrived_since_update = 0
+        self.paper = RunDiagnostics(state.diagnostics)
 
     # ------------------------------------------------------------------ 1. intake
     def intake(self, rollouts: list[Rollout]) -> int:
@@ -93,6 +97,7 @@ class Trainer:
         for rollout in rollouts:
             turns = list(rollout.turns)
             arrivals = self.sampler.add(turns)
+            self.paper.observe_received(turns)
             if self.log_writer is not None and turns:
                 self.log_writer.extend(turns, arrival_update=self.learner.version, arrivals=arrivals)
             n += len(turns)
@@ -127,8 +132,11 @@ class Trainer:
         return None if batch is None else self.update(batch)
 
     def update_metrics(self, batch: Batch) -> dict[str, float]:
-        """The sampler's, ledger's, queue's and explorers' metrics of one update (``sampler/``, ``ledger/``, ...)."""
+        """The sampler's, ledger's, queue's and explorers' metrics of one update (``sampler/``, ``ledger/``, ...),
+        with the run-level diagnostics of the paper's tables (Table 16 counters and the Figure 6 EMA of
+        :class:`~divopd.sampling.paper_diagnostics.RunDiagnostics`)."""
         metrics = {f"sampler/{k}": float(v) for k, v in batch.stats.items()}
+        metrics.update(self.paper.observe_batch(batch.stats))
         ledger = self.sampler.ledger
         metrics.update({f"ledger/{k}": float(v) for k, v in ledger.items() if not isinstance(v, dict)})
         for reason, count in ledger["invalid_by_reason"].items():
@@ -287,7 +295,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         for part in set_aside_unreadable_parts(log_dir):
             log.warning("experience log: set aside unfinished part %s", part.name)
         if ckpt is not None and cfg.log_token_ids:
-            requeued = _requeue_logged_turns(log_dir, sampler)
+            requeued = _requeue_logged_turns(log_dir, sampler, RunDiagnostics(state.diagnostics))
             state.turns += requeued
             if requeued:
                 log.info("resume: %d logged turns past the checkpoint queued again", requeued)
@@ -303,8 +311,9 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     return Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state), ckpt is not None
 
 
-def _requeue_logged_turns(log_dir: Path, sampler: Sampler) -> int:
-    """Queue again the turns logged after the checkpoint (arrival >= the sampler's next arrival number)."""
+def _requeue_logged_turns(log_dir: Path, sampler: Sampler, paper: RunDiagnostics | None = None) -> int:
+    """Queue again the turns logged after the checkpoint (arrival >= the sampler's next arrival number); ``paper``
+    counts them as received (their teacher-scored tokens), as :meth:`Trainer.intake` did before the restart."""
     start = sampler.ledger["received"]  # arrivals are numbered 0, 1, ... so this is the next one
     try:
         files = log_files(log_dir)
@@ -319,6 +328,8 @@ def _requeue_logged_turns(log_dir: Path, sampler: Sampler) -> int:
             if logged.arrival < start:
                 continue
             (arrival,) = sampler.add([logged.turn])
+            if paper is not None:
+                paper.observe_received([logged.turn])
             if arrival != logged.arrival:
                 raise RuntimeError(f"resume: log arrival {logged.arrival} does not follow the checkpoint ({arrival})")
             n += 1

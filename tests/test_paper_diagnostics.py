@@ -1,0 +1,237 @@
+"""The diagnostics of the paper's tables (issue 14): every function on hand-worked cases, the keys of a real training
+run, the replay's fields and ``--selection-chain``, and the report's table."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from divopd import Turn
+from divopd.sampling.paper_diagnostics import (
+    EMA_ALPHA,
+    RunDiagnostics,
+    cell_shares,
+    depth_bucket,
+    ema_update,
+    gini,
+    kl_per_token,
+    kl_tokens,
+    never_selected_scored_share,
+    never_selected_share,
+    outcome,
+    scored_tokens,
+    selection_cells,
+    teacher_tokens_per_trained_token,
+    turns_per_rollout,
+)
+from divopd.sampling.stats import batch_stats
+from test_train import tiny_config, tiny_models  # noqa: F401
+
+NAN = float("nan")
+INF = float("inf")
+
+
+def t(rid: str, index: int = 0, student=(-1.0, -1.0), teacher=(-1.0, -1.0), version: int = 0, **info) -> Turn:
+    n = len(teacher)
+    return Turn(rid, index, version, [0], [1] * n, student_logprobs=None if student is None else list(student),
+                teacher_logprobs=list(teacher), info=dict(info))
+
+
+# ---------------------------------------------------------------------------------------------------- Table 9
+def test_turns_per_rollout() -> None:
+    assert turns_per_rollout([t("A"), t("A", 1), t("B")]) == 1.5  # 3 rows, 2 rollouts
+    assert turns_per_rollout([t("A"), t("B"), t("C")]) == 1.0
+    assert turns_per_rollout([]) == 0.0
+
+
+def test_kl_per_token_over_valid_tokens_with_a_finite_student_log_prob() -> None:
+    # u: valid tokens 0, 1 (teacher NaN at 2): diffs 1.0, 0.5  -> Σ 1.5 over 2 tokens
+    u = t("A", student=(-1.0, -1.0, -1.0), teacher=(-2.0, -1.5, NAN))
+    # v: both valid, student NaN at 1: diff 0.5 over 1 token
+    v = t("B", student=(-0.5, NAN), teacher=(-1.0, -1.0))
+    # w: no student log probs (vanilla can select it): no token;  x: no teacher score: no valid token
+    w = t("C", student=None, teacher=(-3.0, -3.0))
+    x = t("D", teacher=(NAN, NAN))
+    assert [kl_tokens(z) for z in (u, v, w, x)] == [2, 1, 0, 0]
+    assert kl_per_token([u, v, w, x]) == pytest.approx((1.5 + 0.5) / 3)
+    assert kl_per_token([w, x]) == 0.0
+    # the same mean as the learner's reverse-KL estimate when the learner's log probs are the generating ones
+    assert kl_per_token([u]) == pytest.approx(0.75)
+
+
+def test_batch_stats_has_the_table_9_keys_and_figure_6_is_a_std_of_rollout_sums() -> None:
+    # rollout A: turns with disagreement 2 and 4 (sum 6); rollout B: 1. std over {6, 1} (population) = 2.5
+    a0 = t("A", 0, teacher=(-2.0, -2.0), version=3)  # d = 2 (each token −1 − (−2) = 1)
+    a1 = t("A", 1, teacher=(-3.0, -3.0), version=4)  # d = 4
+    b0 = t("B", 0, teacher=(-1.5, -1.5), version=5)  # d = 1
+    st = batch_stats([a0, a1, b0], learner_version=5)
+    assert st["disagreement_std_across_rollouts"] == pytest.approx(2.5)
+    assert st["turns_per_rollout"] == 1.5
+    assert st["kl_per_token"] == pytest.approx(7 / 6)  # Σ d = 7 over 6 tokens
+    assert st["mean_staleness"] == pytest.approx((2 + 1 + 0) / 3)  # Table 12's mean age
+    assert st["effective_rollouts"] == pytest.approx(1 / ((4 / 6) ** 2 + (2 / 6) ** 2))
+    assert st["max_rollout_share"] == pytest.approx(4 / 6)
+
+
+# ---------------------------------------------------------------------------------------------------- Table 11
+def test_gini_by_hand() -> None:
+    # Σ_ij |x_i − x_j| over ordered pairs of [0, 0, 1, 3] = 20; n = 4, mean 1 -> 20 / (2·16·1)
+    assert gini([3, 0, 1, 0]) == pytest.approx(0.625)
+    assert gini([0, 1]) == pytest.approx(0.5)
+    assert gini([2, 2, 2]) == 0.0
+    assert gini([0, 0]) == 0.0
+    assert gini([]) is None
+    with pytest.raises(ValueError):
+        gini([1, -1])
+
+
+def test_never_selected_share() -> None:
+    assert never_selected_share(["A", "B", "C", "D"], {"A": 2, "C": 1, "X": 5}) == 0.5
+    assert never_selected_share(["A", "B"], {"A"}) == 0.5
+    assert never_selected_share([], {}) is None
+
+
+# ---------------------------------------------------------------------------------------------------- Table 14
+def test_depth_buckets_and_outcomes() -> None:
+    got = [depth_bucket(i) for i in (0, 1, 2, 3, 4, 5, 6, 9, 10, 25)]
+    assert got == ["<2", "<2", "[2,4)", "[2,4)", "[4,6)", "[4,6)", "[6,10)", "[6,10)", "≥10", "≥10"]
+    with pytest.raises(ValueError):
+        depth_bucket(-1)
+    assert outcome(t("A", success=True)) == "success"
+    assert outcome(t("A", success=False)) == "failure"
+    assert outcome(t("A")) == "unknown"
+
+
+def test_selection_cells_and_shares() -> None:
+    turns = [t("A", 0, success=True), t("A", 1, success=True), t("A", 4, success=True), t("B", 12, success=False)]
+    cells = selection_cells(turns)
+    assert cells == Counter({("<2", "success"): 2, ("[4,6)", "success"): 1, ("≥10", "failure"): 1})
+    shares = cell_shares(cells)
+    assert list(shares) == ["<2", "[2,4)", "[4,6)", "[6,10)", "≥10"]
+    assert shares["<2"] == {"success": 0.5, "failure": 0.0}  # no unknown column without an unknown turn
+    assert shares["[4,6)"]["success"] == 0.25 and shares["≥10"]["failure"] == 0.25
+    assert sum(v for row in shares.values() for v in row.values()) == pytest.approx(1.0)
+    assert cell_shares(Counter({("<2", "unknown"): 1}))["<2"] == {"success": 0.0, "failure": 0.0, "unknown": 1.0}
+    assert cell_shares(Counter())["<2"] == {"success": None, "failure": None}
+
+
+# ---------------------------------------------------------------------------------------------------- Table 16
+def test_scored_tokens_and_ratios() -> None:
+    assert scored_tokens(t("A", student=(-1.0,) * 4, teacher=(-1.0, NAN, INF, -2.0))) == 2
+    assert scored_tokens(Turn("A", 0, 0, [0], [1, 1])) == 0  # not scored
+    assert teacher_tokens_per_trained_token(30, 12) == 2.5
+    assert teacher_tokens_per_trained_token(30, 0) is None
+    assert never_selected_scored_share(20, 15) == 0.25
+    assert never_selected_scored_share(0, 0) is None
+
+
+# ---------------------------------------------------------------------------------------------------- Figure 6
+def test_ema() -> None:
+    assert EMA_ALPHA == 0.12
+    e = None
+    got = []
+    for x in (1.0, 2.0, 3.0):
+        e = ema_update(e, x)
+        got.append(e)
+    assert got == pytest.approx([1.0, 0.12 * 2 + 0.88 * 1, 0.12 * 3 + 0.88 * 1.12])
+    assert got[-1] == pytest.approx(1.3456)
+    assert ema_update(None, 5.0, alpha=0.5) == 5.0 and ema_update(4.0, 2.0, alpha=0.5) == 3.0
+
+
+def test_run_diagnostics_accumulates_and_round_trips_its_state() -> None:
+    state: dict = {}
+    rd = RunDiagnostics(state)
+    rd.observe_received([t("A", teacher=(-1.0, -1.0, NAN, -1.0), student=(-1.0,) * 4), t("B")])  # 3 + 2 scored
+    m1 = rd.observe_batch({"response_tokens": 2, "disagreement_std_across_rollouts": 1.0})
+    assert m1 == {"sampler/scored_tokens_received": 5.0, "sampler/response_tokens_trained": 2.0,
+                  "sampler/teacher_tokens_per_trained_token": 2.5, "sampler/disagreement_std_ema": 1.0}
+    again = RunDiagnostics(json.loads(json.dumps(state)))  # what a checkpoint keeps
+    m2 = again.observe_batch({"response_tokens": 3, "disagreement_std_across_rollouts": 2.0})
+    assert m2["sampler/teacher_tokens_per_trained_token"] == 1.0
+    assert m2["sampler/disagreement_std_ema"] == pytest.approx(1.12)
+    assert RunDiagnostics().observe_batch({"response_tokens": 0}) == {
+        "sampler/scored_tokens_received": 0.0, "sampler/response_tokens_trained": 0.0}
+
+
+# ---------------------------------------------------------------------------------------------------- a real run
+NEW_KEYS = (
+    "sampler/turns_per_rollout",
+    "sampler/kl_per_token",
+    "sampler/scored_tokens_received",
+    "sampler/response_tokens_trained",
+    "sampler/teacher_tokens_per_trained_token",
+    "sampler/disagreement_std_ema",
+)
+
+
+def test_a_real_run_writes_the_new_keys(tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    from divopd.train import train
+
+    cfg = tiny_config(tiny_models, tmp_path / "run", "divopd")
+    train(cfg)
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    ups = [r for r in recs if r["kind"] == "update"]
+    assert len(ups) == cfg.updates
+    for r in ups:
+        for key in NEW_KEYS:
+            assert isinstance(r.get(key), (int, float)), (key, r["update"])
+        assert r["sampler/turns_per_rollout"] == pytest.approx(r["sampler/rows"] / r["sampler/distinct_rollouts"])
+        assert r["sampler/teacher_tokens_per_trained_token"] == pytest.approx(
+            r["sampler/scored_tokens_received"] / r["sampler/response_tokens_trained"])
+        assert math.isfinite(r["sampler/kl_per_token"])
+    # cumulative trained tokens and the EMA, recomputed from the per-update values
+    trained = 0.0
+    ema = None
+    for r in ups:
+        trained += r["sampler/response_tokens"]
+        ema = ema_update(ema, r["sampler/disagreement_std_across_rollouts"])
+        assert r["sampler/response_tokens_trained"] == trained
+        assert r["sampler/disagreement_std_ema"] == pytest.approx(ema)
+    # scored tokens received never shrink and cover what was trained on at least once
+    received = [r["sampler/scored_tokens_received"] for r in ups]
+    assert received == sorted(received) and received[-1] > 0
+
+
+def _scored_before(run_dir: Path, update: int, requeued_below: int = 0) -> int:
+    """Teacher-scored tokens of the logged turns received before update ``update``'s metrics: arrival_update below it,
+    or (after a resume) queued again at the restart, i.e. arrival below ``requeued_below``."""
+    from divopd.experience.log import read_log
+
+    return sum(scored_tokens(x.turn) for x in read_log(run_dir / "experience")
+               if x.arrival_update < update or x.arrival < requeued_below)
+
+
+def test_the_counters_match_the_log_and_survive_a_resume(tiny_models: dict[str, str],  # noqa: F811
+                                                         tmp_path: Path) -> None:
+    import shutil
+
+    from divopd.train import train
+
+    run_dir = tmp_path / "run"
+    train(tiny_config(tiny_models, run_dir, "divopd", updates=4, **{"checkpoint.every": 2, "checkpoint.keep": 2}))
+    first = {r["update"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+             if r["kind"] == "update"}
+    for u, r in first.items():
+        assert r["sampler/scored_tokens_received"] == _scored_before(run_dir, u)
+    from divopd.experience.log import read_log
+
+    logged = len(list(read_log(run_dir / "experience")))  # turns of the first session
+    # as after a crash past update 2: the newest checkpoint and the summary gone; --resume redoes updates 3 and 4
+    shutil.rmtree(run_dir / "checkpoints" / "update-000004")
+    (run_dir / "summary.json").unlink()
+    train(resume=run_dir)
+    ups = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "update"]
+    assert [r["update"] for r in ups] == [1, 2, 3, 4]
+    trained, ema = 0.0, None
+    for r in ups:
+        trained += r["sampler/response_tokens"]
+        ema = ema_update(ema, r["sampler/disagreement_std_across_rollouts"])
+        assert r["sampler/response_tokens_trained"] == trained, r["update"]
+        assert r["sampler/disagreement_std_ema"] == pytest.approx(ema), r["update"]
+        requeued_below = logged if r["update"] > 2 else 0  # the resume queued every turn the first session logged
+        assert r["sampler/scored_tokens_received"] == _scored_before(run_dir, r["update"], requeued_below), r["update"]
+    assert ups[1] == first[2]  # the records up to the checkpoint are kept as written
