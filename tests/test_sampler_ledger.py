@@ -63,6 +63,11 @@ def test_none_selects_nothing(method: str) -> None:
         assert s.next_batch(0) is not None
         assert s.next_batch(0) is None and s.ledger["queued"] == 1 and s.ledger["selected"] == 4
         return
+    if not METHODS[method].gated:  # divopd-focus: no gate, the invalid turn is a candidate and is selected
+        batch = s.next_batch(0)
+        assert batch is not None and ("b", 0) in keys(batch.turns)
+        assert (s.ledger["selected"], s.ledger["invalid"], s.ledger["pending"]) == (4, 0, 0)
+        return
     assert s.next_batch(0) is None
     ledger = s.ledger
     # nothing selected; the gate has read the queue: 3 valid turns wait as pending, 1 was rejected with its reason

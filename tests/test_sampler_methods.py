@@ -186,9 +186,9 @@ def test_pending_turns_of_a_rollout_keep_their_place_in_the_visiting_order() -> 
     assert keys(s.next_batch(0).turns) == [("z", 1), ("x", 0)]
 
 
-# ---------------------------------------------------------------------------------------------------- divopd-focus
-def test_divopd_focus_ranks_all_candidates_globally() -> None:
-    s = sampler("divopd-focus", 3, pool_factor=2)
+# ---------------------------------------------------------------------------------------------------- top-b
+def test_top_b_ranks_all_candidates_globally() -> None:
+    s = sampler("top-b", 3, pool_factor=2)
     s.add([turn("b", 0, score=2), turn("a", 1, score=2), turn("a", 0, score=1), turn("c", 0, score=3),
            turn("b", 1, score=-1), turn("d", 0, score=8, defect="no_valid_token")])
     batch = s.next_batch(0)

@@ -15,8 +15,8 @@ from divopd.sampling import METHODS, SamplerConfig, allocate_rollout_first, make
 from divopd.sampling.rules import focus_key
 from sampler_helpers import turn
 
-BUILTIN = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus")
-GATED = BUILTIN[1:]
+BUILTIN = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "top-b", "divopd-focus")
+GATED = BUILTIN[1:-1]  # divopd-focus has no gate
 DEFECT_KINDS = [None] * 6 + ["prompt_truncated", "missing_teacher", "length_mismatch", "no_valid_token", "nan_teacher"]
 FAST = settings(max_examples=250, deadline=None)
 
@@ -84,6 +84,12 @@ def check_batch(config: SamplerConfig, batch, learner: int) -> None:
     if method == "vanilla":
         assert batch.arrivals == sorted(batch.arrivals)
         return
+    if method == "divopd-focus":  # no gate: invalid turns are candidates; the weights balance the tasks
+        assert all(learner - t.policy_version <= config.max_staleness for t in batch.candidates)
+        assert len(batch.candidates) <= config.pool_size
+        assert batch.row_weights is not None and len(batch.row_weights) == B
+        assert math.isclose(sum(batch.row_weights), B)
+        return
     assert all(gate.check(t) is None for t in turns), "invalid turn selected"
     cands = batch.candidates
     assert all(gate.check(t) is None and learner - t.policy_version <= config.max_staleness for t in cands)
@@ -111,7 +117,7 @@ def check_batch(config: SamplerConfig, batch, learner: int) -> None:
             mine = [t for t in turns if t.rollout_id == rid]
             ranked = sorted((t for t in cands if t.rollout_id == rid), key=focus_key)
             assert [t.key for t in mine] == [t.key for t in ranked[: len(mine)]]
-    if method == "divopd-focus":
+    if method == "top-b":
         assert [t.key for t in turns] == [t.key for t in sorted(cands, key=focus_key)[:B]]
     if method == "vanilla-pool":
         assert [id(t) for t in turns] == [id(t) for t in cands[:B]]

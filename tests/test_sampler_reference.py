@@ -79,7 +79,7 @@ def test_rollout_first_matches_reference(specs, batch_size, cap, within, cap_uni
 @given(specs=st.lists(entry_spec, min_size=0, max_size=80), batch_size=st.integers(1, 30))
 def test_focus_first_matches_reference(specs, batch_size) -> None:
     pool = build_pool(specs)
-    config = SamplerConfig("divopd-focus", batch_size)
+    config = SamplerConfig("top-b", batch_size)
     fast = compose_focus_first(list(pool), batch_size, config, np.random.default_rng(0))
     assert [e[0] for e in fast] == [e[0] for e in reference_focus_first(pool, batch_size)]
 
@@ -120,7 +120,7 @@ def columns_of(pool) -> PoolColumns:
     specs=st.lists(entry_spec, min_size=1, max_size=60),
     batch_size=st.integers(1, 30),
     cap=st.integers(1, 5),
-    method=st.sampled_from(["vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus"]),
+    method=st.sampled_from(["vanilla-pool", "nocap", "divopd-base", "divopd", "top-b"]),
     cap_unit=st.sampled_from(["turns", "tokens"]),
     seed=st.integers(0, 50),
 )

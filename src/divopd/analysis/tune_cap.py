@@ -72,7 +72,8 @@ _CAPLESS = {
     "vanilla": "reads the queue in arrival order",
     "vanilla-pool": "takes the oldest pooled turns",
     "nocap": "is rollout-first with k = ∞",
-    "divopd-focus": "ranks all candidates globally",
+    "top-b": "ranks all candidates globally",
+    "divopd-focus": "uses its own fixed caps (3 turns, 25% token share per task)",
 }
 
 

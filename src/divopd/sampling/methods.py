@@ -18,8 +18,13 @@ Methods (paper, Sections 3–4):
 ``nocap``       pool + gate + rollout-first with k = ∞, uniform within-rollout order
 ``divopd-base`` pool + gate + rollout-first with cap k, uniform within-rollout order
 ``divopd``      pool + gate + rollout-first with cap k, focus order
-``divopd-focus``  pool + gate + global focus-first: all candidates ranked by disagreement
+``top-b``       pool + gate + Top-B: all valid candidates ranked by disagreement, no per-rollout limit
+``divopd-focus``  the earlier composer (Appendix A.1): pool, **no gate**, task groups in seeded random order, 3-turn
+                and 25% token-share first pass, task-balance row weights (:mod:`divopd.sampling.focus`)
 ==============  ===========================================================================================
+
+A method may skip the gate (``gated=False``: invalid turns become candidates and, when selected, dead rows) and may
+give per-row loss weights (``row_weights``: the sampler puts them on ``Batch.row_weights``; ``None`` = unit weights).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from divopd.experience.turn import Turn
+from divopd.sampling.focus import compose_divopd_focus, task_balance_weights
 from divopd.sampling.rules import (
     allocate_rollout_first,
     allocate_rollout_first_array,
@@ -121,6 +127,11 @@ class Method:
         pooled: True when the method reads a gated candidate pool of ``pool_factor × batch_size`` turns.
         description: one line for ``--help`` and the README.
         select: optional, the same rule over :class:`PoolColumns`, returning pool positions in composition order.
+        gated: False for a pooled method without the validity gate: invalid turns enter its pool as candidates (and
+            count ``selected`` when chosen, else wait like any pending turn); True for every paper rule but
+            ``divopd-focus``.
+        row_weights: optional ``turns -> weights`` (one float per selected row, mean 1) put on ``Batch.row_weights``;
+            ``None`` = unit row weights (the paper's loss).
     """
 
     name: str
@@ -128,6 +139,8 @@ class Method:
     pooled: bool
     description: str
     select: Selector | None = None
+    gated: bool = True
+    row_weights: Callable[[list[Turn]], list[float]] | None = None
 
 
 METHODS: dict[str, Method] = {}
@@ -165,7 +178,8 @@ def compose_oldest(pool: list[Entry], batch_size: int, config: SamplerConfig, rn
 def compose_focus_first(
     pool: list[Entry], batch_size: int, config: SamplerConfig, rng: np.random.Generator
 ) -> list[Entry]:
-    """``divopd-focus``: all candidates ranked by disagreement, descending, ties by (rollout_id, turn_index).
+    """``top-b`` (the paper's "Top-B (no rollout limit)"): all candidates ranked by disagreement, descending, ties by
+    (rollout_id, turn_index).
 
     Only the B best are needed: a partial partition on the score keeps every candidate that can reach the top B
     (ties at the boundary included), and only those are sorted by the full key, so the result equals a full sort.
@@ -276,7 +290,7 @@ def select_oldest(
 def select_focus_first(
     pool: dict[int, Turn], cols: PoolColumns, batch_size: int, config: SamplerConfig, rng: np.random.Generator
 ) -> np.ndarray:
-    """``divopd-focus`` over columns: partition on the score, then the full key on the few that can make the top B."""
+    """``top-b`` over columns: partition on the score, then the full key on the few that can make the top B."""
     neg = cols.neg_score
     n = len(cols)
     if n > 2 * batch_size:
@@ -362,4 +376,9 @@ _builtin(
     _rollout_first_select("focus", capped=True),
     "pool + gate + rollout-first cap k, focus within",
 )
-_builtin("divopd-focus", compose_focus_first, select_focus_first, "pool + gate + global focus-first ranking")
+_builtin("top-b", compose_focus_first, select_focus_first,
+         "pool + gate + Top-B: all valid turns ranked by disagreement, no per-rollout limit")
+METHODS["divopd-focus"] = Method(
+    "divopd-focus", compose_divopd_focus, True,
+    "earlier composer: pool, no gate, task groups in seeded random order, 3-turn / 25%-token first pass, "
+    "task-balance row weights", gated=False, row_weights=task_balance_weights)

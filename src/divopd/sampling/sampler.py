@@ -9,7 +9,8 @@ Data path (paper, Algorithm 1, "core DivOPD changes only queue consumption")::
 
 Every turn ends in exactly one ledger bucket: ``selected``, ``expired`` (stale, or pushed out of a full pending
 pool), ``invalid`` (rejected by the gate, with its reason), or is still waiting (``pending`` in the pool, ``queued``
-not yet read). Invariant: ``received == selected + expired + invalid + pending + queued``.
+not yet read). Invariant: ``received == selected + expired + invalid + pending + queued``. A pooled method without
+the gate (``Method.gated`` False: ``divopd-focus``) pools invalid turns as candidates: one it selects is ``selected``.
 
 Cost placement: ``add`` computes each turn's gate verdict and focus score once (cached on the turn); the verdict is
 applied (pooled, or counted ``invalid``) when the turn is read into the pool, so the ledger is as if the gate ran there.
@@ -48,6 +49,8 @@ class Batch:
         candidates: the valid candidate turns the method chose from (pooled methods; for ``vanilla`` the batch).
         first_seen: the update at which each candidate entered the pool (aligned with ``candidates``; pooled
             methods only).
+        row_weights: per-row loss weights (aligned with ``turns``, mean 1) from the method's ``row_weights``
+            (``divopd-focus``'s task balance); ``None`` = unit weights, the paper's loss.
     """
 
     turns: list[Turn]
@@ -56,6 +59,7 @@ class Batch:
     stats: dict[str, float]
     candidates: list[Turn] = field(default_factory=list, repr=False)
     first_seen: list[int] = field(default_factory=list, repr=False)
+    row_weights: list[float] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.turns)
@@ -175,6 +179,7 @@ class Sampler:
             stats=stats,
             candidates=candidates if candidates is not None else list(turns),
             first_seen=self._last_first_seen if candidates is not None else [],
+            row_weights=None if self.method.row_weights is None else self.method.row_weights(turns),
         )
 
     def _expire_stale(self, learner_version: int) -> None:
@@ -220,7 +225,9 @@ class Sampler:
     def _fill_pool(self, update: int) -> tuple[dict[int, Turn], PoolColumns]:
         """Algorithm 1, steps 2-3: pending turns, then fresh queued turns until |P| + |F| = c·B. Invalid fresh turns
         use up part of that read and are discarded (counted ``invalid``); valid ones are stamped first-seen ``update``.
+        A method with ``gated=False`` (``divopd-focus``) pools invalid turns too (they are never counted ``invalid``).
         """
+        gated = self.method.gated
         pool, seen = self._pending, self._seen
         room = self.config.pool_size - len(pool)
         popitem = self._queue.popitem
@@ -229,7 +236,7 @@ class Sampler:
         while room > 0 and self._queue:
             arrival, (turn, reason, row) = popitem(last=False)
             room -= 1
-            if reason is None:
+            if reason is None or not gated:
                 pool[arrival] = turn
                 seen[arrival] = update
                 rows.append(row)
