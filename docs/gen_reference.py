@@ -51,6 +51,11 @@ METRICS: list[tuple[str, str, str]] = [
     ("learner/time_forward_backward_s", "update", "Seconds of forward + loss + backward."),
     ("learner/time_optimizer_s", "update", "Seconds of clipping + the AdamW step."),
     ("learner/time_other_s", "update", "The rest of the step (building rows and inputs)."),
+    ("learner/row_weight_min", "update", "Smallest per-row loss weight (only when rows are weighted: divopd-focus's "
+     "task balance, TurnOPD's schedule; absent = unit weights, the paper's loss)."),
+    ("learner/row_weight_max", "update", "Largest per-row loss weight (only when rows are weighted)."),
+    ("learner/turn_balance_alpha", "update", "TurnOPD: α of the token-level (0) to turn-balanced (1) loss schedule "
+     "at this update (only with `learner.turn_balance_updates`)."),
     # sampler (Batch.stats)
     ("sampler/rows", "update", "Rows of the batch (B)."),
     ("sampler/distinct_rollouts", "update", "Rollouts in the batch."),
@@ -257,7 +262,9 @@ def metrics_page() -> str:
         "\n`divopd report` reads `eval/success_rate`, `learner/tokens_total`, `learner/compute_s_total` and the "
         "batch-composition keys (`sampler/effective_rollouts`, `sampler/max_rollout_share`, `sampler/dead_rows`, "
         "`sampler/mean_staleness`, `sampler/disagreement_std_across_rollouts`, `queue/arrival_drain_ratio`, "
-        "`ledger/expired`, `ledger/received`).\n",
+        "`ledger/expired`, `ledger/received`), and the diagnostics of the paper's tables (`sampler/turns_per_rollout`, "
+        "`sampler/kl_per_token`, `learner/compute_s`, `sampler/teacher_tokens_per_trained_token`, "
+        "`sampler/disagreement_std_ema`; see the report guide).\n",
     ])
 
 

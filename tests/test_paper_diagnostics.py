@@ -235,3 +235,160 @@ def test_the_counters_match_the_log_and_survive_a_resume(tiny_models: dict[str, 
         requeued_below = logged if r["update"] > 2 else 0  # the resume queued every turn the first session logged
         assert r["sampler/scored_tokens_received"] == _scored_before(run_dir, r["update"], requeued_below), r["update"]
     assert ups[1] == first[2]  # the records up to the checkpoint are kept as written
+
+
+# ---------------------------------------------------------------------------------------------------- replay
+# The hand log of tests/test_replay.py (B=2, pool 4, k=1, S=1, ticks 0..3); its batches, worked out there:
+#   vanilla t0 {a0,a1} t1 {a2,b0} t2 {c0 (dead), c1} t3 {f0,d0};   divopd t0 {a1,b0} t1 {a0,c1} t2 {e0,f0} t3 {d2,d1}.
+# Per turn: disagreement x over n tokens is x/n per token (a0 2, a1 4, a2 0, b0 1 over 4 tokens, c0 unscored,
+# c1 e0 f0 d0 1, d1 2, d2 3; 2 tokens unless said). Scored tokens delivered: 22 (c0 none).
+HAND_TABLE = {
+    "vanilla": {
+        "never_selected_share": 1 / 5,  # = unused_fraction: E of the 5 decided valid rollouts (D undecided)
+        # selected turns per valid rollout A3 B1 C2 E0 F1 D1: sorted 0 1 1 1 2 3, Σ(2i−7)x = 18, / (6·8)
+        "selection_gini": 18 / 48,
+        "turns_per_rollout_mean": (2 + 1 + 2 + 1) / 4,
+        "kl_per_token_mean": ((2 + 4) / 4 + 1 / 6 + 1 / 2 + 2 / 4) / 4,  # t2: c0 has no valid token
+        "mean_age": (0 + 1 + 1 + 0.5) / 4,
+        # rollout-sum std per tick: {6} 0, {0, 1} 0.5, {C: 0 + 1} 0, {1, 1} 0 -> EMA 0, .06, .0528, .046464
+        "disagreement_std_ema": 0.88 * 0.88 * 0.06,
+        "teacher_tokens_per_trained_token": 22 / 18,  # trained 4 + 6 + 4 + 4
+        "never_selected_scored_share": 6 / 22,  # e0, d1, d2
+    },
+    "divopd": {
+        "never_selected_share": 0.0,
+        "selection_gini": 8 / 48,  # A2 B1 C1 E1 F1 D2: Σ(2i−7)x = −8 + 6 + 10
+        "turns_per_rollout_mean": (1 + 1 + 1 + 2) / 4,
+        "kl_per_token_mean": (5 / 6 + 3 / 4 + 2 / 4 + 5 / 4) / 4,
+        "mean_age": (0 + 0.5 + 0.5 + 0) / 4,
+        # {4, 1} 1.5, {2, 1} 0.5, {1, 1} 0, {D: 5} 0 -> EMA 1.5, 1.38, 1.2144, 1.068672
+        "disagreement_std_ema": 1.068672,
+        "teacher_tokens_per_trained_token": 22 / 18,
+        "never_selected_scored_share": 4 / 22,  # a2, d0
+    },
+}
+HAND_SERIES = {
+    "vanilla": {"turns_per_rollout": [2, 1, 2, 1], "kl_per_token": [1.5, 1 / 6, 0.5, 0.5],
+                "disagreement_std_ema": [0, 0.06, 0.0528, 0.046464]},
+    "divopd": {"turns_per_rollout": [1, 1, 1, 2], "kl_per_token": [5 / 6, 0.75, 0.5, 1.25],
+               "disagreement_std_ema": [1.5, 1.38, 1.2144, 1.068672]},
+}
+
+
+def _with_outcomes() -> list:
+    """The hand log with rollout outcomes: A and D succeeded, the others failed."""
+    from test_replay import HAND_LOG
+
+    from divopd.experience.log import LoggedTurn
+
+    out = []
+    for i, (turn, u) in enumerate(HAND_LOG):
+        turn = Turn(turn.rollout_id, turn.turn_index, turn.policy_version, turn.prompt_ids, turn.response_ids,
+                    student_logprobs=turn.student_logprobs, teacher_logprobs=turn.teacher_logprobs,
+                    prompt_truncated=turn.prompt_truncated, info={"success": turn.rollout_id in "AD"})
+        out.append(LoggedTurn(turn, i, u))
+    return out
+
+
+def test_replay_reports_the_table_diagnostics_by_hand() -> None:
+    from test_replay import HAND_CONFIG, hand_stream
+
+    from divopd.analysis.replay import TABLE_KEYS, ReplayConfig, replay
+
+    result = replay(hand_stream(), ReplayConfig(methods=["vanilla", "divopd"], **HAND_CONFIG))
+    assert result["scored_tokens"] == 22
+    for method, expected in HAND_TABLE.items():
+        got = result["methods"][method]
+        assert set(expected) <= set(TABLE_KEYS) and set(TABLE_KEYS) <= set(got)
+        for key, value in expected.items():
+            assert got[key] == pytest.approx(value), (method, key)
+        assert got["never_selected_share"] == got["unused_fraction"]
+        for key, values in HAND_SERIES[method].items():
+            assert got["series"][key] == pytest.approx(values), (method, key)
+        # no success column: every turn's outcome is unknown; 7 of 8 selected turns are at depth < 2
+        assert got["selected_by_cell"]["<2"] == {"success": 0, "failure": 0, "unknown": 7}
+        assert got["selection_chain"]["[2,4)"]["unknown"] == pytest.approx(1 / 8)
+
+
+def test_selection_chain_by_hand_and_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from divopd.analysis.replay import CHAIN_METHODS, ReplayConfig, replay
+    from divopd.cli import main
+    from divopd.experience.log import write_log
+
+    stream = _with_outcomes()
+    hand = dict(batch_size=2, pool_factor=2, cap=1, max_staleness=1, updates=4, seed=0)
+    result = replay(stream, ReplayConfig(methods=list(CHAIN_METHODS), **hand))
+    # delivered: A a0 a1 (<2) a2 ([2,4)), D d0 d1 (<2) d2 ([2,4)) succeeded; B0 C0 C1 E0 F0 (<2) failed
+    assert result["delivered_by_cell"]["<2"] == {"success": 4, "failure": 5}
+    assert result["delivered_by_cell"]["[2,4)"] == {"success": 2, "failure": 0}
+    # vanilla: a0 a1 d0 | a2 | b0 c0 c1 f0;  divopd: a1 a0 d1 | d2 | b0 c1 e0 f0
+    for method in ("vanilla", "divopd"):
+        chain = result["methods"][method]["selection_chain"]
+        assert chain["<2"] == {"success": 3 / 8, "failure": 4 / 8}
+        assert chain["[2,4)"] == {"success": 1 / 8, "failure": 0.0}
+        assert all(chain[b] == {"success": 0.0, "failure": 0.0} for b in ("[4,6)", "[6,10)", "≥10"))
+    for m in result["methods"].values():
+        assert sum(v for row in m["selection_chain"].values() for v in row.values()) == pytest.approx(1.0)
+
+    log = tmp_path / "hand.parquet"
+    write_log(log, stream)
+    md, js = tmp_path / "chain.md", tmp_path / "r.json"
+    args = "--batch-size 2 --pool-factor 2 --cap 1 --max-staleness 1 --updates 4".split()
+    assert main(["replay", str(log), *args, "--selection-chain", str(md), "--json", str(js)]) == 0
+    text = capsys.readouterr().out
+    assert "selection chain" in text and "vanilla-pool" in text and "divopd-base" in text
+    assert "37.5%" in text  # vanilla's and divopd's <2 × success share
+    assert list(json.loads(js.read_text())["methods"]) == list(CHAIN_METHODS)
+    table = md.read_text()
+    assert "| depth | outcome | vanilla | vanilla-pool | divopd-base | divopd | delivered |" in table
+    assert "| <2 | success | 37.5% |" in table and table.count("\n| ") == 10 + 1  # 5 buckets × 2 outcomes + header
+    assert "T11 Gini" in text and "T16 teacher" in text and "0.375" in text  # the diagnostics table, vanilla Gini
+
+
+# ---------------------------------------------------------------------------------------------------- report
+def _run_dir(root: Path, method: str, seed: int, per_update: list[dict[str, float]]) -> Path:
+    d = root / f"{method}-{seed}"
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(f"method: {method}\nsetting: s\nseed: {seed}\n")
+    lines = [json.dumps({"kind": "update", "update": u, "time": float(u), "learner/tokens_total": 10.0 * u,
+                         "learner/compute_s_total": float(u), **rec}) for u, rec in enumerate(per_update, 1)]
+    lines.append(json.dumps({"kind": "eval", "update": len(per_update), "eval/success_rate": 0.5,
+                             "learner/tokens_total": 10.0 * len(per_update), "learner/compute_s_total": 1.0}))
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (d / "summary.json").write_text("{}")
+    return d
+
+
+def test_the_report_shows_the_diagnostics(tmp_path: Path) -> None:
+    from divopd.report import find_run_dirs, load_run, write_report
+
+    def rec(tpr: float, kl: float, step: float, age: float, ratio: float, ema: float) -> dict[str, float]:
+        return {"sampler/turns_per_rollout": tpr, "sampler/kl_per_token": kl, "learner/compute_s": step,
+                "sampler/mean_staleness": age, "sampler/teacher_tokens_per_trained_token": ratio,
+                "sampler/disagreement_std_ema": ema, "sampler/effective_rollouts": 4.0,
+                "sampler/max_rollout_share": 0.25}
+
+    root = tmp_path / "runs"
+    _run_dir(root, "vanilla", 0, [rec(4, 0.5, 1.0, 1.0, 8.0, 2.0), rec(2, 0.3, 3.0, 0.0, 4.0, 1.0)])
+    _run_dir(root, "divopd", 0, [rec(1, 0.2, 1.0, 0.5, 6.0, 0.5), rec(1, 0.4, 1.0, 0.5, 3.0, 0.25)])
+    _run_dir(root, "divopd", 1, [rec(2, 0.2, 2.0, 1.5, 5.0, 0.5), rec(2, 0.4, 2.0, 1.5, 2.0, 0.75)])
+    rep = write_report([load_run(p) for p in find_run_dirs([root])], tmp_path / "out")
+    van = rep["settings"]["s"]["methods"]["vanilla"]["aggregate"]["diagnostics"]
+    assert van == pytest.approx({"effective_rollouts": 4.0, "top1_token_share": 0.25, "turns_per_rollout": 3.0,
+                                 "kl_per_token": 0.4, "step_time_s": 2.0, "mean_age": 0.5,
+                                 "teacher_tokens_per_trained_token": 4.0, "disagreement_std_ema": 1.0})
+    div = rep["settings"]["s"]["methods"]["divopd"]["aggregate"]["diagnostics"]
+    # seeds' per-update means then the mean over seeds; cumulative ratio and EMA: last value, mean over seeds
+    assert div["turns_per_rollout"] == pytest.approx((1 + 2) / 2)
+    assert div["mean_age"] == pytest.approx((0.5 + 1.5) / 2)
+    assert div["teacher_tokens_per_trained_token"] == pytest.approx((3 + 2) / 2)
+    assert div["disagreement_std_ema"] == pytest.approx((0.25 + 0.75) / 2)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Diagnostics of the paper's tables" in md
+    assert "turns/rollout (T9)" in md and "mean age (T12)" in md and "disagr. std EMA (final) (F6)" in md
+    assert "| vanilla | 4.00 | 0.250 | 3.00 | 0.400 | 2.00 | 0.50 | 4.00 | 1.00 |" in md
+    assert (tmp_path / "out" / "s_diagnostics.png").read_bytes()[:4] == b"\x89PNG"
+    # a run without the keys (older metrics): dashes, no error
+    old = _run_dir(tmp_path / "old", "vanilla", 0, [{"sampler/effective_rollouts": 2.0}])
+    rep = write_report([load_run(old)], tmp_path / "out-old", plots=False)
+    assert rep["settings"]["s"]["methods"]["vanilla"]["aggregate"]["diagnostics"]["kl_per_token"] is None

@@ -12,7 +12,7 @@ import pytest
 from divopd import Turn
 from divopd.cli import main
 from divopd.experience_log import LoggedTurn, read_log, rows_to_batch, turn_to_row, write_log
-from divopd.replay import RESULT_KEYS, SERIES_KEYS, ReplayConfig, deliveries, replay, rollout_coverage
+from divopd.replay import RESULT_KEYS, SERIES_KEYS, TABLE_KEYS, ReplayConfig, deliveries, replay, rollout_coverage
 
 
 def turn(rid: str, t: int, version: int, teacher: list[float], n: int = 2, truncated: bool = False) -> Turn:
@@ -123,7 +123,7 @@ def check_hand_result(result: dict) -> None:
     assert list(result["methods"]) == ["vanilla", "divopd"]
     for method, expected in EXPECTED.items():
         got = result["methods"][method]
-        assert list(got) == [*RESULT_KEYS, "series", "ledger"]
+        assert list(got) == [*RESULT_KEYS, *TABLE_KEYS, "series", "ledger"]
         for key in RESULT_KEYS:
             assert got[key] == pytest.approx(expected[key]), (method, key)
         assert set(got["series"]) == set(SERIES_KEYS)

@@ -12,6 +12,16 @@ expired or rejected by the end. ``unused_fraction`` = valid decided rollouts nev
 valid rollouts with a turn still waiting are reported as ``undecided_rollouts``. ``used_rollouts`` counts valid
 rollouts that were used (a rollout whose only selected turns are dead rows of an invalid rollout is not counted).
 
+The diagnostics of the paper's tables (:data:`TABLE_KEYS`, functions in :mod:`divopd.sampling.paper_diagnostics`):
+``never_selected_share`` (Table 11's name; the same number as ``unused_fraction``), ``selection_gini`` (Gini of
+selected-turn counts over every valid rollout, zeros included), the per-batch means ``turns_per_rollout_mean``,
+``kl_per_token_mean`` and ``mean_age`` (Tables 9, 12), the final ``disagreement_std_ema`` (Figure 6),
+``teacher_tokens_per_trained_token`` and ``never_selected_scored_share`` at the end of the log (Table 16: scored
+tokens of every delivered turn ÷ response tokens the method trained; share of those scored tokens in turns it never
+selected, still-waiting turns included), and ``selected_by_cell``/``selection_chain`` (Table 14: selected turns per
+turn-depth bucket × rollout outcome, counts and shares; ``--selection-chain`` prints them for vanilla, +gate
+(vanilla-pool), +coverage (divopd-base) and +focus (divopd)).
+
 The log is read once and streamed: all methods advance in lockstep and share the same :class:`~divopd.Turn` objects,
 so memory holds the turns some sampler still waits on (bounded by the staleness window), one record batch, and a few
 dozen bytes per rollout of bookkeeping.
@@ -32,8 +42,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import divopd.sampling.gate as gate
+import divopd.sampling.paper_diagnostics as pd
 from divopd.analysis.format import divide
-from divopd.analysis.replay_output import plot_replay, render_table, write_json
+from divopd.analysis.replay_output import (
+    plot_replay,
+    render_diagnostics,
+    render_selection_chain,
+    render_table,
+    write_json,
+)
 from divopd.experience import Turn
 from divopd.experience.log import LoggedTurn, read_log
 from divopd.sampling import METHODS, Sampler, SamplerConfig, make_sampler
@@ -41,11 +58,14 @@ from divopd.sampling.rows import method_names
 from divopd.sampling.settings import add_sampler_flags, sampler_kwargs, settings_from_args
 
 __all__ = [
+    "CHAIN_METHODS",
     "DEFAULT_METHODS",
     "ReplayConfig",
     "add_arguments",
     "deliveries",
     "plot_replay",
+    "render_diagnostics",
+    "render_selection_chain",
     "render_table",
     "replay",
     "rollout_coverage",
@@ -54,6 +74,8 @@ __all__ = [
 ]
 
 DEFAULT_METHODS: tuple[str, ...] = method_names("replay")
+#: Table 14's selection chain: vanilla, +gate, +coverage, +focus (``--selection-chain``).
+CHAIN_METHODS: tuple[str, ...] = ("vanilla", "vanilla-pool", "divopd-base", "divopd")
 #: The per-method JSON keys (in this order), besides ``series`` and ``ledger``.
 RESULT_KEYS: tuple[str, ...] = (
     "updates",
@@ -69,6 +91,19 @@ RESULT_KEYS: tuple[str, ...] = (
     "expired",
     "invalid",
 )
+#: The diagnostics of the paper's tables in each method's entry (after :data:`RESULT_KEYS`).
+TABLE_KEYS: tuple[str, ...] = (
+    "never_selected_share",
+    "selection_gini",
+    "turns_per_rollout_mean",
+    "kl_per_token_mean",
+    "mean_age",
+    "disagreement_std_ema",
+    "teacher_tokens_per_trained_token",
+    "never_selected_scored_share",
+    "selected_by_cell",
+    "selection_chain",
+)
 #: Per-update series of each method (one value per tick; ``None`` where the tick was starved).
 SERIES_KEYS: tuple[str, ...] = (
     "batch",
@@ -82,6 +117,9 @@ SERIES_KEYS: tuple[str, ...] = (
     "invalid",
     "waiting",
     "used_rollouts",
+    "turns_per_rollout",
+    "kl_per_token",
+    "disagreement_std_ema",
 )
 
 
@@ -172,6 +210,14 @@ class _Track:
     dead_rows: int = 0
     eff_sum: float = 0.0
     share_sum: float = 0.0
+    tpr_sum: float = 0.0
+    kl_sum: float = 0.0
+    age_sum: float = 0.0
+    ema: float | None = None
+    trained_tokens: int = 0
+    scored_selected: int = 0
+    selected_per_rollout: Counter[str] = field(default_factory=Counter)
+    cells: Counter[tuple[str, str]] = field(default_factory=Counter)
     series: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in SERIES_KEYS})
 
 
@@ -239,9 +285,9 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
     s = tr.series
     if batch is None:
         s["batch"].append(0)
-        for key in ("effective_rollouts", "max_rollout_share", "dead_rows", "distinct_rollouts"):
+        for key in ("effective_rollouts", "max_rollout_share", "dead_rows", "distinct_rollouts", "mean_staleness",
+                    "turns_per_rollout", "kl_per_token"):
             s[key].append(None)
-        s["mean_staleness"].append(None)
     else:
         st = batch.stats
         tr.batches += 1
@@ -249,8 +295,16 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
         tr.dead_rows += int(st["dead_rows"])
         tr.eff_sum += float(st["effective_rollouts"])
         tr.share_sum += float(st["max_rollout_share"])
+        tr.tpr_sum += float(st["turns_per_rollout"])
+        tr.kl_sum += float(st["kl_per_token"])
+        tr.age_sum += float(st["mean_staleness"])
+        tr.ema = pd.ema_update(tr.ema, float(st["disagreement_std_across_rollouts"]))
+        tr.trained_tokens += int(st["response_tokens"])
+        tr.cells.update(pd.selection_cells(batch.turns))
         for turn in batch.turns:
             rid = turn.rollout_id
+            tr.selected_per_rollout[rid] += 1
+            tr.scored_selected += pd.scored_tokens(turn)
             if rid not in tr.used:
                 tr.used.add(rid)
                 tr.used_valid += rid in valid
@@ -260,6 +314,9 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
         s["dead_rows"].append(int(st["dead_rows"]))
         s["distinct_rollouts"].append(int(st["distinct_rollouts"]))
         s["mean_staleness"].append(float(st["mean_staleness"]))
+        s["turns_per_rollout"].append(float(st["turns_per_rollout"]))
+        s["kl_per_token"].append(float(st["kl_per_token"]))
+    s["disagreement_std_ema"].append(tr.ema)
     ledger = tr.sampler.ledger
     s["selected"].append(ledger["selected"])
     s["expired"].append(ledger["expired"])
@@ -268,8 +325,8 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
     s["used_rollouts"].append(tr.used_valid)
 
 
-def _method_result(tr: _Track, updates: int, valid: set[str]) -> dict[str, Any]:
-    """One method's entry of the result: :data:`RESULT_KEYS`, then ``series`` and ``ledger``."""
+def _method_result(tr: _Track, updates: int, valid: set[str], scored: int) -> dict[str, Any]:
+    """One method's entry of the result: :data:`RESULT_KEYS`, :data:`TABLE_KEYS`, then ``series`` and ``ledger``."""
     ledger = tr.sampler.ledger
     coverage = rollout_coverage(valid, tr.used, waiting_rollouts(tr.sampler))
     result = {
@@ -283,29 +340,54 @@ def _method_result(tr: _Track, updates: int, valid: set[str]) -> dict[str, Any]:
         "expired": ledger["expired"],
         "invalid": ledger["invalid"],
     }
-    return {k: result[k] for k in RESULT_KEYS} | {"series": tr.series, "ledger": ledger}
+    table = {
+        "never_selected_share": coverage["unused_fraction"],
+        "selection_gini": pd.gini(tr.selected_per_rollout.get(r, 0) for r in valid),
+        "turns_per_rollout_mean": divide(tr.tpr_sum, tr.batches),
+        "kl_per_token_mean": divide(tr.kl_sum, tr.batches),
+        "mean_age": divide(tr.age_sum, tr.batches),
+        "disagreement_std_ema": tr.ema,
+        "teacher_tokens_per_trained_token": pd.teacher_tokens_per_trained_token(scored, tr.trained_tokens),
+        "never_selected_scored_share": pd.never_selected_scored_share(scored, tr.scored_selected),
+        "selected_by_cell": _cell_counts(tr.cells),
+        "selection_chain": pd.cell_shares(tr.cells),
+    }
+    return ({k: result[k] for k in RESULT_KEYS} | {k: table[k] for k in TABLE_KEYS}
+            | {"series": tr.series, "ledger": ledger})
+
+
+def _cell_counts(cells: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """``{bucket: {outcome: count}}``: every bucket, and the outcomes that :func:`~pd.cell_shares` shows."""
+    shares = pd.cell_shares(cells)
+    return {b: {o: cells.get((b, o), 0) for o in row} for b, row in shares.items()}
 
 
 def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfig) -> dict[str, Any]:
     """Replay ``config.methods`` side by side over one log (a path, or an iterable of :class:`LoggedTurn`).
 
     Returns a JSON-able dict: ``config``, ``log``, ``updates`` (U), ``delivered_turns``, ``delivered_rollouts``,
-    ``arrival_drain_ratio`` (delivered turns ÷ (U·B)), ``series`` (per tick: ``delivered_turns``, ``valid_rollouts``,
-    cumulative) and ``methods``: per method the keys of :data:`RESULT_KEYS`, plus ``series`` (:data:`SERIES_KEYS`)
-    and the sampler's final ``ledger``.
+    ``arrival_drain_ratio`` (delivered turns ÷ (U·B)), ``scored_tokens`` (teacher-scored tokens delivered),
+    ``delivered_by_cell`` and ``delivered_chain`` (Table 14's cells of the delivered turns: counts, shares),
+    ``series`` (per tick: ``delivered_turns``, ``valid_rollouts``, cumulative) and ``methods``: per method the keys of
+    :data:`RESULT_KEYS` and :data:`TABLE_KEYS`, plus ``series`` (:data:`SERIES_KEYS`) and the sampler's final
+    ``ledger``.
     """
     log_name, updates, stream = _open(source, config)
     tracks = {m: _Track(make_sampler(config.sampler_config(m))) for m in config.methods}
     delivered_rollouts: set[str] = set()
     valid: set[str] = set()
     delivered = 0
+    scored = 0
+    delivered_cells: Counter[tuple[str, str]] = Counter()
     top_series: dict[str, list[int]] = {"delivered_turns": [], "valid_rollouts": []}
 
     for j, arrivals in deliveries(stream, updates):
         # 1. Deliver: the same turns, in arrival order, to every method.
         turns = [a.turn for a in arrivals]
         delivered += len(turns)
+        delivered_cells.update(pd.selection_cells(turns))
         for turn in turns:
+            scored += pd.scored_tokens(turn)
             rid = turn.rollout_id
             delivered_rollouts.add(rid)
             if rid not in valid and gate.check(turn) is None:
@@ -325,8 +407,11 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
         "delivered_turns": delivered,
         "delivered_rollouts": len(delivered_rollouts),
         "arrival_drain_ratio": delivered / (updates * config.batch_size),
+        "scored_tokens": scored,
+        "delivered_by_cell": _cell_counts(delivered_cells),
+        "delivered_chain": pd.cell_shares(delivered_cells),
         "series": top_series,
-        "methods": {name: _method_result(tr, updates, valid) for name, tr in tracks.items()},
+        "methods": {name: _method_result(tr, updates, valid, scored) for name, tr in tracks.items()},
     }
 
 
@@ -346,14 +431,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", help="experience log: a .parquet file or a directory of part-*.parquet files")
     parser.add_argument(
         "--methods",
-        default=",".join(DEFAULT_METHODS),
-        help=f"comma-separated sampler methods (default {','.join(DEFAULT_METHODS)}; known: {', '.join(METHODS)})",
+        default=None,
+        help=f"comma-separated sampler methods (default {','.join(DEFAULT_METHODS)}, or with --selection-chain "
+        f"{','.join(CHAIN_METHODS)}; known: {', '.join(METHODS)})",
     )
     add_sampler_flags(parser, defaults={"batch_size": 256})  # generated from divopd.sampling.settings
     parser.add_argument("--updates", type=int, default=None, help="U ticks (default: through the last arrival_update)")
     parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     parser.add_argument("--json", dest="json_out", default=None, help="write results (with per-update series) here")
     parser.add_argument("--plot", default=None, help="write a PNG of the per-update series here")
+    parser.add_argument(
+        "--selection-chain", nargs="?", const="", default=None, metavar="MD",
+        help="Table 14: print where each rule's selected turns come from (turn depth × rollout outcome), replaying "
+        f"{','.join(CHAIN_METHODS)} (vanilla, +gate, +coverage, +focus) unless --methods is given; with a path, also "
+        "write the table there as Markdown",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -362,7 +454,9 @@ def run(args: argparse.Namespace) -> int:
     from divopd.errors import UsageError
 
     console = Console(width=None if Console().is_terminal else 160)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    chain = getattr(args, "selection_chain", None)
+    default = CHAIN_METHODS if chain is not None else DEFAULT_METHODS
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else list(default)
     try:
         config = ReplayConfig(methods=methods, updates=args.updates, seed=args.seed, **settings_from_args(args))
         result = replay(args.log, config)
@@ -371,10 +465,18 @@ def run(args: argparse.Namespace) -> int:
             raise
         raise UsageError(str(exc)) from exc
     console.print(render_table(result))
+    console.print(render_diagnostics(result))
     console.print(
         f"delivered {result['delivered_turns']} turns of {result['delivered_rollouts']} rollouts over "
         f"{result['updates']} updates; arrival/drain ratio {result['arrival_drain_ratio']:.2f}"
     )
+    if chain is not None:
+        console.print(render_selection_chain(result))
+        if chain:
+            from divopd.analysis.replay_output import write_selection_chain
+
+            write_selection_chain(result, chain)
+            console.print(f"wrote {chain}")
     if args.json_out:
         write_json(result, args.json_out)
         console.print(f"wrote {args.json_out}")

@@ -1,14 +1,16 @@
-"""What ``divopd replay`` shows and writes: the per-method table, the per-update figure and the JSON file of a
-:func:`divopd.analysis.replay.replay` result."""
+"""What ``divopd replay`` shows and writes: the per-method table, Table 14's selection chain, the per-update figure
+and the JSON file of a :func:`divopd.analysis.replay.replay` result."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
-from divopd.analysis.format import dump_json, fmt, pyplot, save_figure
+from divopd.analysis.format import dump_json, fmt, md_table, pyplot, save_figure
 
-__all__ = ["plot_replay", "render_table", "write_json"]
+__all__ = ["DIAGNOSTIC_COLUMNS", "chain_rows", "plot_replay", "render_diagnostics", "render_selection_chain",
+           "render_table", "write_json", "write_selection_chain"]
 
 #: Columns of the printed table: (header, justify).
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -64,6 +66,80 @@ def render_table(result: dict[str, Any], title: str | None = None):  # -> rich.t
     for name, m in result["methods"].items():
         table.add_row(*_row(name, m))
     return table
+
+
+#: The paper-diagnostics table: (header, result key, digits or "pct").
+DIAGNOSTIC_COLUMNS: tuple[tuple[str, str, int | str], ...] = (
+    ("T9 eff. rollouts", "effective_rollouts_mean", 2),
+    ("T9 top-1 share", "max_rollout_share_mean", "pct"),
+    ("T9 turns/rollout", "turns_per_rollout_mean", 2),
+    ("T9 KL/token", "kl_per_token_mean", 3),
+    ("T11 never selected", "never_selected_share", "pct"),
+    ("T11 Gini", "selection_gini", 3),
+    ("T12 mean age", "mean_age", 2),
+    ("T16 teacher tok/trained tok", "teacher_tokens_per_trained_token", 2),
+    ("T16 scored never selected", "never_selected_scored_share", "pct"),
+    ("F6 disagr. std EMA", "disagreement_std_ema", 3),
+)
+
+
+def _cell(value: Any, digits: int | str) -> str:
+    return fmt(value, pct=True) if digits == "pct" else fmt(value, int(digits))
+
+
+def render_diagnostics(result: dict[str, Any], title: str | None = None):  # -> rich.table.Table
+    """A rich table of the diagnostics of the paper's tables, per method (Tables 9, 11, 12, 16 and Figure 6)."""
+    from rich.table import Table
+
+    table = Table(title=title or "diagnostics of the paper's tables (T = table, F = figure)")
+    table.add_column("method", justify="left")
+    for header, _, _ in DIAGNOSTIC_COLUMNS:
+        table.add_column(header, justify="right")
+    for name, m in result["methods"].items():
+        table.add_row(name, *(_cell(m.get(key), digits) for _, key, digits in DIAGNOSTIC_COLUMNS))
+    return table
+
+
+def chain_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Table 14 as (header, rows): one row per turn-depth bucket × rollout outcome; per rule the share of its
+    selected turns in the cell, and the share of the delivered turns (what every rule chose from)."""
+    methods = result["methods"]
+    delivered = result.get("delivered_chain", {})
+    outcomes: list[str] = []
+    for chain in [delivered, *(m["selection_chain"] for m in methods.values())]:
+        for row in chain.values():
+            outcomes += [o for o in row if o not in outcomes]
+    header = ["depth", "outcome", *methods, "delivered"]
+    rows = []
+    for bucket in delivered or next(iter(methods.values()))["selection_chain"]:
+        for o in outcomes:
+            rows.append([bucket, o, *(fmt(m["selection_chain"].get(bucket, {}).get(o), pct=True)
+                                      for m in methods.values()),
+                         fmt(delivered.get(bucket, {}).get(o), pct=True)])
+    return header, rows
+
+
+def render_selection_chain(result: dict[str, Any], title: str | None = None):  # -> rich.table.Table
+    """Table 14: where each rule's selected turns come from (shares of its selected turns per cell)."""
+    from rich.table import Table
+
+    header, rows = chain_rows(result)
+    table = Table(title=title or "selection chain (Table 14): share of selected turns by turn depth × outcome")
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i < 2 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def write_selection_chain(result: dict[str, Any], path: str | os.PathLike) -> None:
+    """Table 14 as a Markdown table at ``path`` (creating the folder)."""
+    header, rows = chain_rows(result)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["Share of each rule's selected turns by turn depth (turn index) × rollout outcome; delivered = share of "
+             "the delivered turns.", "", *md_table(header, rows), ""]
+    path.write_text("\n".join(lines), encoding="utf-8")
 
 
 def plot_replay(result: dict[str, Any], path: str | os.PathLike, title: str | None = None) -> None:

@@ -6,10 +6,11 @@ aggregated. Written to ``--out`` (default ``./report``):
 - ``report.md``: Table 1-like table per setting (peak SR, final-five SR, nAUC over a common update budget U, learner
   tokens and learner compute seconds to the target τ as baseline/method ratios, a dash when not reached), geometric-mean
   speedups across settings, a batch-composition table (effective rollouts, max rollout share, dead rows, expired turns,
-  staleness, disagreement std across rollouts — Figure 6 — and the arrival/drain ratio of Table 2), and per-seed rows.
+  staleness, disagreement std across rollouts — Figure 6 — and the arrival/drain ratio of Table 2), the diagnostics of
+  the paper's tables (Tables 9, 12, 16 and Figure 6's EMA: ``compute.DIAGNOSTICS``), and per-seed rows.
 - ``report.json``: the same numbers, machine-readable.
 - PNGs per setting: SR vs learner updates, vs learner tokens, vs learner compute seconds (mean over seeds, band =
-  min–max over seeds), and batch-composition curves.
+  min–max over seeds), batch-composition curves, and the per-update diagnostics (Figure 6's EMA among them).
 
 Rules (see docs/sections/report.md): SR in percent; τ defaults to the largest multiple of 5 at or below the baseline's
 peak SR (mean of its seeds' peaks); U defaults to the smallest last-eval update among the setting's runs; a cost to τ is
@@ -27,9 +28,11 @@ from __future__ import annotations
 from divopd.analysis.report.compute import (
     COMPOSITION,
     COMPOSITION_LABELS,
+    DIAGNOSTICS,
     METHOD_ORDER,
     build_report,
     composition,
+    diagnostics,
     natural_key,
     seed_metrics,
 )
@@ -43,11 +46,13 @@ from divopd.analysis.report.render import render_markdown, write_report
 __all__ = [
     "COMPOSITION",
     "COMPOSITION_LABELS",
+    "DIAGNOSTICS",
     "METHOD_ORDER",
     "ReportError",
     "Run",
     "build_report",
     "composition",
+    "diagnostics",
     "find_run_dirs",
     "load_run",
     "natural_key",

@@ -25,8 +25,8 @@ from divopd.experience.metrics import (
 )
 from divopd.sampling.rows import method_names
 
-__all__ = ["COMPOSITION", "COMPOSITION_LABELS", "METHOD_ORDER", "build_report", "composition", "natural_key",
-           "seed_metrics"]
+__all__ = ["COMPOSITION", "COMPOSITION_LABELS", "DIAGNOSTICS", "METHOD_ORDER", "build_report", "composition",
+           "diagnostics", "natural_key", "seed_metrics"]
 
 #: The method rows in display order (the registry's, :data:`divopd.sampling.ROWS`, when this module was imported);
 #: other methods follow alphabetically.
@@ -42,6 +42,21 @@ COMPOSITION = (
     ("arrival_drain_ratio", "queue/arrival_drain_ratio", "mean"),
     ("expired", "ledger/expired", "last"),
     ("received", "ledger/received", "last"),
+)
+#: The diagnostics of the paper's tables (functions in :mod:`divopd.sampling.paper_diagnostics`): (report key,
+#: metrics.jsonl key, summary over the run's updates, column label, where the paper reports it). ``mean``: mean over
+#: updates; ``last``: the last value (cumulative counters, the EMA). Table 11 and Table 14 are shared-buffer replays
+#: (``divopd replay``); Table 12's mean age is ``sampler/mean_staleness``.
+DIAGNOSTICS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("effective_rollouts", "sampler/effective_rollouts", "mean", "eff. rollouts", "Table 9"),
+    ("top1_token_share", "sampler/max_rollout_share", "mean", "top-1 token share", "Table 9"),
+    ("turns_per_rollout", "sampler/turns_per_rollout", "mean", "turns/rollout", "Table 9"),
+    ("kl_per_token", "sampler/kl_per_token", "mean", "KL/token", "Table 9"),
+    ("step_time_s", "learner/compute_s", "mean", "step s", "Table 9"),
+    ("mean_age", "sampler/mean_staleness", "mean", "mean age", "Table 12"),
+    ("teacher_tokens_per_trained_token", "sampler/teacher_tokens_per_trained_token", "last",
+     "teacher tok/trained tok", "Table 16"),
+    ("disagreement_std_ema", "sampler/disagreement_std_ema", "last", "disagr. std EMA (final)", "Figure 6"),
 )
 COMPOSITION_LABELS = {
     "effective_rollouts": "eff. rollouts",
@@ -76,16 +91,25 @@ def _seed_key(r: Run) -> tuple[int, float, str]:
     return (1, 0.0, str(r.seed))
 
 
+def _summarise(run_: Run, key: str, how: str) -> float | None:
+    """The run's per-update values of ``key``: their mean (``how == "mean"``) or the last one; ``None`` without any."""
+    vals = [float(v) for r in run_.updates
+            if isinstance(v := r.get(key), (int, float)) and not isinstance(v, bool)]
+    return (_mean(vals) if how == "mean" else vals[-1]) if vals else None
+
+
 def composition(run_: Run) -> dict[str, float | None]:
     """Batch-composition summary of one run: per-update means (or last cumulative value) of the sampler stats."""
-    out: dict[str, float | None] = {}
-    for name, key, how in COMPOSITION:
-        vals = [float(r[key]) for r in run_.updates if isinstance(r.get(key), (int, float))]
-        out[name] = (_mean(vals) if how == "mean" else vals[-1]) if vals else None
+    out: dict[str, float | None] = {name: _summarise(run_, key, how) for name, key, how in COMPOSITION}
     exp, rec = out.pop("expired"), out.pop("received")
     out["expired"] = exp
     out["expired_fraction"] = exp / rec if exp is not None and rec else None
     return out
+
+
+def diagnostics(run_: Run) -> dict[str, float | None]:
+    """The paper-table diagnostics of one run (:data:`DIAGNOSTICS`), ``None`` where the run did not record them."""
+    return {name: _summarise(run_, key, how) for name, key, how, _, _ in DIAGNOSTICS}
 
 
 def seed_metrics(run_: Run, budget: float | None, tau: float | None, rule: str) -> dict[str, Any]:
@@ -113,6 +137,7 @@ def seed_metrics(run_: Run, budget: float | None, tau: float | None, rule: str) 
         "tokens_to_target": cost.tokens if cost else None,
         "compute_s_to_target": cost.compute_s if cost else None,
         "composition": composition(run_),
+        "diagnostics": diagnostics(run_),
     }
 
 
@@ -189,6 +214,9 @@ def _method_entry(setting: str, method: str, runs: list[Run], u_budget: float | 
     comp_keys = seeds[0]["composition"].keys() if seeds else []
     agg["composition"] = {
         k: _mean([s["composition"][k] for s in seeds if s["composition"][k] is not None]) for k in comp_keys
+    }
+    agg["diagnostics"] = {
+        k: _mean([s["diagnostics"][k] for s in seeds if s["diagnostics"][k] is not None]) for k, *_ in DIAGNOSTICS
     }
     uncovered = [s["seed"] for s in seeds if s["nauc"] is None and s["n_evals"]]
     if u_budget is not None and uncovered:

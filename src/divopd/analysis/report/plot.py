@@ -1,5 +1,6 @@
 """The figures of ``divopd report``, per setting: SR against learner updates, learner tokens and learner compute
-seconds (mean over seeds, band = min–max over seeds), and the batch-composition curves."""
+seconds (mean over seeds, band = min–max over seeds), the batch-composition curves and the per-update diagnostics of
+the paper's tables (Figure 6's EMA of the disagreement std among them)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from divopd.analysis.format import pyplot, save_figure
-from divopd.analysis.report.compute import COMPOSITION, COMPOSITION_LABELS
+from divopd.analysis.report.compute import COMPOSITION, COMPOSITION_LABELS, DIAGNOSTICS
 from divopd.analysis.report.load import Run
 
 __all__ = ["plot_setting"]
@@ -71,15 +72,18 @@ def _sr_figure(setting: str, runs_by_method: dict[str, list[Run]], tau: float | 
     save_figure(fig, path)
 
 
-def _composition_figure(setting: str, runs_by_method: dict[str, list[Run]], color: dict[str, str],
-                        path: Path) -> None:
-    """Batch-composition curves: per-update mean over seeds, lightly smoothed."""
+def _curves_figure(setting: str, runs_by_method: dict[str, list[Run]], color: dict[str, str], path: Path,
+                   panels: list[tuple[str, str]], title: str, smooth: bool = True) -> None:
+    """One panel per (label, metrics key): the per-update mean over seeds of each method, lightly smoothed."""
     import numpy as np
 
     plt = pyplot()
-    panels = [(n, k) for n, k, how in COMPOSITION if how == "mean"]
-    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
-    for ax, (name, key) in zip(axes.flat, panels, strict=True):
+    cols = 3
+    nrows = max(1, -(-len(panels) // cols))
+    fig, axes = plt.subplots(nrows, cols, figsize=(12, 3.25 * nrows), squeeze=False)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    for ax, (label, key) in zip(axes.flat, panels, strict=False):
         for method, rs in runs_by_method.items():
             per_update: dict[int, list[float]] = {}
             for r in rs:
@@ -90,20 +94,39 @@ def _composition_figure(setting: str, runs_by_method: dict[str, list[Run]], colo
                 continue
             us = sorted(per_update)
             ys = np.array([sum(per_update[u]) / len(per_update[u]) for u in us])
-            w = max(1, len(ys) // 30)
+            w = max(1, len(ys) // 30) if smooth else 1
             if w > 1:
                 ys = np.convolve(ys, np.ones(w) / w, mode="valid")
                 us = us[w - 1 :]
             ax.plot(us, ys, color=color[method], label=method)
-        ax.set_title(COMPOSITION_LABELS[name], fontsize=9)
+        ax.set_title(label, fontsize=9)
         ax.set_xlabel("learner update", fontsize=8)
         if ax.lines:
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, f"{key}\nnot recorded", ha="center", va="center", fontsize=8, transform=ax.transAxes)
-    fig.suptitle(f"{setting}: batch composition")
+    fig.suptitle(f"{setting}: {title}")
     fig.tight_layout()
     save_figure(fig, path)
+
+
+def _composition_figure(setting: str, runs_by_method: dict[str, list[Run]], color: dict[str, str],
+                        path: Path) -> None:
+    """Batch-composition curves: per-update mean over seeds, lightly smoothed."""
+    panels = [(COMPOSITION_LABELS[n], k) for n, k, how in COMPOSITION if how == "mean"]
+    _curves_figure(setting, runs_by_method, color, path, panels, "batch composition")
+
+
+#: The per-update curves of the diagnostics figure: the paper-table keys not already drawn in the composition figure.
+DIAGNOSTIC_PANELS = [(f"{label} ({where})", key) for _, key, _, label, where in DIAGNOSTICS
+                     if key not in {k for _, k, _ in COMPOSITION}]
+
+
+def _diagnostics_figure(setting: str, runs_by_method: dict[str, list[Run]], color: dict[str, str],
+                        path: Path) -> None:
+    """The diagnostics of the paper's tables over updates (unsmoothed: the EMA of Figure 6 is its own smoothing)."""
+    _curves_figure(setting, runs_by_method, color, path, DIAGNOSTIC_PANELS, "diagnostics of the paper's tables",
+                   smooth=False)
 
 
 def plot_setting(setting: str, runs_by_method: dict[str, list[Run]], tau: float | None, out: Path) -> list[str]:
@@ -117,5 +140,8 @@ def plot_setting(setting: str, runs_by_method: dict[str, list[Run]], tau: float 
         written.append(name)
     name = f"{slug}_composition.png"
     _composition_figure(setting, runs_by_method, color, out / name)
+    written.append(name)
+    name = f"{slug}_diagnostics.png"
+    _diagnostics_figure(setting, runs_by_method, color, out / name)
     written.append(name)
     return written

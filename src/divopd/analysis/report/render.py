@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from divopd.analysis.format import MISSING, dump_json, fmt, md_table
-from divopd.analysis.report.compute import COMPOSITION_LABELS, build_report
+from divopd.analysis.report.compute import COMPOSITION_LABELS, DIAGNOSTICS, build_report
 from divopd.analysis.report.load import Run
 from divopd.analysis.report.plot import plot_setting
 
@@ -86,6 +86,24 @@ def _composition_table(s: dict[str, Any]) -> list[str]:
     ]
 
 
+def _diagnostics_table(s: dict[str, Any]) -> list[str]:
+    """The diagnostics of the paper's tables (Tables 9, 12, 16, Figure 6), mean over seeds."""
+    rows = []
+    for method, m in s["methods"].items():
+        d = m["aggregate"].get("diagnostics", {})
+        rows.append([method, *(fmt(d.get(k), 3 if k in ("top1_token_share", "kl_per_token") else 2)
+                               for k, *_ in DIAGNOSTICS)])
+    header = ["method", *(f"{label} ({where.replace('Table ', 'T').replace('Figure ', 'F')})"
+                          for _, _, _, label, where in DIAGNOSTICS)]
+    return [
+        "Diagnostics of the paper's tables (T = table, F = figure; per-update means over the run, teacher tok/trained "
+        "tok and the disagreement-std EMA at the last update; mean over seeds). Tables 11 and 14 come from "
+        "`divopd replay` on a shared buffer.",
+        "",
+        *md_table(header, rows),
+    ]
+
+
 def _seed_table(s: dict[str, Any]) -> list[str]:
     rows = []
     for method, m in s["methods"].items():
@@ -128,7 +146,8 @@ def render_markdown(rep: dict[str, Any], pngs: dict[str, list[str]]) -> str:
     for setting, s in rep["settings"].items():
         tau = "none" if s["target"] is None else f"{s['target']:g}%"
         lines += [f"## {setting}", "", f"τ = {tau} ({s['target_source']}); U = {fmt(s['budget'], 0)} learner updates."]
-        lines += ["", *_results_table(s), "", *_composition_table(s), "", *_seed_table(s), ""]
+        lines += ["", *_results_table(s), "", *_composition_table(s), "", *_diagnostics_table(s), "",
+                  *_seed_table(s), ""]
         lines += [f"![{Path(p).stem}]({p})" for p in pngs.get(setting, [])]
         lines.append("")
     lines += _geomean_section(rep)
