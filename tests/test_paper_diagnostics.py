@@ -277,9 +277,8 @@ HAND_SERIES = {
 
 def _with_outcomes() -> list:
     """The hand log with rollout outcomes: A and D succeeded, the others failed."""
-    from test_replay import HAND_LOG
-
     from divopd.experience.log import LoggedTurn
+    from test_replay import HAND_LOG
 
     out = []
     for i, (turn, u) in enumerate(HAND_LOG):
@@ -291,9 +290,8 @@ def _with_outcomes() -> list:
 
 
 def test_replay_reports_the_table_diagnostics_by_hand() -> None:
-    from test_replay import HAND_CONFIG, hand_stream
-
     from divopd.analysis.replay import TABLE_KEYS, ReplayConfig, replay
+    from test_replay import HAND_CONFIG, hand_stream
 
     result = replay(hand_stream(), ReplayConfig(methods=["vanilla", "divopd"], **HAND_CONFIG))
     assert result["scored_tokens"] == 22
