@@ -135,3 +135,17 @@ def test_replay_and_config_pass_cap_unit() -> None:
     assert load_config(config, ["sampler.cap_unit=tokens"]).sampler_config().cap_unit == "tokens"
     with pytest.raises(ValueError, match="cap_unit"):
         load_config(config, ["sampler.cap_unit=bytes"])
+
+
+def test_token_cap_follows_the_visiting_order_not_the_arrival_order() -> None:
+    """Rollout B (6 turns) arrives before A (2 turns) but A's id sorts first and both are first seen at update 0, so
+    A is visited first (Algorithm 1, step 4). With equal lengths the token cap must give the turn cap's batch."""
+    from divopd.sampling import SamplerConfig, make_sampler
+    from sampler_helpers import turn as hand_turn
+
+    batches = {}
+    for unit in ("turns", "tokens"):
+        s = make_sampler(SamplerConfig("divopd-base", 4, pool_factor=2, cap=2, cap_unit=unit, seed=1))
+        s.add([hand_turn("B", i) for i in range(6)] + [hand_turn("A", i) for i in range(2)])
+        batches[unit] = [t.rollout_id for t in s.next_batch(0).turns]
+    assert batches["turns"] == ["A", "A", "B", "B"] == batches["tokens"]

@@ -343,7 +343,7 @@ def _rollout_first_select(within: str, capped: bool) -> Selector:
     ) -> np.ndarray:
         cap = config.cap if capped else None
         if config.cap_unit != "turns":  # the token cap (beyond the paper) runs on the entries
-            entries = list(pool.items())
+            entries = [(a, pool[a]) for a in cols.arrival.tolist()]  # in the columns' (visiting) order
             where = {arrival: i for i, (arrival, _) in enumerate(entries)}
             selected = compose_rollout_first(entries, batch_size, cap, within, rng, config.cap_unit)
             return np.array([where[arrival] for arrival, _ in selected], dtype=np.intp)
