@@ -100,7 +100,7 @@ def test_rows_cover_every_sampler_rule_and_keep_the_old_lists() -> None:
     assert method_names("demo-replay") == ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd")
     from divopd.config import METHOD_ROWS, sampler_method_for
 
-    assert METHOD_ROWS == {"divopd-r": "divopd", "tcod-f2b": "vanilla"}
+    assert METHOD_ROWS == {"divopd-r": "divopd", "tcod-f2b": "vanilla", "turnopd": "vanilla"}
     assert sampler_method_for("divopd-r") == "divopd" and sampler_method_for("nocap") == "nocap"
     with pytest.raises(ValueError, match="unknown method"):
         method_row("no-such-row")

@@ -21,7 +21,8 @@ SETTINGS = {
     "scienceworld-1.5b": ("scienceworld", "Qwen/Qwen2.5-1.5B-Instruct", None, 4, 30, 250),
     "scienceworld-3b": ("scienceworld", "Qwen/Qwen2.5-3B-Instruct", None, 5, 30, 250),
 }
-METHODS = ["vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus", "divopd-r", "tcod-f2b"]
+METHODS = ["vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus", "top-b", "divopd-r",
+           "tcod-f2b", "turnopd"]
 
 
 def larger_student_overrides(env: str) -> list[str]:
@@ -79,3 +80,23 @@ def test_every_config_under_configs_loads() -> None:
     assert len(files) >= 32
     for path in files:
         assert load_config(path).method == path.stem, path
+
+
+@pytest.mark.parametrize("env", ["alfworld", "webshop", "scienceworld", "tiny"])
+def test_every_setting_dir_has_every_paper_method_row(env: str) -> None:
+    from divopd.sampling import method_names
+
+    for method in method_names("paper"):
+        assert (REPO / "configs" / env / f"{method}.yaml").is_file(), (env, method)
+
+
+@pytest.mark.parametrize("env", ["alfworld", "webshop", "scienceworld"])
+def test_method_rows_of_the_new_readings(env: str) -> None:
+    top_b = load_config(REPO / "configs" / env / "top-b.yaml")
+    assert top_b.sampler_config().method == "top-b"
+    focus = load_config(REPO / "configs" / env / "divopd-focus.yaml")
+    assert focus.sampler_config().method == "divopd-focus"
+    turnopd = load_config(REPO / "configs" / env / "turnopd.yaml")
+    assert turnopd.sampler_config().method == "vanilla" and turnopd.turnopd.enabled
+    assert turnopd.learner.depth_stats and turnopd.learner.turn_balance_updates == turnopd.updates
+    assert not turnopd.tcod.enabled and not turnopd.explorer.recovery.enabled

@@ -18,7 +18,8 @@ from divopd.experience_log import read_log
 from divopd.sampling import METHODS
 
 REPO = Path(__file__).resolve().parents[1]
-PAPER_ROWS = ["vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus", "divopd-r", "tcod-f2b"]
+PAPER_ROWS = ["vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus", "top-b", "divopd-r",
+              "tcod-f2b", "turnopd"]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,8 @@ def tiny_config(models: dict[str, str], run_dir: Path, method: str, **over: obje
         "student": {"path": models["student"]},
         "teacher": {"path": models["teacher"]},
         "sampler": {"batch_size": 6, "pool_factor": 4, "cap": 2, "max_staleness": 2},
-        "learner": {"lr": 1e-3},
+        "learner": {"lr": 1e-3, **({"depth_stats": True, "turn_balance_updates": 3} if method == "turnopd" else {})},
+        "turnopd": {"enabled": method == "turnopd", "rho": 0.5, "min_depth": 1},
         "explorer": {"env": "tiny", "num_envs": 3, "max_steps": 5, "eval_tasks": 3,
                      "recovery": {"enabled": method == "divopd-r", "patience": 1, "max_takeover": 1}},
         "tcod": {"enabled": method == "tcod-f2b", "start_depth": 2},
@@ -145,8 +147,15 @@ def test_each_method_trains_embedded(tiny_models: dict[str, str], tmp_path: Path
     assert (run_dir / "checkpoints" / "update-000003").is_dir() and (run_dir / "summary.json").is_file()
     if method == "divopd-r":
         assert updates[-1]["explorer/teacher_turns"] > 0
-    if method in ("divopd", "divopd-base", "nocap", "vanilla-pool", "divopd-focus"):
+    if method in ("divopd", "divopd-base", "nocap", "vanilla-pool", "divopd-focus", "top-b"):
         assert all(r["sampler/candidates"] >= 6 for r in updates)
+    if method == "divopd-focus":  # task-balance row weights (mean 1) reach the learner
+        assert all(0 < r["learner/row_weight_min"] <= 1 <= r["learner/row_weight_max"] for r in updates)
+    if method not in ("divopd-focus", "turnopd"):  # unit row weights: the learner's unweighted path
+        assert all("learner/row_weight_max" not in r for r in updates)
+    if method == "turnopd":  # the loss schedule runs from token-level (0) to turn-balanced (1) over the 3 updates
+        assert [r["learner/turn_balance_alpha"] for r in updates] == [0.0, 0.5, 1.0]
+        assert cfg["turnopd"]["enabled"] and cfg["learner"]["depth_stats"]
 
 
 def test_diagnostics_every_n_updates(tiny_models: dict[str, str], tmp_path: Path) -> None:

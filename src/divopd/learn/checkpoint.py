@@ -136,11 +136,14 @@ class WeightHandle:
         version: learner version of these weights (number of updates applied).
         state_dict: a CPU copy of the model's ``state_dict`` (in-process and Ray object-ref publication), or ``None``.
         path: a saved HF model folder holding the weights, or ``None``.
+        depth_disagreement: the learner's running per-turn-depth disagreement means published with these weights
+            (``learner.depth_stats``; TurnOPD's depth budget reads them), or ``None``.
     """
 
     version: int
     state_dict: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     path: str | None = None
+    depth_disagreement: tuple[float | None, ...] | None = None
 
     def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
         """Copy these weights into ``model`` (same architecture), in place, keeping its dtype and device."""

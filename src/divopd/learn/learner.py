@@ -10,6 +10,9 @@
    batch θ_old = θ at gradient evaluation, so by default (``old_logprobs="same-pass"``) the detached values of step 3
    *are* the recomputation (r = 1 exactly); ``"recompute"`` runs a separate no-grad pass (same numbers, ~30% slower);
 5. :func:`divopd.loss.opd_loss` (or the top-k estimator), backward, gradient clipping, one AdamW step, ``version += 1``.
+   Rows carry unit weights (the paper) unless the batch has ``row_weights`` (``divopd-focus``'s task balance) or
+   ``turn_balance_updates`` is set (TurnOPD's token-to-turn schedule, :mod:`divopd.learn.turnopd`); unit weights take
+   the unweighted code path, so the paper's loss is computed exactly as without the feature.
 
 The model is kept in eval mode (dropout off), so steps 3 and 4 see the same function. Counters for the paper's
 efficiency figures: ``tokens_total`` (prompt + response tokens processed) and ``compute_s_total`` (wall seconds inside
@@ -43,6 +46,7 @@ from divopd.learn.checkpoint import (
 )
 from divopd.learn.loss import opd_loss, topk_reverse_kl_loss
 from divopd.learn.settings import LearnerConfig
+from divopd.learn.turnopd import DepthStats, turn_balance_alpha, turn_balance_weights
 from divopd.models import load_model, resolve_dtype
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 from divopd.sampling.sampler import Batch
@@ -158,6 +162,7 @@ class Learner:
         self.tokens_total = 0
         self.compute_s_total = 0.0
         self.skipped_updates = 0
+        self.depth_stats = DepthStats() if config.depth_stats else None
 
     # ------------------------------------------------------------------ forward helpers
     def _check_ids(self, turns: Sequence[Turn], rows: Rows) -> None:
@@ -188,18 +193,37 @@ class Learner:
         return lp, top, scored, packed.tokens, packed.input_tokens
 
     def _loss(self, rows: Rows, idx: np.ndarray, lp: torch.Tensor, old: torch.Tensor, top: torch.Tensor | None,
-              scored: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+              scored: torch.Tensor, weights: np.ndarray | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
         mask = torch.from_numpy(rows.mask[idx]).to(self.device) & scored
         teacher = torch.from_numpy(rows.teacher[idx]).to(self.device)
+        w = None if weights is None else torch.from_numpy(weights[idx]).to(self.device)
         if cfg.estimator == "topk":
             t_top = torch.from_numpy(rows.topk_logprobs[idx]).to(self.device)
-            loss, m = topk_reverse_kl_loss(top, t_top, mask, beta=cfg.beta, reduction=cfg.reduction)
+            loss, m = topk_reverse_kl_loss(top, t_top, mask, beta=cfg.beta, reduction=cfg.reduction, row_weights=w)
             _, sampled = opd_loss(lp.detach(), old, teacher, mask, beta=cfg.beta, clip_eps=cfg.clip_eps,
                                   reduction=cfg.reduction)
             m["reverse_kl"] = sampled["reverse_kl"]
             return loss, m
-        return opd_loss(lp, old, teacher, mask, beta=cfg.beta, clip_eps=cfg.clip_eps, reduction=cfg.reduction)
+        return opd_loss(lp, old, teacher, mask, beta=cfg.beta, clip_eps=cfg.clip_eps, reduction=cfg.reduction,
+                        row_weights=w)
+
+    def row_weights(self, batch: Batch | Sequence[Turn], rows: Rows) -> tuple[np.ndarray | None, float | None]:
+        """This update's per-row loss weights and TurnOPD's α: ``Batch.row_weights`` (``divopd-focus``) times
+        TurnOPD's schedule (``turn_balance_updates``); ``(None, None)`` = unit weights (the paper's loss)."""
+        n = len(rows.prompts)
+        given = getattr(batch, "row_weights", None)
+        weights = None
+        if given is not None:
+            weights = np.asarray(given, dtype=np.float64)
+            if weights.shape != (n,) or not np.isfinite(weights).all() or (weights < 0).any():
+                raise ValueError(f"Learner.step: Batch.row_weights must be {n} finite weights >= 0")
+        alpha = None
+        if self.config.turn_balance_updates is not None:
+            alpha = turn_balance_alpha(self.version, self.config.turn_balance_updates)
+            balance = turn_balance_weights(rows.mask.sum(axis=1), alpha)
+            weights = balance if weights is None else weights * balance
+        return weights, alpha
 
     # ------------------------------------------------------------------ the update
     def step(self, batch: Batch | Sequence[Turn]) -> dict[str, float]:
@@ -216,6 +240,7 @@ class Learner:
                             topk=cfg.topk if cfg.estimator == "topk" else None)
         n = len(turns)
         self._check_ids(turns, rows)
+        weights, alpha = self.row_weights(batch, rows)
         groups = _micro_batches(rows, cfg.micro_batch_tokens)
         with_topk = cfg.estimator == "topk"
         self.optimizer.zero_grad(set_to_none=True)
@@ -234,7 +259,7 @@ class Learner:
                 old = lp.detach()
             tokens += tok
             input_slots += slots
-            loss, metrics = self._loss(rows, idx, lp, old, top, scored)
+            loss, metrics = self._loss(rows, idx, lp, old, top, scored, weights)
             if len(groups) > 1:
                 weight = (len(idx) / max(n, 1)) if cfg.reduction != "token-mean" else \
                     float(rows.mask[idx].sum()) / total_valid
@@ -244,7 +269,7 @@ class Learner:
                 loss.backward()
             t_fb += time.perf_counter() - t1
         if len(groups) > 1:  # metrics of the whole batch, from the detached pieces
-            metrics = self._whole_batch_metrics(rows, groups, parts, with_topk)
+            metrics = self._whole_batch_metrics(rows, groups, parts, with_topk, weights)
         t2 = time.perf_counter()
         grad_norm, skipped = self._optimizer_step()
         if self.device.type == "cuda":
@@ -269,10 +294,17 @@ class Learner:
             "learner/time_optimizer_s": t3 - t2,
             "learner/time_other_s": compute_s - t_fb - (t3 - t2),
         })
+        if weights is not None:
+            out["learner/row_weight_min"] = float(weights.min())
+            out["learner/row_weight_max"] = float(weights.max())
+        if alpha is not None:
+            out["learner/turn_balance_alpha"] = alpha
+        if self.depth_stats is not None:
+            self.depth_stats.update(turns)
         return out
 
     def _whole_batch_metrics(self, rows: Rows, groups: list[np.ndarray], parts: list[tuple],
-                             with_topk: bool) -> dict[str, Any]:
+                             with_topk: bool, weights: np.ndarray | None = None) -> dict[str, Any]:
         """Loss metrics of the whole batch from the micro-batches' detached pieces, back in row order."""
         order = np.argsort(np.concatenate(groups))
         lp_all = torch.cat([p[1] for p in parts])[order]
@@ -280,7 +312,7 @@ class Learner:
         top_all = None if not with_topk else torch.cat([p[3] for p in parts])[order]
         sc_all = torch.cat([p[4] for p in parts])[order]
         with torch.no_grad():
-            _, metrics = self._loss(rows, np.arange(len(rows.prompts)), lp_all, old_all, top_all, sc_all)
+            _, metrics = self._loss(rows, np.arange(len(rows.prompts)), lp_all, old_all, top_all, sc_all, weights)
         return metrics
 
     def _optimizer_step(self) -> tuple[float, bool]:
@@ -315,19 +347,23 @@ class Learner:
     def publish(self, path: str | Path | None = None) -> WeightHandle:
         """A versioned snapshot for explorers: a CPU ``state_dict`` copy, or (``path`` given) an HF folder written
         atomically, which explorers load with ``handle.load_into(model)``."""
+        depth = None if self.depth_stats is None else self.depth_stats.published()
         if path is None:
-            return WeightHandle(version=self.version, state_dict=copy_state_dict(self.model))
+            return WeightHandle(version=self.version, state_dict=copy_state_dict(self.model), depth_disagreement=depth)
         with atomic_dir(path) as tmp:
             self.model.save_pretrained(tmp)
-        return WeightHandle(version=self.version, path=str(path))
+        return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth)
 
     def state(self) -> dict[str, Any]:
-        return {
+        state: dict[str, Any] = {
             "version": self.version,
             "tokens_total": self.tokens_total,
             "compute_s_total": self.compute_s_total,
             "skipped_updates": self.skipped_updates,
         }
+        if self.depth_stats is not None:
+            state["depth_disagreement"] = list(self.depth_stats.published())
+        return state
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """Write model (HF safetensors) + tokenizer + ``optimizer.pt`` + ``state.json`` (version, counters, config,
@@ -375,5 +411,7 @@ class Learner:
         learner.tokens_total = int(saved["tokens_total"])
         learner.compute_s_total = float(saved["compute_s_total"])
         learner.skipped_updates = int(saved.get("skipped_updates", 0))
+        if learner.depth_stats is not None:
+            learner.depth_stats = DepthStats(saved.get("depth_disagreement", ()))
         torch.set_rng_state(decode_rng_state(state["rng"]["torch"]))
         return learner, state.get("extra_state", {})

@@ -8,7 +8,8 @@ before the update (its log probabilities recomputed on the queued tokens) and ``
 * effective mask      ``m_{t,i} = action ∧ teacher-valid ∧ finite teacher logprob``
 * loss                ``−reduce(objective, m)``; the default reduction ``seq-mean-token-mean`` averages the valid
   tokens of each row, then averages over **all N rows**: a dead row (no valid token) contributes 0 and stays in the
-  denominator.
+  denominator. Optional per-row weights (``row_weights``: ``divopd-focus``'s task balance, TurnOPD's schedule) multiply
+  each row's term, ``Σ_t w_t ℓ_t / N``; without them (the paper: unit weights) nothing changes.
 
 With one optimizer update per batch ``r == 1`` at gradient evaluation and clipping is inactive (kept for generality).
 No entropy term, KL penalty, critic or reference model. Minimising the loss lowers the reverse KL to the teacher: the
@@ -71,7 +72,7 @@ def clipped_surrogate(ratio_NL: torch.Tensor, advantage_NL: torch.Tensor, clip_e
 
 
 def reduce_tokens(values_NL: torch.Tensor, mask_NL: torch.Tensor,
-                  reduction: str = "seq-mean-token-mean") -> torch.Tensor:
+                  reduction: str = "seq-mean-token-mean", row_weights_N: torch.Tensor | None = None) -> torch.Tensor:
     """Aggregate per-token values over valid positions into a scalar.
 
     * ``seq-mean-token-mean`` (paper): mean over the valid tokens of each row, then mean over all N rows; a dead row
@@ -79,11 +80,20 @@ def reduce_tokens(values_NL: torch.Tensor, mask_NL: torch.Tensor,
     * ``token-mean``: sum over all valid tokens ÷ number of valid tokens (0 when there is none).
     * ``seq-mean-token-sum``: sum over the valid tokens of each row, then mean over all N rows.
 
+    ``row_weights_N`` (seq-mean reductions only; ``None`` = unit weights, the paper's loss, computed exactly as without
+    the argument): each row's value is multiplied by its weight before the mean over all N rows, i.e.
+    ``Σ_t w_t ℓ_t / N`` (``divopd-focus``'s task balance, TurnOPD's schedule; such weights average 1).
+
     Masked positions are replaced by 0 with ``torch.where`` (not multiplied), so NaN/inf there never leak into the value
     or its gradient. With N = 0 rows the result is 0.
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; expected one of {REDUCTIONS}")
+    if row_weights_N is not None:
+        if reduction == "token-mean":
+            raise ValueError("row weights need a seq-mean reduction (seq-mean-token-mean or seq-mean-token-sum)")
+        if row_weights_N.shape != values_NL.shape[:1]:
+            raise ValueError(f"row weights have shape {tuple(row_weights_N.shape)}, expected ({values_NL.shape[0]},)")
     masked = torch.where(mask_NL, values_NL, torch.zeros_like(values_NL))
     n_rows = values_NL.shape[0]
     if reduction == "token-mean":
@@ -94,6 +104,8 @@ def reduce_tokens(values_NL: torch.Tensor, mask_NL: torch.Tensor,
         row_val = row_sum / torch.clamp(mask_NL.sum(dim=-1), min=1).to(masked.dtype)
     else:
         row_val = row_sum
+    if row_weights_N is not None:
+        row_val = row_val * row_weights_N.to(device=row_val.device, dtype=row_val.dtype)
     return row_val.sum() / max(n_rows, 1)
 
 
@@ -113,6 +125,7 @@ def opd_loss(
     beta: float = 1.0,
     clip_eps: float = 0.2,
     reduction: str = "seq-mean-token-mean",
+    row_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The paper's OPD loss: clipped surrogate of the stopped reverse-KL advantage, reduced ``seq-mean-token-mean``.
 
@@ -125,6 +138,7 @@ def opd_loss(
         beta: distillation coefficient β.
         clip_eps: PPO clip ε (inactive at r = 1).
         reduction: ``seq-mean-token-mean`` (paper), ``token-mean`` or ``seq-mean-token-sum``.
+        row_weights: [N] per-row loss weights (see :func:`reduce_tokens`); ``None`` = unit weights (the paper).
 
     Returns:
         ``(loss, metrics)``: scalar loss (finite for every input) and floats ``loss``, ``reverse_kl`` (mean over valid
@@ -144,7 +158,7 @@ def opd_loss(
     log_ratio = torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
     ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     objective = clipped_surrogate(ratio, adv, clip_eps)
-    loss = -reduce_tokens(objective, m, reduction)
+    loss = -reduce_tokens(objective, m, reduction, row_weights)
 
     with torch.no_grad():
         n_valid = int(m.sum())
@@ -189,6 +203,7 @@ def topk_reverse_kl_loss(
     *,
     beta: float = 1.0,
     reduction: str = "seq-mean-token-mean",
+    row_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Non-default estimator: ``β · reduce(KL_topk(p_θ ‖ p_T))`` over valid positions (see :func:`topk_reverse_kl`).
 
@@ -203,6 +218,7 @@ def topk_reverse_kl_loss(
         mask: [N, L] bool, action ∧ teacher-valid.
         beta: distillation coefficient β (scales the loss).
         reduction: as in :func:`opd_loss`; dead rows stay in the denominator.
+        row_weights: as in :func:`opd_loss`.
 
     Returns:
         ``(loss, metrics)`` with ``loss``, ``topk_reverse_kl`` (mean over valid positions), ``valid_tokens``,
@@ -219,7 +235,7 @@ def topk_reverse_kl_loss(
     given = mask.to(torch.bool)
     kl = topk_reverse_kl(student_topk_logprobs, teacher_topk_logprobs.detach())
     m = effective_mask(given, kl)
-    loss = beta * reduce_tokens(kl, m, reduction)
+    loss = beta * reduce_tokens(kl, m, reduction, row_weights)
     with torch.no_grad():
         metrics = {
             "loss": float(loss.detach()),

@@ -44,6 +44,13 @@ class LearnerConfig(BaseModel):
     old_logprobs: Literal["same-pass", "recompute"] = Field(
         "same-pass", description="θ_old log probs: detached values of the gradient pass (equal with one update per "
         "batch) or a separate no-grad forward.")
+    turn_balance_updates: int | None = Field(
+        None, ge=1, description="TurnOPD's loss schedule (our reading): row weights move the seq-mean-token-mean loss "
+        "from token-level (alpha 0: token-mean) to turn-balanced (alpha 1: each turn's KL divided by its length) "
+        "linearly over this many updates; null = unit row weights (the paper's loss).")
+    depth_stats: bool = Field(
+        False, description="Keep running per-turn-depth disagreement means and publish them with the weights "
+        "(TurnOPD's adaptive depth budget reads them; see divopd.learn.turnopd).")
     dtype: str = Field("float32", description="Model/training dtype: float32 | bfloat16 | float16.")
     device: str = Field("cpu", description="Torch device of the learner, e.g. cpu or cuda:0.")
     seed: int = Field(0, description="Seed of torch's RNG at learner start (restored on resume).")

@@ -1,8 +1,10 @@
 """The method rows of the paper's tables, in display order: the one list every report, replay and demo reads.
 
-A *row* is what a run's ``method`` names. Most rows are a sampler rule of :data:`~divopd.sampling.METHODS`; two
-change the explorer instead and read batches with another rule (``divopd-r``: the ``divopd`` sampler + teacher
-recovery; ``tcod-f2b``: the ``vanilla`` reader + TCOD-F2B horizons). Tags say which lists a row belongs to:
+A *row* is what a run's ``method`` names. Most rows are a sampler rule of :data:`~divopd.sampling.METHODS`; three
+change the explorer (and the loss) instead and read batches with another rule (``divopd-r``: the ``divopd`` sampler +
+teacher recovery; ``tcod-f2b``: the ``vanilla`` reader + TCOD-F2B horizons; ``turnopd``: the ``vanilla`` reader +
+TurnOPD's adaptive depth budget and turn-balanced loss schedule, :mod:`divopd.learn.turnopd`). Tags say which lists a
+row belongs to:
 
 - ``paper``: a row of the paper's main tables;
 - ``coverage``: a rule Table 11 compares on shared buffers (``divopd bench``'s coverage report);
@@ -75,3 +77,5 @@ add_row("tcod-f2b", "vanilla", "arrival-order reader + TCOD-F2B rollout-depth cu
         explorer="TCOD-F2B horizon: tcod.enabled")
 add_row("top-b", "top-b", "pool + gate + Top-B: all valid turns ranked by disagreement, no per-rollout limit",
         ("paper",))
+add_row("turnopd", "vanilla", "arrival-order reader + TurnOPD adaptive depth budget + token-to-turn loss schedule",
+        ("paper",), explorer="TurnOPD depth budget: turnopd.enabled (+ learner.turn_balance_updates)")

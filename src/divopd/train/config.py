@@ -4,10 +4,12 @@ A config file may name a ``base:`` file (relative to itself) whose keys it overr
 ``configs/`` only say what differs. Command-line ``--set a.b=c`` overrides are applied last; values are parsed as YAML
 (``--set sampler.cap=6``, ``--set explorer.recovery.enabled=true``, ``--set runtime.kind=ray``).
 
-The method row (``method``) decides the sampler rule; two rows change the explorer instead:
+The method row (``method``) decides the sampler rule; three rows change the explorer (and the loss) instead:
 
 - ``divopd-r``: the ``divopd`` sampler + teacher recovery (``explorer.recovery.enabled: true``);
-- ``tcod-f2b``: the ``vanilla`` reader + the TCOD-F2B horizon curriculum (``tcod.enabled: true``).
+- ``tcod-f2b``: the ``vanilla`` reader + the TCOD-F2B horizon curriculum (``tcod.enabled: true``);
+- ``turnopd``: the ``vanilla`` reader + TurnOPD's adaptive depth budget (``turnopd.enabled: true``, which needs
+  ``learner.depth_stats: true``) + its token-to-turn loss schedule (``learner.turn_balance_updates``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from divopd.explore.envs import ENVS, SPLITS
 from divopd.explore.explorer import ExplorerConfig
 from divopd.explore.tcod import TCODConfig
 from divopd.learn.learner import LearnerConfig
+from divopd.learn.turnopd import TurnOPDConfig
 from divopd.sampling import METHODS, ROWS, SamplerConfig
 from divopd.sampling.settings import sampler_kwargs, settings_model
 
@@ -35,7 +38,8 @@ METHOD_ROWS: dict[str, str] = {name: row.rule for name, row in ROWS.items() if r
 
 
 def sampler_method_for(method: str) -> str:
-    """The sampler rule of a method row (``divopd-r`` → ``divopd``, ``tcod-f2b`` → ``vanilla``, others unchanged)."""
+    """The sampler rule of a method row (``divopd-r`` → ``divopd``, ``tcod-f2b`` and ``turnopd`` → ``vanilla``, others
+    unchanged)."""
     row = ROWS.get(method)
     return row.rule if row is not None else method
 
@@ -119,7 +123,7 @@ class TrainConfig(_Strict):
     """Everything `divopd train` needs. Keys are documented in the README's config table."""
 
     setting: str = Field(description="Name of the experimental setting (groups runs in `divopd report`).")
-    method: str = Field(description="Method row: a sampler method, or divopd-r / tcod-f2b.")
+    method: str = Field(description="Method row: a sampler method, or divopd-r / tcod-f2b / turnopd.")
     seed: int = Field(0, ge=0, description="Seeds the learner, sampler and explorers.")
     out_dir: str = Field("runs", description="Runs are written to out_dir/<setting>/<method>/seed<seed>.")
     run_dir: str | None = Field(None, description="Explicit run directory (overrides out_dir layout).")
@@ -131,6 +135,7 @@ class TrainConfig(_Strict):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
     tcod: TCODConfig = Field(default_factory=TCODConfig)
+    turnopd: TurnOPDConfig = Field(default_factory=TurnOPDConfig)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
@@ -150,6 +155,15 @@ class TrainConfig(_Strict):
             raise ValueError("method divopd-r needs explorer.recovery.enabled: true")
         if self.method == "tcod-f2b" and not self.tcod.enabled:
             raise ValueError("method tcod-f2b needs tcod.enabled: true")
+        if self.method == "turnopd":
+            if not self.turnopd.enabled:
+                raise ValueError("method turnopd needs turnopd.enabled: true")
+            if self.learner.turn_balance_updates is None:
+                raise ValueError("method turnopd needs learner.turn_balance_updates (e.g. the run's updates)")
+        if self.turnopd.enabled and not self.learner.depth_stats:
+            raise ValueError("turnopd.enabled needs learner.depth_stats: true (the depth budget reads its statistics)")
+        if self.turnopd.enabled and self.tcod.enabled:
+            raise ValueError("turnopd.enabled and tcod.enabled both set a depth limit; enable one of them")
         if self.explorer.env not in ENVS:
             raise ValueError(f"explorer.env: unknown environment {self.explorer.env!r}; known: {', '.join(ENVS)}")
         for key in ("split", "eval_split"):

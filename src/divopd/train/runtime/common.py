@@ -88,10 +88,15 @@ def build_explorer(
     )
 
 
-def step_limit(cfg: TrainConfig, learner_version: int) -> int:
-    """A training explorer's step limit once the learner has made ``learner_version`` updates: ``explorer.max_steps``,
-    or with ``tcod.enabled`` TCOD-F2B's depth (:mod:`divopd.explore.tcod`; ``schedule: paper`` gives
-    ``min(max_steps, 1 + ⌊(learner_version + 1) / η⌋)``). Evaluators never use it: they keep the full ``max_steps``."""
+def step_limit(cfg: TrainConfig, weights: WeightHandle | int) -> int:
+    """A training explorer's step limit for the published ``weights`` (a handle, or its learner version):
+    ``explorer.max_steps``; with ``tcod.enabled`` TCOD-F2B's depth (:mod:`divopd.explore.tcod`; ``schedule: paper``
+    gives ``min(max_steps, 1 + ⌊(learner_version + 1) / η⌋)``); with ``turnopd.enabled`` TurnOPD's adaptive depth
+    budget from the per-depth disagreement means published with the handle (:mod:`divopd.learn.turnopd`). Evaluators
+    never use it: they keep the full ``max_steps``."""
+    learner_version = int(getattr(weights, "version", weights))
+    if cfg.turnopd.enabled:
+        return cfg.turnopd.step_limit(cfg.explorer.max_steps, getattr(weights, "depth_disagreement", None))
     if not cfg.tcod.enabled:
         return cfg.explorer.max_steps
     tcod = cfg.tcod

@@ -52,7 +52,7 @@ class LockstepRuntime:
         out: list[Rollout] = []
         while self._budget > 0:
             explorer = self._explorers[self._next]
-            explorer.config.max_steps = step_limit(self.cfg, self._weights.version)
+            explorer.config.max_steps = step_limit(self.cfg, self._weights)
             rollouts, steps = explorer.step_round()
             out.extend(rollouts)
             self._budget -= steps

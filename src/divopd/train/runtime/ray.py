@@ -47,7 +47,7 @@ class ExplorerActor:
 
     def collect(self, n: int, handle: Any) -> list[Any]:
         self.explorer.set_weights(handle)
-        self.explorer.config.max_steps = step_limit(self.cfg, handle.version)
+        self.explorer.config.max_steps = step_limit(self.cfg, handle)
         return self.explorer.collect(n)
 
     def evaluate(self, handle: Any, num_tasks: int) -> dict[str, float]:

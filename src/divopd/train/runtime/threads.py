@@ -68,7 +68,7 @@ class ExplorerWorker(threading.Thread):
             while not self.stop_event.is_set():
                 handle = self.weights.get()
                 explorer.set_weights(handle)
-                explorer.config.max_steps = step_limit(self.cfg, handle.version)
+                explorer.config.max_steps = step_limit(self.cfg, handle)
                 (rollout,) = explorer.collect(1)
                 while not self.stop_event.is_set():
                     try:
