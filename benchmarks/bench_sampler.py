@@ -29,7 +29,7 @@ from rich.table import Table
 from divopd import Turn
 from divopd.sampling import SamplerConfig, make_sampler
 
-METHODS = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus")
+METHODS = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus", "top-b")
 
 
 class TurnFactory:
