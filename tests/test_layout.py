@@ -93,8 +93,8 @@ def test_rows_cover_every_sampler_rule_and_keep_the_old_lists() -> None:
     assert set(METHODS) <= set(ROWS)
     assert all(ROWS[name].rule in METHODS for name in method_names())
     assert set(method_names()) >= set(METHODS)
-    assert method_names("paper")[:8] == ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd",
-                                         "divopd-focus", "divopd-r", "tcod-f2b")
+    assert method_names("paper") == ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus",
+                                     "top-b", "divopd-r", "tcod-f2b", "turnopd")  # the order of issue 14's list
     assert method_names("coverage") == ("vanilla", "nocap", "divopd-base", "divopd")
     assert method_names("replay") == ("vanilla", "divopd-base", "divopd")
     assert method_names("demo-replay") == ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd")

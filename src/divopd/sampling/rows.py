@@ -71,11 +71,11 @@ add_row("divopd", "divopd", "pool + gate + rollout-first cap k, focus within",
         ("paper", "coverage", "replay", "demo-replay"))
 add_row("divopd-focus", "divopd-focus", "earlier composer: no gate, task groups in seeded random order, 3-turn / "
         "25%-token first pass, task-balance row weights", ("paper",))
+add_row("top-b", "top-b", "pool + gate + Top-B: all valid turns ranked by disagreement, no per-rollout limit",
+        ("paper",))
 add_row("divopd-r", "divopd", "DivOPD + teacher recovery (+R) in no-progress rollouts", ("paper",),
         explorer="+R: explorer.recovery.enabled")
 add_row("tcod-f2b", "vanilla", "arrival-order reader + TCOD-F2B rollout-depth curriculum", ("paper",),
         explorer="TCOD-F2B horizon: tcod.enabled")
-add_row("top-b", "top-b", "pool + gate + Top-B: all valid turns ranked by disagreement, no per-rollout limit",
-        ("paper",))
 add_row("turnopd", "vanilla", "arrival-order reader + TurnOPD adaptive depth budget + token-to-turn loss schedule",
         ("paper",), explorer="TurnOPD depth budget: turnopd.enabled (+ learner.turn_balance_updates)")
