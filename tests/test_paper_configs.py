@@ -72,7 +72,7 @@ def test_scienceworld_configs_use_the_paper_split() -> None:
     for setting in ("scienceworld-1.5b", "scienceworld-3b"):
         ex = setting_config(setting).explorer
         assert ex.env_kwargs == {"split_scheme": "paper", "split_seed": 42}
-        assert (ex.split, ex.eval_split, ex.eval_tasks) == ("train", "test", 256)
+        assert (ex.split, ex.eval_split, ex.eval_tasks, ex.task_order) == ("train", "test", 256, "cycle")
 
 
 def test_every_config_under_configs_loads() -> None:

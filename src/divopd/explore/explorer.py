@@ -395,11 +395,17 @@ class Explorer:
         return self._new_env()
 
     def _train_task_stream(self) -> Iterator[str]:
-        """Training tasks in a seeded random order, reshuffled at every pass."""
+        """Training tasks: a seeded random order reshuffled at every pass, or (``task_order: cycle``) the split's own
+        order over and over, explorer ``i`` starting ``i`` tasks in."""
         if not self._train_tasks:
             self._train_tasks = list(self._envs[0].tasks(self.config.split))
             if not self._train_tasks:
                 raise ValueError(f"Explorer: env {self.config.env!r} has no tasks in split {self.config.split!r}")
+        if self.config.task_order == "cycle":
+            start = self.explorer_id % len(self._train_tasks)
+            while True:
+                yield from self._train_tasks[start:]
+                yield from self._train_tasks[:start]
         while True:
             order = list(self._train_tasks)
             self._task_rng.shuffle(order)

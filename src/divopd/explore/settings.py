@@ -3,7 +3,7 @@ student's decoding (:class:`GenerationSettings`); also importable from :mod:`div
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +37,10 @@ class ExplorerConfig(BaseModel):
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments of the environment.")
     num_envs: int = Field(4, ge=1, description="Env instances stepped in lockstep, one batched generate per turn.")
     split: str = Field("train", description="Task split for training rollouts.")
+    task_order: Literal["shuffle", "cycle"] = Field(
+        "shuffle", description="Training tasks: `shuffle` (a seeded random order per explorer, reshuffled every "
+        "pass) or `cycle` (the split's own order, over and over; the ScienceWorld paper split is shuffled once "
+        "with seed 42 and cycled, Appendix Table 6). Explorer i starts i tasks in.")
     eval_split: str = Field("dev", description="Held-out task split for evaluation.")
     eval_tasks: int = Field(50, ge=1, description="Evaluation uses the first N tasks of eval_split by default.")
     max_steps: int = Field(20, ge=1, description="Step limit per rollout (student and teacher steps together).")
