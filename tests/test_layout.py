@@ -119,3 +119,16 @@ def test_a_registered_method_gets_a_row_after_the_built_in_ones() -> None:
     finally:
         METHODS.pop(name, None)
         ROWS.pop(name, None)
+
+
+def test_no_source_file_over_400_lines_and_no_function_over_90() -> None:
+    """The house's size rule (issue 13: files ≤ 400 lines, functions ~80; 90 leaves room for long signatures)."""
+    long_files, long_functions = [], []
+    for path in SRC.rglob("*.py"):
+        text = path.read_text()
+        if len(text.splitlines()) > 400:
+            long_files.append(f"{path.relative_to(SRC)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 90:
+                long_functions.append(f"{path.relative_to(SRC)}:{node.name}: {node.end_lineno - node.lineno + 1}")
+    assert not long_files and not long_functions, "\n".join(long_files + long_functions)

@@ -12,24 +12,15 @@ expired or rejected by the end. ``unused_fraction`` = valid decided rollouts nev
 valid rollouts with a turn still waiting are reported as ``undecided_rollouts``. ``used_rollouts`` counts valid
 rollouts that were used (a rollout whose only selected turns are dead rows of an invalid rollout is not counted).
 
-The diagnostics of the paper's tables (:data:`TABLE_KEYS`, functions in :mod:`divopd.sampling.paper_diagnostics`):
-``never_selected_share`` (Table 11's name; the same number as ``unused_fraction``), ``selection_gini`` (Gini of
-selected-turn counts over every valid rollout, zeros included), the per-batch means ``turns_per_rollout_mean``,
-``kl_per_token_mean`` and ``mean_age`` (Tables 9, 12), the final ``disagreement_std_ema`` (Figure 6),
-``teacher_tokens_per_trained_token`` and ``never_selected_scored_share`` at the end of the log (Table 16: scored
-tokens of every delivered turn ÷ response tokens the method trained; share of those scored tokens in turns it never
-selected, still-waiting turns included), and ``selected_by_cell``/``selection_chain`` (Table 14: selected turns per
-turn-depth bucket × rollout outcome, counts and shares; ``--selection-chain`` prints them for vanilla, +gate
-(vanilla-pool), +coverage (divopd-base) and +focus (divopd)).
+The diagnostics of the paper's tables (:data:`TABLE_KEYS`; definitions in :mod:`divopd.sampling.paper_diagnostics`
+and docs/guides/report.md): Table 11's ``never_selected_share`` and ``selection_gini``, Tables 9 and 12's per-batch
+means, Figure 6's ``disagreement_std_ema``, Table 16's token shares, and Table 14's ``selection_chain``.
 
 The log is read once and streamed: all methods advance in lockstep and share the same :class:`~divopd.Turn` objects,
 so memory holds the turns some sampler still waits on (bounded by the staleness window), one record batch, and a few
 dozen bytes per rollout of bookkeeping.
 
-Usage::
-
-    divopd replay LOG --methods vanilla,divopd-base,divopd --batch-size 256 --pool-factor 4 --cap 4 \\
-        --max-staleness 2 --updates 100 --json replay.json --plot replay.png
+Command line: ``divopd replay LOG --methods vanilla,divopd-base,divopd --json replay.json`` (docs/guides/replay.md).
 """
 
 from __future__ import annotations
@@ -37,7 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,6 +42,7 @@ from divopd.analysis.replay_output import (
     render_table,
     write_json,
 )
+from divopd.analysis.replay_rules import cell_counts, deliveries, log_updates, rollout_coverage, waiting_rollouts
 from divopd.experience import Turn
 from divopd.experience.log import LoggedTurn, read_log
 from divopd.sampling import METHODS, Sampler, SamplerConfig, make_sampler
@@ -63,6 +55,7 @@ __all__ = [
     "ReplayConfig",
     "add_arguments",
     "deliveries",
+    "log_updates",
     "plot_replay",
     "render_diagnostics",
     "render_selection_chain",
@@ -170,33 +163,6 @@ class ReplayConfig:
         return SamplerConfig(method=method, seed=self.seed, **sampler_kwargs(self))
 
 
-# ---------------------------------------------------------------------------------------------------- delivery
-def deliveries(stream: Iterable[LoggedTurn], updates: int) -> Iterator[tuple[int, list[LoggedTurn]]]:
-    """Replay's delivery rule: for tick ``j`` in ``0…U−1``, the not-yet-delivered turns with ``arrival_update ≤ j``.
-
-    Yields ``(j, turns)`` for every tick (``turns`` may be empty), in arrival order. The stream must be in arrival
-    order with non-decreasing ``arrival_update`` (logs are checked by the reader; this rechecks plain iterables).
-    Turns with ``arrival_update ≥ U`` are never delivered, and reading stops at the first of them.
-    """
-    it = iter(stream)
-    nxt = next(it, None)
-    last: LoggedTurn | None = None
-    for j in range(updates):
-        batch: list[LoggedTurn] = []
-        while nxt is not None and nxt.arrival_update <= j:
-            if last is not None and (nxt.arrival <= last.arrival or nxt.arrival_update < last.arrival_update):
-                raise ValueError(
-                    f"replay input out of order: (arrival {nxt.arrival}, arrival_update {nxt.arrival_update}) after "
-                    f"(arrival {last.arrival}, arrival_update {last.arrival_update})"
-                )
-            if nxt.arrival_update < 0:
-                raise ValueError(f"replay input: negative arrival_update {nxt.arrival_update} at arrival {nxt.arrival}")
-            batch.append(nxt)
-            last = nxt
-            nxt = next(it, None)
-        yield j, batch
-
-
 # ---------------------------------------------------------------------------------------------------- bookkeeping
 @dataclass
 class _Track:
@@ -219,42 +185,6 @@ class _Track:
     selected_per_rollout: Counter[str] = field(default_factory=Counter)
     cells: Counter[tuple[str, str]] = field(default_factory=Counter)
     series: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in SERIES_KEYS})
-
-
-def waiting_rollouts(sampler: Sampler) -> Counter[str]:
-    """Rollout id -> number of its turns still waiting (pending or queued) in ``sampler``, from its public state."""
-    state = sampler.state_dict()
-    counts: Counter[str] = Counter()
-    for key in ("queue", "pending"):
-        if key not in state:
-            raise RuntimeError(f"sampler state_dict has no {key!r} entry; replay cannot tell which turns still wait")
-        for _, turn, *_ in state[key]:  # pending entries also carry their first-seen update
-            counts[turn["rollout_id"]] += 1
-    return counts
-
-
-def rollout_coverage(valid: set[str], used: set[str], waiting: Counter[str]) -> dict[str, Any]:
-    """Table 11's coverage rule.
-
-    Args:
-        valid: rollouts with at least one delivered turn that passes the gate.
-        used: rollouts with at least one selected turn.
-        waiting: rollouts with turns still pending or queued at the end (-> count).
-
-    Returns:
-        ``valid_rollouts``, ``used_rollouts`` (valid ∧ used), ``undecided_rollouts`` (valid with a turn still
-        waiting) and ``unused_fraction`` = |valid ∧ decided ∧ ¬used| ÷ |valid ∧ decided| (``None`` when no valid
-        rollout is decided).
-    """
-    undecided = {r for r in valid if waiting.get(r, 0) > 0}
-    decided = valid - undecided
-    unused = decided - used
-    return {
-        "valid_rollouts": len(valid),
-        "used_rollouts": len(valid & used),
-        "undecided_rollouts": len(undecided),
-        "unused_fraction": (len(unused) / len(decided)) if decided else None,
-    }
 
 
 # ---------------------------------------------------------------------------------------------------- replay
@@ -349,17 +279,11 @@ def _method_result(tr: _Track, updates: int, valid: set[str], scored: int) -> di
         "disagreement_std_ema": tr.ema,
         "teacher_tokens_per_trained_token": pd.teacher_tokens_per_trained_token(scored, tr.trained_tokens),
         "never_selected_scored_share": pd.never_selected_scored_share(scored, tr.scored_selected),
-        "selected_by_cell": _cell_counts(tr.cells),
+        "selected_by_cell": cell_counts(tr.cells),
         "selection_chain": pd.cell_shares(tr.cells),
     }
     return ({k: result[k] for k in RESULT_KEYS} | {k: table[k] for k in TABLE_KEYS}
             | {"series": tr.series, "ledger": ledger})
-
-
-def _cell_counts(cells: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
-    """``{bucket: {outcome: count}}``: every bucket, and the outcomes that :func:`~pd.cell_shares` shows."""
-    shares = pd.cell_shares(cells)
-    return {b: {o: cells.get((b, o), 0) for o in row} for b, row in shares.items()}
 
 
 def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfig) -> dict[str, Any]:
@@ -408,22 +332,11 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
         "delivered_rollouts": len(delivered_rollouts),
         "arrival_drain_ratio": delivered / (updates * config.batch_size),
         "scored_tokens": scored,
-        "delivered_by_cell": _cell_counts(delivered_cells),
+        "delivered_by_cell": cell_counts(delivered_cells),
         "delivered_chain": pd.cell_shares(delivered_cells),
         "series": top_series,
         "methods": {name: _method_result(tr, updates, valid, scored) for name, tr in tracks.items()},
     }
-
-
-def log_updates(path: str | os.PathLike) -> int:
-    """``max(arrival_update) + 1`` of a log (reads only that column): the default number of ticks."""
-    from divopd.experience.log import iter_record_batches
-
-    last = -1
-    for batch in iter_record_batches(path, columns=["arrival_update"], validate=False):
-        if batch.num_rows:
-            last = max(last, int(batch.column("arrival_update").to_numpy().max()))
-    return last + 1
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

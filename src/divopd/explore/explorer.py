@@ -29,8 +29,8 @@ Example::
     explorer.set_weights(learner.publish())  # applied at the next rollout boundary
     explorer.evaluate(num_tasks=50)          # T = 0.4, seeded: {"eval/success_rate": ..., "eval/mean_score": ...}
 
-The settings are :mod:`divopd.explore.settings` (importable from here), the episode records and the Rollout built from
-one :mod:`divopd.explore.episode`, the teacher's scoring :mod:`divopd.explore.scoring`.
+Settings: :mod:`divopd.explore.settings`; episode records: :mod:`~divopd.explore.episode`; teacher scoring:
+:mod:`~divopd.explore.scoring`; training task order: :mod:`~divopd.explore.tasks`.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from divopd.explore.generation import Generation, HFGenerator
 from divopd.explore.prompting import decode_action, encode_prompt
 from divopd.explore.scoring import score_responses, teacher_scores
 from divopd.explore.settings import ExplorerConfig, GenerationSettings
+from divopd.explore.tasks import close_quietly, reset_with_retries, start_env, task_stream
 
 __all__ = ["Explorer", "ExplorerConfig", "GenerationSettings", "Rollout"]
 
@@ -360,17 +361,8 @@ class Explorer:
         task = next(tasks, None)
         if task is None:
             return None
-        for attempt in range(self.config.max_env_restarts + 1):
-            try:
-                first = envs[i].reset(task)
-                break
-            except EnvCrash as exc:
-                self._stats["env_crashes"] += 1
-                log.warning("explorer %s: env crashed on reset of %s (%s)", self.explorer_id, task, exc)
-                if attempt == self.config.max_env_restarts:
-                    raise RuntimeError(f"Explorer {self.explorer_id}: env {self.config.env!r} crashed on "
-                                       f"{attempt + 1} consecutive starts; last error: {exc}") from exc
-                envs[i] = self._replace_env(envs[i])
+        first = reset_with_retries(envs, i, task, self._replace_env, self.config.max_env_restarts, self._stats,
+                                   f"Explorer {self.explorer_id}", self.config.env)
         rollout_id = f"{self.id_prefix}{self.explorer_id}-{self._n_rollouts}"
         self._n_rollouts += 1
         episode = Episode(rollout_id=rollout_id, task=task, first_observation=first,
@@ -379,37 +371,19 @@ class Explorer:
         return episode
 
     def _new_env(self) -> Env:
-        for attempt in range(self.config.max_env_restarts):
-            try:
-                return self._env_factory()
-            except EnvCrash as exc:
-                log.warning("explorer %s: env start failed (%s), attempt %d", self.explorer_id, exc, attempt + 1)
-        raise RuntimeError(f"Explorer {self.explorer_id}: could not start env {self.config.env!r} "
-                           f"in {self.config.max_env_restarts} attempts")
+        return start_env(self._env_factory, self.config.max_env_restarts, f"Explorer {self.explorer_id}",
+                         self.config.env)
 
     def _replace_env(self, env: Env) -> Env:
-        try:
-            env.close()
-        except Exception as exc:
-            log.warning("explorer %s: closing a crashed env failed: %s", self.explorer_id, exc)
+        close_quietly(env, f"explorer {self.explorer_id}")
         return self._new_env()
 
     def _train_task_stream(self) -> Iterator[str]:
-        """Training tasks: a seeded random order reshuffled at every pass, or (``task_order: cycle``) the split's own
-        order over and over, explorer ``i`` starting ``i`` tasks in."""
         if not self._train_tasks:
             self._train_tasks = list(self._envs[0].tasks(self.config.split))
             if not self._train_tasks:
                 raise ValueError(f"Explorer: env {self.config.env!r} has no tasks in split {self.config.split!r}")
-        if self.config.task_order == "cycle":
-            start = self.explorer_id % len(self._train_tasks)
-            while True:
-                yield from self._train_tasks[start:]
-                yield from self._train_tasks[:start]
-        while True:
-            order = list(self._train_tasks)
-            self._task_rng.shuffle(order)
-            yield from order
+        return task_stream(self._train_tasks, self.config.task_order, self._task_rng, self.explorer_id)
 
     def _apply_pending_weights(self) -> None:
         with self._lock:
