@@ -154,6 +154,8 @@ LOG_COLUMNS: dict[str, str] = {
     "response_ids": "Response token ids (length `response_len`).",
     "success": "Rollout outcome (nullable).",
     "env": "Environment name (nullable).",
+    "task": "The rollout's task (nullable; `divopd-focus` groups turns by it, so replays and resumes keep its "
+            "groups).",
     "teacher_acted": "The teacher produced this turn's action (+R recovery).",
 }
 

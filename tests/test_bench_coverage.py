@@ -54,3 +54,19 @@ def test_markdown_tables_aggregate_over_seeds_and_logs(tmp_path) -> None:
     assert "| divopd (divopd) | 2 | 6 ± 0 | 0.0 ± 0.0% | 1.70 ± 0.00 | 66.7 ± 0.0% |" in text
     assert "empty" not in text and "each of the 3 logs" in text
     assert coverage_markdown({"x": [None]}) == ["No run of this group has an experience log yet."]
+
+
+def test_the_runs_own_w_and_group_order_are_replayed(tmp_path, monkeypatch) -> None:
+    import divopd.analysis.replay as replay_module
+
+    seen = []
+    real = replay_module.replay
+
+    def spy(log, config):
+        seen.append(config)
+        return real(log, config)
+
+    monkeypatch.setattr(replay_module, "replay", spy)
+    run_coverage(fake_run(tmp_path / "w", "divopd-base", extra=("sampler.max_pending_age=0",
+                                                                "sampler.group_order=arrival")))
+    assert seen and all(c.max_pending_age == 0 and c.group_order == "arrival" for c in seen)

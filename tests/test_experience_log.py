@@ -104,9 +104,10 @@ def test_schema_is_exactly_the_issue_columns_and_types():
         "success": pa.bool_(),
         "env": pa.string(),
         "teacher_acted": pa.bool_(),
+        "task": pa.string(),  # optional, added for divopd-focus's task groups (issue 14)
     }
     assert {f.name: f.type for f in SCHEMA} == expected
-    assert set(OPTIONAL_COLUMNS) == {"prompt_ids", "response_ids", "success", "env", "teacher_acted"}
+    assert set(OPTIONAL_COLUMNS) == {"prompt_ids", "response_ids", "success", "env", "teacher_acted", "task"}
     assert set(REQUIRED_COLUMNS) | set(OPTIONAL_COLUMNS) == set(expected)
 
 
@@ -359,3 +360,27 @@ def test_require_ids_rejects_logs_without_token_ids(tmp_path):
     write_log(tmp_path / "ids.parquet", [make_turn()], write_ids=True)
     (back,) = read_log(tmp_path / "ids.parquet", require_ids=True)
     assert back.turn.response_ids.tolist() == [100, 101, 102]
+
+
+def test_the_task_survives_the_log_so_divopd_focus_groups_replay_and_resume_alike(tmp_path):
+    """divopd-focus groups turns by ``info["task"]``: a turn read back from a log must keep it (and old logs without
+    the column read back without it)."""
+    from divopd.sampling import SamplerConfig, make_sampler
+
+    turns = [Turn(rollout_id=f"r{r}", turn_index=t, policy_version=0, prompt_ids=[1, 2], response_ids=[3, 4],
+                  student_logprobs=[-0.1 * t, -0.2], teacher_logprobs=[-0.5 - r, -1.0],
+                  info={"task": f"T{r % 2}", "env": "tiny"}) for r in range(6) for t in range(3)]
+    write_log(tmp_path / "t.parquet", [(t, i, 0) for i, t in enumerate(turns)])
+    back = [b.turn for b in read_log(tmp_path / "t.parquet")]
+    assert [t.info.get("task") for t in back] == [t.info["task"] for t in turns]
+
+    def batch(ts):
+        s = make_sampler(SamplerConfig("divopd-focus", batch_size=6, pool_factor=3, seed=3))
+        s.add(ts)
+        b = s.next_batch(0)
+        return [t.key for t in b.turns], b.row_weights
+
+    assert batch(back) == batch(turns)
+    old = pq.read_table(tmp_path / "t.parquet").drop(["task"])
+    pq.write_table(old, tmp_path / "old.parquet")
+    assert all("task" not in b.turn.info for b in read_log(tmp_path / "old.parquet"))

@@ -5,7 +5,8 @@ disagreement, caps a group at three turns and a task's token share at 25% on the
 relaxing, and enables per-rollout task-balance loss weights." It gives no code and no formula; our reading:
 
 * **No gate.** Every non-stale turn read from the queue is a candidate, invalid ones too (the sampler's ``gated=False``
-  method flag): an invalid turn that is selected is counted ``selected`` and is a dead row in the loss, as in vanilla;
+  method flag): an invalid turn that is selected is counted ``selected`` and trained as vanilla would train it (a
+  dead row when it has no valid token; a truncated-prompt or logprob-less turn still trains on its valid tokens);
   an unselected one waits in the pending pool like any other candidate.
 * **Task groups.** A turn's group is its task, ``turn.info["task"]`` when the explorer recorded one (every divopd
   explorer does), else its rollout id (a rollout is then its own task). Groups are visited in a seeded random order:

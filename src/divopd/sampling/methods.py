@@ -1,9 +1,11 @@
 """Batch composers, registered by method name.
 
 A composer picks ``batch_size`` entries from a candidate pool of valid, non-stale turns and returns them in
-composition order. The pool is given in arrival order (pending turns first, then fresh ones, all oldest first). An
-entry is an ``(arrival, Turn)`` pair. Register a new rule with :func:`register_method`; it then works everywhere a
-method name is accepted (configs, ``divopd replay``, ``divopd train``).
+composition order. The pool is given in *visiting order* (Algorithm 1, step 4): rollout groups by their oldest
+first-seen update, ties by rollout id, arrival order inside a group (``group_order: arrival``: plain arrival
+order), so that a group's first appearance is its turn to be visited. An entry is an ``(arrival, Turn)`` pair; a rule
+that needs age uses the arrival number, not the list position. Register a new rule with :func:`register_method`; it
+then works everywhere a method name is accepted (configs, ``divopd replay``, ``divopd train``).
 
 The built-in rules also have a *selector*: the same rule over :class:`PoolColumns`, numpy arrays of the per-turn
 scalars the rule reads, which the sampler keeps alongside its pool. The sampler uses the selector when there is one
@@ -205,7 +207,7 @@ def compose_rollout_first(
     """Rollout-first composition: group by rollout, visit longest-waiting groups first, cap k on the first pass.
 
     Args:
-        pool: candidates in arrival order.
+        pool: candidates in visiting order (groups by first appearance; see the module docstring).
         batch_size: B.
         cap: first-pass cap k (``None`` = no cap).
         within: within-rollout order, ``"focus"`` or ``"uniform"``.
@@ -217,8 +219,8 @@ def compose_rollout_first(
     """
     if within not in ("focus", "uniform"):
         raise ValueError(f"within-rollout order must be 'focus' or 'uniform', got {within!r}")
-    # 1. Group by rollout. The pool is in arrival order, so first appearance = the group's oldest arrival: insertion
-    #    order is "longest-waiting first" (arrivals are unique, so no ties remain to break). A member is its pool
+    # 1. Group by rollout. The pool is in visiting order, so first appearance = the group's turn: insertion order is
+    #    "longest-waiting first" (Algorithm 1: by first-seen update, then rollout id). A member is its pool
     #    index; for focus it is decorated as (−disagreement, turn_index, index), so that a plain sort of the group
     #    is focus order (the rollout id is shared inside a group) with ties kept in pool order.
     index_of: dict[str, int] = {}

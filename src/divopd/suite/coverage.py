@@ -29,6 +29,7 @@ _KEYS = ("valid_rollouts", "unused_fraction", "effective_rollouts_mean", "max_ro
 def run_coverage(run_dir: str | Path) -> dict[str, Any] | None:
     """Coverage of one run from its own log: ``{"own": {...}, "shared": {rule: {...}}}`` (None: no log yet)."""
     from divopd.analysis.replay import ReplayConfig, replay
+    from divopd.sampling.settings import sampler_kwargs
     from divopd.train.config import load_config, sampler_method_for
 
     run_dir = Path(run_dir)
@@ -37,8 +38,9 @@ def run_coverage(run_dir: str | Path) -> dict[str, Any] | None:
         return None
     cfg = load_config(run_dir / "config.yaml")
     s = cfg.sampler
-    common = dict(batch_size=s.batch_size, pool_factor=s.pool_factor, cap=s.cap, max_staleness=s.max_staleness,
-                  max_pending=s.max_pending, updates=cfg.updates, seed=cfg.seed)
+    # every sampler setting of the run (W and the group order included) but the cap unit: the shared table counts turns
+    common = {k: v for k, v in sampler_kwargs(s).items() if k != "cap_unit"} | {"updates": cfg.updates,
+                                                                                "seed": cfg.seed}
     own_rule = sampler_method_for(cfg.method)
     # One pass over the log serves both tables when the run's cap counts turns; a token cap needs its own replay.
     rules = PAPER_RULES + (() if own_rule in PAPER_RULES else (own_rule,))

@@ -36,10 +36,11 @@ SCHEMA = pa.schema(
         pa.field("success", pa.bool_()),
         pa.field("env", pa.string()),
         pa.field("teacher_acted", pa.bool_(), nullable=False),
+        pa.field("task", pa.string()),
     ]
 )
 
-OPTIONAL_COLUMNS: tuple[str, ...] = ("prompt_ids", "response_ids", "success", "env", "teacher_acted")
+OPTIONAL_COLUMNS: tuple[str, ...] = ("prompt_ids", "response_ids", "success", "env", "teacher_acted", "task")
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(n for n in SCHEMA.names if n not in OPTIONAL_COLUMNS)
 #: Columns that may not hold nulls.
 NOT_NULL: tuple[str, ...] = tuple(f.name for f in SCHEMA if not f.nullable)
@@ -61,7 +62,7 @@ NON_NEGATIVE: tuple[str, ...] = (
     "prompt_len",
     "response_len",
 )
-_INFO_KEYS = ("env", "success", "teacher_acted")
+_INFO_KEYS = ("env", "success", "teacher_acted", "task")  # task: divopd-focus groups by it
 _TOKEN_ARRAYS = ("action_mask", "student_logprobs", "teacher_logprobs", "teacher_valid_mask")
 PART_PATTERN = re.compile(r"^part-(\d+)\.parquet$")
 

@@ -39,7 +39,7 @@ def turn_to_row(turn: Turn, arrival: int, arrival_update: int, write_ids: bool =
     """
     info = turn.info or {}
     success = info.get("success")
-    env = info.get("env")
+    env, task = info.get("env"), info.get("task")
     arrays = {name: getattr(turn, name) for name in _TOKEN_ARRAYS}
     if turn.length_mismatch is not None:
         # The log cannot hold a per-token array of the wrong length. Such a turn is invalid (gate: length_mismatch);
@@ -61,6 +61,7 @@ def turn_to_row(turn: Turn, arrival: int, arrival_update: int, write_ids: bool =
         "success": None if success is None else bool(success),
         "env": None if env is None else str(env),
         "teacher_acted": bool(info.get("teacher_acted", False)),
+        "task": None if task is None else str(task),
     }
     if write_ids:
         row["prompt_ids"] = turn.prompt_ids
