@@ -170,13 +170,22 @@ def test_diagnostics_every_n_updates(tiny_models: dict[str, str], tmp_path: Path
     assert all("diag/focus_spearman" in r for r in updates if r["update"] in (2, 4))
 
 
-def test_existing_run_dir_needs_resume(tiny_models: dict[str, str], tmp_path: Path) -> None:
+def test_existing_run_dir_needs_resume(tiny_models: dict[str, str], tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
     from divopd.train import train
 
     cfg = tiny_config(tiny_models, tmp_path / "run", "divopd", updates=2)
     train(cfg)
     with pytest.raises(FileExistsError, match="--resume"):
         train(cfg)
+    cfg_path = tmp_path / "cfg.yaml"  # from the command line: one line naming --resume, exit 2, no traceback
+    cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    from divopd.cli import main
+
+    capsys.readouterr()
+    assert main(["train", str(cfg_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "already holds a run" in err and "--resume" in err and "\n" not in err and "Traceback" not in err
     summary = train(resume=tmp_path / "run")  # finished run: nothing left to do, ledger intact
     assert summary["updates"] == 2 and summary["resumed"]
     assert_ledger_identity(summary["ledger"])
@@ -246,6 +255,7 @@ def test_eval_checkpoint(tiny_models: dict[str, str], tmp_path: Path) -> None:
     train(tiny_config(tiny_models, tmp_path / "run", "divopd-base", updates=2))
     results = evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "update-000002", tasks=3)
     assert results["eval/episodes"] == 3 and 0 <= results["eval/success_rate"] <= 1
+    assert results["eval/policy_version"] == 2.0  # the checkpoint's learner version
     with pytest.raises(FileNotFoundError, match="config"):
         evaluate_checkpoint(tiny_models["student"])
 

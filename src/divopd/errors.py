@@ -19,6 +19,7 @@ from typing import Any
 __all__ = [
     "ConfigError",
     "InputFileError",
+    "RunExistsError",
     "UsageError",
     "check_model_folder",
     "check_tokenizer_folder",
@@ -42,6 +43,10 @@ class ConfigError(UsageError, ValueError):
 
 class InputFileError(UsageError, FileNotFoundError):
     """An input file or folder that does not exist or is not what the command needs."""
+
+
+class RunExistsError(UsageError, FileExistsError):
+    """A fresh run was asked for in a run directory that already holds one (``--resume`` it, or choose another)."""
 
 
 def one_line(text: Any, limit: int = 600) -> str:

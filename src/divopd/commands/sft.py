@@ -29,7 +29,8 @@ __all__ = ["add_arguments", "collect_gold_examples", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--env", default="twx", help="environment registry name (twx, scienceworld, tiny)")
+    parser.add_argument("--env", default="twx",
+                        help="environment registry name (twx, scienceworld, tiny, webshop-offline, ...)")
     parser.add_argument("--env-kwargs", default="{}", help='JSON constructor arguments, e.g. \'{"game": "coin"}\'')
     parser.add_argument("--out", required=True, help="output folder (HF model + tokenizer + sft.json)")
     parser.add_argument("--init", default=None, help="start from this HF model folder instead of a fresh tiny model")

@@ -34,7 +34,7 @@ PROMPT = {"past_observation_max_words": 8}
 
 
 def _sft(argv: list[str]) -> None:
-    from divopd import sft_cli
+    from divopd.commands import sft as sft_cli
 
     parser = argparse.ArgumentParser(prog="divopd sft")
     sft_cli.add_arguments(parser)

@@ -78,7 +78,7 @@ _SHORT = {"arrival/drain": "load", "valid rollouts": "valid", "eff. rollouts/bat
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The summary as a Markdown table (what docs/sections/replay.md shows)."""
+    """The summary as a Markdown table (what docs/guides/replay.md shows)."""
     lines = md_table([h for h, _, _ in TABLE], ([cell(r) for _, _, cell in TABLE] for r in rows),
                      align="".join(a for _, a, _ in TABLE))
     return "\n".join(lines) + "\n"

@@ -43,11 +43,21 @@ def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None
         over.append(f"explorer.eval_split={split}")
     cfg = load_config(config, over)
     explorer = build_explorer(cfg, 0, 0, None, None, evaluation=True)
+    explorer.policy_version = _checkpoint_version(checkpoint)  # reported as eval/policy_version
     try:
         results = explorer.evaluate(num_tasks=tasks or cfg.eval.tasks, **cfg.eval.sampling(cfg.seed))
     finally:
         explorer.close()
     return {"checkpoint": str(checkpoint), "split": cfg.explorer.eval_split, **results}
+
+
+def _checkpoint_version(checkpoint: Path) -> int:
+    """The learner version a checkpoint holds (its ``state.json``); 0 for a plain model folder (e.g. an SFT model)."""
+    from divopd.learn.checkpoint import STATE_FILE, read_state
+
+    if not (checkpoint / STATE_FILE).is_file():
+        return 0
+    return int(read_state(checkpoint).get("learner", {}).get("version", 0))
 
 
 def __getattr__(name: str) -> Any:

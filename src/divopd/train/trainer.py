@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from divopd.errors import RunExistsError
 from divopd.experience import Rollout
 from divopd.experience.log import (
     ExperienceLogError,
@@ -264,7 +265,8 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     run_dir = Path(resume) if resume is not None else cfg.resolved_run_dir()
     ckpt = latest_checkpoint(run_dir / CHECKPOINTS) if (run_dir / CHECKPOINTS).is_dir() else None
     if resume is None and (run_dir / "metrics.jsonl").exists():
-        raise FileExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it")
+        raise RunExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose "
+                             "another seed or --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
 

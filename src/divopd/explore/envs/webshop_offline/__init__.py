@@ -23,7 +23,16 @@ from divopd.explore.envs.webshop_offline.catalog import (
     purchase_reward,
 )
 from divopd.explore.envs.webshop_offline.engine import SearchIndex, Shop, ShopSession
-from divopd.explore.envs.webshop_offline.server import WebShopServer
+
+
+def __getattr__(name: str) -> type:
+    """``WebShopServer``, imported on first use, so that ``python -m divopd.explore.envs.webshop_offline.server`` runs
+    the module once (no runpy warning about it being imported already)."""
+    if name == "WebShopServer":
+        from divopd.explore.envs.webshop_offline.server import WebShopServer
+
+        return WebShopServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "Catalog",
