@@ -34,6 +34,8 @@ def _imports(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+            if node.module == "divopd":  # from divopd import gate: the submodule divopd.gate
+                names.update(f"divopd.{a.name}" for a in node.names if a.name.islower() and a.name[0] != "_")
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
     return {n for n in names if n.startswith("divopd.")}
