@@ -5,7 +5,7 @@
 Pages: ``cli.md`` (every verb's ``--help``), ``config.md`` (every key of the config schema), ``metrics.md`` (the keys
 of ``metrics.jsonl``), ``experience-log.md`` (the Parquet columns of the experience log) and ``run-dir.md`` (the run
 directory layout). The tables of metrics keys, log columns and run-directory entries are kept here, next to the code
-that renders them; ``tests/test_docs.py`` checks them against a real training run, the log ``SCHEMA`` and the CLI, and
+that renders them; ``tests/test_readme.py`` checks them against a real training run, the log ``SCHEMA`` and the CLI, and
 that the committed pages equal a fresh generation.
 """
 
@@ -61,7 +61,8 @@ METRICS: list[tuple[str, str, str]] = [
     ("sampler/distinct_rollouts", "update", "Rollouts in the batch."),
     ("sampler/effective_rollouts", "update", "1/Σ_r p_r², p_r = rollout r's share of the batch's response tokens."),
     ("sampler/max_rollout_share", "update", "max_r p_r: the largest rollout's token share."),
-    ("sampler/dead_rows", "update", "Selected rows with no valid token (only `vanilla` can select them)."),
+    ("sampler/dead_rows", "update",
+     "Selected rows with no valid token (only the ungated rules `vanilla` and `divopd-focus`)."),
     ("sampler/response_tokens", "update", "Response tokens of the batch."),
     ("sampler/valid_tokens", "update", "Valid tokens of the batch."),
     ("sampler/mean_staleness", "update",
@@ -94,7 +95,7 @@ METRICS: list[tuple[str, str, str]] = [
     # ledger
     ("ledger/received", "update", "Turns received so far (= selected + expired + invalid + pending + queued)."),
     ("ledger/selected", "update", "Turns selected into a batch so far."),
-    ("ledger/expired", "update", "Turns expired so far (stale, or pending overflow)."),
+    ("ledger/expired", "update", "Turns expired so far (stale, pending_age, or pending overflow)."),
     ("ledger/invalid", "update", "Turns the gate rejected so far."),
     ("ledger/pending", "update", "Valid turns waiting in the pending pool."),
     ("ledger/queued", "update", "Turns in the queue, not yet read into a pool."),
