@@ -23,6 +23,7 @@ for i in $(seq "$RUNS"); do
   threads=$(( (i % 2) ? 1 : 2 ))
   start=$(date +%s)
   if OMP_NUM_THREADS=$threads make test >"$WORK/run$i.log" 2>&1; then verdict=green; else verdict=RED; status=1; fi
-  echo "run $i: OMP_NUM_THREADS=$threads $verdict in $(( $(date +%s) - start )) s: $(tail -n 1 "$WORK/run$i.log")"
+  summary=$(grep -E "[0-9]+ (passed|failed)" "$WORK/run$i.log" | tail -n 1)
+  echo "run $i: OMP_NUM_THREADS=$threads $verdict in $(( $(date +%s) - start )) s: ${summary:-$(tail -n 1 "$WORK/run$i.log")}"
 done
 exit $status
