@@ -18,6 +18,7 @@ import pytest
 
 from divopd.cli import COMMANDS
 from divopd.train.config import config_reference
+from test_train import tiny_models  # noqa: F401  (the tiny student and teacher fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -117,27 +118,13 @@ def _documented(key: str, patterns: list[str]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, str]) -> Path:  # noqa: F811
     """A real 2-update DivOPD+R training run (lockstep, tiny env and models, diagnostics and evals on)."""
-    from divopd.explore.envs import make_env
-    from divopd.models.tiny import build_model, build_tokenizer
     from divopd.train.config import load_config
     from divopd.train.run import train
 
     out = tmp_path_factory.mktemp("docs-run")
-    env = make_env("tiny")
-    texts = ["You are an agent. Valid actions: move east west take coin"]
-    for task in env.tasks("train")[:30]:
-        texts.append(env.reset(task))
-        for action in env.gold_actions(task) or []:
-            texts += [action, env.step(action)[0]]
-    tok = build_tokenizer(texts)
-    paths = {}
-    for name, seed in (("student", 0), ("teacher", 1)):
-        model = build_model(tok, size="0.2m", seed=seed)
-        model.save_pretrained(out / name)
-        tok.save_pretrained(out / name)
-        paths[name] = str(out / name)
+    paths = tiny_models
     run_dir = out / "run"
     data = {
         "setting": "docs", "method": "divopd-r", "seed": 0, "updates": 2, "run_dir": str(run_dir),
