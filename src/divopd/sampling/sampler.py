@@ -77,7 +77,6 @@ class Sampler:
         self._expiry: list[tuple[int, int]] = []  # heap of (policy_version, arrival) over queued turns
         self._pending: dict[int, Turn] = {}  # arrival -> turn: gated, unselected, in arrival order
         self._seen: dict[int, int] = {}  # arrival -> first-seen update q of each pending turn (Algorithm 1, step 3)
-        self._last_first_seen: list[int] = []
         self._columns = PoolColumns.empty()  # the pending turns' scalars, aligned with the order of self._pending
         self._codes: dict[str, int] = {}  # rollout id -> int code of PoolColumns.group
         self._next_arrival = 0
@@ -156,10 +155,10 @@ class Sampler:
         before_expired, before_invalid = self._counts["expired"], self._counts["invalid"]
         self._expire_stale(learner_version)
         if self.method.pooled:
-            selected, candidates = self._compose_pooled(learner_version)
+            selected, candidates, first_seen = self._compose_pooled(learner_version)
         else:
             selected = self._read_arrival_order()
-            candidates = None
+            candidates, first_seen = None, []
         if selected is None:
             return None
         self._counts["selected"] += len(selected)
@@ -178,7 +177,7 @@ class Sampler:
             learner_version=learner_version,
             stats=stats,
             candidates=candidates if candidates is not None else list(turns),
-            first_seen=self._last_first_seen if candidates is not None else [],
+            first_seen=first_seen,
             row_weights=None if self.method.row_weights is None else self.method.row_weights(turns),
         )
 
@@ -263,11 +262,12 @@ class Sampler:
         id_rank[sorted(range(len(ids)), key=ids.__getitem__)] = np.arange(len(ids))
         return np.lexsort((columns.arrival, id_rank[inverse], oldest[inverse]))
 
-    def _compose_pooled(self, learner_version: int) -> tuple[list[Entry] | None, list[Turn] | None]:
+    def _compose_pooled(self, learner_version: int) -> tuple[list[Entry] | None, list[Turn] | None, list[int]]:
+        """Algorithm 1 for a pooled method: ``(selected, candidates, their first-seen updates)``."""
         pool, columns = self._fill_pool(learner_version)
         batch_size = self.config.batch_size
         if len(pool) < batch_size:
-            return None, None
+            return None, None, []
         rng = np.random.default_rng([self.config.seed, self._compositions])
         self._compositions += 1
         name = self.config.method
@@ -296,7 +296,7 @@ class Sampler:
         if len(pool) - len(pending_index) != batch_size:  # arrivals are unique: a chosen turn is not in the pool
             raise RuntimeError(f"method {name!r} selected a turn that is not in the candidate pool")
         candidates = list(pool.values())
-        self._last_first_seen = [self._seen[a] for a in pool]
+        first_seen = [self._seen[a] for a in pool]
         for arrival, _ in selected:
             del pool[arrival]
             del self._seen[arrival]
@@ -307,7 +307,7 @@ class Sampler:
             self._expire(overflow, "pending_overflow")
             pending_index = pending_index[overflow:]
         self._columns = columns.take(pending_index)
-        return selected, candidates
+        return selected, candidates, first_seen
 
     def _expire_old_pending(self, columns: PoolColumns, pending_index: np.ndarray, update: int) -> np.ndarray:
         """Algorithm 1, step 8: keep the unselected valid turns first seen at most W updates ago."""
