@@ -1,11 +1,11 @@
 """The learner side of asynchronous OPD, free of any runtime: queue intake → sampler → one update per batch.
 
-Runtimes (``divopd.train.runtime.threads``, ``divopd.train.runtime.ray``) own the explorers and call this class:
+The one loop (:func:`divopd.train.loop.run_loop`) calls this class; runtimes only own the explorers:
 
 1. :meth:`Trainer.intake` — finished rollouts enter the sampler's queue in arrival order, tagged with the learner
    version at arrival, and are appended to the experience log (the log is the write-ahead record used on resume);
-2. :meth:`Trainer.step` — asks the sampler for a batch at the current learner version; with one, the learner takes
-   exactly one optimizer step and the update's metrics are written;
+2. :meth:`Trainer.compose` asks the sampler for a batch at the current learner version; with one,
+   :meth:`Trainer.update` makes the learner take exactly one optimizer step and writes the update's metrics;
 3. :meth:`Trainer.checkpoint` — learner + sampler state + counters, atomically; the experience log part is closed so
    everything logged so far stays readable after a crash;
 4. :meth:`Trainer.record_eval` — an evaluation of a weight snapshot, written with the learner counters of that
@@ -126,11 +126,6 @@ class Trainer:
         self._arrived_since_update = 0
         self.metrics.update(self.learner.version, metrics, time=self.elapsed())
         return metrics
-
-    def step(self) -> dict[str, float] | None:
-        """:meth:`compose` then :meth:`update` when a batch is ready; ``None`` otherwise."""
-        batch = self.compose()
-        return None if batch is None else self.update(batch)
 
     def update_metrics(self, batch: Batch) -> dict[str, float]:
         """The sampler's, ledger's, queue's and explorers' metrics of one update (``sampler/``, ``ledger/``, ...),
