@@ -14,6 +14,7 @@ from typing import Any
 
 from divopd.analysis.format import mean as _mean
 from divopd.analysis.report.load import ReportError, Run
+from divopd.analysis.report.stats import bootstrap_ci, paired_values, wilcoxon_signed_rank
 from divopd.experience.metrics import (
     cost_to_target,
     default_target,
@@ -25,8 +26,8 @@ from divopd.experience.metrics import (
 )
 from divopd.sampling.rows import method_names
 
-__all__ = ["COMPOSITION", "COMPOSITION_LABELS", "DIAGNOSTICS", "METHOD_ORDER", "build_report", "composition",
-           "diagnostics", "natural_key", "seed_metrics"]
+__all__ = ["COMPOSITION", "COMPOSITION_LABELS", "DIAGNOSTICS", "METHOD_ORDER", "PAIRED_TESTS", "build_report",
+           "composition", "diagnostics", "natural_key", "paired_tests", "seed_metrics"]
 
 #: The method rows in display order (the registry's, :data:`divopd.sampling.ROWS`, when this module was imported);
 #: other methods follow alphabetically.
@@ -58,6 +59,17 @@ DIAGNOSTICS: tuple[tuple[str, str, str, str, str], ...] = (
      "teacher tok/trained tok", "Table 16"),
     ("disagreement_std_ema", "sampler/disagreement_std_ema", "last", "disagr. std EMA (final)", "Figure 6"),
 )
+#: The paired comparisons of the report (issue 17): (method, against, what the difference isolates). ``None`` as the
+#: comparison stands for the report's baseline. Each is a Wilcoxon signed-rank test over the seeds both ran, on the
+#: per-seed nAUC and, over the seeds where both reached τ, on tokens-to-τ.
+PAIRED_TESTS: tuple[tuple[str, str | None, str], ...] = (
+    ("divopd", None, "DivOPD vs the baseline"),
+    ("divopd-base", "nocap", "the cap"),
+    ("divopd", "divopd-base", "focus"),
+    ("divopd-base", "vanilla-pool", "selection with the same candidates"),
+)
+#: Per-seed metrics the paired tests compare: (seed_metrics key, label).
+PAIRED_METRICS = (("nauc", "nAUC"), ("tokens_to_target", "tokens-to-τ"))
 COMPOSITION_LABELS = {
     "effective_rollouts": "eff. rollouts",
     "max_rollout_share": "max share",
@@ -142,8 +154,32 @@ def seed_metrics(run_: Run, budget: float | None, tau: float | None, rule: str) 
 
 
 def _agg(seeds: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Mean, std and 95% percentile-bootstrap CI (``None`` under two seeds) of a per-seed metric."""
     vals = [s[key] for s in seeds if s[key] is not None]
-    return {"mean": _mean(vals), "std": _sd(vals), "n": len(vals)}
+    return {"mean": _mean(vals), "std": _sd(vals), "n": len(vals), "ci95": bootstrap_ci(vals)}
+
+
+def paired_tests(methods: dict[str, dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
+    """The :data:`PAIRED_TESTS` whose two methods both ran: one Wilcoxon signed-rank test per metric, seeds paired.
+
+    ``methods`` maps a method to its report entry (with ``seeds``). A test with no common seed is left out; one whose
+    pairs all tie has ``p_value`` ``None``.
+    """
+    out = []
+    for method, against, question in PAIRED_TESTS:
+        against = against or baseline
+        if method == against or method not in methods or against not in methods:
+            continue
+        for key, label in PAIRED_METRICS:
+            per = [{s["seed"]: s[key] for s in methods[m]["seeds"] if isinstance(s["seed"], int)}
+                   for m in (method, against)]
+            seeds, x, y = paired_values(per[0], per[1])
+            if not seeds:
+                continue
+            test = wilcoxon_signed_rank(x, y)
+            out.append({"method": method, "against": against, "question": question, "metric": key, "label": label,
+                        "seeds": seeds, "mean_method": _mean(x), "mean_against": _mean(y), **test})
+    return out
 
 
 def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
@@ -202,7 +238,7 @@ def _method_entry(setting: str, method: str, runs: list[Run], u_budget: float | 
     reached = [s for s in seeds if s["reached_target"]]
     for k in ("tokens_to_target", "compute_s_to_target"):
         vals = [s[k] for s in reached if s[k] is not None]
-        agg[k] = {"mean": _mean(vals), "std": _sd(vals), "n": len(vals)}
+        agg[k] = {"mean": _mean(vals), "std": _sd(vals), "n": len(vals), "ci95": bootstrap_ci(vals)}
     agg["reached_target"] = {"n": len(reached), "of": len(seeds)}
     if tau is not None and 0 < len(reached) < len(seeds):
         notes.append(
@@ -248,6 +284,7 @@ def _setting_entry(setting: str, methods: dict[str, list[Run]], *, baseline: str
         "budget": u_budget,
         "baseline": baseline if has_baseline else None,
         "methods": method_out,
+        "paired_tests": paired_tests(method_out, baseline),
     }
 
 

@@ -28,6 +28,12 @@ def _pm(agg: dict[str, Any], digits: int = 1) -> str:
     return fmt(agg["mean"], digits) + ("" if std is None else f" ± {fmt(std, digits)}")
 
 
+def _pm_ci(agg: dict[str, Any], digits: int = 1) -> str:
+    """``mean ± std [95% CI]`` (the CI only with ≥ 2 seeds)."""
+    ci = agg.get("ci95")
+    return _pm(agg, digits) + ("" if not ci else f" [{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]")
+
+
 def _ratio(x: float | None) -> str:
     if x is None:
         return MISSING
@@ -45,7 +51,8 @@ def _intro(base: str, rule: str) -> list[str]:
         f"SR in percent. τ: target SR (default: largest multiple of 5 at or below {base}'s peak SR, mean over its "
         f"seeds). Ratios: {base}/method cost through the first eval reaching τ (mean over the seeds that reached it; "
         f"above 1 favours the method; – = not reached). nAUC: mean SR over [first eval, U] ({rule} rule). "
-        "± : std across seeds when there are ≥ 2, else std across the final five checkpoints.",
+        "± : std across seeds when there are ≥ 2, else std across the final five checkpoints; [lo, hi]: 95% "
+        "percentile-bootstrap CI of the mean over seeds (10,000 resamples, seeded).",
         "",
     ]
 
@@ -60,15 +67,37 @@ def _results_table(s: dict[str, Any]) -> list[str]:
         rows.append([
             method,
             str(reached["of"]),
-            _pm(a["peak_sr"]),
-            _pm(a["final_five_mean"]),
-            _pm(a["nauc"]),
+            _pm_ci(a["peak_sr"]),
+            _pm_ci(a["final_five_mean"]),
+            _pm_ci(a["nauc"]),
             MISSING if s["target"] is None else f"{reached['n']}/{reached['of']}",
             _ratio(r.get("tokens")),
             _ratio(r.get("compute")),
         ])
     header = ["method", "seeds", "peak SR", "final-five SR", "nAUC", "reached τ", "tokens-to-τ ×", "compute-to-τ ×"]
     return md_table(header, rows)
+
+
+def _paired_table(s: dict[str, Any]) -> list[str]:
+    """The paired Wilcoxon signed-rank tests (per-seed nAUC; tokens-to-τ over the seeds where both reached τ)."""
+    tests = s.get("paired_tests") or []
+    if not tests:
+        return []
+    rows = [[f"{t['method']} vs {t['against']}", t["question"], t["label"], str(len(t["seeds"])),
+             fmt(t["mean_method"], 1 if t["metric"] == "nauc" else 0),
+             fmt(t["mean_against"], 1 if t["metric"] == "nauc" else 0),
+             fmt(t["median_diff"], 1 if t["metric"] == "nauc" else 0),
+             f"{t['w_plus']:g} / {t['w_minus']:g}",
+             MISSING if t["p_value"] is None else f"{t['p_value']:.3f}" + ("" if t["exact"] else " (normal)")]
+            for t in tests]
+    return [
+        "Paired tests: Wilcoxon signed-rank over the seeds both methods ran (two-sided, exact; zero differences "
+        "dropped). Means and the median difference are method − against over those seeds.",
+        "",
+        *md_table(["comparison", "isolates", "metric", "pairs", "mean (method)", "mean (against)",
+                   "median diff", "W+ / W−", "p"], rows),
+        "",
+    ]
 
 
 def _composition_table(s: dict[str, Any]) -> list[str]:
@@ -146,8 +175,8 @@ def render_markdown(rep: dict[str, Any], pngs: dict[str, list[str]]) -> str:
     for setting, s in rep["settings"].items():
         tau = "none" if s["target"] is None else f"{s['target']:g}%"
         lines += [f"## {setting}", "", f"τ = {tau} ({s['target_source']}); U = {fmt(s['budget'], 0)} learner updates."]
-        lines += ["", *_results_table(s), "", *_composition_table(s), "", *_diagnostics_table(s), "",
-                  *_seed_table(s), ""]
+        lines += ["", *_results_table(s), "", *_paired_table(s), *_composition_table(s), "",
+                  *_diagnostics_table(s), "", *_seed_table(s), ""]
         lines += [f"![{Path(p).stem}]({p})" for p in pngs.get(setting, [])]
         lines.append("")
     lines += _geomean_section(rep)
