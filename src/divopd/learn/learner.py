@@ -43,10 +43,10 @@ from divopd.learn.checkpoint import (
     read_state,
     to_json_safe,
 )
-from divopd.learn.loss import opd_loss, topk_reverse_kl_loss
 from divopd.learn.rows import Rows, _micro_batches, prepare_rows
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import DepthStats, turn_balance_alpha, turn_balance_weights
+from divopd.learn.update import Accumulated, batch_loss, step_metrics
 from divopd.models import load_model, resolve_dtype
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 from divopd.sampling.sampler import Batch
@@ -115,19 +115,7 @@ class Learner:
 
     def _loss(self, rows: Rows, idx: np.ndarray, lp: torch.Tensor, old: torch.Tensor, top: torch.Tensor | None,
               scored: torch.Tensor, weights: np.ndarray | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg = self.config
-        mask = torch.from_numpy(rows.mask[idx]).to(self.device) & scored
-        teacher = torch.from_numpy(rows.teacher[idx]).to(self.device)
-        w = None if weights is None else torch.from_numpy(weights[idx]).to(self.device)
-        if cfg.estimator == "topk":
-            t_top = torch.from_numpy(rows.topk_logprobs[idx]).to(self.device)
-            loss, m = topk_reverse_kl_loss(top, t_top, mask, beta=cfg.beta, reduction=cfg.reduction, row_weights=w)
-            _, sampled = opd_loss(lp.detach(), old, teacher, mask, beta=cfg.beta, clip_eps=cfg.clip_eps,
-                                  reduction=cfg.reduction)
-            m["reverse_kl"] = sampled["reverse_kl"]
-            return loss, m
-        return opd_loss(lp, old, teacher, mask, beta=cfg.beta, clip_eps=cfg.clip_eps, reduction=cfg.reduction,
-                        row_weights=w)
+        return batch_loss(self.config, rows, idx, lp, old, top, scored, weights, self.device)
 
     def row_weights(self, batch: Batch | Sequence[Turn], rows: Rows) -> tuple[np.ndarray | None, float | None]:
         """This update's per-row loss weights and TurnOPD's α: ``Batch.row_weights`` (``divopd-focus``) times
@@ -147,82 +135,95 @@ class Learner:
         return weights, alpha
 
     # ------------------------------------------------------------------ the update
-    def step(self, batch: Batch | Sequence[Turn]) -> dict[str, float]:
-        """One update on ``batch`` (a :class:`divopd.sampling.Batch` or a sequence of turns); returns ``learner/*``
-        metrics. Exactly one optimizer step (skipped, and counted, only if the gradient is not finite)."""
-        cfg = self.config
-        t0 = time.perf_counter()
+    def rows_of(self, batch: Batch | Sequence[Turn]) -> tuple[list[Turn], Rows]:
+        """Step 1: the batch's turns and their rows (checked against the model's vocabulary)."""
         if batch is None:
             raise ValueError("Learner.step: batch is None (the sampler was not ready; call next_batch again later)")
         turns = list(getattr(batch, "turns", batch))
         if not turns:
             raise ValueError("Learner.step: empty batch (the sampler returns None, not an empty batch, when not ready)")
+        cfg = self.config
         rows = prepare_rows(turns, max_prompt_len=cfg.max_prompt_len,
                             topk=cfg.topk if cfg.estimator == "topk" else None)
-        n = len(turns)
         self._check_ids(turns, rows)
+        return turns, rows
+
+    def step(self, batch: Batch | Sequence[Turn]) -> dict[str, float]:
+        """One update on ``batch`` (a :class:`divopd.sampling.Batch` or a sequence of turns); returns ``learner/*``
+        metrics. Exactly one optimizer step (skipped, and counted, only if the gradient is not finite)."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        turns, rows = self.rows_of(batch)
         weights, alpha = self.row_weights(batch, rows)
         groups = _micro_batches(rows, cfg.micro_batch_tokens)
-        with_topk = cfg.estimator == "topk"
         self.optimizer.zero_grad(set_to_none=True)
-        tokens = input_slots = 0
-        parts: list[tuple[np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
-        # token-mean needs the global count of valid tokens to weight micro-batches
-        total_valid = max(int(rows.mask.sum()), 1)
-        t_fb = 0.0  # forward + loss + backward seconds, for the overhead breakdown
-        for idx in groups:
-            t1 = time.perf_counter()
-            if cfg.old_logprobs == "recompute":
-                with torch.no_grad():
-                    old, _, _, _, _ = self._forward(rows, idx, with_topk=False)
-            lp, top, scored, tok, slots = self._forward(rows, idx, with_topk=with_topk)
-            if cfg.old_logprobs == "same-pass":
-                old = lp.detach()
-            tokens += tok
-            input_slots += slots
-            loss, metrics = self._loss(rows, idx, lp, old, top, scored, weights)
-            if len(groups) > 1:
-                weight = (len(idx) / max(n, 1)) if cfg.reduction != "token-mean" else \
-                    float(rows.mask[idx].sum()) / total_valid
-                (loss * weight).backward()
-                parts.append((idx, lp.detach(), old, None if top is None else top.detach(), scored))
-            else:
-                loss.backward()
-            t_fb += time.perf_counter() - t1
+        acc = self.accumulate(rows, groups, weights)
+        metrics = acc.metrics
         if len(groups) > 1:  # metrics of the whole batch, from the detached pieces
-            metrics = self._whole_batch_metrics(rows, groups, parts, with_topk, weights)
+            metrics = self._whole_batch_metrics(rows, groups, acc.parts, cfg.estimator == "topk", weights)
         t2 = time.perf_counter()
         grad_norm, skipped = self._optimizer_step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t3 = time.perf_counter()
         compute_s = t3 - t0
-        self.tokens_total += tokens
+        self.tokens_total += acc.tokens
         self.compute_s_total += compute_s
-        out = {f"learner/{k}": float(v) for k, v in metrics.items()}
-        out.update({
-            "learner/grad_norm": grad_norm,
-            "learner/tokens": float(tokens),
-            "learner/tokens_total": float(self.tokens_total),
-            "learner/input_slots": float(input_slots),
-            "learner/compute_s": compute_s,
-            "learner/compute_s_total": self.compute_s_total,
-            "learner/version": float(self.version),
-            "learner/truncated_prompts": float(rows.truncated_prompts),
-            "learner/skipped_update": float(skipped),
-            "learner/lr": float(self.optimizer.param_groups[0]["lr"]),
-            "learner/time_forward_backward_s": t_fb,
-            "learner/time_optimizer_s": t3 - t2,
-            "learner/time_other_s": compute_s - t_fb - (t3 - t2),
-        })
-        if weights is not None:
-            out["learner/row_weight_min"] = float(weights.min())
-            out["learner/row_weight_max"] = float(weights.max())
-        if alpha is not None:
-            out["learner/turn_balance_alpha"] = alpha
+        out = step_metrics(self, metrics, grad_norm=grad_norm, skipped=skipped, tokens=acc.tokens,
+                           input_slots=acc.input_slots, compute_s=compute_s, t_fb=acc.t_fb, t_opt=t3 - t2,
+                           truncated=rows.truncated_prompts, weights=weights, alpha=alpha,
+                           lr=float(self.optimizer.param_groups[0]["lr"]))
         if self.depth_stats is not None:
             self.depth_stats.update(turns)
         return out
+
+    def accumulate(self, rows: Rows, groups: list[np.ndarray], weights: np.ndarray | None, *,
+                   n_rows: int | None = None, total_valid: int | None = None, scale: float = 1.0,
+                   weighted: bool | None = None) -> Accumulated:
+        """Steps 2-4 and the backward pass of every micro-batch (``groups``: row indices into ``rows``).
+
+        ``n_rows`` / ``total_valid``: the whole batch's row and valid-token counts, the loss denominators (default:
+        those of ``rows``; a learner rank holding part of the batch passes the global ones). ``weighted``: scale each
+        group's loss by its share of the batch (default: when there is more than one group); ``scale`` multiplies
+        every loss (a sharded rank undoes the gradient average over ranks with it). An empty group runs a zero-loss
+        pass, so every rank of a sharded learner takes part in the same number of collectives."""
+        cfg = self.config
+        n = len(rows.prompts) if n_rows is None else n_rows
+        total = max(int(rows.mask.sum()), 1) if total_valid is None else max(total_valid, 1)
+        weighted = len(groups) > 1 if weighted is None else weighted
+        with_topk = cfg.estimator == "topk"
+        acc = Accumulated()
+        for idx in groups:
+            t1 = time.perf_counter()
+            if len(idx) == 0:
+                self._empty_pass()
+                acc.t_fb += time.perf_counter() - t1
+                continue
+            if cfg.old_logprobs == "recompute":
+                with torch.no_grad():
+                    old, _, _, _, _ = self._forward(rows, idx, with_topk=False)
+            lp, top, scored, tok, slots = self._forward(rows, idx, with_topk=with_topk)
+            if cfg.old_logprobs == "same-pass":
+                old = lp.detach()
+            acc.tokens += tok
+            acc.input_slots += slots
+            loss, acc.metrics = self._loss(rows, idx, lp, old, top, scored, weights)
+            if weighted:
+                weight = (len(idx) / max(n, 1)) if cfg.reduction != "token-mean" else \
+                    float(rows.mask[idx].sum()) / total
+                (loss * (weight * scale)).backward()
+            elif scale != 1.0:
+                (loss * scale).backward()
+            else:
+                loss.backward()
+            acc.parts.append((idx, lp.detach(), old, None if top is None else top.detach(), scored))
+            acc.t_fb += time.perf_counter() - t1
+        return acc
+
+    def _empty_pass(self) -> None:
+        """A forward and backward pass with zero loss (a rank without rows still joins the collectives)."""
+        ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
+        (self.model(input_ids=ids).logits.sum() * 0.0).backward()
 
     def _whole_batch_metrics(self, rows: Rows, groups: list[np.ndarray], parts: list[tuple],
                              with_topk: bool, weights: np.ndarray | None = None) -> dict[str, Any]:
@@ -336,3 +337,4 @@ class Learner:
             learner.depth_stats = DepthStats(saved.get("depth_disagreement", ()))
         torch.set_rng_state(decode_rng_state(state["rng"]["torch"]))
         return learner, state.get("extra_state", {})
+
