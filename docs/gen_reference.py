@@ -92,6 +92,8 @@ METRICS: list[tuple[str, str, str]] = [
     ("sampler/pending", "update", "Unselected valid turns kept pending after this composition."),
     ("sampler/queued", "update", "Turns still in the queue after this composition."),
     ("sampler/candidates", "update", "Pool size the method chose from."),
+    ("sampler/candidate_rollouts", "update", "Distinct rollouts among the valid candidates (the paper's pool regime: "
+     "≥ 4·⌈B/k⌉ on average)."),
     # ledger
     ("ledger/received", "update", "Turns received so far (= selected + expired + invalid + pending + queued)."),
     ("ledger/selected", "update", "Turns selected into a batch so far."),

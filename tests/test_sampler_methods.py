@@ -92,6 +92,7 @@ def test_vanilla_pool_gates_then_takes_the_oldest_valid_turns() -> None:
     assert keys(b1.turns) == [("r1", 1), ("r0", 0)] and b1.arrivals == [1, 2]
     # Algorithm 1, step 2: the invalid turn uses up one of the c·B = 4 reads, so 3 valid candidates, 1 left pending
     assert b1.stats["invalid"] == 1 and b1.stats["candidates"] == 3 and b1.stats["pending"] == 1
+    assert b1.stats["candidate_rollouts"] == 3  # r1, r0, r2 (the invalid r1 turn is not a candidate)
     assert s.ledger["invalid_by_reason"]["prompt_truncated"] == 1
     b2 = s.next_batch(0)
     assert keys(b2.turns) == [("r2", 0), ("r1", 2)]  # pending first: the oldest

@@ -45,7 +45,8 @@ class Batch:
         arrivals: the sampler's arrival number of each selected turn.
         learner_version: the learner version the batch was composed for.
         stats: composition statistics (see :func:`divopd.sampling.stats.batch_stats`) plus ``expired`` and ``invalid``
-            (during this call), ``pending`` and ``queued`` (after it) and ``candidates`` (pool size inspected).
+            (during this call), ``pending`` and ``queued`` (after it), ``candidates`` (pool size inspected) and
+            ``candidate_rollouts`` (distinct rollouts among the valid candidates).
         candidates: the valid candidate turns the method chose from (pooled methods; for ``vanilla`` the batch).
         first_seen: the update at which each candidate entered the pool (aligned with ``candidates``; pooled
             methods only).
@@ -170,6 +171,7 @@ class Sampler:
             pending=len(self._pending),
             queued=len(self._queue),
             candidates=len(candidates) if candidates is not None else len(turns),
+            candidate_rollouts=len({t.rollout_id for t in (candidates if candidates is not None else turns)}),
         )
         return Batch(
             turns=turns,
