@@ -45,6 +45,8 @@ METRICS: list[tuple[str, str, str]] = [
     ("learner/compute_s", "update", "Wall seconds inside `Learner.step` (the CPU stand-in for trainer GPU-hours)."),
     ("learner/compute_s_total", "both", "Cumulative learner compute seconds (the x axis of compute-to-τ)."),
     ("learner/version", "update", "Learner version after the step."),
+    ("time/publish_s", "update", "Wall seconds to make this version's weight handle for the explorers (a sharded "
+     "learner: rank 0 gathers the full state dict), once per version."),
     ("learner/truncated_prompts", "update", "Rows whose prompt the learner left-truncated (`learner.max_prompt_len`)."),
     ("learner/skipped_update", "update", "1 when a non-finite gradient norm skipped the optimizer step."),
     ("learner/lr", "update", "Learning rate of the step."),

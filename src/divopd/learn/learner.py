@@ -54,6 +54,8 @@ from divopd.sampling.sampler import Batch
 __all__ = ["Learner", "LearnerConfig", "Rows", "WeightHandle", "prepare_rows"]
 
 CHECKPOINT_FORMAT = 1
+#: :mod:`divopd.learn.sharded`'s checkpoints: model and optimizer shards in ``dcp/`` (torch.distributed.checkpoint)
+SHARDED_FORMAT = 2
 
 
 class Learner:
@@ -71,10 +73,7 @@ class Learner:
         self.device = torch.device(config.device)
         self.model = model.to(device=self.device, dtype=resolve_dtype(config.dtype)).eval()
         self.tokenizer = tokenizer
-        pad = getattr(tokenizer, "pad_token_id", None)
-        if pad is None:
-            pad = getattr(getattr(model, "config", None), "pad_token_id", None)
-        self.pad_id = int(pad) if pad is not None else 0
+        self.pad_id = self._pad_id(model, tokenizer)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay,
@@ -84,6 +83,13 @@ class Learner:
         self.compute_s_total = 0.0
         self.skipped_updates = 0
         self.depth_stats = DepthStats() if config.depth_stats else None
+
+    @staticmethod
+    def _pad_id(model: torch.nn.Module, tokenizer: Any) -> int:
+        pad = getattr(tokenizer, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+        return int(pad) if pad is not None else 0
 
     # ------------------------------------------------------------------ forward helpers
     def _check_ids(self, turns: Sequence[Turn], rows: Rows) -> None:
@@ -314,8 +320,9 @@ class Learner:
         reproduces an uninterrupted run's update bit for bit on CPU.
         """
         state = read_state(path)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT}")
+        if state.get("format") not in (CHECKPOINT_FORMAT, SHARDED_FORMAT):
+            raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT} or "
+                             f"{SHARDED_FORMAT} (sharded)")
         if config is None:
             config = LearnerConfig(**state["config"])
         if (Path(path) / "tokenizer_config.json").is_file():
@@ -326,8 +333,13 @@ class Learner:
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(config.dtype))
             tokenizer = None
         learner = cls(model, config, tokenizer)
-        opt_state = torch.load(Path(path) / OPTIMIZER_FILE, map_location=learner.device, weights_only=True)
-        learner.optimizer.load_state_dict(opt_state)
+        if state["format"] == SHARDED_FORMAT:  # written by N ranks (divopd.learn.sharded): read its DCP shards
+            from divopd.learn.sharded import DCP_DIR, load_dcp_optimizer
+
+            load_dcp_optimizer(learner.model, learner.optimizer, Path(path) / DCP_DIR)
+        else:
+            opt_state = torch.load(Path(path) / OPTIMIZER_FILE, map_location=learner.device, weights_only=True)
+            learner.optimizer.load_state_dict(opt_state)
         saved = state["learner"]
         learner.version = int(saved["version"])
         learner.tokens_total = int(saved["tokens_total"])

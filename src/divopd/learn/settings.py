@@ -54,3 +54,13 @@ class LearnerConfig(BaseModel):
     dtype: str = Field("float32", description="Model/training dtype: float32 | bfloat16 | float16.")
     device: str = Field("cpu", description="Torch device of the learner, e.g. cpu or cuda:0.")
     seed: int = Field(0, description="Seed of torch's RNG at learner start (restored on resume).")
+    world_size: int = Field(
+        1, ge=1, description="Learner ranks: 1 = one process (the default learner); N > 1 = N ranks with "
+        "torch.distributed and FSDP2 (fully_shard per decoder layer, then the whole model), the batch's rows split "
+        "across them with the global N-row loss denominator (gloo on CPU, NCCL on CUDA; see concepts/distributed).")
+    mixed_precision: Literal["none", "bf16"] = Field(
+        "none", description="Sharded learner (world_size > 1): 'bf16' = bf16 parameters and compute with fp32 "
+        "gradient reduction (FSDP2 MixedPrecisionPolicy; meant for GPUs), 'none' = the model's dtype throughout.")
+    activation_checkpointing: bool = Field(
+        False, description="Sharded learner: recompute each decoder layer's activations in the backward pass "
+        "(less memory, ~30% more compute).")

@@ -41,7 +41,7 @@ from divopd.experience.log import (
 from divopd.experience.metrics import MetricsWriter, final_five, peak_sr
 from divopd.learn.checkpoint import WeightHandle, latest_checkpoint
 from divopd.learn.learner import Learner
-from divopd.models import load_model
+from divopd.learn.sharded import ShardedLearner, build_learner, learner_from_checkpoint
 from divopd.sampling import Batch, Sampler, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train.config import TrainConfig, dump_config, load_config
@@ -77,7 +77,7 @@ class Trainer:
         self,
         cfg: TrainConfig,
         run_dir: Path,
-        learner: Learner,
+        learner: Learner | ShardedLearner,
         sampler: Sampler,
         metrics: MetricsWriter,
         log_writer: ExperienceLogWriter | None,
@@ -90,6 +90,8 @@ class Trainer:
         self._t0 = time.monotonic() - state.elapsed_s
         self._arrived_since_update = 0
         self.paper = RunDiagnostics(state.diagnostics)
+        self._published: WeightHandle | None = None
+        self.publish_s = 0.0
 
     # ------------------------------------------------------------------ 1. intake
     def intake(self, rollouts: list[Rollout]) -> int:
@@ -121,6 +123,8 @@ class Trainer:
         fault_point("update")
         diag = self._diagnostics(batch)
         metrics = self.learner.step(batch)
+        self.publish()  # the new version's weights, gathered once (the loop hands this handle to the explorers)
+        metrics["time/publish_s"] = self.publish_s
         metrics.update(diag)
         metrics.update(self.update_metrics(batch))
         self._arrived_since_update = 0
@@ -182,11 +186,26 @@ class Trainer:
         return self.learner.version
 
     def publish(self) -> WeightHandle:
-        return self.learner.publish()
+        """The current version's weight handle, made once per version (a sharded learner gathers it on rank 0);
+        ``publish_s`` is how long making it took."""
+        if self._published is None or self._published.version != self.learner.version:
+            t0 = time.perf_counter()
+            self._published = self.learner.publish()
+            self.publish_s = time.perf_counter() - t0
+        return self._published
 
     # ------------------------------------------------------------------ 3. checkpoints
-    def checkpoint(self) -> Path:
-        """Write ``checkpoints/update-NNNNNN`` atomically and prune old ones."""
+    def checkpoint(self) -> Path | None:
+        """Write ``checkpoints/update-NNNNNN`` atomically and prune old ones. After a learner rank died there is
+        nothing to write from: the newest checkpoint on disk (``None`` if none) is the one to resume from."""
+        failed = getattr(self.learner, "failed", None)
+        if failed is not None:
+            ckpt = latest_checkpoint(self.run_dir / CHECKPOINTS)
+            log.error("%s; the run stopped; resume from %s with `divopd train --resume %s`", failed,
+                      ckpt if ckpt is not None else "the start (no checkpoint yet)", self.run_dir)
+            if self.log_writer is not None:
+                self.log_writer.roll()
+            return ckpt
         if self.log_writer is not None:
             self.log_writer.roll()  # every logged turn is in a finished, readable part from here on
         self.state.elapsed_s = self.elapsed()
@@ -240,6 +259,9 @@ class Trainer:
         if self.log_writer is not None:
             self.log_writer.close()
         self.metrics.close()
+        close = getattr(self.learner, "close", None)
+        if close is not None:
+            close()
         return summary
 
 
@@ -269,7 +291,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     state = RunState()
     fault_point("load")
     if ckpt is not None:
-        learner, extra = Learner.from_checkpoint(ckpt, cfg.learner)
+        learner, extra = learner_from_checkpoint(ckpt, cfg.learner, _ranks_factory(cfg))
         sampler.load_state_dict(extra["sampler"])
         saved_state = dict(extra.get("run", {}))
         state = RunState(**{k: v for k, v in saved_state.items() if k in RunState.__dataclass_fields__})
@@ -281,8 +303,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
                 (run_dir / name).unlink(missing_ok=True)
             shutil.rmtree(run_dir / EXPERIENCE, ignore_errors=True)
             shutil.rmtree(run_dir / "tb", ignore_errors=True)
-        model, tokenizer = load_model(cfg.student.path, dtype=cfg.learner.dtype, device=cfg.learner.device)
-        learner = Learner(model, cfg.learner, tokenizer)
+        learner = build_learner(cfg.student.path, cfg.learner, _ranks_factory(cfg))
         version = 0
     state.sessions += 1
 
@@ -306,6 +327,16 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
     return Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state), ckpt is not None
+
+
+def _ranks_factory(cfg: TrainConfig) -> Any:
+    """Where a sharded learner's ranks run: Ray actors in a placement group (``runtime.kind: ray``), else processes
+    spawned on this machine (the default)."""
+    if cfg.learner.world_size == 1 or cfg.runtime.kind != "ray":
+        return None
+    from divopd.train.runtime.ray_learner import ray_ranks
+
+    return ray_ranks(cfg)
 
 
 def _requeue_logged_turns(log_dir: Path, sampler: Sampler, paper: RunDiagnostics | None = None) -> int:

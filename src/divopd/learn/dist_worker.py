@@ -1,0 +1,224 @@
+"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded.
+
+Each rank joins one ``torch.distributed`` process group (gloo on CPU, NCCL on CUDA), loads the model, wraps every
+decoder layer with ``fully_shard`` and then the whole model (optionally with activation checkpointing per layer and
+a bf16 :class:`~torch.distributed.fsdp.MixedPrecisionPolicy` with fp32 gradient reduction) and builds AdamW over its
+shards. An update on a rank runs the learner's own forward/loss/backward on that rank's rows, with the loss
+denominators of the *whole* batch (N rows, dead rows included; or the batch's valid-token count for ``token-mean``),
+so the gradients summed over ranks are the single-process gradient. FSDP2's reduce-scatter averages over the
+ranks, so each rank scales its loss by N (exact for N a power of two; gloo has no PREMUL_SUM for a divide factor
+of 1). Clipping uses the global norm over the sharded
+gradients (one all-reduce), then one AdamW step on every shard.
+
+The transport that carries commands to the ranks (a spawned process per rank, :mod:`divopd.learn.sharded`, or a Ray
+actor per rank, :mod:`divopd.train.runtime.ray_learner`) calls the public methods of :class:`RankWorker`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+
+from divopd.learn.learner import Learner
+from divopd.learn.rows import Rows
+from divopd.learn.settings import LearnerConfig
+from divopd.models import load_model
+
+__all__ = ["RankWorker", "decoder_layers", "free_port", "shard_model"]
+
+#: How long a collective may wait for a peer before the process group gives up (a dead rank is noticed much earlier
+#: by the driver, which then ends the others).
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for the process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks (HF ``_no_split_modules`` classes, e.g. ``LlamaDecoderLayer``), in order."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found to shard (no _no_split_modules match)")
+    return layers
+
+
+def _apply_activation_checkpointing(model: torch.nn.Module) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    targets = {id(m) for m in decoder_layers(model)}
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if id(child) in targets:
+                parent.register_module(name, checkpoint_wrapper(child, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+
+
+def shard_model(model: torch.nn.Module, mesh: Any, config: LearnerConfig) -> torch.nn.Module:
+    """``fully_shard`` every decoder layer, then the root (FSDP2 averages the gradients over ranks)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if config.activation_checkpointing:
+        _apply_activation_checkpointing(model)
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if config.mixed_precision == "bf16":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+class _RankLearner(Learner):
+    """The learner on one rank: clipping by the global norm of the sharded gradients."""
+
+    def _optimizer_step(self) -> tuple[float, bool]:
+        from torch.distributed.tensor import DTensor
+
+        cfg = self.config
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        grad_norm = float(norm)
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            self.skipped_updates += 1
+        else:
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grads_with_norm_(self.params, cfg.grad_clip, norm)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        return grad_norm, skipped
+
+
+def _np(t: torch.Tensor | None) -> np.ndarray | None:
+    return None if t is None else t.detach().to("cpu", torch.float32 if t.is_floating_point() else t.dtype).numpy()
+
+
+class RankWorker:
+    """The commands one learner rank answers (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.learner: _RankLearner | None = None
+        self.rank = -1
+        self.world_size = 1
+
+    def setup(self, rank: int, world_size: int, init_method: str, source: str, config: dict[str, Any],
+              threads: int = 1, deterministic: bool = False, local_device: int | None = None) -> dict[str, Any]:
+        """Join the process group, load ``source`` (an HF folder), shard it and build the optimizer."""
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+        cfg = LearnerConfig(**config)
+        device = torch.device(cfg.device)
+        if device.type == "cuda":
+            device = torch.device("cuda", rank if local_device is None else local_device)
+            torch.cuda.set_device(device)
+            cfg = cfg.model_copy(update={"device": str(device)})
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=COLLECTIVE_TIMEOUT)
+        self.rank, self.world_size = rank, world_size
+        mesh = init_device_mesh(device.type, (world_size,))
+        model, tokenizer = load_model(source, dtype=cfg.dtype, device=str(device))
+        self.fqns = [n for n, p in model.named_parameters() if p.requires_grad]
+        shard_model(model, mesh, cfg)
+        self.learner = _RankLearner(model, cfg, tokenizer)
+        return {"rank": rank, "pid": os.getpid(), "node": socket.gethostname(), "device": str(device),
+                "backend": backend}
+
+    def step(self, rows: Rows, groups: list[np.ndarray], n_rows: int, total_valid: int,
+             weights: np.ndarray | None) -> dict[str, Any]:
+        """Forward/backward of this rank's rows (global denominators), then the sharded clip and AdamW step."""
+        learner = self._learner()
+        learner.optimizer.zero_grad(set_to_none=True)
+        acc = learner.accumulate(rows, groups, weights, n_rows=n_rows, total_valid=total_valid, weighted=True,
+                                 scale=float(self.world_size))
+        t0 = time.perf_counter()
+        grad_norm, skipped = learner._optimizer_step()
+        if learner.device.type == "cuda":
+            torch.cuda.synchronize(learner.device)
+        parts = [(idx, _np(lp), _np(old), _np(top), _np(scored)) for idx, lp, old, top, scored in acc.parts]
+        return {"parts": parts, "tokens": acc.tokens, "input_slots": acc.input_slots, "t_fb": acc.t_fb,
+                "t_opt": time.perf_counter() - t0, "grad_norm": grad_norm, "skipped": skipped,
+                "peak_rss_mb": _peak_rss_mb(), "peak_cuda_mb": _peak_cuda_mb(learner.device)}
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Every rank takes part; rank 0 returns the full CPU state dict (``full_state_dict``, ``cpu_offload``)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self._learner().model, options=options)
+        return state if self.rank == 0 else None
+
+    def save(self, path: str) -> None:
+        """Model and optimizer shards with ``torch.distributed.checkpoint`` (a directory every rank writes into)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        learner = self._learner()
+        model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+
+    def load(self, path: str) -> None:
+        """Resume from a :meth:`save` directory written by any number of ranks (DCP reshards on load)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        learner = self._learner()
+        model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(learner.model, learner.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+
+    def load_full_optimizer(self, path: str) -> None:
+        """Resume the optimizer from a single-process checkpoint's ``optimizer.pt`` (indexed by parameter order)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        learner = self._learner()
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        by_name = {"state": {self.fqns[i]: s for i, s in saved["state"].items()},
+                   "param_groups": [{**g, "params": [self.fqns[i] for i in g["params"]]}
+                                    for g in saved["param_groups"]]}
+        set_optimizer_state_dict(learner.model, learner.optimizer, optim_state_dict=by_name,
+                                 options=StateDictOptions(full_state_dict=True))
+
+    def set_state(self, version: int) -> None:
+        self._learner().version = version
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _learner(self) -> _RankLearner:
+        if self.learner is None:
+            raise RuntimeError("learner rank used before setup()")
+        return self.learner
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _peak_cuda_mb(device: torch.device) -> float:
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
+

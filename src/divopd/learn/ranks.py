@@ -1,0 +1,147 @@
+"""Learner ranks as processes spawned on this machine (the lockstep and threads runtimes' ``learner.world_size > 1``).
+
+:class:`ProcessRanks` starts N processes (``torch.multiprocessing`` spawn), each running a
+:class:`~divopd.learn.dist_worker.RankWorker` behind a pipe, and sends every rank its command. While it waits for
+replies it also watches the processes: a rank that exits (killed, out of memory) or raises ends the others at once
+and raises :class:`LearnerRankError` naming the rank, its pid and its exit code — a sharded learner cannot go on
+without one of its shards. The ranks are daemon processes and also exit when the pipe to the driver closes, so they
+never outlive it.
+"""
+
+from __future__ import annotations
+
+import traceback
+from multiprocessing.connection import Connection, wait
+from typing import Any, Protocol
+
+__all__ = ["LearnerRankError", "ProcessRanks", "Ranks"]
+
+
+class LearnerRankError(RuntimeError):
+    """A learner rank died or failed; the sharded learner stopped (resume from the newest checkpoint)."""
+
+
+class Ranks(Protocol):
+    """How the sharded learner reaches its ranks (processes here, Ray actors in the Ray runtime)."""
+
+    world_size: int
+    info: list[dict[str, Any]]
+
+    def call(self, method: str, args: list[tuple[Any, ...]]) -> list[Any]:
+        """Run ``RankWorker.<method>(*args[r])`` on every rank r at once; the replies in rank order."""
+
+    def close(self) -> None:
+        """End every rank."""
+
+
+def _rank_main(rank: int, world_size: int, init_method: str, setup: dict[str, Any], conn: Connection) -> None:
+    from divopd.learn.dist_worker import RankWorker
+
+    worker = RankWorker()
+    try:
+        try:
+            conn.send(("ok", worker.setup(rank, world_size, init_method, **setup)))
+        except Exception:  # noqa: BLE001 — reported to the driver, which raises it
+            conn.send(("error", traceback.format_exc()))
+            return
+        while True:
+            try:
+                method, args = conn.recv()
+            except (EOFError, OSError):  # the driver is gone
+                return
+            if method == "close":
+                return
+            try:
+                conn.send(("ok", getattr(worker, method)(*args)))
+            except Exception:  # noqa: BLE001
+                conn.send(("error", traceback.format_exc()))
+                return
+    finally:
+        worker.close()
+
+
+class ProcessRanks:
+    """N learner ranks as spawned processes with a gloo (CPU) or NCCL (CUDA) process group among them."""
+
+    def __init__(self, world_size: int, setup: dict[str, Any]) -> None:
+        import torch.multiprocessing as mp
+
+        from divopd.learn.dist_worker import free_port
+
+        ctx = mp.get_context("spawn")
+        self.world_size = world_size
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        self._procs: list[Any] = []
+        self._conns: list[Connection] = []
+        self._closed = False
+        for rank in range(world_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_rank_main, args=(rank, world_size, init_method, setup, child), daemon=True,
+                               name=f"divopd-learner-rank{rank}")
+            proc.start()
+            child.close()
+            self._procs.append(proc)
+            self._conns.append(parent)
+        self.info: list[dict[str, Any]] = self._gather("setup")
+
+    @property
+    def pids(self) -> list[int]:
+        return [int(p.pid) for p in self._procs]
+
+    def call(self, method: str, args: list[tuple[Any, ...]]) -> list[Any]:
+        if self._closed:
+            raise LearnerRankError("the sharded learner's ranks were stopped")
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send((method, args[rank]))
+            except (BrokenPipeError, OSError):
+                self._fail(rank, f"could not send {method!r}")
+        return self._gather(method)
+
+    def _gather(self, method: str) -> list[Any]:
+        replies: dict[int, Any] = {}
+        while len(replies) < self.world_size:
+            pending = [r for r in range(self.world_size) if r not in replies]
+            handles = {self._conns[r]: r for r in pending} | {self._procs[r].sentinel: r for r in pending}
+            for ready in wait(list(handles)):
+                rank = handles[ready]
+                if rank in replies:
+                    continue
+                conn = self._conns[rank]
+                if ready is not conn and not conn.poll():
+                    self._fail(rank, f"exited during {method!r}")
+                try:
+                    status, value = conn.recv()
+                except (EOFError, OSError):
+                    self._fail(rank, f"exited during {method!r}")
+                if status != "ok":
+                    self._fail(rank, f"failed during {method!r}:\n{value}")
+                replies[rank] = value
+        return [replies[r] for r in range(self.world_size)]
+
+    def _fail(self, rank: int, what: str) -> None:
+        proc = self._procs[rank]
+        proc.join(timeout=1)
+        code = proc.exitcode
+        self.close(kill=True)
+        raise LearnerRankError(f"learner rank {rank} of {self.world_size} (pid {proc.pid}, exit code {code}) {what}; "
+                               "the sharded learner stopped")
+
+    def close(self, kill: bool = False) -> None:
+        """Ask every rank to stop, then end the ones still running (each by its own process handle); ``kill``: end
+        them at once (after a rank failed the others wait in a collective that cannot finish)."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in [] if kill else self._conns:
+            try:
+                conn.send(("close", ()))
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self._procs:
+            proc.join(timeout=0 if kill else 10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        for conn in self._conns:
+            conn.close()

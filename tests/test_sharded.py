@@ -1,0 +1,108 @@
+"""The sharded learner (issue 16): FSDP2 ranks on gloo give the single-process learner's update; DCP checkpoints
+resume with the same or another number of ranks; a dead rank stops the run with a checkpoint to resume from."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from divopd.learn.sharded import LearnerRankError, split_rows
+from divopd.train import train
+from divopd.train.runtime.lockstep import run_lockstep
+from divopd.train.trainer import open_run
+from test_train import read_metrics, tiny_config, tiny_models  # noqa: F401
+
+UPDATES = 4
+#: Adam divides each coordinate's step by its gradient's magnitude, so where a gradient is ~0 the float rounding of
+#: the two orders of summation (one pass over B rows vs two over B/2, then a reduce-scatter) moves a few weights by up
+#: to ~lr/100 per update (measured: 1.6e-5 at lr 1e-3 after 4 updates, on 6 of 150k weights). At lr 1e-4 (still 10x
+#: the default learner.lr) that is 10x below the 1e-5 bound.
+LR = 1e-4
+
+
+def _run(models: dict[str, str], run_dir: Path, world_size: int, updates: int = UPDATES, **over: object) -> dict:
+    cfg = tiny_config(models, run_dir, "divopd", updates=updates,
+                      **{"runtime.kind": "lockstep", "runtime.lockstep.env_steps_per_update": 6, "eval.every": 100,
+                         "checkpoint.every": 2, "learner.world_size": world_size, "learner.lr": LR, **over})
+    return train(cfg)
+
+
+def _losses(run_dir: Path, key: str = "learner/loss") -> list[float]:
+    return [r[key] for r in read_metrics(run_dir) if r["kind"] == "update"]
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    last = sorted((run_dir / "checkpoints").glob("update-*"))[-1]
+    return load_file(str(last / "model.safetensors"))
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert set(a) == set(b)
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_split_rows_covers_every_row_once() -> None:
+    for n, w in ((6, 2), (7, 3), (1, 2)):
+        parts = split_rows(n, w)
+        assert len(parts) == w and np.array_equal(np.concatenate(parts), np.arange(n))
+
+
+def test_world_size_2_gives_the_single_process_run(tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    one = _run(tiny_models, tmp_path / "ws1", 1)
+    two = _run(tiny_models, tmp_path / "ws2", 2)
+    assert one["updates"] == two["updates"] == UPDATES
+    la, lb = _losses(tmp_path / "ws1"), _losses(tmp_path / "ws2")
+    assert len(la) == UPDATES and max(abs(a - b) for a, b in zip(la, lb, strict=True)) <= 1e-4
+    # the gradient itself, not only Adam's scale-free step: summed over ranks, not averaged
+    ga, gb = _losses(tmp_path / "ws1", "learner/grad_norm"), _losses(tmp_path / "ws2", "learner/grad_norm")
+    assert max(abs(a - b) / a for a, b in zip(ga, gb, strict=True)) <= 1e-4
+    assert _max_diff(_weights(tmp_path / "ws1"), _weights(tmp_path / "ws2")) <= 1e-5
+    rows = [r for r in read_metrics(tmp_path / "ws2") if r["kind"] == "update"]
+    assert all(r["time/publish_s"] > 0 for r in rows)
+    # the sharded checkpoint holds the DCP shards next to the HF folder that `divopd eval` reads
+    last = sorted((tmp_path / "ws2" / "checkpoints").glob("update-*"))[-1]
+    assert (last / "dcp" / ".metadata").is_file() and (last / "config.json").is_file()
+
+
+class _KillRank:
+    """A progress hook that SIGKILLs one learner rank after update ``at``."""
+
+    def __init__(self, rank: int, at: int) -> None:
+        self.rank, self.at = rank, at
+
+    def on_update(self, trainer: object, metrics: dict) -> None:
+        if trainer.version == self.at:  # type: ignore[attr-defined]
+            os.kill(trainer.learner.ranks.pids[self.rank], signal.SIGKILL)  # type: ignore[attr-defined]
+
+    def on_eval(self, update: int, results: dict) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_a_dead_rank_stops_the_run_and_resume_works_with_1_and_2_ranks(tiny_models: dict[str, str],  # noqa: F811
+                                                                         tmp_path: Path) -> None:
+    cfg = tiny_config(tiny_models, tmp_path / "run", "divopd", updates=6,
+                      **{"runtime.kind": "lockstep", "runtime.lockstep.env_steps_per_update": 6, "eval.every": 100,
+                         "checkpoint.every": 2, "learner.world_size": 2, "learner.lr": LR})
+    trainer, _ = open_run(cfg)
+    with pytest.raises(LearnerRankError, match=r"learner rank 1 of 2 \(pid \d+, exit code -9\)"):
+        run_lockstep(trainer, _KillRank(rank=1, at=3))
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("update-*"))
+    assert ckpts[-1] == "update-000002"  # the newest checkpoint before the kill: the one to resume from
+    for ws in (1, 2):
+        shutil.copytree(tmp_path / "run", tmp_path / f"resume{ws}")
+        cfg_ws = cfg.model_copy(update={"run_dir": str(tmp_path / f"resume{ws}"),
+                                        "learner": cfg.learner.model_copy(update={"world_size": ws})})
+        summary = train(cfg_ws, resume=tmp_path / f"resume{ws}")
+        assert summary["resumed"] and summary["updates"] == 6
+    l1, l2 = _losses(tmp_path / "resume1"), _losses(tmp_path / "resume2")
+    assert len(l1) == 6 and max(abs(a - b) for a, b in zip(l1, l2, strict=True)) <= 1e-4
+    assert _max_diff(_weights(tmp_path / "resume1"), _weights(tmp_path / "resume2")) <= 1e-5
