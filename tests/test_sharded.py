@@ -106,3 +106,24 @@ def test_a_dead_rank_stops_the_run_and_resume_works_with_1_and_2_ranks(tiny_mode
     l1, l2 = _losses(tmp_path / "resume1"), _losses(tmp_path / "resume2")
     assert len(l1) == 6 and max(abs(a - b) for a, b in zip(l1, l2, strict=True)) <= 1e-4
     assert _max_diff(_weights(tmp_path / "resume1"), _weights(tmp_path / "resume2")) <= 1e-5
+
+
+@pytest.mark.slow
+def test_the_cli_gives_the_same_series_with_2_ranks(tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    import subprocess
+    import sys
+
+    import yaml
+
+    cfg = tiny_config(tiny_models, tmp_path / "unused", "divopd", updates=UPDATES,
+                      **{"runtime.kind": "lockstep", "runtime.lockstep.env_steps_per_update": 6, "eval.every": 100,
+                         "learner.lr": LR})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    for ws in (1, 2):
+        subprocess.run([sys.executable, "-m", "divopd", "train", str(path), "--no-progress", "--run-dir",
+                        str(tmp_path / f"ws{ws}"), "--set", f"learner.world_size={ws}"], check=True, timeout=300,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    la, lb = _losses(tmp_path / "ws1"), _losses(tmp_path / "ws2")
+    assert len(la) == UPDATES and max(abs(a - b) for a, b in zip(la, lb, strict=True)) <= 1e-4
+    assert _max_diff(_weights(tmp_path / "ws1"), _weights(tmp_path / "ws2")) <= 1e-5

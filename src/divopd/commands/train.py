@@ -14,6 +14,9 @@ from divopd.train.run import quiet_hf_progress, train
 
 __all__ = ["add_arguments", "run"]
 
+#: Keys ``--set`` may change on ``--resume``: where the run executes, not what it computes.
+RESUME_KEYS = ("learner.world_size", "learner.activation_checkpointing", "runtime.ray_address", "runtime.learner_gpus")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="YAML config (one per method row, see configs/)")
@@ -34,8 +37,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give a CONFIG or --resume RUN_DIR, not both")
     if not args.resume and not args.config:
         raise UsageError("a CONFIG file is required (or --resume RUN_DIR)")
-    if args.resume and (args.overrides or args.run_dir):
-        raise UsageError("--set and --run-dir do not apply to --resume RUN_DIR (the run keeps its config.yaml)")
+    if args.resume and args.run_dir:
+        raise UsageError("--run-dir does not apply to --resume RUN_DIR (the run keeps its config.yaml)")
+    placement = [o for o in args.overrides if o.split("=", 1)[0].strip() not in RESUME_KEYS]
+    if args.resume and placement:
+        raise UsageError(f"--set {placement[0]} does not apply to --resume RUN_DIR (the run keeps its config.yaml; "
+                         f"only where it runs may change: {', '.join(RESUME_KEYS)})")
     if args.config:
         extra = {"run_dir": args.run_dir} if args.run_dir else None
         cfg = load_config(args.config, args.overrides, data=extra)
@@ -49,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         if not saved.is_file():
             raise UsageError(f"--resume {args.resume}: not a divopd run directory (no config.yaml)")
         loaded = load_config(saved)  # the models below are checked against the run's own config
+        if args.overrides:  # placement only (checked above): resume the same run with another number of ranks
+            cfg = load_config(saved, args.overrides)
     if args.print_config:
         from divopd.train.config import dump_config
 
@@ -56,7 +65,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for key in ("student", "teacher"):  # before anything heavy loads
         check_model_folder(getattr(cfg or loaded, key).path, f"{key}.path")
+    from divopd.learn.ranks import LearnerRankError
+
     with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next stage boundary, checkpoint, exit 130
-        summary = train(cfg, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty(), stop=stop)
+        try:
+            summary = train(cfg, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty(),
+                            stop=stop)
+        except LearnerRankError as exc:  # a dead learner rank: the run stopped, its newest checkpoint resumes it
+            print(f"divopd train: error: {exc}; resume with `divopd train --resume RUN_DIR` (any "
+                  "learner.world_size, via --set)", file=sys.stderr)
+            return 1
     print(json.dumps(summary, indent=2, default=str))
     return EXIT_INTERRUPTED if summary.get("interrupted") else 0
