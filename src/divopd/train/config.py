@@ -117,6 +117,15 @@ class RuntimeSettings(_Strict):
     explorer_cpus: float = Field(1.0, ge=0, description="Ray: CPUs reserved per explorer actor.")
     explorer_gpus: float = Field(0.0, ge=0, description="Ray: GPUs reserved per explorer actor.")
     max_explorer_restarts: int = Field(3, ge=0, description="Ray: restarts of a dead explorer actor.")
+    explorer_resources: dict[str, float] = Field(
+        default_factory=dict, description="Ray: custom resources per explorer actor (e.g. {explorer_node: 1} to "
+        "place explorers on the nodes started with that resource).")
+    learner_cpus: float = Field(1.0, ge=0, description="Ray, learner.world_size > 1: CPUs per learner rank actor.")
+    learner_gpus: float = Field(
+        0.0, ge=0, description="Ray, learner.world_size > 1: GPUs per learner rank actor (one placement-group bundle "
+        "per rank; with GPUs set learner.device: cuda).")
+    learner_resources: dict[str, float] = Field(
+        default_factory=dict, description="Ray: custom resources per learner rank bundle (e.g. {learner_node: 1}).")
 
 
 class TrainConfig(_Strict):

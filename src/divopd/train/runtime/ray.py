@@ -5,7 +5,9 @@
            └──────────────── weights object ref ◄─────────┘
     EvalActor ◄── evaluate(weights_ref) futures; results written by the driver
 
-The queue and the sampler live with the learner in the driver. Each explorer actor has one ``collect`` call in
+With ``learner.world_size > 1`` the learner's ranks are Ray actors too, in one placement group
+(:mod:`divopd.train.runtime.ray_learner`); the driver then only coordinates. The queue and the sampler live with
+the learner in the driver. Each explorer actor has one ``collect`` call in
 flight, so a slow learner does not stall production (turns wait in the sampler, where staleness expires them). A dead
 explorer actor is restarted by Ray (``runtime.max_explorer_restarts``) and its lost call is resubmitted; the run goes
 on. Local runs start Ray on loopback; set ``runtime.ray_address`` (e.g. ``ray://head:10001`` or ``auto``) for a
@@ -14,6 +16,7 @@ cluster, and ``student.device``/``teacher.device`` + ``runtime.explorer_gpus`` f
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from typing import Any
@@ -30,7 +33,7 @@ from divopd.train.loop import EvalResult, run_loop
 from divopd.train.runtime.common import build_explorer, load_teacher, step_limit
 from divopd.train.trainer import Trainer
 
-__all__ = ["RayRuntime", "run_ray", "ExplorerActor"]
+__all__ = ["RayRuntime", "run_ray", "ExplorerActor", "explorer_name"]
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +60,20 @@ class ExplorerActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
     def close(self) -> None:
         self.explorer.close()
+
+
+_RUNTIMES = itertools.count()
+
+
+def explorer_name(run: int, i: int) -> str:
+    """The Ray actor name of explorer ``i`` of this driver's ``run``-th runtime (``ray.util.list_named_actors``
+    lists it; ``ray.get_actor`` finds it, e.g. to kill it): ``divopd-explorer-<driver pid>-<run>-<i>``."""
+    return f"divopd-explorer-{os.getpid()}-{run}-{i}"
 
 
 def _init_ray(cfg: TrainConfig) -> bool:
@@ -77,8 +92,10 @@ def _init_ray(cfg: TrainConfig) -> bool:
 class RayRuntime:
     """The :class:`~divopd.train.loop.Runtime` of explorer actors (``runtime.kind: ray``); the learner stays here."""
 
-    def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
+    def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int, learner_ranks: Any = None) -> None:
         self.cfg = cfg
+        self._learner_ranks = learner_ranks
+        self._run = next(_RUNTIMES)
         self._started = _init_ray(cfg)
         self._cfg_data = cfg.model_dump(mode="json")
         self._session = session
@@ -86,6 +103,7 @@ class RayRuntime:
         self._weights_ref = ray.put(weights)
         self._weights_version = weights.version
         self._explorers = [self._new_explorer(i) for i in range(cfg.runtime.num_explorers)]
+        self._node_refs = [e.node_id.remote() for e in self._explorers]  # runs before each actor's first collect
         self._evaluator = self._actor_cls.options(num_cpus=0).remote(self._cfg_data, 999, session,
                                                                      self._weights_ref, False)
         self._inflight: dict[Any, int] = {e.collect.remote(1, self._weights_ref): i
@@ -96,8 +114,10 @@ class RayRuntime:
     def _new_explorer(self, i: int) -> Any:
         rt = self.cfg.runtime
         return self._actor_cls.options(num_cpus=rt.explorer_cpus, num_gpus=rt.explorer_gpus,
+                                       resources=dict(rt.explorer_resources),
                                        max_restarts=rt.max_explorer_restarts, max_task_retries=0,
-                                       name=None).remote(self._cfg_data, i, self._session, self._weights_ref, True)
+                                       name=explorer_name(self._run, i)).remote(self._cfg_data, i, self._session,
+                                                                     self._weights_ref, True)
 
     def poll(self, timeout: float) -> list[Rollout]:
         if not self._inflight:
@@ -148,7 +168,18 @@ class RayRuntime:
     def evals_pending(self) -> bool:
         return bool(self._evals)
 
+    def placement(self) -> list[str | None]:
+        """The Ray node id each explorer actor started on (``None`` for one that could not answer)."""
+        out: list[str | None] = []
+        for ref in self._node_refs:
+            try:
+                out.append(ray.get(ref, timeout=30))
+            except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError):
+                out.append(None)
+        return out
+
     def shutdown(self, interrupted: bool) -> list[Rollout]:
+        self._nodes = self.placement()
         self._inflight.clear()  # killing an actor ends the collect call it is running
         for actor in self._explorers:
             ray.kill(actor, no_restart=True)
@@ -159,11 +190,14 @@ class RayRuntime:
         self._evals.clear()
         if self._started:
             ray.shutdown()
-        return {"explorer_failures": sum(self._failures)}
+        ranks = getattr(self._learner_ranks, "info", None) or []
+        return {"explorer_failures": sum(self._failures),
+                "placement": {"explorers": getattr(self, "_nodes", []),
+                              "learner_ranks": [r.get("ray_node_id") for r in ranks]}}
 
 
 def run_ray(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
     """Run training with explorer actors; the learner stays in this (driver) process."""
     weights = trainer.publish()
-    runtime = RayRuntime(trainer.cfg, weights, trainer.state.sessions)
+    runtime = RayRuntime(trainer.cfg, weights, trainer.state.sessions, getattr(trainer.learner, "ranks", None))
     return run_loop(trainer, runtime, weights=weights, stop=stop, progress=progress)
