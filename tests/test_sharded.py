@@ -127,3 +127,38 @@ def test_the_cli_gives_the_same_series_with_2_ranks(tiny_models: dict[str, str],
     la, lb = _losses(tmp_path / "ws1"), _losses(tmp_path / "ws2")
     assert len(la) == UPDATES and max(abs(a - b) for a, b in zip(la, lb, strict=True)) <= 1e-4
     assert _max_diff(_weights(tmp_path / "ws1"), _weights(tmp_path / "ws2")) <= 1e-5
+
+
+@pytest.mark.slow
+def test_dcp_checkpoints_reshard_and_the_options_run(tmp_path: Path) -> None:
+    """A 2-rank checkpoint (with activation checkpointing) resumes on 1 and on 3 ranks to the same next update; bf16
+    mixed precision trains (to bf16 accuracy)."""
+    from divopd.learn.learner import Learner, LearnerConfig
+    from divopd.learn.sharded import ShardedLearner
+    from test_learner import WORDS, build_model, build_tokenizer, make_turns
+
+    tok = build_tokenizer([WORDS], kind="word")
+    turns = make_turns(tok, build_model(tok, "0.2m", seed=100), n=7)
+    build_model(tok, "0.2m", seed=0).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    cfg = LearnerConfig(lr=LR, world_size=2, activation_checkpointing=True)
+    two = ShardedLearner(str(tmp_path / "m"), cfg)
+    try:
+        first = [two.step(turns)["learner/loss"] for _ in range(2)]
+        two.save_checkpoint(tmp_path / "ckpt")
+        expected = two.step(turns)["learner/loss"]
+    finally:
+        two.close()
+    one, _ = Learner.from_checkpoint(tmp_path / "ckpt", cfg.model_copy(update={"world_size": 1}))
+    three, _ = ShardedLearner.from_checkpoint(tmp_path / "ckpt", cfg.model_copy(update={"world_size": 3}))
+    try:
+        assert one.version == three.version == 2
+        assert abs(one.step(turns)["learner/loss"] - expected) <= 1e-4
+        assert abs(three.step(turns)["learner/loss"] - expected) <= 1e-4
+    finally:
+        three.close()
+    bf16 = ShardedLearner(str(tmp_path / "m"), cfg.model_copy(update={"mixed_precision": "bf16"}))
+    try:
+        assert abs(bf16.step(turns)["learner/loss"] - first[0]) <= 1e-2
+    finally:
+        bf16.close()
