@@ -16,4 +16,13 @@ from divopd.experience import Rollout, Turn  # noqa: E402
 from divopd.sampling import gate  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["Rollout", "Turn", "gate", "__version__"]
+__all__ = ["Rollout", "Turn", "VLLMGenerator", "gate", "__version__"]
+
+
+def __getattr__(name: str) -> object:
+    """``VLLMGenerator`` is imported on first use: importing divopd needs neither torch nor vllm."""
+    if name == "VLLMGenerator":
+        from divopd.explore.vllm_engine import VLLMGenerator
+
+        return VLLMGenerator
+    raise AttributeError(f"module 'divopd' has no attribute {name!r}")

