@@ -47,6 +47,9 @@ METRICS: list[tuple[str, str, str]] = [
     ("learner/version", "update", "Learner version after the step."),
     ("time/publish_s", "update", "Wall seconds to make this version's weight handle for the explorers (a sharded "
      "learner: rank 0 gathers the full state dict), once per version."),
+    ("time/weight_load_s", "update", "Seconds the newest weight version took to load into an explorer's generator "
+     "(HF `load_state_dict`, or the push into a vLLM engine: `explorer.generation.backend: vllm`), as reported by "
+     "the rollouts that arrived so far; 0 before the first load."),
     ("learner/truncated_prompts", "update", "Rows whose prompt the learner left-truncated (`learner.max_prompt_len`)."),
     ("learner/skipped_update", "update", "1 when a non-finite gradient norm skipped the optimizer step."),
     ("learner/lr", "update", "Learning rate of the step."),

@@ -24,7 +24,7 @@ def tiny_llama_folder(out: Path, tokenizer, seed: int = 0, hidden: int = 128, he
 
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
                          num_attention_heads=heads, num_key_value_heads=heads, intermediate_size=2 * hidden,
-                         max_position_embeddings=1024, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                         max_position_embeddings=2048, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

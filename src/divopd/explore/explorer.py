@@ -29,8 +29,8 @@ Example::
     explorer.set_weights(learner.publish())  # applied at the next rollout boundary
     explorer.evaluate(num_tasks=50)          # T = 0.4, seeded: {"eval/success_rate": ..., "eval/mean_score": ...}
 
-Settings: :mod:`divopd.explore.settings`; episode records: :mod:`~divopd.explore.episode`; teacher scoring:
-:mod:`~divopd.explore.scoring`; training task order: :mod:`~divopd.explore.tasks`.
+Settings: :mod:`divopd.explore.settings`; episodes: :mod:`~divopd.explore.episode`; teacher scoring:
+:mod:`~divopd.explore.scoring`; task order: :mod:`~divopd.explore.tasks`; vLLM engines: :mod:`~divopd.explore.engines`.
 """
 
 from __future__ import annotations
@@ -45,11 +45,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from divopd.experience.turn import Rollout
+from divopd.explore.engines import apply_weights, close_backend, teacher_generator
 from divopd.explore.envs import Env, EnvCrash, make_env
 from divopd.explore.episode import Episode, StudentStep, build_rollout, count_rollout, eval_metrics
-from divopd.explore.generation import Generation, HFGenerator
+from divopd.explore.generation import Generation, GenerationBackend, HFGenerator
 from divopd.explore.prompting import decode_action, encode_prompt
-from divopd.explore.scoring import score_responses, teacher_scores
+from divopd.explore.scoring import make_score_call, teacher_scores
 from divopd.explore.settings import ExplorerConfig, GenerationSettings
 from divopd.explore.tasks import close_quietly, reset_with_retries, start_env, task_stream
 
@@ -66,7 +67,8 @@ class Explorer:
 
     Args:
         config: the explorer's settings.
-        student: causal LM generating actions (used in place; its weights change via :meth:`set_weights`).
+        student: causal LM generating actions (used in place; its weights change via :meth:`set_weights`); ``None``
+            with a ``student_backend`` that holds its own weights (a vLLM engine).
         tokenizer: the student's tokenizer (chat template used for prompts).
         teacher: frozen causal LM scoring every student token, and acting under +R; ``None`` = turns unscored.
         teacher_tokenizer: the teacher's tokenizer; must share the student's vocabulary (OPD scores the student's
@@ -76,6 +78,8 @@ class Explorer:
         policy_version: version of the student weights given.
         env_factory: builds one env instance (default: ``make_env(config.env, **config.env_kwargs)``).
         id_prefix: rollout-id prefix; a runtime that restarts explorers passes a fresh one so ids never repeat.
+        student_backend: the student's generator (default: an HFGenerator on ``student``); one with
+            ``update_weights`` receives every published version before the next rollout.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class Explorer:
         policy_version: int = 0,
         env_factory: Callable[[], Env] | None = None,
         id_prefix: str = "x",
+        student_backend: GenerationBackend | None = None,
     ) -> None:
         self.config = config
         self.student, self.tokenizer = student, tokenizer
@@ -106,10 +111,12 @@ class Explorer:
         self.policy_version = policy_version
         self.learner_version = policy_version
         self._env_factory = env_factory or (lambda: make_env(config.env, **config.env_kwargs))
-        self._student_gen = HFGenerator(student, tokenizer, stop_on_newline=config.generation.stop_on_newline)
-        self._teacher_gen = (HFGenerator(teacher, self.teacher_tokenizer,
-                                         stop_on_newline=config.generation.stop_on_newline)
+        stop_nl = config.generation.stop_on_newline
+        self._student_gen = student_backend or HFGenerator(student, tokenizer, stop_on_newline=stop_nl)
+        self._teacher_gen = (teacher_generator(teacher, self.teacher_tokenizer, stop_on_newline=stop_nl)
                              if config.recovery.enabled else None)
+        self._score_call = make_score_call(teacher, self.teacher_tokenizer, topk=config.teacher_topk,
+                                           max_tokens_per_batch=config.teacher_max_tokens_per_batch)
         self._lock = threading.Lock()
         self._pending_weights: Any = None
         self._envs: list[Env] = []
@@ -123,7 +130,7 @@ class Explorer:
         self._stats: dict[str, float] = {k: 0.0 for k in (
             "rollouts", "turns", "teacher_turns", "takeovers", "successes", "env_steps",
             "env_crashes", "teacher_failures", "unscored_turns", "truncated_turns", "weight_loads", "step_limit_hits",
-            "generated_tokens", "time/generate", "time/env", "time/teacher_score")}
+            "generated_tokens", "time/generate", "time/env", "time/teacher_score", "time/weight_load_s")}
 
     # ------------------------------------------------------------------ runtime-facing API
     def collect(self, num_rollouts: int) -> list[Rollout]:
@@ -219,6 +226,7 @@ class Explorer:
             except Exception as exc:  # closing must not mask the caller's own error
                 log.warning("explorer %s: closing %s failed: %s", self.explorer_id, env.name, exc)
         self._envs, self._eval_envs = [], []
+        close_backend(self._student_gen)
 
     def __enter__(self) -> Explorer:
         return self
@@ -334,6 +342,7 @@ class Explorer:
         rollout = build_rollout(episode, scores, topk, explorer_id=self.explorer_id, env=self.config.env,
                                 max_steps=self.config.max_steps, policy_version=self.policy_version)
         count_rollout(self._stats, rollout.info)
+        rollout.info["weight_load_s"] = self._stats["time/weight_load_s"]  # the newest weight load (train metrics)
         return rollout
 
     # ------------------------------------------------------------------ helpers
@@ -342,19 +351,11 @@ class Explorer:
                              episode.valid_actions)
 
     def _teacher_scores(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[list, list]:
-        """Teacher log probs per turn (``None`` = unscored) and, with ``teacher_topk``, (ids, logprobs) per turn.
-
-        One batched call; if it fails, each turn is retried alone so one bad turn cannot unscore its rollout.
-        """
+        """Teacher log probs and top-k per turn (``None`` = unscored), retried turn by turn on a failure."""
         n = len(prompts)
         if self.teacher is None or n == 0:
             return [None] * n, [None] * n
         return teacher_scores(self._score_call, prompts, responses, self._stats, self.explorer_id)
-
-    def _score_call(self, prompts: list[list[int]], responses: list[list[int]]) -> list[tuple[np.ndarray, Any]]:
-        return score_responses(self.teacher, prompts, responses, topk=self.config.teacher_topk,
-                               pad_id=self.teacher_tokenizer.pad_token_id or 0,
-                               max_tokens_per_batch=self.config.teacher_max_tokens_per_batch)
 
     def _start_episode(self, envs: list[Env], i: int, tasks: Iterator[str]) -> Episode | None:
         """Reset env ``i`` on the next task (``None`` when ``tasks`` is exhausted); a crash replaces the instance."""
@@ -389,7 +390,7 @@ class Explorer:
         with self._lock:
             handle, self._pending_weights = self._pending_weights, None
         if handle is not None and int(handle.version) != self.policy_version:
-            handle.load_into(self.student)
+            self._stats["time/weight_load_s"] = apply_weights(handle, self.student, self._student_gen)
             self.policy_version = int(handle.version)
             self._stats["weight_loads"] += 1
 

@@ -10,7 +10,38 @@ from pydantic import BaseModel, ConfigDict, Field
 from divopd.explore.prompting import PromptConfig
 from divopd.explore.recovery import RecoveryConfig
 
-__all__ = ["ExplorerConfig", "GenerationSettings"]
+__all__ = ["ExplorerConfig", "GenerationSettings", "VLLMSettings"]
+
+
+class VLLMSettings(BaseModel):
+    """Options of a vLLM engine (``backend: vllm``), passed to ``vllm.LLM`` (see :class:`divopd.VLLMGenerator`).
+
+    The engine's dtype is the model's (``student.dtype`` / ``teacher.dtype``) and its seed the run seed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_model_len: int | None = Field(None, ge=2, description="Engine context length (prompt + generated tokens); "
+                                      "None = the model's. Must hold explorer.prompt.max_prompt_tokens + "
+                                      "max_new_tokens.")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="Fraction of GPU memory for the engine (on the CPU build: of host memory); "
+        "None = vLLM's default on GPU, a fixed kv_cache_memory_bytes on CPU.")
+    kv_cache_memory_bytes: int | None = Field(None, ge=1, description="KV-cache size in bytes (None: 512 MiB on "
+                                              "CPU unless gpu_memory_utilization is set; vLLM's default on GPU).")
+    enable_prefix_caching: bool = Field(True, description="Reuse the KV cache of shared prompt prefixes (multi-turn "
+                                        "prompts share their history); reset after every weight update.")
+    enforce_eager: bool = Field(False, description="No torch.compile / CUDA graphs (faster start, slower steps).")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine.")
+    weight_sync: Literal["auto", "reload", "nccl"] = Field(
+        "auto", description="How published weights enter the engine: reload (in place, engine in this process; the "
+        "CPU path), nccl (vLLM's NCCL weight transfer; GPU) or auto (nccl with CUDA, else reload).")
+    max_restarts: int = Field(2, ge=0, description="Engine rebuilds after a failed call before the explorer fails.")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Any other vllm.LLM arguments.")
+
+    def generator_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`~divopd.explore.vllm_engine.VLLMGenerator` (besides path, dtype, seed)."""
+        data = self.model_dump(exclude={"engine_kwargs"}, exclude_none=True)
+        return {**data, **self.engine_kwargs}
 
 
 class GenerationSettings(BaseModel):
@@ -26,6 +57,10 @@ class GenerationSettings(BaseModel):
                                "the stored log probs are at T=1). Evaluation uses eval.temperature.")
     greedy: bool = Field(False, description="Greedy decoding for training rollouts too (default: sample).")
     stop_on_newline: bool = Field(True, description="Stop an action at the first newline token as well as at eos.")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="Student generation: hf (transformers generate on the explorer's model copy) or vllm (a "
+        "vLLM engine per explorer that receives every published weight version before its next rollout).")
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings, description="Engine options of backend: vllm.")
 
 
 class ExplorerConfig(BaseModel):

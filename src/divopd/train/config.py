@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from divopd.errors import ConfigError, describe_validation_error, describe_yaml_error
 from divopd.explore.envs import ENVS, SPLITS
 from divopd.explore.explorer import ExplorerConfig
+from divopd.explore.settings import VLLMSettings
 from divopd.explore.tcod import TCODConfig
 from divopd.learn.learner import LearnerConfig
 from divopd.learn.turnopd import TurnOPDConfig
@@ -54,6 +55,17 @@ class ModelRef(_Strict):
     path: str = Field(description="HF model name or local folder (e.g. one written by `divopd sft`).")
     dtype: str = Field("float32", description="float32 | bfloat16 | float16.")
     device: str = Field("cpu", description="Torch device for this model (explorers and teacher scoring).")
+
+
+class TeacherRef(ModelRef):
+    """The frozen teacher: the model and the engine that scores (and, under +R, acts) with it."""
+
+    backend: Literal["hf", "vllm"] = Field("hf", description="Teacher scoring: hf (a packed no-grad forward) or vllm "
+                                           "(a vLLM engine's prompt log probs of prompt+response).")
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings, description="Engine options of backend: vllm.")
+    shared: bool = Field(False, description="runtime.kind ray: one teacher actor scores for every explorer instead "
+                         "of one teacher per explorer actor (ignored by the other runtimes, which share one already).")
+    actor_gpus: float = Field(0.0, ge=0, description="Ray: GPUs reserved for the shared teacher actor.")
 
 
 #: The ``sampler:`` section, generated from the one table of sampler settings (divopd.sampling.settings).
@@ -139,7 +151,7 @@ class TrainConfig(_Strict):
     updates: int = Field(100, ge=1, description="Learner updates to run.")
     max_seconds: float | None = Field(None, gt=0, description="Stop (and checkpoint) after this much wall time.")
     student: ModelRef
-    teacher: ModelRef
+    teacher: TeacherRef
     sampler: SamplerSettings = Field(default_factory=SamplerSettings)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
@@ -179,6 +191,17 @@ class TrainConfig(_Strict):
             if getattr(self.explorer, key) not in SPLITS:
                 raise ValueError(f"explorer.{key}: unknown split {getattr(self.explorer, key)!r}; "
                                  f"expected one of {', '.join(SPLITS)}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_engines(self) -> TrainConfig:
+        need = self.explorer.prompt.max_prompt_tokens + self.explorer.generation.max_new_tokens
+        for key, backend, engine in (("explorer.generation", self.explorer.generation.backend,
+                                      self.explorer.generation.vllm), ("teacher", self.teacher.backend,
+                                                                       self.teacher.vllm)):
+            if backend == "vllm" and engine.max_model_len is not None and engine.max_model_len < need:
+                raise ValueError(f"{key}.vllm.max_model_len: {engine.max_model_len} cannot hold a prompt of "
+                                 f"explorer.prompt.max_prompt_tokens + max_new_tokens = {need} tokens")
         return self
 
     def sampler_config(self) -> SamplerConfig:

@@ -92,6 +92,7 @@ class Trainer:
         self.paper = RunDiagnostics(state.diagnostics)
         self._published: WeightHandle | None = None
         self.publish_s = 0.0
+        self.weight_load_s = 0.0  # the newest explorer-side weight load, as the arriving rollouts report it
 
     # ------------------------------------------------------------------ 1. intake
     def intake(self, rollouts: list[Rollout]) -> int:
@@ -105,6 +106,7 @@ class Trainer:
                 self.log_writer.extend(turns, arrival_update=self.learner.version, arrivals=arrivals)
             n += len(turns)
             info = getattr(rollout, "info", {}) or {}
+            self.weight_load_s = float(info.get("weight_load_s", self.weight_load_s))
             self.state.rollouts += 1
             self.state.successes += bool(info.get("success"))
             self.state.teacher_turns += int(info.get("teacher_turns", 0))
@@ -125,6 +127,7 @@ class Trainer:
         metrics = self.learner.step(batch)
         self.publish()  # the new version's weights, gathered once (the loop hands this handle to the explorers)
         metrics["time/publish_s"] = self.publish_s
+        metrics["time/weight_load_s"] = self.weight_load_s
         metrics.update(diag)
         metrics.update(self.update_metrics(batch))
         self._arrived_since_update = 0

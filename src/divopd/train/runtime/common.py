@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from divopd.explore.engines import apply_weights
 from divopd.explore.explorer import Explorer
+from divopd.explore.settings import VLLMSettings
 from divopd.learn.checkpoint import WeightHandle
 from divopd.models import load_model
 from divopd.train.config import TrainConfig
 
-__all__ = ["LatestWeights", "build_explorer", "load_teacher", "explorer_seed", "step_limit"]
+__all__ = ["LatestWeights", "build_explorer", "load_teacher", "explorer_seed", "step_limit", "vllm_generator"]
 
 # transformers' from_pretrained swaps process-global state (meta-device init); loading in two threads at once races.
 _LOAD_LOCK = threading.Lock()
@@ -43,7 +45,11 @@ def explorer_seed(cfg: TrainConfig, explorer_id: int, session: int) -> int:
 
 
 def load_teacher(cfg: TrainConfig) -> tuple[Any, Any]:
-    """The frozen teacher (eval mode, no grad) and its tokenizer."""
+    """The frozen teacher (eval mode, no grad) and its tokenizer; with ``teacher.backend: vllm`` a
+    :class:`~divopd.explore.vllm_engine.VLLMGenerator` (scores with ``score_turns``) and its tokenizer."""
+    if cfg.teacher.backend == "vllm":
+        engine = vllm_generator(cfg.teacher.path, cfg.teacher.dtype, cfg.seed, cfg.teacher.vllm, cfg)
+        return engine, engine.tokenizer
     with _LOAD_LOCK:
         teacher, tokenizer = load_model(cfg.teacher.path, dtype=cfg.teacher.dtype, device=cfg.teacher.device)
     teacher.eval()
@@ -61,16 +67,24 @@ def build_explorer(
     teacher_tokenizer: Any | None = None,
     evaluation: bool = False,
 ) -> Explorer:
-    """An explorer with its own student copy (loaded from ``cfg.student``, then the published ``handle``).
+    """An explorer with its own student copy (loaded from ``cfg.student``, then the published ``handle``); with
+    ``explorer.generation.backend: vllm`` the copy is a vLLM engine's (no HF student).
 
     ``evaluation=True`` builds a student-only evaluator: no teacher, recovery off (the paper's evaluation)."""
-    with _LOAD_LOCK:
-        student, tokenizer = load_model(cfg.student.path, dtype=cfg.student.dtype, device=cfg.student.device)
-    student.eval()
-    version = 0
-    if handle is not None:
-        handle.load_into(student)
-        version = handle.version
+    version = 0 if handle is None else int(handle.version)
+    student, backend = None, None
+    if cfg.explorer.generation.backend == "vllm":
+        backend = vllm_generator(cfg.student.path, cfg.student.dtype, explorer_seed(cfg, explorer_id, session),
+                                 cfg.explorer.generation.vllm, cfg)
+        tokenizer = backend.tokenizer
+        if version > 0:  # version 0 is the folder's own weights
+            apply_weights(handle, None, backend)
+    else:
+        with _LOAD_LOCK:
+            student, tokenizer = load_model(cfg.student.path, dtype=cfg.student.dtype, device=cfg.student.device)
+        student.eval()
+        if handle is not None:
+            handle.load_into(student)
     explorer_cfg = cfg.explorer.model_copy(deep=True)
     if evaluation:
         explorer_cfg.recovery.enabled = False
@@ -85,7 +99,17 @@ def build_explorer(
         explorer_id=explorer_id,
         policy_version=version,
         id_prefix=f"s{session}x",
+        student_backend=backend,
     )
+
+
+def vllm_generator(path: str, dtype: str, seed: int, engine: VLLMSettings, cfg: TrainConfig) -> Any:
+    """A :class:`~divopd.explore.vllm_engine.VLLMGenerator` for ``path`` with the ``engine`` options."""
+    from divopd.explore.vllm_engine import VLLMGenerator
+
+    with _LOAD_LOCK:
+        return VLLMGenerator(path, dtype=dtype, seed=seed, stop_on_newline=cfg.explorer.generation.stop_on_newline,
+                             **engine.generator_kwargs())
 
 
 def step_limit(cfg: TrainConfig, weights: WeightHandle | int) -> int:
