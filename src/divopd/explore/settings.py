@@ -35,6 +35,8 @@ class VLLMSettings(BaseModel):
     weight_sync: Literal["auto", "reload", "nccl"] = Field(
         "auto", description="How published weights enter the engine: reload (in place, engine in this process; the "
         "CPU path), nccl (vLLM's NCCL weight transfer; GPU) or auto (nccl with CUDA, else reload).")
+    sync_device: str | None = Field(None, description="weight_sync nccl: the GPU the explorer sends from (default "
+                                    "cuda:<tensor_parallel_size>, the first after the engine's).")
     max_restarts: int = Field(2, ge=0, description="Engine rebuilds after a failed call before the explorer fails.")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Any other vllm.LLM arguments.")
 

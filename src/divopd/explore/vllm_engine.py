@@ -157,14 +157,16 @@ class VLLMGenerator:
         stop_on_newline: stop at any newline-holding token as well as at eos (actions are one line).
         weight_sync: ``reload`` (in place, engine in this process; the CPU path), ``nccl`` (broadcast into the
             workers; GPU) or ``auto`` (``nccl`` when CUDA is available, else ``reload``).
+        sync_device: the GPU this process sends from with ``nccl`` (default ``cuda:<tensor_parallel_size>``, the
+            first one after an in-process engine's; NCCL cannot put two ranks of one group on one GPU).
         max_restarts: engine rebuilds after a failed call before :class:`VLLMEngineError`.
         engine_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``enable_prefix_caching`` — on by default,
             ``enforce_eager``, ``kv_cache_memory_bytes`` — 512 MiB by default on CPU, ``tensor_parallel_size``, ...).
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
-                 stop_on_newline: bool = True, weight_sync: str = "auto", max_restarts: int = 2,
-                 **engine_kwargs: Any) -> None:
+                 stop_on_newline: bool = True, weight_sync: str = "auto", sync_device: str | None = None,
+                 max_restarts: int = 2, **engine_kwargs: Any) -> None:
         if weight_sync not in ("auto", "reload", "nccl"):
             raise UsageError(f"VLLMGenerator: weight_sync must be auto, reload or nccl, got {weight_sync!r}")
         self._vllm = _import_vllm()
@@ -190,6 +192,8 @@ class VLLMGenerator:
         if weight_sync == "auto":
             weight_sync = "nccl" if torch.cuda.is_available() and not self._on_cpu else "reload"
         self.weight_sync = weight_sync
+        tp = int(engine_kwargs.get("tensor_parallel_size", 1))
+        self.sync_device = sync_device or f"cuda:{tp}"
         kwargs: dict[str, Any] = {"enable_prefix_caching": True, "max_logprobs": 20, **engine_kwargs}
         if self._on_cpu and "kv_cache_memory_bytes" not in kwargs and "gpu_memory_utilization" not in kwargs:
             kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
@@ -345,7 +349,7 @@ class VLLMGenerator:
         if self.weight_sync == "nccl":
             if self._sync is None:
                 tp = int(self._engine_kwargs.get("tensor_parallel_size", 1))
-                self._sync = NcclWeightSync(self._llm, world_size=tp)
+                self._sync = NcclWeightSync(self._llm, world_size=tp, device=self.sync_device)
             self._sync.send(pairs, self.dtype, version)
         else:
             reload_in_place(self._llm, pairs, self.dtype)
