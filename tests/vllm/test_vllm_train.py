@@ -58,3 +58,38 @@ def test_vllm_sections_are_validated(llama_models: dict[str, str], tmp_path: Pat
                             "teacher": {"path": "t", "backend": "vllm", "vllm": {"engine_kwargs": {"swap_space": 0}}}})
     assert cfg.teacher.vllm.generator_kwargs()["swap_space"] == 0
     assert cfg.teacher.vllm.generator_kwargs()["enable_prefix_caching"] is True
+
+
+def test_ray_with_vllm_engines_and_one_shared_teacher(llama_models: dict[str, str], tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    run_dir = tmp_path / "ray"
+    cfg = tiny_config(llama_models, run_dir, "divopd", **_vllm_overrides(
+        **{"runtime.kind": "ray", "runtime.ray_num_cpus": 2, "teacher.shared": True, "updates": 3}))
+    summary = train(cfg)
+    assert summary["updates"] == 3 and not summary["interrupted"]
+    assert_ledger_identity(summary["ledger"])
+    assert summary["teacher/calls"] >= 1  # the one teacher engine scored the explorer's rollouts
+    turns = [t.turn for t in read_log(run_dir / "experience")]
+    assert turns and all(t.teacher_logprobs is not None for t in turns)
+
+
+@pytest.mark.parametrize("kind", ["lockstep", "threads"])
+def test_a_model_the_cpu_kernel_rejects_is_one_line_and_exit_2(tmp_path: Path, kind: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from divopd.cli import main
+    from divopd.models.tiny import build_model
+
+    tok = env_tokenizer("tiny")
+    for name in ("student", "teacher"):  # the project's tiny models: head_dim 16
+        build_model(tok, size="0.2m").save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    cfg = tiny_config({n: str(tmp_path / n) for n in ("student", "teacher")}, tmp_path / "run", "divopd",
+                      **_vllm_overrides(**{"runtime.kind": kind, "teacher.backend": "hf"}))
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    capsys.readouterr()
+    assert main(["train", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "head_dim 16 is not supported by vLLM's CPU attention kernel" in err and "\n" not in err

@@ -45,7 +45,7 @@ from divopd.explore.vllm_weights import (
     tied_embeddings,
 )
 
-__all__ = ["VLLMEngineError", "VLLMGenerator", "PromptTooLongError"]
+__all__ = ["VLLMEngineError", "VLLMGenerator", "PromptTooLongError", "check_model"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -144,6 +144,13 @@ def _check_head_dim(model_path: str, config: dict[str, Any]) -> None:
     if head_dim and head_dim not in supported:
         raise VLLMEngineError(f"{model_path}: head_dim {head_dim} is not supported by vLLM's CPU attention kernel "
                               f"(supported: {', '.join(map(str, supported))}); use the hf backend for this model")
+
+
+def check_model(model_path: str) -> None:
+    """Fail in one line (:class:`VLLMEngineError`) on what vLLM cannot serve, before an engine is built: vllm missing,
+    no model folder, a head size the CPU attention kernel rejects (runtimes call it before starting explorers)."""
+    _import_vllm()
+    _check_head_dim(str(model_path), _check_model_folder(str(model_path)))
 
 
 class VLLMGenerator:

@@ -61,10 +61,15 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
     ``stop``: a :class:`~divopd.train.interrupt.StopRequest` whose signal handlers are installed (the CLI's); a stop
     requested while the models load or the explorers start is honoured once the loop starts: it checkpoints at
     once."""
+    from divopd.train.runtime.common import check_engines
     from divopd.train.trainer import open_run
 
+    if cfg is not None:
+        check_engines(cfg)  # before the run directory is made
     trainer, resumed = open_run(cfg, resume=resume)
     cfg = trainer.cfg
+    if resume is not None:
+        check_engines(cfg)
     bar = Progress(cfg.updates, trainer.version, progress)
     try:
         if cfg.runtime.kind == "ray":

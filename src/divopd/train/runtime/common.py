@@ -12,7 +12,8 @@ from divopd.learn.checkpoint import WeightHandle
 from divopd.models import load_model
 from divopd.train.config import TrainConfig
 
-__all__ = ["LatestWeights", "build_explorer", "load_teacher", "explorer_seed", "step_limit", "vllm_generator"]
+__all__ = ["LatestWeights", "build_explorer", "check_engines", "load_teacher", "explorer_seed", "step_limit",
+           "vllm_generator"]
 
 # transformers' from_pretrained swaps process-global state (meta-device init); loading in two threads at once races.
 _LOAD_LOCK = threading.Lock()
@@ -101,6 +102,16 @@ def build_explorer(
         id_prefix=f"s{session}x",
         student_backend=backend,
     )
+
+
+def check_engines(cfg: TrainConfig) -> None:
+    """One clear line now, not an explorer failure later, when a vLLM backend cannot serve its model."""
+    from divopd.explore.vllm_engine import check_model
+
+    if cfg.explorer.generation.backend == "vllm":
+        check_model(cfg.student.path)
+    if cfg.teacher.backend == "vllm":
+        check_model(cfg.teacher.path)
 
 
 def vllm_generator(path: str, dtype: str, seed: int, engine: VLLMSettings, cfg: TrainConfig) -> Any:
