@@ -193,6 +193,8 @@ def test_an_engine_that_dies_is_rebuilt_with_the_newest_weights(folder, hf) -> N
         g._llm.llm_engine.engine_core.shutdown()
         with pytest.raises(VLLMEngineError, match="failed during generate after 1 restarts"):
             g.generate(prompts, greedy=True, max_new_tokens=2)
+    with pytest.raises(VLLMEngineError, match="score after close"):  # a closed generator is not rebuilt behind it
+        g.score(prompts, responses)
 
 
 @pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(),

@@ -257,7 +257,7 @@ class VLLMGenerator:
             try:
                 with self._lock:
                     if self._llm is None:
-                        raise RuntimeError("the engine is closed")
+                        raise VLLMEngineError(f"VLLMGenerator for {self.model_path}: {what} after close()")
                     return call(self._llm)
             except (KeyboardInterrupt, ValueError, UsageError):
                 raise
