@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +56,7 @@ def tiny_folder(out: Path) -> str:
     return str(out)
 
 
-def build(backend: str, folder: str, args: argparse.Namespace):
+def build(backend: str, folder: str, args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """An explorer with the student and the teacher on ``backend``."""
     from divopd.explore.explorer import Explorer, ExplorerConfig
     from divopd.models import load_model
@@ -76,7 +77,7 @@ def build(backend: str, folder: str, args: argparse.Namespace):
     return Explorer(cfg, None, student.tokenizer, teacher, seed=0, student_backend=student), student, teacher
 
 
-def publish_seconds(backend: str, generator, folder: str) -> float:
+def publish_seconds(backend: str, generator: Any, folder: str) -> float:
     """Median seconds of 3 weight publications into the student's generator (perturbed weights each time)."""
     from divopd.models import load_model
 

@@ -70,7 +70,7 @@ def test_an_engine_that_dies_mid_run_is_rebuilt_and_no_turn_is_lost(folders) -> 
     real_generate = student._llm.generate
     calls = {"n": 0}
 
-    def dying(*args, **kwargs):
+    def dying(*args: object, **kwargs: object) -> object:
         calls["n"] += 1
         if calls["n"] == 3:  # the engine dies under the third generate call
             student._llm.llm_engine.engine_core.shutdown()

@@ -4,7 +4,9 @@ forward of the same weights, live weight updates, stop tokens and cuts, bad inpu
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,14 +33,14 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def gen(folder: str):
+def gen(folder: str) -> Iterator[VLLMGenerator]:
     g = VLLMGenerator(folder, seed=0, **ENGINE)
     yield g
     g.close()
 
 
 @pytest.fixture(scope="module")
-def hf(folder: str):
+def hf(folder: str) -> tuple[Any, Any]:
     return load_model(folder)
 
 

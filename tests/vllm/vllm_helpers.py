@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,7 +19,8 @@ SMOLLM2 = Path(os.environ.get("DIVOPD_SMOLLM2", ROOT / "cache" / "smollm2-135m")
 ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "kv_cache_memory_bytes": 2**27}
 
 
-def tiny_llama_folder(out: Path, tokenizer, seed: int = 0, hidden: int = 128, heads: int = 2, layers: int = 2) -> str:
+def tiny_llama_folder(out: Path, tokenizer: Any, seed: int = 0, hidden: int = 128, heads: int = 2,
+                      layers: int = 2) -> str:
     """A random-init Llama with head_dim = hidden / heads (64 by default) saved with ``tokenizer`` under ``out``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -34,7 +36,7 @@ def tiny_llama_folder(out: Path, tokenizer, seed: int = 0, hidden: int = 128, he
     return str(out)
 
 
-def hf_logprobs(model, prompt: list[int], response: list[int]) -> np.ndarray:
+def hf_logprobs(model: Any, prompt: list[int], response: list[int]) -> np.ndarray:
     """log π(response_i | prompt, response_<i) from one HF forward (float32)."""
     ids = torch.tensor([list(prompt) + list(response)])
     with torch.no_grad():
