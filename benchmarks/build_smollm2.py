@@ -13,6 +13,7 @@ GGUF-quantized model, so the weights go into a plain ``LlamaForCausalLM`` built 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -32,9 +33,13 @@ def build(gguf_file: Path, out: Path) -> Path:
     model = LlamaForCausalLM(config)
     model.load_state_dict(quantized.state_dict(), strict=False)
     model.tie_weights()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    tmp = out.with_name(out.name + ".tmp")  # renamed into place when complete: a folder that exists is whole
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
     return out
 
 
