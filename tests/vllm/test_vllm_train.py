@@ -93,3 +93,27 @@ def test_a_model_the_cpu_kernel_rejects_is_one_line_and_exit_2(tmp_path: Path, k
     assert main(["train", str(path), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert "head_dim 16 is not supported by vLLM's CPU attention kernel" in err and "\n" not in err
+
+
+def test_an_engine_that_dies_mid_run_is_rebuilt_and_the_ledger_stays_whole(llama_models: dict[str, str],
+                                                                          tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from divopd.explore.vllm_engine import VLLMGenerator
+
+    real, seen = VLLMGenerator.generate, {"calls": 0, "gens": []}
+
+    def dying(self: VLLMGenerator, *args: object, **kwargs: object) -> object:
+        seen["calls"] += 1
+        if seen["calls"] == 5:  # the student engine dies in the middle of the run
+            seen["gens"].append(self)
+            self._llm.llm_engine.engine_core.shutdown()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(VLLMGenerator, "generate", dying)
+    run_dir = tmp_path / "dies"
+    cfg = tiny_config(llama_models, run_dir, "divopd", **_vllm_overrides(
+        **{"runtime.kind": "lockstep", "updates": 4, "runtime.lockstep.env_steps_per_update": 6}))
+    summary = train(cfg)
+    assert summary["updates"] == 4 and seen["gens"] and seen["gens"][0].restarts == 1
+    assert_ledger_identity(summary["ledger"])
+    assert len(list(read_log(run_dir / "experience"))) == summary["ledger"]["received"]
