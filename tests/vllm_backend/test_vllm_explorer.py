@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("vllm.entrypoints")  # (tests/vllm/ itself is a namespace package named vllm)
+pytest.importorskip("vllm")
 
 from vllm_helpers import ENGINE, tiny_llama_folder  # noqa: E402
 

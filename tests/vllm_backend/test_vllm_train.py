@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm.entrypoints")  # (tests/vllm/ itself is a namespace package named vllm)
+pytest.importorskip("vllm")
 
 from vllm_helpers import tiny_llama_folder  # noqa: E402
 
@@ -117,3 +117,19 @@ def test_an_engine_that_dies_mid_run_is_rebuilt_and_the_ledger_stays_whole(llama
     assert summary["updates"] == 4 and seen["gens"] and seen["gens"][0].restarts == 1
     assert_ledger_identity(summary["ledger"])
     assert len(list(read_log(run_dir / "experience"))) == summary["ledger"]["received"]
+
+
+def test_a_sharded_learner_publishes_into_the_vllm_explorer(llama_models: dict[str, str], tmp_path: Path) -> None:
+    """Issue 16 x issue 15: rank 0's gathered full state dict reaches the explorer's vLLM engine once per version."""
+    run_dir = tmp_path / "ws2"
+    cfg = tiny_config(llama_models, run_dir, "divopd", **_vllm_overrides(
+        **{"runtime.kind": "lockstep", "updates": 5, "runtime.lockstep.env_steps_per_update": 6,
+           "learner.world_size": 2, "teacher.backend": "hf"}))
+    summary = train(cfg)
+    assert summary["updates"] == 5 and not summary["interrupted"]
+    assert_ledger_identity(summary["ledger"])
+    updates = [r for r in read_metrics(run_dir) if r["kind"] == "update"]
+    assert all(r["time/publish_s"] > 0 for r in updates)  # the rank-0 gather, timed
+    assert updates[-1]["time/weight_load_s"] > 0  # pushed into the engine
+    turns = list(read_log(run_dir / "experience"))
+    assert max(t.turn.policy_version for t in turns) >= 1
