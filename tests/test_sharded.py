@@ -16,7 +16,7 @@ from divopd.learn.sharded import LearnerRankError, split_rows
 from divopd.train import train
 from divopd.train.runtime.lockstep import run_lockstep
 from divopd.train.trainer import open_run
-from test_train import read_metrics, tiny_config, tiny_models  # noqa: F401
+from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 
 UPDATES = 4
 #: Adam divides each coordinate's step by its gradient's magnitude, so where a gradient is ~0 the float rounding of
@@ -70,6 +70,17 @@ def test_world_size_2_gives_the_single_process_run(tiny_models: dict[str, str], 
     # the sharded checkpoint holds the DCP shards next to the HF folder that `divopd eval` reads
     last = sorted((tmp_path / "ws2" / "checkpoints").glob("update-*"))[-1]
     assert (last / "dcp" / ".metadata").is_file() and (last / "config.json").is_file()
+
+
+def test_the_threads_runtime_spawns_the_ranks_too(tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """Ranks start by themselves under the threads runtime as under lockstep (explorer threads beside the ranks)."""
+    summary = _run(tiny_models, tmp_path / "threads", 2, updates=3, **{"runtime.kind": "threads"})
+    assert summary["updates"] == 3 and not summary["interrupted"]
+    assert_ledger_identity(summary["ledger"])
+    rows = [r for r in read_metrics(tmp_path / "threads") if r["kind"] == "update"]
+    assert [r["update"] for r in rows] == [1, 2, 3] and all(r["time/publish_s"] > 0 for r in rows)
+    last = sorted((tmp_path / "threads" / "checkpoints").glob("update-*"))[-1]
+    assert (last / "dcp" / ".metadata").is_file()
 
 
 class _KillRank:
