@@ -118,6 +118,8 @@ CASES: list[tuple[str, list[str], str, str]] = [
     ("sft-prompt-unknown-key", ["sft", "--out", "{d}/sft", "--env", "tiny", "--prompt", '{"max_tokens": 5}'],
      "--prompt: max_tokens", ""),
     ("sft-bad-size", ["sft", "--out", "{d}/sft", "--env", "tiny", "--size", "3m"], "--size", ""),
+    ("sft-explore-expert-off-coin", ["sft", "--out", "{d}/sft", "--env", "tiny", "--expert", "explore"],
+     "--expert explore: only for TextWorld-Express coin", ""),
     ("sft-zero-epochs", ["sft", "--out", "{d}/sft", "--env", "tiny", "--epochs", "0"], "--epochs", ""),
     ("sft-init-not-a-model", ["sft", "--out", "{d}/sft", "--env", "tiny", "--init", "{d}/emptydir"], "--init", ""),
     ("sft-no-out", ["sft", "--env", "tiny"], "--out", ""),

@@ -25,7 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_arguments", "collect_gold_examples", "run"]
+__all__ = ["EXPERTS", "add_arguments", "collect_gold_examples", "run"]
+
+#: ``--expert``: whose trajectories are cloned. ``gold``: the environment's gold path; ``explore``: the observable-state
+#: search of :mod:`divopd.explore.envs.coin_expert` (TextWorld-Express *coin* only).
+EXPERTS = ("gold", "explore")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reuse the tokenizer of this HF folder (a student must share its teacher's vocabulary)")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--train-tasks", type=int, default=400, help="gold trajectories from this many train tasks")
+    parser.add_argument("--expert", default="gold", choices=EXPERTS,
+                        help="trajectories to clone: the env's gold paths, or (twx coin only) an observable-state "
+                        "search that takes the coin when visible and otherwise visits unvisited rooms")
+    parser.add_argument("--expert-max-steps", type=int, default=30, help="step limit of --expert explore episodes")
     parser.add_argument("--eval-tasks", type=int, default=100, help="held-out episodes for the success rate")
     parser.add_argument("--eval-split", default="dev", help="held-out split (dev or test)")
     parser.add_argument("--epochs", type=int, default=6)
@@ -54,15 +62,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (keep 1 beside other jobs)")
 
 
-def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any) -> tuple[list[dict[str, Any]], int]:
-    """Replay each task's gold path; returns (one record per gold step, number of tasks whose gold path failed).
+def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, expert: str = "gold",
+                          max_steps: int = 30) -> tuple[list[dict[str, Any]], int]:
+    """Play each task's expert trajectory; returns (one record per step, number of tasks whose trajectory failed).
 
-    A record holds the prompt's parts (first observation, history, valid actions) and the gold action, so it can be
-    encoded with any tokenizer later.
+    ``expert="gold"`` replays the env's gold path; ``"explore"`` asks
+    :func:`~divopd.explore.envs.coin_expert.coin_explorer_action` at every step (up to ``max_steps``). A record holds
+    the prompt's parts (first observation, history, valid actions) and the action, so it can be encoded with any
+    tokenizer later.
     """
+    from divopd.explore.envs.coin_expert import coin_explorer_action
+
     records, failed = [], 0
     for task in tasks:
-        gold = env.gold_actions(task)
+        gold = env.gold_actions(task) if expert == "gold" else [None] * max_steps
         if not gold:
             failed += 1
             continue
@@ -71,6 +84,8 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any) -> tup
         steps = []
         info: dict[str, Any] = {}
         for action in gold:
+            if action is None:
+                action = coin_explorer_action(first, history, env.valid_actions())
             steps.append({"first": first, "history": list(history), "valid": env.valid_actions(), "action": action})
             obs, _, done, info = env.step(action)
             history.append((action, obs))
@@ -127,6 +142,10 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                         ("--num-envs", args.num_envs), ("--threads", args.threads), ("--vocab-size", args.vocab_size)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.expert == "explore" and (args.env != "twx" or env_kwargs.get("game", "coin") != "coin"):
+        raise UsageError("--expert explore: only for TextWorld-Express coin (--env twx, game coin)")
+    if args.expert_max_steps < 1:
+        raise UsageError(f"--expert-max-steps must be at least 1, got {args.expert_max_steps}")
     if not args.lr > 0:
         raise UsageError(f"--lr must be positive, got {args.lr}")
     if args.eval_split not in SPLITS:
@@ -166,13 +185,14 @@ def run(args: argparse.Namespace) -> int:
     env = make_env(args.env, **env_kwargs)
     try:
         tasks = env.tasks("train")[: args.train_tasks]
-        records, failed = collect_gold_examples(env, tasks, prompt_config)
+        records, failed = collect_gold_examples(env, tasks, prompt_config, expert=args.expert,
+                                                max_steps=args.expert_max_steps)
     finally:
         env.close()
     if not records:
         print(f"divopd sft: no gold trajectory succeeded on {args.env} ({failed} failed)")
         return 1
-    print(f"gold: {len(records)} steps from {len(tasks) - failed} tasks ({failed} failed) "
+    print(f"{args.expert}: {len(records)} steps from {len(tasks) - failed} tasks ({failed} failed) "
           f"in {time.perf_counter() - t0:.1f}s")
 
     # 2. tokenizer + model
@@ -216,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
           f"({metrics['eval/episodes']:.0f} episodes, {metrics['eval/seconds']:.0f}s)")
     summary = {
         "env": args.env, "env_kwargs": env_kwargs, "prompt": prompt_config.model_dump(), "params": n_params,
-        "gold_steps": len(records), "gold_tasks": len(tasks) - failed, "gold_failed": failed,
+        "expert": args.expert, "gold_steps": len(records), "gold_tasks": len(tasks) - failed, "gold_failed": failed,
         "truncated_examples": truncated, "sft": {k: v for k, v in result.items() if k != "epoch_losses"},
         "epoch_losses": result.get("epoch_losses"), "eval": metrics, "seconds": time.perf_counter() - t0,
         "args": vars(args) | {"_run": None},

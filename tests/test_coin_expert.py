@@ -1,0 +1,57 @@
+"""The observable-state coin expert of ``divopd sft --expert explore``: exact small cases, and real episodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from divopd.explore.envs.coin_expert import coin_explorer_action, current_room, exits
+
+KITCHEN = ("You are in the kitchen. In one part of the room you see a stove. \n"
+           "To the East you see the pantry. To the West you see the corridor.")
+PANTRY = "You are in the pantry. In one part of the room you see a shelf. \nTo the West you see the kitchen."
+CORRIDOR = "You are in the corridor. You also see a hat rack. \nTo the East you see the kitchen."
+MOVES_K = ["inventory", "look around", "move east", "move west"]
+
+
+def test_parsing_of_rooms_and_exits() -> None:
+    assert current_room(KITCHEN) == "kitchen" and current_room("Unknown action: I'm not sure what you mean.") is None
+    assert exits(KITCHEN) == {"move east": "pantry", "move west": "corridor"}
+
+
+def test_takes_the_coin_when_it_is_in_view() -> None:
+    assert coin_explorer_action(KITCHEN, [], [*MOVES_K, "take coin"]) == "take coin"
+
+
+def test_visits_unvisited_rooms_first_then_backtracks() -> None:
+    assert coin_explorer_action(KITCHEN, [], MOVES_K) == "move east"  # first listed move to an unvisited room
+    # in the pantry (dead end): back to the kitchen, the only way
+    assert coin_explorer_action(KITCHEN, [("move east", PANTRY)], ["look around", "move west"]) == "move west"
+    # back in the kitchen: the corridor is the room not yet visited
+    history = [("move east", PANTRY), ("move west", KITCHEN)]
+    assert coin_explorer_action(KITCHEN, history, MOVES_K) == "move west"
+    # an unknown-action observation does not move the agent: the room is still the last one named
+    history = [("move east", PANTRY), ("jump", "Unknown action: I'm not sure what you mean.")]
+    assert coin_explorer_action(KITCHEN, history, ["look around", "move west"]) == "move west"
+
+
+def test_all_neighbours_visited_goes_to_the_one_left_longest_ago() -> None:
+    history = [("move east", PANTRY), ("move west", KITCHEN), ("move west", CORRIDOR), ("move east", KITCHEN)]
+    assert coin_explorer_action(KITCHEN, history, MOVES_K) == "move east"  # pantry left at step 1, corridor at 3
+
+
+@pytest.mark.parametrize("rooms", [3, 4])
+def test_it_wins_every_real_episode_in_fewer_steps_than_gold(rooms: int) -> None:
+    pytest.importorskip("textworld_express")
+    from divopd.commands.sft import collect_gold_examples
+    from divopd.explore.envs import make_env
+
+    env = make_env("twx", game="coin", params=f"numLocations={rooms},numDistractorItems=0,includeDoors=0")
+    try:
+        tasks = env.tasks("train")[:40]
+        explore, failed = collect_gold_examples(env, tasks, None, expert="explore", max_steps=30)
+        gold, _ = collect_gold_examples(env, tasks, None)
+    finally:
+        env.close()
+    assert failed == 0
+    assert len(explore) < len(gold)
+    assert all(r["action"] in r["valid"] for r in explore)
