@@ -51,11 +51,29 @@ from divopd.models import load_model, resolve_dtype
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 from divopd.sampling.sampler import Batch
 
-__all__ = ["Learner", "LearnerConfig", "Rows", "WeightHandle", "prepare_rows"]
+__all__ = ["Learner", "LearnerConfig", "Rows", "WeightHandle", "batch_rows", "prepare_rows"]
 
 CHECKPOINT_FORMAT = 1
 #: :mod:`divopd.learn.sharded`'s checkpoints: model and optimizer shards in ``dcp/`` (torch.distributed.checkpoint)
 SHARDED_FORMAT = 2
+
+
+def batch_rows(batch: Batch | Sequence[Turn] | None, config: LearnerConfig, vocab: int) -> tuple[list[Turn], Rows]:
+    """A batch's turns and their rows (:func:`~divopd.learn.rows.prepare_rows` with the learner's settings), every
+    token id checked against a vocabulary of ``vocab`` ids; the single-process and the sharded learner's step 1."""
+    if batch is None:
+        raise ValueError("Learner.step: batch is None (the sampler was not ready; call next_batch again later)")
+    turns = list(getattr(batch, "turns", batch))
+    if not turns:
+        raise ValueError("Learner.step: empty batch (the sampler returns None, not an empty batch, when not ready)")
+    rows = prepare_rows(turns, max_prompt_len=config.max_prompt_len,
+                        topk=config.topk if config.estimator == "topk" else None)
+    for t, p, r in zip(turns, rows.prompts, rows.responses, strict=True):
+        for name, ids in (("prompt_ids", p), ("response_ids", r)):
+            if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
+                raise ValueError(f"Learner.step: turn {t.key} has {name} outside the model's vocabulary "
+                                 f"[0, {vocab}) (min {ids.min()}, max {ids.max()}): tokenizer/model mismatch?")
+    return turns, rows
 
 
 class Learner:
@@ -92,14 +110,6 @@ class Learner:
         return int(pad) if pad is not None else 0
 
     # ------------------------------------------------------------------ forward helpers
-    def _check_ids(self, turns: Sequence[Turn], rows: Rows) -> None:
-        vocab = self.model.get_input_embeddings().num_embeddings
-        for t, p, r in zip(turns, rows.prompts, rows.responses, strict=True):
-            for name, ids in (("prompt_ids", p), ("response_ids", r)):
-                if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
-                    raise ValueError(f"Learner.step: turn {t.key} has {name} outside the model's vocabulary "
-                                     f"[0, {vocab}) (min {ids.min()}, max {ids.max()}): tokenizer/model mismatch?")
-
     def _forward(self, rows: Rows, idx: np.ndarray, *, with_topk: bool
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, int, int]:
         """log π of the response tokens of rows ``idx`` ([n, L]), the student's log probs at the teacher top-k ids
@@ -143,16 +153,7 @@ class Learner:
     # ------------------------------------------------------------------ the update
     def rows_of(self, batch: Batch | Sequence[Turn]) -> tuple[list[Turn], Rows]:
         """Step 1: the batch's turns and their rows (checked against the model's vocabulary)."""
-        if batch is None:
-            raise ValueError("Learner.step: batch is None (the sampler was not ready; call next_batch again later)")
-        turns = list(getattr(batch, "turns", batch))
-        if not turns:
-            raise ValueError("Learner.step: empty batch (the sampler returns None, not an empty batch, when not ready)")
-        cfg = self.config
-        rows = prepare_rows(turns, max_prompt_len=cfg.max_prompt_len,
-                            topk=cfg.topk if cfg.estimator == "topk" else None)
-        self._check_ids(turns, rows)
-        return turns, rows
+        return batch_rows(batch, self.config, self.model.get_input_embeddings().num_embeddings)
 
     def step(self, batch: Batch | Sequence[Turn]) -> dict[str, float]:
         """One update on ``batch`` (a :class:`divopd.sampling.Batch` or a sequence of turns); returns ``learner/*``

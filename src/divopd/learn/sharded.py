@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from divopd.experience.turn import Turn
 from divopd.learn.checkpoint import (
     OPTIMIZER_FILE,
     WeightHandle,
@@ -43,9 +42,9 @@ from divopd.learn.checkpoint import (
     read_state,
     to_json_safe,
 )
-from divopd.learn.learner import SHARDED_FORMAT, Learner
+from divopd.learn.learner import SHARDED_FORMAT, Learner, batch_rows
 from divopd.learn.ranks import LearnerRankError, ProcessRanks, Ranks
-from divopd.learn.rows import Rows, _micro_batches, prepare_rows
+from divopd.learn.rows import Rows, _micro_batches
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import DepthStats
 from divopd.learn.update import batch_loss, step_metrics
@@ -119,28 +118,11 @@ class ShardedLearner:
             raise LearnerRankError(self.failed) from None
 
     # ------------------------------------------------------------------ the update
-    def _rows(self, batch: Any) -> tuple[list[Turn], Rows]:
-        if batch is None:
-            raise ValueError("Learner.step: batch is None (the sampler was not ready; call next_batch again later)")
-        turns = list(getattr(batch, "turns", batch))
-        if not turns:
-            raise ValueError("Learner.step: empty batch (the sampler returns None, not an empty batch, when not ready)")
-        cfg = self.config
-        rows = prepare_rows(turns, max_prompt_len=cfg.max_prompt_len,
-                            topk=cfg.topk if cfg.estimator == "topk" else None)
-        for t, p, r in zip(turns, rows.prompts, rows.responses, strict=True):
-            for name, ids in (("prompt_ids", p), ("response_ids", r)):
-                if len(ids) and (ids.min() < 0 or ids.max() >= self._vocab):
-                    raise ValueError(f"Learner.step: turn {t.key} has {name} outside the model's vocabulary "
-                                     f"[0, {self._vocab}) (min {ids.min()}, max {ids.max()}): "
-                                     "tokenizer/model mismatch?")
-        return turns, rows
-
     def step(self, batch: Any) -> dict[str, float]:
         """One update on ``batch`` over every rank; returns the single-process learner's ``learner/*`` metrics."""
         cfg = self.config
         t0 = time.perf_counter()
-        turns, rows = self._rows(batch)
+        turns, rows = batch_rows(batch, self.config, self._vocab)
         n = len(turns)
         weights, alpha = Learner.row_weights(self, batch, rows)  # type: ignore[arg-type]
         parts_idx = split_rows(n, self.world_size)
