@@ -40,18 +40,12 @@ ENV, ENV_KWARGS = "twx", {"game": "coin", "params": "numLocations=3,includeDoors
 
 
 def tiny_folder(out: Path) -> str:
-    """A random-init Llama (hidden 128, 2 heads of 64, 2 layers) with a word tokenizer from the env's text."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from divopd.models.tiny import build_tokenizer
+    """A random-init tiny Llama of size ``0.5m`` (hidden 128, 2 heads of 64, 2 layers) with a word tokenizer from the
+    env's text."""
+    from divopd.models.tiny import build_model, build_tokenizer
 
     tok = build_tokenizer(env_texts(ENV, ENV_KWARGS), kind="word")
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=2, intermediate_size=256, max_position_embeddings=4096,
-                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                         bos_token_id=None)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
+    build_model(tok, size="0.5m", seed=0).save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
 

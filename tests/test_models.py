@@ -76,6 +76,9 @@ def test_model_sizes_and_seed():
             continue  # same code path; skipped to keep the suite fast
         counts[size] = sum(p.numel() for p in build_model(tok, size=size).parameters())
     assert 0.1e6 < counts["0.2m"] < 0.3e6 and 0.8e6 < counts["1m"] < 1.5e6 and 3e6 < counts["5m"] < 6e6
+    assert 0.3e6 < counts["0.5m"] < 0.6e6
+    half = build_model(tok, size="0.5m").config
+    assert half.hidden_size // half.num_attention_heads == 64  # what vLLM's CPU attention kernel needs
     a, b = build_model(tok, "0.2m", seed=1), build_model(tok, "0.2m", seed=1)
     c = build_model(tok, "0.2m", seed=2)
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))

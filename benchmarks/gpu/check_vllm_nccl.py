@@ -32,19 +32,12 @@ ATOL = 2e-3
 
 
 def tiny_folder(out: Path) -> str:
-    """A random Llama with head_dim 64 and a byte-level tokenizer, saved under ``out``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from divopd.models.tiny import build_tokenizer
+    """A random tiny Llama of size ``0.5m`` (head_dim 64) with a byte-level tokenizer, saved under ``out``."""
+    from divopd.models.tiny import build_model, build_tokenizer
 
     tok = build_tokenizer(["You are in the kitchen. Valid actions: move east, take coin\nnorth south"], kind="bpe",
                           vocab_size=512)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=4, intermediate_size=512, max_position_embeddings=2048,
-                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                         bos_token_id=None)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
+    build_model(tok, size="0.5m", seed=0).save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
 

@@ -19,19 +19,12 @@ SMOLLM2 = Path(os.environ.get("DIVOPD_SMOLLM2", ROOT / "cache" / "smollm2-135m")
 ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "kv_cache_memory_bytes": 2**27}
 
 
-def tiny_llama_folder(out: Path, tokenizer: Any, seed: int = 0, hidden: int = 128, heads: int = 2,
-                      layers: int = 2) -> str:
-    """A random-init Llama with head_dim = hidden / heads (64 by default) saved with ``tokenizer`` under ``out``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_llama_folder(out: Path, tokenizer: Any, seed: int = 0) -> str:
+    """A random-init tiny Llama of size ``0.5m`` (head_dim 64, which the CPU attention kernel accepts) saved with
+    ``tokenizer`` under ``out``."""
+    from divopd.models.tiny import build_model
 
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=heads, intermediate_size=2 * hidden,
-                         max_position_embeddings=2048, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).eval()
-    model.save_pretrained(out)
+    build_model(tokenizer, size="0.5m", seed=seed).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return str(out)
 

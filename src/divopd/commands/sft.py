@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env-kwargs", default="{}", help='JSON constructor arguments, e.g. \'{"game": "coin"}\'')
     parser.add_argument("--out", required=True, help="output folder (HF model + tokenizer + sft.json)")
     parser.add_argument("--init", default=None, help="start from this HF model folder instead of a fresh tiny model")
-    parser.add_argument("--size", default="1m", help="tiny model size when --init is not given (0.2m, 1m, 5m, 20m)")
+    parser.add_argument("--size", default="1m",
+                        help="tiny model size when --init is not given (0.2m, 0.5m, 1m, 5m, 20m)")
     parser.add_argument("--arch", default="llama", choices=["llama", "qwen2"], help="tiny model architecture")
     parser.add_argument("--tokenizer", default="word", choices=["word", "bpe"], help="tiny tokenizer kind")
     parser.add_argument("--tokenizer-from", default=None,

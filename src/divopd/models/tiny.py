@@ -41,9 +41,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
-# name -> (hidden, layers, heads, intermediate); parameter counts with a ~1k vocabulary, tied embeddings.
+# name -> (hidden, layers, heads, intermediate); parameter counts with a ~1k vocabulary, tied embeddings. "0.5m" has
+# head_dim 64 (hidden / heads), the smallest head vLLM's CPU attention kernel accepts (the others have 16 or 32).
 SIZES: dict[str, tuple[int, int, int, int]] = {
     "0.2m": (64, 2, 4, 256),
+    "0.5m": (128, 2, 2, 256),
     "1m": (128, 4, 4, 512),
     "5m": (256, 5, 8, 1024),
     "20m": (512, 5, 8, 2048),
@@ -87,7 +89,8 @@ def build_tokenizer(texts: Iterable[str], kind: str = "word", vocab_size: int = 
 def build_model(tokenizer: PreTrainedTokenizerFast, size: str = "1m", arch: str = "llama", seed: int = 0,
                 max_position_embeddings: int = 4096) -> PreTrainedModel:
     """A randomly initialised causal LM from config alone: ``arch`` ``llama`` or ``qwen2``, ``size`` one of
-    :data:`SIZES` (0.2m: h64×2 layers, 1m: h128×4, 5m: h256×5, 20m: h512×5), seeded, float32, eval mode."""
+    :data:`SIZES` (0.2m: h64×2 layers, 0.5m: h128×2 with head_dim 64 for vLLM, 1m: h128×4, 5m: h256×5,
+    20m: h512×5), seeded, float32, eval mode."""
     if size not in SIZES:
         raise ValueError(f"build_model: unknown size {size!r}; expected one of {sorted(SIZES)}")
     hidden, layers, heads, inter = SIZES[size]
