@@ -76,18 +76,18 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
 
     records, failed = [], 0
     for task in tasks:
-        gold = env.gold_actions(task) if expert == "gold" else [None] * max_steps
-        if not gold:
+        gold = env.gold_actions(task) if expert == "gold" else None
+        if gold is not None and not gold:
             failed += 1
             continue
         first = env.reset(task)
         history: list[tuple[str, str]] = []
         steps = []
         info: dict[str, Any] = {}
-        for action in gold:
-            if action is None:
-                action = coin_explorer_action(first, history, env.valid_actions())
-            steps.append({"first": first, "history": list(history), "valid": env.valid_actions(), "action": action})
+        for i in range(max_steps if gold is None else len(gold)):
+            valid = env.valid_actions()
+            action = coin_explorer_action(first, history, valid) if gold is None else gold[i]
+            steps.append({"first": first, "history": list(history), "valid": valid, "action": action})
             obs, _, done, info = env.step(action)
             history.append((action, obs))
             if done:
