@@ -83,13 +83,13 @@ def _paired_table(s: dict[str, Any]) -> list[str]:
     tests = s.get("paired_tests") or []
     if not tests:
         return []
-    rows = [[f"{t['method']} vs {t['against']}", t["question"], t["label"], str(len(t["seeds"])),
-             fmt(t["mean_method"], 1 if t["metric"] == "nauc" else 0),
-             fmt(t["mean_against"], 1 if t["metric"] == "nauc" else 0),
-             fmt(t["median_diff"], 1 if t["metric"] == "nauc" else 0),
-             f"{t['w_plus']:g} / {t['w_minus']:g}",
-             MISSING if t["p_value"] is None else f"{t['p_value']:.3f}" + ("" if t["exact"] else " (normal)")]
-            for t in tests]
+    rows = []
+    for t in tests:
+        digits = 1 if t["metric"] == "nauc" else 0  # SR percent vs token counts
+        rows.append([f"{t['method']} vs {t['against']}", t["question"], t["label"], str(len(t["seeds"])),
+                     fmt(t["mean_method"], digits), fmt(t["mean_against"], digits), fmt(t["median_diff"], digits),
+                     f"{t['w_plus']:g} / {t['w_minus']:g}",
+                     MISSING if t["p_value"] is None else f"{t['p_value']:.3f}" + ("" if t["exact"] else " (normal)")])
     return [
         "Paired tests: Wilcoxon signed-rank over the seeds both methods ran (two-sided, exact; zero differences "
         "dropped). Means and the median difference are method − against over those seeds.",
