@@ -51,7 +51,7 @@ from divopd.models import load_model, resolve_dtype
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 from divopd.sampling.sampler import Batch
 
-__all__ = ["Learner", "LearnerConfig", "Rows", "WeightHandle", "batch_rows", "prepare_rows"]
+__all__ = ["Learner", "LearnerConfig", "Rows", "WeightHandle", "batch_row_weights", "batch_rows", "prepare_rows"]
 
 CHECKPOINT_FORMAT = 1
 #: :mod:`divopd.learn.sharded`'s checkpoints: model and optimizer shards in ``dcp/`` (torch.distributed.checkpoint)
@@ -74,6 +74,25 @@ def batch_rows(batch: Batch | Sequence[Turn] | None, config: LearnerConfig, voca
                 raise ValueError(f"Learner.step: turn {t.key} has {name} outside the model's vocabulary "
                                  f"[0, {vocab}) (min {ids.min()}, max {ids.max()}): tokenizer/model mismatch?")
     return turns, rows
+
+
+def batch_row_weights(batch: Batch | Sequence[Turn], rows: Rows, config: LearnerConfig, version: int
+                      ) -> tuple[np.ndarray | None, float | None]:
+    """An update's per-row loss weights and TurnOPD's α: ``Batch.row_weights`` (``divopd-focus``) times TurnOPD's
+    schedule at learner ``version`` (``turn_balance_updates``); ``(None, None)`` = unit weights (the paper's loss)."""
+    n = len(rows.prompts)
+    given = getattr(batch, "row_weights", None)
+    weights = None
+    if given is not None:
+        weights = np.asarray(given, dtype=np.float64)
+        if weights.shape != (n,) or not np.isfinite(weights).all() or (weights < 0).any():
+            raise ValueError(f"Learner.step: Batch.row_weights must be {n} finite weights >= 0")
+    alpha = None
+    if config.turn_balance_updates is not None:
+        alpha = turn_balance_alpha(version, config.turn_balance_updates)
+        balance = turn_balance_weights(rows.mask.sum(axis=1), alpha)
+        weights = balance if weights is None else weights * balance
+    return weights, alpha
 
 
 class Learner:
@@ -134,21 +153,8 @@ class Learner:
         return batch_loss(self.config, rows, idx, lp, old, top, scored, weights, self.device)
 
     def row_weights(self, batch: Batch | Sequence[Turn], rows: Rows) -> tuple[np.ndarray | None, float | None]:
-        """This update's per-row loss weights and TurnOPD's α: ``Batch.row_weights`` (``divopd-focus``) times
-        TurnOPD's schedule (``turn_balance_updates``); ``(None, None)`` = unit weights (the paper's loss)."""
-        n = len(rows.prompts)
-        given = getattr(batch, "row_weights", None)
-        weights = None
-        if given is not None:
-            weights = np.asarray(given, dtype=np.float64)
-            if weights.shape != (n,) or not np.isfinite(weights).all() or (weights < 0).any():
-                raise ValueError(f"Learner.step: Batch.row_weights must be {n} finite weights >= 0")
-        alpha = None
-        if self.config.turn_balance_updates is not None:
-            alpha = turn_balance_alpha(self.version, self.config.turn_balance_updates)
-            balance = turn_balance_weights(rows.mask.sum(axis=1), alpha)
-            weights = balance if weights is None else weights * balance
-        return weights, alpha
+        """This update's per-row loss weights and TurnOPD's α (:func:`batch_row_weights` at this version)."""
+        return batch_row_weights(batch, rows, self.config, self.version)
 
     # ------------------------------------------------------------------ the update
     def rows_of(self, batch: Batch | Sequence[Turn]) -> tuple[list[Turn], Rows]:

@@ -42,7 +42,7 @@ from divopd.learn.checkpoint import (
     read_state,
     to_json_safe,
 )
-from divopd.learn.learner import SHARDED_FORMAT, Learner, batch_rows
+from divopd.learn.learner import SHARDED_FORMAT, Learner, batch_row_weights, batch_rows
 from divopd.learn.ranks import LearnerRankError, ProcessRanks, Ranks
 from divopd.learn.rows import Rows, _micro_batches
 from divopd.learn.settings import LearnerConfig
@@ -124,7 +124,7 @@ class ShardedLearner:
         t0 = time.perf_counter()
         turns, rows = batch_rows(batch, self.config, self._vocab)
         n = len(turns)
-        weights, alpha = Learner.row_weights(self, batch, rows)  # type: ignore[arg-type]
+        weights, alpha = batch_row_weights(batch, rows, self.config, self.version)
         parts_idx = split_rows(n, self.world_size)
         subsets = [subset_rows(rows, idx) for idx in parts_idx]
         groups = [_micro_batches(sub, cfg.micro_batch_tokens) if len(sub.prompts) else [] for sub in subsets]
