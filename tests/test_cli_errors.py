@@ -120,6 +120,8 @@ CASES: list[tuple[str, list[str], str, str]] = [
     ("sft-bad-size", ["sft", "--out", "{d}/sft", "--env", "tiny", "--size", "3m"], "--size", ""),
     ("sft-explore-expert-off-coin", ["sft", "--out", "{d}/sft", "--env", "tiny", "--expert", "explore"],
      "--expert explore: only for TextWorld-Express coin", ""),
+    ("sft-expert-zero-steps", ["sft", "--out", "{d}/sft", "--env", "tiny", "--expert-max-steps", "0"],
+     "--expert-max-steps must be at least 1", ""),
     ("sft-zero-epochs", ["sft", "--out", "{d}/sft", "--env", "tiny", "--epochs", "0"], "--epochs", ""),
     ("sft-init-not-a-model", ["sft", "--out", "{d}/sft", "--env", "tiny", "--init", "{d}/emptydir"], "--init", ""),
     ("sft-no-out", ["sft", "--env", "tiny"], "--out", ""),
