@@ -46,6 +46,36 @@ def test_shipped_plan_is_valid_and_covers_the_issue() -> None:
     assert len({r.key for r in runs}) == len(runs)  # no two runs share a directory
 
 
+def test_regime_plan_is_the_issue_17_study() -> None:
+    """benchmarks/regime/plan.yaml: configs/coin4, >= 10 seeds for the five controlled rows, >= 5 for the others,
+    two settings, a load sweep with three points and the cap sweep; its configs are the coin4 folder's."""
+    plan = load_plan(Path(bench.DEFAULT_PLAN).parents[1] / "regime" / "plan.yaml")
+    assert plan.configs == "coin4" and plan.config_dir.name == "coin4" and len(plan.settings) >= 2
+    runs = plan_runs(plan)
+    seeds: dict[str, set[int]] = {}
+    for r in runs:
+        if r.kind == "main" and r.group == "coin4":
+            seeds.setdefault(r.label, set()).add(r.seed)
+    for label in ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"):
+        assert len(seeds[label]) >= 10, label
+    for label in ("divopd-r", "tcod-f2b", "turnopd", "top-b"):
+        assert len(seeds[label]) >= 5, label
+    assert len({r.group for r in runs if r.kind == "load"}) == 3
+    models = {"student": Path("s"), "teacher": Path("t")}
+    cfg = bench.run_config(next(r for r in runs if r.label == "divopd"), plan, Path("out"), models)
+    assert cfg.runtime.kind == "lockstep" and cfg.explorer.env_kwargs["params"].startswith("numLocations=4")
+    ctx = bench.run_config(next(r for r in runs if r.group == "coin4-ctx"), plan, Path("out"), models)
+    assert ctx.explorer.prompt.max_prompt_tokens == 350 and ctx.explorer.truncated_turns_dead
+
+
+def test_a_method_row_can_have_its_own_seeds(tmp_path) -> None:
+    data = json.loads(json.dumps(SMALL))
+    data["methods"][0]["seeds"] = [5]
+    runs = plan_runs(load_plan(write_plan(tmp_path, data)))
+    assert {r.seed for r in runs if r.kind == "main" and r.label == "vanilla"} == {5}
+    assert {r.seed for r in runs if r.kind == "main" and r.label == "divopd-base"} == {0, 1}
+
+
 def test_expansion_groups_labels_and_overrides(tmp_path) -> None:
     runs = plan_runs(load_plan(write_plan(tmp_path, SMALL)))
     # 2 settings x 3 methods x 2 seeds + 2 loads x 2 methods x 2 seeds + 2 caps x 2 seeds
@@ -144,6 +174,8 @@ def _bad(**changes):
         (_bad(settings={"a": {}, "a-cap": {}}), r"setting names clash with sweep groups: \['a-cap'\]"),
         (_bad(typo=1), r"typo: Extra inputs are not permitted"),
         (_bad(settings={"settings": {}}), r"setting 'settings': the name is taken by a combined report"),
+        (_bad(configs="nowhere"), r"configs 'nowhere': no settings folder configs/nowhere/"),
+        (_bad(methods=[{"method": "vanilla", "seeds": [3, 3]}]), r"method vanilla: seeds must be distinct"),
     ],
 )
 def test_plan_errors_name_the_problem(tmp_path, data, message) -> None:

@@ -55,3 +55,29 @@ def test_it_wins_every_real_episode_in_fewer_steps_than_gold(rooms: int) -> None
     assert failed == 0
     assert len(explore) < len(gold)
     assert all(r["action"] in r["valid"] for r in explore)
+
+
+def test_expert_noise_executes_perturbations_but_records_the_experts_labels() -> None:
+    """--expert-noise (DART-style): some executed actions differ from the records' labels, invalid moves among them;
+    every record's label is still the expert's action for the state it shows, and the same seed repeats the data."""
+    pytest.importorskip("textworld_express")
+    from divopd.commands.sft import collect_gold_examples
+    from divopd.explore.envs import make_env
+
+    env = make_env("twx", game="coin", params="numLocations=4,numDistractorItems=0,includeDoors=0")
+    try:
+        tasks = env.tasks("train")[:30]
+        noisy, failed = collect_gold_examples(env, tasks, None, expert="explore", max_steps=16, noise=0.3, seed=3)
+        again, _ = collect_gold_examples(env, tasks, None, expert="explore", max_steps=16, noise=0.3, seed=3)
+    finally:
+        env.close()
+    assert noisy == again
+    assert 0 <= failed < len(tasks)
+    labels = [r["action"] for r in noisy]
+    assert all(a == coin_explorer_action(r["first"], r["history"], r["valid"])
+               for a, r in zip(labels, noisy, strict=True))
+    assert all(a in r["valid"] for a, r in zip(labels, noisy, strict=True))
+    # (label of step t-1, action executed at step t-1) within each episode
+    pairs = [(noisy[i - 1]["action"], r["history"][-1][0]) for i, r in enumerate(noisy) if r["history"]]
+    assert any(label != executed for label, executed in pairs)  # perturbations were executed
+    assert any("Unknown action" in obs for r in noisy for _, obs in r["history"])  # off-path states are recorded

@@ -48,6 +48,9 @@ def test_random_student_plays_twx_to_the_step_limit_with_right_gate_verdicts():
             assert t.info["success"] is False and t.info["horizon"] == max_steps
             expected = "prompt_truncated" if t.prompt_truncated else None
             assert gate.check(t) == expected
+            # truncated_turns_dead (default): the teacher never saw a truncated turn's real context, so the turn is
+            # a dead row (no valid token) for a reader without the gate; every other turn keeps all its tokens
+            assert t.n_valid == (0 if t.prompt_truncated else t.response_len)
             saw_truncated += t.prompt_truncated
             saw_valid += not t.prompt_truncated
     assert saw_truncated and saw_valid
@@ -59,6 +62,14 @@ def test_random_student_plays_twx_to_the_step_limit_with_right_gate_verdicts():
         np.testing.assert_allclose(t.student_logprobs, s, atol=1e-4)
         np.testing.assert_allclose(t.teacher_logprobs, te, atol=1e-4)
         assert tok.decode(t.response_ids, skip_special_tokens=True).strip().startswith(t.info["action"])
+
+
+def test_truncated_turns_keep_their_teacher_scores_when_not_dead():
+    with make_explorer("twx", max_steps=8, prompt={"max_prompt_tokens": 300}, truncated_turns_dead=False) as explorer:
+        turns = [t for r in explorer.collect(2) for t in r.turns]
+    truncated = [t for t in turns if t.prompt_truncated]
+    assert truncated and all(t.n_valid == t.response_len for t in truncated)
+    assert all(gate.check(t) == "prompt_truncated" for t in truncated)  # the gate rejects them either way
 
 
 def test_collect_carries_in_flight_rollouts_over_and_ids_never_repeat():

@@ -260,13 +260,14 @@ def test_eval_checkpoint(tiny_models: dict[str, str], tmp_path: Path) -> None:
         evaluate_checkpoint(tiny_models["student"])
 
 
-def test_demo_config_matches_the_demo_models() -> None:
-    """configs/tiny must use the environment and prompt the demo's models are SFT-trained with."""
-    from divopd import demo
+def test_tiny_config_matches_its_models() -> None:
+    """configs/tiny must use the environment and prompt its models (recipe "tiny") are SFT-trained with."""
+    from divopd.suite.models import RECIPES
 
+    recipe = RECIPES["tiny"]
     cfg = load_config(REPO / "configs/tiny/divopd.yaml")
-    assert cfg.explorer.env == demo.ENV and cfg.explorer.env_kwargs == demo.ENV_KWARGS
-    for key, value in demo.PROMPT.items():
+    assert cfg.explorer.env == recipe.env and cfg.explorer.env_kwargs == recipe.env_kwargs
+    for key, value in recipe.prompt.items():
         assert getattr(cfg.explorer.prompt, key) == value
 
 

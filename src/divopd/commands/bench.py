@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from divopd.errors import UsageError
 from divopd.suite.plan import DEFAULT_PLAN, load_plan, plan_runs, select_runs
 from divopd.suite.report import write_reports
 from divopd.suite.runs import dry_run_text, train_runs
@@ -20,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="runs folder (default: the plan's out, runs/paper)")
     parser.add_argument("--only", action="append", default=[], metavar="GROUP[/LABEL]",
                         help="only these runs (shell globs, repeatable), e.g. coin2/divopd or '*-cap'")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
+                        help="only the runs of these seeds (with --only: both must match), e.g. --seeds 0 1 2")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
     parser.add_argument("--report", action="store_true", help="only write the reports from the runs that exist")
 
@@ -29,18 +32,22 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)  # PlanError: one line, exit 2 (divopd.cli)
     out = Path(args.out or plan.out)
     runs = select_runs(plan_runs(plan), args.only)
+    if args.seeds is not None:
+        runs = [r for r in runs if r.seed in args.seeds]
+        if not runs:
+            raise UsageError(f"--seeds {' '.join(map(str, args.seeds))}: no run of the plan has these seeds")
     if args.dry_run:
         print(dry_run_text(runs, out))
         return 0
     if not args.report:
         import torch
 
-        from divopd.suite.demo import prepare_models
+        from divopd.suite.models import prepare_models, recipe_for
         from divopd.train.run import quiet_hf_progress
 
         quiet_hf_progress()
         torch.set_num_threads(1)
-        train_runs(runs, plan, out, prepare_models(Path(plan.cache)))
+        train_runs(runs, plan, out, prepare_models(Path(plan.cache), recipe_for(plan.configs)))
     index = write_reports(runs, plan, out)
     print(index.read_text())
     print(f"divopd bench: reports in {index.parent}")

@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trajectories to clone: the env's gold paths, or (twx coin only) an observable-state "
                         "search that takes the coin when visible and otherwise visits unvisited rooms")
     parser.add_argument("--expert-max-steps", type=int, default=30, help="step limit of --expert explore episodes")
+    parser.add_argument("--expert-noise", type=float, default=0.0,
+                        help="--expert explore only: at each step, with this probability, execute a random action "
+                        "(a listed one or a move that may not exist) while the record keeps the expert's label, so "
+                        "the clone also sees, and recovers from, states off the expert's own path (DART-style)")
     parser.add_argument("--eval-tasks", type=int, default=100, help="held-out episodes for the success rate")
     parser.add_argument("--eval-split", default="dev", help="held-out split (dev or test)")
     parser.add_argument("--epochs", type=int, default=6)
@@ -63,17 +67,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (keep 1 beside other jobs)")
 
 
+#: What ``--expert-noise`` may execute besides the listed actions: the four moves exist in no room all at once, so an
+#: invalid move (the student's usual mistake) is among the perturbations.
+NOISE_ACTIONS = ("move north", "move south", "move east", "move west", "take coin")
+
+
 def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, expert: str = "gold",
-                          max_steps: int = 30) -> tuple[list[dict[str, Any]], int]:
+                          max_steps: int = 30, noise: float = 0.0,
+                          seed: int = 0) -> tuple[list[dict[str, Any]], int]:
     """Play each task's expert trajectory; returns (one record per step, number of tasks whose trajectory failed).
 
     ``expert="gold"`` replays the env's gold path; ``"explore"`` asks
     :func:`~divopd.explore.envs.coin_expert.coin_explorer_action` at every step (up to ``max_steps``). A record holds
     the prompt's parts (first observation, history, valid actions) and the action, so it can be encoded with any
     tokenizer later.
+
+    ``noise`` > 0 (``explore`` only): with that probability per step a random action from the valid actions and
+    :data:`NOISE_ACTIONS` is executed instead of the expert's, while the step's record keeps the expert's action as
+    its label; every episode's records are kept then (the labels are the expert's whatever the outcome), and
+    ``failed`` counts the episodes that did not end in success. ``seed`` fixes the perturbations.
     """
+    import random
+
     from divopd.explore.envs.coin_expert import coin_explorer_action
 
+    rng = random.Random(seed)
     records, failed = [], 0
     for task in tasks:
         gold = env.gold_actions(task) if expert == "gold" else None
@@ -88,14 +106,15 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
             valid = env.valid_actions()
             action = coin_explorer_action(first, history, valid) if gold is None else gold[i]
             steps.append({"first": first, "history": list(history), "valid": valid, "action": action})
+            if noise and rng.random() < noise:
+                action = rng.choice(sorted(set(valid) | set(NOISE_ACTIONS)))
             obs, _, done, info = env.step(action)
             history.append((action, obs))
             if done:
                 break
-        if info.get("success"):
+        if info.get("success") or noise:
             records.extend(steps)
-        else:
-            failed += 1
+        failed += not info.get("success")
     return records, failed
 
 
@@ -147,6 +166,10 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         raise UsageError("--expert explore: only for TextWorld-Express coin (--env twx, game coin)")
     if args.expert_max_steps < 1:
         raise UsageError(f"--expert-max-steps must be at least 1, got {args.expert_max_steps}")
+    if not 0.0 <= args.expert_noise < 1.0:
+        raise UsageError(f"--expert-noise must be in [0, 1), got {args.expert_noise}")
+    if args.expert_noise and args.expert != "explore":
+        raise UsageError("--expert-noise: only with --expert explore (a gold path cannot label off-path states)")
     if not args.lr > 0:
         raise UsageError(f"--lr must be positive, got {args.lr}")
     if args.eval_split not in SPLITS:
@@ -187,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         tasks = env.tasks("train")[: args.train_tasks]
         records, failed = collect_gold_examples(env, tasks, prompt_config, expert=args.expert,
-                                                max_steps=args.expert_max_steps)
+                                                max_steps=args.expert_max_steps, noise=args.expert_noise,
+                                                seed=args.seed)
     finally:
         env.close()
     if not records:
@@ -237,7 +261,8 @@ def run(args: argparse.Namespace) -> int:
           f"({metrics['eval/episodes']:.0f} episodes, {metrics['eval/seconds']:.0f}s)")
     summary = {
         "env": args.env, "env_kwargs": env_kwargs, "prompt": prompt_config.model_dump(), "params": n_params,
-        "expert": args.expert, "gold_steps": len(records), "gold_tasks": len(tasks) - failed, "gold_failed": failed,
+        "expert": args.expert, "expert_noise": args.expert_noise, "gold_steps": len(records),
+        "gold_tasks": len(tasks) - failed, "gold_failed": failed,
         "truncated_examples": truncated, "sft": {k: v for k, v in result.items() if k != "epoch_losses"},
         "epoch_losses": result.get("epoch_losses"), "eval": metrics, "seconds": time.perf_counter() - t0,
         "args": vars(args) | {"_run": None},

@@ -50,9 +50,10 @@ class Episode:
 
 
 def build_rollout(episode: Episode, scores: list, topk: list, *, explorer_id: int, env: str, max_steps: int,
-                  policy_version: int) -> Rollout:
+                  policy_version: int, truncated_dead: bool = True) -> Rollout:
     """The rollout's Turns and info from an ended episode and the teacher's scores of its student turns
-    (``scores[i]`` ``None`` = unscored; ``topk[i]`` ``(ids, logprobs)`` or ``None``)."""
+    (``scores[i]`` ``None`` = unscored; ``topk[i]`` ``(ids, logprobs)`` or ``None``). ``truncated_dead``: a turn
+    whose prompt was truncated gets an all-False teacher-valid mask (a dead row for readers without the gate)."""
     steps = episode.student_steps
     hit_limit = not episode.crashed and not episode.success and episode.steps >= max_steps
     versions = [s.policy_version for s in steps] or [policy_version]
@@ -71,6 +72,8 @@ def build_rollout(episode: Episode, scores: list, topk: list, *, explorer_id: in
             rollout_id=episode.rollout_id, turn_index=s.step, policy_version=s.policy_version,
             prompt_ids=s.prompt_ids, response_ids=s.response_ids, student_logprobs=s.logprobs,
             teacher_logprobs=lp, prompt_truncated=s.prompt_truncated,
+            teacher_valid_mask=(np.zeros(len(s.response_ids), dtype=bool)
+                                if truncated_dead and s.prompt_truncated else None),
             teacher_topk_ids=None if tk is None else tk[0], teacher_topk_logprobs=None if tk is None else tk[1],
             info={"env": env, "task": episode.task, "action": s.action, "reward": s.reward,
                   "progress": s.progress, "score": s.score, "success": episode.success,

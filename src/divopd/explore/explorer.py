@@ -340,7 +340,8 @@ class Explorer:
         steps = episode.student_steps
         scores, topk = self._teacher_scores([s.prompt_ids for s in steps], [s.response_ids for s in steps])
         rollout = build_rollout(episode, scores, topk, explorer_id=self.explorer_id, env=self.config.env,
-                                max_steps=self.config.max_steps, policy_version=self.policy_version)
+                                max_steps=self.config.max_steps, policy_version=self.policy_version,
+                                truncated_dead=self.config.truncated_turns_dead)
         count_rollout(self._stats, rollout.info)
         rollout.info["weight_load_s"] = self._stats["time/weight_load_s"]  # the newest weight load (train metrics)
         return rollout

@@ -83,6 +83,11 @@ class ExplorerConfig(BaseModel):
     eval_tasks: int = Field(50, ge=1, description="Evaluation uses the first N tasks of eval_split by default.")
     max_steps: int = Field(20, ge=1, description="Step limit per rollout (student and teacher steps together).")
     prompt: PromptConfig = Field(default_factory=PromptConfig, description="Prompt template and context budget.")
+    truncated_turns_dead: bool = Field(
+        True, description="A turn whose prompt was truncated (past prompt.max_prompt_tokens) gets an all-False "
+        "teacher-valid mask: the teacher never saw its real context, so a reader without the validity gate (vanilla) "
+        "trains on it as a dead row, as on the paper's ALFWorld and WebShop; the gate rejects it either way. False = "
+        "keep the teacher's scores of the truncated prompt.")
     generation: GenerationSettings = Field(default_factory=GenerationSettings, description="Student decoding.")
     teacher_max_tokens_per_batch: int = Field(
         8192, ge=1, description="Teacher scoring packs at most this many prompt+response tokens per forward pass.")

@@ -1,91 +1,167 @@
 """``make demo`` / ``python -m divopd.suite.demo``: a real asynchronous OPD run on a laptop CPU, vanilla vs DivOPD.
 
-1. **Models** (cached in ``cache/demo/``; skipped when present): ``divopd sft`` builds a word-level tokenizer from
-   TextWorld-Express *coin* text and trains a 0.14 M-parameter Llama teacher on the game's gold paths; the student is
-   the same architecture with the teacher's tokenizer and random weights. (A short SFT warm start, tried first, already
-   reaches the teacher's ~50-60% plateau within 5 OPD updates under every method, which leaves nothing to compare.)
-2. **Training**: ``configs/tiny/vanilla.yaml`` and ``configs/tiny/divopd.yaml`` (same explorer, learner, batch size
-   and producer; only the sampler differs) for each seed — explorers and learner run concurrently, producer load > 1.
-   A finished run is not redone (delete its directory to redo it).
+1. **Models** (cached in ``cache/coin4/``; skipped when present): :func:`divopd.suite.models.prepare_models` builds
+   the ``coin4`` setting's tiny teacher and warm-started student with ``divopd sft`` (TextWorld-Express *coin*,
+   4 rooms; ~3-4 min once).
+2. **Training**: ``configs/coin4/vanilla.yaml`` and ``configs/coin4/divopd.yaml`` (same explorer, learner, batch size
+   and producer; only the sampler differs) for each seed, under the lockstep runtime: every run is reproducible, and
+   the same seed gives both methods the same student, task order and sampling seeds. The runs of one seed train side
+   by side in ``--jobs`` processes (one torch thread each). A finished run is not redone (delete its directory to
+   redo it); an interrupted one is resumed.
 3. **Report**: ``divopd report`` over the runs (SR curves vs updates / learner tokens / compute, time-to-target,
    batch composition) and ``divopd replay`` of the selection rules over the vanilla run's own experience log.
 
-Everything lands in ``runs/demo/`` (report: ``runs/demo/report/report.md``). Options::
+Progress: one bar per run on a terminal, otherwise the runs' log lines (every 10 updates and every evaluation),
+prefixed with the run. Everything lands in ``runs/demo/`` (report: ``runs/demo/report/report.md``). Options::
 
-    python -m divopd.suite.demo [--seeds 0 1 2] [--updates 150] [--methods vanilla divopd] [--out runs/demo]
+    python -m divopd.suite.demo [--seeds 0 1 2] [--updates 100] [--methods vanilla divopd] [--jobs 2] [--out runs/demo]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from divopd.suite.models import RECIPES, prepare_models, recipe_for
+
 REPO = Path(__file__).resolve().parents[3]
-CONFIGS = REPO / "configs" / "tiny"
+CONFIGS = REPO / "configs" / "coin4"
 
-#: The demo's environment and prompt; configs/tiny/_base.yaml uses the same values (a test checks they agree).
-ENV = "twx"
-ENV_KWARGS = {"game": "coin", "params": "numLocations=2,numDistractorItems=0,includeDoors=0"}
-PROMPT = {"past_observation_max_words": 8}
+#: The demo's environment and prompt (those of the ``coin4`` model recipe; configs/coin4/_base.yaml uses the same
+#: values, a test checks that they agree).
+ENV = RECIPES["coin4"].env
+ENV_KWARGS = RECIPES["coin4"].env_kwargs
+PROMPT = RECIPES["coin4"].prompt
 
-
-def _sft(argv: list[str]) -> None:
-    from divopd.commands import sft as sft_cli
-
-    parser = argparse.ArgumentParser(prog="divopd sft")
-    sft_cli.add_arguments(parser)
-    code = sft_cli.run(parser.parse_args(argv))
-    if code:
-        raise RuntimeError(f"divopd sft {' '.join(argv)} failed with exit code {code}")
+_UPDATE = re.compile(r"update (\d+) SR (\S+)")
+_EVAL = re.compile(r"eval @(\d+): .*\"eval/success_rate\": ([0-9.]+)")
 
 
-def prepare_models(cache: Path) -> dict[str, Path]:
-    """Train (once) the tiny SFT teacher and build the random-init student; returns their folders."""
-    teacher, student = cache / "teacher", cache / "student"
-    common = ["--env", ENV, "--env-kwargs", json.dumps(ENV_KWARGS), "--prompt", json.dumps(PROMPT),
-              "--size", "0.2m", "--eval-tasks", "100", "--threads", "1"]
-    if not (teacher / "sft.json").is_file():
-        print("demo: training the tiny teacher on gold paths (once, ~1 min)", flush=True)
-        _sft(["--out", str(teacher), "--train-tasks", "300", "--epochs", "4", "--seed", "0", *common])
-    if not (student / "config.json").is_file():
-        from divopd.models import load_model
-        from divopd.models.tiny import build_model
-
-        _, tokenizer = load_model(str(teacher))
-        model = build_model(tokenizer, size="0.2m", seed=1)
-        model.save_pretrained(student)
-        tokenizer.save_pretrained(student)
-    return {"teacher": teacher, "student": student}
-
-
-def run_methods(out: Path, models: dict[str, Path], methods: list[str], seeds: list[int], updates: int,
-                extra: list[str] | None = None) -> list[Path]:
-    """Train every (method, seed) not finished yet; returns the run directories."""
-    from divopd.train import train
+def demo_config(configs: Path, method: str, seed: int, out: Path, models: dict[str, Path], updates: int | None,
+                extra: list[str] | None = None):  # -> TrainConfig
+    """The training config of one demo run: ``configs/<setting>/<method>.yaml`` + the cached models + overrides."""
     from divopd.train.config import load_config
 
-    run_dirs = []
+    overrides = [f"seed={seed}", f"out_dir={out}", f"student.path={models['student']}",
+                 f"teacher.path={models['teacher']}", *(extra or [])]
+    if updates is not None:
+        overrides.insert(1, f"updates={updates}")
+    return load_config(configs / f"{method}.yaml", overrides)
+
+
+def _command(cfg: Any, run_dir: Path) -> list[str]:
+    """``divopd train`` of one run in a child process (resumed when its directory holds a started run)."""
+    base = [sys.executable, "-m", "divopd.cli", "train", "--no-progress"]
+    if (run_dir / "config.yaml").is_file():
+        return [*base, "--resume", str(run_dir)]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    path = run_dir.parent / f".{run_dir.name}.config.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return [*base, str(path), "--run-dir", str(run_dir)]
+
+
+class _Board:
+    """Progress of the runs in flight: rich bars on a terminal, prefixed log lines otherwise."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._bars: Any = None
+        self._tasks: dict[str, Any] = {}
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bars = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+            self._bars.start()
+
+    def add(self, name: str, total: int) -> None:
+        if self._bars is not None:
+            self._tasks[name] = self._bars.add_task(name, total=total, info="")
+
+    def line(self, name: str, text: str) -> None:
+        m, e = _UPDATE.search(text), _EVAL.search(text)
+        if self._bars is None:
+            print(f"[{name}] " + (f"eval @{e.group(1)}: held-out SR {100 * float(e.group(2)):.1f}%" if e else text),
+                  flush=True)
+            return
+        if m:
+            self._bars.update(self._tasks[name], completed=int(m.group(1)))
+        if e:
+            self._bars.update(self._tasks[name], info=f"SR {100 * float(e.group(2)):.0f}% @{e.group(1)}")
+
+    def close(self) -> None:
+        if self._bars is not None:
+            self._bars.stop()
+
+
+def run_methods(out: Path, models: dict[str, Path], methods: list[str], seeds: list[int], updates: int | None,
+                extra: list[str] | None = None, *, configs: Path = CONFIGS, jobs: int = 2,
+                progress: bool = False) -> list[Path]:
+    """Train every (method, seed) not finished yet, ``jobs`` at a time; returns the run directories."""
+    todo, run_dirs = [], []
     for seed in seeds:
         for method in methods:
-            overrides = [f"seed={seed}", f"updates={updates}", f"out_dir={out}",
-                         f"student.path={models['student']}", f"teacher.path={models['teacher']}", *(extra or [])]
-            cfg = load_config(CONFIGS / f"{method}.yaml", overrides)
+            cfg = demo_config(configs, method, seed, out, models, updates, extra)
             run_dir = cfg.resolved_run_dir()
             run_dirs.append(run_dir)
             if (run_dir / "summary.json").is_file():
                 print(f"demo: {run_dir} is finished, kept", flush=True)
-                continue
-            t0 = time.perf_counter()
-            print(f"demo: training {method} seed {seed} ({updates} updates) -> {run_dir}", flush=True)
-            resume = run_dir if (run_dir / "config.yaml").is_file() else None
-            summary = train(None if resume else cfg, resume=resume, progress=sys.stderr.isatty())
-            print(f"demo: {method} seed {seed}: peak SR {summary['peak_sr']}, arrival/drain "
-                  f"{summary['arrival_drain_ratio']:.2f}, {time.perf_counter() - t0:.0f}s", flush=True)
+            else:
+                todo.append((f"{method} s{seed}", cfg, run_dir))
+    board = _Board(progress)
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    try:
+        while todo:
+            batch, todo = todo[:jobs], todo[jobs:]
+            procs = []
+            for name, cfg, run_dir in batch:
+                print(f"demo: training {name} ({cfg.updates} updates) -> {run_dir}", flush=True)
+                board.add(name, cfg.updates)
+                procs.append((name, run_dir, subprocess.Popen(
+                    _command(cfg, run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)))
+            _follow(procs, board)
+    finally:
+        board.close()
+    for run_dir in run_dirs:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        print(f"demo: {run_dir.parent.name} seed {summary.get('seed', run_dir.name)}: peak SR {summary['peak_sr']}, "
+              f"arrival/drain {summary['arrival_drain_ratio']:.2f}", flush=True)
     return run_dirs
+
+
+def _follow(procs: list[tuple[str, Path, subprocess.Popen]], board: _Board) -> None:
+    """Relay the children's log lines until all end; a failed run stops the demo with its last lines."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    tails: dict[str, list[str]] = {}
+    for name, _, proc in procs:
+        sel.register(proc.stderr, selectors.EVENT_READ, name)
+        tails[name] = []
+    open_streams = len(procs)
+    while open_streams:
+        for key, _ in sel.select():
+            line = key.fileobj.readline()
+            if not line:
+                sel.unregister(key.fileobj)
+                open_streams -= 1
+                continue
+            text = line.rstrip()
+            tails[key.data] = (tails[key.data] + [text])[-20:]
+            if " INFO " in text or "Error" in text:
+                board.line(key.data, text.split(" INFO ", 1)[-1])
+    for name, run_dir, proc in procs:
+        if proc.wait() != 0:
+            board.close()
+            raise RuntimeError(f"demo: {name} failed (exit {proc.returncode}) in {run_dir}:\n" + "\n".join(tails[name]))
 
 
 def replay_vanilla_log(run_dir: Path, out: Path, batch_size: int, updates: int) -> dict[str, Any]:
@@ -111,16 +187,48 @@ def replay_markdown(result: dict[str, Any]) -> str:
     return "\n".join(md_table(header, rows, align="lrrrrr")) + "\n"
 
 
+def write_demo_report(run_dirs: list[Path], report_dir: Path) -> Path:
+    """``divopd report`` over the runs, plus the replay of the vanilla run's log; returns report.md."""
+    from divopd.analysis.report import find_run_dirs, load_run, write_report
+    from divopd.train.config import load_config
+
+    runs = [load_run(p) for p in find_run_dirs([str(d) for d in run_dirs])]
+    write_report(runs, report_dir)
+    vanilla = next((d for d in run_dirs if d.parent.name == "vanilla"), None)
+    if vanilla is not None and (vanilla / "experience").is_dir():
+        cfg = load_config(vanilla / "config.yaml")
+        result = replay_vanilla_log(vanilla, report_dir, cfg.sampler.batch_size, cfg.updates)
+        with open(report_dir / "report.md", "a") as f:
+            f.write("\n## Shared-buffer replay of the vanilla run's experience log\n\n"
+                    f"Every selection rule replayed over the same log (B={cfg.sampler.batch_size}, "
+                    f"c={cfg.sampler.pool_factor:g}, k={cfg.sampler.cap}, S={cfg.sampler.max_staleness}); "
+                    "see `divopd replay`.\n\n" + replay_markdown(result) + "\n![replay](replay.png)\n")
+    return report_dir / "report.md"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m divopd.suite.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/demo", help="output folder (runs, report)")
-    parser.add_argument("--cache", default="cache/demo", help="folder of the tiny teacher and student")
+    parser.add_argument("--configs", default=str(CONFIGS), help="settings folder: configs/coin4 (default) or "
+                        "configs/tiny (the 2-room cold start)")
+    parser.add_argument("--cache", default=None, help="folder of the teacher and student (default cache/<setting>; "
+                        "configs/tiny: cache/demo)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--updates", type=int, default=150)
+    parser.add_argument("--updates", type=int, default=None, help="updates per run (default: the config's)")
     parser.add_argument("--methods", nargs="+", default=["vanilla", "divopd"])
+    parser.add_argument("--jobs", type=int, default=2, help="runs trained side by side (one torch thread each)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config override for every run")
     args = parser.parse_args(argv)
+    configs = Path(args.configs)
+    try:
+        recipe = recipe_for(configs)
+    except KeyError as exc:
+        print(f"demo: {exc.args[0]}", file=sys.stderr)
+        return 2
+    if args.jobs < 1:
+        print(f"demo: --jobs must be at least 1, got {args.jobs}", file=sys.stderr)
+        return 2
     import torch
 
     from divopd.train.run import quiet_hf_progress
@@ -129,28 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     out = Path(args.out)
-    models = prepare_models(Path(args.cache))
-    run_dirs = run_methods(out, models, args.methods, args.seeds, args.updates, args.overrides)
-
-    from divopd.analysis.report import find_run_dirs, load_run, write_report
-
-    report_dir = out / "report"
-    runs = [load_run(p) for p in find_run_dirs([str(d) for d in run_dirs])]
-    write_report(runs, report_dir)
-    vanilla = next((d for d in run_dirs if d.parent.name == "vanilla"), None)
-    if vanilla is not None and (vanilla / "experience").is_dir():
-        from divopd.train.config import load_config
-
-        cfg = load_config(vanilla / "config.yaml")
-        result = replay_vanilla_log(vanilla, report_dir, cfg.sampler.batch_size, cfg.updates)
-        table = replay_markdown(result)
-        with open(report_dir / "report.md", "a") as f:
-            f.write("\n## Shared-buffer replay of the vanilla run's experience log\n\n"
-                    f"Every selection rule replayed over the same log (B={cfg.sampler.batch_size}, "
-                    f"c={cfg.sampler.pool_factor:g}, k={cfg.sampler.cap}, S={cfg.sampler.max_staleness}); "
-                    "see `divopd replay`.\n\n" + table + "\n![replay](replay.png)\n")
-    print((report_dir / "report.md").read_text())
-    print(f"demo: done in {time.perf_counter() - t0:.0f}s; report in {report_dir}/report.md")
+    cache = Path(args.cache or ("cache/demo" if configs.name == "tiny" else f"cache/{configs.name}"))
+    models = prepare_models(cache, recipe)
+    run_dirs = run_methods(out, models, args.methods, args.seeds, args.updates, args.overrides, configs=configs,
+                           jobs=args.jobs, progress=sys.stderr.isatty())
+    report = write_demo_report(run_dirs, out / "report")
+    print(report.read_text())
+    print(f"demo: done in {time.perf_counter() - t0:.0f}s; report in {report}")
     return 0
 
 

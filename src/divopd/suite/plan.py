@@ -53,6 +53,7 @@ class PlanMethod(_Strict):
     method: str
     label: str | None = None
     overrides: dict[str, Any] = Field(default_factory=dict)
+    seeds: list[int] | None = None  # main runs of this row (default: the plan's seeds)
 
     @property
     def name(self) -> str:
@@ -102,6 +103,9 @@ class Plan(_Strict):
     """The benchmark plan (``benchmarks/paper/plan.yaml``)."""
 
     out: str = "runs/paper"
+    configs: str = Field("tiny", description="settings folder under configs/ whose <method>.yaml every run starts "
+                         "from (tiny: the 2-room cold start; coin4: issue 17's warm start); its models come from the "
+                         "recipe of the same name in divopd.suite.models")
     cache: str = "cache/demo"
     updates: int = Field(150, ge=1)
     seeds: list[int] = Field(min_length=1)
@@ -109,10 +113,18 @@ class Plan(_Strict):
     methods: list[PlanMethod] = Field(min_length=1)
     sweeps: Sweeps = Field(default_factory=Sweeps)
 
+    @property
+    def config_dir(self) -> Path:
+        return REPO / "configs" / self.configs
+
     @model_validator(mode="after")
     def _check(self) -> Plan:
+        _check_name(self.configs, "configs")
+        if not (self.config_dir / "_base.yaml").is_file():
+            raise ValueError(f"configs {self.configs!r}: no settings folder configs/{self.configs}/ with a _base.yaml")
         for what, seeds in (("seeds", self.seeds), ("load sweep: seeds", self.sweeps.load and self.sweeps.load.seeds),
-                            ("cap sweep: seeds", self.sweeps.cap and self.sweeps.cap.seeds)):
+                            ("cap sweep: seeds", self.sweeps.cap and self.sweeps.cap.seeds),
+                            *((f"method {m.name}: seeds", m.seeds) for m in self.methods)):
             if seeds is not None and (not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds)):
                 raise ValueError(f"{what} must be distinct and >= 0, got {seeds}")
         for name in self.settings:
@@ -196,11 +208,11 @@ def load_plan(path: str | Path) -> Plan:
         raise PlanError(f"{path}: {describe_validation_error(exc)}") from None
 
 
-def config_value(method: str, overrides: tuple[str, ...], key: str) -> Any:
-    """The value of dotted ``key`` in configs/tiny/<method>.yaml with ``overrides`` applied (None: no such key)."""
+def config_value(method: str, overrides: tuple[str, ...], key: str, configs: Path = CONFIGS) -> Any:
+    """The value of dotted ``key`` in ``configs``/<method>.yaml with ``overrides`` applied (None: no such key)."""
     from divopd.train.config import load_config
 
-    node: Any = load_config(CONFIGS / f"{method}.yaml", list(overrides)).model_dump(mode="json")
+    node: Any = load_config(configs / f"{method}.yaml", list(overrides)).model_dump(mode="json")
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
             return None
@@ -219,7 +231,7 @@ def plan_runs(plan: Plan) -> list[PlannedRun]:
     by_label = {m.name: m for m in plan.methods}
     for setting, s in plan.settings.items():
         for m in plan.methods:
-            for seed in plan.seeds:
+            for seed in m.seeds or plan.seeds:
                 r = PlannedRun("main", setting, setting, m.name, m.method, seed,
                                _as_overrides(s.overrides) + _as_overrides(m.overrides))
                 runs.append(r)
@@ -232,7 +244,7 @@ def plan_runs(plan: Plan) -> list[PlannedRun]:
         if r is None:
             return None
         if (setting, label, key) not in main_values:
-            main_values[(setting, label, key)] = config_value(r.method, r.overrides, key)
+            main_values[(setting, label, key)] = config_value(r.method, r.overrides, key, plan.config_dir)
         return r if main_values[(setting, label, key)] == value else None
 
     load = plan.sweeps.load

@@ -1,0 +1,101 @@
+"""The offline models of the CPU settings (``configs/tiny``, ``configs/coin4``): how ``make demo`` and
+``divopd bench paper`` build them once into a cache folder, with ``divopd sft``.
+
+A :class:`ModelRecipe` names the game, the prompt and the ``divopd sft`` arguments of the teacher and of the student;
+:func:`prepare_models` runs what is missing and returns the two folders. Each settings folder under ``configs/`` has one
+recipe (:data:`RECIPES`, keyed by the folder's name); its ``_base.yaml`` uses the same game and prompt (a test checks).
+
+* ``tiny`` (the 2-room cold start of the first demo): a teacher cloned from the game's gold paths, a random-init
+  student.
+* ``coin4`` (issue 17's warm start): *coin* with 4 rooms; the teacher clones the observable-state search of
+  :mod:`divopd.explore.envs.coin_expert` (600 tasks × 8 epochs; held-out SR ~97% at T = 0.4); the student is a short
+  SFT of the same search (150 tasks, one epoch, ~23%) on the teacher's tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RECIPES", "ModelRecipe", "prepare_models", "recipe_for"]
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """How one setting's teacher and student are built (``divopd sft`` arguments beyond the game and prompt)."""
+
+    env: str
+    env_kwargs: dict[str, Any]
+    prompt: dict[str, Any]
+    teacher: tuple[str, ...]
+    student: tuple[str, ...] | None  # None: a random-init model on the teacher's tokenizer
+    note: str = ""
+    size: str = "0.2m"
+    common: tuple[str, ...] = field(default=("--threads", "1"))
+
+    def sft_args(self, out: Path, extra: tuple[str, ...]) -> list[str]:
+        return ["--env", self.env, "--env-kwargs", json.dumps(self.env_kwargs), "--prompt", json.dumps(self.prompt),
+                "--size", self.size, *self.common, "--out", str(out), *extra]
+
+
+_COIN_PROMPT = {"past_observation_max_words": 8}
+
+RECIPES: dict[str, ModelRecipe] = {
+    "tiny": ModelRecipe(
+        env="twx", env_kwargs={"game": "coin", "params": "numLocations=2,numDistractorItems=0,includeDoors=0"},
+        prompt=_COIN_PROMPT,
+        teacher=("--train-tasks", "300", "--epochs", "4", "--seed", "0", "--eval-tasks", "100"),
+        student=None, note="gold-path teacher, random-init student, ~1 min"),
+    "coin4": ModelRecipe(
+        env="twx", env_kwargs={"game": "coin", "params": "numLocations=4,numDistractorItems=0,includeDoors=0"},
+        prompt=_COIN_PROMPT,
+        teacher=("--expert", "explore", "--train-tasks", "600", "--epochs", "8", "--max-steps", "10",
+                 "--eval-tasks", "10", "--seed", "0"),
+        student=("--expert", "explore", "--train-tasks", "150", "--epochs", "1", "--max-steps", "10",
+                 "--eval-tasks", "10", "--seed", "1"),
+        note="search-expert teacher (600 tasks x 8 epochs, ~3 min), 150-task one-epoch student"),
+}
+
+
+def recipe_for(configs: str | Path) -> ModelRecipe:
+    """The recipe of a settings folder (``configs/<name>`` or its name)."""
+    name = Path(configs).name
+    if name not in RECIPES:
+        raise KeyError(f"no model recipe for configs/{name}; known: {', '.join(RECIPES)}")
+    return RECIPES[name]
+
+
+def _sft(argv: list[str]) -> None:
+    from divopd.commands import sft as sft_cli
+
+    parser = argparse.ArgumentParser(prog="divopd sft")
+    sft_cli.add_arguments(parser)
+    code = sft_cli.run(parser.parse_args(argv))
+    if code:
+        raise RuntimeError(f"divopd sft {' '.join(argv)} failed with exit code {code}")
+
+
+def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny") -> dict[str, Path]:
+    """Build (once) the recipe's teacher and student in ``cache``; returns ``{"teacher": ..., "student": ...}``.
+
+    A folder that is already complete (``sft.json`` for an SFT model, ``config.json`` for a random-init one) is kept."""
+    recipe = RECIPES[recipe] if isinstance(recipe, str) else recipe
+    teacher, student = cache / "teacher", cache / "student"
+    if not (teacher / "sft.json").is_file():
+        print(f"models: training the teacher into {teacher} (once; {recipe.note})", flush=True)
+        _sft(recipe.sft_args(teacher, recipe.teacher))
+    if recipe.student is not None and not (student / "sft.json").is_file():
+        print(f"models: training the student into {student} (once)", flush=True)
+        _sft(recipe.sft_args(student, ("--tokenizer-from", str(teacher), *recipe.student)))
+    elif recipe.student is None and not (student / "config.json").is_file():
+        from divopd.models import load_model
+        from divopd.models.tiny import build_model
+
+        _, tokenizer = load_model(str(teacher))
+        model = build_model(tokenizer, size=recipe.size, seed=1)
+        model.save_pretrained(student)
+        tokenizer.save_pretrained(student)
+    return {"teacher": teacher, "student": student}

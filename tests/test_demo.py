@@ -1,0 +1,87 @@
+"""``make demo``: its config is the one the docs describe, its models follow their recipe, and a short lockstep run of
+that config is deterministic (issue 17)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from divopd.suite import demo
+from divopd.suite.models import RECIPES, ModelRecipe, prepare_models, recipe_for
+from divopd.train import train
+from divopd.train.config import load_config
+from test_lockstep import _log_table, _series
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "results" / "demo.md"
+
+
+def _doc_config() -> str:
+    """The first YAML block of docs/results/demo.md after "The demo's config, `configs/coin4/_base.yaml`"."""
+    text = DOC.read_text()
+    m = re.search(r"The demo's config, `configs/coin4/_base\.yaml`.*?```yaml\n(.*?)```", text, re.S)
+    assert m, "docs/results/demo.md must quote configs/coin4/_base.yaml in a ```yaml block"
+    return m.group(1)
+
+
+def test_the_docs_quote_the_demo_config_verbatim() -> None:
+    assert _doc_config() == (REPO / "configs" / "coin4" / "_base.yaml").read_text()
+
+
+def test_the_demo_runs_the_documented_methods_on_the_documented_setting() -> None:
+    assert demo.CONFIGS == REPO / "configs" / "coin4"
+    for method in ("vanilla", "divopd"):
+        cfg = load_config(demo.CONFIGS / f"{method}.yaml")
+        assert cfg.method == method and cfg.runtime.kind == "lockstep"
+        assert cfg.explorer.env == demo.ENV and cfg.explorer.env_kwargs == demo.ENV_KWARGS
+        for key, value in demo.PROMPT.items():
+            assert getattr(cfg.explorer.prompt, key) == value
+    doc = yaml.safe_load(_doc_config())
+    assert doc["student"]["path"].startswith("cache/coin4") and doc["teacher"]["path"].startswith("cache/coin4")
+
+
+@pytest.mark.parametrize("folder", ["tiny", "coin4"])
+def test_every_settings_folder_has_a_recipe_and_every_method_row(folder: str) -> None:
+    recipe = recipe_for(REPO / "configs" / folder)
+    base = load_config(REPO / "configs" / folder / "vanilla.yaml")
+    assert base.explorer.env == recipe.env and base.explorer.env_kwargs == recipe.env_kwargs
+    rows = {p.name for p in (REPO / "configs" / "tiny").glob("*.yaml")}
+    assert {p.name for p in (REPO / "configs" / folder).glob("*.yaml")} == rows
+    with pytest.raises(KeyError, match="no model recipe"):
+        recipe_for("configs/nowhere")
+
+
+@pytest.fixture(scope="module")
+def quick_coin4_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The coin4 recipe's game and prompt with a short teacher SFT (the real one takes ~3 min)."""
+    pytest.importorskip("textworld_express")
+    real = RECIPES["coin4"]
+    recipe = ModelRecipe(env=real.env, env_kwargs=real.env_kwargs, prompt=real.prompt,
+                         teacher=("--expert", "explore", "--train-tasks", "40", "--epochs", "1", "--eval-tasks", "2"),
+                         student=("--expert", "explore", "--train-tasks", "10", "--epochs", "1", "--eval-tasks", "2",
+                                  "--seed", "1"))
+    cache = tmp_path_factory.mktemp("coin4-models")
+    models = prepare_models(cache, recipe)
+    assert (models["teacher"] / "sft.json").is_file() and (models["student"] / "sft.json").is_file()
+    assert prepare_models(cache, recipe) == models  # built once: a second call keeps them
+    return models
+
+
+def test_a_short_lockstep_run_of_the_demo_config_is_deterministic(quick_coin4_models: dict[str, Path],
+                                                                  tmp_path: Path) -> None:
+    runs = []
+    for name in ("a", "b"):
+        cfg = demo.demo_config(demo.CONFIGS, "divopd", 0, tmp_path / name, quick_coin4_models, 3,
+                               ["eval.tasks=4", f"run_dir={tmp_path / name / 'run'}"])
+        assert cfg.runtime.kind == "lockstep"
+        runs.append(train(cfg))
+    a, b = runs
+    assert a["updates"] == b["updates"] == 3
+    assert a["ledger"] == b["ledger"] and a["env_steps"] == b["env_steps"]
+    sa, sb = _series(tmp_path / "a" / "run"), _series(tmp_path / "b" / "run")
+    assert any(r["kind"] == "update" for r in sa) and any("eval/success_rate" in r for r in sa)
+    assert sa == sb
+    assert _log_table(tmp_path / "a" / "run") == _log_table(tmp_path / "b" / "run")
