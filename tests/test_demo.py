@@ -85,3 +85,17 @@ def test_a_short_lockstep_run_of_the_demo_config_is_deterministic(quick_coin4_mo
     assert any(r["kind"] == "update" for r in sa) and any("eval/success_rate" in r for r in sa)
     assert sa == sb
     assert _log_table(tmp_path / "a" / "run") == _log_table(tmp_path / "b" / "run")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--configs", "configs/nowhere"], "no model recipe for configs/nowhere"),
+    (["--methods", "vanilla", "nosuch"], "nosuch"),
+    (["--set", "sampler.kap=3"], "sampler.kap"),
+    (["--jobs", "0"], "--jobs must be at least 1"),
+])
+def test_bad_demo_arguments_are_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main([*argv, "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "cache").exists()  # nothing was built

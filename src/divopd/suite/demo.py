@@ -238,9 +238,22 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     out = Path(args.out)
     cache = Path(args.cache or ("cache/demo" if configs.name == "tiny" else f"cache/{configs.name}"))
+    from divopd.errors import UsageError
+
+    try:
+        for method in args.methods:  # every method row, before anything is built or trained
+            demo_config(configs, method, args.seeds[0], out, {"student": cache, "teacher": cache}, args.updates,
+                        args.overrides)
+    except UsageError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
     models = prepare_models(cache, recipe)
-    run_dirs = run_methods(out, models, args.methods, args.seeds, args.updates, args.overrides, configs=configs,
-                           jobs=args.jobs, progress=sys.stderr.isatty())
+    try:
+        run_dirs = run_methods(out, models, args.methods, args.seeds, args.updates, args.overrides, configs=configs,
+                               jobs=args.jobs, progress=sys.stderr.isatty())
+    except RuntimeError as exc:  # a run failed: its last log lines, no traceback of the demo itself
+        print(exc, file=sys.stderr)
+        return 1
     report = write_demo_report(run_dirs, out / "report")
     print(report.read_text())
     print(f"demo: done in {time.perf_counter() - t0:.0f}s; report in {report}")
