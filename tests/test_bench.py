@@ -175,6 +175,7 @@ def _bad(**changes):
         (_bad(typo=1), r"typo: Extra inputs are not permitted"),
         (_bad(settings={"settings": {}}), r"setting 'settings': the name is taken by a combined report"),
         (_bad(configs="nowhere"), r"configs 'nowhere': no settings folder configs/nowhere/"),
+        (_bad(configs="alfworld"), r"configs 'alfworld': its models have no recipe in divopd.suite.models"),
         (_bad(methods=[{"method": "vanilla", "seeds": [3, 3]}]), r"method vanilla: seeds must be distinct"),
     ],
 )
@@ -197,6 +198,10 @@ def test_only_filters_by_group_and_label(tmp_path) -> None:
     assert {r.group for r in select_runs(runs, ["*-cap"])} == {"a-cap"}
     assert {r.label for r in select_runs(runs, ["b"])} == {"vanilla", "divopd-base", "divopd-tokens"}
     assert len(select_runs(runs, ["a/vanilla", "a/vanilla"])) == 2
+    assert {r.key for r in select_runs(runs, ["a/vanilla"], [1])} == {"a/vanilla/seed1"}
+    assert {r.seed for r in select_runs(runs, None, [0])} == {0}
+    with pytest.raises(PlanError, match="--seeds 7: no run of the plan has these seeds"):
+        select_runs(runs, None, [7])
     with pytest.raises(PlanError, match="matches no run"):
         select_runs(runs, ["c/vanilla"])
 

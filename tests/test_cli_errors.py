@@ -157,6 +157,7 @@ CASES: list[tuple[str, list[str], str, str]] = [
     ("bench-missing-plan", ["bench", "paper", "--plan", "{d}/no-plan.yaml"], "no such plan file", ""),
     ("bench-plan-is-a-dir", ["bench", "paper", "--plan", "{d}/emptydir"], "emptydir", ""),
     ("bench-only-matches-nothing", ["bench", "paper", "--only", "nope/*", "--dry-run"], "--only", ""),
+    ("bench-seeds-match-nothing", ["bench", "paper", "--seeds", "99", "--dry-run"], "--seeds 99", ""),
     ("bench-unknown-suite", ["bench", "mars"], "suite", ""),
 ]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from divopd.errors import UsageError
 from divopd.suite.plan import DEFAULT_PLAN, load_plan, plan_runs, select_runs
 from divopd.suite.report import write_reports
 from divopd.suite.runs import dry_run_text, train_runs
@@ -31,11 +30,7 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``divopd bench``."""
     plan = load_plan(args.plan)  # PlanError: one line, exit 2 (divopd.cli)
     out = Path(args.out or plan.out)
-    runs = select_runs(plan_runs(plan), args.only)
-    if args.seeds is not None:
-        runs = [r for r in runs if r.seed in args.seeds]
-        if not runs:
-            raise UsageError(f"--seeds {' '.join(map(str, args.seeds))}: no run of the plan has these seeds")
+    runs = select_runs(plan_runs(plan), args.only, args.seeds)
     if args.dry_run:
         print(dry_run_text(runs, out))
         return 0

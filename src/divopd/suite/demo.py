@@ -26,6 +26,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ ENV = RECIPES["coin4"].env
 ENV_KWARGS = RECIPES["coin4"].env_kwargs
 PROMPT = RECIPES["coin4"].prompt
 
-_UPDATE = re.compile(r"update (\d+) SR (\S+)")
+_UPDATE = re.compile(r"update (\d+) SR ")
 _EVAL = re.compile(r"eval @(\d+): .*\"eval/success_rate\": ([0-9.]+)")
 
 
@@ -142,10 +143,10 @@ def _follow(procs: list[tuple[str, Path, subprocess.Popen]], board: _Board) -> N
     import selectors
 
     sel = selectors.DefaultSelector()
-    tails: dict[str, list[str]] = {}
+    tails: dict[str, deque[str]] = {}
     for name, _, proc in procs:
         sel.register(proc.stderr, selectors.EVENT_READ, name)
-        tails[name] = []
+        tails[name] = deque(maxlen=20)
     open_streams = len(procs)
     while open_streams:
         for key, _ in sel.select():
@@ -155,12 +156,11 @@ def _follow(procs: list[tuple[str, Path, subprocess.Popen]], board: _Board) -> N
                 open_streams -= 1
                 continue
             text = line.rstrip()
-            tails[key.data] = (tails[key.data] + [text])[-20:]
+            tails[key.data].append(text)
             if " INFO " in text or "Error" in text:
                 board.line(key.data, text.split(" INFO ", 1)[-1])
     for name, run_dir, proc in procs:
-        if proc.wait() != 0:
-            board.close()
+        if proc.wait() != 0:  # run_methods closes the board
             raise RuntimeError(f"demo: {name} failed (exit {proc.returncode}) in {run_dir}:\n" + "\n".join(tails[name]))
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +34,11 @@ class ModelRecipe:
     student: tuple[str, ...] | None  # None: a random-init model on the teacher's tokenizer
     note: str = ""
     size: str = "0.2m"
-    common: tuple[str, ...] = field(default=("--threads", "1"))
 
     def sft_args(self, out: Path, extra: tuple[str, ...]) -> list[str]:
+        """``divopd sft`` arguments: the recipe's game, prompt and size, one torch thread, ``out``, then ``extra``."""
         return ["--env", self.env, "--env-kwargs", json.dumps(self.env_kwargs), "--prompt", json.dumps(self.prompt),
-                "--size", self.size, *self.common, "--out", str(out), *extra]
+                "--size", self.size, "--threads", "1", "--out", str(out), *extra]
 
 
 _COIN_PROMPT = {"past_observation_max_words": 8}

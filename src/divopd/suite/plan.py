@@ -122,6 +122,11 @@ class Plan(_Strict):
         _check_name(self.configs, "configs")
         if not (self.config_dir / "_base.yaml").is_file():
             raise ValueError(f"configs {self.configs!r}: no settings folder configs/{self.configs}/ with a _base.yaml")
+        from divopd.suite.models import RECIPES
+
+        if self.configs not in RECIPES:
+            raise ValueError(f"configs {self.configs!r}: its models have no recipe in divopd.suite.models "
+                             f"(known: {', '.join(RECIPES)})")
         for what, seeds in (("seeds", self.seeds), ("load sweep: seeds", self.sweeps.load and self.sweeps.load.seeds),
                             ("cap sweep: seeds", self.sweeps.cap and self.sweeps.cap.seeds),
                             *((f"method {m.name}: seeds", m.seeds) for m in self.methods)):
@@ -272,8 +277,14 @@ def plan_runs(plan: Plan) -> list[PlannedRun]:
     return runs
 
 
-def select_runs(runs: list[PlannedRun], only: list[str] | None) -> list[PlannedRun]:
-    """Runs whose ``GROUP/LABEL`` matches one of ``only`` (shell globs; ``GROUP`` alone means every label)."""
+def select_runs(runs: list[PlannedRun], only: list[str] | None,
+                seeds: list[int] | None = None) -> list[PlannedRun]:
+    """Runs whose ``GROUP/LABEL`` matches one of ``only`` (shell globs; ``GROUP`` alone means every label) and, when
+    ``seeds`` is given, whose seed is one of them."""
+    if seeds is not None:
+        runs = [r for r in runs if r.seed in seeds]
+        if not runs:
+            raise PlanError(f"--seeds {' '.join(map(str, seeds))}: no run of the plan has these seeds")
     if not only:
         return list(runs)
     chosen = []
