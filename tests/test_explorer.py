@@ -97,6 +97,49 @@ def test_topk_teacher_scores_are_attached():
     np.testing.assert_allclose(t.teacher_topk_logprobs[:, 0], t.teacher_topk_logprobs.max(axis=1))
 
 
+def _rounds(mode: str, n: int = 14):
+    with make_explorer(enqueue=mode, teacher_topk=2) as explorer:
+        return [explorer.step_round() for _ in range(n)], explorer.stats()
+
+
+def test_turn_enqueue_queues_every_round_the_same_turns_rollout_enqueue_queues_at_the_end():
+    by_turn, turn_stats = _rounds("turn")
+    by_rollout, rollout_stats = _rounds("rollout")
+    # each round queues exactly the round's student turns: one per env stepped (no +R: the student takes every step)
+    assert all(sum(len(c.turns) for c in chunks) == steps for chunks, steps in by_turn)
+    assert [steps for _, steps in by_turn] == [steps for _, steps in by_rollout]
+    pieces: dict[str, list] = {}
+    for chunks, _ in by_turn:
+        for chunk in chunks:
+            pieces.setdefault(chunk.info["rollout_id"], []).append(chunk)
+    finished = {r.info["rollout_id"]: r for chunks, _ in by_rollout for r in chunks}
+    assert finished and set(finished) <= set(pieces)
+    for rid, chunks in pieces.items():
+        *running, last = chunks
+        # a chunk of a running rollout: partial, outcome unknown; the last one carries the rollout's outcome
+        assert all(c.info["partial"] and all(t.info["success"] is None for t in c.turns) for c in running)
+        ended = not last.info["partial"]
+        assert ended == (rid in finished)
+        if not ended:
+            continue
+        assert all(t.info["success"] is last.info["success"] for t in last.turns)
+        whole = finished[rid]
+        assert {k: v for k, v in last.info.items() if k != "weight_load_s"} == \
+            {k: v for k, v in whole.info.items() if k != "weight_load_s"}
+        turns = [t for c in chunks for t in c.turns]
+        assert [(t.turn_index, t.policy_version, t.info["action"]) for t in turns] == \
+            [(t.turn_index, t.policy_version, t.info["action"]) for t in whole.turns]
+        for a, b in zip(turns, whole.turns, strict=True):
+            np.testing.assert_array_equal(a.response_ids, b.response_ids)
+            np.testing.assert_array_equal(a.student_logprobs, b.student_logprobs)
+            # scored in another batch (the round's turns of all envs together): the same scores up to float noise
+            np.testing.assert_allclose(a.teacher_logprobs, b.teacher_logprobs, atol=1e-5)
+            np.testing.assert_allclose(a.teacher_topk_logprobs, b.teacher_topk_logprobs, atol=1e-5)
+    # a rollout is counted once, when it ends; every queued turn is counted by then
+    assert turn_stats["explorer/rollouts"] == rollout_stats["explorer/rollouts"] == len(finished)
+    assert turn_stats["explorer/turns"] == rollout_stats["explorer/turns"]
+
+
 # ---------------------------------------------------------------------------- failures are counted, never dropped
 class BrokenTeacher(torch.nn.Module):
     """A teacher whose forward fails: always, or only for batches of more than one sequence."""

@@ -64,3 +64,22 @@ def test_env_steps_per_update_sets_the_producer_load(tiny_models: dict[str, str]
     assert_ledger_identity(summary["ledger"])
     rows = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "update"]
     assert [r["update"] for r in rows] == list(range(1, 7))
+
+
+def test_turn_enqueue_queues_every_student_step_at_once_and_stays_deterministic(
+        tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    over = {"explorer.enqueue": "turn"}
+    a = _lockstep(tiny_models, tmp_path / "a", **over)
+    b = _lockstep(tiny_models, tmp_path / "b", **over)
+    assert_ledger_identity(a["ledger"])
+    # no +R: every env step is a student turn, and each enters the queue in the round it is taken
+    assert a["ledger"]["received"] == a["env_steps"]
+    assert a["ledger"] == b["ledger"] and _series(tmp_path / "a") == _series(tmp_path / "b")
+    rows = _log_table(tmp_path / "a")
+    assert rows == _log_table(tmp_path / "b")
+    # only a rollout's last turn knows the outcome; a rollout is counted once, when that turn arrives
+    ended = {r["rollout_id"] for r in rows if r["success"] is not None}
+    running = {r["rollout_id"] for r in rows} - ended
+    assert ended and running
+    last = [r for r in read_metrics(tmp_path / "a") if r["kind"] == "update"][-1]
+    assert last["explorer/rollouts"] == len(ended)

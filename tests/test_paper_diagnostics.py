@@ -390,3 +390,35 @@ def test_the_report_shows_the_diagnostics(tmp_path: Path) -> None:
     old = _run_dir(tmp_path / "old", "vanilla", 0, [{"sampler/effective_rollouts": 2.0}])
     rep = write_report([load_run(old)], tmp_path / "out-old", plots=False)
     assert rep["settings"]["s"]["methods"]["vanilla"]["aggregate"]["diagnostics"]["kl_per_token"] is None
+
+
+def test_selection_chain_takes_a_rollouts_outcome_from_its_last_turn() -> None:
+    """explorer.enqueue: turn — only a rollout's last turn carries ``success`` (the earlier ones were queued while it
+    ran): every turn of it still gets the rollout's outcome; a rollout whose last turn never arrived stays unknown."""
+    from divopd.analysis.replay import CHAIN_METHODS, ReplayConfig, replay
+    from divopd.experience.log import LoggedTurn
+
+    full = _with_outcomes()
+    last = {}
+    for logged in full:
+        last[logged.turn.rollout_id] = logged.arrival
+    streamed = []
+    for logged in full:
+        t = logged.turn
+        known = logged.arrival == last[t.rollout_id] and t.rollout_id != "C"  # C's last turn is still in flight
+        info = {"success": t.info["success"] if known else None}
+        streamed.append(LoggedTurn(Turn(t.rollout_id, t.turn_index, t.policy_version, t.prompt_ids, t.response_ids,
+                                        student_logprobs=t.student_logprobs, teacher_logprobs=t.teacher_logprobs,
+                                        prompt_truncated=t.prompt_truncated, info=info), logged.arrival,
+                                   logged.arrival_update))
+    hand = dict(batch_size=2, pool_factor=2, cap=1, max_staleness=1, updates=4, seed=0)
+    a = replay(full, ReplayConfig(methods=list(CHAIN_METHODS), **hand))
+    b = replay(streamed, ReplayConfig(methods=list(CHAIN_METHODS), **hand))
+    # C (c0, c1 at depth < 2, failed) becomes unknown; every other turn keeps its rollout's outcome
+    assert b["delivered_by_cell"]["<2"] == {"success": 4, "failure": 3, "unknown": 2}
+    for method in ("vanilla", "divopd"):
+        chain_a, chain_b = a["methods"][method]["selection_chain"], b["methods"][method]["selection_chain"]
+        assert chain_b["[2,4)"] == chain_a["[2,4)"] | {"unknown": 0.0}
+        assert chain_b["<2"]["success"] == chain_a["<2"]["success"] == 3 / 8
+        c_selected = chain_b["<2"]["unknown"]
+        assert c_selected > 0 and chain_b["<2"]["failure"] == pytest.approx(chain_a["<2"]["failure"] - c_selected)

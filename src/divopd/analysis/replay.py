@@ -13,8 +13,9 @@ valid rollouts with a turn still waiting are reported as ``undecided_rollouts``.
 rollouts that were used (a rollout whose only selected turns are dead rows of an invalid rollout is not counted).
 
 The diagnostics of the paper's tables (:data:`TABLE_KEYS`; definitions in :mod:`divopd.sampling.paper_diagnostics`
-and docs/guides/report.md): Table 11's ``never_selected_share`` and ``selection_gini``, Tables 9 and 12's per-batch
-means, Figure 6's ``disagreement_std_ema``, Table 16's token shares, and Table 14's ``selection_chain``.
+and docs/guides/report.md): Table 11's ``never_selected_share`` and ``selection_gini``, Tables 9 and 12's means,
+Figure 6's ``disagreement_std_ema``, Table 16's token shares, Table 14's ``selection_chain`` (a turn's outcome is its
+rollout's, from whichever logged turn carries it: under ``explorer.enqueue: turn`` only the last one does).
 
 The log is read once and streamed: all methods advance in lockstep and share the same :class:`~divopd.Turn` objects,
 so memory holds the turns some sampler still waits on (bounded by the staleness window), one record batch, and a few
@@ -71,19 +72,8 @@ DEFAULT_METHODS: tuple[str, ...] = method_names("replay")
 CHAIN_METHODS: tuple[str, ...] = ("vanilla", "vanilla-pool", "divopd-base", "divopd")
 #: The per-method JSON keys (in this order), besides ``series`` and ``ledger``.
 RESULT_KEYS: tuple[str, ...] = (
-    "updates",
-    "starved",
-    "valid_rollouts",
-    "used_rollouts",
-    "undecided_rollouts",
-    "unused_fraction",
-    "effective_rollouts_mean",
-    "max_rollout_share_mean",
-    "dead_row_fraction",
-    "selected",
-    "expired",
-    "invalid",
-)
+    "updates", "starved", "valid_rollouts", "used_rollouts", "undecided_rollouts", "unused_fraction",
+    "effective_rollouts_mean", "max_rollout_share_mean", "dead_row_fraction", "selected", "expired", "invalid")
 #: The diagnostics of the paper's tables in each method's entry (after :data:`RESULT_KEYS`).
 TABLE_KEYS: tuple[str, ...] = (
     "never_selected_share",
@@ -208,6 +198,11 @@ def _open(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfig
     return log_name, updates, stream
 
 
+#: The per-tick series taken from a batch's stats (None on a tick without a batch).
+_BATCH_SERIES = ("effective_rollouts", "max_rollout_share", "dead_rows", "distinct_rollouts", "mean_staleness",
+                 "turns_per_rollout", "kl_per_token")
+
+
 def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
     """Deliver ``turns`` to one method, ask it for a batch at learner version ``j`` and record the tick."""
     tr.sampler.add(turns)
@@ -215,8 +210,7 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
     s = tr.series
     if batch is None:
         s["batch"].append(0)
-        for key in ("effective_rollouts", "max_rollout_share", "dead_rows", "distinct_rollouts", "mean_staleness",
-                    "turns_per_rollout", "kl_per_token"):
+        for key in _BATCH_SERIES:
             s[key].append(None)
     else:
         st = batch.stats
@@ -230,7 +224,7 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
         tr.age_sum += float(st["mean_staleness"])
         tr.ema = pd.ema_update(tr.ema, float(st["disagreement_std_across_rollouts"]))
         tr.trained_tokens += int(st["response_tokens"])
-        tr.cells.update(pd.selection_cells(batch.turns))
+        tr.cells.update(pd.rollout_cells(batch.turns))
         for turn in batch.turns:
             rid = turn.rollout_id
             tr.selected_per_rollout[rid] += 1
@@ -239,13 +233,8 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
                 tr.used.add(rid)
                 tr.used_valid += rid in valid
         s["batch"].append(1)
-        s["effective_rollouts"].append(float(st["effective_rollouts"]))
-        s["max_rollout_share"].append(float(st["max_rollout_share"]))
-        s["dead_rows"].append(int(st["dead_rows"]))
-        s["distinct_rollouts"].append(int(st["distinct_rollouts"]))
-        s["mean_staleness"].append(float(st["mean_staleness"]))
-        s["turns_per_rollout"].append(float(st["turns_per_rollout"]))
-        s["kl_per_token"].append(float(st["kl_per_token"]))
+        for key in _BATCH_SERIES:
+            s[key].append(int(st[key]) if key in ("dead_rows", "distinct_rollouts") else float(st[key]))
     s["disagreement_std_ema"].append(tr.ema)
     ledger = tr.sampler.ledger
     s["selected"].append(ledger["selected"])
@@ -255,9 +244,11 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
     s["used_rollouts"].append(tr.used_valid)
 
 
-def _method_result(tr: _Track, updates: int, valid: set[str], scored: int) -> dict[str, Any]:
+def _method_result(tr: _Track, updates: int, valid: set[str], scored: int,
+                   outcomes: dict[str, bool]) -> dict[str, Any]:
     """One method's entry of the result: :data:`RESULT_KEYS`, :data:`TABLE_KEYS`, then ``series`` and ``ledger``."""
     ledger = tr.sampler.ledger
+    cells = pd.outcome_cells(tr.cells, outcomes)
     coverage = rollout_coverage(valid, tr.used, waiting_rollouts(tr.sampler))
     result = {
         "updates": tr.batches,
@@ -279,8 +270,8 @@ def _method_result(tr: _Track, updates: int, valid: set[str], scored: int) -> di
         "disagreement_std_ema": tr.ema,
         "teacher_tokens_per_trained_token": pd.teacher_tokens_per_trained_token(scored, tr.trained_tokens),
         "never_selected_scored_share": pd.never_selected_scored_share(scored, tr.scored_selected),
-        "selected_by_cell": cell_counts(tr.cells),
-        "selection_chain": pd.cell_shares(tr.cells),
+        "selected_by_cell": cell_counts(cells),
+        "selection_chain": pd.cell_shares(cells),
     }
     return ({k: result[k] for k in RESULT_KEYS} | {k: table[k] for k in TABLE_KEYS}
             | {"series": tr.series, "ledger": ledger})
@@ -302,15 +293,18 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
     valid: set[str] = set()
     delivered = 0
     scored = 0
-    delivered_cells: Counter[tuple[str, str]] = Counter()
+    delivered_cells: Counter[tuple[str, str]] = Counter()  # (depth bucket, rollout id)
+    outcomes: dict[str, bool] = {}  # rollout id -> success, from any of its turns that carries it
     top_series: dict[str, list[int]] = {"delivered_turns": [], "valid_rollouts": []}
 
     for j, arrivals in deliveries(stream, updates):
         # 1. Deliver: the same turns, in arrival order, to every method.
         turns = [a.turn for a in arrivals]
         delivered += len(turns)
-        delivered_cells.update(pd.selection_cells(turns))
+        delivered_cells.update(pd.rollout_cells(turns))
         for turn in turns:
+            if turn.info.get("success") is not None:
+                outcomes[turn.rollout_id] = bool(turn.info["success"])
             scored += pd.scored_tokens(turn)
             rid = turn.rollout_id
             delivered_rollouts.add(rid)
@@ -324,6 +318,7 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
         top_series["delivered_turns"].append(delivered)
         top_series["valid_rollouts"].append(len(valid))
 
+    delivered_cells = pd.outcome_cells(delivered_cells, outcomes)
     return {
         "log": log_name,
         "config": asdict(config) | {"methods": list(config.methods), "updates": updates},
@@ -335,7 +330,7 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
         "delivered_by_cell": cell_counts(delivered_cells),
         "delivered_chain": pd.cell_shares(delivered_cells),
         "series": top_series,
-        "methods": {name: _method_result(tr, updates, valid, scored) for name, tr in tracks.items()},
+        "methods": {name: _method_result(tr, updates, valid, scored, outcomes) for name, tr in tracks.items()},
     }
 
 

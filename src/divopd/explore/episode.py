@@ -12,7 +12,13 @@ import numpy as np
 from divopd.experience.turn import Rollout, Turn
 from divopd.explore.recovery import RecoveryState
 
-__all__ = ["Episode", "StudentStep", "build_rollout", "count_rollout", "eval_metrics"]
+__all__ = ["EXPLORER_COUNTERS", "Episode", "StudentStep", "build_rollout", "count_rollout", "eval_metrics"]
+
+#: An explorer's cumulative counters (``Explorer.stats()``, namespaced ``explorer/...``).
+EXPLORER_COUNTERS: tuple[str, ...] = (
+    "rollouts", "turns", "teacher_turns", "takeovers", "successes", "env_steps", "env_crashes", "teacher_failures",
+    "unscored_turns", "truncated_turns", "weight_loads", "step_limit_hits", "generated_tokens", "time/generate",
+    "time/env", "time/teacher_score", "time/weight_load_s")
 
 
 @dataclass
@@ -47,25 +53,33 @@ class Episode:
     success: bool = False
     done: bool = False
     crashed: bool = False
+    queued: int = 0  # student steps already turned into queued Turns (explorer.enqueue: turn)
+    unscored: int = 0  # of those, how many the teacher could not score
 
 
 def build_rollout(episode: Episode, scores: list, topk: list, *, explorer_id: int, env: str, max_steps: int,
-                  policy_version: int, truncated_dead: bool = True) -> Rollout:
-    """The rollout's Turns and info from an ended episode and the teacher's scores of its student turns
+                  policy_version: int, truncated_dead: bool = True, start: int = 0) -> Rollout:
+    """The rollout's Turns and info from an episode and the teacher's scores of its student turns ``start:``
     (``scores[i]`` ``None`` = unscored; ``topk[i]`` ``(ids, logprobs)`` or ``None``). ``truncated_dead``: a turn
-    whose prompt was truncated gets an all-False teacher-valid mask (a dead row for readers without the gate)."""
-    steps = episode.student_steps
+    whose prompt was truncated gets an all-False teacher-valid mask (a dead row for readers without the gate).
+
+    An episode still running gives a *chunk* (``explorer.enqueue: turn``): ``info["partial"]`` is True and its turns'
+    outcome keys (``success``, ``rollout_score``, ``horizon``) are None, since the rollout has not ended; the chunk
+    with the last turn carries the outcome and the rollout's info (``partial`` False)."""
+    steps = episode.student_steps[start:]
     hit_limit = not episode.crashed and not episode.success and episode.steps >= max_steps
-    versions = [s.policy_version for s in steps] or [policy_version]
+    versions = [s.policy_version for s in episode.student_steps] or [policy_version]
     info = {
         "rollout_id": episode.rollout_id, "explorer_id": explorer_id, "env": env,
         "task": episode.task, "success": episode.success, "score": episode.score, "horizon": episode.steps,
-        "student_turns": len(steps), "teacher_turns": episode.recovery.teacher_turns,
+        "student_turns": len(episode.student_steps), "teacher_turns": episode.recovery.teacher_turns,
         "takeovers": episode.recovery.takeovers, "crashed": episode.crashed, "hit_step_limit": hit_limit,
-        "truncated_turns": sum(s.prompt_truncated for s in steps),
-        "unscored_turns": sum(s is None for s in scores),
+        "truncated_turns": sum(s.prompt_truncated for s in episode.student_steps),
+        "unscored_turns": episode.unscored + sum(s is None for s in scores),
         "policy_version_min": min(versions), "policy_version_max": max(versions),
+        "partial": not episode.done,
     }
+    known = episode.done
     turns = []
     for s, lp, tk in zip(steps, scores, topk, strict=True):
         turns.append(Turn(
@@ -76,9 +90,12 @@ def build_rollout(episode: Episode, scores: list, topk: list, *, explorer_id: in
                                 if truncated_dead and s.prompt_truncated else None),
             teacher_topk_ids=None if tk is None else tk[0], teacher_topk_logprobs=None if tk is None else tk[1],
             info={"env": env, "task": episode.task, "action": s.action, "reward": s.reward,
-                  "progress": s.progress, "score": s.score, "success": episode.success,
-                  "rollout_score": episode.score, "horizon": episode.steps, "teacher_acted": False,
-                  "teacher_turns": episode.recovery.teacher_turns, "explorer_id": explorer_id}))
+                  "progress": s.progress, "score": s.score, "success": episode.success if known else None,
+                  "rollout_score": episode.score if known else None, "horizon": episode.steps if known else None,
+                  "teacher_acted": False, "teacher_turns": episode.recovery.teacher_turns,
+                  "explorer_id": explorer_id}))
+    episode.queued = len(episode.student_steps)
+    episode.unscored = info["unscored_turns"]
     return Rollout(turns, info)
 
 

@@ -3,25 +3,23 @@
 Paper, "Asynchronous multi-turn OPD": rollout workers generate student interactions and frozen-teacher scores
 independently of learner updates, adding turns to a queue with rollout IDs and policy versions. One explorer here:
 
-1. keeps ``num_envs`` env instances in lockstep; each turn, every unfinished rollout gets a chat prompt built from its
-   task and history (``prompting``, flagged ``prompt_truncated`` past the context budget) and one action,
-   generated for all instances in one batch with the current student weights (``generation``), keeping the
-   per-token generating log probabilities;
+1. keeps ``num_envs`` env instances in lockstep; each turn, every unfinished rollout gets a chat prompt (task and
+   history, ``prompt_truncated`` past the context budget) and one action, generated for all instances in one batch
+   with the current student weights, keeping the per-token generating log probabilities;
 2. steps each env; a rollout ends on success/failure, at ``max_steps``, or when its env crashes (counted; the turns so
    far are kept and a fresh instance replaces the env);
-3. when a rollout ends, the teacher scores all its student turns in one batched no-grad pass (a teacher failure marks
-   the turns unscored — ``teacher_logprobs=None`` — and counts it; nothing is dropped), and the rollout's
-   :class:`~divopd.experience.turn.Turn` s are returned together, tagged ``(rollout_id, turn_index, policy_version)``;
+3. when a rollout ends, the teacher scores all its student turns in one batched no-grad pass (a failure marks turns
+   unscored — ``teacher_logprobs=None`` — and counts it; nothing is dropped), and the rollout's
+   :class:`~divopd.experience.turn.Turn` s are returned together, tagged ``(rollout_id, turn_index, policy_version)``
+   (``enqueue: turn``: after every round, the round's new turns of all instances, scored in one pass);
 4. between rollouts it loads newer student weights published by the learner (:meth:`Explorer.set_weights`); every
    turn records the version that generated it;
 5. with +R on (:mod:`divopd.explore.recovery`), the teacher acts after ``p`` no-progress student turns (an invalid
-   action, or a repeat while the allowed actions are unchanged), for at most ``m`` turns per rollout; its turns are not
-   queued.
+   action, or a repeat while the allowed actions are unchanged), at most ``m`` turns a rollout; they are not queued.
 
-``turn_index`` is the env step at which the student acted (0-based): teacher steps under +R leave gaps.
-
-Runtimes drive it through ``collect(n)`` / ``rollouts()``, ``set_weights(handle)``, ``set_learner_version(v)``,
-``evaluate()``, ``stats()`` and ``close()``; one thread (or actor) per explorer, since the model is used in place.
+``turn_index`` is the env step at which the student acted (0-based; teacher steps under +R leave gaps). Runtimes
+drive it through ``collect(n)`` / ``rollouts()``, ``set_weights(handle)``, ``set_learner_version(v)``, ``evaluate()``,
+``stats()`` and ``close()``; one thread (or actor) per explorer, since the model is used in place.
 Example::
 
     explorer = Explorer(ExplorerConfig(env="twx", num_envs=4), student, tokenizer, teacher, seed=0)
@@ -47,7 +45,7 @@ import numpy as np
 from divopd.experience.turn import Rollout
 from divopd.explore.engines import apply_weights, close_backend, teacher_generator
 from divopd.explore.envs import Env, EnvCrash, make_env
-from divopd.explore.episode import Episode, StudentStep, build_rollout, count_rollout, eval_metrics
+from divopd.explore.episode import EXPLORER_COUNTERS, Episode, StudentStep, build_rollout, count_rollout, eval_metrics
 from divopd.explore.generation import Generation, GenerationBackend, HFGenerator
 from divopd.explore.prompting import decode_action, encode_prompt
 from divopd.explore.scoring import make_score_call, teacher_scores
@@ -122,15 +120,12 @@ class Explorer:
         self._envs: list[Env] = []
         self._eval_envs: list[Env] = []
         self._rollout_iter: Iterator[Rollout] | None = None
-        self._round_iter: Iterator[tuple[list[Episode], int]] | None = None
+        self._round_iter: Iterator[tuple[list[Episode], list[Episode]]] | None = None
         self._task_rng = random.Random(f"{seed}-{explorer_id}-tasks")
         self._train_tasks: list[str] = []
         self._n_rollouts = 0
         self._gen_calls = 0
-        self._stats: dict[str, float] = {k: 0.0 for k in (
-            "rollouts", "turns", "teacher_turns", "takeovers", "successes", "env_steps",
-            "env_crashes", "teacher_failures", "unscored_turns", "truncated_turns", "weight_loads", "step_limit_hits",
-            "generated_tokens", "time/generate", "time/env", "time/teacher_score", "time/weight_load_s")}
+        self._stats: dict[str, float] = dict.fromkeys(EXPLORER_COUNTERS, 0.0)
 
     # ------------------------------------------------------------------ runtime-facing API
     def collect(self, num_rollouts: int) -> list[Rollout]:
@@ -153,11 +148,10 @@ class Explorer:
         self._apply_pending_weights()
         if not self._envs:
             self._envs = [self._new_env() for _ in range(self.config.num_envs)]
-        tasks = self._train_task_stream()
-        for episode in self._run(self._envs, tasks, evaluating=False):
-            rollout = self._finish_rollout(episode)
-            self._apply_pending_weights()  # between rollouts: the next turns use the newest published weights
-            yield rollout
+        for ended, stepped in self._rounds(self._envs, self._train_task_stream(), evaluating=False):
+            yield from self._queue_round(ended, stepped)
+            if ended:  # between rollouts: the next turns use the newest published weights
+                self._apply_pending_weights()
 
     def set_weights(self, handle: WeightHandle) -> None:
         """Queue a published weight handle (``.version``, ``.load_into(model)``); loaded at the next rollout boundary.
@@ -199,7 +193,7 @@ class Explorer:
         self._eval_decoding = (greedy, float(temperature), self.seed if seed is None else int(seed))
         self._eval_calls = 0
         t0 = time.perf_counter()
-        episodes = list(self._run(self._eval_envs, iter(tasks), evaluating=True))
+        episodes = [e for ended, _ in self._rounds(self._eval_envs, iter(tasks), evaluating=True) for e in ended]
         return eval_metrics(episodes, self.policy_version, t0)
 
     def _decoding(self, actor: str, evaluating: bool) -> tuple[bool, float, int]:
@@ -233,14 +227,13 @@ class Explorer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
     # ------------------------------------------------------------------ the spine
     def step_round(self) -> tuple[list[Rollout], int]:
         """One round on the training envs: every instance takes one step (one batched generate per actor).
 
-        Returns the rollouts that ended in this round and the number of env steps taken. The lockstep runtime drives
-        explorers this way; :meth:`collect` / :meth:`rollouts` are the pull-based equivalent (do not mix the two on
-        one explorer: they share the env instances)."""
+        Returns the rollouts that ended in this round (``enqueue: turn``: every stepped rollout's new turns, as
+        chunks) and the number of env steps taken. The lockstep runtime drives explorers this way; :meth:`collect`
+        / :meth:`rollouts` are the pull-based equivalent (do not mix the two: they share the env instances)."""
         if self._rollout_iter is not None:
             raise RuntimeError("Explorer.step_round: this explorer already streams rollouts (collect/rollouts)")
         if self._round_iter is None:
@@ -248,27 +241,22 @@ class Explorer:
             if not self._envs:
                 self._envs = [self._new_env() for _ in range(self.config.num_envs)]
             self._round_iter = self._rounds(self._envs, self._train_task_stream(), evaluating=False)
-        ended, steps = next(self._round_iter)
-        rollouts = []
-        for episode in ended:
-            rollouts.append(self._finish_rollout(episode))
-            self._apply_pending_weights()  # the slot's next episode starts with the newest published weights
-        return rollouts, steps
-
-    def _run(self, envs: list[Env], tasks: Iterator[str], evaluating: bool) -> Iterator[Episode]:
-        """Play episodes on ``envs`` in lockstep, taking tasks from ``tasks``; yield each episode when it ends."""
-        for ended, _ in self._rounds(envs, tasks, evaluating):
-            yield from ended
+        ended, stepped = next(self._round_iter)
+        rollouts = self._queue_round(ended, stepped)
+        if ended:  # the slots' next episodes start with the newest published weights
+            self._apply_pending_weights()
+        return rollouts, len(stepped)
 
     def _rounds(self, envs: list[Env], tasks: Iterator[str],
-                evaluating: bool) -> Iterator[tuple[list[Episode], int]]:
-        """Step every live env once per round; yield (episodes that ended, env steps taken) after each round."""
+                evaluating: bool) -> Iterator[tuple[list[Episode], list[Episode]]]:
+        """Step every live env once per round; yield (episodes that ended, episodes stepped) after each round."""
         episodes: list[Episode | None] = [self._start_episode(envs, i, tasks) for i in range(len(envs))]
         while any(e is not None for e in episodes):
             live = [i for i, e in enumerate(episodes) if e is not None]
             actors = {i: episodes[i].recovery.next_actor(self.learner_version, self.config.recovery, evaluating)
                       for i in live}
             actions = self._act(episodes, actors, evaluating)
+            stepped = [episodes[i] for i in live]
             for i in live:
                 self._step_env(envs, i, episodes[i], actors[i], actions[i])
             ended = []
@@ -277,7 +265,7 @@ class Explorer:
                 if episode.done:
                     ended.append(episode)
                     episodes[i] = self._start_episode(envs, i, tasks)
-            yield ended, len(live)
+            yield ended, stepped
 
     def _act(self, episodes: list[Episode | None], actors: dict[int, str], evaluating: bool) -> dict[int, Any]:
         """One batched generate for the student-controlled episodes (and one for the teacher's, under +R)."""
@@ -335,14 +323,27 @@ class Explorer:
             last.reward, last.progress, last.score = float(reward), not no_progress, float(info.get("score", 0.0))
         episode.done = bool(done) or episode.steps >= self.config.max_steps
 
-    def _finish_rollout(self, episode: Episode) -> Rollout:
-        """Teacher-score the rollout's student turns in one batch and build its Turns and info."""
-        steps = episode.student_steps
-        scores, topk = self._teacher_scores([s.prompt_ids for s in steps], [s.response_ids for s in steps])
+    def _queue_round(self, ended: list[Episode], stepped: list[Episode]) -> list[Rollout]:
+        """The round's queued turns: each ended rollout scored in one teacher pass (``enqueue: rollout``), or every
+        stepped rollout's new student turns scored together in one pass and returned as chunks (``turn``)."""
+        if self.config.enqueue == "rollout":
+            return [self._build(e, *self._teacher_scores([s.prompt_ids for s in e.student_steps],
+                                                         [s.response_ids for s in e.student_steps]))
+                    for e in ended]
+        chunks = [e for e in stepped if e.done or len(e.student_steps) > e.queued]
+        flat = [s for e in chunks for s in e.student_steps[e.queued:]]
+        scores, topk = self._teacher_scores([s.prompt_ids for s in flat], [s.response_ids for s in flat])
+        ends = np.cumsum([0] + [len(e.student_steps) - e.queued for e in chunks])
+        return [self._build(e, scores[a:b], topk[a:b], start=e.queued)
+                for e, a, b in zip(chunks, ends[:-1], ends[1:], strict=True)]
+
+    def _build(self, episode: Episode, scores: list, topk: list, start: int = 0) -> Rollout:
+        """The Rollout (or chunk) of ``episode``'s student turns ``start:``; an ended rollout is counted."""
         rollout = build_rollout(episode, scores, topk, explorer_id=self.explorer_id, env=self.config.env,
                                 max_steps=self.config.max_steps, policy_version=self.policy_version,
-                                truncated_dead=self.config.truncated_turns_dead)
-        count_rollout(self._stats, rollout.info)
+                                truncated_dead=self.config.truncated_turns_dead, start=start)
+        if episode.done:
+            count_rollout(self._stats, rollout.info)
         rollout.info["weight_load_s"] = self._stats["time/weight_load_s"]  # the newest weight load (train metrics)
         return rollout
 
@@ -353,9 +354,8 @@ class Explorer:
 
     def _teacher_scores(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[list, list]:
         """Teacher log probs and top-k per turn (``None`` = unscored), retried turn by turn on a failure."""
-        n = len(prompts)
-        if self.teacher is None or n == 0:
-            return [None] * n, [None] * n
+        if self.teacher is None or not prompts:
+            return [None] * len(prompts), [None] * len(prompts)
         return teacher_scores(self._score_call, prompts, responses, self._stats, self.explorer_id)
 
     def _start_episode(self, envs: list[Env], i: int, tasks: Iterator[str]) -> Episode | None:

@@ -82,6 +82,11 @@ class ExplorerConfig(BaseModel):
     eval_split: str = Field("dev", description="Held-out task split for evaluation.")
     eval_tasks: int = Field(50, ge=1, description="Evaluation uses the first N tasks of eval_split by default.")
     max_steps: int = Field(20, ge=1, description="Step limit per rollout (student and teacher steps together).")
+    enqueue: Literal["rollout", "turn"] = Field(
+        "rollout", description="When student turns enter the queue: `rollout` (all of a rollout's turns together, "
+        "teacher-scored in one pass when it ends) or `turn` (every env round, the round's new student turns of all "
+        "instances are teacher-scored in one pass and queued at once, while their rollouts go on; the queue then "
+        "holds turns of many running rollouts, and a turn's `success` is known only for its rollout's last turn).")
     prompt: PromptConfig = Field(default_factory=PromptConfig, description="Prompt template and context budget.")
     truncated_turns_dead: bool = Field(
         True, description="A turn whose prompt was truncated (past prompt.max_prompt_tokens) gets an all-False "

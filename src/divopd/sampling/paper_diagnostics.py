@@ -9,7 +9,8 @@ Each function is the definition the metrics, the replay and the report use (docs
 - Table 11: :func:`gini` of selected-turn counts per valid rollout (zeros included) and :func:`never_selected_share`.
 - Table 12: the mean age of consumed rows is ``mean_staleness`` of :func:`~divopd.sampling.stats.batch_stats`
   (learner version − generating version, averaged over the batch's rows).
-- Table 14: :func:`depth_bucket` × :func:`outcome` cells (:func:`selection_cells`, :func:`cell_shares`).
+- Table 14: :func:`depth_bucket` × :func:`outcome` cells (:func:`selection_cells`, :func:`cell_shares`; for turns
+  queued before their rollout ended, :func:`rollout_cells` resolved by :func:`outcome_cells`).
 - Table 16: :func:`scored_tokens` of a turn, :func:`teacher_tokens_per_trained_token` and
   :func:`never_selected_scored_share`.
 - Figure 6: :func:`ema_update` (α = :data:`EMA_ALPHA`) of ``disagreement_std_across_rollouts``.
@@ -42,6 +43,8 @@ __all__ = [
     "never_selected_scored_share",
     "never_selected_share",
     "outcome",
+    "outcome_cells",
+    "rollout_cells",
     "scored_tokens",
     "selection_cells",
     "teacher_tokens_per_trained_token",
@@ -140,6 +143,22 @@ def outcome(turn: Turn) -> str:
 def selection_cells(turns: Iterable[Turn]) -> Counter[tuple[str, str]]:
     """Turns per (depth bucket, outcome) cell."""
     return Counter((depth_bucket(t.turn_index), outcome(t)) for t in turns)
+
+
+def rollout_cells(turns: Iterable[Turn]) -> Counter[tuple[str, str]]:
+    """Turns per (depth bucket, rollout id): Table 14's cells before the outcomes are known."""
+    return Counter((depth_bucket(t.turn_index), t.rollout_id) for t in turns)
+
+
+def outcome_cells(cells: Mapping[tuple[str, str], int], outcomes: Mapping[str, bool]) -> Counter[tuple[str, str]]:
+    """(depth bucket, rollout id) counts as (depth bucket, outcome) counts, a rollout's outcome taken from
+    ``outcomes`` (rollout id → success; ``unknown`` when absent). Under ``explorer.enqueue: turn`` only a rollout's
+    last turn carries its outcome, so the outcome of an earlier turn is known only once its rollout has ended."""
+    out: Counter[tuple[str, str]] = Counter()
+    for (bucket, rid), n in cells.items():
+        value = outcomes.get(rid)
+        out[(bucket, "unknown" if value is None else "success" if value else "failure")] += n
+    return out
 
 
 def cell_shares(cells: Mapping[tuple[str, str], int]) -> dict[str, dict[str, float | None]]:

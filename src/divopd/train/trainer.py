@@ -96,7 +96,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ 1. intake
     def intake(self, rollouts: list[Rollout]) -> int:
-        """Queue finished rollouts (``.turns``, ``.info``); returns the number of turns queued."""
+        """Queue finished rollouts (``.turns``, ``.info``) or chunks of running ones (``info["partial"]``, under
+        ``explorer.enqueue: turn``; a rollout is counted by its last chunk); returns the number of turns queued."""
         n = 0
         for rollout in rollouts:
             turns = list(rollout.turns)
@@ -107,6 +108,8 @@ class Trainer:
             n += len(turns)
             info = getattr(rollout, "info", {}) or {}
             self.weight_load_s = float(info.get("weight_load_s", self.weight_load_s))
+            if info.get("partial"):
+                continue
             self.state.rollouts += 1
             self.state.successes += bool(info.get("success"))
             self.state.teacher_turns += int(info.get("teacher_turns", 0))

@@ -3,8 +3,9 @@
 Before each learner update the env instances advance round-robin by ``runtime.lockstep.env_steps_per_update``
 environment steps: explorer 0 steps each of its live instances once (one batched generate), then explorer 1, and so
 on, until the budget is spent (a round's extra steps are carried over, so the average is exact). A rollout's turns
-enter the queue when it ends; each slot starts its next episode with the newest published weights, so policy lag
-arises as in the asynchronous runtimes, but at a rate the config fixes instead of the machine's speed.
+enter the queue when it ends (``explorer.enqueue: turn``: every round's turns at once); each slot starts its next
+episode with the newest published weights, so policy lag arises as in the asynchronous runtimes, but at a rate the
+config fixes instead of the machine's speed.
 
     producer load (arrival/drain) ≈ env_steps_per_update × (student turns per env step) / B
 
