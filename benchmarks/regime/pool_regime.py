@@ -1,0 +1,90 @@
+"""What sets the number of distinct rollouts among the c·B candidates (issue 17's "pool regime"), on `coin4`.
+
+Short lockstep runs (20 updates, seed 0) of vanilla and divopd under producer variants, side by side; per-update means
+after the first 5 updates of the sampler's batch stats:
+
+- candidate rollouts: distinct rollouts among the candidates the reader saw (divopd: pending ∪ fresh, up to c·B = 128;
+  vanilla: the B turns it read);
+- effective rollouts per batch, (Σ p_r²)⁻¹, and the largest rollout share;
+- arrival/drain at the end, and the share of received turns that expired stale.
+
+    .venv/bin/python benchmarks/regime/pool_regime.py                  # all variants, ~15 min on 2 cores
+    .venv/bin/python benchmarks/regime/pool_regime.py --variants envs8 turn32 --out runs/pool-regime
+
+Runs that already have a summary.json in ``--out`` are read, not retrained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+#: variant name -> config overrides of configs/coin4 (on top of updates=20, eval.every=20)
+VARIANTS: dict[str, dict[str, object]] = {
+    "envs8": {},  # the setting itself: 8 instances, whole rollouts queued at their end
+    "envs32": {"explorer.num_envs": 32},
+    "envs64": {"explorer.num_envs": 64},
+    "steps6": {"explorer.max_steps": 6},  # shorter failures
+    "turn32": {"explorer.num_envs": 32, "explorer.enqueue": "turn"},  # every round's turns queued at once
+}
+METHODS = ("vanilla", "divopd")
+SKIP = 5
+
+
+def train_variant(configs: Path, method: str, overrides: dict[str, object], run_dir: Path) -> None:
+    from divopd.train import train
+    from divopd.train.config import load_config
+
+    sets = [f"{k}={v}" for k, v in {"updates": 20, "eval.every": 20, **overrides}.items()]
+    train(load_config(configs / f"{method}.yaml", sets, data={"run_dir": str(run_dir)}))
+
+
+def measure(run_dir: Path) -> dict[str, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    ups = [r for r in rows if r["kind"] == "update"]
+    evals = [r["eval/success_rate"] for r in rows if r["kind"] == "eval"]
+    tail = ups[SKIP:]
+
+    def mean(key: str) -> float:
+        return statistics.fmean(r[key] for r in tail)
+
+    last = ups[-1]
+    return {
+        "candidate_rollouts": mean("sampler/candidate_rollouts"),
+        "effective_rollouts": mean("sampler/effective_rollouts"),
+        "max_rollout_share": mean("sampler/max_rollout_share"),
+        "arrival_drain": last["queue/arrival_drain_ratio"],
+        "expired_share": last["ledger/expired"] / max(1.0, last["ledger/received"]),
+        "sr_start": evals[0], "sr_end": evals[-1],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--configs", type=Path, default=Path("configs/coin4"))
+    ap.add_argument("--out", type=Path, default=Path("runs/pool-regime"))
+    args = ap.parse_args()
+    results = {}
+    for name in args.variants:
+        for method in METHODS:
+            run_dir = args.out / f"{name}-{method}"
+            if not (run_dir / "summary.json").exists():
+                train_variant(args.configs, method, VARIANTS[name], run_dir)
+            results[(name, method)] = measure(run_dir)
+    print("| variant | overrides | candidate rollouts vanilla / divopd | effective rollouts vanilla / divopd "
+          "| largest share vanilla / divopd | arrival/drain | expired stale | held-out SR @0 → @20 vanilla / divopd |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.variants:
+        v, d = results[(name, "vanilla")], results[(name, "divopd")]
+        over = ", ".join(f"{k.split('.')[-1]}={x}" for k, x in VARIANTS[name].items()) or "(the setting)"
+        print(f"| {name} | {over} | {v['candidate_rollouts']:.1f} / {d['candidate_rollouts']:.1f} "
+              f"| {v['effective_rollouts']:.1f} / {d['effective_rollouts']:.1f} "
+              f"| {v['max_rollout_share']:.2f} / {d['max_rollout_share']:.2f} | {d['arrival_drain']:.2f} "
+              f"| {d['expired_share']:.0%} | {v['sr_start']:.0%} → {v['sr_end']:.0%} / {d['sr_end']:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
