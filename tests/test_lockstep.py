@@ -64,6 +64,16 @@ def test_env_steps_per_update_sets_the_producer_load(tiny_models: dict[str, str]
     assert_ledger_identity(summary["ledger"])
     rows = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "update"]
     assert [r["update"] for r in rows] == list(range(1, 7))
+    # producer load (Table 2): turns received per poll (one learner step of production) ÷ B; arrival/drain divides by
+    # the updates taken, so it cannot fall below 1 where the learner had to wait
+    polls, received = summary["producer_intervals"], summary["ledger"]["received"]
+    assert summary["producer_load"] == pytest.approx(received / (polls * 6))
+    assert rows[-1]["queue/producer_load"] == pytest.approx(summary["producer_load"])
+    assert summary["arrival_drain_ratio"] >= 1
+    if steps == 3:  # 3 turns per poll at most, B = 6: the learner waits
+        assert summary["producer_load"] <= 0.5 and polls > summary["updates"]
+    else:
+        assert summary["producer_load"] > 1
 
 
 def test_turn_enqueue_queues_every_student_step_at_once_and_stays_deterministic(

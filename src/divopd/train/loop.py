@@ -115,6 +115,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                 runtime.check_alive()
                 trainer.intake(runtime.poll(timeout=0.5))
                 continue
+            trainer.count_production(getattr(runtime, "producer_intervals", None))
             metrics = trainer.update(batch)
             # publish: explorers load the new weights at their next rollout boundary, so a rollout's turns may
             # carry older versions than the learner's (the staleness the gate bounds by δ)

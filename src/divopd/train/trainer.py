@@ -65,6 +65,8 @@ class RunState:
     teacher_turns: int = 0
     elapsed_s: float = 0.0
     sessions: int = 0
+    #: learner-step intervals of production so far (lockstep: its polls; see :meth:`Trainer.count_production`)
+    producer_intervals: int = 0
     eval_history: list[dict[str, float]] = field(default_factory=list)
     #: :class:`~divopd.sampling.paper_diagnostics.RunDiagnostics` state (Table 16 counters, Figure 6 EMA)
     diagnostics: dict[str, Any] = field(default_factory=dict)
@@ -93,6 +95,7 @@ class Trainer:
         self._published: WeightHandle | None = None
         self.publish_s = 0.0
         self.weight_load_s = 0.0  # the newest explorer-side weight load, as the arriving rollouts report it
+        self._intervals_seen: int | None = None  # the runtime's interval counter at the last count_production
 
     # ------------------------------------------------------------------ 1. intake
     def intake(self, rollouts: list[Rollout]) -> int:
@@ -151,6 +154,8 @@ class Trainer:
             metrics[f"ledger/expired/{reason}"] = float(count)
         metrics["queue/arrivals"] = float(self._arrived_since_update)
         metrics["queue/arrival_drain_ratio"] = self.arrival_drain_ratio()
+        if self.state.producer_intervals:
+            metrics["queue/producer_load"] = self.producer_load()
         metrics["explorer/rollouts"] = float(self.state.rollouts)
         metrics["explorer/turns"] = float(self.state.turns)
         metrics["explorer/success_rate_train"] = self.state.successes / max(1, self.state.rollouts)
@@ -183,6 +188,21 @@ class Trainer:
     def arrival_drain_ratio(self) -> float:
         """Producer load: turns received ÷ turns the learner has drained (updates × B)."""
         return self.sampler.ledger["received"] / max(1, self.learner.version * self.cfg.sampler.batch_size)
+
+    def count_production(self, intervals: int | None) -> None:
+        """Take the runtime's count of learner-step intervals of production (``None``: the runtime has none)."""
+        if intervals is None:
+            return
+        self.state.producer_intervals += intervals - (self._intervals_seen or 0)
+        self._intervals_seen = intervals
+
+    def producer_load(self) -> float | None:
+        """The paper's producer load (Table 2), arrival rate ÷ the learner's drain rate: turns received per
+        learner-step interval of production, ÷ B. Unlike :meth:`arrival_drain_ratio` (per update taken, so ≥ 1 when
+        the learner waits), it falls below 1 when the producer is slower than the learner. ``None`` without intervals
+        (only the lockstep runtime counts them: one per ``env_steps_per_update`` steps)."""
+        n = self.state.producer_intervals
+        return self.sampler.ledger["received"] / (n * self.cfg.sampler.batch_size) if n else None
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
@@ -253,6 +273,7 @@ class Trainer:
             "rollouts": self.state.rollouts,
             "turns": self.state.turns,
             "arrival_drain_ratio": self.arrival_drain_ratio(),
+            "producer_load": self.producer_load(),
             "peak_sr": peak_sr(srs),
             "final_five_sr": five[0] if five else None,
             "final_five_sr_std": five[1] if five else None,

@@ -41,6 +41,7 @@ COMPOSITION = (
     ("mean_staleness", "sampler/mean_staleness", "mean"),
     ("disagreement_std_across_rollouts", "sampler/disagreement_std_across_rollouts", "mean"),
     ("arrival_drain_ratio", "queue/arrival_drain_ratio", "mean"),
+    ("producer_load", "queue/producer_load", "last"),
     ("expired", "ledger/expired", "last"),
     ("received", "ledger/received", "last"),
 )
@@ -77,6 +78,7 @@ COMPOSITION_LABELS = {
     "mean_staleness": "staleness",
     "disagreement_std_across_rollouts": "disagr. std",
     "arrival_drain_ratio": "arrival/drain",
+    "producer_load": "producer load",
     "expired": "expired",
     "expired_fraction": "expired/recv.",
 }

@@ -7,7 +7,11 @@ enter the queue when it ends (``explorer.enqueue: turn``: every round's turns at
 episode with the newest published weights, so policy lag arises as in the asynchronous runtimes, but at a rate the
 config fixes instead of the machine's speed.
 
-    producer load (arrival/drain) ≈ env_steps_per_update × (student turns per env step) / B
+    producer load ≈ env_steps_per_update × (student turns per env step) / B
+
+measured as ``queue/producer_load`` (turns received per poll ÷ B: the paper's arrival rate ÷ drain rate, below 1 when
+the learner has to wait for turns); ``queue/arrival_drain_ratio`` divides by the updates taken instead, so it stays
+≥ 1 when the learner waits.
 
 Evaluation runs in place, when requested, on its own student copy. With the same config and seed, two runs give
 the same learner series and experience log (on the same machine and torch build: float kernels differ across CPU
@@ -46,10 +50,13 @@ class LockstepRuntime:
         self._next = 0  # the explorer whose turn it is
         self._budget = 0  # env steps owed (negative: steps taken ahead)
         self.env_steps = 0
+        #: polls so far: each is one learner step's worth of production (the trainer's ``queue/producer_load``)
+        self.producer_intervals = 0
 
     def poll(self, timeout: float) -> list[Rollout]:
         """Advance the env instances by ``env_steps_per_update`` steps; return the rollouts that ended."""
         self._budget += self.cfg.runtime.lockstep.env_steps_per_update
+        self.producer_intervals += 1
         out: list[Rollout] = []
         while self._budget > 0:
             explorer = self._explorers[self._next]
@@ -92,7 +99,7 @@ class LockstepRuntime:
     def close(self, interrupted: bool) -> dict[str, Any]:
         if self._evaluator is not None:
             self._evaluator.close()
-        return {"env_steps": self.env_steps}
+        return {"env_steps": self.env_steps, "producer_intervals": self.producer_intervals}
 
 
 def run_lockstep(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
