@@ -113,7 +113,11 @@ METRICS: list[tuple[str, str, str]] = [
      "`pending_overflow`)."),
     # queue and explorers
     ("queue/arrivals", "update", "Turns that arrived since the previous update."),
-    ("queue/arrival_drain_ratio", "update", "Turns arrived per update ÷ B: the producer load."),
+    ("queue/arrival_drain_ratio", "update", "Turns received ÷ (updates taken × B), over the run so far (≥ 1 "
+     "whenever the learner had to wait for turns)."),
+    ("queue/producer_load", "update", "Lockstep only: turns received per learner-step interval of production (one "
+     "poll of `runtime.lockstep.env_steps_per_update` steps) ÷ B, over the run so far: the paper's Table 2 ratio, "
+     "below 1 when the learner waits."),
     ("explorer/rollouts", "update", "Rollouts received so far."),
     ("explorer/turns", "update", "Student turns received so far."),
     ("explorer/success_rate_train", "update", "Share of received training rollouts that succeeded."),
@@ -207,11 +211,13 @@ SUMMARY: list[tuple[str, str]] = [
     ("rollouts", "Rollouts received."),
     ("turns", "Student turns received."),
     ("arrival_drain_ratio", "Turns arrived per update ÷ B over the run."),
+    ("producer_load", "Lockstep: turns received per poll ÷ B over the run (`queue/producer_load`); null otherwise."),
     ("peak_sr", "Highest `eval/success_rate` (0–1)."),
     ("final_five_sr", "Mean `eval/success_rate` over the last five evaluations."),
     ("final_five_sr_std", "Its population std over those evaluations."),
     ("interrupted", "True when a Ctrl-C/SIGTERM (or a second Ctrl-C) stopped the run."),
     ("env_steps", "Environment steps taken by the explorers (runtime-reported)."),
+    ("producer_intervals", "Lockstep: polls of `env_steps_per_update` env steps (runtime-reported)."),
 ]
 
 
@@ -272,7 +278,8 @@ def metrics_page() -> str:
         "\n`divopd report` reads `eval/success_rate`, `learner/tokens_total`, `learner/compute_s_total` and the "
         "batch-composition keys (`sampler/effective_rollouts`, `sampler/max_rollout_share`, `sampler/dead_rows`, "
         "`sampler/mean_staleness`, `sampler/disagreement_std_across_rollouts`, `queue/arrival_drain_ratio`, "
-        "`ledger/expired`, `ledger/received`), and the diagnostics of the paper's tables (`sampler/turns_per_rollout`, "
+        "`queue/producer_load`, `ledger/expired`, `ledger/received`), and the diagnostics of the paper's tables "
+        "(`sampler/turns_per_rollout`, "
         "`sampler/kl_per_token`, `learner/compute_s`, `sampler/teacher_tokens_per_trained_token`, "
         "`sampler/disagreement_std_ema`; see the report guide).\n",
     ])
