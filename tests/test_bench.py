@@ -161,6 +161,9 @@ def _bad(**changes):
     ("data", "message"),
     [
         (_bad(methods=[{"method": "nosuch"}]), r"method 'nosuch' has no config configs/tiny/nosuch.yaml"),
+        # rows are looked up in the plan's own settings folder
+        (_bad(configs="coin4", methods=[{"method": "nosuch"}]), r"no config configs/coin4/nosuch.yaml; known: .*nocap"),
+        (_bad(sweeps__cap__method="nosuch"), r"method 'nosuch' has no config configs/tiny/nosuch.yaml"),
         (_bad(methods=[{"method": "divopd"}, {"method": "divopd"}]), r"method labels repeat: \['divopd'\]"),
         (_bad(sweeps__cap__setting="zz"), r"cap sweep: setting 'zz' is not in settings"),
         (_bad(sweeps__load__setting="zz"), r"load sweep: setting 'zz' is not in settings"),

@@ -35,10 +35,11 @@ def _check_name(name: str, what: str) -> None:
         raise ValueError(f"{what} {name!r}: use a plain name without '/', '~', spaces or a leading '.'")
 
 
-def _check_method(method: str) -> None:
-    if not (CONFIGS / f"{method}.yaml").is_file():
-        known = sorted(p.stem for p in CONFIGS.glob("*.yaml") if not p.stem.startswith("_"))
-        raise ValueError(f"method {method!r} has no config configs/tiny/{method}.yaml; known: {', '.join(known)}")
+def _check_method(method: str, configs: Path = CONFIGS) -> None:
+    if not (configs / f"{method}.yaml").is_file():
+        known = sorted(p.stem for p in configs.glob("*.yaml") if not p.stem.startswith("_"))
+        raise ValueError(f"method {method!r} has no config configs/{configs.name}/{method}.yaml; "
+                         f"known: {', '.join(known)}")
 
 
 class PlanSetting(_Strict):
@@ -48,7 +49,8 @@ class PlanSetting(_Strict):
 
 
 class PlanMethod(_Strict):
-    """One method row: a config method (configs/tiny/<method>.yaml), its label (default: the method), overrides."""
+    """One method row: a config method (configs/<plan configs>/<method>.yaml), its label (default: the method),
+    overrides."""
 
     method: str
     label: str | None = None
@@ -61,7 +63,6 @@ class PlanMethod(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> PlanMethod:
-        _check_method(self.method)
         _check_name(self.name, "method label")
         return self
 
@@ -86,7 +87,6 @@ class CapSweep(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> CapSweep:
-        _check_method(self.method)
         if any(k < 1 for k in self.values):
             raise ValueError(f"cap sweep: every k must be >= 1, got {self.values}")
         if len(set(self.values)) != len(self.values):
@@ -127,6 +127,8 @@ class Plan(_Strict):
         if self.configs not in RECIPES:
             raise ValueError(f"configs {self.configs!r}: its models have no recipe in divopd.suite.models "
                              f"(known: {', '.join(RECIPES)})")
+        for method in [m.method for m in self.methods] + ([self.sweeps.cap.method] if self.sweeps.cap else []):
+            _check_method(method, self.config_dir)  # every row's config, in this plan's settings folder
         for what, seeds in (("seeds", self.seeds), ("load sweep: seeds", self.sweeps.load and self.sweeps.load.seeds),
                             ("cap sweep: seeds", self.sweeps.cap and self.sweeps.cap.seeds),
                             *((f"method {m.name}: seeds", m.seeds) for m in self.methods)):
@@ -166,7 +168,7 @@ class PlannedRun:
     setting: str  # the plan setting it is built on
     group: str  # report group (<out>/<group>/...)
     label: str  # method row in its group's report
-    method: str  # config method (configs/tiny/<method>.yaml)
+    method: str  # config method (configs/<plan configs>/<method>.yaml)
     seed: int
     overrides: tuple[str, ...]  # KEY=VALUE, setting's then method's then sweep point's
     main: PlannedRun | None = None  # a sweep point identical to this main run: trained and stored once, there
