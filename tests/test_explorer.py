@@ -74,7 +74,11 @@ def test_truncated_turns_keep_their_teacher_scores_when_not_dead():
 
 def test_collect_carries_in_flight_rollouts_over_and_ids_never_repeat():
     with make_explorer() as explorer:
-        first, second = explorer.collect(3), explorer.collect(3)
+        # the random student runs all 3 instances to the step limit together: 3 rollouts end in one round, and a
+        # rollout is scored and counted only when collect takes it (the other two wait in the stream)
+        (one,) = explorer.collect(1)
+        assert explorer.stats()["explorer/rollouts"] == 1 and one.info["hit_step_limit"]
+        first, second = [one, *explorer.collect(2)], explorer.collect(3)
         stats = explorer.stats()
     ids = [r.info["rollout_id"] for r in first + second]
     assert len(set(ids)) == 6

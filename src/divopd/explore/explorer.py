@@ -130,8 +130,7 @@ class Explorer:
     # ------------------------------------------------------------------ runtime-facing API
     def collect(self, num_rollouts: int) -> list[Rollout]:
         """The next ``num_rollouts`` finished rollouts (in-flight rollouts carry over to the next call)."""
-        stream = self.rollouts()
-        return [next(stream) for _ in range(num_rollouts)]
+        return [next(self.rollouts()) for _ in range(num_rollouts)]  # one stream per explorer: the same each call
 
     def rollouts(self) -> Iterator[Rollout]:
         """Endless stream of finished rollouts from the training split, in the order they end.
@@ -144,14 +143,15 @@ class Explorer:
             self._rollout_iter = self._rollout_stream()
         return self._rollout_iter
 
-    def _rollout_stream(self) -> Iterator[Rollout]:
+    def _rollout_stream(self) -> Iterator[Rollout]:  # each rollout is built (scored, counted) only when taken
         self._apply_pending_weights()
         if not self._envs:
             self._envs = [self._new_env() for _ in range(self.config.num_envs)]
         for ended, stepped in self._rounds(self._envs, self._train_task_stream(), evaluating=False):
-            yield from self._queue_round(ended, stepped)
-            if ended:  # between rollouts: the next turns use the newest published weights
-                self._apply_pending_weights()
+            for rollout in self._queue_round(ended, stepped):
+                yield rollout
+                if ended:  # between rollouts: the next turns use the newest published weights
+                    self._apply_pending_weights()
 
     def set_weights(self, handle: WeightHandle) -> None:
         """Queue a published weight handle (``.version``, ``.load_into(model)``); loaded at the next rollout boundary.
@@ -208,9 +208,8 @@ class Explorer:
 
     def stats(self) -> dict[str, float]:
         """Cumulative counters, namespaced ``explorer/...`` (rollouts, turns, env_crashes, teacher_failures, ...)."""
-        out = {f"explorer/{k}": v for k, v in self._stats.items()}
-        out["explorer/policy_version"] = float(self.policy_version)
-        return out
+        stats = {f"explorer/{k}": v for k, v in self._stats.items()}
+        return stats | {"explorer/policy_version": float(self.policy_version)}
 
     def close(self) -> None:
         """Close every env instance (ends their JVMs)."""
@@ -242,7 +241,7 @@ class Explorer:
                 self._envs = [self._new_env() for _ in range(self.config.num_envs)]
             self._round_iter = self._rounds(self._envs, self._train_task_stream(), evaluating=False)
         ended, stepped = next(self._round_iter)
-        rollouts = self._queue_round(ended, stepped)
+        rollouts = list(self._queue_round(ended, stepped))
         if ended:  # the slots' next episodes start with the newest published weights
             self._apply_pending_weights()
         return rollouts, len(stepped)
@@ -323,19 +322,20 @@ class Explorer:
             last.reward, last.progress, last.score = float(reward), not no_progress, float(info.get("score", 0.0))
         episode.done = bool(done) or episode.steps >= self.config.max_steps
 
-    def _queue_round(self, ended: list[Episode], stepped: list[Episode]) -> list[Rollout]:
-        """The round's queued turns: each ended rollout scored in one teacher pass (``enqueue: rollout``), or every
-        stepped rollout's new student turns scored together in one pass and returned as chunks (``turn``)."""
+    def _queue_round(self, ended: list[Episode], stepped: list[Episode]) -> Iterator[Rollout]:
+        """The round's queued turns, lazily: each ended rollout scored in one teacher pass (``enqueue: rollout``), or
+        every stepped rollout's new student turns scored together in one pass and returned as chunks (``turn``)."""
         if self.config.enqueue == "rollout":
-            return [self._build(e, *self._teacher_scores([s.prompt_ids for s in e.student_steps],
-                                                         [s.response_ids for s in e.student_steps]))
-                    for e in ended]
+            for e in ended:
+                yield self._build(e, *self._teacher_scores([s.prompt_ids for s in e.student_steps],
+                                                           [s.response_ids for s in e.student_steps]))
+            return
         chunks = [e for e in stepped if e.done or len(e.student_steps) > e.queued]
         flat = [s for e in chunks for s in e.student_steps[e.queued:]]
         scores, topk = self._teacher_scores([s.prompt_ids for s in flat], [s.response_ids for s in flat])
         ends = np.cumsum([0] + [len(e.student_steps) - e.queued for e in chunks])
-        return [self._build(e, scores[a:b], topk[a:b], start=e.queued)
-                for e, a, b in zip(chunks, ends[:-1], ends[1:], strict=True)]
+        for e, a, b in zip(chunks, ends[:-1], ends[1:], strict=True):
+            yield self._build(e, scores[a:b], topk[a:b], start=e.queued)
 
     def _build(self, episode: Episode, scores: list, topk: list, start: int = 0) -> Rollout:
         """The Rollout (or chunk) of ``episode``'s student turns ``start:``; an ended rollout is counted."""
