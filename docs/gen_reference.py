@@ -217,7 +217,8 @@ SUMMARY: list[tuple[str, str]] = [
     ("final_five_sr_std", "Its population std over those evaluations."),
     ("interrupted", "True when a Ctrl-C/SIGTERM (or a second Ctrl-C) stopped the run."),
     ("env_steps", "Environment steps taken by the explorers (runtime-reported)."),
-    ("producer_intervals", "Lockstep: polls of `env_steps_per_update` env steps (runtime-reported)."),
+    ("producer_intervals", "Lockstep: polls of `env_steps_per_update` env steps up to the last update, across "
+     "resumes (the denominator of `producer_load`); 0 under the other runtimes."),
 ]
 
 

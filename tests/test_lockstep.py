@@ -93,3 +93,4 @@ def test_turn_enqueue_queues_every_student_step_at_once_and_stays_deterministic(
     assert ended and running
     last = [r for r in read_metrics(tmp_path / "a") if r["kind"] == "update"][-1]
     assert last["explorer/rollouts"] == len(ended)
+

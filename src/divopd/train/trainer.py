@@ -274,6 +274,7 @@ class Trainer:
             "turns": self.state.turns,
             "arrival_drain_ratio": self.arrival_drain_ratio(),
             "producer_load": self.producer_load(),
+            "producer_intervals": self.state.producer_intervals,
             "peak_sr": peak_sr(srs),
             "final_five_sr": five[0] if five else None,
             "final_five_sr_std": five[1] if five else None,

@@ -99,7 +99,7 @@ class LockstepRuntime:
     def close(self, interrupted: bool) -> dict[str, Any]:
         if self._evaluator is not None:
             self._evaluator.close()
-        return {"env_steps": self.env_steps, "producer_intervals": self.producer_intervals}
+        return {"env_steps": self.env_steps}
 
 
 def run_lockstep(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
