@@ -352,6 +352,24 @@ def test_resume_truncates_rows_after_the_checkpoint_and_crashed_parts(tmp_path):
     assert (d / "part-000003.parquet.unreadable").exists()
 
 
+def test_requeued_rows_are_logged_at_the_checkpoints_update_and_new_rows_follow_them(tmp_path):
+    from divopd.experience.log import requeue_at_update
+
+    d = tmp_path / "experience"
+    with ExperienceLogWriter(d, rows_per_file=3) as w:
+        for i in range(8):
+            w.append(make_turn(f"r{i}"), arrival_update=i // 2)  # updates 0 0 1 1 2 2 3 3
+    # resumed at update 1 with arrivals 3.. queued again: 3 stays at 1, 4..7 arrived at 1 in the resumed run
+    assert requeue_at_update(d, first_arrival=3, update=1) == 4
+    assert requeue_at_update(d, first_arrival=3, update=1) == 0
+    with ExperienceLogWriter(d) as w:
+        w.append(make_turn("next"), arrival_update=1)
+    back = list(read_log(d))
+    assert [b.arrival_update for b in back] == [0, 0, 1, 1, 1, 1, 1, 1, 1]
+    assert [b.turn.rollout_id for b in back] == [f"r{i}" for i in range(8)] + ["next"]
+    assert pq.read_schema(d / "part-000001.parquet") == pq.read_schema(d / "part-000000.parquet")
+
+
 def test_require_ids_rejects_logs_without_token_ids(tmp_path):
     write_log(tmp_path / "no-ids.parquet", [make_turn()])
     assert len(list(read_log(tmp_path / "no-ids.parquet"))) == 1  # fine for replay

@@ -35,6 +35,7 @@ from divopd.experience.log import (
     ExperienceLogWriter,
     log_files,
     read_log,
+    requeue_at_update,
     set_aside_unreadable_parts,
     truncate_log,
 )
@@ -341,7 +342,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         for part in set_aside_unreadable_parts(log_dir):
             log.warning("experience log: set aside unfinished part %s", part.name)
         if ckpt is not None and cfg.log_token_ids:
-            requeued = _requeue_logged_turns(log_dir, sampler, RunDiagnostics(state.diagnostics))
+            requeued = _requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics))
             state.turns += requeued
             if requeued:
                 log.info("resume: %d logged turns past the checkpoint queued again", requeued)
@@ -367,14 +368,18 @@ def _ranks_factory(cfg: TrainConfig) -> Any:
     return ray_ranks(cfg)
 
 
-def _requeue_logged_turns(log_dir: Path, sampler: Sampler, paper: RunDiagnostics | None = None) -> int:
+def _requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics | None = None) -> int:
     """Queue again the turns logged after the checkpoint (arrival >= the sampler's next arrival number); ``paper``
-    counts them as received (their teacher-scored tokens), as :meth:`Trainer.intake` did before the restart."""
+    counts them as received (their teacher-scored tokens), as :meth:`Trainer.intake` did before the restart. The log
+    then records them as arriving at the checkpoint's update ``version`` (:func:`requeue_at_update`), where the
+    resumed run queued them, so the turns it logs next keep ``arrival_update`` non-decreasing."""
     start = sampler.ledger["received"]  # arrivals are numbered 0, 1, ... so this is the next one
     try:
         files = log_files(log_dir)
     except ExperienceLogError:
         return 0
+    if requeue_at_update(log_dir, start, version):
+        files = log_files(log_dir)
     n = 0
     for f in files:
         arrivals = pq.read_table(f, columns=["arrival"]).column("arrival").to_numpy()

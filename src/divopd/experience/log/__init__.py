@@ -37,7 +37,7 @@ The package: :mod:`~divopd.experience.log.schema` (columns, :class:`ExperienceLo
 
 from __future__ import annotations
 
-from divopd.experience.log.parts import log_files, truncate_log
+from divopd.experience.log.parts import log_files, requeue_at_update, truncate_log
 from divopd.experience.log.parts import set_aside_unreadable_parts as set_aside_unreadable_parts
 from divopd.experience.log.reader import batch_to_turns as batch_to_turns
 from divopd.experience.log.reader import iter_record_batches, read_log, row_to_turn
@@ -68,6 +68,7 @@ __all__ = [
     "log_files",
     "read_log",
     "row_to_turn",
+    "requeue_at_update",
     "truncate_log",
     "turn_to_row",
     "validate_batch",

@@ -1,11 +1,13 @@
 """The files of a directory log: listing its ``part-*.parquet`` files in order, setting aside parts a crash left
-unreadable, and truncating the log at an arrival number (resuming from a checkpoint)."""
+unreadable, and, on a resume from a checkpoint, truncating the log at an arrival number or logging the turns queued
+again as arriving at the checkpoint's update."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -67,3 +69,32 @@ def truncate_log(path: str | os.PathLike, first_dropped_arrival: int) -> int:
         pq.write_table(table, tmp, compression="zstd")
         tmp.replace(part)
     return dropped
+
+
+def requeue_at_update(path: str | os.PathLike, first_arrival: int, update: int) -> int:
+    """Log the rows with ``arrival >= first_arrival`` as entering the queue at learner update ``update`` at most (their
+    ``arrival_update`` is lowered to ``update``); returns the rows changed.
+
+    On a resume from a checkpoint at update ``update``, the turns logged after the checkpoint are queued again before
+    the resumed run's first step: in the resumed run they entered the queue at ``update``, not at the later update of
+    the lost session, and the resumed run's new turns (logged at ``update`` and on) must not precede them.
+    """
+    d = Path(path)
+    if not d.is_dir():
+        raise ExperienceLogError(f"{d}: requeue_at_update works on a directory of part files")
+    changed = 0
+    for part in sorted(f for f in d.iterdir() if PART_PATTERN.match(f.name)):
+        cols = pq.read_table(part, columns=["arrival", "arrival_update"])
+        arrivals = cols.column("arrival").to_numpy()
+        updates = cols.column("arrival_update").to_numpy()
+        late = (arrivals >= first_arrival) & (updates > update)
+        if not late.any():
+            continue
+        changed += int(late.sum())
+        table = pq.read_table(part)
+        i = table.schema.get_field_index("arrival_update")
+        table = table.set_column(i, table.schema.field(i), pa.array(np.where(late, update, updates), type=pa.int64()))
+        tmp = part.with_name(part.name + ".tmp")
+        pq.write_table(table, tmp, compression="zstd")
+        tmp.replace(part)
+    return changed
