@@ -7,14 +7,15 @@ docs/results/demo.md as numbers). Only runs that reached the last evaluation cou
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
+from divopd.analysis.report.load import load_run
+
 
 def curve(run_dir: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {int(r["update"]): 100 * float(r["eval/success_rate"]) for r in rows if r["kind"] == "eval"}
+    """Held-out SR (percent) per evaluated update of one run, read as ``divopd report`` reads it."""
+    return {e.update: e.sr for e in load_run(run_dir).evals}
 
 
 def main() -> None:

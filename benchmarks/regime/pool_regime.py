@@ -17,9 +17,10 @@ Runs that already have a summary.json in ``--out`` are read, not retrained.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
+
+from divopd.analysis.report.load import load_run
 
 #: variant name -> config overrides of configs/coin4 (on top of updates=20, eval.every=20)
 VARIANTS: dict[str, dict[str, object]] = {
@@ -28,6 +29,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "envs64": {"explorer.num_envs": 64},
     "steps6": {"explorer.max_steps": 6},  # shorter failures
     "turn32": {"explorer.num_envs": 32, "explorer.enqueue": "turn"},  # every round's turns queued at once
+    "pool8": {"sampler.pool_factor": 8},  # c = 8: 256 candidates (the paper's c is 4)
 }
 METHODS = ("vanilla", "divopd")
 SKIP = 5
@@ -42,9 +44,9 @@ def train_variant(configs: Path, method: str, overrides: dict[str, object], run_
 
 
 def measure(run_dir: Path) -> dict[str, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    ups = [r for r in rows if r["kind"] == "update"]
-    evals = [r["eval/success_rate"] for r in rows if r["kind"] == "eval"]
+    run = load_run(run_dir)
+    ups = run.updates
+    evals = [e.sr / 100 for e in run.evals]
     tail = ups[SKIP:]
 
     def mean(key: str) -> float:
