@@ -65,7 +65,7 @@ def test_regime_plan_is_the_issue_17_study() -> None:
     cfg = bench.run_config(next(r for r in runs if r.label == "divopd"), plan, Path("out"), models)
     assert cfg.runtime.kind == "lockstep" and cfg.explorer.env_kwargs["params"].startswith("numLocations=4")
     ctx = bench.run_config(next(r for r in runs if r.group == "coin4-ctx"), plan, Path("out"), models)
-    assert ctx.explorer.prompt.max_prompt_tokens == 350 and ctx.explorer.truncated_turns_dead
+    assert ctx.explorer.prompt.max_prompt_tokens == 370 and ctx.explorer.truncated_turns_dead
 
 
 def test_a_method_row_can_have_its_own_seeds(tmp_path) -> None:
