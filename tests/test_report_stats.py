@@ -93,3 +93,12 @@ def test_paired_tests_pair_by_seed_and_name_the_controls() -> None:
     t = tests[0]
     assert (t["method"], t["against"], t["metric"], t["seeds"]) == ("divopd", "vanilla", "nauc", [0, 1, 2])
     assert t["w_plus"] == 6 and t["p_value"] == pytest.approx(2 / 8)
+
+
+def test_the_gate_is_tested_as_vanilla_pool_against_the_baseline() -> None:
+    def entry(naucs: dict[int, float]) -> dict:
+        return {"seeds": [{"seed": s, "nauc": v, "tokens_to_target": None} for s, v in naucs.items()]}
+
+    tests = paired_tests({"vanilla": entry({0: 10.0, 1: 20.0}), "vanilla-pool": entry({0: 11.0, 1: 22.0})}, "vanilla")
+    assert [(t["method"], t["against"], t["question"]) for t in tests] == [
+        ("vanilla-pool", "vanilla", "the validity gate")]

@@ -68,6 +68,7 @@ PAIRED_TESTS: tuple[tuple[str, str | None, str], ...] = (
     ("divopd-base", "nocap", "the cap"),
     ("divopd", "divopd-base", "focus"),
     ("divopd-base", "vanilla-pool", "selection with the same candidates"),
+    ("vanilla-pool", None, "the validity gate"),
 )
 #: Per-seed metrics the paired tests compare: (seed_metrics key, label).
 PAIRED_METRICS = (("nauc", "nAUC"), ("tokens_to_target", "tokens-to-τ"))
