@@ -46,6 +46,16 @@ def test_shipped_plan_is_valid_and_covers_the_issue() -> None:
     assert len({r.key for r in runs}) == len(runs)  # no two runs share a directory
 
 
+def test_the_index_counts_a_sweep_point_shared_with_a_main_run_once(tmp_path) -> None:
+    plan = load_plan(Path(bench.DEFAULT_PLAN).parents[1] / "regime" / "plan.yaml")
+    runs = plan_runs(plan)
+    shared = [r for r in runs if r.main is not None]  # the cap sweep's k = 4 points are the main divopd runs
+    assert shared and all(r.run_dir(tmp_path) == r.main.run_dir(tmp_path) for r in shared)
+    text = bench.write_reports(runs, plan, tmp_path).read_text()
+    assert (f"Plan: {len(runs) - len(shared)} runs; runs in `{tmp_path}` ({len(shared)} sweep points are main runs, "
+            "and appear in both groups).") in text
+
+
 def test_regime_plan_is_the_issue_17_study() -> None:
     """benchmarks/regime/plan.yaml: configs/coin4, >= 10 seeds for the five controlled rows, >= 5 for the others,
     two settings, a load sweep with three points and the cap sweep; its configs are the coin4 folder's."""
@@ -285,6 +295,7 @@ def test_reports_relabel_variants_into_their_group(tmp_path) -> None:
     assert set(rep["settings"]["a"]["methods"]) == {"vanilla", "divopd-tokens"}
     assert (out / "report" / "a-cap" / "report.md").is_file()
     text = index.read_text()
+    assert f"Plan: {len(runs)} runs; runs in `{out}`." in text  # no sweep point is a main run here
     assert "[a](a/report.md): 2 runs (2 finished), baseline vanilla" in text
     assert "[a-cap](a-cap/report.md): 2 runs (2 finished), baseline divopd-k2" in text
     assert "- a: no finished vanilla run with an experience log yet" in text

@@ -48,7 +48,11 @@ def write_reports(runs: list[PlannedRun], plan: Plan, out: Path) -> Path:
     report_dir = out / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
     groups = _group_runs(runs, out)
-    index = ["# Paper benchmark suite", "", f"Plan: {len(runs)} runs; runs in `{out}`.", ""]
+    distinct = len(dict.fromkeys(r.run_dir(out) for r in runs))  # a sweep point shared with a main run counts once
+    shared = len(runs) - distinct
+    index = ["# Paper benchmark suite", "",
+             f"Plan: {distinct} runs; runs in `{out}`"
+             + (f" ({shared} sweep points are main runs, and appear in both groups)." if shared else "."), ""]
     for group, pairs in groups.items():
         labels = [r.label for r, _ in pairs]
         baseline = "vanilla" if "vanilla" in labels else labels[0]
