@@ -95,7 +95,6 @@ def test_turn_enqueue_queues_every_student_step_at_once_and_stays_deterministic(
     assert last["explorer/rollouts"] == len(ended)
 
 
-
 def test_a_resume_from_an_earlier_checkpoint_requeues_the_later_turns_at_its_update(
         tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """As after kill -9 past update 3: the newest checkpoint and the summary are gone, --resume redoes updates 4–6.

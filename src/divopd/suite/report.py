@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from divopd.suite.plan import Plan, PlannedRun
-from divopd.suite.runs import run_state
+from divopd.suite.runs import distinct_run_dirs, run_state
 
 
 def _group_runs(runs: list[PlannedRun], out: Path) -> dict[str, list[tuple[PlannedRun, Any]]]:
@@ -48,7 +48,7 @@ def write_reports(runs: list[PlannedRun], plan: Plan, out: Path) -> Path:
     report_dir = out / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
     groups = _group_runs(runs, out)
-    distinct = len(dict.fromkeys(r.run_dir(out) for r in runs))  # a sweep point shared with a main run counts once
+    distinct = len(distinct_run_dirs(runs, out))
     shared = len(runs) - distinct
     index = ["# Paper benchmark suite", "",
              f"Plan: {distinct} runs; runs in `{out}`"

@@ -46,6 +46,11 @@ def run_config(r: PlannedRun, plan: Plan, out: Path, models: dict[str, Path]):  
     return load_config(plan.config_dir / f"{r.method}.yaml", [*r.overrides, *fixed])
 
 
+def distinct_run_dirs(runs: list[PlannedRun], out: Path) -> list[Path]:
+    """The run directories of ``runs`` in plan order, each once: a sweep point shared with a main run is that run."""
+    return list(dict.fromkeys(r.run_dir(out) for r in runs))
+
+
 def dry_run_text(runs: list[PlannedRun], out: Path) -> str:
     """The plan as text: one line per run with its state, then counts."""
     lines = []
@@ -54,7 +59,7 @@ def dry_run_text(runs: list[PlannedRun], out: Path) -> str:
         extra = " ".join(r.overrides)
         shared = f"  (= main run {r.main.key})" if r.main is not None else ""
         lines.append(f"{state:7s} {r.run_dir(out)}  [{r.method}{' ' + extra if extra else ''}]{shared}")
-    dirs = dict.fromkeys(r.run_dir(out) for r in runs)  # a sweep point shared with a main run counts once
+    dirs = distinct_run_dirs(runs, out)
     counts = {s: sum(run_state(d) == s for d in dirs) for s in ("done", "partial", "todo")}
     lines.append(f"{len(dirs)} runs: {counts['done']} done, {counts['partial']} to resume, {counts['todo']} to start")
     return "\n".join(lines)

@@ -378,8 +378,7 @@ def _requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: 
         files = log_files(log_dir)
     except ExperienceLogError:
         return 0
-    if requeue_at_update(log_dir, start, version):
-        files = log_files(log_dir)
+    requeue_at_update(log_dir, start, version)  # rewrites parts in place: the same files
     n = 0
     for f in files:
         arrivals = pq.read_table(f, columns=["arrival"]).column("arrival").to_numpy()

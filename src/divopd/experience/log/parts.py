@@ -64,10 +64,7 @@ def truncate_log(path: str | os.PathLike, first_dropped_arrival: int) -> int:
         if not keep.any():
             part.unlink()
             continue
-        table = pq.read_table(part).filter(pa.array(keep))
-        tmp = part.with_name(part.name + ".tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        tmp.replace(part)
+        _replace_part(part, pq.read_table(part).filter(pa.array(keep)))
     return dropped
 
 
@@ -93,8 +90,14 @@ def requeue_at_update(path: str | os.PathLike, first_arrival: int, update: int) 
         changed += int(late.sum())
         table = pq.read_table(part)
         i = table.schema.get_field_index("arrival_update")
-        table = table.set_column(i, table.schema.field(i), pa.array(np.where(late, update, updates), type=pa.int64()))
-        tmp = part.with_name(part.name + ".tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        tmp.replace(part)
+        _replace_part(part, table.set_column(i, table.schema.field(i),
+                                             pa.array(np.where(late, update, updates), type=pa.int64())))
     return changed
+
+
+def _replace_part(part: Path, table: pa.Table) -> None:
+    """Rewrite one part file with ``table``: written beside it, then renamed over it, so a crash leaves one or the
+    other whole."""
+    tmp = part.with_name(part.name + ".tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    tmp.replace(part)
