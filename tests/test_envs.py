@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from divopd.explore.envs import SPLITS, EnvCrash, ProgressTracker, make_env
@@ -151,6 +153,40 @@ def test_twx_killed_jvm_is_an_env_crash():
             env.step("look around")
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("closed", [True, False], ids=["closed", "never-closed"])
+def test_twx_env_whose_jvm_died_is_collected_without_py4j_tracebacks(caplog, closed):
+    # py4j's shutdown fails on a dead JVM before it marks its client disconnected; the Java objects still referenced
+    # (here by the EnvCrash's traceback) then tried to reconnect from their finalizers, logging tracebacks at whatever
+    # moment the collector ran (inside another ast.parse, that broke CPython 3.11's traceback formatting)
+    import gc
+
+    env = make_env("twx")
+    env.reset(env.tasks("train")[0])
+    proc = env._env._gateway.java_process
+    proc.kill()
+    proc.wait()
+    with pytest.raises(EnvCrash) as crash:
+        env.step("look around")
+    if closed:
+        env.close()
+    caplog.clear()  # the failed step itself logs; what matters is what the collector does later
+    with caplog.at_level(logging.DEBUG):
+        del env, crash
+        gc.collect()
+    # at DEBUG, py4j logs every failed send to a dead JVM with its traceback
+    assert not [r for r in caplog.records if r.name.startswith("py4j") and r.exc_info]
+
+
+def test_twx_env_dropped_unclosed_with_a_live_jvm_still_ends_it_at_collection():
+    import gc
+
+    env = make_env("twx")
+    proc = env._env._gateway.java_process
+    del env
+    gc.collect()
+    assert proc.wait(timeout=30) is not None
 
 
 def test_twx_rejects_unknown_game_and_bad_task():

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +30,57 @@ def java_opts(opts: str | None = None) -> Iterator[None]:
             os.environ["JAVA_TOOL_OPTIONS"] = old
 
 
+@contextlib.contextmanager
+def _py4j_quiet() -> Iterator[None]:
+    """Silence py4j's logger: its connection errors on a dead JVM come with tracebacks, which are noise here."""
+    names = [n for n in list(logging.root.manager.loggerDict) if n == "py4j" or n.startswith("py4j.")]
+    loggers = [logging.getLogger(n) for n in names or ["py4j"]]
+    old = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True  # per logger: a parent's flag does not stop its children's records
+    try:
+        yield
+    finally:
+        for logger, flag in zip(loggers, old, strict=True):
+            logger.disabled = flag
+
+
+def guard_finalizer(package_env: Any) -> None:
+    """Make the package env's garbage-collection close quiet; call it right after the package env is created.
+
+    The packages' ``__del__`` calls ``close()``, which talks to the JVM over py4j. On an env the adapter never closed
+    whose JVM has died, py4j logs connection errors with tracebacks, at whatever moment the collector runs, e.g. inside
+    another ``ast.parse``, where CPython 3.11's traceback formatting fails ("AST constructor recursion depth
+    mismatch"). The guard runs the package's real ``close`` with py4j's logger silenced and never raises. The gateway
+    shutdown inside it must still happen on a dead JVM: it stops py4j's own object finalizers from sending their
+    release commands to the dead JVM later. :func:`shutdown_gateway` calls the real ``close`` the same way.
+    """
+    ref = weakref.ref(package_env)  # no strong cycle: the env stays collectable by reference counting
+
+    def close_at_collection() -> None:
+        env = ref()
+        if env is not None:
+            _close_quietly(env)
+
+    package_env.close = close_at_collection
+
+
+def _close_quietly(package_env: Any) -> None:
+    """The package's real ``close``, py4j silenced, then the gateway client marked disconnected.
+
+    On a dead JVM py4j's own shutdown fails before it marks its client disconnected, so every Java object still
+    referenced somewhere (an exception's traceback, say) would later try, from its finalizer, to reconnect to the dead
+    JVM and log the failure with a traceback. A disconnected client makes those finalizers no-ops.
+    """
+    with contextlib.suppress(Exception), _py4j_quiet():
+        type(package_env).close(package_env)
+    client = getattr(getattr(package_env, "_gateway", None), "_gateway_client", None)
+    if client is not None:
+        with contextlib.suppress(Exception), _py4j_quiet():
+            client.close()
+        client.is_connected = False
+
+
 def shutdown_gateway(package_env: Any, timeout: float = 5.0) -> None:
     """Close a py4j-backed package env and make sure its JVM process has exited (killed after ``timeout`` s).
 
@@ -36,8 +89,7 @@ def shutdown_gateway(package_env: Any, timeout: float = 5.0) -> None:
     """
     gateway = getattr(package_env, "_gateway", None)
     proc = getattr(gateway, "java_process", None)
-    with contextlib.suppress(Exception):
-        package_env.close()
+    _close_quietly(package_env)
     package_env.close = lambda: None  # the package's __del__ calls close() again
     if proc is not None:
         try:

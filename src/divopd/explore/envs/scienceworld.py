@@ -39,7 +39,7 @@ import random
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from divopd.explore.envs._jvm import java_opts, jvm_alive, shutdown_gateway
+from divopd.explore.envs._jvm import guard_finalizer, java_opts, jvm_alive, shutdown_gateway
 from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult
 
 __all__ = ["PAPER_HELD_OUT_TYPES", "PAPER_TRAIN_TYPES", "SPLIT_SCHEMES", "ScienceWorldEnv", "scienceworld_paper_split",
@@ -147,6 +147,7 @@ class ScienceWorldEnv(Env):
 
         with java_opts(java_opts_str):
             self._env = _PackageEnv(envStepLimit=_NO_LIMIT)
+        guard_finalizer(self._env)
         self._server = self._env.server
         all_names = list(self._env.get_task_names())
         unknown = sorted(set(task_names or []) - set(all_names))
@@ -268,4 +269,6 @@ class ScienceWorldEnv(Env):
             return fn()
         except (Py4JError, ConnectionError, OSError) as exc:
             alive = jvm_alive(self._env)
+            if not alive:
+                self.close()  # a dead JVM does not come back: end the gateway now (no finalizer reaches for it later)
             raise EnvCrash(f"ScienceWorldEnv: JVM call failed (jvm alive={alive}): {exc}") from exc

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from divopd.explore.envs._jvm import java_opts, jvm_alive, shutdown_gateway
+from divopd.explore.envs._jvm import guard_finalizer, java_opts, jvm_alive, shutdown_gateway
 from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult, action_in
 
 __all__ = ["DEFAULT_GAME", "DEFAULT_PARAMS", "TextWorldExpressEnv"]
@@ -48,6 +48,7 @@ class TextWorldExpressEnv(Env):
         self.params = params
         with java_opts(java_opts_str):
             self._env = _PackageEnv(envStepLimit=_NO_LIMIT)
+        guard_finalizer(self._env)
         try:
             self._env.load(game, params)  # raises ValueError on a bad params string
         except Exception:
@@ -133,6 +134,8 @@ class TextWorldExpressEnv(Env):
             return fn()
         except (Py4JError, ConnectionError, OSError) as exc:
             alive = jvm_alive(self._env)
+            if not alive:
+                self.close()  # a dead JVM does not come back: end the gateway now (no finalizer reaches for it later)
             raise EnvCrash(f"TextWorldExpressEnv: JVM call failed (jvm alive={alive}): {exc}") from exc
 
 
