@@ -78,6 +78,24 @@ def test_regime_plan_is_the_issue_17_study() -> None:
     assert ctx.explorer.prompt.max_prompt_tokens == 370 and ctx.explorer.truncated_turns_dead
 
 
+def test_the_twc_plan_is_the_second_game_of_the_study() -> None:
+    """benchmarks/regime/plan-twc.yaml: configs/twc (another game, step limit 5, held-out tasks from the train fold),
+    the same method rows and seed counts as the coin4 study, lockstep."""
+    plan = load_plan(Path(bench.DEFAULT_PLAN).parents[1] / "regime" / "plan-twc.yaml")
+    assert plan.configs == "twc" and plan.cache == "cache/twc"
+    runs = plan_runs(plan)
+    seeds: dict[str, set[int]] = {}
+    for r in runs:
+        seeds.setdefault(r.label, set()).add(r.seed)
+    assert all(len(seeds[label]) >= 10 for label in ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"))
+    assert all(len(seeds[label]) >= 5 for label in ("divopd-r", "tcod-f2b", "turnopd", "top-b"))
+    cfg = bench.run_config(next(r for r in runs if r.label == "divopd"), plan, Path("out"),
+                           {"student": Path("s"), "teacher": Path("t")})
+    assert cfg.runtime.kind == "lockstep" and cfg.explorer.env_kwargs["game"] == "twc"
+    assert cfg.explorer.env_kwargs["dev_from_train"] > 0 and cfg.explorer.eval_split == "dev"
+    assert cfg.explorer.max_steps == 5 and cfg.sampler.batch_size == 32 and cfg.sampler.cap == 4
+
+
 def test_a_method_row_can_have_its_own_seeds(tmp_path) -> None:
     data = json.loads(json.dumps(SMALL))
     data["methods"][0]["seeds"] = [5]

@@ -198,3 +198,27 @@ def test_twx_rejects_unknown_game_and_bad_task():
             env.reset("valid:3")
     finally:
         env.close()
+
+
+def test_twx_dev_from_train_holds_out_the_train_folds_last_seeds():
+    plain = make_env("twx")
+    env = make_env("twx", dev_from_train=100)
+    try:
+        fold = plain.tasks("train")
+        train, dev = env.tasks("train"), env.tasks("dev")
+        assert train == fold[:-100] and dev == fold[-100:] and not set(train) & set(dev)
+        assert env.tasks("test") == plain.tasks("test")
+        assert env.reset(dev[0]) == plain.reset(dev[0])  # a held-out task is the train fold's own game
+        assert plain.tasks("dev")[0].startswith("dev:")
+    finally:
+        env.close()
+        plain.close()
+    for bad in (-1, "3", True):
+        with pytest.raises(ValueError, match="dev_from_train"):
+            make_env("twx", dev_from_train=bad)
+    env = make_env("twx", dev_from_train=len(fold))
+    try:
+        with pytest.raises(ValueError, match="leaves no train task"):
+            env.tasks("train")
+    finally:
+        env.close()

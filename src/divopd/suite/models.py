@@ -10,6 +10,8 @@ recipe (:data:`RECIPES`, keyed by the folder's name); its ``_base.yaml`` uses th
 * ``coin4`` (issue 17's warm start): *coin* with 4 rooms; the teacher clones the observable-state search of
   :mod:`divopd.explore.envs.coin_expert` (600 tasks × 8 epochs; held-out SR ~97% at T = 0.4); the student is a short
   SFT of the same search (150 tasks, one epoch, ~23%) on the teacher's tokenizer.
+* ``twc`` (issue 17's second game): TextWorld Commonsense, one room, one object; held-out tasks are the train fold's
+  last 200 seeds (``dev_from_train``). Teacher and student both clone the gold paths, the student with less training.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class ModelRecipe:
 
 
 _COIN_PROMPT = {"past_observation_max_words": 8}
+_TWC_PARAMS = "numLocations=1,numItemsToPutAway=1,includeDoors=0,limitInventorySize=0"
+_TWC_STUDENT = ("--train-tasks", "550", "--epochs", "3", "--max-steps", "5", "--eval-tasks", "10", "--seed", "1")
 
 RECIPES: dict[str, ModelRecipe] = {
     "tiny": ModelRecipe(
@@ -57,6 +61,12 @@ RECIPES: dict[str, ModelRecipe] = {
         student=("--expert", "explore", "--train-tasks", "150", "--epochs", "1", "--max-steps", "10",
                  "--eval-tasks", "10", "--seed", "1"),
         note="search-expert teacher (600 tasks x 8 epochs, ~3 min), 150-task one-epoch student"),
+    "twc": ModelRecipe(
+        env="twx", env_kwargs={"game": "twc", "params": _TWC_PARAMS, "dev_from_train": 200},
+        prompt=_COIN_PROMPT,
+        teacher=("--train-tasks", "600", "--epochs", "8", "--max-steps", "5", "--eval-tasks", "10", "--seed", "0"),
+        student=_TWC_STUDENT,
+        note="gold-path teacher (600 tasks x 8 epochs, ~3 min), shorter gold-path student"),
 }
 
 

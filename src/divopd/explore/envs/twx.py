@@ -4,6 +4,11 @@ Games: ``coin``, ``cookingworld``, ``twc``, ``mapreader``, ``arithmetic``, ``sor
 ``peckingorder``; ``params`` is the package's ``gameParams`` string. Tasks are ``"<fold>:<seed>"`` with the package's
 own train/dev/test seed folds. Every reset generates the gold path (cheap here), which always wins.
 
+``dev_from_train=N`` (N > 0) makes the last N seeds of the package's train fold the dev split, removed from train
+(the tasks keep their ``train:<seed>`` names). It is for games whose dev and test folds hold objects the train fold
+never shows, such as ``twc``, where a model learns object-to-container rules from the train objects only: held-out
+tasks over the same objects, like ALFWorld's "seen" split. The test fold is unchanged.
+
 The default, ``coin`` with three rooms and no doors or distractors, has gold paths of 2-9 steps: the CPU demo's and CI's
 environment.
 
@@ -38,14 +43,18 @@ class TextWorldExpressEnv(Env):
 
     name = "twx"
 
-    def __init__(self, game: str = DEFAULT_GAME, params: str = DEFAULT_PARAMS, java_opts_str: str | None = None):
+    def __init__(self, game: str = DEFAULT_GAME, params: str = DEFAULT_PARAMS, java_opts_str: str | None = None,
+                 dev_from_train: int = 0):
         from textworld_express import TextWorldExpressEnv as _PackageEnv
         from textworld_express.constants import GAME_NAMES
 
         if game not in GAME_NAMES:
             raise ValueError(f"TextWorldExpressEnv: unknown game {game!r}; expected one of {GAME_NAMES}")
+        if isinstance(dev_from_train, bool) or not isinstance(dev_from_train, int) or dev_from_train < 0:
+            raise ValueError(f"TextWorldExpressEnv: dev_from_train must be an integer >= 0, got {dev_from_train!r}")
         self.game = game
         self.params = params
+        self.dev_from_train = dev_from_train
         with java_opts(java_opts_str):
             self._env = _PackageEnv(envStepLimit=_NO_LIMIT)
         guard_finalizer(self._env)
@@ -65,10 +74,21 @@ class TextWorldExpressEnv(Env):
     def tasks(self, split: str) -> list[str]:
         if split not in SPLITS:
             raise ValueError(f"TextWorldExpressEnv: unknown split {split!r}; expected one of {SPLITS}")
-        if split not in self._seeds:
-            getter = {"train": "getSeedsTrain", "dev": "getSeedsDev", "test": "getSeedsTest"}[split]
-            self._seeds[split] = [int(s) for s in self._call(lambda: getattr(self._env.server, getter)())]
-        return [f"{split}:{s}" for s in self._seeds[split]]
+        if self.dev_from_train and split != "test":
+            train = self._fold_seeds("train")
+            cut = len(train) - self.dev_from_train
+            if cut < 1:
+                raise ValueError(f"TextWorldExpressEnv: dev_from_train={self.dev_from_train} leaves no train task "
+                                 f"(the train fold has {len(train)})")
+            return [f"train:{s}" for s in (train[:cut] if split == "train" else train[cut:])]
+        return [f"{split}:{s}" for s in self._fold_seeds(split)]
+
+    def _fold_seeds(self, fold: str) -> list[int]:
+        """The package's seeds of one fold (asked once per instance)."""
+        if fold not in self._seeds:
+            getter = {"train": "getSeedsTrain", "dev": "getSeedsDev", "test": "getSeedsTest"}[fold]
+            self._seeds[fold] = [int(s) for s in self._call(lambda: getattr(self._env.server, getter)())]
+        return self._seeds[fold]
 
     @staticmethod
     def _parse(task: str) -> tuple[str, int]:
