@@ -222,3 +222,15 @@ def test_twx_dev_from_train_holds_out_the_train_folds_last_seeds():
             env.tasks("train")
     finally:
         env.close()
+
+
+def test_make_env_reports_bad_env_kwargs_as_config_errors():
+    from divopd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown environment 'mars'"):
+        make_env("mars")
+    with pytest.raises(ConfigError, match=r"environment 'tiny' \(TinyEnv\): bad env_kwargs \['colour'\]"):
+        make_env("tiny", colour="red")
+    with pytest.raises(ConfigError, match="environment 'tiny': TinyEnv: num_rooms must be >= 2"):
+        make_env("tiny", num_rooms=1)
+    assert make_env("tiny", num_rooms=3).num_rooms == 3

@@ -300,3 +300,19 @@ def test_ctrl_c_checkpoints_and_exits(tiny_models: dict[str, str], tmp_path: Pat
     resumed = train(resume=run_dir)
     assert resumed["updates"] == 200 and resumed["resumed"]
     assert_ledger_identity(resumed["ledger"])
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [({"num_rooms": 1}, "num_rooms must be >= 2"),
+                                                ({"colour": "red"}, "unexpected keyword argument 'colour'")])
+def test_bad_env_kwargs_are_one_line_and_exit_2(tiny_models: dict[str, str], tmp_path: Path, kwargs: dict,
+                                                needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """explorer.env_kwargs reach the env only when the explorer builds it: still one line and exit 2."""
+    from divopd import cli
+
+    cfg = tiny_config(tiny_models, tmp_path / "run", "divopd")
+    data = cfg.model_dump(mode="json")
+    data["explorer"]["env_kwargs"] = kwargs
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(data))
+    assert cli.main(["train", str(tmp_path / "cfg.yaml"), "--no-progress"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("divopd train: error: environment 'tiny'") and needle in err[0], err

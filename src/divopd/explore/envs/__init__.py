@@ -10,8 +10,10 @@ disjoint task types); ``make_env("scienceworld", split_scheme="paper")`` lists i
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
+from divopd.errors import ConfigError
 from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult
 from divopd.explore.envs.scienceworld import scienceworld_paper_split
 
@@ -31,9 +33,23 @@ ENVS: dict[str, tuple[str, str]] = {
 
 
 def make_env(name: str, **kwargs: Any) -> Env:
-    """Build one environment instance by registry name; ``kwargs`` go to the adapter's constructor."""
+    """Build one environment instance by registry name; ``kwargs`` go to the adapter's constructor.
+
+    An unknown name, an argument the constructor does not take, or a value it rejects (its ``ValueError``) is a
+    :class:`divopd.errors.ConfigError` (a ``ValueError``): ``explorer.env`` / ``explorer.env_kwargs`` of a config come
+    here, so ``divopd train`` reports them on one line and exits 2.
+    """
     if name not in ENVS:
-        raise ValueError(f"make_env: unknown environment {name!r}; expected one of {sorted(ENVS)}")
+        raise ConfigError(f"make_env: unknown environment {name!r}; expected one of {sorted(ENVS)}")
     module_name, cls_name = ENVS[name]
     cls = getattr(importlib.import_module(module_name), cls_name)
-    return cls(**kwargs)
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"environment {name!r} ({cls_name}): bad env_kwargs {sorted(kwargs)}: {exc}") from exc
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"environment {name!r}: {exc}") from exc

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from divopd.errors import UsageError
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
@@ -47,11 +48,15 @@ class ExplorerWorker(threading.Thread):
         self.max_restarts = max_restarts
         self.restarts = 0
         self.error: str | None = None
+        self.usage_error: UsageError | None = None  # bad input (e.g. explorer.env_kwargs): no restart can fix it
 
     def run(self) -> None:
         while not self.stop_event.is_set():
             try:
                 self._loop()
+                return
+            except UsageError as exc:
+                self.usage_error, self.error = exc, str(exc)
                 return
             except Exception:  # noqa: BLE001 — an explorer failure is logged, counted and the worker restarted
                 self.error = traceback.format_exc()
@@ -151,6 +156,9 @@ class ThreadsRuntime:
         return _take(self._rollouts, timeout)
 
     def check_alive(self) -> None:
+        bad = next((w.usage_error for w in self._workers if w.usage_error is not None), None)
+        if bad is not None:
+            raise bad  # the input error itself: the CLI prints it on one line and exits 2
         if not any(w.is_alive() for w in self._workers):
             raise RuntimeError("every explorer has stopped; last error:\n"
                                + next((w.error for w in self._workers if w.error), "none"))
