@@ -45,7 +45,6 @@ class ModelRecipe:
 
 _COIN_PROMPT = {"past_observation_max_words": 8}
 _TWC_PARAMS = "numLocations=1,numItemsToPutAway=1,includeDoors=0,limitInventorySize=0"
-_TWC_STUDENT = ("--train-tasks", "550", "--epochs", "3", "--max-steps", "5", "--eval-tasks", "10", "--seed", "1")
 
 RECIPES: dict[str, ModelRecipe] = {
     "tiny": ModelRecipe(
@@ -65,7 +64,7 @@ RECIPES: dict[str, ModelRecipe] = {
         env="twx", env_kwargs={"game": "twc", "params": _TWC_PARAMS, "dev_from_train": 200},
         prompt=_COIN_PROMPT,
         teacher=("--train-tasks", "600", "--epochs", "8", "--max-steps", "5", "--eval-tasks", "10", "--seed", "0"),
-        student=_TWC_STUDENT,
+        student=("--train-tasks", "550", "--epochs", "3", "--max-steps", "5", "--eval-tasks", "10", "--seed", "1"),
         note="gold-path teacher (600 tasks x 8 epochs, ~3 min), shorter gold-path student"),
 }
 

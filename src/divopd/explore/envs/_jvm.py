@@ -7,8 +7,10 @@ import logging
 import os
 import subprocess
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from divopd.explore.envs.base import EnvCrash
 
 #: JVM options applied while an adapter starts its server: a capped heap and the serial collector keep each JVM at
 #: ~250-350 MB instead of 0.5-1.6 GB (MACHINE-NOTES). ``DIVOPD_JAVA_OPTS`` overrides.
@@ -103,3 +105,24 @@ def jvm_alive(package_env: Any) -> bool:
     """Whether the package env's JVM process is still running."""
     proc = getattr(getattr(package_env, "_gateway", None), "java_process", None)
     return proc is not None and proc.poll() is None
+
+
+def jvm_call(adapter: Any, fn: Callable[[], Any]) -> Any:
+    """Run ``fn``, a call into ``adapter``'s JVM; a dead JVM or a broken gateway becomes :class:`EnvCrash`.
+
+    ``adapter`` is a JVM-backed env with ``closed``, ``close()`` and its package env as ``_env``. A JVM found dead does
+    not come back: the adapter is closed at once, before the crash is raised, so that no Java object's finalizer
+    reaches for the dead JVM later (:func:`_close_quietly`).
+    """
+    name = type(adapter).__name__
+    if adapter.closed:
+        raise EnvCrash(f"{name}: used after close()")
+    from py4j.protocol import Py4JError
+
+    try:
+        return fn()
+    except (Py4JError, ConnectionError, OSError) as exc:
+        alive = jvm_alive(adapter._env)
+        if not alive:
+            adapter.close()
+        raise EnvCrash(f"{name}: JVM call failed (jvm alive={alive}): {exc}") from exc

@@ -39,8 +39,8 @@ import random
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from divopd.explore.envs._jvm import guard_finalizer, java_opts, jvm_alive, shutdown_gateway
-from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult
+from divopd.explore.envs._jvm import guard_finalizer, java_opts, jvm_call, shutdown_gateway
+from divopd.explore.envs.base import SPLITS, Env, ProgressTracker, StepResult
 
 __all__ = ["PAPER_HELD_OUT_TYPES", "PAPER_TRAIN_TYPES", "SPLIT_SCHEMES", "ScienceWorldEnv", "scienceworld_paper_split",
            "variation_counts"]
@@ -260,15 +260,5 @@ class ScienceWorldEnv(Env):
         return (self._call(self._server.freeActionLook), self._call(self._server.freeActionInventory))
 
     def _call(self, fn: Any) -> Any:
-        """Run a call into the JVM; a dead JVM or a broken gateway becomes :class:`EnvCrash`."""
-        if self.closed:
-            raise EnvCrash("ScienceWorldEnv: used after close()")
-        from py4j.protocol import Py4JError
-
-        try:
-            return fn()
-        except (Py4JError, ConnectionError, OSError) as exc:
-            alive = jvm_alive(self._env)
-            if not alive:
-                self.close()  # a dead JVM does not come back: end the gateway now (no finalizer reaches for it later)
-            raise EnvCrash(f"ScienceWorldEnv: JVM call failed (jvm alive={alive}): {exc}") from exc
+        """Run a call into the JVM (:func:`divopd.explore.envs._jvm.jvm_call`)."""
+        return jvm_call(self, fn)

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from divopd.explore.envs._jvm import guard_finalizer, java_opts, jvm_alive, shutdown_gateway
-from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult, action_in
+from divopd.explore.envs._jvm import guard_finalizer, java_opts, jvm_call, shutdown_gateway
+from divopd.explore.envs.base import SPLITS, Env, ProgressTracker, StepResult, action_in
 
 __all__ = ["DEFAULT_GAME", "DEFAULT_PARAMS", "TextWorldExpressEnv"]
 
@@ -145,18 +145,8 @@ class TextWorldExpressEnv(Env):
 
     # ------------------------------------------------------------------ helpers
     def _call(self, fn: Any) -> Any:
-        """Run a call into the JVM; a dead JVM or a broken gateway becomes :class:`EnvCrash`."""
-        if self.closed:
-            raise EnvCrash("TextWorldExpressEnv: used after close()")
-        from py4j.protocol import Py4JError
-
-        try:
-            return fn()
-        except (Py4JError, ConnectionError, OSError) as exc:
-            alive = jvm_alive(self._env)
-            if not alive:
-                self.close()  # a dead JVM does not come back: end the gateway now (no finalizer reaches for it later)
-            raise EnvCrash(f"TextWorldExpressEnv: JVM call failed (jvm alive={alive}): {exc}") from exc
+        """Run a call into the JVM (:func:`divopd.explore.envs._jvm.jvm_call`)."""
+        return jvm_call(self, fn)
 
 
 def _state(infos: dict[str, Any]) -> tuple[str, str]:
