@@ -27,8 +27,9 @@ from typing import Any
 
 __all__ = ["EXPERTS", "add_arguments", "collect_gold_examples", "run"]
 
-#: ``--expert``: whose trajectories are cloned. ``gold``: the environment's gold path; ``explore``: the observable-state
-#: search of :mod:`divopd.explore.envs.coin_expert` (TextWorld-Express *coin* only).
+#: ``--expert``: whose trajectories are cloned. ``gold``: the environment's gold path; ``explore``: an observable-state
+#: expert that labels any state, TextWorld-Express *coin* (the search of :mod:`divopd.explore.envs.coin_expert`) and
+#: *twc* (the put-away rule of :mod:`divopd.explore.envs.twc_expert`).
 EXPERTS = ("gold", "explore")
 
 
@@ -47,13 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--train-tasks", type=int, default=400, help="gold trajectories from this many train tasks")
     parser.add_argument("--expert", default="gold", choices=EXPERTS,
-                        help="trajectories to clone: the env's gold paths, or (twx coin only) an observable-state "
-                        "search that takes the coin when visible and otherwise visits unvisited rooms")
+                        help="trajectories to clone: the env's gold paths, or (twx coin and twc only) an "
+                        "observable-state expert: on coin a search that takes the coin when visible and otherwise "
+                        "visits unvisited rooms; on twc take/open/put towards the gold path's goal from any state")
     parser.add_argument("--expert-max-steps", type=int, default=30, help="step limit of --expert explore episodes")
     parser.add_argument("--expert-noise", type=float, default=0.0,
                         help="--expert explore only: at each step, with this probability, execute a random action "
-                        "(a listed one or a move that may not exist) while the record keeps the expert's label, so "
-                        "the clone also sees, and recovers from, states off the expert's own path (DART-style)")
+                        "(a listed one, or on coin a move that may not exist) while the record keeps the expert's "
+                        "label, so the clone also sees, and recovers from, states off the expert's path (DART-style)")
     parser.add_argument("--eval-tasks", type=int, default=100, help="held-out episodes for the success rate")
     parser.add_argument("--eval-split", default="dev", help="held-out split (dev or test)")
     parser.add_argument("--epochs", type=int, default=6)
@@ -67,47 +69,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (keep 1 beside other jobs)")
 
 
-#: What ``--expert-noise`` may execute besides the listed actions: the four moves exist in no room all at once, so an
-#: invalid move (the student's usual mistake) is among the perturbations.
-NOISE_ACTIONS = ("move north", "move south", "move east", "move west", "take coin")
+#: What ``--expert-noise`` may execute besides the listed actions, per game. coin: the four moves exist in no room all
+#: at once, so an invalid move (the student's usual mistake) is among the perturbations. twc: the valid actions only.
+NOISE_ACTIONS: dict[str, tuple[str, ...]] = {
+    "coin": ("move north", "move south", "move east", "move west", "take coin"),
+    "twc": (),
+}
+#: The TextWorld-Express games ``--expert explore`` knows (:mod:`divopd.explore.envs.coin_expert`,
+#: :mod:`divopd.explore.envs.twc_expert`).
+EXPLORE_GAMES = tuple(NOISE_ACTIONS)
 
 
 def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, expert: str = "gold",
-                          max_steps: int = 30, noise: float = 0.0,
-                          seed: int = 0) -> tuple[list[dict[str, Any]], int]:
+                          max_steps: int = 30, noise: float = 0.0, seed: int = 0,
+                          game: str = "coin") -> tuple[list[dict[str, Any]], int]:
     """Play each task's expert trajectory; returns (one record per step, number of tasks whose trajectory failed).
 
-    ``expert="gold"`` replays the env's gold path; ``"explore"`` asks
-    :func:`~divopd.explore.envs.coin_expert.coin_explorer_action` at every step (up to ``max_steps``). A record holds
+    ``expert="gold"`` replays the env's gold path; ``"explore"`` asks the ``game``'s observable-state expert at every
+    step (up to ``max_steps``): :func:`~divopd.explore.envs.coin_expert.coin_explorer_action` on ``coin``,
+    :func:`~divopd.explore.envs.twc_expert.twc_putaway_action` towards the gold path's goal on ``twc``. A record holds
     the prompt's parts (first observation, history, valid actions) and the action, so it can be encoded with any
     tokenizer later.
 
     ``noise`` > 0 (``explore`` only): with that probability per step a random action from the valid actions and
-    :data:`NOISE_ACTIONS` is executed instead of the expert's, while the step's record keeps the expert's action as
-    its label; every episode's records are kept then (the labels are the expert's whatever the outcome), and
+    the game's :data:`NOISE_ACTIONS` is executed instead of the expert's, while the step's record keeps the expert's
+    action as its label; every episode's records are kept then (the labels are the expert's whatever the outcome), and
     ``failed`` counts the episodes that did not end in success. ``seed`` fixes the perturbations.
     """
     import random
 
     from divopd.explore.envs.coin_expert import coin_explorer_action
+    from divopd.explore.envs.twc_expert import putaway_goal, twc_putaway_action
 
     rng = random.Random(seed)
     records, failed = [], 0
     for task in tasks:
-        gold = env.gold_actions(task) if expert == "gold" else None
+        gold = env.gold_actions(task) if expert == "gold" or game == "twc" else None
         if gold is not None and not gold:
             failed += 1
             continue
+        goal = putaway_goal(gold) if expert == "explore" and gold is not None else None
         first = env.reset(task)
         history: list[tuple[str, str]] = []
         steps = []
         info: dict[str, Any] = {}
-        for i in range(max_steps if gold is None else len(gold)):
+        for i in range(len(gold) if expert == "gold" and gold is not None else max_steps):
             valid = env.valid_actions()
-            action = coin_explorer_action(first, history, valid) if gold is None else gold[i]
+            if expert == "gold" and gold is not None:
+                action = gold[i]
+            elif goal is not None:
+                action = twc_putaway_action(goal, valid)
+            else:
+                action = coin_explorer_action(first, history, valid)
             steps.append({"first": first, "history": list(history), "valid": valid, "action": action})
             if noise and rng.random() < noise:
-                action = rng.choice(sorted(set(valid) | set(NOISE_ACTIONS)))
+                action = rng.choice(sorted(set(valid) | set(NOISE_ACTIONS.get(game, ()))))
             obs, _, done, info = env.step(action)
             history.append((action, obs))
             if done:
@@ -162,8 +178,9 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                         ("--num-envs", args.num_envs), ("--threads", args.threads), ("--vocab-size", args.vocab_size)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
-    if args.expert == "explore" and (args.env != "twx" or env_kwargs.get("game", "coin") != "coin"):
-        raise UsageError("--expert explore: only for TextWorld-Express coin (--env twx, game coin)")
+    if args.expert == "explore" and (args.env != "twx" or env_kwargs.get("game", "coin") not in EXPLORE_GAMES):
+        raise UsageError(f"--expert explore: only for TextWorld-Express {' or '.join(EXPLORE_GAMES)} "
+                         f"(--env twx, --env-kwargs game)")
     if args.expert_max_steps < 1:
         raise UsageError(f"--expert-max-steps must be at least 1, got {args.expert_max_steps}")
     if not 0.0 <= args.expert_noise < 1.0:
@@ -211,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         tasks = env.tasks("train")[: args.train_tasks]
         records, failed = collect_gold_examples(env, tasks, prompt_config, expert=args.expert,
                                                 max_steps=args.expert_max_steps, noise=args.expert_noise,
-                                                seed=args.seed)
+                                                seed=args.seed, game=env_kwargs.get("game", "coin"))
     finally:
         env.close()
     if not records:
