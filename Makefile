@@ -7,6 +7,8 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
+# No pip wheel cache: a clean CI machine once ran out of disk installing .venv (the cache only duplicates wheels).
+export PIP_NO_CACHE_DIR := 1
 
 .PHONY: setup demo test test-slow test-vllm setup-vllm lint bench paper docs clean
 
