@@ -3,6 +3,7 @@ that config is deterministic (issue 17)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -99,3 +100,32 @@ def test_bad_demo_arguments_are_one_line_and_exit_2(argv: list[str], message: st
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "cache").exists()  # nothing was built
+
+
+def test_prepare_models_rebuilds_what_a_changed_recipe_built(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A second call with the same recipe keeps both models (no retraining); a changed student rebuilds the student
+    only; a changed teacher rebuilds both (the student takes the teacher's tokenizer); a cache from before the
+    recipe stamp (no recipe-args.json) is rebuilt once."""
+    def recipe(teacher_epochs: str, student_tasks: str) -> ModelRecipe:
+        return ModelRecipe(env="tiny", env_kwargs={}, prompt={},
+                           teacher=("--train-tasks", "8", "--epochs", teacher_epochs, "--eval-tasks", "2"),
+                           student=("--train-tasks", student_tasks, "--epochs", "1", "--eval-tasks", "2"))
+
+    def stamps(models: dict[str, Path]) -> tuple[int, int]:
+        return tuple((models[k] / "sft.json").stat().st_mtime_ns for k in ("teacher", "student"))  # type: ignore
+
+    models = prepare_models(tmp_path, recipe("1", "4"))
+    first = stamps(models)
+    assert prepare_models(tmp_path, recipe("1", "4")) == models and stamps(models) == first
+    prepare_models(tmp_path, recipe("1", "6"))
+    second = stamps(models)
+    assert second[0] == first[0] and second[1] != first[1]
+    assert json.loads((models["student"] / "sft.json").read_text())["args"]["train_tasks"] == 6
+    prepare_models(tmp_path, recipe("2", "6"))
+    third = stamps(models)
+    assert third[0] != second[0] and third[1] != second[1]
+    (models["student"] / "recipe-args.json").unlink()
+    capsys.readouterr()
+    prepare_models(tmp_path, recipe("2", "6"))
+    assert stamps(models)[1] != third[1] and stamps(models)[0] == third[0]
+    assert "built from other recipe arguments: rebuilding it" in capsys.readouterr().out

@@ -87,24 +87,50 @@ def _sft(argv: list[str]) -> None:
         raise RuntimeError(f"divopd sft {' '.join(argv)} failed with exit code {code}")
 
 
+#: Beside each built model: the arguments it was built with, so a changed recipe rebuilds it instead of reusing it.
+BUILT_WITH = "recipe-args.json"
+
+
+def _built_with(folder: Path, argv: list[str], marker: str) -> bool:
+    """Whether ``folder`` holds a complete model (its ``marker`` file) built from exactly ``argv``."""
+    stamp = folder / BUILT_WITH
+    if not (folder / marker).is_file():
+        return False
+    if stamp.is_file() and json.loads(stamp.read_text()) == argv:
+        return True
+    print(f"models: {folder} was built from other recipe arguments: rebuilding it", flush=True)
+    return False
+
+
 def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny") -> dict[str, Path]:
     """Build (once) the recipe's teacher and student in ``cache``; returns ``{"teacher": ..., "student": ...}``.
 
-    A folder that is already complete (``sft.json`` for an SFT model, ``config.json`` for a random-init one) is kept."""
+    A folder that is already complete (``sft.json`` for an SFT model, ``config.json`` for a random-init one) and was
+    built from the same recipe arguments (``recipe-args.json``) is kept; otherwise it is rebuilt, and a rebuilt
+    teacher rebuilds the student too (they share the teacher's tokenizer)."""
     recipe = RECIPES[recipe] if isinstance(recipe, str) else recipe
     teacher, student = cache / "teacher", cache / "student"
-    if not (teacher / "sft.json").is_file():
+    teacher_argv = recipe.sft_args(teacher, recipe.teacher)
+    rebuilt = not _built_with(teacher, teacher_argv, "sft.json")
+    if rebuilt:
         print(f"models: training the teacher into {teacher} (once; {recipe.note})", flush=True)
-        _sft(recipe.sft_args(teacher, recipe.teacher))
-    if recipe.student is not None and not (student / "sft.json").is_file():
-        print(f"models: training the student into {student} (once)", flush=True)
-        _sft(recipe.sft_args(student, ("--tokenizer-from", str(teacher), *recipe.student)))
-    elif recipe.student is None and not (student / "config.json").is_file():
-        from divopd.models import load_model
-        from divopd.models.tiny import build_model
+        _sft(teacher_argv)
+        (teacher / BUILT_WITH).write_text(json.dumps(teacher_argv))
+    if recipe.student is not None:
+        student_argv = recipe.sft_args(student, ("--tokenizer-from", str(teacher), *recipe.student))
+        if rebuilt or not _built_with(student, student_argv, "sft.json"):
+            print(f"models: training the student into {student} (once)", flush=True)
+            _sft(student_argv)
+            (student / BUILT_WITH).write_text(json.dumps(student_argv))
+    else:
+        student_argv = ["random-init", "--size", recipe.size, "--seed", "1", "--tokenizer-from", str(teacher)]
+        if rebuilt or not _built_with(student, student_argv, "config.json"):
+            from divopd.models import load_model
+            from divopd.models.tiny import build_model
 
-        _, tokenizer = load_model(str(teacher))
-        model = build_model(tokenizer, size=recipe.size, seed=1)
-        model.save_pretrained(student)
-        tokenizer.save_pretrained(student)
+            _, tokenizer = load_model(str(teacher))
+            model = build_model(tokenizer, size=recipe.size, seed=1)
+            model.save_pretrained(student)
+            tokenizer.save_pretrained(student)
+            (student / BUILT_WITH).write_text(json.dumps(student_argv))
     return {"teacher": teacher, "student": student}
