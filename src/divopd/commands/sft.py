@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,24 @@ NOISE_ACTIONS: dict[str, tuple[str, ...]] = {
 EXPLORE_GAMES = tuple(NOISE_ACTIONS)
 
 
+def _expert_policy(env: Any, task: str, expert: str, game: str,
+                   max_steps: int) -> tuple[int, Callable[[int, str, list[tuple[str, str]], list[str]], str]] | None:
+    """One task's expert as ``(step limit, act(step, first observation, history, valid actions))``; ``None`` when the
+    gold path it needs is empty. ``gold`` replays the gold path; ``explore`` is the game's observable-state expert."""
+    from divopd.explore.envs.coin_expert import coin_explorer_action
+    from divopd.explore.envs.twc_expert import putaway_goal, twc_putaway_action
+
+    if expert == "explore" and game != "twc":
+        return max_steps, lambda i, first, history, valid: coin_explorer_action(first, history, valid)
+    gold = env.gold_actions(task)
+    if not gold:
+        return None
+    if expert == "gold":
+        return len(gold), lambda i, first, history, valid: gold[i]
+    goal = putaway_goal(gold)
+    return max_steps, lambda i, first, history, valid: twc_putaway_action(goal, valid)
+
+
 def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, expert: str = "gold",
                           max_steps: int = 30, noise: float = 0.0, seed: int = 0,
                           game: str = "coin") -> tuple[list[dict[str, Any]], int]:
@@ -98,29 +117,21 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
     """
     import random
 
-    from divopd.explore.envs.coin_expert import coin_explorer_action
-    from divopd.explore.envs.twc_expert import putaway_goal, twc_putaway_action
-
     rng = random.Random(seed)
     records, failed = [], 0
     for task in tasks:
-        gold = env.gold_actions(task) if expert == "gold" or game == "twc" else None
-        if gold is not None and not gold:
+        policy = _expert_policy(env, task, expert, game, max_steps)
+        if policy is None:
             failed += 1
             continue
-        goal = putaway_goal(gold) if expert == "explore" and gold is not None else None
+        n_steps, act = policy
         first = env.reset(task)
         history: list[tuple[str, str]] = []
         steps = []
         info: dict[str, Any] = {}
-        for i in range(len(gold) if expert == "gold" and gold is not None else max_steps):
+        for i in range(n_steps):
             valid = env.valid_actions()
-            if expert == "gold" and gold is not None:
-                action = gold[i]
-            elif goal is not None:
-                action = twc_putaway_action(goal, valid)
-            else:
-                action = coin_explorer_action(first, history, valid)
+            action = act(i, first, history, valid)
             steps.append({"first": first, "history": list(history), "valid": valid, "action": action})
             if noise and rng.random() < noise:
                 action = rng.choice(sorted(set(valid) | set(NOISE_ACTIONS.get(game, ()))))

@@ -102,6 +102,11 @@ def _built_with(folder: Path, argv: list[str], marker: str) -> bool:
     return False
 
 
+def _stamp(folder: Path, argv: list[str]) -> None:
+    """Record beside a model just built the arguments it was built from (read back by :func:`_built_with`)."""
+    (folder / BUILT_WITH).write_text(json.dumps(argv))
+
+
 def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny") -> dict[str, Path]:
     """Build (once) the recipe's teacher and student in ``cache``; returns ``{"teacher": ..., "student": ...}``.
 
@@ -115,13 +120,13 @@ def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny") -> dict[str,
     if rebuilt:
         print(f"models: training the teacher into {teacher} (once; {recipe.note})", flush=True)
         _sft(teacher_argv)
-        (teacher / BUILT_WITH).write_text(json.dumps(teacher_argv))
+        _stamp(teacher, teacher_argv)
     if recipe.student is not None:
         student_argv = recipe.sft_args(student, ("--tokenizer-from", str(teacher), *recipe.student))
         if rebuilt or not _built_with(student, student_argv, "sft.json"):
             print(f"models: training the student into {student} (once)", flush=True)
             _sft(student_argv)
-            (student / BUILT_WITH).write_text(json.dumps(student_argv))
+            _stamp(student, student_argv)
     else:
         student_argv = ["random-init", "--size", recipe.size, "--seed", "1", "--tokenizer-from", str(teacher)]
         if rebuilt or not _built_with(student, student_argv, "config.json"):
@@ -132,5 +137,5 @@ def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny") -> dict[str,
             model = build_model(tokenizer, size=recipe.size, seed=1)
             model.save_pretrained(student)
             tokenizer.save_pretrained(student)
-            (student / BUILT_WITH).write_text(json.dumps(student_argv))
+            _stamp(student, student_argv)
     return {"teacher": teacher, "student": student}
