@@ -78,11 +78,15 @@ def test_regime_plan_is_the_issue_17_study() -> None:
     assert ctx.explorer.prompt.max_prompt_tokens == 370 and ctx.explorer.truncated_turns_dead
 
 
-def test_the_twc_plan_is_the_second_game_of_the_study() -> None:
-    """benchmarks/regime/plan-twc.yaml: configs/twc (another game, step limit 5, held-out tasks from the train fold),
-    the same method rows and seed counts as the coin4 study, lockstep."""
-    plan = load_plan(Path(bench.DEFAULT_PLAN).parents[1] / "regime" / "plan-twc.yaml")
-    assert plan.configs == "twc" and plan.cache == "cache/twc"
+@pytest.mark.parametrize(("plan_file", "configs", "game", "max_steps"), [
+    ("plan-twc.yaml", "twc", "twc", 5), ("plan-coin6.yaml", "coin6", "coin", 14)])
+def test_the_second_setting_plans_run_the_study_rows_on_their_own_configs(plan_file: str, configs: str, game: str,
+                                                                          max_steps: int) -> None:
+    """benchmarks/regime/plan-twc.yaml (configs/twc: another game, step limit 5, held-out tasks from the train fold)
+    and plan-coin6.yaml (configs/coin6: 6 rooms, step limit 14): the same method rows and seed counts as the coin4
+    study, lockstep, on their own settings folder and model cache."""
+    plan = load_plan(Path(bench.DEFAULT_PLAN).parents[1] / "regime" / plan_file)
+    assert plan.configs == configs and plan.cache == f"cache/{configs}"
     runs = plan_runs(plan)
     seeds: dict[str, set[int]] = {}
     for r in runs:
@@ -91,9 +95,19 @@ def test_the_twc_plan_is_the_second_game_of_the_study() -> None:
     assert all(len(seeds[label]) >= 5 for label in ("divopd-r", "tcod-f2b", "turnopd", "top-b"))
     cfg = bench.run_config(next(r for r in runs if r.label == "divopd"), plan, Path("out"),
                            {"student": Path("s"), "teacher": Path("t")})
-    assert cfg.runtime.kind == "lockstep" and cfg.explorer.env_kwargs["game"] == "twc"
-    assert cfg.explorer.env_kwargs["dev_from_train"] > 0 and cfg.explorer.eval_split == "dev"
-    assert cfg.explorer.max_steps == 5 and cfg.sampler.batch_size == 32 and cfg.sampler.cap == 4
+    assert cfg.runtime.kind == "lockstep" and cfg.explorer.env_kwargs["game"] == game
+    assert cfg.explorer.eval_split == "dev" and cfg.method == "divopd"
+    assert cfg.explorer.max_steps == max_steps and cfg.sampler.batch_size == 32 and cfg.sampler.cap == 4
+    if game == "twc":
+        assert cfg.explorer.env_kwargs["dev_from_train"] > 0
+    # the baselines' schedules fit the plan's run length: TurnOPD's loss reaches turn balance at the last update
+    # (coin6, 60 updates: not coin4's 100), TCOD-F2B's curriculum reaches the full horizon before the run ends
+    turnopd = bench.run_config(next(r for r in runs if r.label == "turnopd"), plan, Path("out"),
+                               {"student": Path("s"), "teacher": Path("t")})
+    assert turnopd.updates == plan.updates and turnopd.learner.turn_balance_updates == plan.updates
+    tcod = bench.run_config(next(r for r in runs if r.label == "tcod-f2b"), plan, Path("out"),
+                            {"student": Path("s"), "teacher": Path("t")})
+    assert tcod.tcod.horizon(max_steps, update=plan.updates - 1) == max_steps
 
 
 def test_a_method_row_can_have_its_own_seeds(tmp_path) -> None:

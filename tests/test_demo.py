@@ -44,7 +44,7 @@ def test_the_demo_runs_the_documented_methods_on_the_documented_setting() -> Non
     assert doc["student"]["path"].startswith("cache/coin4") and doc["teacher"]["path"].startswith("cache/coin4")
 
 
-@pytest.mark.parametrize("folder", ["tiny", "coin4", "twc"])
+@pytest.mark.parametrize("folder", ["tiny", "coin4", "coin6", "twc"])
 def test_every_settings_folder_has_a_recipe_and_every_method_row(folder: str) -> None:
     recipe = recipe_for(REPO / "configs" / folder)
     base = load_config(REPO / "configs" / folder / "vanilla.yaml")

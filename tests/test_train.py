@@ -316,3 +316,27 @@ def test_bad_env_kwargs_are_one_line_and_exit_2(tiny_models: dict[str, str], tmp
     assert cli.main(["train", str(tmp_path / "cfg.yaml"), "--no-progress"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("divopd train: error: environment 'tiny'") and needle in err[0], err
+
+
+@pytest.mark.parametrize("kind", ["threads", "lockstep"])
+def test_a_run_stopped_by_bad_env_kwargs_leaves_no_run_dir_behind(tiny_models: dict[str, str], tmp_path: Path,
+                                                                  kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The input error surfaces only once the explorer builds its env, after the run directory was made: the fresh
+    run's files go again, so the same command (or the corrected one) is not refused with "already holds a run". A
+    directory that existed before keeps only what was in it."""
+    from divopd import cli
+
+    cfg = tiny_config(tiny_models, tmp_path / "run", "divopd")
+    data = cfg.model_dump(mode="json")
+    data["explorer"]["env_kwargs"] = {"num_rooms": 1}
+    data["runtime"]["kind"] = kind
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(data))
+    for _ in range(2):
+        assert cli.main(["train", str(tmp_path / "cfg.yaml"), "--no-progress"]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and "num_rooms must be >= 2" in err[0], err
+        assert not (tmp_path / "run").exists()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    assert cli.main(["train", str(tmp_path / "cfg.yaml"), "--no-progress"]) == 2
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["notes.txt"]

@@ -11,7 +11,10 @@ after the first 5 updates of the sampler's batch stats:
     .venv/bin/python benchmarks/regime/pool_regime.py                  # all variants, ~15 min on 2 cores
     .venv/bin/python benchmarks/regime/pool_regime.py --variants envs8 turn32 --out runs/pool-regime
 
-Runs that already have a summary.json in ``--out`` are read, not retrained.
+Runs that already have a summary.json in ``--out`` are read, not retrained. ``--measure RUN_DIR...`` trains nothing:
+it prints the same per-update means for existing runs (e.g. a study's), averaged over the runs of each method.
+
+    .venv/bin/python benchmarks/regime/pool_regime.py --measure runs/regime-coin6/coin6/*/seed*
 """
 
 from __future__ import annotations
@@ -63,12 +66,29 @@ def measure(run_dir: Path) -> dict[str, float]:
     }
 
 
+def print_measured(run_dirs: list[Path]) -> None:
+    """Per-method means over existing runs (the method is the run directory's parent's name, as in a plan's layout)."""
+    by_method: dict[str, list[dict[str, float]]] = {}
+    for run_dir in run_dirs:
+        by_method.setdefault(run_dir.parent.name, []).append(measure(run_dir))
+    print("| method | runs | candidate rollouts | effective rollouts | largest share | arrival/drain | expired stale |")
+    print("|---|---|---|---|---|---|---|")
+    for method, rows in sorted(by_method.items()):
+        m = {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
+        print(f"| {method} | {len(rows)} | {m['candidate_rollouts']:.1f} | {m['effective_rollouts']:.2f} "
+              f"| {m['max_rollout_share']:.2f} | {m['arrival_drain']:.2f} | {m['expired_share']:.0%} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measure", type=Path, nargs="+", help="existing run directories: measure them, train nothing")
     ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     ap.add_argument("--configs", type=Path, default=Path("configs/coin4"))
     ap.add_argument("--out", type=Path, default=Path("runs/pool-regime"))
     args = ap.parse_args()
+    if args.measure:
+        print_measured([d for d in args.measure if (d / "summary.json").is_file()])
+        return
     results = {}
     for name in args.variants:
         for method in METHODS:

@@ -10,6 +10,8 @@ recipe (:data:`RECIPES`, keyed by the folder's name); its ``_base.yaml`` uses th
 * ``coin4`` (issue 17's warm start): *coin* with 4 rooms; the teacher clones the observable-state search of
   :mod:`divopd.explore.envs.coin_expert` (600 tasks × 8 epochs; held-out SR ~97% at T = 0.4); the student is a short
   SFT of the same search (150 tasks, one epoch, ~23%) on the teacher's tokenizer.
+* ``coin6`` (issue 17's second setting): *coin* with 6 rooms and a 14-step limit, a longer horizon; the same kind of
+  search-expert teacher and short-SFT student as ``coin4``.
 * ``twc`` (issue 17's second game): TextWorld Commonsense, one room, one object; held-out tasks are the train fold's
   last 200 seeds (``dev_from_train``). Teacher and student both clone the gold paths, the student with less training.
 """
@@ -60,6 +62,14 @@ RECIPES: dict[str, ModelRecipe] = {
         student=("--expert", "explore", "--train-tasks", "150", "--epochs", "1", "--max-steps", "10",
                  "--eval-tasks", "10", "--seed", "1"),
         note="search-expert teacher (600 tasks x 8 epochs, ~3 min), 150-task one-epoch student"),
+    "coin6": ModelRecipe(
+        env="twx", env_kwargs={"game": "coin", "params": "numLocations=6,numDistractorItems=0,includeDoors=0"},
+        prompt=_COIN_PROMPT,
+        teacher=("--expert", "explore", "--train-tasks", "600", "--epochs", "8", "--max-steps", "14",
+                 "--eval-tasks", "64", "--seed", "0"),
+        student=("--expert", "explore", "--train-tasks", "112", "--epochs", "2", "--max-steps", "14",
+                 "--eval-tasks", "10", "--seed", "1"),
+        note="search-expert teacher (600 tasks x 8 epochs, ~6.5 min), 112-task two-epoch student"),
     "twc": ModelRecipe(
         env="twx", env_kwargs={"game": "twc", "params": _TWC_PARAMS, "dev_from_train": 200},
         prompt=_COIN_PROMPT,

@@ -61,11 +61,13 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
     ``stop``: a :class:`~divopd.train.interrupt.StopRequest` whose signal handlers are installed (the CLI's); a stop
     requested while the models load or the explorers start is honoured once the loop starts: it checkpoints at
     once."""
+    from divopd.errors import UsageError
     from divopd.train.runtime.common import check_engines
     from divopd.train.trainer import open_run
 
     if cfg is not None:
         check_engines(cfg)  # before the run directory is made
+    existed = cfg is not None and cfg.resolved_run_dir().exists()
     trainer, resumed = open_run(cfg, resume=resume)
     cfg = trainer.cfg
     if resume is not None:
@@ -84,11 +86,40 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
             from divopd.train.runtime.threads import run_embedded
 
             summary = run_embedded(trainer, bar, stop=stop)
+    except UsageError:
+        if resume is None and trainer.version == 0:
+            discard_fresh_run(trainer, existed)
+        raise
     finally:
         bar.close()
     summary["resumed"] = resumed
     summary["run_dir"] = str(trainer.run_dir)
     return summary
+
+
+#: What a fresh run writes into its directory before its first update (removed again by :func:`discard_fresh_run`).
+FRESH_RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", "experience", "checkpoints")
+
+
+def discard_fresh_run(trainer: Any, existed: bool) -> None:
+    """A fresh run that stopped on bad input (an unknown environment argument, say) before its first update leaves
+    nothing behind: its files are removed, and its directory too unless it existed before, so the corrected command
+    can be run again as it is instead of being refused with "already holds a run"."""
+    import shutil
+
+    try:
+        trainer.close()
+    except Exception:  # noqa: BLE001 - closing is best effort here; the input error is what the user must see
+        logging.getLogger(__name__).debug("closing the discarded run failed", exc_info=True)
+    run_dir = Path(trainer.run_dir)
+    for name in FRESH_RUN_ENTRIES:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if not existed and run_dir.is_dir() and not any(run_dir.iterdir()):
+        run_dir.rmdir()
 
 
 def quiet_hf_progress() -> None:
