@@ -318,25 +318,63 @@ def test_bad_env_kwargs_are_one_line_and_exit_2(tiny_models: dict[str, str], tmp
     assert len(err) == 1 and err[0].startswith("divopd train: error: environment 'tiny'") and needle in err[0], err
 
 
-@pytest.mark.parametrize("kind", ["threads", "lockstep"])
+@pytest.mark.parametrize("kind", ["threads", "lockstep", pytest.param("ray", marks=pytest.mark.slow)])
 def test_a_run_stopped_by_bad_env_kwargs_leaves_no_run_dir_behind(tiny_models: dict[str, str], tmp_path: Path,
-                                                                  kind: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """The input error surfaces only once the explorer builds its env, after the run directory was made: the fresh
-    run's files go again, so the same command (or the corrected one) is not refused with "already holds a run". A
-    directory that existed before keeps only what was in it."""
+                                                                  kind: str, capsys: pytest.CaptureFixture) -> None:
+    """The input error surfaces only once the explorer builds its env, after the run directory was made: it is one
+    line and exit 2 under every runtime (under Ray: the actor's error itself, not "every explorer actor has
+    failed"), and the fresh run's files go again, so the same command (or the corrected one) is not refused with
+    "already holds a run". A directory that existed before keeps only what was in it."""
     from divopd import cli
 
+    if kind == "ray":
+        pytest.importorskip("ray")
     cfg = tiny_config(tiny_models, tmp_path / "run", "divopd")
     data = cfg.model_dump(mode="json")
     data["explorer"]["env_kwargs"] = {"num_rooms": 1}
-    data["runtime"]["kind"] = kind
+    data["runtime"].update(kind=kind, ray_num_cpus=2)
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(data))
-    for _ in range(2):
+    for _ in range(1 if kind == "ray" else 2):  # a Ray start costs ~20 s: once is enough there
         assert cli.main(["train", str(tmp_path / "cfg.yaml"), "--no-progress"]) == 2
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(err) == 1 and "num_rooms must be >= 2" in err[0], err
         assert not (tmp_path / "run").exists()
+    if kind == "ray":
+        return
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "notes.txt").write_text("mine")
     assert cli.main(["train", str(tmp_path / "cfg.yaml"), "--no-progress"]) == 2
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["notes.txt"]
+
+
+def test_a_ray_explorer_actor_keeps_bad_input_and_the_driver_raises_it(tiny_models: dict[str, str],
+                                                                       tmp_path: Path) -> None:
+    """The Ray runtime's half of the rule above, without starting Ray (the whole path under Ray is the slow variant
+    of the test above): the actor class keeps the input error instead of dying (a restart cannot fix bad input) and
+    raises it from every call; raise_input_error re-raises it from a failed call's error, and lets other failures
+    through."""
+    pytest.importorskip("ray")
+    from ray.exceptions import RayTaskError
+
+    from divopd.errors import ConfigError, UsageError
+    from divopd.learn.checkpoint import WeightHandle, copy_state_dict
+    from divopd.models import load_model
+    from divopd.train.runtime.ray import ExplorerActor, raise_input_error
+
+    cfg = tiny_config(tiny_models, tmp_path / "run", "divopd")
+    data = cfg.model_dump(mode="json")
+    data["explorer"]["env_kwargs"] = {"num_rooms": 1}
+    handle = WeightHandle(0, state_dict=copy_state_dict(load_model(cfg.student.path)[0]))
+    actor = ExplorerActor(data, 0, 0, handle, True)  # the env is built at the first collect
+    with pytest.raises(ConfigError, match="num_rooms must be >= 2") as bad_env:
+        actor.collect(1, handle)
+    data["teacher"]["path"] = str(tmp_path / "no-model-here")  # bad input met while the actor is constructed
+    actor = ExplorerActor(data, 0, 0, handle, True)
+    assert isinstance(actor.input_error, UsageError)
+    for call in (lambda: actor.collect(1, handle), lambda: actor.evaluate(handle, 2)):
+        with pytest.raises(UsageError, match="no-model-here"):
+            call()
+    actor.close()  # nothing was built: nothing to close, no error
+    with pytest.raises(ConfigError, match="num_rooms must be >= 2"):
+        raise_input_error(RayTaskError("collect", "traceback", bad_env.value))
+    assert raise_input_error(RayTaskError("collect", "traceback", RuntimeError("env crashed"))) is None

@@ -10,8 +10,11 @@ With ``learner.world_size > 1`` the learner's ranks are Ray actors too, in one p
 the learner in the driver. Each explorer actor has one ``collect`` call in
 flight, so a slow learner does not stall production (turns wait in the sampler, where staleness expires them). A dead
 explorer actor is restarted by Ray (``runtime.max_explorer_restarts``) and its lost call is resubmitted; the run goes
-on. Local runs start Ray on loopback; set ``runtime.ray_address`` (e.g. ``ray://head:10001`` or ``auto``) for a
-cluster, and ``student.device``/``teacher.device`` + ``runtime.explorer_gpus`` for GPUs.
+on. Bad input that only the actor meets (an ``explorer.env_kwargs`` value the environment rejects) is not a failure
+to restart: the actor keeps the input error and raises it from every call, and the driver raises it as it is (one
+line and exit 2 from the CLI). Local runs start Ray on loopback; set ``runtime.ray_address`` (e.g.
+``ray://head:10001`` or ``auto``) for a cluster, and ``student.device``/``teacher.device`` + ``runtime.explorer_gpus``
+for GPUs.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import ray
 import torch
 from ray.exceptions import RayActorError, RayTaskError
 
+from divopd.errors import UsageError
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
@@ -47,17 +51,27 @@ class ExplorerActor:
         cfg = TrainConfig.model_validate(cfg_data)
         torch.set_num_threads(cfg.runtime.torch_threads)
         self.cfg = cfg
+        self.input_error: UsageError | None = None  # raised from every call: no restart can fix bad input
         teacher = None  # the shared teacher actor (teacher.shared), else a teacher of this actor's own
-        if with_teacher:
-            teacher = RemoteTeacher(teacher_actor) if teacher_actor is not None else load_teacher(cfg)[0]
-        self.explorer = build_explorer(cfg, idx, session, handle, teacher, evaluation=not with_teacher)
+        try:
+            if with_teacher:
+                teacher = RemoteTeacher(teacher_actor) if teacher_actor is not None else load_teacher(cfg)[0]
+            self.explorer = build_explorer(cfg, idx, session, handle, teacher, evaluation=not with_teacher)
+        except UsageError as exc:
+            self.input_error = exc
+
+    def _check_input(self) -> None:
+        if self.input_error is not None:
+            raise self.input_error
 
     def collect(self, n: int, handle: Any) -> list[Any]:
+        self._check_input()
         self.explorer.set_weights(handle)
         self.explorer.config.max_steps = step_limit(self.cfg, handle)
         return self.explorer.collect(n)
 
     def evaluate(self, handle: Any, num_tasks: int) -> dict[str, float]:
+        self._check_input()
         self.explorer.set_weights(handle)
         return self.explorer.evaluate(num_tasks=num_tasks, **self.cfg.eval.sampling(self.cfg.seed))
 
@@ -68,10 +82,19 @@ class ExplorerActor:
         return ray.get_runtime_context().get_node_id()
 
     def close(self) -> None:
-        self.explorer.close()
+        if self.input_error is None:
+            self.explorer.close()
 
 
 _RUNTIMES = itertools.count()
+
+
+def raise_input_error(exc: Exception) -> None:
+    """Raise the :class:`~divopd.errors.UsageError` behind a failed actor call (bad input, which no restart fixes),
+    as it is; return for any other failure."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, UsageError):
+        raise cause from None
 
 
 def explorer_name(run: int, i: int) -> str:
@@ -138,6 +161,7 @@ class RayRuntime:
             try:
                 out.extend(ray.get(ref))
             except (RayActorError, RayTaskError) as exc:
+                raise_input_error(exc)
                 self._failures[i] += 1
                 log.error("explorer actor %d failed (%d so far): %s", i, self._failures[i], exc)
                 if self._failures[i] > self.cfg.runtime.max_explorer_restarts:
@@ -167,7 +191,12 @@ class RayRuntime:
         out = []
         for ref in ready:
             update, counters = self._evals.pop(ref)
-            out.append(EvalResult(update, counters, ray.get(ref)))
+            try:
+                results = ray.get(ref)
+            except RayTaskError as exc:
+                raise_input_error(exc)
+                raise
+            out.append(EvalResult(update, counters, results))
         return out
 
     def evals_pending(self) -> bool:
