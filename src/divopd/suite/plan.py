@@ -104,8 +104,8 @@ class Plan(_Strict):
 
     out: str = "runs/paper"
     configs: str = Field("tiny", description="settings folder under configs/ whose <method>.yaml every run starts "
-                         "from (tiny: the 2-room cold start; coin4: issue 17's warm start); its models come from the "
-                         "recipe of the same name in divopd.suite.models")
+                         "from (tiny: the 2-room cold start; coin4: issue 17's warm start; coin6, twc: its second "
+                         "settings); its models come from the recipe of the same name in divopd.suite.models")
     cache: str = "cache/demo"
     updates: int = Field(150, ge=1)
     seeds: list[int] = Field(min_length=1)
