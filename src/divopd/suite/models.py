@@ -48,28 +48,32 @@ class ModelRecipe:
 _COIN_PROMPT = {"past_observation_max_words": 8}
 _TWC_PARAMS = "numLocations=1,numItemsToPutAway=1,includeDoors=0,limitInventorySize=0"
 
+def _coin_search_recipe(rooms: int, max_steps: int, teacher_eval_tasks: int, student_tasks: int,
+                        student_epochs: int, note: str) -> ModelRecipe:
+    """A *coin* setting without doors or distractors whose teacher (600 tasks x 8 epochs) and short-SFT student both
+    clone the observable-state search (``--expert explore``): the ``coin4`` and ``coin6`` recipes."""
+    def search(tasks: int, epochs: int, eval_tasks: int, seed: int) -> tuple[str, ...]:
+        return ("--expert", "explore", "--train-tasks", str(tasks), "--epochs", str(epochs), "--max-steps",
+                str(max_steps), "--eval-tasks", str(eval_tasks), "--seed", str(seed))
+
+    return ModelRecipe(
+        env="twx", env_kwargs={"game": "coin", "params": f"numLocations={rooms},numDistractorItems=0,includeDoors=0"},
+        prompt=_COIN_PROMPT, teacher=search(600, 8, teacher_eval_tasks, 0),
+        student=search(student_tasks, student_epochs, 10, 1), note=note)
+
+
 RECIPES: dict[str, ModelRecipe] = {
     "tiny": ModelRecipe(
         env="twx", env_kwargs={"game": "coin", "params": "numLocations=2,numDistractorItems=0,includeDoors=0"},
         prompt=_COIN_PROMPT,
         teacher=("--train-tasks", "300", "--epochs", "4", "--seed", "0", "--eval-tasks", "100"),
         student=None, note="gold-path teacher, random-init student, ~1 min"),
-    "coin4": ModelRecipe(
-        env="twx", env_kwargs={"game": "coin", "params": "numLocations=4,numDistractorItems=0,includeDoors=0"},
-        prompt=_COIN_PROMPT,
-        teacher=("--expert", "explore", "--train-tasks", "600", "--epochs", "8", "--max-steps", "10",
-                 "--eval-tasks", "10", "--seed", "0"),
-        student=("--expert", "explore", "--train-tasks", "150", "--epochs", "1", "--max-steps", "10",
-                 "--eval-tasks", "10", "--seed", "1"),
-        note="search-expert teacher (600 tasks x 8 epochs, ~3 min), 150-task one-epoch student"),
-    "coin6": ModelRecipe(
-        env="twx", env_kwargs={"game": "coin", "params": "numLocations=6,numDistractorItems=0,includeDoors=0"},
-        prompt=_COIN_PROMPT,
-        teacher=("--expert", "explore", "--train-tasks", "600", "--epochs", "8", "--max-steps", "14",
-                 "--eval-tasks", "64", "--seed", "0"),
-        student=("--expert", "explore", "--train-tasks", "112", "--epochs", "2", "--max-steps", "14",
-                 "--eval-tasks", "10", "--seed", "1"),
-        note="search-expert teacher (600 tasks x 8 epochs, ~6.5 min), 112-task two-epoch student"),
+    "coin4": _coin_search_recipe(rooms=4, max_steps=10, teacher_eval_tasks=10, student_tasks=150, student_epochs=1,
+                                 note="search-expert teacher (600 tasks x 8 epochs, ~3 min), 150-task one-epoch "
+                                      "student"),
+    "coin6": _coin_search_recipe(rooms=6, max_steps=14, teacher_eval_tasks=64, student_tasks=112, student_epochs=2,
+                                 note="search-expert teacher (600 tasks x 8 epochs, ~6.5 min), 112-task two-epoch "
+                                      "student"),
     "twc": ModelRecipe(
         env="twx", env_kwargs={"game": "twc", "params": _TWC_PARAMS, "dev_from_train": 200},
         prompt=_COIN_PROMPT,
