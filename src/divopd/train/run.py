@@ -97,27 +97,18 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
     return summary
 
 
-#: What a fresh run writes into its directory before its first update (removed again by :func:`discard_fresh_run`).
-FRESH_RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", "experience", "checkpoints")
-
-
 def discard_fresh_run(trainer: Any, existed: bool) -> None:
     """A fresh run that stopped on bad input (an unknown environment argument, say) before its first update leaves
     nothing behind: its files are removed, and its directory too unless it existed before, so the corrected command
     can be run again as it is instead of being refused with "already holds a run"."""
-    import shutil
+    from divopd.train.rundir import remove_run_files
 
     try:
         trainer.close()
     except Exception:  # noqa: BLE001 - closing is best effort here; the input error is what the user must see
         logging.getLogger(__name__).debug("closing the discarded run failed", exc_info=True)
     run_dir = Path(trainer.run_dir)
-    for name in FRESH_RUN_ENTRIES:
-        path = run_dir / name
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+    remove_run_files(run_dir)
     if not existed and run_dir.is_dir() and not any(run_dir.iterdir()):
         run_dir.rmdir()
 

@@ -47,13 +47,12 @@ from divopd.sampling import Batch, Sampler, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
+from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, remove_run_files
 
 __all__ = ["Trainer", "open_run", "RunState"]
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
-EXPERIENCE = "experience"
 
 
 @dataclass
@@ -328,10 +327,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     else:
         if resume is not None:
             log.warning("%s: no checkpoint yet; starting the run over", run_dir)
-            for name in ("metrics.jsonl", "summary.json"):
-                (run_dir / name).unlink(missing_ok=True)
-            shutil.rmtree(run_dir / EXPERIENCE, ignore_errors=True)
-            shutil.rmtree(run_dir / "tb", ignore_errors=True)
+            remove_run_files(run_dir, ("metrics.jsonl", "summary.json", EXPERIENCE, "tb"))
         learner = build_learner(cfg.student.path, cfg.learner, _ranks_factory(cfg))
         version = 0
     state.sessions += 1
