@@ -288,15 +288,28 @@ def test_partial_reach_uses_reaching_seeds_and_says_so(runs_root):
     assert any("s1/vanilla: reached τ=75 in 1 of 2 seeds" in n for n in rep["notes"])
 
 
-def test_unfinished_run_limiting_budget_is_noted_and_seeds_sort_numerically(tmp_path):
+def test_budget_comes_from_finished_runs_and_seeds_sort_numerically(tmp_path):
+    """U is the smallest last evaluation of the *finished* runs: a run still in progress (evals at 0 and 10) neither
+    shrinks the finished runs' span to [0, 10] nor gets a nAUC of its own until it reaches U; a note names it. With no
+    finished run at all, U is the smallest last evaluation of the runs so far, and a note says so."""
     root = tmp_path / "runs"
     make_run(root, "s", "vanilla", 10, [10, 20, 30], 10, 100, 1.0)
     make_run(root, "s", "vanilla", 2, [10, 20], 10, 100, 1.0, finished=False)
     rep = build_report([load_run(p) for p in find_run_dirs([root])])
     s = rep["settings"]["s"]
-    assert s["budget"] == 10
-    assert [sd["seed"] for sd in s["methods"]["vanilla"]["seeds"]] == [2, 10]
-    assert any("U=10 is set by unfinished run(s)" in n and "s-vanilla-2" in n for n in rep["notes"])
+    assert s["budget"] == 20
+    seeds = s["methods"]["vanilla"]["seeds"]
+    assert [sd["seed"] for sd in seeds] == [2, 10]
+    assert seeds[0]["nauc"] is None and seeds[1]["nauc"] == pytest.approx(20.0)  # mean of 10 -> 20 -> 30 over [0, 20]
+    assert any("U=20 (finished runs)" in n and "s-vanilla-2" in n for n in rep["notes"])
+    assert any("seed(s) [2] do not cover the budget U=20" in n for n in rep["notes"])
+
+    only_running = tmp_path / "running"
+    make_run(only_running, "s", "vanilla", 0, [10, 20, 30], 10, 100, 1.0, finished=False)
+    make_run(only_running, "s", "vanilla", 1, [10, 20], 10, 100, 1.0, finished=False)
+    rep = build_report([load_run(p) for p in find_run_dirs([only_running])])
+    assert rep["settings"]["s"]["budget"] == 10
+    assert any("no run has finished; U=10" in n for n in rep["notes"])
 
 
 def test_settings_are_ordered_with_numbers_as_numbers(tmp_path):

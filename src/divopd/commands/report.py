@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="U",
-        help="common learner-update budget for nAUC (default: the smallest last-eval update among a setting's runs)",
+        help="common learner-update budget for nAUC (default: the smallest last-eval update among a setting's "
+        "finished runs)",
     )
     parser.add_argument("--baseline", default="vanilla", help="method the ratios compare against (default: vanilla)")
     parser.add_argument("--nauc-rule", choices=("trapezoid", "step"), default="trapezoid", help="nAUC integration rule")

@@ -13,9 +13,9 @@ aggregated. Written to ``--out`` (default ``./report``):
   min–max over seeds), batch-composition curves, and the per-update diagnostics (Figure 6's EMA among them).
 
 Rules (see docs/guides/report.md): SR in percent; τ defaults to the largest multiple of 5 at or below the baseline's
-peak SR (mean of its seeds' peaks); U defaults to the smallest last-eval update among the setting's runs; a cost to τ is
-the mean over the seeds that reached τ, and the ratio is baseline mean / method mean; ± is the std across seeds
-(sample, ddof=1) when there are two or more seeds, else the std across the final five checkpoints as in the paper.
+peak SR (mean of its seeds' peaks); U defaults to the smallest last-eval update among the setting's finished runs; a
+cost to τ is the mean over the seeds that reached τ, and the ratio is baseline mean / method mean; ± is the std across
+seeds (sample, ddof=1) when there are two or more seeds, else the std across the final five checkpoints as in the paper.
 
 The package follows the report's jobs: :mod:`~divopd.analysis.report.load` (run directories, ``metrics.jsonl``,
 ``summary.json``), :mod:`~divopd.analysis.report.compute` (SR statistics, time to target, nAUC, aggregates),

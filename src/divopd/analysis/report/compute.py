@@ -203,13 +203,19 @@ def _check_seeds(setting: str, methods: dict[str, list[Run]]) -> None:
 
 
 def _budget(setting: str, all_runs: list[Run], budget: float | None, notes: list[str]) -> float | None:
-    """Common update budget U: ``budget``, else the smallest last-eval update, so every run covers [first eval, U]."""
-    last_evals = [r.evals[-1].update for r in all_runs if r.evals]
-    u_budget = budget if budget is not None else (min(last_evals) if last_evals else None)
-    if budget is None and u_budget is not None:
-        limiting = [str(r.path) for r in all_runs if r.evals and r.evals[-1].update == u_budget and not r.finished]
-        if limiting:
-            notes.append(f"{setting}: U={u_budget} is set by unfinished run(s) {limiting}")
+    """Common update budget U: ``budget``, else the smallest last-eval update of the finished runs, so every finished
+    run covers [first eval, U]; a run still in progress that has not reached U yet gets no nAUC (a note says so)
+    instead of shrinking every run's span. With no finished run, the smallest last-eval update of all runs."""
+    evaluated = [r for r in all_runs if r.evals]
+    finished = [r for r in evaluated if r.finished]
+    pool = finished or evaluated
+    u_budget = budget if budget is not None else (min(r.evals[-1].update for r in pool) if pool else None)
+    if budget is None and u_budget is not None and not finished:
+        notes.append(f"{setting}: no run has finished; U={u_budget} is the smallest last evaluation of the runs so far")
+    elif budget is None and u_budget is not None:
+        behind = [str(r.path) for r in evaluated if not r.finished and r.evals[-1].update < u_budget]
+        if behind:
+            notes.append(f"{setting}: U={u_budget} (finished runs); unfinished run(s) {behind} have not reached it")
     firsts = {r.evals[0].update for r in all_runs if r.evals}
     if len(firsts) > 1:
         notes.append(f"{setting}: runs start evaluating at different updates {sorted(firsts)}; nAUC spans differ")
