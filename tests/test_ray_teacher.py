@@ -12,7 +12,10 @@ from divopd.experience.log import read_log
 from test_train import assert_ledger_identity, tiny_config, tiny_models  # noqa: F401
 
 
+@pytest.mark.slow
 def test_one_shared_teacher_actor_scores_for_every_explorer(tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """The whole run with ``teacher.shared`` under Ray (slow: a second Ray start; the default suite checks the Ray
+    runtime end to end in tests/test_train.py::test_ray_runtime and the shared actor's scoring below)."""
     pytest.importorskip("ray")
     from divopd.train import train
 
