@@ -50,7 +50,8 @@ HAND_CONFIG = dict(batch_size=2, pool_factor=2, cap=1, max_staleness=1, updates=
 # vanilla reads arrival order, ungated:  t0 {a0,a1}  t1 {a2,b0}  t2 {c0 (dead), c1}  t3 e0 expires (v1 < 3−1), {f0,d0};
 #   d1, d2 still queued.  Effective rollouts 1, 1.8 (token shares 1/3, 2/3), 1, 2; max shares 1, 2/3, 1, 1/2.
 # divopd (pool + gate + rollout-first k=1 + focus): t0 pool {a0,a1,a2,b0} -> A's top a1, B's b0;
-#   t1 pool {a0,a2 pending; c0 rejected; c1, e0} -> A: a0 (d=2 > 0), C: c1;   t2 a2 expires (v0 < 1), pool {e0, f0};
+#   t1 pool {a0,a2 pending; c0 read and rejected; c1} (the read stops at c·B = 4: e0 stays queued) -> A: a0 (d=2 > 0),
+#   C: c1;   t2 a2 expires (v0 < 1), pool {e0, f0};
 #   t3 pool {d0,d1,d2} -> pass 0 d2, pass 1 d1; d0 pending.  Effective 1.8, 2, 2, 1; max shares 2/3, 1/2, 1/2, 1.
 # Valid rollouts A B C E F D (c1 makes C valid). vanilla never uses E; D has turns waiting in both (undecided).
 EXPECTED = {
@@ -63,6 +64,7 @@ EXPECTED = {
         "unused_fraction": 1 / 5,
         "effective_rollouts_mean": (1 + 1.8 + 1 + 2) / 4,
         "max_rollout_share_mean": (1 + 2 / 3 + 1 + 0.5) / 4,
+        "candidate_rollouts_mean": (1 + 2 + 1 + 2) / 4,  # vanilla's candidates are its batch
         "dead_row_fraction": 1 / 8,
         "selected": 8,
         "expired": 1,
@@ -77,6 +79,7 @@ EXPECTED = {
         "unused_fraction": 0.0,
         "effective_rollouts_mean": (1.8 + 2 + 2 + 1) / 4,
         "max_rollout_share_mean": (2 / 3 + 0.5 + 0.5 + 1) / 4,
+        "candidate_rollouts_mean": (2 + 2 + 2 + 1) / 4,  # valid pools {A,B} {A,C} {E,F} {D}
         "dead_row_fraction": 0.0,
         "selected": 8,
         "expired": 1,
@@ -88,6 +91,7 @@ EXPECTED_SERIES = {
         "batch": [1, 1, 1, 1],
         "effective_rollouts": [1, 1.8, 1, 2],
         "max_rollout_share": [1, 2 / 3, 1, 0.5],
+        "candidate_rollouts": [1, 2, 1, 2],
         "dead_rows": [0, 0, 1, 0],
         "mean_staleness": [0, 1, 1, 0.5],
         "selected": [2, 4, 6, 8],
@@ -100,6 +104,7 @@ EXPECTED_SERIES = {
         "batch": [1, 1, 1, 1],
         "effective_rollouts": [1.8, 2, 2, 1],
         "max_rollout_share": [2 / 3, 0.5, 0.5, 1],
+        "candidate_rollouts": [2, 2, 2, 1],
         "dead_rows": [0, 0, 0, 0],
         "mean_staleness": [0, 0.5, 0.5, 0],
         "selected": [2, 4, 6, 8],

@@ -73,7 +73,8 @@ CHAIN_METHODS: tuple[str, ...] = ("vanilla", "vanilla-pool", "divopd-base", "div
 #: The per-method JSON keys (in this order), besides ``series`` and ``ledger``.
 RESULT_KEYS: tuple[str, ...] = (
     "updates", "starved", "valid_rollouts", "used_rollouts", "undecided_rollouts", "unused_fraction",
-    "effective_rollouts_mean", "max_rollout_share_mean", "dead_row_fraction", "selected", "expired", "invalid")
+    "effective_rollouts_mean", "max_rollout_share_mean", "candidate_rollouts_mean", "dead_row_fraction", "selected",
+    "expired", "invalid")
 #: The diagnostics of the paper's tables in each method's entry (after :data:`RESULT_KEYS`).
 TABLE_KEYS: tuple[str, ...] = (
     "never_selected_share",
@@ -94,6 +95,7 @@ SERIES_KEYS: tuple[str, ...] = (
     "max_rollout_share",
     "dead_rows",
     "distinct_rollouts",
+    "candidate_rollouts",
     "mean_staleness",
     "selected",
     "expired",
@@ -166,6 +168,7 @@ class _Track:
     dead_rows: int = 0
     eff_sum: float = 0.0
     share_sum: float = 0.0
+    cand_sum: float = 0.0
     tpr_sum: float = 0.0
     kl_sum: float = 0.0
     age_sum: float = 0.0
@@ -199,8 +202,9 @@ def _open(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfig
 
 
 #: The per-tick series taken from a batch's stats (None on a tick without a batch).
-_BATCH_SERIES = ("effective_rollouts", "max_rollout_share", "dead_rows", "distinct_rollouts", "mean_staleness",
-                 "turns_per_rollout", "kl_per_token")
+_BATCH_SERIES = ("effective_rollouts", "max_rollout_share", "dead_rows", "distinct_rollouts", "candidate_rollouts",
+                 "mean_staleness", "turns_per_rollout", "kl_per_token")
+_INT_SERIES = ("dead_rows", "distinct_rollouts", "candidate_rollouts")
 
 
 def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
@@ -219,6 +223,7 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
         tr.dead_rows += int(st["dead_rows"])
         tr.eff_sum += float(st["effective_rollouts"])
         tr.share_sum += float(st["max_rollout_share"])
+        tr.cand_sum += float(st["candidate_rollouts"])
         tr.tpr_sum += float(st["turns_per_rollout"])
         tr.kl_sum += float(st["kl_per_token"])
         tr.age_sum += float(st["mean_staleness"])
@@ -234,7 +239,7 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
                 tr.used_valid += rid in valid
         s["batch"].append(1)
         for key in _BATCH_SERIES:
-            s[key].append(int(st[key]) if key in ("dead_rows", "distinct_rollouts") else float(st[key]))
+            s[key].append(int(st[key]) if key in _INT_SERIES else float(st[key]))
     s["disagreement_std_ema"].append(tr.ema)
     ledger = tr.sampler.ledger
     s["selected"].append(ledger["selected"])
@@ -256,6 +261,7 @@ def _method_result(tr: _Track, updates: int, valid: set[str], scored: int,
         **coverage,
         "effective_rollouts_mean": divide(tr.eff_sum, tr.batches),
         "max_rollout_share_mean": divide(tr.share_sum, tr.batches),
+        "candidate_rollouts_mean": divide(tr.cand_sum, tr.batches),
         "dead_row_fraction": divide(tr.dead_rows, tr.rows),
         "selected": ledger["selected"],
         "expired": ledger["expired"],
