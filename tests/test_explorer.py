@@ -207,6 +207,38 @@ def test_env_crash_ends_the_rollout_and_a_fresh_instance_takes_over():
         assert not r.info["success"] and not r.info["hit_step_limit"] and len(r.turns) == r.info["horizon"] + 1
 
 
+@pytest.mark.parametrize("load_weights", ["rollout", "batch"])
+def test_batch_weight_loading_keeps_one_policy_version_per_rollout(load_weights: str) -> None:
+    """Crashes at different steps desynchronise the instances' episodes. ``rollout`` loads a new version whenever one
+    rollout ends, so rollouts still running mix versions; ``batch`` loads it only once every instance's rollout has
+    ended: one version per rollout, and the whole batch of rollouts after it starts on the new version."""
+    made: list[TinyEnv] = []
+
+    def factory() -> TinyEnv:
+        made.append(TinyEnv(crash_prob=0.2, seed=len(made)))
+        return made[-1]
+
+    tok = env_tokenizer("tiny")
+    cfg = ExplorerConfig(env="tiny", num_envs=3, max_steps=6, generation={"max_new_tokens": 4},
+                         load_weights=load_weights)
+    other = tiny_model(tok, 7).state_dict()
+    rollouts = []
+    with Explorer(cfg, tiny_model(tok, 0), tok, tiny_model(tok, 1), env_factory=factory) as explorer:
+        for version in range(1, 13):
+            explorer.set_weights(WeightHandle(version=version, state_dict={k: v.clone() for k, v in other.items()}))
+            for _ in range(2):
+                rollouts += explorer.step_round()[0]
+    assert any(r.info["crashed"] for r in rollouts)
+    versions = [{t.policy_version for t in r.turns} for r in rollouts]
+    if load_weights == "rollout":
+        assert any(len(v) > 1 for v in versions)
+    else:
+        assert all(len(v) == 1 for v in versions)
+        starts = [min(v) for v in versions]
+        assert len(set(starts)) > 1  # newer versions were loaded, between batches
+        assert explorer.stats()["explorer/weight_loads"] < len(rollouts)
+
+
 def test_env_that_never_starts_fails_loudly():
     class Dead(TinyEnv):
         def reset(self, task):

@@ -150,7 +150,7 @@ class Explorer:
         for ended, stepped in self._rounds(self._envs, self._train_task_stream(), evaluating=False):
             for rollout in self._queue_round(ended, stepped):
                 yield rollout
-                if ended:  # between rollouts: the next turns use the newest published weights
+                if ended and self.config.load_weights == "rollout":  # the next turns use the newest weights
                     self._apply_pending_weights()
 
     def set_weights(self, handle: WeightHandle) -> None:
@@ -242,13 +242,17 @@ class Explorer:
             self._round_iter = self._rounds(self._envs, self._train_task_stream(), evaluating=False)
         ended, stepped = next(self._round_iter)
         rollouts = list(self._queue_round(ended, stepped))
-        if ended:  # the slots' next episodes start with the newest published weights
+        if ended and self.config.load_weights == "rollout":  # the slots' next episodes use the newest weights
             self._apply_pending_weights()
         return rollouts, len(stepped)
 
     def _rounds(self, envs: list[Env], tasks: Iterator[str],
                 evaluating: bool) -> Iterator[tuple[list[Episode], list[Episode]]]:
-        """Step every live env once per round; yield (episodes that ended, episodes stepped) after each round."""
+        """Step every live env once per round; yield (episodes that ended, episodes stepped) after each round.
+
+        ``load_weights: batch`` (training only): an ended slot stays empty until all are; then the newest weights load
+        and every slot starts its next episode."""
+        batch = not evaluating and self.config.load_weights == "batch"
         episodes: list[Episode | None] = [self._start_episode(envs, i, tasks) for i in range(len(envs))]
         while any(e is not None for e in episodes):
             live = [i for i, e in enumerate(episodes) if e is not None]
@@ -263,7 +267,10 @@ class Explorer:
                 episode = episodes[i]
                 if episode.done:
                     ended.append(episode)
-                    episodes[i] = self._start_episode(envs, i, tasks)
+                    episodes[i] = None if batch else self._start_episode(envs, i, tasks)
+            if batch and all(e is None for e in episodes):
+                self._apply_pending_weights()
+                episodes = [self._start_episode(envs, i, tasks) for i in range(len(envs))]
             yield ended, stepped
 
     def _act(self, episodes: list[Episode | None], actors: dict[int, str], evaluating: bool) -> dict[int, Any]:

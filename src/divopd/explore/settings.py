@@ -87,6 +87,12 @@ class ExplorerConfig(BaseModel):
         "teacher-scored in one pass when it ends) or `turn` (every env round, the round's new student turns of all "
         "instances are teacher-scored in one pass and queued at once, while their rollouts go on; the queue then "
         "holds turns of many running rollouts, and a turn's `success` is known only for its rollout's last turn).")
+    load_weights: Literal["rollout", "batch"] = Field(
+        "rollout", description="When the explorer loads newly published weights: `rollout` (whenever one of its "
+        "rollouts ends, so the other instances' running rollouts go on with the new weights and one rollout's turns "
+        "may carry several policy versions) or `batch` (an instance whose rollout ended waits until every instance's "
+        "rollout has ended; then the newest weights load and all instances start again: every turn of a rollout has "
+        "one policy version, as in an explorer that runs a batch of episodes per weight sync).")
     prompt: PromptConfig = Field(default_factory=PromptConfig, description="Prompt template and context budget.")
     truncated_turns_dead: bool = Field(
         True, description="A turn whose prompt was truncated (past prompt.max_prompt_tokens) gets an all-False "
