@@ -9,27 +9,24 @@ independently of learner updates, adding turns to a queue with rollout IDs and p
 2. steps each env; a rollout ends on success/failure, at ``max_steps``, or when its env crashes (counted; the turns so
    far are kept and a fresh instance replaces the env);
 3. when a rollout ends, the teacher scores all its student turns in one batched no-grad pass (a failure marks turns
-   unscored — ``teacher_logprobs=None`` — and counts it; nothing is dropped), and the rollout's
-   :class:`~divopd.experience.turn.Turn` s are returned together, tagged ``(rollout_id, turn_index, policy_version)``
-   (``enqueue: turn``: after every round, the round's new turns of all instances, scored in one pass);
-4. between rollouts it loads newer student weights published by the learner (:meth:`Explorer.set_weights`); every
-   turn records the version that generated it;
+   unscored and counts it; nothing is dropped), and the rollout's ``Turn`` s are returned together, tagged
+   ``(rollout_id, turn_index, policy_version)`` (``enqueue: turn``: every round's new turns, scored in one pass);
+4. between rollouts (``load_weights: batch``: once all instances' rollouts ended) it loads newer student weights
+   published by the learner (:meth:`Explorer.set_weights`); every turn records the version that generated it;
 5. with +R on (:mod:`divopd.explore.recovery`), the teacher acts after ``p`` no-progress student turns (an invalid
    action, or a repeat while the allowed actions are unchanged), at most ``m`` turns a rollout; they are not queued.
 
 ``turn_index`` is the env step at which the student acted (0-based; teacher steps under +R leave gaps). Runtimes
-drive it through ``collect(n)`` / ``rollouts()``, ``set_weights(handle)``, ``set_learner_version(v)``, ``evaluate()``,
-``stats()`` and ``close()``; one thread (or actor) per explorer, since the model is used in place.
-Example::
+drive it through ``collect(n)`` / ``rollouts()`` (lockstep: ``step_round()``), ``set_weights(handle)``,
+``set_learner_version(v)``, ``evaluate()``, ``stats()`` and ``close()``; one thread (or actor) per explorer. Example::
 
     explorer = Explorer(ExplorerConfig(env="twx", num_envs=4), student, tokenizer, teacher, seed=0)
-    rollouts = explorer.collect(8)           # list[Rollout]; rollout.turns are Turns, rollout.info the episode
+    rollouts = explorer.collect(8)  # list[Rollout]; rollout.turns are Turns, rollout.info the episode
     explorer.set_weights(learner.publish())  # applied at the next rollout boundary
     explorer.evaluate(num_tasks=50)          # T = 0.4, seeded: {"eval/success_rate": ..., "eval/mean_score": ...}
 
-Settings: :mod:`divopd.explore.settings`; episodes: :mod:`~divopd.explore.episode`; teacher scoring:
-:mod:`~divopd.explore.scoring`; task order: :mod:`~divopd.explore.tasks`; vLLM engines: :mod:`~divopd.explore.engines`.
-"""
+Settings: :mod:`divopd.explore.settings`; episodes: :mod:`~divopd.explore.episode`; the rest: ``scoring``, ``tasks``,
+``engines``."""
 
 from __future__ import annotations
 
@@ -56,7 +53,6 @@ __all__ = ["Explorer", "ExplorerConfig", "GenerationSettings", "Rollout"]
 
 if TYPE_CHECKING:
     from divopd.learn.checkpoint import WeightHandle
-
 log = logging.getLogger(__name__)
 
 
@@ -248,11 +244,8 @@ class Explorer:
 
     def _rounds(self, envs: list[Env], tasks: Iterator[str],
                 evaluating: bool) -> Iterator[tuple[list[Episode], list[Episode]]]:
-        """Step every live env once per round; yield (episodes that ended, episodes stepped) after each round.
-
-        ``load_weights: batch`` (training only): an ended slot stays empty until all are; then the newest weights load
-        and every slot starts its next episode."""
-        batch = not evaluating and self.config.load_weights == "batch"
+        """Step every live env once per round; yield (episodes that ended, episodes stepped) after each round."""
+        batch = not evaluating and self.config.load_weights == "batch"  # an ended slot waits until all ended
         episodes: list[Episode | None] = [self._start_episode(envs, i, tasks) for i in range(len(envs))]
         while any(e is not None for e in episodes):
             live = [i for i, e in enumerate(episodes) if e is not None]
