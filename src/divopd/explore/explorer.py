@@ -11,22 +11,21 @@ independently of learner updates, adding turns to a queue with rollout IDs and p
 3. when a rollout ends, the teacher scores all its student turns in one batched no-grad pass (a failure marks turns
    unscored and counts it; nothing is dropped), and the rollout's ``Turn`` s are returned together, tagged
    ``(rollout_id, turn_index, policy_version)`` (``enqueue: turn``: every round's new turns, scored in one pass);
-4. between rollouts (``load_weights: batch``: once all instances' rollouts ended) it loads newer student weights
-   published by the learner (:meth:`Explorer.set_weights`); every turn records the version that generated it;
+4. it loads newer published weights (:meth:`Explorer.set_weights`) between rollouts, as ``load_weights`` says;
 5. with +R on (:mod:`divopd.explore.recovery`), the teacher acts after ``p`` no-progress student turns (an invalid
    action, or a repeat while the allowed actions are unchanged), at most ``m`` turns a rollout; they are not queued.
 
 ``turn_index`` is the env step at which the student acted (0-based; teacher steps under +R leave gaps). Runtimes
 drive it through ``collect(n)`` / ``rollouts()`` (lockstep: ``step_round()``), ``set_weights(handle)``,
-``set_learner_version(v)``, ``evaluate()``, ``stats()`` and ``close()``; one thread (or actor) per explorer. Example::
+``set_learner_version(v)``, ``evaluate()``, ``stats()``, ``close()``; one thread (or actor) per explorer. Example::
 
     explorer = Explorer(ExplorerConfig(env="twx", num_envs=4), student, tokenizer, teacher, seed=0)
-    rollouts = explorer.collect(8)  # list[Rollout]; rollout.turns are Turns, rollout.info the episode
+    rollouts = explorer.collect(8)           # list[Rollout]; rollout.turns are Turns, rollout.info the episode
     explorer.set_weights(learner.publish())  # applied at the next rollout boundary
     explorer.evaluate(num_tasks=50)          # T = 0.4, seeded: {"eval/success_rate": ..., "eval/mean_score": ...}
 
-Settings: :mod:`divopd.explore.settings`; episodes: :mod:`~divopd.explore.episode`; the rest: ``scoring``, ``tasks``,
-``engines``."""
+Settings: :mod:`divopd.explore.settings`; episodes: :mod:`~divopd.explore.episode`; teacher scoring:
+:mod:`~divopd.explore.scoring`; task order: :mod:`~divopd.explore.tasks`; engines: :mod:`~divopd.explore.engines`."""
 
 from __future__ import annotations
 
@@ -53,6 +52,7 @@ __all__ = ["Explorer", "ExplorerConfig", "GenerationSettings", "Rollout"]
 
 if TYPE_CHECKING:
     from divopd.learn.checkpoint import WeightHandle
+
 log = logging.getLogger(__name__)
 
 
