@@ -110,6 +110,25 @@ def test_the_second_setting_plans_run_the_study_rows_on_their_own_configs(plan_f
     assert tcod.tcod.horizon(max_steps, update=plan.updates - 1) == max_steps
 
 
+@pytest.mark.parametrize(("plan_file", "configs", "labels", "max_prompt_tokens"), [
+    ("plan-coin6-batch.yaml", "coin6", {"vanilla", "nocap", "divopd-base", "divopd"}, 1024),
+    ("plan-coin4-batch.yaml", "coin4", {"vanilla", "vanilla-pool", "divopd-base", "divopd"}, 370)])
+def test_the_one_version_per_rollout_plans_load_weights_per_batch(plan_file: str, configs: str, labels: set[str],
+                                                                  max_prompt_tokens: int) -> None:
+    """benchmarks/regime/plan-coin6-batch.yaml and plan-coin4-batch.yaml: the study rows on 10 paired seeds, every run
+    with explorer.load_weights = batch (one policy version per rollout); coin4's under the 370-token context budget
+    (coin6 keeps the default 1024)."""
+    plan = load_plan(Path(bench.DEFAULT_PLAN).parents[1] / "regime" / plan_file)
+    assert plan.configs == configs and plan.cache == f"cache/{configs}"
+    runs = plan_runs(plan)
+    assert {r.label for r in runs} == labels
+    assert all({r.seed for r in runs if r.label == label} == set(range(10)) for label in labels)
+    for r in runs:
+        cfg = bench.run_config(r, plan, Path("out"), {"student": Path("s"), "teacher": Path("t")})
+        assert cfg.explorer.load_weights == "batch" and cfg.runtime.kind == "lockstep" and cfg.method == r.method
+        assert cfg.explorer.prompt.max_prompt_tokens == max_prompt_tokens
+
+
 def test_a_method_row_can_have_its_own_seeds(tmp_path) -> None:
     data = json.loads(json.dumps(SMALL))
     data["methods"][0]["seeds"] = [5]
