@@ -112,7 +112,7 @@ def test_the_second_setting_plans_run_the_study_rows_on_their_own_configs(plan_f
 
 @pytest.mark.parametrize(("plan_file", "configs", "labels", "max_prompt_tokens"), [
     ("plan-coin6-batch.yaml", "coin6", {"vanilla", "nocap", "divopd-base", "divopd"}, 1024),
-    ("plan-coin4-batch.yaml", "coin4", {"vanilla", "vanilla-pool", "divopd-base", "divopd"}, 370)])
+    ("plan-coin4-batch.yaml", "coin4", {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"}, 370)])
 def test_the_one_version_per_rollout_plans_load_weights_per_batch(plan_file: str, configs: str, labels: set[str],
                                                                   max_prompt_tokens: int) -> None:
     """benchmarks/regime/plan-coin6-batch.yaml and plan-coin4-batch.yaml: the study rows on 10 paired seeds, every run
