@@ -274,7 +274,7 @@ def test_tiny_config_matches_its_models() -> None:
 def test_ctrl_c_checkpoints_and_exits(tiny_models: dict[str, str], tmp_path: Path) -> None:
     """SIGINT (Ctrl-C) mid-run: the run checkpoints, exits with 130, and --resume finishes it."""
     run_dir = tmp_path / "interrupted"
-    cfg = tiny_config(tiny_models, run_dir, "divopd-base", updates=60, **{"checkpoint.every": 1000})
+    cfg = tiny_config(tiny_models, run_dir, "divopd-base", updates=60, **{"checkpoint.every": 1000, "eval.every": 1000})
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
