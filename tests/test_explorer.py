@@ -279,6 +279,22 @@ def test_evaluate_is_greedy_student_only_and_repeatable():
     assert {k: v for k, v in a.items() if k != "eval/seconds"} == {k: v for k, v in b.items() if k != "eval/seconds"}
 
 
+def test_evaluate_starts_one_instance_per_task_up_to_num_envs_and_keeps_them():
+    """Two held-out tasks with num_envs = 3: two evaluation instances (each twx one is a JVM), not three; a later
+    evaluation of more tasks adds the third and reuses the first two."""
+    with make_explorer(num_envs=3) as explorer:
+        two = explorer.evaluate(num_tasks=2)
+        first = list(explorer._eval_envs)
+        assert len(first) == 2 and two["eval/episodes"] == 2
+        dev = explorer._eval_envs[0].tasks("dev")
+        six = explorer.evaluate(tasks=dev[:6])
+        assert len(explorer._eval_envs) == 3 and explorer._eval_envs[:2] == first and six["eval/episodes"] == 6
+        again = explorer.evaluate(num_tasks=2)
+        assert len(explorer._eval_envs) == 3
+    assert {k: v for k, v in two.items() if k != "eval/seconds"} == {k: v for k, v in again.items()
+                                                                      if k != "eval/seconds"}
+
+
 def test_evaluate_counts_a_gold_playing_student_as_successful():
     """An oracle 'student' that always emits the gold action wins every held-out task: evaluate can measure success."""
     tok = env_tokenizer("tiny")

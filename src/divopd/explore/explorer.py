@@ -180,16 +180,22 @@ class Explorer:
             raise ValueError(f"Explorer.evaluate: temperature must be > 0 when sampling, got {temperature}")
         self._apply_pending_weights()
         if not self._eval_envs:
-            self._eval_envs = [self._new_env() for _ in range(self.config.num_envs)]
+            self._eval_envs = [self._new_env()]
         if tasks is None:
             tasks = self._eval_envs[0].tasks(self.config.eval_split)[: num_tasks or self.config.eval_tasks]
         tasks = list(tasks)
         if not tasks:
             raise ValueError("Explorer.evaluate: no tasks to evaluate")
+        # one instance per task up to num_envs: no idle instances (each twx/ScienceWorld one is a JVM)
+        envs = self._eval_envs[: min(self.config.num_envs, len(tasks))]
+        envs += [self._new_env() for _ in range(min(self.config.num_envs, len(tasks)) - len(envs))]
         self._eval_decoding = (greedy, float(temperature), self.seed if seed is None else int(seed))
         self._eval_calls = 0
         t0 = time.perf_counter()
-        episodes = [e for ended, _ in self._rounds(self._eval_envs, iter(tasks), evaluating=True) for e in ended]
+        try:
+            episodes = [e for ended, _ in self._rounds(envs, iter(tasks), evaluating=True) for e in ended]
+        finally:  # _rounds replaces dead instances in `envs`; keep the replacements
+            self._eval_envs[: len(envs)] = envs
         return eval_metrics(episodes, self.policy_version, t0)
 
     def _decoding(self, actor: str, evaluating: bool) -> tuple[bool, float, int]:
