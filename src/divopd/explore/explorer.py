@@ -92,8 +92,7 @@ class Explorer:
         student_backend: GenerationBackend | None = None,
     ) -> None:
         self.config = config
-        self.student, self.tokenizer = student, tokenizer
-        self.teacher = teacher
+        self.student, self.tokenizer, self.teacher = student, tokenizer, teacher
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else tokenizer
         if teacher is not None and self.teacher_tokenizer is not tokenizer:
             if self.teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
@@ -102,8 +101,7 @@ class Explorer:
         if config.recovery.enabled and teacher is None:
             raise ValueError("Explorer: recovery.enabled needs a teacher to act")
         self.seed, self.explorer_id, self.id_prefix = seed, explorer_id, id_prefix
-        self.policy_version = policy_version
-        self.learner_version = policy_version
+        self.policy_version = self.learner_version = policy_version
         self._env_factory = env_factory or (lambda: make_env(config.env, **config.env_kwargs))
         stop_nl = config.generation.stop_on_newline
         self._student_gen = student_backend or HFGenerator(student, tokenizer, stop_on_newline=stop_nl)
@@ -119,8 +117,7 @@ class Explorer:
         self._round_iter: Iterator[tuple[list[Episode], list[Episode]]] | None = None
         self._task_rng = random.Random(f"{seed}-{explorer_id}-tasks")
         self._train_tasks: list[str] = []
-        self._n_rollouts = 0
-        self._gen_calls = 0
+        self._n_rollouts = self._gen_calls = 0
         self._stats: dict[str, float] = dict.fromkeys(EXPLORER_COUNTERS, 0.0)
 
     # ------------------------------------------------------------------ runtime-facing API
@@ -179,23 +176,20 @@ class Explorer:
         if not greedy and temperature <= 0:
             raise ValueError(f"Explorer.evaluate: temperature must be > 0 when sampling, got {temperature}")
         self._apply_pending_weights()
-        if not self._eval_envs:
-            self._eval_envs = [self._new_env()]
+        self._eval_envs = self._eval_envs or [self._new_env()]
         if tasks is None:
             tasks = self._eval_envs[0].tasks(self.config.eval_split)[: num_tasks or self.config.eval_tasks]
-        tasks = list(tasks)
-        if not tasks:
+        if not (tasks := list(tasks)):
             raise ValueError("Explorer.evaluate: no tasks to evaluate")
-        # one instance per task up to num_envs: no idle instances (each twx/ScienceWorld one is a JVM)
-        envs = self._eval_envs[: min(self.config.num_envs, len(tasks))]
-        envs += [self._new_env() for _ in range(min(self.config.num_envs, len(tasks)) - len(envs))]
+        n = min(self.config.num_envs, len(tasks))  # one instance per task up to num_envs (a twx one is a JVM)
+        envs = self._eval_envs[:n] + [self._new_env() for _ in range(n - len(self._eval_envs))]
         self._eval_decoding = (greedy, float(temperature), self.seed if seed is None else int(seed))
         self._eval_calls = 0
         t0 = time.perf_counter()
         try:
             episodes = [e for ended, _ in self._rounds(envs, iter(tasks), evaluating=True) for e in ended]
-        finally:  # _rounds replaces dead instances in `envs`; keep the replacements
-            self._eval_envs[: len(envs)] = envs
+        finally:  # keep the instances _rounds replaced
+            self._eval_envs[:n] = envs
         return eval_metrics(episodes, self.policy_version, t0)
 
     def _decoding(self, actor: str, evaluating: bool) -> tuple[bool, float, int]:
