@@ -132,6 +132,17 @@ def test_the_one_version_per_rollout_plans_load_weights_per_batch(plan_file: str
         assert cfg.explorer.prompt.max_prompt_tokens == max_prompt_tokens
 
 
+def test_the_200_update_plan_is_coin4_ctx_batch_run_twice_as_long() -> None:
+    """plan-coin4-batch-long.yaml: the same setting (context budget, one version per rollout) as plan-coin4-batch.yaml,
+    vanilla and divopd on seeds 0-4, 200 updates, its own output folder (so its first 100 updates can be compared)."""
+    regime = Path(bench.DEFAULT_PLAN).parents[1] / "regime"
+    short, long = load_plan(regime / "plan-coin4-batch.yaml"), load_plan(regime / "plan-coin4-batch-long.yaml")
+    assert long.settings == short.settings and long.configs == short.configs and long.cache == short.cache
+    assert long.updates == 2 * short.updates == 200 and long.out != short.out
+    runs = plan_runs(long)
+    assert {(r.label, r.seed) for r in runs} == {(m, s) for m in ("vanilla", "divopd") for s in range(5)}
+
+
 def test_a_method_row_can_have_its_own_seeds(tmp_path) -> None:
     data = json.loads(json.dumps(SMALL))
     data["methods"][0]["seeds"] = [5]
