@@ -112,14 +112,14 @@ def test_the_second_setting_plans_run_the_study_rows_on_their_own_configs(plan_f
 
 @pytest.mark.parametrize(("plan_file", "configs", "labels", "five_seed_labels", "max_prompt_tokens"), [
     ("plan-coin6-batch.yaml", "coin6", {"vanilla", "nocap", "divopd-base", "divopd"}, set(), 1024),
-    ("plan-coin4-batch.yaml", "coin4", {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"},
-     {"divopd-r", "tcod-f2b", "turnopd", "top-b"}, 370)])
+    ("plan-coin4-batch.yaml", "coin4", {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "tcod-f2b"},
+     {"divopd-r", "turnopd", "top-b"}, 370)])
 def test_the_one_version_per_rollout_plans_load_weights_per_batch(plan_file: str, configs: str, labels: set[str],
                                                                   five_seed_labels: set[str],
                                                                   max_prompt_tokens: int) -> None:
     """benchmarks/regime/plan-coin6-batch.yaml and plan-coin4-batch.yaml: the study rows on 10 paired seeds (coin4's
-    other rows on 5, as issue 17 asks), every run with explorer.load_weights = batch (one policy version per
-    rollout); coin4's under the 370-token context budget (coin6 keeps the default 1024)."""
+    other rows on 5, as issue 17 asks, but TCOD-F2B on 10), every run with explorer.load_weights = batch (one policy
+    version per rollout); coin4's under the 370-token context budget (coin6 keeps the default 1024)."""
     plan = load_plan(Path(bench.DEFAULT_PLAN).parents[1] / "regime" / plan_file)
     assert plan.configs == configs and plan.cache == f"cache/{configs}"
     runs = plan_runs(plan)
