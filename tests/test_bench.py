@@ -12,6 +12,9 @@ from divopd import bench
 from divopd.bench import PlanError, load_plan, plan_runs, run_state, select_runs
 from divopd.cli import main
 
+#: benchmarks/regime/: the warm-start study plans
+REGIME = Path(bench.DEFAULT_PLAN).parents[1] / "regime"
+
 SMALL = {
     "out": "runs/x",
     "updates": 2,
@@ -47,7 +50,7 @@ def test_shipped_plan_is_valid_and_covers_the_issue() -> None:
 
 
 def test_the_index_counts_a_sweep_point_shared_with_a_main_run_once(tmp_path) -> None:
-    plan = load_plan(Path(bench.DEFAULT_PLAN).parents[1] / "regime" / "plan.yaml")
+    plan = load_plan(REGIME / "plan.yaml")
     runs = plan_runs(plan)
     shared = [r for r in runs if r.main is not None]  # the cap sweep's k = 4 points are the main divopd runs
     assert shared and all(r.run_dir(tmp_path) == r.main.run_dir(tmp_path) for r in shared)
@@ -59,7 +62,7 @@ def test_the_index_counts_a_sweep_point_shared_with_a_main_run_once(tmp_path) ->
 def test_regime_plan_is_the_issue_17_study() -> None:
     """benchmarks/regime/plan.yaml: configs/coin4, >= 10 seeds for the five controlled rows, >= 5 for the others,
     two settings, a load sweep with three points and the cap sweep; its configs are the coin4 folder's."""
-    plan = load_plan(Path(bench.DEFAULT_PLAN).parents[1] / "regime" / "plan.yaml")
+    plan = load_plan(REGIME / "plan.yaml")
     assert plan.configs == "coin4" and plan.config_dir.name == "coin4" and len(plan.settings) >= 2
     runs = plan_runs(plan)
     seeds: dict[str, set[int]] = {}
@@ -85,7 +88,7 @@ def test_the_second_setting_plans_run_the_study_rows_on_their_own_configs(plan_f
     """benchmarks/regime/plan-twc.yaml (configs/twc: another game, step limit 5, held-out tasks from the train fold)
     and plan-coin6.yaml (configs/coin6: 6 rooms, step limit 14): the same method rows and seed counts as the coin4
     study, lockstep, on their own settings folder and model cache."""
-    plan = load_plan(Path(bench.DEFAULT_PLAN).parents[1] / "regime" / plan_file)
+    plan = load_plan(REGIME / plan_file)
     assert plan.configs == configs and plan.cache == f"cache/{configs}"
     runs = plan_runs(plan)
     seeds: dict[str, set[int]] = {}
@@ -120,7 +123,7 @@ def test_the_one_version_per_rollout_plans_load_weights_per_batch(plan_file: str
     """benchmarks/regime/plan-coin6-batch.yaml and plan-coin4-batch.yaml: the study rows on 10 paired seeds (coin4's
     other rows on 5, as issue 17 asks, but TCOD-F2B on 10), every run with explorer.load_weights = batch (one policy
     version per rollout); coin4's under the 370-token context budget (coin6 keeps the default 1024)."""
-    plan = load_plan(Path(bench.DEFAULT_PLAN).parents[1] / "regime" / plan_file)
+    plan = load_plan(REGIME / plan_file)
     assert plan.configs == configs and plan.cache == f"cache/{configs}"
     runs = plan_runs(plan)
     assert {r.label for r in runs} == labels | five_seed_labels
@@ -135,8 +138,7 @@ def test_the_one_version_per_rollout_plans_load_weights_per_batch(plan_file: str
 def test_the_200_update_plan_is_coin4_ctx_batch_run_twice_as_long() -> None:
     """plan-coin4-batch-long.yaml: the same setting (context budget, one version per rollout) as plan-coin4-batch.yaml,
     vanilla and divopd on seeds 0-4, 200 updates, its own output folder (so its first 100 updates can be compared)."""
-    regime = Path(bench.DEFAULT_PLAN).parents[1] / "regime"
-    short, long = load_plan(regime / "plan-coin4-batch.yaml"), load_plan(regime / "plan-coin4-batch-long.yaml")
+    short, long = load_plan(REGIME / "plan-coin4-batch.yaml"), load_plan(REGIME / "plan-coin4-batch-long.yaml")
     assert long.settings == short.settings and long.configs == short.configs and long.cache == short.cache
     assert long.updates == 2 * short.updates == 200 and long.out != short.out
     runs = plan_runs(long)
