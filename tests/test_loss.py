@@ -206,3 +206,49 @@ def test_topk_gradient_does_not_reach_teacher():
     loss.backward()
     assert te.grad is None or torch.all(te.grad == 0)
     assert torch.any(s.grad != 0)
+
+
+def test_topk_tail_exact_value_and_sees_mass_outside_the_support():
+    s = t([[[math.log(0.5), math.log(0.3)]]])  # student tail 0.2
+    te = t([[[math.log(0.6), math.log(0.39)]]])  # teacher tail 0.01
+    kl = topk_reverse_kl(s, te, tail=True)
+    want = 0.5 * math.log(0.5 / 0.6) + 0.3 * math.log(0.3 / 0.39) + 0.2 * math.log(0.2 / 0.01)
+    assert kl.item() == pytest.approx(want)
+    # moving the student's top-k mass into the tail raises it (the renormalised form does not change)
+    assert topk_reverse_kl(s + math.log(0.5), te, tail=True).item() > kl.item() + 0.1
+    assert topk_reverse_kl(s + math.log(0.5), te).item() == pytest.approx(topk_reverse_kl(s, te).item())
+    # a missing teacher entry leaves the support: its student mass joins the tail
+    s3 = t([[[math.log(0.5), math.log(0.3), math.log(0.1)]]])
+    te3 = t([[[math.log(0.6), math.log(0.39), NAN]]])
+    assert topk_reverse_kl(s3, te3, tail=True).item() == pytest.approx(want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(v=st.integers(2, 6), data=st.data())
+def test_topk_tail_is_a_lower_bound_of_the_full_kl(v, data):
+    k = data.draw(st.integers(1, v))
+    logits = st.floats(-6, 6)
+    zs = torch.tensor(data.draw(st.lists(logits, min_size=v, max_size=v)), dtype=torch.float64)
+    zt = torch.tensor(data.draw(st.lists(logits, min_size=v, max_size=v)), dtype=torch.float64)
+    ls, lt = torch.log_softmax(zs, -1), torch.log_softmax(zt, -1)
+    top = torch.argsort(lt, descending=True)[:k]  # the teacher's top-k ids
+    full = float((ls.exp() * (ls - lt)).sum())
+    kl = topk_reverse_kl(ls[top].view(1, 1, k), lt[top].view(1, 1, k), tail=True).item()
+    assert -1e-9 <= kl <= full + 1e-9  # the KL of the (k+1)-way coarsening (data processing inequality)
+    if k == v:
+        assert kl == pytest.approx(full, abs=1e-6)
+
+
+def test_topk_tail_gradient_pulls_mass_off_tokens_the_teacher_does_not_rank():
+    z = torch.tensor([0.0, 0.0, 2.0], dtype=torch.float64, requires_grad=True)  # most mass on token 2
+    lt = torch.log(torch.tensor([0.7, 0.3 - 1e-4, 1e-4], dtype=torch.float64))  # teacher's top-2: tokens 0, 1
+    mask = torch.tensor([[True]])
+    for tail in (False, True):
+        z.grad = None
+        ls = torch.log_softmax(z, -1)
+        loss, _ = topk_reverse_kl_loss(ls[:2].view(1, 1, 2), lt[:2].view(1, 1, 2), mask, tail=tail)
+        loss.backward()
+        if tail:
+            assert z.grad[2] > 0  # a descent step lowers token 2's logit
+        else:
+            assert z.grad[2] == pytest.approx(0.0, abs=1e-12)  # renormalised: token 2 gets no gradient

@@ -176,23 +176,34 @@ def opd_loss(
     return loss, metrics
 
 
-def topk_reverse_kl(student_topk_logprobs_NLK: torch.Tensor, teacher_topk_logprobs_NLK: torch.Tensor) -> torch.Tensor:
-    """Per-position reverse KL ``KL(p_θ ‖ p_T)`` restricted to the teacher's top-k support, both renormalised on it.
+def topk_reverse_kl(student_topk_logprobs_NLK: torch.Tensor, teacher_topk_logprobs_NLK: torch.Tensor, *,
+                    tail: bool = False, tail_floor: float = 1e-6) -> torch.Tensor:
+    """Per-position reverse KL ``KL(p_θ ‖ p_T)`` over the teacher's top-k support.
 
-    ``p_θ = softmax(log π_θ[topk])`` and ``p_T = softmax(log π_T[topk])``; entries whose teacher or student value is not
-    finite are left out of the support. Returns [N, L]; NaN where a position has no usable entry (mask it out).
+    ``tail=False``: both distributions renormalised on the support, ``p_θ = softmax(log π_θ[topk])`` and
+    ``p_T = softmax(log π_T[topk])``; the student's mass outside the teacher's top-k is not seen. ``tail=True``: the
+    support keeps its full-vocabulary probabilities and everything else is one more category, the tail
+    ``1 − Σ_topk π`` (floored at ``tail_floor``), so the KL is that of the two (k+1)-way coarsenings: a lower bound of
+    the full-vocabulary KL that also pulls the student's mass off tokens the teacher does not rank. Entries whose
+    teacher or student value is not finite are left out of the support. Returns [N, L]; NaN where a position has no
+    usable entry (mask it out).
     """
     ok = torch.isfinite(teacher_topk_logprobs_NLK) & torch.isfinite(student_topk_logprobs_NLK.detach())
     neg_inf = torch.full_like(student_topk_logprobs_NLK, float("-inf"))
     s = torch.where(ok, student_topk_logprobs_NLK, neg_inf)
     t = torch.where(ok, teacher_topk_logprobs_NLK.to(s.dtype), neg_inf)
     zeros = torch.zeros_like(s)
-    # Sanitise after the softmax: entries outside the support (and rows with no support) must not produce
-    # 0·inf = NaN, in the value or in its gradient.
-    log_ps = torch.where(ok, torch.log_softmax(s, dim=-1), zeros)
-    log_pt = torch.where(ok, torch.log_softmax(t, dim=-1), zeros)
-    terms = torch.where(ok, log_ps.exp() * (log_ps - log_pt), zeros)
-    kl = terms.sum(dim=-1)
+    if not tail:
+        s, t = torch.log_softmax(s, dim=-1), torch.log_softmax(t, dim=-1)
+    # Sanitise: entries outside the support (and rows with no support) must not produce 0·inf = NaN, in the value
+    # or in its gradient.
+    log_ps = torch.where(ok, s, zeros)
+    log_pt = torch.where(ok, t, zeros)
+    kl = torch.where(ok, log_ps.exp() * (log_ps - log_pt), zeros).sum(dim=-1)
+    if tail:
+        ps_tail = (1.0 - torch.where(ok, log_ps.exp(), zeros).sum(dim=-1)).clamp(min=tail_floor)
+        pt_tail = (1.0 - torch.where(ok, log_pt.exp(), zeros).sum(dim=-1)).clamp(min=tail_floor)
+        kl = kl + ps_tail * (ps_tail.log() - pt_tail.log())
     return torch.where(ok.any(dim=-1), kl, torch.full_like(kl, float("nan")))
 
 
@@ -204,6 +215,7 @@ def topk_reverse_kl_loss(
     beta: float = 1.0,
     reduction: str = "seq-mean-token-mean",
     row_weights: torch.Tensor | None = None,
+    tail: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Non-default estimator: ``β · reduce(KL_topk(p_θ ‖ p_T))`` over valid positions (see :func:`topk_reverse_kl`).
 
@@ -219,6 +231,7 @@ def topk_reverse_kl_loss(
         beta: distillation coefficient β (scales the loss).
         reduction: as in :func:`opd_loss`; dead rows stay in the denominator.
         row_weights: as in :func:`opd_loss`.
+        tail: keep the student's mass outside the top-k as one more category (see :func:`topk_reverse_kl`).
 
     Returns:
         ``(loss, metrics)`` with ``loss``, ``topk_reverse_kl`` (mean over valid positions), ``valid_tokens``,
@@ -233,7 +246,7 @@ def topk_reverse_kl_loss(
         raise ValueError(f"topk_reverse_kl_loss: mask has shape {tuple(mask.shape)}, expected "
                          f"{tuple(student_topk_logprobs.shape[:2])}")
     given = mask.to(torch.bool)
-    kl = topk_reverse_kl(student_topk_logprobs, teacher_topk_logprobs.detach())
+    kl = topk_reverse_kl(student_topk_logprobs, teacher_topk_logprobs.detach(), tail=tail)
     m = effective_mask(given, kl)
     loss = beta * reduce_tokens(kl, m, reduction, row_weights)
     with torch.no_grad():

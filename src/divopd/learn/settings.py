@@ -34,6 +34,10 @@ class LearnerConfig(BaseModel):
         "top-k support (needs Turn.teacher_topk_*; non-default, for tiny/early students that learn slowly).",
     )
     topk: int = Field(0, ge=0, description="Top-k estimator: teacher top-k columns used (first k); 0 = all stored.")
+    topk_tail: bool = Field(
+        False, description="Top-k estimator: keep full-vocabulary probabilities on the top-k and the rest as one tail "
+        "category, so the student's mass on tokens outside the teacher's top-k is penalised (default: renormalise "
+        "both on the top-k, which does not see it).")
     max_prompt_len: int | None = Field(
         None, ge=1, description="Left-truncate longer prompts to this many tokens (not turns the explorer flagged).")
     packing: Literal["padded", "packed"] = Field(

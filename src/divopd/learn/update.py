@@ -39,7 +39,8 @@ def batch_loss(cfg: LearnerConfig, rows: Rows, idx: np.ndarray, lp: torch.Tensor
     w = None if weights is None else torch.from_numpy(weights[idx]).to(device)
     if cfg.estimator == "topk":
         t_top = torch.from_numpy(rows.topk_logprobs[idx]).to(device)
-        loss, m = topk_reverse_kl_loss(top, t_top, mask, beta=cfg.beta, reduction=cfg.reduction, row_weights=w)
+        loss, m = topk_reverse_kl_loss(top, t_top, mask, beta=cfg.beta, reduction=cfg.reduction, row_weights=w,
+                                      tail=cfg.topk_tail)
         _, sampled = opd_loss(lp.detach(), old, teacher, mask, beta=cfg.beta, clip_eps=cfg.clip_eps,
                               reduction=cfg.reduction)
         m["reverse_kl"] = sampled["reverse_kl"]
