@@ -11,6 +11,7 @@ import yaml
 from divopd import bench
 from divopd.bench import PlanError, load_plan, plan_runs, run_state, select_runs
 from divopd.cli import main
+from divopd.train.config import load_config
 
 #: benchmarks/regime/: the warm-start study plans
 REGIME = Path(bench.DEFAULT_PLAN).parents[1] / "regime"
@@ -143,6 +144,21 @@ def test_the_200_update_plan_is_coin4_ctx_batch_run_twice_as_long() -> None:
     assert long.updates == 2 * short.updates == 200 and long.out != short.out
     runs = plan_runs(long)
     assert {(r.label, r.seed) for r in runs} == {(m, s) for m in ("vanilla", "divopd") for s in range(5)}
+
+
+def test_the_tail_plan_is_the_demo_setting_with_the_tail_estimator() -> None:
+    """plan-coin4-tail.yaml: configs/coin4 unchanged except learner.topk_tail (the top-k estimator then sees the
+    student's mass outside the teacher's top-k), vanilla and divopd on seeds 0-4, its own output folder."""
+    plan = load_plan(REGIME / "plan-coin4-tail.yaml")
+    assert plan.configs == "coin4" and plan.cache == "cache/coin4" and plan.updates == 100
+    runs = plan_runs(plan)
+    assert {(r.label, r.seed) for r in runs} == {(m, s) for m in ("vanilla", "divopd") for s in range(5)}
+    for r in runs:
+        cfg = bench.run_config(r, plan, Path("out"), {"student": Path("s"), "teacher": Path("t")})
+        demo = load_config(REGIME.parents[1] / "configs" / "coin4" / f"{r.method}.yaml")
+        assert cfg.learner.estimator == "topk" and cfg.learner.topk_tail and not demo.learner.topk_tail
+        assert cfg.learner.model_dump() == demo.learner.model_dump() | {"topk_tail": True}
+        assert cfg.explorer == demo.explorer and cfg.sampler == demo.sampler and cfg.runtime == demo.runtime
 
 
 def test_a_method_row_can_have_its_own_seeds(tmp_path) -> None:
@@ -376,3 +392,32 @@ def test_reports_relabel_variants_into_their_group(tmp_path) -> None:
     assert "Geometric-mean speedups across settings" in (out / "report" / "settings" / "report.md").read_text()
     best, means = bench.measured_best_cap(bench._group_runs(runs, out)["a-cap"])
     assert best == 4 and means == {2: 30.0, 4: 60.0}
+
+
+def test_the_actions_benchmark_counts_invalid_actions_and_what_follows_them(tmp_path) -> None:
+    """benchmarks/regime/actions.py on a two-rollout log: exact shares."""
+    import importlib.util
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from divopd.models.tiny import build_tokenizer
+
+    spec = importlib.util.spec_from_file_location("actions", REGIME / "actions.py")
+    actions = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(actions)
+    assert actions.valid_actions("x\nValid actions: look around, move east<eos><|assistant|>") == {
+        "look around", "move east"}
+    tok = build_tokenizer(["Valid actions: look around, move east, take coin", "Unknown action", "take coin",
+                           "move east"])
+    menu = "Valid actions: look around, move east"
+    turns = [("a", 0, menu, "take coin"), ("a", 1, "Unknown action\n" + menu, "take coin"),
+             ("a", 2, "Unknown action\n" + menu, "move east"), ("b", 0, menu + ", take coin", "take coin")]
+    log = tmp_path / "experience"
+    log.mkdir()
+    pq.write_table(pa.table({
+        "rollout_id": [t[0] for t in turns], "arrival_update": [1] * len(turns), "turn_index": [t[1] for t in turns],
+        "prompt_ids": [tok.encode(t[2]) for t in turns], "response_ids": [tok.encode(t[3]) for t in turns]}),
+        log / "part-000000.parquet")
+    invalid, top, top_share, after = actions.run_shares(log, tok, last=20)
+    assert (invalid, top, top_share, after) == (0.5, "take coin", 0.5, 0.5)
