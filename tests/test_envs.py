@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import pytest
 
 from divopd.explore.envs import SPLITS, EnvCrash, ProgressTracker, make_env
+from divopd.explore.envs._jvm import DEFAULT_JAVA_OPTS
 from divopd.explore.envs.tiny import TinyEnv
 
 
@@ -132,8 +134,18 @@ def test_twx_cookingworld_gold_path_wins_and_score_rises():
         env.close()
 
 
+_PRIVATE = itertools.count()
+
+
+def private_twx(pool: int | None = None):
+    """A twx env on the shared JVM of a pool no other test uses (a JVM option of its own; ``pool``: join that one),
+    so the JVM ends with the close() of the pool's last env."""
+    pool = next(_PRIVATE) if pool is None else pool
+    return make_env("twx", java_opts_str=f"{DEFAULT_JAVA_OPTS} -Ddivopd.test={pool}")
+
+
 def test_twx_close_ends_the_jvm_and_later_calls_crash():
-    env = make_env("twx")
+    env = private_twx()
     proc = env._env._gateway.java_process
     env.reset(env.tasks("train")[0])
     env.close()
@@ -144,7 +156,7 @@ def test_twx_close_ends_the_jvm_and_later_calls_crash():
 
 
 def test_twx_killed_jvm_is_an_env_crash():
-    env = make_env("twx")
+    env = private_twx()
     try:
         env.reset(env.tasks("train")[0])
         env._env._gateway.java_process.kill()
@@ -162,7 +174,7 @@ def test_twx_env_whose_jvm_died_is_collected_without_py4j_tracebacks(caplog, clo
     # moment the collector ran (inside another ast.parse, that broke CPython 3.11's traceback formatting)
     import gc
 
-    env = make_env("twx")
+    env = private_twx()
     env.reset(env.tasks("train")[0])
     proc = env._env._gateway.java_process
     proc.kill()
@@ -182,11 +194,65 @@ def test_twx_env_whose_jvm_died_is_collected_without_py4j_tracebacks(caplog, clo
 def test_twx_env_dropped_unclosed_with_a_live_jvm_still_ends_it_at_collection():
     import gc
 
-    env = make_env("twx")
+    env = private_twx()
     proc = env._env._gateway.java_process
     del env
     gc.collect()
     assert proc.wait(timeout=30) is not None
+
+
+def test_twx_instances_share_one_jvm_with_games_of_their_own():
+    a = private_twx(100)
+    b = private_twx(100)
+    alone = make_env("twx", share_jvm=False)
+    try:
+        proc = a._env._gateway.java_process
+        assert b._env._gateway.java_process is proc and alone._env._gateway.java_process is not proc
+        ta, tb = a.tasks("train")[0], a.tasks("train")[1]
+        first_a, first_b = a.reset(ta), b.reset(tb)
+        steps_a = [a.step(x) for x in a.gold_actions(ta)]  # b's game is not touched by a's moves
+        assert b.step("look around")[0] == (alone.reset(tb), alone.step("look around"))[1][0]
+        assert first_a == alone.reset(ta) and steps_a[-1][3]["success"]
+        assert first_b != first_a
+        a.close()
+        assert proc.poll() is None and b.step("look around")[0]  # the JVM lives on while b uses it
+        b.close()
+        assert proc.wait(timeout=30) is not None  # ... and ends with its last instance
+    finally:
+        for env in (a, b, alone):
+            env.close()
+
+
+def test_twx_killed_shared_jvm_fails_every_instance_and_the_next_gets_a_new_one():
+    a, b = private_twx(101), private_twx(101)
+    c = None
+    try:
+        a.reset(a.tasks("train")[0])
+        b.reset(b.tasks("train")[0])
+        old = a._env._gateway.java_process
+        assert b._env._gateway.java_process is old
+        old.kill()
+        old.wait()
+        for env in (a, b):
+            with pytest.raises(EnvCrash):
+                env.step("look around")
+        c = private_twx(101)  # same pool: the dead JVM is replaced
+        assert c._env._gateway.java_process is not old
+        assert c.reset(c.tasks("train")[0]) and c.step("look around")[0]
+    finally:
+        for env in (a, b, c):
+            if env is not None:
+                env.close()
+
+
+def test_twx_share_jvm_false_owns_its_jvm():
+    env = make_env("twx", share_jvm=False)
+    proc = env._env._gateway.java_process
+    env.reset(env.tasks("train")[0])
+    env.close()
+    assert proc.wait(timeout=30) is not None
+    with pytest.raises(ValueError, match="share_jvm"):
+        make_env("twx", share_jvm="yes")
 
 
 def test_twx_rejects_unknown_game_and_bad_task():

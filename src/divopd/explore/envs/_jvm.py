@@ -6,8 +6,10 @@ import contextlib
 import logging
 import os
 import subprocess
+import threading
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from divopd.explore.envs.base import EnvCrash
@@ -126,3 +128,73 @@ def jvm_call(adapter: Any, fn: Callable[[], Any]) -> Any:
         if not alive:
             adapter.close()
         raise EnvCrash(f"{name}: JVM call failed (jvm alive={alive}): {exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------- one JVM per process
+#: Every construction of a package env happens under this lock: :func:`shared_package_env` swaps the package module's
+#: gateway launcher while it builds a guest, and no other construction may see the swap.
+CONSTRUCTION_LOCK = threading.RLock()
+
+
+@dataclass
+class _Host:
+    """A package env that launched a JVM which guests share (never used for a game itself), and its guest count."""
+
+    env: Any
+    users: int = 0
+
+
+_HOSTS: dict[tuple[str, str], _Host] = {}
+
+
+def _end_host(key: tuple[str, str], host: _Host) -> None:
+    """Shut ``host``'s JVM down and forget it (under :data:`CONSTRUCTION_LOCK`)."""
+    if _HOSTS.get(key) is host:
+        del _HOSTS[key]
+    shutdown_gateway(host.env)
+
+
+def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = None) -> tuple[Any, Callable[[], None]]:
+    """A package env whose game runs on this process's one JVM for ``module``, and the function that releases it.
+
+    The first call launches the JVM (``make()`` under ``opts``, a host env that plays no game); every call then builds
+    a guest with ``make()`` while ``module.launch_gateway`` and ``module.JavaGateway`` return the host's process and
+    gateway, so the guest gets its own game object (the package's ``PythonInterface``) on the shared JVM: a second
+    instance costs a Java object instead of a JVM start (~1 s). py4j serves each Python thread on its own connection.
+    The release (also run when the guest is collected unclosed) ends the JVM with its last guest. A JVM found dead is
+    replaced at the next call; its guests' calls fail, and :func:`jvm_call` turns that into :class:`EnvCrash`.
+    """
+    opts = opts if opts is not None else os.environ.get("DIVOPD_JAVA_OPTS", DEFAULT_JAVA_OPTS)
+    key = (module.__name__, opts)
+    with CONSTRUCTION_LOCK:
+        host = _HOSTS.get(key)
+        if host is not None and not jvm_alive(host.env):
+            _end_host(key, host)
+            host = None
+        if host is None:
+            with java_opts(opts):
+                first = make()
+            guard_finalizer(first)
+            host = _HOSTS[key] = _Host(first)
+        gateway = host.env._gateway
+        saved = module.launch_gateway, module.JavaGateway
+        module.launch_gateway = lambda *args, **kwargs: (None, gateway.java_process)
+        module.JavaGateway = lambda *args, **kwargs: gateway
+        try:
+            guest = make()
+        finally:
+            module.launch_gateway, module.JavaGateway = saved
+        host.users += 1
+    released = threading.Event()
+
+    def release() -> None:
+        if released.is_set():
+            return
+        released.set()
+        with CONSTRUCTION_LOCK:
+            host.users -= 1
+            if host.users <= 0 or not jvm_alive(host.env):
+                _end_host(key, host)
+
+    guest.close = release  # the package's __del__ calls close(): an unclosed guest is released at collection
+    return guest, release
