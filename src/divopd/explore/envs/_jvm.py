@@ -144,10 +144,11 @@ class _Host:
     users: int = 0
 
 
-_HOSTS: dict[tuple[str, str], _Host] = {}
+#: (package module, JVM options, process id): a forked child never reuses its parent's gateway.
+_HOSTS: dict[tuple[str, str, int], _Host] = {}
 
 
-def _end_host(key: tuple[str, str], host: _Host) -> None:
+def _end_host(key: tuple[str, str, int], host: _Host) -> None:
     """Shut ``host``'s JVM down and forget it (under :data:`CONSTRUCTION_LOCK`)."""
     if _HOSTS.get(key) is host:
         del _HOSTS[key]
@@ -165,7 +166,7 @@ def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = 
     replaced at the next call; its guests' calls fail, and :func:`jvm_call` turns that into :class:`EnvCrash`.
     """
     opts = opts if opts is not None else os.environ.get("DIVOPD_JAVA_OPTS", DEFAULT_JAVA_OPTS)
-    key = (module.__name__, opts)
+    key = (module.__name__, opts, os.getpid())
     with CONSTRUCTION_LOCK:
         host = _HOSTS.get(key)
         if host is not None and not jvm_alive(host.env):
