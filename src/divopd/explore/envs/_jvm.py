@@ -148,6 +148,15 @@ class _Host:
 _HOSTS: dict[tuple[str, str, int], _Host] = {}
 
 
+def own_package_env(make: Callable[[], Any], opts: str | None = None) -> tuple[Any, Callable[[], None]]:
+    """A package env on a JVM of its own (``make()`` under ``opts``, its finalizer guarded), and the function that
+    ends that JVM (:func:`shutdown_gateway`)."""
+    with CONSTRUCTION_LOCK, java_opts(opts):
+        env = make()
+    guard_finalizer(env)
+    return env, lambda: shutdown_gateway(env)
+
+
 def _end_host(key: tuple[str, str, int], host: _Host) -> None:
     """Shut ``host``'s JVM down and forget it (under :data:`CONSTRUCTION_LOCK`)."""
     if _HOSTS.get(key) is host:
@@ -173,10 +182,7 @@ def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = 
             _end_host(key, host)
             host = None
         if host is None:
-            with java_opts(opts):
-                first = make()
-            guard_finalizer(first)
-            host = _HOSTS[key] = _Host(first)
+            host = _HOSTS[key] = _Host(own_package_env(make, opts)[0])
         gateway = host.env._gateway
         saved = module.launch_gateway, module.JavaGateway
         module.launch_gateway = lambda *args, **kwargs: (None, gateway.java_process)
@@ -186,13 +192,14 @@ def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = 
         finally:
             module.launch_gateway, module.JavaGateway = saved
         host.users += 1
-    released = threading.Event()
+    released = False
 
     def release() -> None:
-        if released.is_set():
-            return
-        released.set()
+        nonlocal released
         with CONSTRUCTION_LOCK:
+            if released:
+                return
+            released = True
             host.users -= 1
             if host.users <= 0 or not jvm_alive(host.env):
                 _end_host(key, host)

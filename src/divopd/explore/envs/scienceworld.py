@@ -39,7 +39,7 @@ import random
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from divopd.explore.envs._jvm import guard_finalizer, java_opts, jvm_call, shutdown_gateway
+from divopd.explore.envs._jvm import jvm_call, own_package_env, shutdown_gateway
 from divopd.explore.envs.base import SPLITS, Env, ProgressTracker, StepResult
 
 __all__ = ["PAPER_HELD_OUT_TYPES", "PAPER_TRAIN_TYPES", "SPLIT_SCHEMES", "ScienceWorldEnv", "scienceworld_paper_split",
@@ -145,9 +145,7 @@ class ScienceWorldEnv(Env):
         if split_scheme not in SPLIT_SCHEMES:
             raise ValueError(f"ScienceWorldEnv: unknown split_scheme {split_scheme!r}; expected one of {SPLIT_SCHEMES}")
 
-        with java_opts(java_opts_str):
-            self._env = _PackageEnv(envStepLimit=_NO_LIMIT)
-        guard_finalizer(self._env)
+        self._env, _ = own_package_env(lambda: _PackageEnv(envStepLimit=_NO_LIMIT), java_opts_str)
         self._server = self._env.server
         all_names = list(self._env.get_task_names())
         unknown = sorted(set(task_names or []) - set(all_names))

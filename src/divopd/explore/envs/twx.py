@@ -31,14 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from divopd.explore.envs._jvm import (
-    CONSTRUCTION_LOCK,
-    guard_finalizer,
-    java_opts,
-    jvm_call,
-    shared_package_env,
-    shutdown_gateway,
-)
+from divopd.explore.envs._jvm import jvm_call, own_package_env, shared_package_env
 from divopd.explore.envs.base import SPLITS, Env, ProgressTracker, StepResult, action_in
 
 __all__ = ["DEFAULT_GAME", "DEFAULT_PARAMS", "TextWorldExpressEnv"]
@@ -71,15 +64,12 @@ class TextWorldExpressEnv(Env):
         if not isinstance(share_jvm, bool):
             raise ValueError(f"TextWorldExpressEnv: share_jvm must be true or false, got {share_jvm!r}")
         self.share_jvm = share_jvm
-        if share_jvm:
-            self._env, self._release = shared_package_env(
-                package, lambda: _PackageEnv(envStepLimit=_NO_LIMIT), java_opts_str)
-        else:
-            with CONSTRUCTION_LOCK, java_opts(java_opts_str):
-                self._env = _PackageEnv(envStepLimit=_NO_LIMIT)
-            guard_finalizer(self._env)
-            env = self._env
-            self._release = lambda: shutdown_gateway(env)
+
+        def make() -> Any:
+            return _PackageEnv(envStepLimit=_NO_LIMIT)
+
+        self._env, self._release = (shared_package_env(package, make, java_opts_str) if share_jvm
+                                    else own_package_env(make, java_opts_str))
         try:
             self._env.load(game, params)  # raises ValueError on a bad params string
         except Exception:
