@@ -44,6 +44,26 @@ def test_the_demo_runs_the_documented_methods_on_the_documented_setting() -> Non
     assert doc["student"]["path"].startswith("cache/coin4") and doc["teacher"]["path"].startswith("cache/coin4")
 
 
+def test_the_demo_setting_is_the_coin4_ctx_batch_study_group() -> None:
+    """make demo's runs are the study's runs of that group (benchmarks/regime/plan-coin4-batch.yaml), paths aside:
+    same config value for value, so the demo's numbers are those of the study's seed."""
+    from divopd.suite.plan import load_plan, plan_runs
+    from divopd.suite.runs import run_config
+
+    plan = load_plan(REPO / "benchmarks" / "regime" / "plan-coin4-batch.yaml")
+    assert demo.setting_overrides(demo.CONFIGS) == list(demo.SETTING_OVERRIDES)
+    assert demo.setting_overrides(REPO / "configs" / "tiny") == []
+    models = {"student": Path("cache/coin4/student"), "teacher": Path("cache/coin4/teacher")}
+    paths = {"run_dir": None, "out_dir": None}
+    for method in ("vanilla", "divopd"):
+        planned = next(r for r in plan_runs(plan) if r.setting == demo.SETTING and r.method == method and r.seed == 0)
+        study = run_config(planned, plan, Path("runs/x"), models).model_dump() | paths
+        mine = demo.demo_config(demo.CONFIGS, method, 0, Path("runs/demo"), models, None,
+                                demo.setting_overrides(demo.CONFIGS)).model_dump() | paths
+        assert mine == study
+        assert mine["explorer"]["prompt"]["max_prompt_tokens"] == 370 and mine["explorer"]["load_weights"] == "batch"
+
+
 @pytest.mark.parametrize("folder", ["tiny", "coin4", "coin6", "twc"])
 def test_every_settings_folder_has_a_recipe_and_every_method_row(folder: str) -> None:
     recipe = recipe_for(REPO / "configs" / folder)
@@ -76,7 +96,8 @@ def test_a_short_lockstep_run_of_the_demo_config_is_deterministic(quick_coin4_mo
     runs = []
     for name in ("a", "b"):
         cfg = demo.demo_config(demo.CONFIGS, "divopd", 0, tmp_path / name, quick_coin4_models, 3,
-                               ["eval.tasks=4", f"run_dir={tmp_path / name / 'run'}"])
+                               [*demo.setting_overrides(demo.CONFIGS), "eval.tasks=4",
+                                f"run_dir={tmp_path / name / 'run'}"])
         assert cfg.runtime.kind == "lockstep"
         runs.append(train(cfg))
     a, b = runs

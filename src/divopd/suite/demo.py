@@ -4,7 +4,9 @@
    the ``coin4`` setting's tiny teacher and warm-started student with ``divopd sft`` (TextWorld-Express *coin*,
    4 rooms; ~3-4 min once).
 2. **Training**: ``configs/coin4/vanilla.yaml`` and ``configs/coin4/divopd.yaml`` (same explorer, learner, batch size
-   and producer; only the sampler differs) for each seed, under the lockstep runtime: every run is reproducible, and
+   and producer; only the sampler differs) in the setting ``coin4-ctx-batch`` (:data:`SETTING_OVERRIDES`: a 370-token
+   context budget and one policy version per rollout, as in ``benchmarks/regime/plan-coin4-batch.yaml``; the plain
+   ``coin4`` setting leaves the student at 25% on the 2026-12-03 machine) for each seed, under the lockstep runtime: every run is reproducible, and
    the same seed gives both methods the same student, task order and sampling seeds. The runs of one seed train side
    by side in ``--jobs`` processes (one torch thread each). A finished run is not redone (delete its directory to
    redo it); an interrupted one is resumed.
@@ -40,6 +42,18 @@ CONFIGS = REPO / "configs" / "coin4"
 ENV = RECIPES["coin4"].env
 ENV_KWARGS = RECIPES["coin4"].env_kwargs
 PROMPT = RECIPES["coin4"].prompt
+
+#: The demo's setting on ``configs/coin4``: the study group ``coin4-ctx-batch`` of
+#: ``benchmarks/regime/plan-coin4-batch.yaml`` (a test checks that they agree). With ``--configs`` another folder, none.
+SETTING = "coin4-ctx-batch"
+SETTING_OVERRIDES: tuple[str, ...] = (f"setting={SETTING}", "explorer.prompt.max_prompt_tokens=370",
+                                      "explorer.load_weights=batch")
+
+
+def setting_overrides(configs: Path) -> list[str]:
+    """The overrides that make ``configs/coin4`` the demo's setting (:data:`SETTING_OVERRIDES`); none elsewhere."""
+    return list(SETTING_OVERRIDES) if Path(configs).resolve() == CONFIGS.resolve() else []
+
 
 _UPDATE = re.compile(r"update (\d+) SR ")
 _EVAL = re.compile(r"eval @(\d+): .*\"eval/success_rate\": ([0-9.]+)")
@@ -218,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=["vanilla", "divopd"])
     parser.add_argument("--jobs", type=int, default=2, help="runs trained side by side (one torch thread each)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra config override for every run")
+                        help="extra config override for every run (after the setting's own: on configs/coin4 "
+                        + ", ".join(SETTING_OVERRIDES) + ")")
     args = parser.parse_args(argv)
     configs = Path(args.configs)
     try:
@@ -238,18 +253,19 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     out = Path(args.out)
     cache = Path(args.cache or ("cache/demo" if configs.name == "tiny" else f"cache/{configs.name}"))
+    overrides = setting_overrides(configs) + args.overrides
     from divopd.errors import UsageError
 
     try:
         for method in args.methods:  # every method row, before anything is built or trained
             demo_config(configs, method, args.seeds[0], out, {"student": cache, "teacher": cache}, args.updates,
-                        args.overrides)
+                        overrides)
     except UsageError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
     models = prepare_models(cache, recipe)
     try:
-        run_dirs = run_methods(out, models, args.methods, args.seeds, args.updates, args.overrides, configs=configs,
+        run_dirs = run_methods(out, models, args.methods, args.seeds, args.updates, overrides, configs=configs,
                                jobs=args.jobs, progress=sys.stderr.isatty())
     except RuntimeError as exc:  # a run failed: its last log lines, no traceback of the demo itself
         print(exc, file=sys.stderr)
