@@ -6,10 +6,10 @@
 2. **Training**: ``configs/coin4/vanilla.yaml`` and ``configs/coin4/divopd.yaml`` (same explorer, learner, batch size
    and producer; only the sampler differs) in the setting ``coin4-ctx-batch`` (:data:`SETTING_OVERRIDES`: a 370-token
    context budget and one policy version per rollout, as in ``benchmarks/regime/plan-coin4-batch.yaml``; the plain
-   ``coin4`` setting leaves the student at 25% on the 2026-12-03 machine) for each seed, under the lockstep runtime: every run is reproducible, and
-   the same seed gives both methods the same student, task order and sampling seeds. The runs of one seed train side
-   by side in ``--jobs`` processes (one torch thread each). A finished run is not redone (delete its directory to
-   redo it); an interrupted one is resumed.
+   ``coin4`` setting leaves the student at 25% on the 2026-12-03 machine) for each seed, under the lockstep runtime:
+   every run is reproducible, and the same seed gives both methods the same student, task order and sampling seeds.
+   The runs of one seed train side by side in ``--jobs`` processes (one torch thread each). A finished run is not
+   redone (delete its directory to redo it); an interrupted one is resumed.
 3. **Report**: ``divopd report`` over the runs (SR curves vs updates / learner tokens / compute, time-to-target,
    batch composition) and ``divopd replay`` of the selection rules over the vanilla run's own experience log.
 
