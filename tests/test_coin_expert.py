@@ -81,3 +81,41 @@ def test_expert_noise_executes_perturbations_but_records_the_experts_labels() ->
     pairs = [(noisy[i - 1]["action"], r["history"][-1][0]) for i, r in enumerate(noisy) if r["history"]]
     assert any(label != executed for label, executed in pairs)  # perturbations were executed
     assert any("Unknown action" in obs for r in noisy for _, obs in r["history"])  # off-path states are recorded
+
+
+def test_epsilon_move_replaces_only_moves_with_a_listed_move() -> None:
+    import random
+
+    from divopd.commands.sft import epsilon_move
+
+    rng = random.Random(0)
+    assert epsilon_move("take coin", [*MOVES_K, "take coin"], 1.0, rng) == "take coin"  # never replaces a take
+    assert epsilon_move("move east", MOVES_K, 0.0, rng) == "move east"
+    drawn = {epsilon_move("move east", MOVES_K, 1.0, rng) for _ in range(50)}
+    assert drawn == {"move east", "move west"}  # only listed moves, uniformly: both show up in 50 draws
+
+
+def test_expert_epsilon_records_the_executed_actions_of_a_weaker_searcher() -> None:
+    """--expert-epsilon: every record's label is the action executed next (an epsilon-greedy searcher is cloned,
+    not the expert), labels differ from the expert's only on moves, the coin is always taken when in view, and
+    the same seed repeats the data."""
+    pytest.importorskip("textworld_express")
+    from divopd.commands.sft import collect_gold_examples
+    from divopd.explore.envs import make_env
+
+    env = make_env("twx", game="coin", params="numLocations=4,numDistractorItems=0,includeDoors=0")
+    try:
+        tasks = env.tasks("train")[:30]
+        data, failed = collect_gold_examples(env, tasks, None, expert="explore", max_steps=10, epsilon=0.8, seed=3)
+        again, _ = collect_gold_examples(env, tasks, None, expert="explore", max_steps=10, epsilon=0.8, seed=3)
+        clean, clean_failed = collect_gold_examples(env, tasks, None, expert="explore", max_steps=10)
+    finally:
+        env.close()
+    assert data == again and clean_failed == 0 and failed > 0  # the weaker searcher fails some tasks
+    experts = [coin_explorer_action(r["first"], r["history"], r["valid"]) for r in data]
+    assert any(a != e for a, e in zip((r["action"] for r in data), experts, strict=True))
+    for r, expert in zip(data, experts, strict=True):
+        assert r["action"] in r["valid"]
+        assert r["action"] == expert or (r["action"].startswith("move ") and expert.startswith("move "))
+    executed = {(i, r["history"][-1][0]) for i, r in enumerate(data) if r["history"]}
+    assert all(data[i - 1]["action"] == a for i, a in executed)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXPERTS", "add_arguments", "collect_gold_examples", "run"]
+__all__ = ["EXPERTS", "add_arguments", "collect_gold_examples", "epsilon_move", "run"]
 
 #: ``--expert``: whose trajectories are cloned. ``gold``: the environment's gold path; ``explore``: an observable-state
 #: expert that labels any state, TextWorld-Express *coin* (the search of :mod:`divopd.explore.envs.coin_expert`) and
@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--expert explore only: at each step, with this probability, execute a random action "
                         "(a listed one, or on coin a move that may not exist) while the record keeps the expert's "
                         "label, so the clone also sees, and recovers from, states off the expert's path (DART-style)")
+    parser.add_argument("--expert-epsilon", type=float, default=0.0,
+                        help="--expert explore on coin only: at each step where the expert moves, with this "
+                        "probability the executed and the recorded action is a random listed move instead, so the "
+                        "clone is a weaker searcher that still takes the coin whenever it sees it")
     parser.add_argument("--eval-tasks", type=int, default=100, help="held-out episodes for the success rate")
     parser.add_argument("--eval-split", default="dev", help="held-out split (dev or test)")
     parser.add_argument("--epochs", type=int, default=6)
@@ -101,7 +105,7 @@ def _expert_policy(env: Any, task: str, expert: str, game: str,
 
 def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, expert: str = "gold",
                           max_steps: int = 30, noise: float = 0.0, seed: int = 0,
-                          game: str = "coin") -> tuple[list[dict[str, Any]], int]:
+                          game: str = "coin", epsilon: float = 0.0) -> tuple[list[dict[str, Any]], int]:
     """Play each task's expert trajectory; returns (one record per step, number of tasks whose trajectory failed).
 
     ``expert="gold"`` replays the env's gold path; ``"explore"`` asks the ``game``'s observable-state expert at every
@@ -114,6 +118,10 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
     the game's :data:`NOISE_ACTIONS` is executed instead of the expert's, while the step's record keeps the expert's
     action as its label; every episode's records are kept then (the labels are the expert's whatever the outcome), and
     ``failed`` counts the episodes that did not end in success. ``seed`` fixes the perturbations.
+
+    ``epsilon`` > 0 (``explore`` on ``coin`` only): where the expert moves, with that probability a random listed move
+    is both executed and recorded, so the records clone an epsilon-greedy searcher (:func:`epsilon_move`); every
+    episode's records are kept then. Perturbations and epsilon moves draw from one generator seeded by ``seed``.
     """
     import random
 
@@ -132,6 +140,8 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
         for i in range(n_steps):
             valid = env.valid_actions()
             action = act(i, first, history, valid)
+            if epsilon:
+                action = epsilon_move(action, valid, epsilon, rng)
             steps.append({"first": first, "history": list(history), "valid": valid, "action": action})
             if noise and rng.random() < noise:
                 action = rng.choice(sorted(set(valid) | set(NOISE_ACTIONS.get(game, ()))))
@@ -139,10 +149,19 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
             history.append((action, obs))
             if done:
                 break
-        if info.get("success") or noise:
+        if info.get("success") or noise or epsilon:
             records.extend(steps)
         failed += not info.get("success")
     return records, failed
+
+
+def epsilon_move(action: str, valid: list[str], epsilon: float, rng: Any) -> str:
+    """The epsilon-greedy searcher's action: the expert's ``action``, except that a move is replaced, with probability
+    ``epsilon``, by a uniformly random listed move (possibly the same one). Other actions are kept."""
+    moves = sorted(a for a in valid if a.startswith("move "))
+    if action.startswith("move ") and moves and rng.random() < epsilon:
+        return rng.choice(moves)
+    return action
 
 
 def _texts(records: list[dict[str, Any]], prompt_config: Any) -> list[str]:
@@ -198,6 +217,10 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         raise UsageError(f"--expert-noise must be in [0, 1), got {args.expert_noise}")
     if args.expert_noise and args.expert != "explore":
         raise UsageError("--expert-noise: only with --expert explore (a gold path cannot label off-path states)")
+    if not 0.0 <= args.expert_epsilon <= 1.0:
+        raise UsageError(f"--expert-epsilon must be in [0, 1], got {args.expert_epsilon}")
+    if args.expert_epsilon and (args.expert != "explore" or env_kwargs.get("game", "coin") != "coin"):
+        raise UsageError("--expert-epsilon: only with --expert explore on TextWorld-Express coin")
     if not args.lr > 0:
         raise UsageError(f"--lr must be positive, got {args.lr}")
     if args.eval_split not in SPLITS:
@@ -239,7 +262,8 @@ def run(args: argparse.Namespace) -> int:
         tasks = env.tasks("train")[: args.train_tasks]
         records, failed = collect_gold_examples(env, tasks, prompt_config, expert=args.expert,
                                                 max_steps=args.expert_max_steps, noise=args.expert_noise,
-                                                seed=args.seed, game=env_kwargs.get("game", "coin"))
+                                                seed=args.seed, game=env_kwargs.get("game", "coin"),
+                                                epsilon=args.expert_epsilon)
     finally:
         env.close()
     if not records:
@@ -289,7 +313,8 @@ def run(args: argparse.Namespace) -> int:
           f"({metrics['eval/episodes']:.0f} episodes, {metrics['eval/seconds']:.0f}s)")
     summary = {
         "env": args.env, "env_kwargs": env_kwargs, "prompt": prompt_config.model_dump(), "params": n_params,
-        "expert": args.expert, "expert_noise": args.expert_noise, "gold_steps": len(records),
+        "expert": args.expert, "expert_noise": args.expert_noise,
+        "expert_epsilon": args.expert_epsilon, "gold_steps": len(records),
         "gold_tasks": len(tasks) - failed, "gold_failed": failed,
         "truncated_examples": truncated, "sft": {k: v for k, v in result.items() if k != "epoch_losses"},
         "epoch_losses": result.get("epoch_losses"), "eval": metrics, "seconds": time.perf_counter() - t0,

@@ -12,6 +12,10 @@ recipe (:data:`RECIPES`, keyed by the folder's name); its ``_base.yaml`` uses th
   SFT of the same search (150 tasks, one epoch, ~23%) on the teacher's tokenizer.
 * ``coin6`` (issue 17's second setting): *coin* with 6 rooms and a 14-step limit, a longer horizon; the same kind of
   search-expert teacher and short-SFT student as ``coin4``.
+* ``coin4-dart`` (issue 17's student that climbs toward its teacher): *coin* with 4 rooms; the teacher clones the same
+  search from DART-style data (``--expert-noise 0.2``: it has seen "Unknown action" replies and recovers from them;
+  ~90% at T = 0.4), the student an epsilon-greedy searcher (``--expert-epsilon 0.8``: well-formed actions, takes the
+  coin whenever it sees it, searches at random; ~55% at T = 0.4) on the teacher's tokenizer.
 * ``twc`` (issue 17's second game): TextWorld Commonsense, one room, one object; held-out tasks are the train fold's
   last 200 seeds (``dev_from_train``). Teacher and student both clone the gold paths, the student with less training.
 """
@@ -74,6 +78,14 @@ RECIPES: dict[str, ModelRecipe] = {
     "coin6": _coin_search_recipe(rooms=6, max_steps=14, teacher_eval_tasks=64, student_tasks=112, student_epochs=2,
                                  note="search-expert teacher (600 tasks x 8 epochs, ~6.5 min), 112-task two-epoch "
                                       "student"),
+    "coin4-dart": ModelRecipe(
+        env="twx", env_kwargs={"game": "coin", "params": "numLocations=4,numDistractorItems=0,includeDoors=0"},
+        prompt=_COIN_PROMPT,
+        teacher=("--expert", "explore", "--expert-noise", "0.2", "--train-tasks", "600", "--epochs", "8",
+                 "--max-steps", "10", "--eval-tasks", "64", "--seed", "0"),
+        student=("--expert", "explore", "--expert-epsilon", "0.8", "--expert-max-steps", "10", "--train-tasks", "300",
+                 "--epochs", "3", "--max-steps", "10", "--eval-tasks", "64", "--seed", "1"),
+        note="DART-style search teacher (600 tasks x 8 epochs, ~4 min), epsilon-greedy searcher student (300 x 3)"),
     "twc": ModelRecipe(
         env="twx", env_kwargs={"game": "twc", "params": _TWC_PARAMS, "dev_from_train": 200},
         prompt=_COIN_PROMPT,
