@@ -424,14 +424,16 @@ def test_the_actions_benchmark_counts_invalid_actions_and_what_follows_them(tmp_
 
 
 def test_the_coin4_dart_plan_and_settings_folder() -> None:
-    """plan-coin4-dart.yaml: the five controlled rows on 10 paired seeds over configs/coin4-dart, whose method rows are
-    configs/coin4's; the setting differs from coin4 only in its models (recipe coin4-dart), 60 updates and an
-    evaluation every 5 updates."""
+    """plan-coin4-dart.yaml: the controlled rows on 10 paired seeds (vanilla-pool on 5) over configs/coin4-dart,
+    whose method rows are configs/coin4's; the setting differs from coin4 only in its models (recipe coin4-dart),
+    60 updates and an evaluation every 5 updates."""
     plan = load_plan(REGIME / "plan-coin4-dart.yaml")
     assert plan.configs == "coin4-dart" and plan.cache == "cache/coin4-dart" and plan.updates == 60
     runs = plan_runs(plan)
     assert {r.label for r in runs} == {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"}
-    assert all({r.seed for r in runs if r.label == label} == set(range(10)) for label in {r.label for r in runs})
+    assert all({r.seed for r in runs if r.label == label} == set(range(10)) for label in
+               {"vanilla", "nocap", "divopd-base", "divopd"})
+    assert {r.seed for r in runs if r.label == "vanilla-pool"} == set(range(5))  # = vanilla without dead rows
     configs = REGIME.parents[1] / "configs"
     for path in sorted((configs / "coin4").glob("*.yaml")):
         if path.name == "_base.yaml":
