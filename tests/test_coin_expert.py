@@ -57,9 +57,8 @@ def test_it_wins_every_real_episode_in_fewer_steps_than_gold(rooms: int) -> None
     assert all(r["action"] in r["valid"] for r in explore)
 
 
-def test_expert_noise_executes_perturbations_but_records_the_experts_labels() -> None:
-    """--expert-noise (DART-style): some executed actions differ from the records' labels, invalid moves among them;
-    every record's label is still the expert's action for the state it shows, and the same seed repeats the data."""
+def _coin4_examples(*calls: dict) -> list[tuple[list[dict], int]]:
+    """``collect_gold_examples`` on the first 30 train tasks of a real 4-room coin game, once per keyword set."""
     pytest.importorskip("textworld_express")
     from divopd.commands.sft import collect_gold_examples
     from divopd.explore.envs import make_env
@@ -67,12 +66,17 @@ def test_expert_noise_executes_perturbations_but_records_the_experts_labels() ->
     env = make_env("twx", game="coin", params="numLocations=4,numDistractorItems=0,includeDoors=0")
     try:
         tasks = env.tasks("train")[:30]
-        noisy, failed = collect_gold_examples(env, tasks, None, expert="explore", max_steps=16, noise=0.3, seed=3)
-        again, _ = collect_gold_examples(env, tasks, None, expert="explore", max_steps=16, noise=0.3, seed=3)
+        return [collect_gold_examples(env, tasks, None, expert="explore", **kw) for kw in calls]
     finally:
         env.close()
+
+
+def test_expert_noise_executes_perturbations_but_records_the_experts_labels() -> None:
+    """--expert-noise (DART-style): some executed actions differ from the records' labels, invalid moves among them;
+    every record's label is still the expert's action for the state it shows, and the same seed repeats the data."""
+    (noisy, failed), (again, _) = _coin4_examples(*[{"max_steps": 16, "noise": 0.3, "seed": 3}] * 2)
     assert noisy == again
-    assert 0 <= failed < len(tasks)
+    assert 0 <= failed < 30
     labels = [r["action"] for r in noisy]
     assert all(a == coin_explorer_action(r["first"], r["history"], r["valid"])
                for a, r in zip(labels, noisy, strict=True))
@@ -99,18 +103,8 @@ def test_expert_epsilon_records_the_executed_actions_of_a_weaker_searcher() -> N
     """--expert-epsilon: every record's label is the action executed next (an epsilon-greedy searcher is cloned,
     not the expert), labels differ from the expert's only on moves, the coin is always taken when in view, and
     the same seed repeats the data."""
-    pytest.importorskip("textworld_express")
-    from divopd.commands.sft import collect_gold_examples
-    from divopd.explore.envs import make_env
-
-    env = make_env("twx", game="coin", params="numLocations=4,numDistractorItems=0,includeDoors=0")
-    try:
-        tasks = env.tasks("train")[:30]
-        data, failed = collect_gold_examples(env, tasks, None, expert="explore", max_steps=10, epsilon=0.8, seed=3)
-        again, _ = collect_gold_examples(env, tasks, None, expert="explore", max_steps=10, epsilon=0.8, seed=3)
-        clean, clean_failed = collect_gold_examples(env, tasks, None, expert="explore", max_steps=10)
-    finally:
-        env.close()
+    eps = {"max_steps": 10, "epsilon": 0.8, "seed": 3}
+    (data, failed), (again, _), (_, clean_failed) = _coin4_examples(eps, eps, {"max_steps": 10})
     assert data == again and clean_failed == 0 and failed > 0  # the weaker searcher fails some tasks
     experts = [coin_explorer_action(r["first"], r["history"], r["valid"]) for r in data]
     assert any(a != e for a, e in zip((r["action"] for r in data), experts, strict=True))
