@@ -11,6 +11,7 @@ import yaml
 from divopd import bench
 from divopd.bench import PlanError, load_plan, plan_runs, run_state, select_runs
 from divopd.cli import main
+from divopd.suite.models import RECIPES
 from divopd.train.config import load_config
 
 #: benchmarks/regime/: the warm-start study plans
@@ -449,3 +450,40 @@ def test_the_coin4_dart_plan_and_settings_folder() -> None:
             cfg["eval"].pop("every")
             cfg["learner"].pop("turn_balance_updates")
         assert dart == coin4, path.name
+
+
+def test_the_coin6_dart_plan_and_settings_folder() -> None:
+    """plan-coin6-dart.yaml: the controlled rows on 10 paired seeds (vanilla-pool on 5) over configs/coin6-dart, whose
+    method rows are configs/coin6's; the setting differs from coin6 in its models (recipe coin6-dart, the student with
+    --expert-miss), 40 updates, lr 3e-4, an evaluation every 5 updates and the two schedules tied to the run's length
+    (TurnOPD's turn balance at update 40, TCOD-F2B's eta 3 reaching the 14-step horizon inside the run)."""
+    plan = load_plan(REGIME / "plan-coin6-dart.yaml")
+    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
+    runs = plan_runs(plan)
+    assert {r.label for r in runs} == {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"}
+    assert all({r.seed for r in runs if r.label == label} == set(range(10)) for label in
+               {"vanilla", "nocap", "divopd-base", "divopd"})
+    assert {r.seed for r in runs if r.label == "vanilla-pool"} == set(range(5))
+    assert "--expert-miss" in RECIPES["coin6-dart"].student
+    configs = REGIME.parents[1] / "configs"
+    for path in sorted((configs / "coin6").glob("*.yaml")):
+        if path.name == "_base.yaml":
+            continue
+        dart = load_config(configs / "coin6-dart" / path.name).model_dump()
+        coin6 = load_config(path).model_dump()
+        assert dart["setting"] == "coin6-dart" and dart["updates"] == 40 and dart["eval"]["every"] == 5
+        assert dart["learner"]["lr"] == 3e-4 and coin6["learner"]["lr"] == 1e-3
+        assert (dart["student"]["path"], dart["teacher"]["path"]) == ("cache/coin6-dart/student",
+                                                                      "cache/coin6-dart/teacher")
+        if dart["method"] == "tcod-f2b":
+            eta = dart["tcod"]["eta"]
+            assert 1 + 40 // eta >= dart["explorer"]["max_steps"] > 1 + 40 // (eta + 1)
+        assert dart["learner"]["turn_balance_updates"] == (40 if dart["method"] == "turnopd" else None)
+        for cfg in (dart, coin6):
+            for key in ("setting", "updates", "student", "teacher"):
+                cfg.pop(key)
+            cfg["eval"].pop("every")
+            cfg["learner"].pop("lr")
+            cfg["tcod"].pop("eta")
+            cfg["learner"].pop("turn_balance_updates")
+        assert dart == coin6, path.name

@@ -113,3 +113,35 @@ def test_expert_epsilon_records_the_executed_actions_of_a_weaker_searcher() -> N
         assert r["action"] == expert or (r["action"].startswith("move ") and expert.startswith("move "))
     executed = {(i, r["history"][-1][0]) for i, r in enumerate(data) if r["history"]}
     assert all(data[i - 1]["action"] == a for i, a in executed)
+
+
+def test_miss_move_replaces_only_take_coin_with_a_listed_move() -> None:
+    import random
+
+    from divopd.commands.sft import miss_move
+
+    rng = random.Random(0)
+    assert miss_move("move east", MOVES_K, 1.0, rng) == "move east"  # never replaces a move
+    assert miss_move("take coin", [*MOVES_K, "take coin"], 0.0, rng) == "take coin"
+    assert miss_move("take coin", ["take coin"], 1.0, rng) == "take coin"  # no listed move: kept
+    drawn = {miss_move("take coin", [*MOVES_K, "take coin"], 1.0, rng) for _ in range(50)}
+    assert drawn == {"move east", "move west"}
+
+
+def test_expert_miss_walks_past_the_coin_and_records_it() -> None:
+    """--expert-miss: labels differ from the expert's only where the expert takes the coin (a listed move instead),
+    each label is the action executed next, the walker fails more tasks as the probability grows, a zero probability
+    leaves the data of --expert-epsilon unchanged, and the same seed repeats the data."""
+    eps = {"max_steps": 10, "epsilon": 0.8, "seed": 3}
+    miss = eps | {"miss": 0.7}
+    (data, failed), (again, _), (plain, plain_failed), (zero, _), (never, never_failed) = _coin4_examples(
+        miss, miss, eps, eps | {"miss": 0.0}, eps | {"miss": 1.0})
+    assert data == again and zero == plain
+    assert plain_failed < failed < never_failed == 30  # missing every coin wins nothing
+    experts = [coin_explorer_action(r["first"], r["history"], r["valid"]) for r in data]
+    missed = [(r, e) for r, e in zip(data, experts, strict=True) if r["action"] != e and e == "take coin"]
+    assert missed and all(r["action"].startswith("move ") and r["action"] in r["valid"] for r, _ in missed)
+    assert all(r["action"] == e or (r["action"].startswith("move ") and e.startswith("move "))
+               for r, e in zip(data, experts, strict=True) if e != "take coin")
+    executed = {(i, r["history"][-1][0]) for i, r in enumerate(data) if r["history"]}
+    assert all(data[i - 1]["action"] == a for i, a in executed)

@@ -64,7 +64,7 @@ def test_the_demo_setting_is_the_coin4_ctx_batch_study_group() -> None:
         assert mine["explorer"]["prompt"]["max_prompt_tokens"] == 370 and mine["explorer"]["load_weights"] == "batch"
 
 
-@pytest.mark.parametrize("folder", ["tiny", "coin4", "coin4-dart", "coin6", "twc"])
+@pytest.mark.parametrize("folder", ["tiny", "coin4", "coin4-dart", "coin6", "coin6-dart", "twc"])
 def test_every_settings_folder_has_a_recipe_and_every_method_row(folder: str) -> None:
     recipe = recipe_for(REPO / "configs" / folder)
     base = load_config(REPO / "configs" / folder / "vanilla.yaml")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXPERTS", "add_arguments", "collect_gold_examples", "epsilon_move", "run"]
+__all__ = ["EXPERTS", "add_arguments", "collect_gold_examples", "epsilon_move", "miss_move", "run"]
 
 #: ``--expert``: whose trajectories are cloned. ``gold``: the environment's gold path; ``explore``: an observable-state
 #: expert that labels any state, TextWorld-Express *coin* (the search of :mod:`divopd.explore.envs.coin_expert`) and
@@ -61,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--expert explore on coin only: at each step where the expert moves, with this "
                         "probability the executed and the recorded action is a random listed move instead, so the "
                         "clone is a weaker searcher that still takes the coin whenever it sees it")
+    parser.add_argument("--expert-miss", type=float, default=0.0,
+                        help="--expert explore on TextWorld-Express coin only: at each step where the expert takes the "
+                        "coin, with this probability the executed and the recorded action is a random listed move "
+                        "instead, so the clone walks past the coin it sees (its mistakes sit on one turn per visit)")
     parser.add_argument("--eval-tasks", type=int, default=100, help="held-out episodes for the success rate")
     parser.add_argument("--eval-split", default="dev", help="held-out split (dev or test)")
     parser.add_argument("--epochs", type=int, default=6)
@@ -105,7 +109,8 @@ def _expert_policy(env: Any, task: str, expert: str, game: str,
 
 def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, expert: str = "gold",
                           max_steps: int = 30, noise: float = 0.0, seed: int = 0,
-                          game: str = "coin", epsilon: float = 0.0) -> tuple[list[dict[str, Any]], int]:
+                          game: str = "coin", epsilon: float = 0.0,
+                          miss: float = 0.0) -> tuple[list[dict[str, Any]], int]:
     """Play each task's expert trajectory; returns (one record per step, number of tasks whose trajectory failed).
 
     ``expert="gold"`` replays the env's gold path; ``"explore"`` asks the ``game``'s observable-state expert at every
@@ -121,7 +126,9 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
 
     ``epsilon`` > 0 (``explore`` on ``coin`` only): where the expert moves, with that probability a random listed move
     is both executed and recorded, so the records clone an epsilon-greedy searcher (:func:`epsilon_move`); every
-    episode's records are kept then. Perturbations and epsilon moves draw from one generator seeded by ``seed``.
+    episode's records are kept then. ``miss`` > 0 (likewise): where the expert takes the coin, with that probability
+    a random listed move is executed and recorded instead (:func:`miss_move`). Perturbations, epsilon moves and missed
+    coins draw from one generator seeded by ``seed`` (a zero probability draws nothing).
     """
     import random
 
@@ -142,6 +149,8 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
             action = act(i, first, history, valid)
             if epsilon:
                 action = epsilon_move(action, valid, epsilon, rng)
+            if miss:
+                action = miss_move(action, valid, miss, rng)
             steps.append({"first": first, "history": list(history), "valid": valid, "action": action})
             if noise and rng.random() < noise:
                 action = rng.choice(sorted(set(valid) | set(NOISE_ACTIONS.get(game, ()))))
@@ -149,7 +158,7 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
             history.append((action, obs))
             if done:
                 break
-        if info.get("success") or noise or epsilon:
+        if info.get("success") or noise or epsilon or miss:
             records.extend(steps)
         failed += not info.get("success")
     return records, failed
@@ -160,6 +169,15 @@ def epsilon_move(action: str, valid: list[str], epsilon: float, rng: Any) -> str
     ``epsilon``, by a uniformly random listed move (possibly the same one). Other actions are kept."""
     moves = sorted(a for a in valid if a.startswith("move "))
     if action.startswith("move ") and moves and rng.random() < epsilon:
+        return rng.choice(moves)
+    return action
+
+
+def miss_move(action: str, valid: list[str], miss: float, rng: Any) -> str:
+    """The coin-missing searcher's action: the expert's ``action``, except that ``take coin`` is replaced, with
+    probability ``miss``, by a uniformly random listed move (when a move is listed). Other actions are kept."""
+    moves = sorted(a for a in valid if a.startswith("move "))
+    if action == "take coin" and moves and rng.random() < miss:
         return rng.choice(moves)
     return action
 
@@ -221,6 +239,10 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         raise UsageError(f"--expert-epsilon must be in [0, 1], got {args.expert_epsilon}")
     if args.expert_epsilon and (args.expert != "explore" or env_kwargs.get("game", "coin") != "coin"):
         raise UsageError("--expert-epsilon: only with --expert explore on TextWorld-Express coin")
+    if not 0.0 <= args.expert_miss <= 1.0:
+        raise UsageError(f"--expert-miss must be in [0, 1], got {args.expert_miss}")
+    if args.expert_miss and (args.expert != "explore" or env_kwargs.get("game", "coin") != "coin"):
+        raise UsageError("--expert-miss: only with --expert explore on TextWorld-Express coin")
     if not args.lr > 0:
         raise UsageError(f"--lr must be positive, got {args.lr}")
     if args.eval_split not in SPLITS:
@@ -263,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         records, failed = collect_gold_examples(env, tasks, prompt_config, expert=args.expert,
                                                 max_steps=args.expert_max_steps, noise=args.expert_noise,
                                                 seed=args.seed, game=env_kwargs.get("game", "coin"),
-                                                epsilon=args.expert_epsilon)
+                                                epsilon=args.expert_epsilon, miss=args.expert_miss)
     finally:
         env.close()
     if not records:
@@ -314,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
     summary = {
         "env": args.env, "env_kwargs": env_kwargs, "prompt": prompt_config.model_dump(), "params": n_params,
         "expert": args.expert, "expert_noise": args.expert_noise,
-        "expert_epsilon": args.expert_epsilon, "gold_steps": len(records),
+        "expert_epsilon": args.expert_epsilon, "expert_miss": args.expert_miss, "gold_steps": len(records),
         "gold_tasks": len(tasks) - failed, "gold_failed": failed,
         "truncated_examples": truncated, "sft": {k: v for k, v in result.items() if k != "epoch_losses"},
         "epoch_losses": result.get("epoch_losses"), "eval": metrics, "seconds": time.perf_counter() - t0,

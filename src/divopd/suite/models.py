@@ -16,6 +16,10 @@ recipe (:data:`RECIPES`, keyed by the folder's name); its ``_base.yaml`` uses th
   search from DART-style data (``--expert-noise 0.2``: it has seen "Unknown action" replies and recovers from them;
   ~90% at T = 0.4), the student an epsilon-greedy searcher (``--expert-epsilon 0.8``: well-formed actions, takes the
   coin whenever it sees it, searches at random; ~55% at T = 0.4) on the teacher's tokenizer.
+* ``coin6-dart`` (issue 17's student inside the 10-35% band): *coin* with 6 rooms and a 14-step limit (the game of
+  ``coin6``); the DART-style teacher of ``coin4-dart`` (~82% at T = 0.4), a student that clones an epsilon-greedy
+  searcher which also walks past half the coins it sees (``--expert-epsilon 0.8 --expert-miss 0.5``: well-formed
+  actions, ~20% at T = 0.4) on the teacher's tokenizer.
 * ``twc`` (issue 17's second game): TextWorld Commonsense, one room, one object; held-out tasks are the train fold's
   last 200 seeds (``dev_from_train``). Teacher and student both clone the gold paths, the student with less training.
 """
@@ -86,6 +90,15 @@ RECIPES: dict[str, ModelRecipe] = {
         student=("--expert", "explore", "--expert-epsilon", "0.8", "--expert-max-steps", "10", "--train-tasks", "300",
                  "--epochs", "3", "--max-steps", "10", "--eval-tasks", "64", "--seed", "1"),
         note="DART-style search teacher (600 tasks x 8 epochs, ~4 min), epsilon-greedy searcher student (300 x 3)"),
+    "coin6-dart": ModelRecipe(
+        env="twx", env_kwargs={"game": "coin", "params": "numLocations=6,numDistractorItems=0,includeDoors=0"},
+        prompt=_COIN_PROMPT,
+        teacher=("--expert", "explore", "--expert-noise", "0.2", "--train-tasks", "600", "--epochs", "8",
+                 "--max-steps", "14", "--eval-tasks", "64", "--seed", "0"),
+        student=("--expert", "explore", "--expert-epsilon", "0.8", "--expert-miss", "0.5", "--expert-max-steps", "14",
+                 "--train-tasks", "300", "--epochs", "3", "--max-steps", "14", "--eval-tasks", "64", "--seed", "1"),
+        note="DART-style search teacher on 6 rooms (600 tasks x 8 epochs, ~8 min), epsilon-greedy searcher student "
+             "that walks past half the coins it sees (300 x 3)"),
     "twc": ModelRecipe(
         env="twx", env_kwargs={"game": "twc", "params": _TWC_PARAMS, "dev_from_train": 200},
         prompt=_COIN_PROMPT,
