@@ -487,3 +487,34 @@ def test_the_coin6_dart_plan_and_settings_folder() -> None:
             cfg["tcod"].pop("eta")
             cfg["learner"].pop("turn_balance_updates")
         assert dart == coin6, path.name
+
+
+def test_the_coin_turns_benchmark_replays_each_run_under_its_rule(tmp_path, monkeypatch) -> None:
+    """benchmarks/regime/coin_turns.py on a two-rollout log that one vanilla batch takes whole: exact shares of the
+    turns with the coin in view and of those the student walked past."""
+    import importlib.util
+
+    from divopd.analysis.replay import ReplayConfig
+    from divopd.experience import Turn
+    from divopd.experience.log import write_log
+    from divopd.models.tiny import build_tokenizer
+
+    monkeypatch.syspath_prepend(str(REGIME))  # the script imports its neighbour actions.py
+    spec = importlib.util.spec_from_file_location("coin_turns", REGIME / "coin_turns.py")
+    coin_turns = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(coin_turns)
+    tok = build_tokenizer(["Valid actions: move east, take coin", "take coin", "move east"])
+    menu, coin = "Valid actions: move east", "Valid actions: move east, take coin"
+    rows = [("a", 0, menu, "move east"), ("a", 1, coin, "move east"), ("a", 2, coin, "take coin"),
+            ("b", 0, coin, "take coin")]
+    turns = []
+    for rid, index, prompt, action in rows:
+        ids = tok.encode(action)
+        turns.append(Turn(rollout_id=rid, turn_index=index, policy_version=0, prompt_ids=tok.encode(prompt),
+                          response_ids=ids, student_logprobs=[-1.0] * len(ids), teacher_logprobs=[-2.0] * len(ids)))
+    log = tmp_path / "experience.parquet"
+    write_log(log, turns, write_ids=True)
+    config = ReplayConfig(methods=["vanilla"], batch_size=4, pool_factor=1, cap=4, max_staleness=2)
+    assert coin_turns.coin_shares(log, "vanilla", tok, config) == (0.75, 0.75, 1 / 3, 1 / 3)
+    config = ReplayConfig(methods=["vanilla"], batch_size=8, pool_factor=1, cap=4, max_staleness=2)
+    assert coin_turns.coin_shares(log, "vanilla", tok, config)[1] == 0.0  # too few turns for a batch: none trained

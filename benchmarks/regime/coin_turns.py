@@ -1,0 +1,86 @@
+"""Where a *coin* student's mistakes sit and which rule trains on them, per method of one study group: each run's
+experience log is replayed under the run's own selection rule (the learner's batches, re-drawn by the same sampler on
+the same arrivals), and the turns are split by whether the coin is in view (``take coin`` among the prompt's valid
+actions). Prints, mean over the seeds: the share of delivered and of trained turns with the coin in view, and the share
+of those where the student did not take it. Prints a markdown table.
+
+    .venv/bin/python benchmarks/regime/coin_turns.py runs/regime-coin6-dart/coin6-dart \\
+        --tokenizer cache/coin6-dart/student
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from actions import valid_actions
+
+from divopd.analysis.replay import ReplayConfig
+from divopd.analysis.replay_rules import deliveries, log_updates
+from divopd.experience.log import read_log
+from divopd.models import load_tokenizer
+from divopd.sampling import make_sampler
+
+
+def coin_shares(log: Path, method: str, tokenizer, config: ReplayConfig) -> tuple[float, float, float, float]:
+    """(delivered turns with the coin in view, trained turns with it, delivered coin turns the student did not take
+    it on, trained ones), as fractions, for one log replayed under ``method``."""
+    sampler = make_sampler(config.sampler_config(method))
+    seen: dict[tuple[str, int], tuple[bool, bool]] = {}  # (coin in view, student took it)
+
+    def classify(turn) -> tuple[bool, bool]:
+        key = (turn.rollout_id, turn.turn_index)
+        if key not in seen:
+            view = "take coin" in valid_actions(tokenizer.decode(list(turn.prompt_ids)))
+            took = tokenizer.decode(list(turn.response_ids)).replace("<eos>", "").strip() == "take coin"
+            seen[key] = (view, took)
+        return seen[key]
+
+    delivered, trained = [], []
+    for j, arrivals in deliveries(read_log(log), log_updates(log)):
+        turns = [a.turn for a in arrivals]
+        delivered += [classify(t) for t in turns]
+        sampler.add(turns)
+        batch = sampler.next_batch(j)
+        if batch is not None:
+            trained += [classify(t) for t in batch.turns]
+
+    def shares(rows: list[tuple[bool, bool]]) -> tuple[float, float]:
+        coin = [took for view, took in rows if view]
+        return len(coin) / max(1, len(rows)), sum(not took for took in coin) / max(1, len(coin))
+
+    (d_view, d_miss), (t_view, t_miss) = shares(delivered), shares(trained)
+    return d_view, t_view, d_miss, t_miss
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("group", type=Path, help="a study group folder: <method>/seed<N>/experience inside")
+    ap.add_argument("--tokenizer", required=True, help="the student's HF folder (its tokenizer decodes the logs)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--pool-factor", type=float, default=4)
+    ap.add_argument("--cap", type=int, default=4)
+    ap.add_argument("--max-staleness", type=int, default=2)
+    args = ap.parse_args()
+    tokenizer = load_tokenizer(args.tokenizer)
+    print("| method | seeds | delivered turns, coin in view | trained turns, coin in view | coin turns not taken, "
+          "delivered | coin turns not taken, trained |")
+    print("|---|---|---|---|---|---|")
+    for method_dir in sorted(p for p in args.group.iterdir() if p.is_dir()):
+        method = method_dir.name
+        rows = []
+        for log in sorted(method_dir.glob("seed*/experience")):
+            if not (log.parent / "summary.json").is_file():  # a run still going
+                continue
+            config = ReplayConfig(methods=[method], batch_size=args.batch_size, pool_factor=args.pool_factor,
+                                  cap=args.cap, max_staleness=args.max_staleness,
+                                  seed=int(log.parent.name.removeprefix("seed")))  # the run's sampler seed
+            rows.append(coin_shares(log, method, tokenizer, config))
+        if rows:
+            cells = " | ".join(f"{100 * statistics.mean(col):.1f}%" for col in zip(*rows, strict=True))
+            print(f"| {method} | {len(rows)} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()
