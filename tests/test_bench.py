@@ -435,21 +435,32 @@ def test_the_coin4_dart_plan_and_settings_folder() -> None:
     assert all({r.seed for r in runs if r.label == label} == set(range(10)) for label in
                {"vanilla", "nocap", "divopd-base", "divopd"})
     assert {r.seed for r in runs if r.label == "vanilla-pool"} == set(range(5))  # = vanilla without dead rows
-    configs = REGIME.parents[1] / "configs"
-    for path in sorted((configs / "coin4").glob("*.yaml")):
-        if path.name == "_base.yaml":
-            continue
-        dart = load_config(configs / "coin4-dart" / path.name).model_dump()
-        coin4 = load_config(path).model_dump()
+    for name, dart, coin4 in _method_rows("coin4", "coin4-dart"):
         assert dart["setting"] == "coin4-dart" and dart["updates"] == 60 and dart["eval"]["every"] == 5
         assert dart["student"]["path"] == "cache/coin4-dart/student"
         assert dart["teacher"]["path"] == "cache/coin4-dart/teacher"
-        for cfg in (dart, coin4):
-            for key in ("setting", "updates", "student", "teacher"):
-                cfg.pop(key)
-            cfg["eval"].pop("every")
-            cfg["learner"].pop("turn_balance_updates")
-        assert dart == coin4, path.name
+        _strip_setting(dart, coin4)
+        assert dart == coin4, name
+
+
+def _method_rows(base: str, variant: str) -> list[tuple[str, dict, dict]]:
+    """(file name, variant row, base row) for every method row of configs/<base> (``_base.yaml`` aside), as dicts."""
+    configs = REGIME.parents[1] / "configs"
+    return [(path.name, load_config(configs / variant / path.name).model_dump(), load_config(path).model_dump())
+            for path in sorted((configs / base).glob("*.yaml")) if path.name != "_base.yaml"]
+
+
+def _strip_setting(*cfgs: dict, learner: tuple[str, ...] = (), tcod: tuple[str, ...] = ()) -> None:
+    """Drop from each row what a setting folder may change: setting, updates, models, eval.every, TurnOPD's
+    turn balance, and the given learner and tcod keys."""
+    for cfg in cfgs:
+        for key in ("setting", "updates", "student", "teacher"):
+            cfg.pop(key)
+        cfg["eval"].pop("every")
+        for key in ("turn_balance_updates", *learner):
+            cfg["learner"].pop(key)
+        for key in tcod:
+            cfg["tcod"].pop(key)
 
 
 def test_the_coin6_dart_plan_and_settings_folder() -> None:
@@ -465,12 +476,7 @@ def test_the_coin6_dart_plan_and_settings_folder() -> None:
                {"vanilla", "nocap", "divopd-base", "divopd"})
     assert {r.seed for r in runs if r.label == "vanilla-pool"} == set(range(5))
     assert "--expert-miss" in RECIPES["coin6-dart"].student
-    configs = REGIME.parents[1] / "configs"
-    for path in sorted((configs / "coin6").glob("*.yaml")):
-        if path.name == "_base.yaml":
-            continue
-        dart = load_config(configs / "coin6-dart" / path.name).model_dump()
-        coin6 = load_config(path).model_dump()
+    for name, dart, coin6 in _method_rows("coin6", "coin6-dart"):
         assert dart["setting"] == "coin6-dart" and dart["updates"] == 40 and dart["eval"]["every"] == 5
         assert dart["learner"]["lr"] == 3e-4 and coin6["learner"]["lr"] == 1e-3
         assert (dart["student"]["path"], dart["teacher"]["path"]) == ("cache/coin6-dart/student",
@@ -479,14 +485,8 @@ def test_the_coin6_dart_plan_and_settings_folder() -> None:
             eta = dart["tcod"]["eta"]
             assert 1 + 40 // eta >= dart["explorer"]["max_steps"] > 1 + 40 // (eta + 1)
         assert dart["learner"]["turn_balance_updates"] == (40 if dart["method"] == "turnopd" else None)
-        for cfg in (dart, coin6):
-            for key in ("setting", "updates", "student", "teacher"):
-                cfg.pop(key)
-            cfg["eval"].pop("every")
-            cfg["learner"].pop("lr")
-            cfg["tcod"].pop("eta")
-            cfg["learner"].pop("turn_balance_updates")
-        assert dart == coin6, path.name
+        _strip_setting(dart, coin6, learner=("lr",), tcod=("eta",))
+        assert dart == coin6, name
 
 
 def test_the_coin_turns_benchmark_replays_each_run_under_its_rule(tmp_path, monkeypatch) -> None:

@@ -70,6 +70,22 @@ def _coin_search_recipe(rooms: int, max_steps: int, teacher_eval_tasks: int, stu
         student=search(student_tasks, student_epochs, 10, 1), note=note)
 
 
+def _coin_dart_recipe(rooms: int, max_steps: int, miss: str | None, note: str) -> ModelRecipe:
+    """A *coin* setting whose teacher clones the search from DART-style data (``--expert-noise 0.2``) and whose student
+    clones an epsilon-greedy searcher (``--expert-epsilon 0.8``, 300 tasks x 3 epochs) that, with ``miss``, also walks
+    past the coin it sees (``--expert-miss``): the ``coin4-dart`` and ``coin6-dart`` recipes."""
+    steps = str(max_steps)
+    walk_past = ("--expert-miss", miss) if miss is not None else ()
+    return ModelRecipe(
+        env="twx", env_kwargs={"game": "coin", "params": f"numLocations={rooms},numDistractorItems=0,includeDoors=0"},
+        prompt=_COIN_PROMPT,
+        teacher=("--expert", "explore", "--expert-noise", "0.2", "--train-tasks", "600", "--epochs", "8",
+                 "--max-steps", steps, "--eval-tasks", "64", "--seed", "0"),
+        student=("--expert", "explore", "--expert-epsilon", "0.8", *walk_past, "--expert-max-steps", steps,
+                 "--train-tasks", "300", "--epochs", "3", "--max-steps", steps, "--eval-tasks", "64", "--seed", "1"),
+        note=note)
+
+
 RECIPES: dict[str, ModelRecipe] = {
     "tiny": ModelRecipe(
         env="twx", env_kwargs={"game": "coin", "params": "numLocations=2,numDistractorItems=0,includeDoors=0"},
@@ -82,23 +98,13 @@ RECIPES: dict[str, ModelRecipe] = {
     "coin6": _coin_search_recipe(rooms=6, max_steps=14, teacher_eval_tasks=64, student_tasks=112, student_epochs=2,
                                  note="search-expert teacher (600 tasks x 8 epochs, ~6.5 min), 112-task two-epoch "
                                       "student"),
-    "coin4-dart": ModelRecipe(
-        env="twx", env_kwargs={"game": "coin", "params": "numLocations=4,numDistractorItems=0,includeDoors=0"},
-        prompt=_COIN_PROMPT,
-        teacher=("--expert", "explore", "--expert-noise", "0.2", "--train-tasks", "600", "--epochs", "8",
-                 "--max-steps", "10", "--eval-tasks", "64", "--seed", "0"),
-        student=("--expert", "explore", "--expert-epsilon", "0.8", "--expert-max-steps", "10", "--train-tasks", "300",
-                 "--epochs", "3", "--max-steps", "10", "--eval-tasks", "64", "--seed", "1"),
-        note="DART-style search teacher (600 tasks x 8 epochs, ~4 min), epsilon-greedy searcher student (300 x 3)"),
-    "coin6-dart": ModelRecipe(
-        env="twx", env_kwargs={"game": "coin", "params": "numLocations=6,numDistractorItems=0,includeDoors=0"},
-        prompt=_COIN_PROMPT,
-        teacher=("--expert", "explore", "--expert-noise", "0.2", "--train-tasks", "600", "--epochs", "8",
-                 "--max-steps", "14", "--eval-tasks", "64", "--seed", "0"),
-        student=("--expert", "explore", "--expert-epsilon", "0.8", "--expert-miss", "0.5", "--expert-max-steps", "14",
-                 "--train-tasks", "300", "--epochs", "3", "--max-steps", "14", "--eval-tasks", "64", "--seed", "1"),
-        note="DART-style search teacher on 6 rooms (600 tasks x 8 epochs, ~8 min), epsilon-greedy searcher student "
-             "that walks past half the coins it sees (300 x 3)"),
+    "coin4-dart": _coin_dart_recipe(rooms=4, max_steps=10, miss=None,
+                                    note="DART-style search teacher (600 tasks x 8 epochs, ~4 min), epsilon-greedy "
+                                         "searcher student (300 x 3)"),
+    "coin6-dart": _coin_dart_recipe(rooms=6, max_steps=14, miss="0.5",
+                                    note="DART-style search teacher on 6 rooms (600 tasks x 8 epochs, ~8 min), "
+                                         "epsilon-greedy searcher student that walks past half the coins it sees "
+                                         "(300 x 3)"),
     "twc": ModelRecipe(
         env="twx", env_kwargs={"game": "twc", "params": _TWC_PARAMS, "dev_from_train": 200},
         prompt=_COIN_PROMPT,
