@@ -464,17 +464,31 @@ def _strip_setting(*cfgs: dict, learner: tuple[str, ...] = (), tcod: tuple[str, 
 
 
 def test_the_coin6_dart_plan_and_settings_folder() -> None:
-    """plan-coin6-dart.yaml: the controlled rows on 10 paired seeds (vanilla-pool on 5) over configs/coin6-dart, whose
+    """plan-coin6-dart.yaml: the controlled rows on 10 paired seeds (vanilla-pool and the other four rows on 5, the load
+    and cap sweeps on 3) over configs/coin6-dart, whose
     method rows are configs/coin6's; the setting differs from coin6 in its models (recipe coin6-dart, the student with
     --expert-miss), 40 updates, lr 3e-4, an evaluation every 5 updates and the two schedules tied to the run's length
     (TurnOPD's turn balance at update 40, TCOD-F2B's eta 3 reaching the 14-step horizon inside the run)."""
     plan = load_plan(REGIME / "plan-coin6-dart.yaml")
     assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
     runs = plan_runs(plan)
-    assert {r.label for r in runs} == {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"}
-    assert all({r.seed for r in runs if r.label == label} == set(range(10)) for label in
+    main = [r for r in runs if r.kind == "main"]
+    assert {r.label for r in main} == {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-r",
+                                       "tcod-f2b", "turnopd", "top-b"}
+    assert all({r.seed for r in main if r.label == label} == set(range(10)) for label in
                {"vanilla", "nocap", "divopd-base", "divopd"})
-    assert {r.seed for r in runs if r.label == "vanilla-pool"} == set(range(5))
+    assert all({r.seed for r in main if r.label == label} == set(range(5)) for label in
+               {"vanilla-pool", "divopd-r", "tcod-f2b", "turnopd", "top-b"})
+    # the load sweep: ~0.8 / 1.5 / 2.5 around the main runs' 64 env steps per update (~2), vanilla vs divopd-base
+    load = [r for r in runs if r.kind == "load"]
+    assert sorted({r.overrides[-1] for r in load}) == [f"runtime.lockstep.env_steps_per_update={n}"
+                                                       for n in (26, 48, 80)]
+    assert {r.label for r in load} == {"vanilla", "divopd-base"} and {r.seed for r in load} == {0, 1, 2}
+    assert plan.sweeps.load.methods == ["vanilla", "divopd-base"] and len(load) == 3 * 2 * 3
+    # the cap sweep: k = 4 is the main divopd run itself (shared), the other caps are new runs
+    cap = [r for r in runs if r.kind == "cap"]
+    assert {r.label for r in cap} == {f"divopd-k{k}" for k in (2, 3, 4, 6)} and {r.seed for r in cap} == {0, 1, 2}
+    assert all((r.main is not None) == (r.label == "divopd-k4") for r in cap)
     assert "--expert-miss" in RECIPES["coin6-dart"].student
     for name, dart, coin6 in _method_rows("coin6", "coin6-dart"):
         assert dart["setting"] == "coin6-dart" and dart["updates"] == 40 and dart["eval"]["every"] == 5
