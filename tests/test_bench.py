@@ -465,10 +465,10 @@ def _strip_setting(*cfgs: dict, learner: tuple[str, ...] = (), tcod: tuple[str, 
 
 def test_the_coin6_dart_plan_and_settings_folder() -> None:
     """plan-coin6-dart.yaml: the controlled rows on 10 paired seeds (vanilla-pool and the other four rows on 5, the load
-    and cap sweeps on 3) over configs/coin6-dart, whose
-    method rows are configs/coin6's; the setting differs from coin6 in its models (recipe coin6-dart, the student with
-    --expert-miss), 40 updates, lr 3e-4, an evaluation every 5 updates and the two schedules tied to the run's length
-    (TurnOPD's turn balance at update 40, TCOD-F2B's eta 3 reaching the 14-step horizon inside the run)."""
+    and cap sweeps on 3) over configs/coin6-dart, whose method rows are configs/coin6's; the setting differs from coin6
+    in its models (recipe coin6-dart, the student with --expert-miss), 40 updates, lr 3e-4, an evaluation every 5
+    updates and the two schedules tied to the run's length (TurnOPD's turn balance at update 40, TCOD-F2B's eta 3
+    reaching the 14-step horizon inside the run)."""
     plan = load_plan(REGIME / "plan-coin6-dart.yaml")
     assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
     runs = plan_runs(plan)
