@@ -167,17 +167,20 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
 def epsilon_move(action: str, valid: list[str], epsilon: float, rng: Any) -> str:
     """The epsilon-greedy searcher's action: the expert's ``action``, except that a move is replaced, with probability
     ``epsilon``, by a uniformly random listed move (possibly the same one). Other actions are kept."""
-    moves = sorted(a for a in valid if a.startswith("move "))
-    if action.startswith("move ") and moves and rng.random() < epsilon:
-        return rng.choice(moves)
-    return action
+    return _random_move_instead(action, valid, epsilon, rng, swap=action.startswith("move "))
 
 
 def miss_move(action: str, valid: list[str], miss: float, rng: Any) -> str:
     """The coin-missing searcher's action: the expert's ``action``, except that ``take coin`` is replaced, with
     probability ``miss``, by a uniformly random listed move (when a move is listed). Other actions are kept."""
+    return _random_move_instead(action, valid, miss, rng, swap=action == "take coin")
+
+
+def _random_move_instead(action: str, valid: list[str], p: float, rng: Any, swap: bool) -> str:
+    """``action``, or with probability ``p`` a uniformly random listed move when ``swap`` holds and a move is listed.
+    The coin is drawn only then (so a zero probability or a kept action draws nothing), then the move."""
     moves = sorted(a for a in valid if a.startswith("move "))
-    if action == "take coin" and moves and rng.random() < miss:
+    if swap and moves and rng.random() < p:
         return rng.choice(moves)
     return action
 
@@ -235,14 +238,11 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         raise UsageError(f"--expert-noise must be in [0, 1), got {args.expert_noise}")
     if args.expert_noise and args.expert != "explore":
         raise UsageError("--expert-noise: only with --expert explore (a gold path cannot label off-path states)")
-    if not 0.0 <= args.expert_epsilon <= 1.0:
-        raise UsageError(f"--expert-epsilon must be in [0, 1], got {args.expert_epsilon}")
-    if args.expert_epsilon and (args.expert != "explore" or env_kwargs.get("game", "coin") != "coin"):
-        raise UsageError("--expert-epsilon: only with --expert explore on TextWorld-Express coin")
-    if not 0.0 <= args.expert_miss <= 1.0:
-        raise UsageError(f"--expert-miss must be in [0, 1], got {args.expert_miss}")
-    if args.expert_miss and (args.expert != "explore" or env_kwargs.get("game", "coin") != "coin"):
-        raise UsageError("--expert-miss: only with --expert explore on TextWorld-Express coin")
+    for flag, p in (("--expert-epsilon", args.expert_epsilon), ("--expert-miss", args.expert_miss)):
+        if not 0.0 <= p <= 1.0:
+            raise UsageError(f"{flag} must be in [0, 1], got {p}")
+        if p and (args.expert != "explore" or env_kwargs.get("game", "coin") != "coin"):
+            raise UsageError(f"{flag}: only with --expert explore on TextWorld-Express coin")
     if not args.lr > 0:
         raise UsageError(f"--lr must be positive, got {args.lr}")
     if args.eval_split not in SPLITS:
