@@ -508,10 +508,10 @@ def test_the_coin_turns_benchmark_replays_each_run_under_its_rule(tmp_path, monk
     turns with the coin in view and of those the student walked past."""
     import importlib.util
 
-    from divopd.analysis.replay import ReplayConfig
     from divopd.experience import Turn
     from divopd.experience.log import write_log
     from divopd.models.tiny import build_tokenizer
+    from divopd.sampling import SamplerConfig
 
     monkeypatch.syspath_prepend(str(REGIME))  # the script imports its neighbour actions.py
     spec = importlib.util.spec_from_file_location("coin_turns", REGIME / "coin_turns.py")
@@ -528,7 +528,7 @@ def test_the_coin_turns_benchmark_replays_each_run_under_its_rule(tmp_path, monk
                           response_ids=ids, student_logprobs=[-1.0] * len(ids), teacher_logprobs=[-2.0] * len(ids)))
     log = tmp_path / "experience.parquet"
     write_log(log, turns, write_ids=True)
-    config = ReplayConfig(methods=["vanilla"], batch_size=4, pool_factor=1, cap=4, max_staleness=2)
-    assert coin_turns.coin_shares(log, "vanilla", tok, config) == (0.75, 0.75, 1 / 3, 1 / 3)
-    config = ReplayConfig(methods=["vanilla"], batch_size=8, pool_factor=1, cap=4, max_staleness=2)
-    assert coin_turns.coin_shares(log, "vanilla", tok, config)[1] == 0.0  # too few turns for a batch: none trained
+    config = SamplerConfig("vanilla", batch_size=4, pool_factor=1, cap=4, max_staleness=2)
+    assert coin_turns.coin_shares(log, config, tok) == (0.75, 0.75, 1 / 3, 1 / 3)
+    config = SamplerConfig("vanilla", batch_size=8, pool_factor=1, cap=4, max_staleness=2)
+    assert coin_turns.coin_shares(log, config, tok)[1] == 0.0  # too few turns for a batch: none trained

@@ -1,8 +1,8 @@
 """Where a *coin* student's mistakes sit and which rule trains on them, per method of one study group: each run's
-experience log is replayed under the run's own selection rule (the learner's batches, re-drawn by the same sampler on
-the same arrivals), and the turns are split by whether the coin is in view (``take coin`` among the prompt's valid
-actions). Prints, mean over the seeds: the share of delivered and of trained turns with the coin in view, and the share
-of those where the student did not take it. Prints a markdown table.
+experience log is replayed under the run's own sampler (its config.yaml: rule, settings and seed; the learner's batches,
+re-drawn by the same sampler on the same arrivals), and the turns are split by whether the coin is in view
+(``take coin`` among the prompt's valid actions). Prints, mean over the seeds: the share of delivered and of trained
+turns with the coin in view, and the share of those where the student did not take it. Prints a markdown table.
 
     .venv/bin/python benchmarks/regime/coin_turns.py runs/regime-coin6-dart/coin6-dart \\
         --tokenizer cache/coin6-dart/student
@@ -16,17 +16,17 @@ from pathlib import Path
 
 from actions import valid_actions
 
-from divopd.analysis.replay import ReplayConfig
 from divopd.analysis.replay_rules import deliveries, log_updates
 from divopd.experience.log import read_log
 from divopd.models import load_tokenizer
-from divopd.sampling import make_sampler
+from divopd.sampling import SamplerConfig, make_sampler
+from divopd.train.config import load_config
 
 
-def coin_shares(log: Path, method: str, tokenizer, config: ReplayConfig) -> tuple[float, float, float, float]:
+def coin_shares(log: Path, config: SamplerConfig, tokenizer) -> tuple[float, float, float, float]:
     """(delivered turns with the coin in view, trained turns with it, delivered coin turns the student did not take
-    it on, trained ones), as fractions, for one log replayed under ``method``."""
-    sampler = make_sampler(config.sampler_config(method))
+    it on, trained ones), as fractions, for one log replayed under the sampler ``config``."""
+    sampler = make_sampler(config)
     seen: dict[tuple[str, int], tuple[bool, bool]] = {}  # (coin in view, student took it)
 
     def classify(turn) -> tuple[bool, bool]:
@@ -58,10 +58,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("group", type=Path, help="a study group folder: <method>/seed<N>/experience inside")
     ap.add_argument("--tokenizer", required=True, help="the student's HF folder (its tokenizer decodes the logs)")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--pool-factor", type=float, default=4)
-    ap.add_argument("--cap", type=int, default=4)
-    ap.add_argument("--max-staleness", type=int, default=2)
     args = ap.parse_args()
     tokenizer = load_tokenizer(args.tokenizer)
     print("| method | seeds | delivered turns, coin in view | trained turns, coin in view | coin turns not taken, "
@@ -73,10 +69,7 @@ def main() -> None:
         for log in sorted(method_dir.glob("seed*/experience")):
             if not (log.parent / "summary.json").is_file():  # a run still going
                 continue
-            config = ReplayConfig(methods=[method], batch_size=args.batch_size, pool_factor=args.pool_factor,
-                                  cap=args.cap, max_staleness=args.max_staleness,
-                                  seed=int(log.parent.name.removeprefix("seed")))  # the run's sampler seed
-            rows.append(coin_shares(log, method, tokenizer, config))
+            rows.append(coin_shares(log, load_config(log.parent / "config.yaml").sampler_config(), tokenizer))
         if rows:
             cells = " | ".join(f"{100 * statistics.mean(col):.1f}%" for col in zip(*rows, strict=True))
             print(f"| {method} | {len(rows)} | {cells} |")
