@@ -51,7 +51,8 @@ from divopd.models import load_model, resolve_dtype
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 from divopd.sampling.sampler import Batch
 
-__all__ = ["Learner", "LearnerConfig", "Rows", "WeightHandle", "batch_row_weights", "batch_rows", "prepare_rows"]
+__all__ = ["Learner", "LearnerConfig", "Rows", "WeightHandle", "batch_row_weights", "batch_rows", "prepare_rows",
+           "restore_learner_state"]
 
 CHECKPOINT_FORMAT = 1
 #: :mod:`divopd.learn.sharded`'s checkpoints: model and optimizer shards in ``dcp/`` (torch.distributed.checkpoint)
@@ -347,13 +348,19 @@ class Learner:
         else:
             opt_state = torch.load(Path(path) / OPTIMIZER_FILE, map_location=learner.device, weights_only=True)
             learner.optimizer.load_state_dict(opt_state)
-        saved = state["learner"]
-        learner.version = int(saved["version"])
-        learner.tokens_total = int(saved["tokens_total"])
-        learner.compute_s_total = float(saved["compute_s_total"])
-        learner.skipped_updates = int(saved.get("skipped_updates", 0))
-        if learner.depth_stats is not None:
-            learner.depth_stats = DepthStats(saved.get("depth_disagreement", ()))
-        torch.set_rng_state(decode_rng_state(state["rng"]["torch"]))
-        return learner, state.get("extra_state", {})
+        return learner, restore_learner_state(learner, state)
 
+
+def restore_learner_state(learner: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """The counterpart of ``state()`` on resume, for both learners (this one and ``ShardedLearner``): set the version,
+    the counters and the depth statistics from a checkpoint's ``state.json`` contents and restore the torch RNG.
+    Returns the checkpoint's ``extra_state``."""
+    saved = state["learner"]
+    learner.version = int(saved["version"])
+    learner.tokens_total = int(saved["tokens_total"])
+    learner.compute_s_total = float(saved["compute_s_total"])
+    learner.skipped_updates = int(saved.get("skipped_updates", 0))
+    if learner.depth_stats is not None:
+        learner.depth_stats = DepthStats(saved.get("depth_disagreement", ()))
+    torch.set_rng_state(decode_rng_state(state["rng"]["torch"]))
+    return state.get("extra_state", {})

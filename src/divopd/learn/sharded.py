@@ -37,12 +37,11 @@ from divopd.learn.checkpoint import (
     WeightHandle,
     _is_tied,
     atomic_dir,
-    decode_rng_state,
     encode_rng_state,
     read_state,
     to_json_safe,
 )
-from divopd.learn.learner import SHARDED_FORMAT, Learner, batch_row_weights, batch_rows
+from divopd.learn.learner import SHARDED_FORMAT, Learner, batch_row_weights, batch_rows, restore_learner_state
 from divopd.learn.ranks import LearnerRankError, ProcessRanks, Ranks
 from divopd.learn.rows import Rows, _micro_batches
 from divopd.learn.settings import LearnerConfig
@@ -228,16 +227,10 @@ class ShardedLearner:
             learner._call("load", [(str(Path(path) / DCP_DIR),)] * learner.world_size)
         else:
             learner._call("load_full_optimizer", [(str(Path(path) / OPTIMIZER_FILE),)] * learner.world_size)
-        saved = state["learner"]
-        learner.version = learner._model_version = int(saved["version"])
+        extra = restore_learner_state(learner, state)
+        learner._model_version = learner.version
         learner._call("set_state", [(learner.version,)] * learner.world_size)
-        learner.tokens_total = int(saved["tokens_total"])
-        learner.compute_s_total = float(saved["compute_s_total"])
-        learner.skipped_updates = int(saved.get("skipped_updates", 0))
-        if learner.depth_stats is not None:
-            learner.depth_stats = DepthStats(saved.get("depth_disagreement", ()))
-        torch.set_rng_state(decode_rng_state(state["rng"]["torch"]))
-        return learner, state.get("extra_state", {})
+        return learner, extra
 
     def close(self) -> None:
         """End the ranks (idempotent)."""
