@@ -532,3 +532,26 @@ def test_the_coin_turns_benchmark_replays_each_run_under_its_rule(tmp_path, monk
     assert coin_turns.coin_shares(log, config, tok) == (0.75, 0.75, 1 / 3, 1 / 3)
     config = SamplerConfig("vanilla", batch_size=8, pool_factor=1, cap=4, max_staleness=2)
     assert coin_turns.coin_shares(log, config, tok)[1] == 0.0  # too few turns for a batch: none trained
+
+
+def test_the_sweep_tables_script_prints_the_coin6_page_tables_from_the_committed_reports(capsys, monkeypatch) -> None:
+    """benchmarks/regime/sweep_tables.py over plan-coin6.yaml and the committed reports (docs/results/regime): its
+    Table 2 rows are the coin6 page's, value for value (the page's table was assembled by hand before the script), and
+    its Table 19 has one row per k with the paper's k = 4 as the reference of the paired column."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sweep_tables", REGIME / "sweep_tables.py")
+    sweep_tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep_tables)
+    docs = REGIME.parents[1] / "docs" / "results"
+    monkeypatch.setattr("sys.argv", ["sweep_tables.py", str(REGIME / "plan-coin6.yaml"), "--report",
+                                     str(docs / "regime")])
+    sweep_tables.main()
+    load, cap = capsys.readouterr().out.strip().split("\n\n")
+    page = (docs / "coin6.md").read_text()
+    rows = load.splitlines()[2:]
+    assert [r.split(" | ")[0] for r in rows] == ["| 26", "| 48", "| 64 (main runs)", "| 80"]
+    assert all(row in page for row in rows)
+    caps = cap.splitlines()[2:]
+    assert [r.split(" | ")[0] for r in caps] == ["| 2", "| 3", "| 4 (the paper's)", "| 6"]
+    assert caps[2].endswith("| – |") and all(r.endswith("p = 0.62 |") for r in caps[:2] + caps[3:])
