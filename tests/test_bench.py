@@ -555,3 +555,15 @@ def test_the_sweep_tables_script_prints_the_coin6_page_tables_from_the_committed
     caps = cap.splitlines()[2:]
     assert [r.split(" | ")[0] for r in caps] == ["| 2", "| 3", "| 4 (the paper's)", "| 6"]
     assert caps[2].endswith("| – |") and all(r.endswith("p = 0.62 |") for r in caps[:2] + caps[3:])
+
+
+def test_the_coin6_dart_ctx_plan_is_coin6_dart_under_a_context_budget() -> None:
+    """plan-coin6-dart-ctx.yaml: four rows of configs/coin6-dart on 5 paired seeds, every run under the 480-token
+    context budget (the only override), so its seeds pair with the main study's."""
+    plan = load_plan(REGIME / "plan-coin6-dart-ctx.yaml")
+    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
+    runs = plan_runs(plan)
+    assert {r.label for r in runs} == {"vanilla", "vanilla-pool", "divopd-base", "divopd"}
+    assert all(r.kind == "main" and r.group == "coin6-dart-ctx" for r in runs) and len(runs) == 4 * 5
+    assert {r.overrides for r in runs} == {("explorer.prompt.max_prompt_tokens=480",)}
+    assert {r.seed for r in runs} == set(range(5))
