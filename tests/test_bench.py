@@ -555,6 +555,13 @@ def test_the_sweep_tables_script_prints_the_coin6_page_tables_from_the_committed
     caps = cap.splitlines()[2:]
     assert [r.split(" | ")[0] for r in caps] == ["| 2", "| 3", "| 4 (the paper's)", "| 6"]
     assert caps[2].endswith("| – |") and all(r.endswith("p = 0.62 |") for r in caps[:2] + caps[3:])
+    # a report folder without the groups: one line on stderr and exit 2, no traceback
+    monkeypatch.setattr("sys.argv", ["sweep_tables.py", str(REGIME / "plan-coin6.yaml"), "--report",
+                                     str(docs / "no-such-report")])
+    with pytest.raises(SystemExit) as exit_info:
+        sweep_tables.main()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("sweep_tables: FileNotFoundError") and err.count("\n") == 1
 
 
 def test_the_coin6_dart_ctx_plan_is_coin6_dart_under_a_context_budget() -> None:

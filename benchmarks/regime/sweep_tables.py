@@ -17,11 +17,12 @@ import argparse
 import json
 import re
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
 from divopd.analysis.report.stats import paired_values, wilcoxon_signed_rank
-from divopd.suite.plan import config_value, load_plan
+from divopd.suite.plan import PlanError, config_value, load_plan, plan_runs
 
 ROWS = ("vanilla", "divopd-base")
 
@@ -43,6 +44,16 @@ def _compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     test = wilcoxon_signed_rank(x, y)
     p = "–" if test["p_value"] is None else f"{test['p_value']:.2f}"
     return f"{sum(u > v for u, v in zip(x, y, strict=True))} of {len(seeds)}, p = {p}"
+
+
+def _pair(values: list[float | None], fmt: str) -> str:
+    """Two rows' values side by side, ``a / b`` (``–``: none)."""
+    return " / ".join("–" if v is None else format(v, fmt) for v in values)
+
+
+def _pm(agg: dict[str, Any], name: str) -> str:
+    """Mean ± std over seeds of one aggregate metric."""
+    return f"{agg[name]['mean']:.1f} ± {agg[name]['std']:.1f}"
 
 
 def _unused(cov: dict[str, Any], label: str) -> float | None:
@@ -67,17 +78,14 @@ def load_table(report: Path, setting: str, key: str, main_value: Any) -> list[st
         m = [data["methods"][r] for r in ROWS]
         comp = [x["aggregate"]["composition"] for x in m]
         agg = [x["aggregate"] for x in m]
-
-        def pair(values: list[float | None], fmt: str) -> str:
-            return " / ".join("–" if v is None else format(v, fmt) for v in values)
-
         lines.append(
-            f"| {label} | {comp[0]['producer_load']:.2f} | {pair([c['arrival_drain_ratio'] for c in comp], '.2f')} | "
-            f"{pair([c['effective_rollouts'] for c in comp], '.2f')} | "
-            f"{pair([c['max_rollout_share'] for c in comp], '.2f')} | "
-            f"{pair([c['expired_fraction'] for c in comp], '.0%')} | {pair([_unused(cov, r) for r in ROWS], '.1%')} | "
-            f"{pair([a['final_five_mean']['mean'] for a in agg], '.1f')} | "
-            f"{pair([a['nauc']['mean'] for a in agg], '.1f')} | {_compare(m[1], m[0])} |")
+            f"| {label} | {comp[0]['producer_load']:.2f} | {_pair([c['arrival_drain_ratio'] for c in comp], '.2f')} | "
+            f"{_pair([c['effective_rollouts'] for c in comp], '.2f')} | "
+            f"{_pair([c['max_rollout_share'] for c in comp], '.2f')} | "
+            f"{_pair([c['expired_fraction'] for c in comp], '.0%')} | "
+            f"{_pair([_unused(cov, r) for r in ROWS], '.1%')} | "
+            f"{_pair([a['final_five_mean']['mean'] for a in agg], '.1f')} | "
+            f"{_pair([a['nauc']['mean'] for a in agg], '.1f')} | {_compare(m[1], m[0])} |")
     return head + lines
 
 
@@ -93,15 +101,11 @@ def cap_table(report: Path, setting: str, paper_k: int = 4) -> list[str]:
     for k, label in by_k:
         m = data["methods"][label]
         a = m["aggregate"]
-
-        def pm(name: str, agg: dict[str, Any] = a) -> str:
-            return f"{agg[name]['mean']:.1f} ± {agg[name]['std']:.1f}"
-
         tokens = m["ratios"]["tokens"]
         mark = " (the paper's)" if k == paper_k else ""
         lines.append(
-            f"| {k}{mark} | {a['nauc']['n']} | {pm('peak_sr')} | "
-            f"{pm('final_five_mean')} | {pm('nauc')} | {a['reached_target']['n']}/{a['reached_target']['of']} | "
+            f"| {k}{mark} | {a['nauc']['n']} | {_pm(a, 'peak_sr')} | {_pm(a, 'final_five_mean')} | {_pm(a, 'nauc')} | "
+            f"{a['reached_target']['n']}/{a['reached_target']['of']} | "
             f"{'–' if tokens is None else f'{tokens:.2f}×'} | {a['composition']['effective_rollouts']:.1f} | "
             f"{a['composition']['max_rollout_share']:.3f} | "
             f"{'–' if ref is None or k == paper_k else _compare(m, ref)} |")
@@ -113,16 +117,23 @@ def main() -> None:
     ap.add_argument("plan", type=Path, help="the study's plan file (its sweeps: section)")
     ap.add_argument("--report", type=Path, default=None, help="the report folder (default: the plan's <out>/report)")
     args = ap.parse_args()
-    plan = load_plan(args.plan)
-    report = args.report or Path(plan.out) / "report"
-    load, cap = plan.sweeps.load, plan.sweeps.cap
-    if load is not None:
-        overrides = tuple(f"{k}={json.dumps(v)}" for k, v in plan.settings[load.setting].overrides.items())
-        main_value = config_value(load.methods[0], overrides, load.key, plan.config_dir)
-        print("\n".join(load_table(report, load.setting, load.key, main_value)))
-        print()
-    if cap is not None:
-        print("\n".join(cap_table(report, cap.setting)))
+    try:
+        plan = load_plan(args.plan)
+        report = args.report or Path(plan.out) / "report"
+        load, cap = plan.sweeps.load, plan.sweeps.cap
+        tables = []
+        if load is not None:  # the main runs' point: the value the plan's own main run of that row has
+            main = next(r for r in plan_runs(plan)
+                        if r.kind == "main" and r.setting == load.setting and r.label == load.methods[0])
+            main_value = config_value(main.method, main.overrides, load.key, plan.config_dir)
+            tables.append(load_table(report, load.setting, load.key, main_value))
+        if cap is not None:
+            tables.append(cap_table(report, cap.setting))
+    except (PlanError, OSError, KeyError) as exc:  # a bad plan, or a report not written yet: one line, exit 2
+        print(f"sweep_tables: {exc.__class__.__name__}: {exc} (run `divopd bench paper --plan P --report` first?)",
+              file=sys.stderr)
+        sys.exit(2)
+    print("\n\n".join("\n".join(t) for t in tables))
 
 
 if __name__ == "__main__":
