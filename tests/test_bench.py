@@ -503,7 +503,7 @@ def test_the_coin6_dart_plan_and_settings_folder() -> None:
         assert dart == coin6, name
 
 
-def test_the_coin_turns_benchmark_replays_each_run_under_its_rule(tmp_path, monkeypatch) -> None:
+def test_the_coin_turns_benchmark_replays_each_run_under_its_rule(tmp_path, monkeypatch, capsys) -> None:
     """benchmarks/regime/coin_turns.py on a two-rollout log that one vanilla batch takes whole: exact shares of the
     turns with the coin in view and of those the student walked past."""
     import importlib.util
@@ -532,6 +532,14 @@ def test_the_coin_turns_benchmark_replays_each_run_under_its_rule(tmp_path, monk
     assert coin_turns.coin_shares(log, config, tok) == (0.75, 0.75, 1 / 3, 1 / 3)
     config = SamplerConfig("vanilla", batch_size=8, pool_factor=1, cap=4, max_staleness=2)
     assert coin_turns.coin_shares(log, config, tok)[1] == 0.0  # too few turns for a batch: none trained
+    # bad input: one line and exit 2 (a group folder that is not there, a tokenizer that is not there)
+    for argv, start in (([str(tmp_path / "none"), "--tokenizer", "x"], "coin_turns: "),
+                        ([str(tmp_path), "--tokenizer", str(tmp_path / "none")], "coin_turns: --tokenizer ")):
+        monkeypatch.setattr("sys.argv", ["coin_turns.py", *argv])
+        with pytest.raises(SystemExit) as exit_info:
+            coin_turns.main()
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.startswith(start) and err.count("\n") == 1
 
 
 def test_the_sweep_tables_script_prints_the_coin6_page_tables_from_the_committed_reports(capsys, monkeypatch) -> None:

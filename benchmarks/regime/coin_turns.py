@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 
 from actions import valid_actions
 
 from divopd.analysis.replay_rules import deliveries, log_updates
 from divopd.experience.log import read_log
-from divopd.models import load_tokenizer
+from divopd.models import ModelLoadError, load_tokenizer
 from divopd.sampling import SamplerConfig, make_sampler
 from divopd.train.config import load_config
 
@@ -59,7 +60,15 @@ def main() -> None:
     ap.add_argument("group", type=Path, help="a study group folder: <method>/seed<N>/experience inside")
     ap.add_argument("--tokenizer", required=True, help="the student's HF folder (its tokenizer decodes the logs)")
     args = ap.parse_args()
-    tokenizer = load_tokenizer(args.tokenizer)
+    if not args.group.is_dir():
+        print(f"coin_turns: {args.group}: not a study group folder (<method>/seed<N>/experience inside)",
+              file=sys.stderr)
+        sys.exit(2)
+    try:
+        tokenizer = load_tokenizer(args.tokenizer)
+    except ModelLoadError as exc:
+        print(f"coin_turns: --tokenizer {exc}", file=sys.stderr)
+        sys.exit(2)
     print("| method | seeds | delivered turns, coin in view | trained turns, coin in view | coin turns not taken, "
           "delivered | coin turns not taken, trained |")
     print("|---|---|---|---|---|---|")
