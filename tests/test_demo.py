@@ -95,13 +95,13 @@ def test_a_short_lockstep_run_of_the_demo_config_is_deterministic(quick_coin4_mo
                                                                   tmp_path: Path) -> None:
     runs = []
     for name in ("a", "b"):
-        cfg = demo.demo_config(demo.CONFIGS, "divopd", 0, tmp_path / name, quick_coin4_models, 3,
+        cfg = demo.demo_config(demo.CONFIGS, "divopd", 0, tmp_path / name, quick_coin4_models, 2,
                                [*demo.setting_overrides(demo.CONFIGS), "eval.tasks=4",
                                 f"run_dir={tmp_path / name / 'run'}"])
         assert cfg.runtime.kind == "lockstep"
         runs.append(train(cfg))
     a, b = runs
-    assert a["updates"] == b["updates"] == 3
+    assert a["updates"] == b["updates"] == 2
     assert a["ledger"] == b["ledger"] and a["env_steps"] == b["env_steps"]
     sa, sb = _series(tmp_path / "a" / "run"), _series(tmp_path / "b" / "run")
     assert any(r["kind"] == "update" for r in sa) and any("eval/success_rate" in r for r in sa)

@@ -24,10 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from divopd.errors import ConfigError, describe_validation_error, describe_yaml_error
 from divopd.explore.envs import ENVS, SPLITS
-from divopd.explore.explorer import ExplorerConfig
-from divopd.explore.settings import VLLMSettings
+from divopd.explore.settings import ExplorerConfig, VLLMSettings
 from divopd.explore.tcod import TCODConfig
-from divopd.learn.learner import LearnerConfig
+from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import TurnOPDConfig
 from divopd.sampling import METHODS, ROWS, SamplerConfig
 from divopd.sampling.settings import sampler_kwargs, settings_model

@@ -27,8 +27,6 @@ def find_config(checkpoint: Path) -> Path | None:
 def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None, overrides: list[str] | None = None,
                         split: str | None = None, tasks: int | None = None) -> dict[str, float]:
     """Evaluate ``checkpoint`` as the student of ``config``; returns ``eval/*`` metrics."""
-    from divopd.train.runtime.common import build_explorer
-
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
         raise InputFileError(f"checkpoint: no checkpoint folder at {checkpoint}")
@@ -42,6 +40,8 @@ def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None
     if split:
         over.append(f"explorer.eval_split={split}")
     cfg = load_config(config, over)
+    from divopd.train.runtime.common import build_explorer  # torch and transformers: only once the input is valid
+
     explorer = build_explorer(cfg, 0, 0, None, None, evaluation=True)
     explorer.policy_version = _checkpoint_version(checkpoint)  # reported as eval/policy_version
     try:
