@@ -203,15 +203,20 @@ def test_ray_runtime(tiny_models: dict[str, str], tmp_path: Path) -> None:
     assert [r["update"] for r in read_metrics(run_dir) if r["kind"] == "update"] == [1, 2, 3]
 
 
+def _train_in_a_subprocess(cfg: TrainConfig, tmp_path: Path) -> subprocess.Popen:
+    """``divopd train`` on ``cfg`` (written to tmp_path/cfg.yaml) as a child process, output discarded."""
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "divopd", "train", str(cfg_path), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+
 def test_kill_and_resume(tiny_models: dict[str, str], tmp_path: Path) -> None:
     """kill -9 mid-run, then --resume: the ledger stays whole, no arrival is logged twice, training continues."""
     run_dir = tmp_path / "killed"
     cfg = tiny_config(tiny_models, run_dir, "divopd", updates=16, **{"checkpoint.every": 2, "eval.every": 100})
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "divopd", "train", str(cfg_path), "--no-progress"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = _train_in_a_subprocess(cfg, tmp_path)
     try:
         deadline = time.monotonic() + 600  # generous: the verdict must not depend on machine load
         while time.monotonic() < deadline:
@@ -277,11 +282,7 @@ def test_ctrl_c_checkpoints_and_exits(tiny_models: dict[str, str], tmp_path: Pat
     # 24 updates: the signal, sent once the first update is written, lands long before the last (each update generates
     # and scores a batch of turns), and the resume below has little left to train
     cfg = tiny_config(tiny_models, run_dir, "divopd-base", updates=24, **{"checkpoint.every": 1000, "eval.every": 1000})
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "divopd", "train", str(cfg_path), "--no-progress"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = _train_in_a_subprocess(cfg, tmp_path)
     deadline = time.monotonic() + 600  # generous: the verdict must not depend on machine load
     while not ((run_dir / "metrics.jsonl").is_file() and '"update"' in (run_dir / "metrics.jsonl").read_text()):
         if time.monotonic() > deadline or proc.poll() is not None:
