@@ -17,51 +17,48 @@ from divopd.train.config import load_config
 from test_lockstep import _log_table, _series
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "results" / "demo.md"
+DOC = REPO / "docs" / "results" / "coin6-dart.md"
+SHIPPED = REPO / "models" / "coin6-dart"
 
 
 def _doc_config() -> str:
-    """The first YAML block of docs/results/demo.md after "The demo's config, `configs/coin4/_base.yaml`"."""
+    """The first YAML block of docs/results/coin6-dart.md after "The demo's config, `configs/coin6-dart/_base.yaml`"."""
     text = DOC.read_text()
-    m = re.search(r"The demo's config, `configs/coin4/_base\.yaml`.*?```yaml\n(.*?)```", text, re.S)
-    assert m, "docs/results/demo.md must quote configs/coin4/_base.yaml in a ```yaml block"
+    m = re.search(r"The demo's config, `configs/coin6-dart/_base\.yaml`.*?```yaml\n(.*?)```", text, re.S)
+    assert m, "docs/results/coin6-dart.md must quote configs/coin6-dart/_base.yaml in a ```yaml block"
     return m.group(1)
 
 
 def test_the_docs_quote_the_demo_config_verbatim() -> None:
-    assert _doc_config() == (REPO / "configs" / "coin4" / "_base.yaml").read_text()
+    assert _doc_config() == (REPO / "configs" / "coin6-dart" / "_base.yaml").read_text()
 
 
 def test_the_demo_runs_the_documented_methods_on_the_documented_setting() -> None:
-    assert demo.CONFIGS == REPO / "configs" / "coin4"
+    assert demo.CONFIGS == REPO / "configs" / "coin6-dart" and demo.SETTING == "coin6-dart"
     for method in ("vanilla", "divopd"):
         cfg = load_config(demo.CONFIGS / f"{method}.yaml")
-        assert cfg.method == method and cfg.runtime.kind == "lockstep"
+        assert cfg.method == method and cfg.runtime.kind == "lockstep" and cfg.updates == 40
         assert cfg.explorer.env == demo.ENV and cfg.explorer.env_kwargs == demo.ENV_KWARGS
         for key, value in demo.PROMPT.items():
             assert getattr(cfg.explorer.prompt, key) == value
     doc = yaml.safe_load(_doc_config())
-    assert doc["student"]["path"].startswith("cache/coin4") and doc["teacher"]["path"].startswith("cache/coin4")
+    assert doc["student"]["path"] == "cache/coin6-dart/student" and doc["teacher"]["path"] == "cache/coin6-dart/teacher"
 
 
-def test_the_demo_setting_is_the_coin4_ctx_batch_study_group() -> None:
-    """make demo's runs are the study's runs of that group (benchmarks/regime/plan-coin4-batch.yaml), paths aside:
+def test_the_demo_runs_are_the_coin6_dart_study_runs() -> None:
+    """make demo's runs are the study's runs of that group (benchmarks/regime/plan-coin6-dart.yaml), paths aside:
     same config value for value, so the demo's numbers are those of the study's seed."""
     from divopd.suite.plan import load_plan, plan_runs
     from divopd.suite.runs import run_config
 
-    plan = load_plan(REPO / "benchmarks" / "regime" / "plan-coin4-batch.yaml")
-    assert demo.setting_overrides(demo.CONFIGS) == list(demo.SETTING_OVERRIDES)
-    assert demo.setting_overrides(REPO / "configs" / "tiny") == []
-    models = {"student": Path("cache/coin4/student"), "teacher": Path("cache/coin4/teacher")}
+    plan = load_plan(REPO / "benchmarks" / "regime" / "plan-coin6-dart.yaml")
+    models = {"student": Path("cache/coin6-dart/student"), "teacher": Path("cache/coin6-dart/teacher")}
     paths = {"run_dir": None, "out_dir": None}
     for method in ("vanilla", "divopd"):
-        planned = next(r for r in plan_runs(plan) if r.setting == demo.SETTING and r.method == method and r.seed == 0)
+        planned = next(r for r in plan_runs(plan) if r.group == demo.SETTING and r.method == method and r.seed == 0)
         study = run_config(planned, plan, Path("runs/x"), models).model_dump() | paths
-        mine = demo.demo_config(demo.CONFIGS, method, 0, Path("runs/demo"), models, None,
-                                demo.setting_overrides(demo.CONFIGS)).model_dump() | paths
+        mine = demo.demo_config(demo.CONFIGS, method, 0, Path("runs/demo"), models, None).model_dump() | paths
         assert mine == study
-        assert mine["explorer"]["prompt"]["max_prompt_tokens"] == 370 and mine["explorer"]["load_weights"] == "batch"
 
 
 @pytest.mark.parametrize("folder", ["tiny", "coin4", "coin4-dart", "coin6", "coin6-dart", "twc"])
@@ -75,29 +72,40 @@ def test_every_settings_folder_has_a_recipe_and_every_method_row(folder: str) ->
         recipe_for("configs/nowhere")
 
 
-@pytest.fixture(scope="module")
-def quick_coin4_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The coin4 recipe's game and prompt with a short teacher SFT (the real one takes ~3 min)."""
+def test_the_shipped_models_are_the_recipes_build_and_are_copied_not_trained(tmp_path: Path, monkeypatch) -> None:
+    """models/coin6-dart holds the coin6-dart recipe's build into cache/coin6-dart (its recipe-args.json are the
+    recipe's arguments for that folder, so a changed recipe fails here until the models are rebuilt and shipped
+    again); prepare_models copies them into an empty cache byte for byte, without an SFT, and only there."""
+    import divopd.suite.models as models_mod
+
+    recipe = RECIPES["coin6-dart"]
+    cache = Path("cache/coin6-dart")
+    assert json.loads((SHIPPED / "teacher" / "recipe-args.json").read_text()) == recipe.sft_args(
+        cache / "teacher", recipe.teacher)
+    assert json.loads((SHIPPED / "student" / "recipe-args.json").read_text()) == recipe.sft_args(
+        cache / "student", ("--tokenizer-from", str(cache / "teacher"), *recipe.student))
+    monkeypatch.chdir(tmp_path)
+
+    def no_sft(argv: list[str]) -> None:
+        raise AssertionError(f"trained instead of copied: {argv}")
+
+    monkeypatch.setattr(models_mod, "_sft", no_sft)
+    got = prepare_models(cache, recipe, shipped=SHIPPED)
+    assert got == {"teacher": cache / "teacher", "student": cache / "student"}
+    for name in ("teacher", "student"):
+        assert (cache / name / "model.safetensors").read_bytes() == (SHIPPED / name / "model.safetensors").read_bytes()
+    assert models_mod.copy_shipped(cache, recipe, SHIPPED) == []  # complete: nothing copied again
+    other = Path("elsewhere")  # another cache folder: the recipe's arguments differ, nothing is copied
+    assert models_mod.copy_shipped(other, recipe, SHIPPED) == [] and not other.exists()
+
+
+def test_a_short_lockstep_run_of_the_demo_config_is_deterministic(tmp_path: Path) -> None:
     pytest.importorskip("textworld_express")
-    real = RECIPES["coin4"]
-    recipe = ModelRecipe(env=real.env, env_kwargs=real.env_kwargs, prompt=real.prompt,
-                         teacher=("--expert", "explore", "--train-tasks", "40", "--epochs", "1", "--eval-tasks", "2"),
-                         student=("--expert", "explore", "--train-tasks", "10", "--epochs", "1", "--eval-tasks", "2",
-                                  "--seed", "1"))
-    cache = tmp_path_factory.mktemp("coin4-models")
-    models = prepare_models(cache, recipe)
-    assert (models["teacher"] / "sft.json").is_file() and (models["student"] / "sft.json").is_file()
-    assert prepare_models(cache, recipe) == models  # built once: a second call keeps them
-    return models
-
-
-def test_a_short_lockstep_run_of_the_demo_config_is_deterministic(quick_coin4_models: dict[str, Path],
-                                                                  tmp_path: Path) -> None:
+    models = {"student": SHIPPED / "student", "teacher": SHIPPED / "teacher"}
     runs = []
     for name in ("a", "b"):
-        cfg = demo.demo_config(demo.CONFIGS, "divopd", 0, tmp_path / name, quick_coin4_models, 2,
-                               [*demo.setting_overrides(demo.CONFIGS), "eval.tasks=4",
-                                f"run_dir={tmp_path / name / 'run'}"])
+        cfg = demo.demo_config(demo.CONFIGS, "divopd", 0, tmp_path / name, models, 2,
+                               ["eval.tasks=4", f"run_dir={tmp_path / name / 'run'}"])
         assert cfg.runtime.kind == "lockstep"
         runs.append(train(cfg))
     a, b = runs

@@ -37,12 +37,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.report:
         import torch
 
-        from divopd.suite.models import prepare_models, recipe_for
+        from divopd.suite.models import SHIPPED, prepare_models, recipe_for
         from divopd.train.run import quiet_hf_progress
 
         quiet_hf_progress()
         torch.set_num_threads(1)
-        train_runs(runs, plan, out, prepare_models(Path(plan.cache), recipe_for(plan.configs)))
+        models = prepare_models(Path(plan.cache), recipe_for(plan.configs), shipped=SHIPPED / Path(plan.configs).name)
+        train_runs(runs, plan, out, models)
     index = write_reports(runs, plan, out)
     print(index.read_text())
     print(f"divopd bench: reports in {index.parent}")

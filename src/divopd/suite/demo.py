@@ -1,22 +1,22 @@
 """``make demo`` / ``python -m divopd.suite.demo``: a real asynchronous OPD run on a laptop CPU, vanilla vs DivOPD.
 
-1. **Models** (cached in ``cache/coin4/``; skipped when present): :func:`divopd.suite.models.prepare_models` builds
-   the ``coin4`` setting's tiny teacher and warm-started student with ``divopd sft`` (TextWorld-Express *coin*,
-   4 rooms; ~3-4 min once).
-2. **Training**: ``configs/coin4/vanilla.yaml`` and ``configs/coin4/divopd.yaml`` (same explorer, learner, batch size
-   and producer; only the sampler differs) in the setting ``coin4-ctx-batch`` (:data:`SETTING_OVERRIDES`: a 370-token
-   context budget and one policy version per rollout, as in ``benchmarks/regime/plan-coin4-batch.yaml``; the plain
-   ``coin4`` setting leaves the student at 25% on the 2026-12-03 machine) for each seed, under the lockstep runtime:
-   every run is reproducible, and the same seed gives both methods the same student, task order and sampling seeds.
-   The runs of one seed train side by side in ``--jobs`` processes (one torch thread each). A finished run is not
-   redone (delete its directory to redo it); an interrupted one is resumed.
+1. **Models** (in ``cache/coin6-dart/``): the ``coin6-dart`` setting's tiny teacher (82% held-out SR) and
+   warm-started student (~20-30%). The repository ships them (``models/coin6-dart/``, the recipe's own build, see
+   :data:`divopd.suite.models.SHIPPED`), so they are copied, not trained; with another recipe or ``--configs``
+   folder :func:`divopd.suite.models.prepare_models` builds them with ``divopd sft`` once.
+2. **Training**: ``configs/coin6-dart/vanilla.yaml`` and ``configs/coin6-dart/divopd.yaml`` (same explorer, learner,
+   batch size and producer; only the sampler differs) for each seed, 40 updates under the lockstep runtime: every run
+   is reproducible, and the same seed gives both methods the same student, task order and sampling seeds; seed 0's
+   runs are the study's (``benchmarks/regime/plan-coin6-dart.yaml``) value for value. The runs of one seed train side
+   by side in ``--jobs`` processes (one torch thread each). A finished run is not redone (delete its directory to redo
+   it); an interrupted one is resumed.
 3. **Report**: ``divopd report`` over the runs (SR curves vs updates / learner tokens / compute, time-to-target,
    batch composition) and ``divopd replay`` of the selection rules over the vanilla run's own experience log.
 
 Progress: one bar per run on a terminal, otherwise the runs' log lines (every 10 updates and every evaluation),
 prefixed with the run. Everything lands in ``runs/demo/`` (report: ``runs/demo/report/report.md``). Options::
 
-    python -m divopd.suite.demo [--seeds 0 1 2] [--updates 100] [--methods vanilla divopd] [--jobs 2] [--out runs/demo]
+    python -m divopd.suite.demo [--seeds 0 1 2] [--updates 40] [--methods vanilla divopd] [--jobs 2] [--out runs/demo]
 """
 
 from __future__ import annotations
@@ -32,27 +32,19 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from divopd.suite.models import RECIPES, prepare_models, recipe_for
+from divopd.suite.models import RECIPES, SHIPPED, prepare_models, recipe_for
 
 REPO = Path(__file__).resolve().parents[3]
-CONFIGS = REPO / "configs" / "coin4"
+#: The demo's setting: the study group ``coin6-dart`` of ``benchmarks/regime/plan-coin6-dart.yaml`` (a test checks that
+#: the two agree).
+SETTING = "coin6-dart"
+CONFIGS = REPO / "configs" / SETTING
 
-#: The demo's environment and prompt (those of the ``coin4`` model recipe; configs/coin4/_base.yaml uses the same
-#: values, a test checks that they agree).
-ENV = RECIPES["coin4"].env
-ENV_KWARGS = RECIPES["coin4"].env_kwargs
-PROMPT = RECIPES["coin4"].prompt
-
-#: The demo's setting on ``configs/coin4``: the study group ``coin4-ctx-batch`` of
-#: ``benchmarks/regime/plan-coin4-batch.yaml`` (a test checks that they agree). With ``--configs`` another folder, none.
-SETTING = "coin4-ctx-batch"
-SETTING_OVERRIDES: tuple[str, ...] = (f"setting={SETTING}", "explorer.prompt.max_prompt_tokens=370",
-                                      "explorer.load_weights=batch")
-
-
-def setting_overrides(configs: Path) -> list[str]:
-    """The overrides that make ``configs/coin4`` the demo's setting (:data:`SETTING_OVERRIDES`); none elsewhere."""
-    return list(SETTING_OVERRIDES) if Path(configs).resolve() == CONFIGS.resolve() else []
+#: The demo's environment and prompt (those of the ``coin6-dart`` model recipe; configs/coin6-dart/_base.yaml uses the
+#: same values, a test checks that they agree).
+ENV = RECIPES[SETTING].env
+ENV_KWARGS = RECIPES[SETTING].env_kwargs
+PROMPT = RECIPES[SETTING].prompt
 
 
 _UPDATE = re.compile(r"update (\d+) SR ")
@@ -223,17 +215,16 @@ def write_demo_report(run_dirs: list[Path], report_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m divopd.suite.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/demo", help="output folder (runs, report)")
-    parser.add_argument("--configs", default=str(CONFIGS), help="settings folder: configs/coin4 (default) or "
-                        "configs/tiny (the 2-room cold start)")
+    parser.add_argument("--configs", default=str(CONFIGS), help="settings folder: configs/coin6-dart (default), "
+                        "another one with a model recipe (configs/coin4, ...), or configs/tiny (the 2-room cold start)")
     parser.add_argument("--cache", default=None, help="folder of the teacher and student (default cache/<setting>; "
-                        "configs/tiny: cache/demo)")
+                        "configs/tiny: cache/demo); shipped models (models/<setting>) are copied there")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--updates", type=int, default=None, help="updates per run (default: the config's)")
     parser.add_argument("--methods", nargs="+", default=["vanilla", "divopd"])
     parser.add_argument("--jobs", type=int, default=2, help="runs trained side by side (one torch thread each)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra config override for every run (after the setting's own: on configs/coin4 "
-                        + ", ".join(SETTING_OVERRIDES) + ")")
+                        help="extra config override for every run")
     args = parser.parse_args(argv)
     configs = Path(args.configs)
     try:
@@ -253,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     out = Path(args.out)
     cache = Path(args.cache or ("cache/demo" if configs.name == "tiny" else f"cache/{configs.name}"))
-    overrides = setting_overrides(configs) + args.overrides
+    overrides = list(args.overrides)
     from divopd.errors import UsageError
 
     try:
@@ -263,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
-    models = prepare_models(cache, recipe)
+    models = prepare_models(cache, recipe, shipped=SHIPPED / configs.name)
     try:
         run_dirs = run_methods(out, models, args.methods, args.seeds, args.updates, overrides, configs=configs,
                                jobs=args.jobs, progress=sys.stderr.isatty())

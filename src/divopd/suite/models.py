@@ -28,11 +28,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RECIPES", "ModelRecipe", "prepare_models", "recipe_for"]
+__all__ = ["RECIPES", "SHIPPED", "ModelRecipe", "copy_shipped", "prepare_models", "recipe_for"]
+
+#: Prebuilt models that the repository ships, ``models/<setting>/{teacher,student}``: the recipe's build into
+#: ``cache/<setting>`` (their ``recipe-args.json`` says so), copied there instead of trained again. ``coin6-dart``'s
+#: take ~20 min of SFT on a 2-core CPU, longer than ``make demo``'s budget.
+SHIPPED = Path(__file__).resolve().parents[3] / "models"
 
 
 @dataclass(frozen=True)
@@ -152,13 +158,36 @@ def _stamp(folder: Path, argv: list[str]) -> None:
     (folder / BUILT_WITH).write_text(json.dumps(argv))
 
 
-def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny") -> dict[str, Path]:
+def copy_shipped(cache: Path, recipe: ModelRecipe, shipped: Path) -> list[str]:
+    """Copy ``shipped/teacher`` and ``shipped/student`` into ``cache`` where ``cache`` has no complete model of that
+    name and the shipped one was built from exactly the arguments the recipe gives for ``cache`` (its
+    ``recipe-args.json``); returns the names copied. Anything else is left to :func:`prepare_models` to build."""
+    teacher = cache / "teacher"
+    wanted = {"teacher": recipe.sft_args(teacher, recipe.teacher)}
+    if recipe.student is not None:
+        wanted["student"] = recipe.sft_args(cache / "student", ("--tokenizer-from", str(teacher), *recipe.student))
+    copied = []
+    for name, argv in wanted.items():
+        src, dst = shipped / name, cache / name
+        if (dst / "sft.json").is_file() or not (src / "sft.json").is_file() or not (src / BUILT_WITH).is_file():
+            continue
+        if json.loads((src / BUILT_WITH).read_text()) == argv:
+            shutil.copytree(src, dst, dirs_exist_ok=True)
+            print(f"models: {dst} copied from the shipped {src} (built by this recipe; not trained again)", flush=True)
+            copied.append(name)
+    return copied
+
+
+def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny", shipped: Path | None = None) -> dict[str, Path]:
     """Build (once) the recipe's teacher and student in ``cache``; returns ``{"teacher": ..., "student": ...}``.
 
     A folder that is already complete (``sft.json`` for an SFT model, ``config.json`` for a random-init one) and was
     built from the same recipe arguments (``recipe-args.json``) is kept; otherwise it is rebuilt, and a rebuilt
-    teacher rebuilds the student too (they share the teacher's tokenizer)."""
+    teacher rebuilds the student too (they share the teacher's tokenizer). ``shipped``: a folder of prebuilt models
+    (``SHIPPED / <setting>``) copied in first where they match (:func:`copy_shipped`)."""
     recipe = RECIPES[recipe] if isinstance(recipe, str) else recipe
+    if shipped is not None and shipped.is_dir():
+        copy_shipped(cache, recipe, shipped)
     teacher, student = cache / "teacher", cache / "student"
     teacher_argv = recipe.sft_args(teacher, recipe.teacher)
     rebuilt = not _built_with(teacher, teacher_argv, "sft.json")
