@@ -158,16 +158,22 @@ def _stamp(folder: Path, argv: list[str]) -> None:
     (folder / BUILT_WITH).write_text(json.dumps(argv))
 
 
+def _sft_argvs(cache: Path, recipe: ModelRecipe) -> dict[str, list[str]]:
+    """The ``divopd sft`` arguments of the recipe's SFT models in ``cache``: the teacher's, and the student's (on the
+    teacher's tokenizer) unless the student is a random init."""
+    teacher = cache / "teacher"
+    argvs = {"teacher": recipe.sft_args(teacher, recipe.teacher)}
+    if recipe.student is not None:
+        argvs["student"] = recipe.sft_args(cache / "student", ("--tokenizer-from", str(teacher), *recipe.student))
+    return argvs
+
+
 def copy_shipped(cache: Path, recipe: ModelRecipe, shipped: Path) -> list[str]:
     """Copy ``shipped/teacher`` and ``shipped/student`` into ``cache`` where ``cache`` has no complete model of that
     name and the shipped one was built from exactly the arguments the recipe gives for ``cache`` (its
     ``recipe-args.json``); returns the names copied. Anything else is left to :func:`prepare_models` to build."""
-    teacher = cache / "teacher"
-    wanted = {"teacher": recipe.sft_args(teacher, recipe.teacher)}
-    if recipe.student is not None:
-        wanted["student"] = recipe.sft_args(cache / "student", ("--tokenizer-from", str(teacher), *recipe.student))
     copied = []
-    for name, argv in wanted.items():
+    for name, argv in _sft_argvs(cache, recipe).items():
         src, dst = shipped / name, cache / name
         if (dst / "sft.json").is_file() or not (src / "sft.json").is_file() or not (src / BUILT_WITH).is_file():
             continue
@@ -189,14 +195,15 @@ def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny", shipped: Pat
     if shipped is not None and shipped.is_dir():
         copy_shipped(cache, recipe, shipped)
     teacher, student = cache / "teacher", cache / "student"
-    teacher_argv = recipe.sft_args(teacher, recipe.teacher)
+    argvs = _sft_argvs(cache, recipe)
+    teacher_argv = argvs["teacher"]
     rebuilt = not _built_with(teacher, teacher_argv, "sft.json")
     if rebuilt:
         print(f"models: training the teacher into {teacher} (once; {recipe.note})", flush=True)
         _sft(teacher_argv)
         _stamp(teacher, teacher_argv)
     if recipe.student is not None:
-        student_argv = recipe.sft_args(student, ("--tokenizer-from", str(teacher), *recipe.student))
+        student_argv = argvs["student"]
         if rebuilt or not _built_with(student, student_argv, "sft.json"):
             print(f"models: training the student into {student} (once)", flush=True)
             _sft(student_argv)
