@@ -576,12 +576,29 @@ def test_the_sweep_tables_script_prints_the_coin6_page_tables_from_the_committed
 
 
 def test_the_coin6_dart_ctx_plan_is_coin6_dart_under_a_context_budget() -> None:
-    """plan-coin6-dart-ctx.yaml: four rows of configs/coin6-dart on 5 paired seeds, every run under the 480-token
-    context budget (the only override), so its seeds pair with the main study's."""
+    """plan-coin6-dart-ctx.yaml: the study's rows over configs/coin6-dart, every run under the 480-token context budget
+    (the only override), so its seeds pair with the main study's: the five controlled rows on 10 paired seeds, the
+    other four on 5 (issue 17's counts)."""
     plan = load_plan(REGIME / "plan-coin6-dart-ctx.yaml")
     assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
     runs = plan_runs(plan)
-    assert {r.label for r in runs} == {"vanilla", "vanilla-pool", "divopd-base", "divopd"}
-    assert all(r.kind == "main" and r.group == "coin6-dart-ctx" for r in runs) and len(runs) == 4 * 5
+    controlled = {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"}
+    others = {"divopd-r", "tcod-f2b", "turnopd", "top-b"}
+    assert {r.label for r in runs} == controlled | others
+    assert all(r.kind == "main" and r.group == "coin6-dart-ctx" for r in runs) and len(runs) == 5 * 10 + 4 * 5
     assert {r.overrides for r in runs} == {("explorer.prompt.max_prompt_tokens=480",)}
-    assert {r.seed for r in runs} == set(range(5))
+    for label in controlled | others:
+        assert {r.seed for r in runs if r.label == label} == set(range(10 if label in controlled else 5)), label
+
+
+def test_the_coin6_dart_sampled_plan_changes_only_the_estimator() -> None:
+    """plan-coin6-dart-sampled.yaml: vanilla and divopd of configs/coin6-dart on seeds 0-4 with the paper's
+    sampled-token estimator (the only override; the study's runs use top-k), so each run pairs with the study's run of
+    the same method and seed."""
+    plan = load_plan(REGIME / "plan-coin6-dart-sampled.yaml")
+    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
+    runs = plan_runs(plan)
+    assert sorted((r.label, r.seed) for r in runs) == [(m, s) for m in ("divopd", "vanilla") for s in range(5)]
+    assert {r.overrides for r in runs} == {('learner.estimator="sampled"',)}
+    for method in ("vanilla", "divopd"):
+        assert load_config(REGIME.parents[1] / "configs" / "coin6-dart" / f"{method}.yaml").learner.estimator == "topk"
