@@ -602,3 +602,37 @@ def test_the_coin6_dart_sampled_plan_changes_only_the_estimator() -> None:
     assert {r.overrides for r in runs} == {('learner.estimator="sampled"',)}
     for method in ("vanilla", "divopd"):
         assert load_config(REGIME.parents[1] / "configs" / "coin6-dart" / f"{method}.yaml").learner.estimator == "topk"
+
+
+def test_the_pair_reports_script_pairs_two_groups_seed_by_seed(tmp_path, monkeypatch, capsys) -> None:
+    """benchmarks/regime/pair_reports.py: only the seeds both groups finished are paired; exact means and count of
+    seeds ahead; a missing file or group is one line and exit 2."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pair_reports", REGIME / "pair_reports.py")
+    pair_reports = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pair_reports)
+
+    def report(group: str, runs: dict[str, list[tuple[int, float, bool]]]) -> dict:
+        return {"settings": {group: {"methods": {m: {"seeds": [
+            {"seed": s, "finished": done, "peak_sr": v + 5, "final_five_mean": v + 1, "nauc": v} for s, v, done in rs]}
+            for m, rs in runs.items()}}}}
+
+    a = report("x", {"vanilla": [(0, 50.0, True), (1, 40.0, True), (2, 30.0, True), (3, 99.0, False)],
+                     "divopd": [(0, 10.0, True)]})
+    b = report("y", {"vanilla": [(0, 45.0, True), (1, 42.0, True), (3, 20.0, True), (4, 1.0, True)]})
+    rows = pair_reports.pair_rows(pair_reports.finished_seeds(a, "x"), pair_reports.finished_seeds(b, "y"))
+    assert len(rows) == 1 and rows[0]["seeds"] == [0, 1] and rows[0]["ahead"] == 1
+    assert rows[0]["nauc"] == (45.0, 43.5) and rows[0]["peak_sr"] == (50.0, 48.5)
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    monkeypatch.setattr("sys.argv", ["pair_reports.py", str(tmp_path / "a.json"), "x", str(tmp_path / "b.json"), "y"])
+    pair_reports.main()
+    assert "| vanilla | 2 | 50.0 / 48.5 | 46.0 / 44.5 | 45.0 / 43.5 | 1 of 2 | 1.000 |" in capsys.readouterr().out
+    for argv in ([str(tmp_path / "none.json"), "x", str(tmp_path / "b.json"), "y"],
+                 [str(tmp_path / "a.json"), "zz", str(tmp_path / "b.json"), "y"]):
+        monkeypatch.setattr("sys.argv", ["pair_reports.py", *argv])
+        with pytest.raises(SystemExit) as exit_info:
+            pair_reports.main()
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.startswith("pair_reports: ") and err.count("\n") == 1
