@@ -1,0 +1,286 @@
+"""The warm-start study of issue 17 (benchmarks/regime/): its plans pinned to what the docs say they run, and the
+analysis scripts beside them (actions, coin_turns, sweep_tables, pair_reports) on exact small cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from divopd import bench
+from divopd.bench import load_plan, plan_runs
+from divopd.suite.models import RECIPES
+from divopd.train.config import load_config
+
+#: benchmarks/regime/: the warm-start study plans
+REGIME = Path(bench.DEFAULT_PLAN).parents[1] / "regime"
+
+
+def test_the_actions_benchmark_counts_invalid_actions_and_what_follows_them(tmp_path) -> None:
+    """benchmarks/regime/actions.py on a two-rollout log: exact shares."""
+    import importlib.util
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from divopd.models.tiny import build_tokenizer
+
+    spec = importlib.util.spec_from_file_location("actions", REGIME / "actions.py")
+    actions = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(actions)
+    assert actions.valid_actions("x\nValid actions: look around, move east<eos><|assistant|>") == {
+        "look around", "move east"}
+    tok = build_tokenizer(["Valid actions: look around, move east, take coin", "Unknown action", "take coin",
+                           "move east"])
+    menu = "Valid actions: look around, move east"
+    turns = [("a", 0, menu, "take coin"), ("a", 1, "Unknown action\n" + menu, "take coin"),
+             ("a", 2, "Unknown action\n" + menu, "move east"), ("b", 0, menu + ", take coin", "take coin")]
+    log = tmp_path / "experience"
+    log.mkdir()
+    pq.write_table(pa.table({
+        "rollout_id": [t[0] for t in turns], "arrival_update": [1] * len(turns), "turn_index": [t[1] for t in turns],
+        "prompt_ids": [tok.encode(t[2]) for t in turns], "response_ids": [tok.encode(t[3]) for t in turns]}),
+        log / "part-000000.parquet")
+    invalid, top, top_share, after = actions.run_shares(log, tok, last=20)
+    assert (invalid, top, top_share, after) == (0.5, "take coin", 0.5, 0.5)
+
+
+def test_the_coin4_dart_plan_and_settings_folder() -> None:
+    """plan-coin4-dart.yaml: the controlled rows on 10 paired seeds (vanilla-pool on 5) over configs/coin4-dart,
+    whose method rows are configs/coin4's; the setting differs from coin4 only in its models (recipe coin4-dart),
+    60 updates and an evaluation every 5 updates."""
+    plan = load_plan(REGIME / "plan-coin4-dart.yaml")
+    assert plan.configs == "coin4-dart" and plan.cache == "cache/coin4-dart" and plan.updates == 60
+    runs = plan_runs(plan)
+    assert {r.label for r in runs} == {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"}
+    assert all({r.seed for r in runs if r.label == label} == set(range(10)) for label in
+               {"vanilla", "nocap", "divopd-base", "divopd"})
+    assert {r.seed for r in runs if r.label == "vanilla-pool"} == set(range(5))  # = vanilla without dead rows
+    for name, dart, coin4 in _method_rows("coin4", "coin4-dart"):
+        assert dart["setting"] == "coin4-dart" and dart["updates"] == 60 and dart["eval"]["every"] == 5
+        assert dart["student"]["path"] == "cache/coin4-dart/student"
+        assert dart["teacher"]["path"] == "cache/coin4-dart/teacher"
+        _strip_setting(dart, coin4)
+        assert dart == coin4, name
+
+
+def _method_rows(base: str, variant: str) -> list[tuple[str, dict, dict]]:
+    """(file name, variant row, base row) for every method row of configs/<base> (``_base.yaml`` aside), as dicts."""
+    configs = REGIME.parents[1] / "configs"
+    return [(path.name, load_config(configs / variant / path.name).model_dump(), load_config(path).model_dump())
+            for path in sorted((configs / base).glob("*.yaml")) if path.name != "_base.yaml"]
+
+
+def _strip_setting(*cfgs: dict, learner: tuple[str, ...] = (), tcod: tuple[str, ...] = ()) -> None:
+    """Drop from each row what a setting folder may change: setting, updates, models, eval.every, TurnOPD's
+    turn balance, and the given learner and tcod keys."""
+    for cfg in cfgs:
+        for key in ("setting", "updates", "student", "teacher"):
+            cfg.pop(key)
+        cfg["eval"].pop("every")
+        for key in ("turn_balance_updates", *learner):
+            cfg["learner"].pop(key)
+        for key in tcod:
+            cfg["tcod"].pop(key)
+
+
+def test_the_coin6_dart_plan_and_settings_folder() -> None:
+    """plan-coin6-dart.yaml: the controlled rows on 10 paired seeds (vanilla-pool, the other four rows and the cap sweep
+    on 5, the load sweep on 5) over configs/coin6-dart, whose method rows are configs/coin6's; the setting differs from
+    coin6 in its models (recipe coin6-dart, the student with --expert-miss), 40 updates, lr 3e-4, an evaluation every 5
+    updates and the two schedules tied to the run's length (TurnOPD's turn balance at update 40, TCOD-F2B's eta 3
+    reaching the 14-step horizon inside the run)."""
+    plan = load_plan(REGIME / "plan-coin6-dart.yaml")
+    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
+    runs = plan_runs(plan)
+    main = [r for r in runs if r.kind == "main"]
+    assert {r.label for r in main} == {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-r",
+                                       "tcod-f2b", "turnopd", "top-b"}
+    assert all({r.seed for r in main if r.label == label} == set(range(10)) for label in
+               {"vanilla", "nocap", "divopd-base", "divopd"})
+    assert all({r.seed for r in main if r.label == label} == set(range(5)) for label in
+               {"vanilla-pool", "divopd-r", "tcod-f2b", "turnopd", "top-b"})
+    # the load sweep: ~0.8 / 1.5 / 2.5 around the main runs' 64 env steps per update (~2), vanilla vs divopd-base
+    load = [r for r in runs if r.kind == "load"]
+    assert sorted({r.overrides[-1] for r in load}) == [f"runtime.lockstep.env_steps_per_update={n}"
+                                                       for n in (26, 48, 80)]
+    assert {r.label for r in load} == {"vanilla", "divopd-base"} and {r.seed for r in load} == set(range(5))
+    assert plan.sweeps.load.methods == ["vanilla", "divopd-base"] and len(load) == 3 * 2 * 5
+    # the cap sweep: k = 4 is the main divopd run itself (shared), the other caps are new runs
+    cap = [r for r in runs if r.kind == "cap"]
+    assert {r.label for r in cap} == {f"divopd-k{k}" for k in (2, 3, 4, 6)} and {r.seed for r in cap} == set(range(5))
+    assert all((r.main is not None) == (r.label == "divopd-k4") for r in cap)
+    assert "--expert-miss" in RECIPES["coin6-dart"].student
+    for name, dart, coin6 in _method_rows("coin6", "coin6-dart"):
+        assert dart["setting"] == "coin6-dart" and dart["updates"] == 40 and dart["eval"]["every"] == 5
+        assert dart["learner"]["lr"] == 3e-4 and coin6["learner"]["lr"] == 1e-3
+        assert (dart["student"]["path"], dart["teacher"]["path"]) == ("cache/coin6-dart/student",
+                                                                      "cache/coin6-dart/teacher")
+        if dart["method"] == "tcod-f2b":
+            eta = dart["tcod"]["eta"]
+            assert 1 + 40 // eta >= dart["explorer"]["max_steps"] > 1 + 40 // (eta + 1)
+        assert dart["learner"]["turn_balance_updates"] == (40 if dart["method"] == "turnopd" else None)
+        _strip_setting(dart, coin6, learner=("lr",), tcod=("eta",))
+        assert dart == coin6, name
+
+
+def test_the_coin_turns_benchmark_replays_each_run_under_its_rule(tmp_path, monkeypatch, capsys) -> None:
+    """benchmarks/regime/coin_turns.py on a two-rollout log that one vanilla batch takes whole: exact shares of the
+    turns with the coin in view and of those the student walked past."""
+    import importlib.util
+
+    from divopd.experience import Turn
+    from divopd.experience.log import write_log
+    from divopd.models.tiny import build_tokenizer
+    from divopd.sampling import SamplerConfig
+
+    monkeypatch.syspath_prepend(str(REGIME))  # the script imports its neighbour actions.py
+    spec = importlib.util.spec_from_file_location("coin_turns", REGIME / "coin_turns.py")
+    coin_turns = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(coin_turns)
+    tok = build_tokenizer(["Valid actions: move east, take coin", "take coin", "move east"])
+    menu, coin = "Valid actions: move east", "Valid actions: move east, take coin"
+    rows = [("a", 0, menu, "move east"), ("a", 1, coin, "move east"), ("a", 2, coin, "take coin"),
+            ("b", 0, coin, "take coin")]
+    turns = []
+    for rid, index, prompt, action in rows:
+        ids = tok.encode(action)
+        turns.append(Turn(rollout_id=rid, turn_index=index, policy_version=0, prompt_ids=tok.encode(prompt),
+                          response_ids=ids, student_logprobs=[-1.0] * len(ids), teacher_logprobs=[-2.0] * len(ids)))
+    log = tmp_path / "experience.parquet"
+    write_log(log, turns, write_ids=True)
+    config = SamplerConfig("vanilla", batch_size=4, pool_factor=1, cap=4, max_staleness=2)
+    assert coin_turns.coin_shares(log, config, tok) == (0.75, 0.75, 1 / 3, 1 / 3)
+    config = SamplerConfig("vanilla", batch_size=8, pool_factor=1, cap=4, max_staleness=2)
+    assert coin_turns.coin_shares(log, config, tok)[1] == 0.0  # too few turns for a batch: none trained
+    # bad input: one line and exit 2 (a group folder that is not there, a tokenizer that is not there)
+    for argv, start in (([str(tmp_path / "none"), "--tokenizer", "x"], "coin_turns: "),
+                        ([str(tmp_path), "--tokenizer", str(tmp_path / "none")], "coin_turns: --tokenizer ")):
+        monkeypatch.setattr("sys.argv", ["coin_turns.py", *argv])
+        with pytest.raises(SystemExit) as exit_info:
+            coin_turns.main()
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.startswith(start) and err.count("\n") == 1
+
+
+def test_the_sweep_tables_script_prints_the_coin6_page_tables_from_the_committed_reports(capsys, monkeypatch) -> None:
+    """benchmarks/regime/sweep_tables.py over plan-coin6.yaml and the committed reports (docs/results/regime): its
+    Table 2 rows are the coin6 page's, value for value (the page's table was assembled by hand before the script), and
+    its Table 19 has one row per k with the paper's k = 4 as the reference of the paired column."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sweep_tables", REGIME / "sweep_tables.py")
+    sweep_tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep_tables)
+    docs = REGIME.parents[1] / "docs" / "results"
+    monkeypatch.setattr("sys.argv", ["sweep_tables.py", str(REGIME / "plan-coin6.yaml"), "--report",
+                                     str(docs / "regime")])
+    sweep_tables.main()
+    load, cap = capsys.readouterr().out.strip().split("\n\n")
+    page = (docs / "coin6.md").read_text()
+    rows = load.splitlines()[2:]
+    assert [r.split(" | ")[0] for r in rows] == ["| 26", "| 48", "| 64 (main runs)", "| 80"]
+    assert all(row in page for row in rows)
+    caps = cap.splitlines()[2:]
+    assert [r.split(" | ")[0] for r in caps] == ["| 2", "| 3", "| 4 (the paper's)", "| 6"]
+    assert caps[2].endswith("| – |") and all(r.endswith("p = 0.62 |") for r in caps[:2] + caps[3:])
+    # a report folder without the groups: one line on stderr and exit 2, no traceback
+    monkeypatch.setattr("sys.argv", ["sweep_tables.py", str(REGIME / "plan-coin6.yaml"), "--report",
+                                     str(docs / "no-such-report")])
+    with pytest.raises(SystemExit) as exit_info:
+        sweep_tables.main()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("sweep_tables: FileNotFoundError") and err.count("\n") == 1
+
+
+def test_the_coin6_dart_ctx_plan_is_coin6_dart_under_a_context_budget() -> None:
+    """plan-coin6-dart-ctx.yaml: the study's rows over configs/coin6-dart, every run under the 480-token context budget
+    (the only override), so its seeds pair with the main study's: the five controlled rows on 10 paired seeds, the
+    other four on 5 (issue 17's counts)."""
+    plan = load_plan(REGIME / "plan-coin6-dart-ctx.yaml")
+    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
+    runs = plan_runs(plan)
+    controlled = {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"}
+    others = {"divopd-r", "tcod-f2b", "turnopd", "top-b"}
+    assert {r.label for r in runs} == controlled | others
+    assert all(r.kind == "main" and r.group == "coin6-dart-ctx" for r in runs) and len(runs) == 5 * 10 + 4 * 5
+    assert {r.overrides for r in runs} == {("explorer.prompt.max_prompt_tokens=480",)}
+    for label in controlled | others:
+        assert {r.seed for r in runs if r.label == label} == set(range(10 if label in controlled else 5)), label
+
+
+def test_the_coin6_dart_sampled_plan_changes_only_the_estimator() -> None:
+    """plan-coin6-dart-sampled.yaml: vanilla and divopd of configs/coin6-dart on seeds 0-4 with the paper's
+    sampled-token estimator (the only override; the study's runs use top-k), so each run pairs with the study's run of
+    the same method and seed."""
+    plan = load_plan(REGIME / "plan-coin6-dart-sampled.yaml")
+    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
+    runs = plan_runs(plan)
+    assert sorted((r.label, r.seed) for r in runs) == [(m, s) for m in ("divopd", "vanilla") for s in range(5)]
+    assert {r.overrides for r in runs} == {('learner.estimator="sampled"',)}
+    for method in ("vanilla", "divopd"):
+        assert load_config(REGIME.parents[1] / "configs" / "coin6-dart" / f"{method}.yaml").learner.estimator == "topk"
+
+
+def test_the_pair_reports_script_pairs_two_groups_seed_by_seed(tmp_path, monkeypatch, capsys) -> None:
+    """benchmarks/regime/pair_reports.py: only the seeds both groups finished are paired; exact means and count of
+    seeds ahead; a missing file or group is one line and exit 2."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pair_reports", REGIME / "pair_reports.py")
+    pair_reports = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pair_reports)
+
+    def report(group: str, runs: dict[str, list[tuple[int, float, bool]]]) -> dict:
+        return {"settings": {group: {"methods": {m: {"seeds": [
+            {"seed": s, "finished": done, "peak_sr": v + 5, "final_five_mean": v + 1, "nauc": v} for s, v, done in rs]}
+            for m, rs in runs.items()}}}}
+
+    a = report("x", {"vanilla": [(0, 50.0, True), (1, 40.0, True), (2, 30.0, True), (3, 99.0, False)],
+                     "divopd": [(0, 10.0, True)]})
+    b = report("y", {"vanilla": [(0, 45.0, True), (1, 42.0, True), (3, 20.0, True), (4, 1.0, True)]})
+    rows = pair_reports.pair_rows(pair_reports.finished_seeds(a, "x"), pair_reports.finished_seeds(b, "y"))
+    assert len(rows) == 1 and rows[0]["seeds"] == [0, 1] and rows[0]["ahead"] == 1
+    assert rows[0]["nauc"] == (45.0, 43.5) and rows[0]["peak_sr"] == (50.0, 48.5)
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    monkeypatch.setattr("sys.argv", ["pair_reports.py", str(tmp_path / "a.json"), "x", str(tmp_path / "b.json"), "y"])
+    pair_reports.main()
+    assert "| vanilla | 2 | 50.0 / 48.5 | 46.0 / 44.5 | 45.0 / 43.5 | 1 of 2 | 1.000 |" in capsys.readouterr().out
+    for argv in ([str(tmp_path / "none.json"), "x", str(tmp_path / "b.json"), "y"],
+                 [str(tmp_path / "a.json"), "zz", str(tmp_path / "b.json"), "y"]):
+        monkeypatch.setattr("sys.argv", ["pair_reports.py", *argv])
+        with pytest.raises(SystemExit) as exit_info:
+            pair_reports.main()
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.startswith("pair_reports: ") and err.count("\n") == 1
+
+
+def test_the_coin7_dart_plan_is_coin6_dart_on_a_larger_game() -> None:
+    """plan-coin7-dart.yaml: the study's rows over configs/coin6-dart (its models, its learner) on coin with 7 rooms
+    and a 20-step limit (the only two overrides; the base config has 6 rooms and 14 steps), the controlled rows on 10
+    paired seeds and the other four on 5 (issue 17's counts; vanilla-pool on 5, as on coin6-dart)."""
+    plan = load_plan(REGIME / "plan-coin7-dart.yaml")
+    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
+    runs = plan_runs(plan)
+    ten = {"vanilla", "nocap", "divopd-base", "divopd"}
+    five = {"vanilla-pool", "divopd-r", "tcod-f2b", "turnopd", "top-b"}
+    assert {r.label for r in runs} == ten | five and len(runs) == 4 * 10 + 5 * 5
+    assert all(r.kind == "main" and r.group == "coin7-dart" for r in runs)
+    assert {r.overrides for r in runs} == {(
+        'explorer.env_kwargs.params="numLocations=7,numDistractorItems=0,includeDoors=0"', "explorer.max_steps=20")}
+    for label in ten | five:
+        assert {r.seed for r in runs if r.label == label} == set(range(10 if label in ten else 5)), label
+    base = load_config(REGIME.parents[1] / "configs" / "coin6-dart" / "vanilla.yaml")
+    assert base.explorer.max_steps == 14 and "numLocations=6" in base.explorer.env_kwargs["params"]
+
+
+def test_the_coin8_dart_pilot_plan_is_seed_0_at_two_learning_rates() -> None:
+    """plan-coin8-dart.yaml, the pilot that collapsed: vanilla and divopd, seed 0, coin with 8 rooms and 24 steps at
+    the setting's lr and at 1e-4."""
+    runs = plan_runs(load_plan(REGIME / "plan-coin8-dart.yaml"))
+    assert sorted((r.group, r.label, r.seed) for r in runs) == [
+        (g, m, 0) for g in ("coin8-dart", "coin8-dart-lr1e-4") for m in ("divopd", "vanilla")]
+    game = ('explorer.env_kwargs.params="numLocations=8,numDistractorItems=0,includeDoors=0"', "explorer.max_steps=24")
+    assert {r.overrides for r in runs} == {game, (*game, "learner.lr=0.0001")}
