@@ -75,7 +75,8 @@ def test_every_settings_folder_has_a_recipe_and_every_method_row(folder: str) ->
 def test_the_shipped_models_are_the_recipes_build_and_are_copied_not_trained(tmp_path: Path, monkeypatch) -> None:
     """models/coin6-dart holds the coin6-dart recipe's build into cache/coin6-dart (its recipe-args.json are the
     recipe's arguments for that folder, so a changed recipe fails here until the models are rebuilt and shipped
-    again); prepare_models copies them into an empty cache byte for byte, without an SFT, and only there."""
+    again); prepare_models copies them into an empty cache byte for byte, without an SFT, and over a stale build (other
+    recipe arguments), never over a build of the same arguments."""
     import divopd.suite.models as models_mod
 
     recipe = RECIPES["coin6-dart"]
@@ -95,6 +96,12 @@ def test_the_shipped_models_are_the_recipes_build_and_are_copied_not_trained(tmp
     for name in ("teacher", "student"):
         assert (cache / name / "model.safetensors").read_bytes() == (SHIPPED / name / "model.safetensors").read_bytes()
     assert models_mod.copy_shipped(cache, recipe, SHIPPED) == []  # complete: nothing copied again
+    stale = cache / "student"  # a model an older recipe built: replaced by the shipped one, not trained again
+    (stale / "recipe-args.json").write_text(json.dumps(["--older", "recipe"]))
+    (stale / "model.safetensors").write_bytes(b"old weights")
+    assert models_mod.copy_shipped(cache, recipe, SHIPPED) == ["student"]
+    assert (stale / "model.safetensors").read_bytes() == (SHIPPED / "student" / "model.safetensors").read_bytes()
+    assert prepare_models(cache, recipe, shipped=SHIPPED) == got
     other = Path("elsewhere")  # another cache folder: the recipe's arguments differ, nothing is copied
     assert models_mod.copy_shipped(other, recipe, SHIPPED) == [] and not other.exists()
 

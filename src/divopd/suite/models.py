@@ -142,12 +142,17 @@ def _sft(argv: list[str]) -> None:
 BUILT_WITH = "recipe-args.json"
 
 
-def _built_with(folder: Path, argv: list[str], marker: str) -> bool:
-    """Whether ``folder`` holds a complete model (its ``marker`` file) built from exactly ``argv``."""
+def _stamped_with(folder: Path, argv: list[str], marker: str) -> bool:
+    """Whether ``folder`` holds a complete model (its ``marker`` file) whose stamp says it was built from ``argv``."""
     stamp = folder / BUILT_WITH
+    return (folder / marker).is_file() and stamp.is_file() and json.loads(stamp.read_text()) == argv
+
+
+def _built_with(folder: Path, argv: list[str], marker: str) -> bool:
+    """:func:`_stamped_with`, saying so when a complete model was built from other arguments (it will be rebuilt)."""
     if not (folder / marker).is_file():
         return False
-    if stamp.is_file() and json.loads(stamp.read_text()) == argv:
+    if _stamped_with(folder, argv, marker):
         return True
     print(f"models: {folder} was built from other recipe arguments: rebuilding it", flush=True)
     return False
@@ -169,18 +174,22 @@ def _sft_argvs(cache: Path, recipe: ModelRecipe) -> dict[str, list[str]]:
 
 
 def copy_shipped(cache: Path, recipe: ModelRecipe, shipped: Path) -> list[str]:
-    """Copy ``shipped/teacher`` and ``shipped/student`` into ``cache`` where ``cache`` has no complete model of that
-    name and the shipped one was built from exactly the arguments the recipe gives for ``cache`` (its
-    ``recipe-args.json``); returns the names copied. Anything else is left to :func:`prepare_models` to build."""
+    """Copy ``shipped/teacher`` and ``shipped/student`` into ``cache`` where the shipped model was built from exactly
+    the arguments the recipe gives for ``cache`` (its ``recipe-args.json``) and ``cache`` has no complete model of that
+    name built from them: a missing, partial or stale one (built from other arguments, e.g. an older recipe) is
+    replaced. Returns the names copied. Anything else is left to :func:`prepare_models` to build."""
     copied = []
     for name, argv in _sft_argvs(cache, recipe).items():
         src, dst = shipped / name, cache / name
-        if (dst / "sft.json").is_file() or not (src / "sft.json").is_file() or not (src / BUILT_WITH).is_file():
+        if not (src / "sft.json").is_file() or not (src / BUILT_WITH).is_file():
             continue
-        if json.loads((src / BUILT_WITH).read_text()) == argv:
-            shutil.copytree(src, dst, dirs_exist_ok=True)
-            print(f"models: {dst} copied from the shipped {src} (built by this recipe; not trained again)", flush=True)
-            copied.append(name)
+        if json.loads((src / BUILT_WITH).read_text()) != argv or _stamped_with(dst, argv, "sft.json"):
+            continue
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(src, dst)
+        print(f"models: {dst} copied from the shipped {src} (built by this recipe; not trained again)", flush=True)
+        copied.append(name)
     return copied
 
 
