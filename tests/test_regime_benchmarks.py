@@ -3,6 +3,7 @@ analysis scripts beside them (actions, coin_turns, sweep_tables, pair_reports) o
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -17,18 +18,30 @@ from divopd.train.config import load_config
 REGIME = Path(bench.DEFAULT_PLAN).parents[1] / "regime"
 
 
+def _script(name: str):
+    """benchmarks/regime/<name>.py, loaded as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REGIME / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _seeds_by_label(runs) -> dict[str, set[int]]:
+    """label -> the seeds a plan runs it on."""
+    seeds: dict[str, set[int]] = {}
+    for r in runs:
+        seeds.setdefault(r.label, set()).add(r.seed)
+    return seeds
+
+
 def test_the_actions_benchmark_counts_invalid_actions_and_what_follows_them(tmp_path) -> None:
     """benchmarks/regime/actions.py on a two-rollout log: exact shares."""
-    import importlib.util
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from divopd.models.tiny import build_tokenizer
 
-    spec = importlib.util.spec_from_file_location("actions", REGIME / "actions.py")
-    actions = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(actions)
+    actions = _script("actions")
     assert actions.valid_actions("x\nValid actions: look around, move east<eos><|assistant|>") == {
         "look around", "move east"}
     tok = build_tokenizer(["Valid actions: look around, move east, take coin", "Unknown action", "take coin",
@@ -128,17 +141,13 @@ def test_the_coin6_dart_plan_and_settings_folder() -> None:
 def test_the_coin_turns_benchmark_replays_each_run_under_its_rule(tmp_path, monkeypatch, capsys) -> None:
     """benchmarks/regime/coin_turns.py on a two-rollout log that one vanilla batch takes whole: exact shares of the
     turns with the coin in view and of those the student walked past."""
-    import importlib.util
-
     from divopd.experience import Turn
     from divopd.experience.log import write_log
     from divopd.models.tiny import build_tokenizer
     from divopd.sampling import SamplerConfig
 
     monkeypatch.syspath_prepend(str(REGIME))  # the script imports its neighbour actions.py
-    spec = importlib.util.spec_from_file_location("coin_turns", REGIME / "coin_turns.py")
-    coin_turns = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(coin_turns)
+    coin_turns = _script("coin_turns")
     tok = build_tokenizer(["Valid actions: move east, take coin", "take coin", "move east"])
     menu, coin = "Valid actions: move east", "Valid actions: move east, take coin"
     rows = [("a", 0, menu, "move east"), ("a", 1, coin, "move east"), ("a", 2, coin, "take coin"),
@@ -168,11 +177,7 @@ def test_the_sweep_tables_script_prints_the_coin6_page_tables_from_the_committed
     """benchmarks/regime/sweep_tables.py over plan-coin6.yaml and the committed reports (docs/results/regime): its
     Table 2 rows are the coin6 page's, value for value (the page's table was assembled by hand before the script), and
     its Table 19 has one row per k with the paper's k = 4 as the reference of the paired column."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sweep_tables", REGIME / "sweep_tables.py")
-    sweep_tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep_tables)
+    sweep_tables = _script("sweep_tables")
     docs = REGIME.parents[1] / "docs" / "results"
     monkeypatch.setattr("sys.argv", ["sweep_tables.py", str(REGIME / "plan-coin6.yaml"), "--report",
                                      str(docs / "regime")])
@@ -203,11 +208,10 @@ def test_the_coin6_dart_ctx_plan_is_coin6_dart_under_a_context_budget() -> None:
     runs = plan_runs(plan)
     controlled = {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"}
     others = {"divopd-r", "tcod-f2b", "turnopd", "top-b"}
-    assert {r.label for r in runs} == controlled | others
+    assert _seeds_by_label(runs) == {**dict.fromkeys(controlled, set(range(10))),
+                                     **dict.fromkeys(others, set(range(5)))}
     assert all(r.kind == "main" and r.group == "coin6-dart-ctx" for r in runs) and len(runs) == 5 * 10 + 4 * 5
     assert {r.overrides for r in runs} == {("explorer.prompt.max_prompt_tokens=480",)}
-    for label in controlled | others:
-        assert {r.seed for r in runs if r.label == label} == set(range(10 if label in controlled else 5)), label
 
 
 def test_the_coin6_dart_sampled_plan_changes_only_the_estimator() -> None:
@@ -226,11 +230,7 @@ def test_the_coin6_dart_sampled_plan_changes_only_the_estimator() -> None:
 def test_the_pair_reports_script_pairs_two_groups_seed_by_seed(tmp_path, monkeypatch, capsys) -> None:
     """benchmarks/regime/pair_reports.py: only the seeds both groups finished are paired; exact means and count of
     seeds ahead; a missing file or group is one line and exit 2."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pair_reports", REGIME / "pair_reports.py")
-    pair_reports = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pair_reports)
+    pair_reports = _script("pair_reports")
 
     def report(group: str, runs: dict[str, list[tuple[int, float, bool]]]) -> dict:
         return {"settings": {group: {"methods": {m: {"seeds": [
@@ -266,12 +266,10 @@ def test_the_coin7_dart_plan_is_coin6_dart_on_a_larger_game() -> None:
     runs = plan_runs(plan)
     ten = {"vanilla", "nocap", "divopd-base", "divopd"}
     five = {"vanilla-pool", "divopd-r", "tcod-f2b", "turnopd", "top-b"}
-    assert {r.label for r in runs} == ten | five and len(runs) == 4 * 10 + 5 * 5
-    assert all(r.kind == "main" and r.group == "coin7-dart" for r in runs)
+    assert _seeds_by_label(runs) == {**dict.fromkeys(ten, set(range(10))), **dict.fromkeys(five, set(range(5)))}
+    assert all(r.kind == "main" and r.group == "coin7-dart" for r in runs) and len(runs) == 4 * 10 + 5 * 5
     assert {r.overrides for r in runs} == {(
         'explorer.env_kwargs.params="numLocations=7,numDistractorItems=0,includeDoors=0"', "explorer.max_steps=20")}
-    for label in ten | five:
-        assert {r.seed for r in runs if r.label == label} == set(range(10 if label in ten else 5)), label
     base = load_config(REGIME.parents[1] / "configs" / "coin6-dart" / "vanilla.yaml")
     assert base.explorer.max_steps == 14 and "numLocations=6" in base.explorer.env_kwargs["params"]
 
