@@ -260,16 +260,26 @@ def test_the_pair_reports_script_pairs_two_groups_seed_by_seed(tmp_path, monkeyp
 def test_the_coin7_dart_plan_is_coin6_dart_on_a_larger_game() -> None:
     """plan-coin7-dart.yaml: the study's rows over configs/coin6-dart (its models, its learner) on coin with 7 rooms
     and a 20-step limit (the only two overrides; the base config has 6 rooms and 14 steps), the controlled rows on 10
-    paired seeds and the other four on 5 (issue 17's counts; vanilla-pool on 5, as on coin6-dart)."""
+    paired seeds and the other four on 5 (issue 17's counts; vanilla-pool on 5, as on coin6-dart); the load sweep
+    (~0.8 / 1.5 / 2.5, vanilla vs divopd-base) and the cap sweep (k = 4 shared with the main divopd runs) on 5 seeds
+    each, every run of them on the same 7-room game."""
     plan = load_plan(REGIME / "plan-coin7-dart.yaml")
     assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
     runs = plan_runs(plan)
+    main = [r for r in runs if r.kind == "main"]
     ten = {"vanilla", "nocap", "divopd-base", "divopd"}
     five = {"vanilla-pool", "divopd-r", "tcod-f2b", "turnopd", "top-b"}
-    assert _seeds_by_label(runs) == {**dict.fromkeys(ten, set(range(10))), **dict.fromkeys(five, set(range(5)))}
-    assert all(r.kind == "main" and r.group == "coin7-dart" for r in runs) and len(runs) == 4 * 10 + 5 * 5
-    assert {r.overrides for r in runs} == {(
-        'explorer.env_kwargs.params="numLocations=7,numDistractorItems=0,includeDoors=0"', "explorer.max_steps=20")}
+    assert _seeds_by_label(main) == {**dict.fromkeys(ten, set(range(10))), **dict.fromkeys(five, set(range(5)))}
+    assert all(r.group == "coin7-dart" for r in main) and len(main) == 4 * 10 + 5 * 5
+    game = ('explorer.env_kwargs.params="numLocations=7,numDistractorItems=0,includeDoors=0"', "explorer.max_steps=20")
+    assert {r.overrides for r in main} == {game}
+    load = [r for r in runs if r.kind == "load"]
+    assert {r.overrides for r in load} == {(*game, f"runtime.lockstep.env_steps_per_update={n}") for n in (26, 48, 80)}
+    assert _seeds_by_label(load) == dict.fromkeys(("vanilla", "divopd-base"), set(range(5))) and len(load) == 30
+    cap = [r for r in runs if r.kind == "cap"]
+    assert _seeds_by_label(cap) == {f"divopd-k{k}": set(range(5)) for k in (2, 3, 4, 6)}
+    assert all((r.main is not None) == (r.label == "divopd-k4") for r in cap)
+    assert {r.overrides for r in cap if r.main is None} == {(*game, f"sampler.cap={k}") for k in (2, 3, 6)}
     base = load_config(REGIME.parents[1] / "configs" / "coin6-dart" / "vanilla.yaml")
     assert base.explorer.max_steps == 14 and "numLocations=6" in base.explorer.env_kwargs["params"]
 
