@@ -211,6 +211,31 @@ def test_the_coin6_dart_ctx_plan_is_coin6_dart_under_a_context_budget() -> None:
     assert {r.overrides for r in runs} == {("explorer.prompt.max_prompt_tokens=480",)}
 
 
+def test_the_coin6_dart_pool_plan_raises_only_c_and_delta() -> None:
+    """plan-coin6-dart-pool.yaml: the four controlled rows of configs/coin6-dart without vanilla-pool on 10 paired
+    seeds, every run with c = 12 and delta = 6 (the only overrides), so its seeds pair with the main study's."""
+    plan = load_plan(REGIME / "plan-coin6-dart-pool.yaml")
+    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
+    runs = plan_runs(plan)
+    assert _seeds_by_label(runs) == dict.fromkeys(("vanilla", "nocap", "divopd-base", "divopd"), set(range(10)))
+    assert all(r.kind == "main" and r.group == "coin6-dart-pool" for r in runs)
+    assert {r.overrides for r in runs} == {("sampler.pool_factor=12", "sampler.max_staleness=6")}
+    config = load_config(REGIME.parents[1] / "configs" / "coin6-dart" / "divopd.yaml", list(runs[0].overrides))
+    assert (config.sampler.pool_factor, config.sampler.max_staleness, config.sampler.cap) == (12, 6, 4)
+
+
+def test_the_coin7_dart_pool_plan_is_coin7_dart_with_c_16_and_delta_8() -> None:
+    """plan-coin7-dart-pool.yaml: coin7-dart's game (plan-coin7-dart.yaml's overrides) with c = 16 and delta = 8, the
+    four controlled rows without vanilla-pool on 5 paired seeds."""
+    plan = load_plan(REGIME / "plan-coin7-dart-pool.yaml")
+    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
+    runs = plan_runs(plan)
+    assert _seeds_by_label(runs) == dict.fromkeys(("vanilla", "nocap", "divopd-base", "divopd"), set(range(5)))
+    game = {r.overrides for r in plan_runs(load_plan(REGIME / "plan-coin7-dart.yaml")) if r.group == "coin7-dart"}
+    assert len(game) == 1 and all(r.group == "coin7-dart-pool" for r in runs)
+    assert {r.overrides for r in runs} == {(*game.pop(), "sampler.pool_factor=16", "sampler.max_staleness=8")}
+
+
 def test_the_coin6_dart_sampled_plan_changes_only_the_estimator() -> None:
     """plan-coin6-dart-sampled.yaml: vanilla and divopd of configs/coin6-dart on seeds 0-4 with the paper's
     sampled-token estimator (the only override; the study's runs use top-k), so each run pairs with the study's run of
