@@ -196,6 +196,30 @@ def test_the_sweep_tables_script_prints_the_coin6_page_tables_from_the_committed
     assert exit_info.value.code == 2 and err.startswith("sweep_tables: FileNotFoundError") and err.count("\n") == 1
 
 
+def test_the_pool_regime_script_measures_runs_after_update_5(tmp_path, capsys) -> None:
+    """benchmarks/regime/pool_regime.py --measure: per-update means after the first 5 updates, averaged over the runs
+    of a method (the run folder's parent); turns per candidate rollout is the ratio of the two means."""
+    pool_regime = _script("pool_regime")
+    runs = []
+    for seed, rollouts in ((0, 10.0), (1, 30.0)):
+        run_dir = tmp_path / "divopd" / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.yaml").write_text(f"setting: s\nmethod: divopd\nseed: {seed}\n")
+        ups = [{"kind": "update", "update": u, "sampler/candidates": 100.0 * (u > 5) + 1.0,
+                "sampler/candidate_rollouts": rollouts * (u > 5) + 1.0, "sampler/effective_rollouts": 8.0,
+                "sampler/max_rollout_share": 0.25, "sampler/mean_staleness": 2.0 + seed,
+                "queue/arrival_drain_ratio": 2.0, "ledger/expired": 10.0 * u, "ledger/received": 100.0 * u}
+               for u in range(1, 9)]
+        evals = [{"kind": "eval", "update": u, "eval/success_rate": 0.5} for u in (0, 8)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in ups + evals))
+        (run_dir / "summary.json").write_text("{}")
+        runs.append(run_dir)
+    pool_regime.print_measured(runs)
+    row = capsys.readouterr().out.splitlines()[2]
+    # after update 5: candidates 101, rollouts 11 and 31 (mean 21), age 2 and 3, expired 10%
+    assert row == "| divopd | 2 | 21.0 | 8.00 | 0.25 | 2.00 | 10% | 101 | 4.8 | 2.50 |"
+
+
 def test_the_coin6_dart_ctx_plan_is_coin6_dart_under_a_context_budget() -> None:
     """plan-coin6-dart-ctx.yaml: the study's rows over configs/coin6-dart, every run under the 480-token context budget
     (the only override), so its seeds pair with the main study's: the five controlled rows on 10 paired seeds, the

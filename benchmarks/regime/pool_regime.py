@@ -6,7 +6,9 @@ after the first 5 updates of the sampler's batch stats:
 - candidate rollouts: distinct rollouts among the candidates the reader saw (divopd: pending ∪ fresh, up to c·B = 128;
   vanilla: the B turns it read);
 - effective rollouts per batch, (Σ p_r²)⁻¹, and the largest rollout share;
-- arrival/drain at the end, and the share of received turns that expired stale.
+- arrival/drain at the end, and the share of received turns that expired stale;
+- (``--measure``) candidate turns, turns per candidate rollout (the ratio of the two means) and the mean age of the
+  trained turns in policy versions (``sampler/mean_staleness``).
 
     .venv/bin/python benchmarks/regime/pool_regime.py                  # all variants, ~15 min on 2 cores
     .venv/bin/python benchmarks/regime/pool_regime.py --variants envs8 turn32 --out runs/pool-regime
@@ -57,7 +59,9 @@ def measure(run_dir: Path) -> dict[str, float]:
 
     last = ups[-1]
     return {
+        "candidates": mean("sampler/candidates"),
         "candidate_rollouts": mean("sampler/candidate_rollouts"),
+        "staleness": mean("sampler/mean_staleness"),
         "effective_rollouts": mean("sampler/effective_rollouts"),
         "max_rollout_share": mean("sampler/max_rollout_share"),
         "arrival_drain": last["queue/arrival_drain_ratio"],
@@ -71,12 +75,15 @@ def print_measured(run_dirs: list[Path]) -> None:
     by_method: dict[str, list[dict[str, float]]] = {}
     for run_dir in run_dirs:
         by_method.setdefault(run_dir.parent.name, []).append(measure(run_dir))
-    print("| method | runs | candidate rollouts | effective rollouts | largest share | arrival/drain | expired stale |")
-    print("|---|---|---|---|---|---|---|")
+    print("| method | runs | candidate rollouts | effective rollouts | largest share | arrival/drain | expired stale "
+          "| candidate turns | turns per candidate rollout | age of trained turns |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for method, rows in sorted(by_method.items()):
         m = {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
+        per_rollout = m["candidates"] / m["candidate_rollouts"] if m["candidate_rollouts"] else 0.0
         print(f"| {method} | {len(rows)} | {m['candidate_rollouts']:.1f} | {m['effective_rollouts']:.2f} "
-              f"| {m['max_rollout_share']:.2f} | {m['arrival_drain']:.2f} | {m['expired_share']:.0%} |")
+              f"| {m['max_rollout_share']:.2f} | {m['arrival_drain']:.2f} | {m['expired_share']:.0%} "
+              f"| {m['candidates']:.0f} | {per_rollout:.1f} | {m['staleness']:.2f} |")
 
 
 def main() -> None:
