@@ -250,11 +250,11 @@ def test_the_coin6_dart_pool_plan_raises_only_c_and_delta() -> None:
 
 def test_the_coin7_dart_pool_plan_is_coin7_dart_with_c_16_and_delta_8() -> None:
     """plan-coin7-dart-pool.yaml: coin7-dart's game (plan-coin7-dart.yaml's overrides) with c = 16 and delta = 8, the
-    four controlled rows without vanilla-pool on 5 paired seeds."""
+    four controlled rows without vanilla-pool on 10 paired seeds."""
     plan = load_plan(REGIME / "plan-coin7-dart-pool.yaml")
     assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
     runs = plan_runs(plan)
-    assert _seeds_by_label(runs) == dict.fromkeys(("vanilla", "nocap", "divopd-base", "divopd"), set(range(5)))
+    assert _seeds_by_label(runs) == dict.fromkeys(("vanilla", "nocap", "divopd-base", "divopd"), set(range(10)))
     game = {r.overrides for r in plan_runs(load_plan(REGIME / "plan-coin7-dart.yaml")) if r.group == "coin7-dart"}
     assert len(game) == 1 and all(r.group == "coin7-dart-pool" for r in runs)
     assert {r.overrides for r in runs} == {(*game.pop(), "sampler.pool_factor=16", "sampler.max_staleness=8")}
