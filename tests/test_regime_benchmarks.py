@@ -260,6 +260,18 @@ def test_the_coin7_dart_pool_plan_is_coin7_dart_with_c_16_and_delta_8() -> None:
     assert {r.overrides for r in runs} == {(*game.pop(), "sampler.pool_factor=16", "sampler.max_staleness=8")}
 
 
+def test_the_coin7_dart_stale_plan_is_the_pool_plan_at_c_4() -> None:
+    """plan-coin7-dart-stale.yaml: divopd on seeds 0-4 with plan-coin7-dart-pool.yaml's overrides except c (the
+    paper's 4), so it pairs with both the pool runs (same delta) and the main study (same c)."""
+    plan = load_plan(REGIME / "plan-coin7-dart-stale.yaml")
+    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
+    runs = plan_runs(plan)
+    assert _seeds_by_label(runs) == {"divopd": set(range(5))}
+    pool = {r.overrides for r in plan_runs(load_plan(REGIME / "plan-coin7-dart-pool.yaml"))}
+    assert len(pool) == 1
+    assert {r.overrides for r in runs} == {tuple(o for o in pool.pop() if not o.startswith("sampler.pool_factor="))}
+
+
 def test_the_coin6_dart_sampled_plan_changes_only_the_estimator() -> None:
     """plan-coin6-dart-sampled.yaml: vanilla and divopd of configs/coin6-dart on seeds 0-4 with the paper's
     sampled-token estimator (the only override; the study's runs use top-k), so each run pairs with the study's run of
