@@ -26,6 +26,13 @@ def _script(name: str):
     return module
 
 
+def _dart_plan(name: str):
+    """(plan, runs) of benchmarks/regime/plan-<name>.yaml, a study over configs/coin6-dart's 40-update runs."""
+    plan = load_plan(REGIME / f"plan-{name}.yaml")
+    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
+    return plan, plan_runs(plan)
+
+
 def _seeds_by_label(runs) -> dict[str, set[int]]:
     """label -> the seeds a plan runs it on."""
     seeds: dict[str, set[int]] = {}
@@ -104,9 +111,7 @@ def test_the_coin6_dart_plan_and_settings_folder() -> None:
     coin6 in its models (recipe coin6-dart, the student with --expert-miss), 40 updates, lr 3e-4, an evaluation every 5
     updates and the two schedules tied to the run's length (TurnOPD's turn balance at update 40, TCOD-F2B's eta 3
     reaching the 14-step horizon inside the run)."""
-    plan = load_plan(REGIME / "plan-coin6-dart.yaml")
-    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
-    runs = plan_runs(plan)
+    plan, runs = _dart_plan("coin6-dart")
     main = [r for r in runs if r.kind == "main"]
     ten = {"vanilla", "nocap", "divopd-base", "divopd"}
     five = {"vanilla-pool", "divopd-r", "tcod-f2b", "turnopd", "top-b"}
@@ -224,9 +229,7 @@ def test_the_coin6_dart_ctx_plan_is_coin6_dart_under_a_context_budget() -> None:
     """plan-coin6-dart-ctx.yaml: the study's rows over configs/coin6-dart, every run under the 480-token context budget
     (the only override), so its seeds pair with the main study's: the five controlled rows on 10 paired seeds, the
     other four on 5 (issue 17's counts)."""
-    plan = load_plan(REGIME / "plan-coin6-dart-ctx.yaml")
-    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
-    runs = plan_runs(plan)
+    plan, runs = _dart_plan("coin6-dart-ctx")
     controlled = {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"}
     others = {"divopd-r", "tcod-f2b", "turnopd", "top-b"}
     assert _seeds_by_label(runs) == {**dict.fromkeys(controlled, set(range(10))),
@@ -235,40 +238,44 @@ def test_the_coin6_dart_ctx_plan_is_coin6_dart_under_a_context_budget() -> None:
     assert {r.overrides for r in runs} == {("explorer.prompt.max_prompt_tokens=480",)}
 
 
+#: the pool plans' rows: the four controlled ones on 10 paired seeds (no vanilla-pool: without dead rows it equals
+#: vanilla), the other four of issue 17 on 5
+_POOL_ROWS = {**dict.fromkeys(("vanilla", "nocap", "divopd-base", "divopd"), set(range(10))),
+              **dict.fromkeys(("divopd-r", "tcod-f2b", "turnopd", "top-b"), set(range(5)))}
+
+
 def test_the_coin6_dart_pool_plan_raises_only_c_and_delta() -> None:
-    """plan-coin6-dart-pool.yaml: the four controlled rows of configs/coin6-dart without vanilla-pool on 10 paired
-    seeds, every run with c = 12 and delta = 6 (the only overrides), so its seeds pair with the main study's."""
-    plan = load_plan(REGIME / "plan-coin6-dart-pool.yaml")
-    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
-    runs = plan_runs(plan)
-    assert _seeds_by_label(runs) == dict.fromkeys(("vanilla", "nocap", "divopd-base", "divopd"), set(range(10)))
-    assert all(r.kind == "main" and r.group == "coin6-dart-pool" for r in runs)
-    assert {r.overrides for r in runs} == {("sampler.pool_factor=12", "sampler.max_staleness=6")}
-    config = load_config(REGIME.parents[1] / "configs" / "coin6-dart" / "divopd.yaml", list(runs[0].overrides))
+    """plan-coin6-dart-pool.yaml: configs/coin6-dart's rows with c = 12 and delta = 6 (the only overrides), so its
+    seeds pair with the main study's; a cap sweep at k = 2 and 6 on 5 seeds (k = 4 is the main divopd run)."""
+    plan, runs = _dart_plan("coin6-dart-pool")
+    main = [r for r in runs if r.kind == "main"]
+    assert _seeds_by_label(main) == _POOL_ROWS and all(r.group == "coin6-dart-pool" for r in main)
+    assert {r.overrides for r in main} == {("sampler.pool_factor=12", "sampler.max_staleness=6")}
+    config = load_config(REGIME.parents[1] / "configs" / "coin6-dart" / "divopd.yaml", list(main[0].overrides))
     assert (config.sampler.pool_factor, config.sampler.max_staleness, config.sampler.cap) == (12, 6, 4)
+    cap = [r for r in runs if r.kind == "cap"]
+    assert _seeds_by_label(cap) == {f"divopd-k{k}": set(range(5)) for k in (2, 4, 6)} and len(runs) == 60 + 15
+    assert {r.overrides for r in cap if r.main is None} == {(*main[0].overrides, f"sampler.cap={k}") for k in (2, 6)}
 
 
 def test_the_coin7_dart_pool_plan_is_coin7_dart_with_c_16_and_delta_8() -> None:
     """plan-coin7-dart-pool.yaml: coin7-dart's game (plan-coin7-dart.yaml's overrides) with c = 16 and delta = 8, the
-    four controlled rows without vanilla-pool on 10 paired seeds."""
-    plan = load_plan(REGIME / "plan-coin7-dart-pool.yaml")
-    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
-    runs = plan_runs(plan)
-    assert _seeds_by_label(runs) == dict.fromkeys(("vanilla", "nocap", "divopd-base", "divopd"), set(range(10)))
+    same rows as the coin6-dart pool plan."""
+    plan, runs = _dart_plan("coin7-dart-pool")
+    assert _seeds_by_label(runs) == _POOL_ROWS
     game = {r.overrides for r in plan_runs(load_plan(REGIME / "plan-coin7-dart.yaml")) if r.group == "coin7-dart"}
-    assert len(game) == 1 and all(r.group == "coin7-dart-pool" for r in runs)
+    assert len(game) == 1 and all(r.kind == "main" and r.group == "coin7-dart-pool" for r in runs)
     assert {r.overrides for r in runs} == {(*game.pop(), "sampler.pool_factor=16", "sampler.max_staleness=8")}
 
 
-def test_the_coin7_dart_stale_plan_is_the_pool_plan_at_c_4() -> None:
-    """plan-coin7-dart-stale.yaml: divopd on seeds 0-4 with plan-coin7-dart-pool.yaml's overrides except c (the
-    paper's 4), so it pairs with both the pool runs (same delta) and the main study (same c)."""
-    plan = load_plan(REGIME / "plan-coin7-dart-stale.yaml")
-    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
-    runs = plan_runs(plan)
-    assert _seeds_by_label(runs) == {"divopd": set(range(5))}
-    pool = {r.overrides for r in plan_runs(load_plan(REGIME / "plan-coin7-dart-pool.yaml"))}
-    assert len(pool) == 1
+@pytest.mark.parametrize("game", ["coin6-dart", "coin7-dart"])
+def test_the_stale_plans_are_the_pool_plans_at_c_4(game: str) -> None:
+    """plan-<game>-stale.yaml: divopd and divopd-base on seeds 0-4 with plan-<game>-pool.yaml's overrides except c
+    (the paper's 4), so they pair with both the pool runs (same delta) and the main study (same c)."""
+    plan, runs = _dart_plan(f"{game}-stale")
+    assert _seeds_by_label(runs) == dict.fromkeys(("divopd", "divopd-base"), set(range(5)))
+    pool = {r.overrides for r in plan_runs(load_plan(REGIME / f"plan-{game}-pool.yaml")) if r.kind == "main"}
+    assert len(pool) == 1 and all(r.kind == "main" and r.group == f"{game}-stale" for r in runs)
     assert {r.overrides for r in runs} == {tuple(o for o in pool.pop() if not o.startswith("sampler.pool_factor="))}
 
 
@@ -276,9 +283,7 @@ def test_the_coin6_dart_sampled_plan_changes_only_the_estimator() -> None:
     """plan-coin6-dart-sampled.yaml: vanilla and divopd of configs/coin6-dart on seeds 0-4 with the paper's
     sampled-token estimator (the only override; the study's runs use top-k), so each run pairs with the study's run of
     the same method and seed."""
-    plan = load_plan(REGIME / "plan-coin6-dart-sampled.yaml")
-    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
-    runs = plan_runs(plan)
+    plan, runs = _dart_plan("coin6-dart-sampled")
     assert sorted((r.label, r.seed) for r in runs) == [(m, s) for m in ("divopd", "vanilla") for s in range(5)]
     assert {r.overrides for r in runs} == {('learner.estimator="sampled"',)}
     for method in ("vanilla", "divopd"):
@@ -321,9 +326,7 @@ def test_the_coin7_dart_plan_is_coin6_dart_on_a_larger_game() -> None:
     paired seeds and the other four on 5 (issue 17's counts; vanilla-pool on 5, as on coin6-dart); the load sweep
     (~0.8 / 1.5 / 2.5, vanilla vs divopd-base) and the cap sweep (k = 4 shared with the main divopd runs) on 5 seeds
     each, every run of them on the same 7-room game."""
-    plan = load_plan(REGIME / "plan-coin7-dart.yaml")
-    assert plan.configs == "coin6-dart" and plan.cache == "cache/coin6-dart" and plan.updates == 40
-    runs = plan_runs(plan)
+    plan, runs = _dart_plan("coin7-dart")
     main = [r for r in runs if r.kind == "main"]
     ten = {"vanilla", "nocap", "divopd-base", "divopd"}
     five = {"vanilla-pool", "divopd-r", "tcod-f2b", "turnopd", "top-b"}
