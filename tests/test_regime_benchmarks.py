@@ -370,3 +370,12 @@ def test_the_coin8_dart_pilot_plan_is_seed_0_at_two_learning_rates() -> None:
         (g, m, 0) for g in ("coin8-dart", "coin8-dart-lr1e-4") for m in ("divopd", "vanilla")]
     game = ('explorer.env_kwargs.params="numLocations=8,numDistractorItems=0,includeDoors=0"', "explorer.max_steps=24")
     assert {r.overrides for r in runs} == {game, (*game, "learner.lr=0.0001")}
+
+
+def test_the_early_dip_is_the_first_sr_minus_the_lowest_in_the_window() -> None:
+    """curves.py --dip: the lowest SR evaluated in updates 1..U and the first SR minus it, exactly."""
+    early_dip = _script("curves").early_dip
+    assert early_dip({0: 38.0, 5: 22.0, 10: 9.0, 15: 23.0}, 10) == (9.0, 29.0)
+    assert early_dip({0: 38.0, 5: 22.0, 10: 9.0, 15: 5.0}, 5) == (22.0, 16.0)  # update 15 is outside the window
+    assert early_dip({0: 30.0, 5: 40.0, 10: 45.0}, 10) == (40.0, -10.0)  # a run that only rises
+    assert early_dip({0: 30.0, 20: 10.0}, 10) == (30.0, 0.0)  # no evaluation inside the window

@@ -2,6 +2,10 @@
 docs/results/demo.md as numbers). Only runs that reached the last evaluation count. Prints a markdown table.
 
     .venv/bin/python benchmarks/regime/curves.py runs/regime/coin4
+    .venv/bin/python benchmarks/regime/curves.py runs/regime-coin7-dart-pool/coin7-dart-pool --dip 10
+
+``--dip U`` prints the early dip instead: per method, the mean over seeds of the first held-out SR, of the lowest SR
+evaluated in updates 1..U, of the drop between them (:func:`early_dip`), and the seeds whose drop is 10 points or more.
 """
 
 from __future__ import annotations
@@ -18,14 +22,46 @@ def curve(run_dir: Path) -> dict[int, float]:
     return {e.update: e.sr for e in load_run(run_dir).evals}
 
 
+def early_dip(sr: dict[int, float], within: int) -> tuple[float, float]:
+    """(lowest held-out SR evaluated in updates 1..within, the first SR minus it). A run that only rises has a drop
+    of at most 0; a run with no evaluation in 1..within has (first SR, 0)."""
+    first = sr[min(sr)]
+    low = min((v for u, v in sr.items() if 1 <= u <= within), default=first)
+    return low, first - low
+
+
+def print_dips(table: dict[str, list[dict[int, float]]], within: int, last: int) -> None:
+    """The ``--dip`` table over the runs that reached the last evaluation."""
+    print(f"| method | seeds | first SR | lowest SR in updates 1-{within} | drop | seeds dropping >= 10 points |")
+    print("|---|---|---|---|---|---|")
+    for method, curves in table.items():
+        done = [c for c in curves if last in c]
+        if not done:
+            continue
+        dips = [early_dip(c, within) for c in done]
+        print(f"| {method} | {len(done)} | {statistics.fmean(c[min(c)] for c in done):.1f} "
+              f"| {statistics.fmean(d[0] for d in dips):.1f} | {statistics.fmean(d[1] for d in dips):.1f} "
+              f"| {sum(d[1] >= 10 for d in dips)} of {len(done)} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("group", type=Path, help="a study group folder: <method>/seed<N>/metrics.jsonl inside")
+    ap.add_argument("--seeds", type=lambda v: {int(x) for x in v.split(",")}, metavar="0,1,..",
+                    help="only these seeds (to pair groups that ran different seeds)")
+    ap.add_argument("--dip", type=int, metavar="U", help="print the early dip within updates 1..U instead")
     args = ap.parse_args()
+    if args.dip is not None and args.dip < 1:
+        ap.error(f"--dip must be at least 1, got {args.dip}")
     table: dict[str, list[dict[int, float]]] = {}
     for metrics in sorted(args.group.glob("*/seed*/metrics.jsonl")):
+        if args.seeds is not None and int(metrics.parent.name.removeprefix("seed")) not in args.seeds:
+            continue
         table.setdefault(metrics.parent.parent.name, []).append(curve(metrics.parent))
     last = max((max(c) for cs in table.values() for c in cs if c), default=0)
+    if args.dip is not None:
+        print_dips(table, args.dip, last)
+        return
     updates = sorted({u for cs in table.values() for c in cs for u in c if u <= last})
     print("| method | seeds | " + " | ".join(f"@{u}" for u in updates) + " |")
     print("|---|---|" + "---|" * len(updates))
