@@ -306,13 +306,18 @@ def test_the_pair_reports_script_pairs_two_groups_seed_by_seed(tmp_path, monkeyp
     rows = pair_reports.pair_rows(pair_reports.finished_seeds(a, "x"), pair_reports.finished_seeds(b, "y"))
     assert len(rows) == 1 and rows[0]["seeds"] == [0, 1] and rows[0]["ahead"] == 1
     assert rows[0]["nauc"] == (45.0, 43.5) and rows[0]["peak_sr"] == (50.0, 48.5)
+    # --against: every other method of a paired with one method (here a's own vanilla: seed 0 only for divopd)
+    within = pair_reports.finished_seeds(a, "x")
+    (row,) = pair_reports.pair_rows(within, within, against="vanilla")
+    assert (row["method"], row["seeds"], row["nauc"], row["ahead"]) == ("divopd", [0], (10.0, 50.0), 0)
     (tmp_path / "a.json").write_text(json.dumps(a))
     (tmp_path / "b.json").write_text(json.dumps(b))
     monkeypatch.setattr("sys.argv", ["pair_reports.py", str(tmp_path / "a.json"), "x", str(tmp_path / "b.json"), "y"])
     pair_reports.main()
     assert "| vanilla | 2 | 50.0 / 48.5 | 46.0 / 44.5 | 45.0 / 43.5 | 1 of 2 | 1.000 |" in capsys.readouterr().out
     for argv in ([str(tmp_path / "none.json"), "x", str(tmp_path / "b.json"), "y"],
-                 [str(tmp_path / "a.json"), "zz", str(tmp_path / "b.json"), "y"]):
+                 [str(tmp_path / "a.json"), "zz", str(tmp_path / "b.json"), "y"],
+                 [str(tmp_path / "a.json"), "x", str(tmp_path / "b.json"), "y", "--against", "divopd"]):
         monkeypatch.setattr("sys.argv", ["pair_reports.py", *argv])
         with pytest.raises(SystemExit) as exit_info:
             pair_reports.main()
