@@ -270,10 +270,10 @@ def test_the_coin7_dart_pool_plan_is_coin7_dart_with_c_16_and_delta_8() -> None:
 
 @pytest.mark.parametrize("game", ["coin6-dart", "coin7-dart"])
 def test_the_stale_plans_are_the_pool_plans_at_c_4(game: str) -> None:
-    """plan-<game>-stale.yaml: divopd and divopd-base on seeds 0-4 with plan-<game>-pool.yaml's overrides except c
+    """plan-<game>-stale.yaml: divopd and divopd-base on 10 seeds with plan-<game>-pool.yaml's overrides except c
     (the paper's 4), so they pair with both the pool runs (same delta) and the main study (same c)."""
     plan, runs = _dart_plan(f"{game}-stale")
-    assert _seeds_by_label(runs) == dict.fromkeys(("divopd", "divopd-base"), set(range(5)))
+    assert _seeds_by_label(runs) == dict.fromkeys(("divopd", "divopd-base"), set(range(10)))
     pool = {r.overrides for r in plan_runs(load_plan(REGIME / f"plan-{game}-pool.yaml")) if r.kind == "main"}
     assert len(pool) == 1 and all(r.kind == "main" and r.group == f"{game}-stale" for r in runs)
     assert {r.overrides for r in runs} == {tuple(o for o in pool.pop() if not o.startswith("sampler.pool_factor="))}
