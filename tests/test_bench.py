@@ -363,6 +363,25 @@ def test_finished_runs_are_skipped_and_partial_ones_resumed(tmp_path, monkeypatc
     assert resume is None and cfg.sampler.cap == 2 and cfg.resolved_run_dir() == extra.run_dir(out)
 
 
+def test_a_piece_of_the_plan_trains_and_leaves_the_reports_alone(tmp_path, monkeypatch, capsys) -> None:
+    """--only / --seeds train the selected runs and do not rewrite the reports (they would hold that piece alone);
+    the whole plan, or --report, writes them. Training and the model build are stand-ins here."""
+    plan_path = write_plan(tmp_path, SMALL)
+    out = tmp_path / "out"
+    trained: list[list[str]] = []
+    monkeypatch.setattr("divopd.suite.models.prepare_models", lambda *a, **k: {})
+    monkeypatch.setattr("divopd.commands.bench.train_runs",
+                        lambda runs, *a: trained.append([f"{r.group}/{r.label}/{r.seed}" for r in runs]))
+    args = ["bench", "paper", "--plan", str(plan_path), "--out", str(out)]
+    assert main([*args, "--only", "a/vanilla", "--seeds", "1"]) == 0
+    assert trained == [["a/vanilla/1"]] and not (out / "report").exists()
+    hint = f"reports not rewritten (`divopd bench paper --plan {plan_path} --out {out} --report` writes them"
+    assert hint in capsys.readouterr().out
+    assert main([*args, "--seeds", "0"]) == 0 and not (out / "report").exists()
+    assert main([*args, "--report"]) == 0 and len(trained) == 2
+    assert (out / "report" / "index.md").is_file()
+
+
 def test_reports_relabel_variants_into_their_group(tmp_path, monkeypatch) -> None:
     """Which runs each group's report holds and what the index says of them. The PNGs are left out here (a stand-in
     for plot_setting: the plots themselves are tests/test_report.py's)."""

@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", default=str(DEFAULT_PLAN), help="plan file (default: benchmarks/paper/plan.yaml)")
     parser.add_argument("--out", default=None, help="runs folder (default: the plan's out, runs/paper)")
     parser.add_argument("--only", action="append", default=[], metavar="GROUP[/LABEL]",
-                        help="only these runs (shell globs, repeatable), e.g. coin2/divopd or '*-cap'")
+                        help="only these runs (shell globs, repeatable), e.g. coin2/divopd or '*-cap'; with --only or "
+                             "--seeds the reports are left as they are (--report rewrites them)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
                         help="only the runs of these seeds (with --only: both must match), e.g. --seeds 0 1 2")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
@@ -44,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)
         models = prepare_models(Path(plan.cache), recipe_for(plan.configs), shipped=SHIPPED / Path(plan.configs).name)
         train_runs(runs, plan, out, models)
+        if args.only or args.seeds:  # a piece of the plan: its report would hide every other run of it
+            again = f"divopd bench paper --plan {args.plan}" + (f" --out {args.out}" if args.out else "")
+            print(f"divopd bench: {len(runs)} selected runs done; reports not rewritten (`{again} --report` writes "
+                  "them over every run that exists)")
+            return 0
     index = write_reports(runs, plan, out)
     print(index.read_text())
     print(f"divopd bench: reports in {index.parent}")
