@@ -367,6 +367,21 @@ def test_the_coin7_dart_page_sweep_tables_are_the_script_output(capsys, monkeypa
     assert [r.split(" | ")[0] for r in tables["cap"].splitlines()[2:]] == ["| 2", "| 3", "| 4 (the paper's)", "| 6"]
 
 
+def test_the_pool_page_cap_table_is_the_script_output(capsys, monkeypatch) -> None:
+    """docs/results/pool-regime.md's coin6-dart-pool Table 19 is what sweep_tables.py prints over
+    plan-coin6-dart-pool.yaml (a cap sweep, no load sweep) from the committed reports, line for line."""
+    sweep_tables = _script("sweep_tables")
+    docs = REGIME.parents[1] / "docs" / "results"
+    monkeypatch.setattr("sys.argv", ["sweep_tables.py", str(REGIME / "plan-coin6-dart-pool.yaml"), "--report",
+                                     str(docs / "regime")])
+    sweep_tables.main()
+    table = capsys.readouterr().out.strip()
+    page = (docs / "pool-regime.md").read_text()
+    marker = "coin6-dart-pool cap table"
+    assert page.split(f"<!-- {marker} -->\n")[1].split(f"\n<!-- /{marker} -->")[0] == table
+    assert [r.split(" | ")[0] for r in table.splitlines()[2:]] == ["| 2", "| 4 (the paper's)", "| 6"]
+
+
 def test_the_coin8_dart_pilot_plan_is_seed_0_at_two_learning_rates() -> None:
     """plan-coin8-dart.yaml, the pilot that collapsed: vanilla and divopd, seed 0, coin with 8 rooms and 24 steps at
     the setting's lr and at 1e-4."""
