@@ -246,7 +246,8 @@ _POOL_ROWS = {**dict.fromkeys(("vanilla", "nocap", "divopd-base", "divopd"), set
 
 def test_the_coin6_dart_pool_plan_raises_only_c_and_delta() -> None:
     """plan-coin6-dart-pool.yaml: configs/coin6-dart's rows with c = 12 and delta = 6 (the only overrides), so its
-    seeds pair with the main study's; a cap sweep at k = 2 and 6 on 5 seeds (k = 4 is the main divopd run)."""
+    seeds pair with the main study's; a cap sweep at k = 2 and 6 and a load sweep at 26/48/80 env steps per update for
+    vanilla and divopd-base, on 5 seeds (k = 4 and 64 steps are the main runs)."""
     plan, runs = _dart_plan("coin6-dart-pool")
     main = [r for r in runs if r.kind == "main"]
     assert _seeds_by_label(main) == _POOL_ROWS and all(r.group == "coin6-dart-pool" for r in main)
@@ -254,8 +255,13 @@ def test_the_coin6_dart_pool_plan_raises_only_c_and_delta() -> None:
     config = load_config(REGIME.parents[1] / "configs" / "coin6-dart" / "divopd.yaml", list(main[0].overrides))
     assert (config.sampler.pool_factor, config.sampler.max_staleness, config.sampler.cap) == (12, 6, 4)
     cap = [r for r in runs if r.kind == "cap"]
-    assert _seeds_by_label(cap) == {f"divopd-k{k}": set(range(5)) for k in (2, 4, 6)} and len(runs) == 60 + 15
+    assert _seeds_by_label(cap) == {f"divopd-k{k}": set(range(5)) for k in (2, 4, 6)} and len(runs) == 60 + 15 + 30
     assert {r.overrides for r in cap if r.main is None} == {(*main[0].overrides, f"sampler.cap={k}") for k in (2, 6)}
+    load = [r for r in runs if r.kind == "load"]
+    steps = "runtime.lockstep.env_steps_per_update"
+    assert {(r.label, r.seed, r.overrides) for r in load} == {
+        (m, seed, (*main[0].overrides, f"{steps}={v}"))
+        for m in ("vanilla", "divopd-base") for seed in range(5) for v in (26, 48, 80)}
 
 
 def test_the_coin7_dart_pool_plan_is_coin7_dart_with_c_16_and_delta_8() -> None:
@@ -367,19 +373,21 @@ def test_the_coin7_dart_page_sweep_tables_are_the_script_output(capsys, monkeypa
     assert [r.split(" | ")[0] for r in tables["cap"].splitlines()[2:]] == ["| 2", "| 3", "| 4 (the paper's)", "| 6"]
 
 
-def test_the_pool_page_cap_table_is_the_script_output(capsys, monkeypatch) -> None:
-    """docs/results/pool-regime.md's coin6-dart-pool Table 19 is what sweep_tables.py prints over
-    plan-coin6-dart-pool.yaml (a cap sweep, no load sweep) from the committed reports, line for line."""
+def test_the_pool_page_sweep_tables_are_the_script_output(capsys, monkeypatch) -> None:
+    """docs/results/pool-regime.md's coin6-dart-pool Table 2 and Table 19 are what sweep_tables.py prints over
+    plan-coin6-dart-pool.yaml from the committed reports, line for line, between the page's table markers."""
     sweep_tables = _script("sweep_tables")
     docs = REGIME.parents[1] / "docs" / "results"
     monkeypatch.setattr("sys.argv", ["sweep_tables.py", str(REGIME / "plan-coin6-dart-pool.yaml"), "--report",
                                      str(docs / "regime")])
     sweep_tables.main()
-    table = capsys.readouterr().out.strip()
+    tables = dict(zip(("load", "cap"), capsys.readouterr().out.strip().split("\n\n"), strict=True))
     page = (docs / "pool-regime.md").read_text()
-    marker = "coin6-dart-pool cap table"
-    assert page.split(f"<!-- {marker} -->\n")[1].split(f"\n<!-- /{marker} -->")[0] == table
-    assert [r.split(" | ")[0] for r in table.splitlines()[2:]] == ["| 2", "| 4 (the paper's)", "| 6"]
+    for name, table in tables.items():
+        marker = f"coin6-dart-pool {name} table"
+        assert page.split(f"<!-- {marker} -->\n")[1].split(f"\n<!-- /{marker} -->")[0] == table
+    assert [r.split(" | ")[0] for r in tables["load"].splitlines()[2:]] == ["| 26", "| 48", "| 64 (main runs)", "| 80"]
+    assert [r.split(" | ")[0] for r in tables["cap"].splitlines()[2:]] == ["| 2", "| 4 (the paper's)", "| 6"]
 
 
 def test_the_coin8_dart_pilot_plan_is_seed_0_at_two_learning_rates() -> None:
