@@ -285,6 +285,18 @@ def test_the_stale_plans_are_the_pool_plans_at_c_4(game: str) -> None:
     assert {r.overrides for r in runs} == {tuple(o for o in pool.pop() if not o.startswith("sampler.pool_factor="))}
 
 
+def test_the_ctx_pool_plan_is_the_context_budget_in_the_pool_regime() -> None:
+    """plan-coin6-dart-ctx-pool.yaml: the five controlled rows on seeds 0-4 with plan-coin6-dart-ctx.yaml's context
+    budget and plan-coin6-dart-pool.yaml's c and delta, nothing else, so each run pairs with both plans' runs."""
+    plan, runs = _dart_plan("coin6-dart-ctx-pool")
+    rows = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd")
+    assert _seeds_by_label(runs) == dict.fromkeys(rows, set(range(5)))
+    ctx = {r.overrides for r in plan_runs(load_plan(REGIME / "plan-coin6-dart-ctx.yaml"))}
+    pool = {r.overrides for r in plan_runs(load_plan(REGIME / "plan-coin6-dart-pool.yaml")) if r.kind == "main"}
+    assert len(ctx) == len(pool) == 1 and all(r.kind == "main" and r.group == "coin6-dart-ctx-pool" for r in runs)
+    assert {r.overrides for r in runs} == {(*ctx.pop(), *pool.pop())}
+
+
 def test_the_coin6_dart_sampled_plan_changes_only_the_estimator() -> None:
     """plan-coin6-dart-sampled.yaml: vanilla and divopd of configs/coin6-dart on seeds 0-4 with the paper's
     sampled-token estimator (the only override; the study's runs use top-k), so each run pairs with the study's run of
