@@ -286,11 +286,11 @@ def test_the_stale_plans_are_the_pool_plans_at_c_4(game: str) -> None:
 
 
 def test_the_ctx_pool_plan_is_the_context_budget_in_the_pool_regime() -> None:
-    """plan-coin6-dart-ctx-pool.yaml: the five controlled rows on seeds 0-4 with plan-coin6-dart-ctx.yaml's context
+    """plan-coin6-dart-ctx-pool.yaml: the five controlled rows on 10 seeds with plan-coin6-dart-ctx.yaml's context
     budget and plan-coin6-dart-pool.yaml's c and delta, nothing else, so each run pairs with both plans' runs."""
     plan, runs = _dart_plan("coin6-dart-ctx-pool")
     rows = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd")
-    assert _seeds_by_label(runs) == dict.fromkeys(rows, set(range(5)))
+    assert _seeds_by_label(runs) == dict.fromkeys(rows, set(range(10)))
     ctx = {r.overrides for r in plan_runs(load_plan(REGIME / "plan-coin6-dart-ctx.yaml"))}
     pool = {r.overrides for r in plan_runs(load_plan(REGIME / "plan-coin6-dart-pool.yaml")) if r.kind == "main"}
     assert len(ctx) == len(pool) == 1 and all(r.kind == "main" and r.group == "coin6-dart-ctx-pool" for r in runs)
