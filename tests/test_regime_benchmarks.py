@@ -368,38 +368,26 @@ def test_the_coin7_dart_plan_is_coin6_dart_on_a_larger_game() -> None:
     assert base.explorer.max_steps == 14 and "numLocations=6" in base.explorer.env_kwargs["params"]
 
 
-def test_the_coin7_dart_page_sweep_tables_are_the_script_output(capsys, monkeypatch) -> None:
-    """docs/results/coin7-dart.md's Table 2 and Table 19 are what sweep_tables.py prints over plan-coin7-dart.yaml from
-    the committed reports (docs/results/regime), line for line, between the page's table markers."""
+@pytest.mark.parametrize(("plan", "page", "marker", "caps"), [
+    ("plan-coin7-dart.yaml", "coin7-dart.md", "coin7-dart", ["| 2", "| 3", "| 4 (the paper's)", "| 6"]),
+    ("plan-coin6-dart-pool.yaml", "pool-regime.md", "coin6-dart-pool", ["| 2", "| 4 (the paper's)", "| 6"]),
+])
+def test_the_pages_sweep_tables_are_the_script_output(capsys, monkeypatch, plan: str, page: str, marker: str,
+                                                       caps: list[str]) -> None:
+    """The results pages' Table 2 and Table 19 (docs/results/coin7-dart.md over plan-coin7-dart.yaml,
+    docs/results/pool-regime.md over plan-coin6-dart-pool.yaml) are what sweep_tables.py prints from the committed
+    reports (docs/results/regime), line for line, between the page's table markers."""
     sweep_tables = _script("sweep_tables")
     docs = REGIME.parents[1] / "docs" / "results"
-    monkeypatch.setattr("sys.argv", ["sweep_tables.py", str(REGIME / "plan-coin7-dart.yaml"), "--report",
-                                     str(docs / "regime")])
+    monkeypatch.setattr("sys.argv", ["sweep_tables.py", str(REGIME / plan), "--report", str(docs / "regime")])
     sweep_tables.main()
     tables = dict(zip(("load", "cap"), capsys.readouterr().out.strip().split("\n\n"), strict=True))
-    page = (docs / "coin7-dart.md").read_text()
+    text = (docs / page).read_text()
     for name, table in tables.items():
-        block = page.split(f"<!-- coin7-dart {name} table -->\n")[1].split(f"\n<!-- /coin7-dart {name} table -->")[0]
+        block = text.split(f"<!-- {marker} {name} table -->\n")[1].split(f"\n<!-- /{marker} {name} table -->")[0]
         assert block == table
     assert [r.split(" | ")[0] for r in tables["load"].splitlines()[2:]] == ["| 26", "| 48", "| 64 (main runs)", "| 80"]
-    assert [r.split(" | ")[0] for r in tables["cap"].splitlines()[2:]] == ["| 2", "| 3", "| 4 (the paper's)", "| 6"]
-
-
-def test_the_pool_page_sweep_tables_are_the_script_output(capsys, monkeypatch) -> None:
-    """docs/results/pool-regime.md's coin6-dart-pool Table 2 and Table 19 are what sweep_tables.py prints over
-    plan-coin6-dart-pool.yaml from the committed reports, line for line, between the page's table markers."""
-    sweep_tables = _script("sweep_tables")
-    docs = REGIME.parents[1] / "docs" / "results"
-    monkeypatch.setattr("sys.argv", ["sweep_tables.py", str(REGIME / "plan-coin6-dart-pool.yaml"), "--report",
-                                     str(docs / "regime")])
-    sweep_tables.main()
-    tables = dict(zip(("load", "cap"), capsys.readouterr().out.strip().split("\n\n"), strict=True))
-    page = (docs / "pool-regime.md").read_text()
-    for name, table in tables.items():
-        marker = f"coin6-dart-pool {name} table"
-        assert page.split(f"<!-- {marker} -->\n")[1].split(f"\n<!-- /{marker} -->")[0] == table
-    assert [r.split(" | ")[0] for r in tables["load"].splitlines()[2:]] == ["| 26", "| 48", "| 64 (main runs)", "| 80"]
-    assert [r.split(" | ")[0] for r in tables["cap"].splitlines()[2:]] == ["| 2", "| 4 (the paper's)", "| 6"]
+    assert [r.split(" | ")[0] for r in tables["cap"].splitlines()[2:]] == caps
 
 
 def test_the_coin8_dart_pilot_plan_is_seed_0_at_two_learning_rates() -> None:
