@@ -266,12 +266,22 @@ def test_the_coin6_dart_pool_plan_raises_only_c_and_delta() -> None:
 
 def test_the_coin7_dart_pool_plan_is_coin7_dart_with_c_16_and_delta_8() -> None:
     """plan-coin7-dart-pool.yaml: coin7-dart's game (plan-coin7-dart.yaml's overrides) with c = 16 and delta = 8, the
-    same rows as the coin6-dart pool plan."""
+    same rows and the same cap and load sweeps as the coin6-dart pool plan."""
     plan, runs = _dart_plan("coin7-dart-pool")
-    assert _seeds_by_label(runs) == _POOL_ROWS
+    main = [r for r in runs if r.kind == "main"]
+    assert _seeds_by_label(main) == _POOL_ROWS and all(r.group == "coin7-dart-pool" for r in main)
     game = {r.overrides for r in plan_runs(load_plan(REGIME / "plan-coin7-dart.yaml")) if r.group == "coin7-dart"}
-    assert len(game) == 1 and all(r.kind == "main" and r.group == "coin7-dart-pool" for r in runs)
-    assert {r.overrides for r in runs} == {(*game.pop(), "sampler.pool_factor=16", "sampler.max_staleness=8")}
+    assert len(game) == 1
+    pool = (*game.pop(), "sampler.pool_factor=16", "sampler.max_staleness=8")
+    assert {r.overrides for r in main} == {pool}
+    cap = [r for r in runs if r.kind == "cap"]
+    assert _seeds_by_label(cap) == {f"divopd-k{k}": set(range(5)) for k in (2, 4, 6)} and len(runs) == 60 + 15 + 30
+    assert all((r.main is not None) == (r.label == "divopd-k4") for r in cap)
+    assert {r.overrides for r in cap if r.main is None} == {(*pool, f"sampler.cap={k}") for k in (2, 6)}
+    steps = "runtime.lockstep.env_steps_per_update"
+    assert {(r.label, r.seed, r.overrides) for r in runs if r.kind == "load"} == {
+        (m, seed, (*pool, f"{steps}={v}"))
+        for m in ("vanilla", "divopd-base") for seed in range(5) for v in (26, 48, 80)}
 
 
 @pytest.mark.parametrize("game", ["coin6-dart", "coin7-dart"])
@@ -407,3 +417,30 @@ def test_the_early_dip_is_the_first_sr_minus_the_lowest_in_the_window() -> None:
     assert early_dip({0: 38.0, 5: 22.0, 10: 9.0, 15: 5.0}, 5) == (22.0, 16.0)  # update 15 is outside the window
     assert early_dip({0: 30.0, 5: 40.0, 10: 45.0}, 10) == (40.0, -10.0)  # a run that only rises
     assert early_dip({0: 30.0, 20: 10.0}, 10) == (30.0, 0.0)  # no evaluation inside the window
+
+
+def test_curves_reads_the_sr_curves_of_a_report_json(tmp_path, capsys, monkeypatch) -> None:
+    """curves.py on a report.json: the per-seed ``sr_curve`` give the same dip table as the run folders would; a
+    report without them, or an unknown setting, is one line and exit code 2."""
+    curves = _script("curves")
+    seeds = [{"seed": 0, "sr_curve": [[0, 38.0], [5, 22.0], [10, 9.0], [40, 50.0]]},
+             {"seed": 1, "sr_curve": [[0, 30.0], [5, 40.0], [10, 45.0], [40, 55.0]]}]
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"settings": {"g": {"methods": {"vanilla": {"seeds": seeds}}}}}))
+    assert curves.report_curves(report, None) == {"vanilla": [{0: 38.0, 5: 22.0, 10: 9.0, 40: 50.0},
+                                                              {0: 30.0, 5: 40.0, 10: 45.0, 40: 55.0}]}
+    assert curves.report_curves(report, "g", seeds={1}) == {"vanilla": [{0: 30.0, 5: 40.0, 10: 45.0, 40: 55.0}]}
+    monkeypatch.setattr("sys.argv", ["curves.py", str(report), "--dip", "10"])
+    curves.main()
+    # first SR (38 + 30) / 2, lowest in updates 1-10 (9 + 40) / 2, drop (29 - 10) / 2 (seed 1 only rises)
+    assert capsys.readouterr().out.splitlines()[-1] == "| vanilla | 2 | 34.0 | 24.5 | 9.5 | 1 of 2 |"
+    monkeypatch.setattr("sys.argv", ["curves.py", str(report), "--setting", "nope"])
+    with pytest.raises(SystemExit) as e:
+        curves.main()
+    assert e.value.code == 2 and "no setting 'nope'" in capsys.readouterr().err
+    del seeds[0]["sr_curve"]
+    report.write_text(json.dumps({"settings": {"g": {"methods": {"vanilla": {"seeds": seeds}}}}}))
+    monkeypatch.setattr("sys.argv", ["curves.py", str(report)])
+    with pytest.raises(SystemExit) as e:
+        curves.main()
+    assert e.value.code == 2 and "no sr_curve" in capsys.readouterr().err

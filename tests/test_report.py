@@ -178,6 +178,10 @@ def test_cli_writes_markdown_json_and_pngs(runs_root, tmp_path, capsys):
     assert "| divopd | 1 |" in md and "–" in md  # s3 row: dash ratios
     rep = json.loads((out / "report.json").read_text())
     assert rep["settings"]["s1"]["methods"]["divopd"]["ratios"]["tokens"] == pytest.approx(3.6)
+    # each seed's learning curve, [update, SR percent] at every eval, as written (divopd seed 1 of s1)
+    assert rep["settings"]["s1"]["methods"]["divopd"]["seeds"][1]["sr_curve"] == [
+        [0, 20.0], [10, 40.0], [20, 60.0], [30, 70.0], [40, 90.0], [50, 80.0]]
+    assert rep["settings"]["s3"]["methods"]["divopd"]["seeds"][0]["sr_curve"] == [[0, 10.0], [10, 20.0]]
     for setting in ("s1", "s2", "s3"):
         for stem in ("sr_vs_updates", "sr_vs_tokens", "sr_vs_compute", "composition"):
             png = out / f"{setting}_{stem}.png"

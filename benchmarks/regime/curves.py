@@ -3,6 +3,10 @@ docs/results/demo.md as numbers). Only runs that reached the last evaluation cou
 
     .venv/bin/python benchmarks/regime/curves.py runs/regime/coin4
     .venv/bin/python benchmarks/regime/curves.py runs/regime-coin7-dart-pool/coin7-dart-pool --dip 10
+    .venv/bin/python benchmarks/regime/curves.py docs/results/regime/coin7-dart-pool-cap/report.json --dip 10
+
+The group is a run folder or a committed ``report.json`` (its per-seed ``sr_curve``; ``--setting`` picks the setting
+when it has several). Reports written before 2026-12-05 have no ``sr_curve``: re-run ``--report`` on the runs.
 
 ``--dip U`` prints the early dip instead: per method, the mean over seeds of the first held-out SR, of the lowest SR
 evaluated in updates 1..U, of the drop between them (:func:`early_dip`), and the seeds whose drop is 10 points or more.
@@ -11,7 +15,9 @@ evaluated in updates 1..U, of the drop between them (:func:`early_dip`), and the
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import sys
 from pathlib import Path
 
 from divopd.analysis.report.load import load_run
@@ -30,6 +36,27 @@ def early_dip(sr: dict[int, float], within: int) -> tuple[float, float]:
     return low, first - low
 
 
+def report_curves(report: Path, setting: str | None,
+                  seeds: set[int] | None = None) -> dict[str, list[dict[int, float]]]:
+    """Per method, the per-seed curves (update -> SR) stored in a ``report.json`` (``sr_curve``) for one setting
+    (``None``: the report's only one). Raises ``ValueError`` naming what is missing."""
+    settings = json.loads(report.read_text())["settings"]
+    if setting is None:
+        if len(settings) != 1:
+            raise ValueError(f"{report} has {len(settings)} settings; pick one with --setting: {', '.join(settings)}")
+        setting = next(iter(settings))
+    if setting not in settings:
+        raise ValueError(f"{report} has no setting {setting!r}; it has: {', '.join(settings)}")
+    table: dict[str, list[dict[int, float]]] = {}
+    for method, entry in settings[setting]["methods"].items():
+        for s in entry["seeds"]:
+            if "sr_curve" not in s:
+                raise ValueError(f"{report} has no sr_curve (written before 2026-12-05): re-run --report on its runs")
+            if seeds is None or s["seed"] in seeds:
+                table.setdefault(method, []).append({int(u): float(v) for u, v in s["sr_curve"]})
+    return table
+
+
 def print_dips(table: dict[str, list[dict[int, float]]], within: int, last: int) -> None:
     """The ``--dip`` table over the runs that reached the last evaluation."""
     print(f"| method | seeds | first SR | lowest SR in updates 1-{within} | drop | seeds dropping >= 10 points |")
@@ -46,7 +73,9 @@ def print_dips(table: dict[str, list[dict[int, float]]], within: int, last: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("group", type=Path, help="a study group folder: <method>/seed<N>/metrics.jsonl inside")
+    ap.add_argument("group", type=Path, help="a study group folder (<method>/seed<N>/metrics.jsonl inside) or a "
+                    "report.json")
+    ap.add_argument("--setting", help="with a report.json: the setting (default: its only one)")
     ap.add_argument("--seeds", type=lambda v: {int(x) for x in v.split(",")}, metavar="0,1,..",
                     help="only these seeds (to pair groups that ran different seeds)")
     ap.add_argument("--dip", type=int, metavar="U", help="print the early dip within updates 1..U instead")
@@ -54,7 +83,13 @@ def main() -> None:
     if args.dip is not None and args.dip < 1:
         ap.error(f"--dip must be at least 1, got {args.dip}")
     table: dict[str, list[dict[int, float]]] = {}
-    for metrics in sorted(args.group.glob("*/seed*/metrics.jsonl")):
+    if args.group.is_file():
+        try:
+            table = report_curves(args.group, args.setting, args.seeds)
+        except (ValueError, KeyError, json.JSONDecodeError) as e:
+            print(f"curves.py: {e}", file=sys.stderr)
+            sys.exit(2)
+    for metrics in sorted(args.group.glob("*/seed*/metrics.jsonl")) if args.group.is_dir() else []:
         if args.seeds is not None and int(metrics.parent.name.removeprefix("seed")) not in args.seeds:
             continue
         table.setdefault(metrics.parent.parent.name, []).append(curve(metrics.parent))

@@ -151,6 +151,7 @@ def seed_metrics(run_: Run, budget: float | None, tau: float | None, rule: str) 
         "update_to_target": cost.update if cost else None,
         "tokens_to_target": cost.tokens if cost else None,
         "compute_s_to_target": cost.compute_s if cost else None,
+        "sr_curve": [[e.update, e.sr] for e in run_.evals],
         "composition": composition(run_),
         "diagnostics": diagnostics(run_),
     }
