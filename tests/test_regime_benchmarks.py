@@ -427,13 +427,13 @@ def test_curves_reads_the_sr_curves_of_a_report_json(tmp_path, capsys, monkeypat
              {"seed": 1, "sr_curve": [[0, 30.0], [5, 40.0], [10, 45.0], [40, 55.0]]}]
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"settings": {"g": {"methods": {"vanilla": {"seeds": seeds}}}}}))
-    assert curves.report_curves(report, None) == {"vanilla": [{0: 38.0, 5: 22.0, 10: 9.0, 40: 50.0},
-                                                              {0: 30.0, 5: 40.0, 10: 45.0, 40: 55.0}]}
-    assert curves.report_curves(report, "g", seeds={1}) == {"vanilla": [{0: 30.0, 5: 40.0, 10: 45.0, 40: 55.0}]}
+    assert curves.report_curves(report, None) == {"vanilla": {0: {0: 38.0, 5: 22.0, 10: 9.0, 40: 50.0},
+                                                              1: {0: 30.0, 5: 40.0, 10: 45.0, 40: 55.0}}}
+    assert curves.report_curves(report, "g", seeds={1}) == {"vanilla": {1: {0: 30.0, 5: 40.0, 10: 45.0, 40: 55.0}}}
     monkeypatch.setattr("sys.argv", ["curves.py", str(report), "--dip", "10"])
     curves.main()
     # first SR (38 + 30) / 2, lowest in updates 1-10 (9 + 40) / 2, drop (29 - 10) / 2 (seed 1 only rises)
-    assert capsys.readouterr().out.splitlines()[-1] == "| vanilla | 2 | 34.0 | 24.5 | 9.5 | 1 of 2 |"
+    assert capsys.readouterr().out.splitlines()[-1] == "| vanilla | 2 | 34.0 | 24.5 | 9.5 | 1 of 2 (seed 0) |"
     monkeypatch.setattr("sys.argv", ["curves.py", str(report), "--setting", "nope"])
     with pytest.raises(SystemExit) as e:
         curves.main()

@@ -9,7 +9,8 @@ The group is a run folder or a committed ``report.json`` (its per-seed ``sr_curv
 when it has several). Reports written before 2026-12-05 have no ``sr_curve``: re-run ``--report`` on the runs.
 
 ``--dip U`` prints the early dip instead: per method, the mean over seeds of the first held-out SR, of the lowest SR
-evaluated in updates 1..U, of the drop between them (:func:`early_dip`), and the seeds whose drop is 10 points or more.
+evaluated in updates 1..U, of the drop between them (:func:`early_dip`), and the seeds whose drop is 10 points or more
+(how many, and which).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def early_dip(sr: dict[int, float], within: int) -> tuple[float, float]:
 
 
 def report_curves(report: Path, setting: str | None,
-                  seeds: set[int] | None = None) -> dict[str, list[dict[int, float]]]:
-    """Per method, the per-seed curves (update -> SR) stored in a ``report.json`` (``sr_curve``) for one setting
+                  seeds: set[int] | None = None) -> dict[str, dict[int, dict[int, float]]]:
+    """Per method and seed, the curves (update -> SR) stored in a ``report.json`` (``sr_curve``) for one setting
     (``None``: the report's only one). Raises ``ValueError`` naming what is missing."""
     settings = json.loads(report.read_text())["settings"]
     if setting is None:
@@ -47,28 +48,30 @@ def report_curves(report: Path, setting: str | None,
         setting = next(iter(settings))
     if setting not in settings:
         raise ValueError(f"{report} has no setting {setting!r}; it has: {', '.join(settings)}")
-    table: dict[str, list[dict[int, float]]] = {}
+    table: dict[str, dict[int, dict[int, float]]] = {}
     for method, entry in settings[setting]["methods"].items():
         for s in entry["seeds"]:
             if "sr_curve" not in s:
                 raise ValueError(f"{report} has no sr_curve (written before 2026-12-05): re-run --report on its runs")
             if seeds is None or s["seed"] in seeds:
-                table.setdefault(method, []).append({int(u): float(v) for u, v in s["sr_curve"]})
+                table.setdefault(method, {})[s["seed"]] = {int(u): float(v) for u, v in s["sr_curve"]}
     return table
 
 
-def print_dips(table: dict[str, list[dict[int, float]]], within: int, last: int) -> None:
+def print_dips(table: dict[str, dict[int, dict[int, float]]], within: int, last: int) -> None:
     """The ``--dip`` table over the runs that reached the last evaluation."""
     print(f"| method | seeds | first SR | lowest SR in updates 1-{within} | drop | seeds dropping >= 10 points |")
     print("|---|---|---|---|---|---|")
     for method, curves in table.items():
-        done = [c for c in curves if last in c]
+        done = {seed: c for seed, c in sorted(curves.items()) if last in c}
         if not done:
             continue
-        dips = [early_dip(c, within) for c in done]
-        print(f"| {method} | {len(done)} | {statistics.fmean(c[min(c)] for c in done):.1f} "
-              f"| {statistics.fmean(d[0] for d in dips):.1f} | {statistics.fmean(d[1] for d in dips):.1f} "
-              f"| {sum(d[1] >= 10 for d in dips)} of {len(done)} |")
+        dips = {seed: early_dip(c, within) for seed, c in done.items()}
+        fell = [str(seed) for seed, d in dips.items() if d[1] >= 10]
+        which = f" (seed{'s' if len(fell) > 1 else ''} {', '.join(fell)})" if fell else ""
+        print(f"| {method} | {len(done)} | {statistics.fmean(c[min(c)] for c in done.values()):.1f} "
+              f"| {statistics.fmean(d[0] for d in dips.values()):.1f} "
+              f"| {statistics.fmean(d[1] for d in dips.values()):.1f} | {len(fell)} of {len(done)}{which} |")
 
 
 def main() -> None:
@@ -82,7 +85,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.dip is not None and args.dip < 1:
         ap.error(f"--dip must be at least 1, got {args.dip}")
-    table: dict[str, list[dict[int, float]]] = {}
+    table: dict[str, dict[int, dict[int, float]]] = {}
     if args.group.is_file():
         try:
             table = report_curves(args.group, args.setting, args.seeds)
@@ -90,18 +93,18 @@ def main() -> None:
             print(f"curves.py: {e}", file=sys.stderr)
             sys.exit(2)
     for metrics in sorted(args.group.glob("*/seed*/metrics.jsonl")) if args.group.is_dir() else []:
-        if args.seeds is not None and int(metrics.parent.name.removeprefix("seed")) not in args.seeds:
-            continue
-        table.setdefault(metrics.parent.parent.name, []).append(curve(metrics.parent))
-    last = max((max(c) for cs in table.values() for c in cs if c), default=0)
+        seed = int(metrics.parent.name.removeprefix("seed"))
+        if args.seeds is None or seed in args.seeds:
+            table.setdefault(metrics.parent.parent.name, {})[seed] = curve(metrics.parent)
+    last = max((max(c) for cs in table.values() for c in cs.values() if c), default=0)
     if args.dip is not None:
         print_dips(table, args.dip, last)
         return
-    updates = sorted({u for cs in table.values() for c in cs for u in c if u <= last})
+    updates = sorted({u for cs in table.values() for c in cs.values() for u in c if u <= last})
     print("| method | seeds | " + " | ".join(f"@{u}" for u in updates) + " |")
     print("|---|---|" + "---|" * len(updates))
     for method, curves in table.items():
-        done = [c for c in curves if last in c]
+        done = [c for c in curves.values() if last in c]
         if not done:
             continue
         cells = [f"{statistics.fmean(c[u] for c in done if u in c):.1f}" for u in updates]
