@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -444,3 +445,30 @@ def test_curves_reads_the_sr_curves_of_a_report_json(tmp_path, capsys, monkeypat
     with pytest.raises(SystemExit) as e:
         curves.main()
     assert e.value.code == 2 and "no sr_curve" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("page", "links"), [("README.md", "docs/results/"), ("docs/results/index.md", "")])
+def test_the_headline_table_is_the_script_output(page: str, links: str) -> None:
+    """The README's and the results index's headline table is what headline.py prints from the committed reports,
+    line for line; its links resolve from the page."""
+    table = _script("headline").table(REGIME.parents[1] / "docs" / "results" / "regime", links)
+    path = REGIME.parents[1] / page
+    block = path.read_text().split("<!-- headline table -->\n")[1].split("\n<!-- /headline table -->")[0]
+    assert block == table and len(table.splitlines()) == 2 + 12
+    assert all((path.parent / link).is_file() for link in re.findall(r"\]\(([^)]+)\)", table))
+
+
+def test_the_headline_cells_mark_the_direction_and_the_ties() -> None:
+    """headline.contrast: bold only for p < 0.05 the paper's way, "(reverse)" the other way, "equal" when every pair
+    ties, "–" when the contrast was not run."""
+    contrast = _script("headline").contrast
+    test = {"metric": "nauc", "method": "divopd", "against": "vanilla", "n": 10}
+    assert contrast([{**test, "mean_method": 48.69, "mean_against": 44.7, "p_value": 0.0254}],
+                    "divopd", "vanilla") == "**48.7 vs 44.7, p = 0.025**"
+    assert contrast([{**test, "mean_method": 44.7, "mean_against": 48.69, "p_value": 0.0254}],
+                    "divopd", "vanilla") == "44.7 vs 48.7, p = 0.025 (reverse)"
+    assert contrast([{**test, "mean_method": 44.7, "mean_against": 48.69, "p_value": 0.43}],
+                    "divopd", "vanilla") == "44.7 vs 48.7, p = 0.43"
+    assert contrast([{**test, "n": 0, "mean_method": 1.0, "mean_against": 1.0, "p_value": None}],
+                    "divopd", "vanilla") == "equal"
+    assert contrast([{**test, "metric": "tokens_to_target", "p_value": 0.01}], "divopd", "vanilla") == "–"
