@@ -382,12 +382,14 @@ def test_the_coin7_dart_plan_is_coin6_dart_on_a_larger_game() -> None:
 @pytest.mark.parametrize(("plan", "page", "marker", "caps"), [
     ("plan-coin7-dart.yaml", "coin7-dart.md", "coin7-dart", ["| 2", "| 3", "| 4 (the paper's)", "| 6"]),
     ("plan-coin6-dart-pool.yaml", "pool-regime.md", "coin6-dart-pool", ["| 2", "| 4 (the paper's)", "| 6"]),
+    ("plan-coin7-dart-pool.yaml", "pool-regime.md", "coin7-dart-pool", ["| 2", "| 4 (the paper's)", "| 6"]),
 ])
 def test_the_pages_sweep_tables_are_the_script_output(capsys, monkeypatch, plan: str, page: str, marker: str,
                                                        caps: list[str]) -> None:
     """The results pages' Table 2 and Table 19 (docs/results/coin7-dart.md over plan-coin7-dart.yaml,
-    docs/results/pool-regime.md over plan-coin6-dart-pool.yaml) are what sweep_tables.py prints from the committed
-    reports (docs/results/regime), line for line, between the page's table markers."""
+    docs/results/pool-regime.md over plan-coin6-dart-pool.yaml and plan-coin7-dart-pool.yaml) are what
+    sweep_tables.py prints from the committed reports (docs/results/regime), line for line, between the page's table
+    markers."""
     sweep_tables = _script("sweep_tables")
     docs = REGIME.parents[1] / "docs" / "results"
     monkeypatch.setattr("sys.argv", ["sweep_tables.py", str(REGIME / plan), "--report", str(docs / "regime")])
