@@ -474,3 +474,25 @@ def test_the_headline_cells_mark_the_direction_and_the_ties() -> None:
     assert contrast([{**test, "n": 0, "mean_method": 1.0, "mean_against": 1.0, "p_value": None}],
                     "divopd", "vanilla") == "equal"
     assert contrast([{**test, "metric": "tokens_to_target", "p_value": 0.01}], "divopd", "vanilla") == "–"
+
+
+def test_the_early_collapse_table_is_what_the_committed_curves_give() -> None:
+    """docs/results/pool-regime.md's early-collapse table: each cell is curves.collapses over the seeds 0-4 curves
+    (``sr_curve``) of the committed reports (coin7-dart-dip for (4, 2) and (16, 8), coin7-dart-stale for (4, 8))."""
+    curves = _script("curves")
+    docs = REGIME.parents[1] / "docs" / "results"
+    text = (docs / "pool-regime.md").read_text()
+    block = text.split("<!-- coin7-dart dip table -->\n")[1].split("\n<!-- /coin7-dart dip table -->")[0]
+    sources = {"(4, 2)": ("coin7-dart-dip", "coin7-dart"), "(4, 8)": ("coin7-dart-stale", None),
+               "(16, 8)": ("coin7-dart-dip", "coin7-dart-pool")}
+    rows = [line.strip("| ").split(" | ") for line in block.splitlines()[2:]]
+    assert [r[0] for r in rows] == list(sources)
+    checked = 0
+    for cd, *cells in rows:
+        report, setting = sources[cd]
+        table = curves.report_curves(docs / "regime" / report / "report.json", setting, seeds=set(range(5)))
+        for method, cell in zip(("vanilla", "divopd", "divopd-base"), cells, strict=True):
+            if method in table:
+                assert cell.strip("*") == curves.collapses(table[method], 10), (cd, method)
+                checked += 1
+    assert checked == 8  # every cell but vanilla at (4, 8): vanilla reads no pool, so c does not change it

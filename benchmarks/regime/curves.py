@@ -58,6 +58,13 @@ def report_curves(report: Path, setting: str | None,
     return table
 
 
+def collapses(curves: dict[int, dict[int, float]], within: int) -> str:
+    """``"x of n (seeds a, b)"``: how many of the seeds' curves drop 10 points or more within updates 1..within."""
+    fell = [str(seed) for seed, c in sorted(curves.items()) if early_dip(c, within)[1] >= 10]
+    which = f" (seed{'s' if len(fell) > 1 else ''} {', '.join(fell)})" if fell else ""
+    return f"{len(fell)} of {len(curves)}{which}"
+
+
 def print_dips(table: dict[str, dict[int, dict[int, float]]], within: int, last: int) -> None:
     """The ``--dip`` table over the runs that reached the last evaluation."""
     print(f"| method | seeds | first SR | lowest SR in updates 1-{within} | drop | seeds dropping >= 10 points |")
@@ -66,12 +73,10 @@ def print_dips(table: dict[str, dict[int, dict[int, float]]], within: int, last:
         done = {seed: c for seed, c in sorted(curves.items()) if last in c}
         if not done:
             continue
-        dips = {seed: early_dip(c, within) for seed, c in done.items()}
-        fell = [str(seed) for seed, d in dips.items() if d[1] >= 10]
-        which = f" (seed{'s' if len(fell) > 1 else ''} {', '.join(fell)})" if fell else ""
+        dips = [early_dip(c, within) for c in done.values()]
         print(f"| {method} | {len(done)} | {statistics.fmean(c[min(c)] for c in done.values()):.1f} "
-              f"| {statistics.fmean(d[0] for d in dips.values()):.1f} "
-              f"| {statistics.fmean(d[1] for d in dips.values()):.1f} | {len(fell)} of {len(done)}{which} |")
+              f"| {statistics.fmean(d[0] for d in dips):.1f} | {statistics.fmean(d[1] for d in dips):.1f} "
+              f"| {collapses(done, within)} |")
 
 
 def main() -> None:
