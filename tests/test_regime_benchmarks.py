@@ -27,6 +27,11 @@ def _script(name: str):
     return module
 
 
+def _block(text: str, marker: str) -> str:
+    """The lines of a page between ``<!-- marker -->`` and ``<!-- /marker -->``."""
+    return text.split(f"<!-- {marker} -->\n")[1].split(f"\n<!-- /{marker} -->")[0]
+
+
 def _dart_plan(name: str):
     """(plan, runs) of benchmarks/regime/plan-<name>.yaml, a study over configs/coin6-dart's 40-update runs."""
     plan = load_plan(REGIME / f"plan-{name}.yaml")
@@ -245,35 +250,12 @@ _POOL_ROWS = {**dict.fromkeys(("vanilla", "nocap", "divopd-base", "divopd"), set
               **dict.fromkeys(("divopd-r", "tcod-f2b", "turnopd", "top-b"), set(range(5)))}
 
 
-def test_the_coin6_dart_pool_plan_raises_only_c_and_delta() -> None:
-    """plan-coin6-dart-pool.yaml: configs/coin6-dart's rows with c = 12 and delta = 6 (the only overrides), so its
-    seeds pair with the main study's; a cap sweep at k = 2 and 6 and a load sweep at 26/48/80 env steps per update for
-    vanilla and divopd-base, on 5 seeds (k = 4 and 64 steps are the main runs)."""
-    plan, runs = _dart_plan("coin6-dart-pool")
+def _assert_pool_plan(runs: list, group: str, pool: tuple[str, ...]) -> None:
+    """A pool plan: :data:`_POOL_ROWS` in ``group`` with exactly the overrides ``pool``; a cap sweep at k = 2 and 6
+    (k = 4 shares the main divopd runs) and a load sweep at 26/48/80 env steps per update for vanilla and
+    divopd-base, on 5 seeds, each adding its one override to ``pool``."""
     main = [r for r in runs if r.kind == "main"]
-    assert _seeds_by_label(main) == _POOL_ROWS and all(r.group == "coin6-dart-pool" for r in main)
-    assert {r.overrides for r in main} == {("sampler.pool_factor=12", "sampler.max_staleness=6")}
-    config = load_config(REGIME.parents[1] / "configs" / "coin6-dart" / "divopd.yaml", list(main[0].overrides))
-    assert (config.sampler.pool_factor, config.sampler.max_staleness, config.sampler.cap) == (12, 6, 4)
-    cap = [r for r in runs if r.kind == "cap"]
-    assert _seeds_by_label(cap) == {f"divopd-k{k}": set(range(5)) for k in (2, 4, 6)} and len(runs) == 60 + 15 + 30
-    assert {r.overrides for r in cap if r.main is None} == {(*main[0].overrides, f"sampler.cap={k}") for k in (2, 6)}
-    load = [r for r in runs if r.kind == "load"]
-    steps = "runtime.lockstep.env_steps_per_update"
-    assert {(r.label, r.seed, r.overrides) for r in load} == {
-        (m, seed, (*main[0].overrides, f"{steps}={v}"))
-        for m in ("vanilla", "divopd-base") for seed in range(5) for v in (26, 48, 80)}
-
-
-def test_the_coin7_dart_pool_plan_is_coin7_dart_with_c_16_and_delta_8() -> None:
-    """plan-coin7-dart-pool.yaml: coin7-dart's game (plan-coin7-dart.yaml's overrides) with c = 16 and delta = 8, the
-    same rows and the same cap and load sweeps as the coin6-dart pool plan."""
-    plan, runs = _dart_plan("coin7-dart-pool")
-    main = [r for r in runs if r.kind == "main"]
-    assert _seeds_by_label(main) == _POOL_ROWS and all(r.group == "coin7-dart-pool" for r in main)
-    game = {r.overrides for r in plan_runs(load_plan(REGIME / "plan-coin7-dart.yaml")) if r.group == "coin7-dart"}
-    assert len(game) == 1
-    pool = (*game.pop(), "sampler.pool_factor=16", "sampler.max_staleness=8")
+    assert _seeds_by_label(main) == _POOL_ROWS and all(r.group == group for r in main)
     assert {r.overrides for r in main} == {pool}
     cap = [r for r in runs if r.kind == "cap"]
     assert _seeds_by_label(cap) == {f"divopd-k{k}": set(range(5)) for k in (2, 4, 6)} and len(runs) == 60 + 15 + 30
@@ -283,6 +265,26 @@ def test_the_coin7_dart_pool_plan_is_coin7_dart_with_c_16_and_delta_8() -> None:
     assert {(r.label, r.seed, r.overrides) for r in runs if r.kind == "load"} == {
         (m, seed, (*pool, f"{steps}={v}"))
         for m in ("vanilla", "divopd-base") for seed in range(5) for v in (26, 48, 80)}
+
+
+def test_the_coin6_dart_pool_plan_raises_only_c_and_delta() -> None:
+    """plan-coin6-dart-pool.yaml: configs/coin6-dart's rows with c = 12 and delta = 6 (the only overrides), so its
+    seeds pair with the main study's; a cap sweep at k = 2 and 6 and a load sweep at 26/48/80 env steps per update for
+    vanilla and divopd-base, on 5 seeds (k = 4 and 64 steps are the main runs)."""
+    plan, runs = _dart_plan("coin6-dart-pool")
+    pool = ("sampler.pool_factor=12", "sampler.max_staleness=6")
+    _assert_pool_plan(runs, "coin6-dart-pool", pool)
+    config = load_config(REGIME.parents[1] / "configs" / "coin6-dart" / "divopd.yaml", list(pool))
+    assert (config.sampler.pool_factor, config.sampler.max_staleness, config.sampler.cap) == (12, 6, 4)
+
+
+def test_the_coin7_dart_pool_plan_is_coin7_dart_with_c_16_and_delta_8() -> None:
+    """plan-coin7-dart-pool.yaml: coin7-dart's game (plan-coin7-dart.yaml's overrides) with c = 16 and delta = 8, the
+    same rows and the same cap and load sweeps as the coin6-dart pool plan."""
+    plan, runs = _dart_plan("coin7-dart-pool")
+    game = {r.overrides for r in plan_runs(load_plan(REGIME / "plan-coin7-dart.yaml")) if r.group == "coin7-dart"}
+    assert len(game) == 1
+    _assert_pool_plan(runs, "coin7-dart-pool", (*game.pop(), "sampler.pool_factor=16", "sampler.max_staleness=8"))
 
 
 @pytest.mark.parametrize("game", ["coin6-dart", "coin7-dart"])
@@ -397,8 +399,7 @@ def test_the_pages_sweep_tables_are_the_script_output(capsys, monkeypatch, plan:
     tables = dict(zip(("load", "cap"), capsys.readouterr().out.strip().split("\n\n"), strict=True))
     text = (docs / page).read_text()
     for name, table in tables.items():
-        block = text.split(f"<!-- {marker} {name} table -->\n")[1].split(f"\n<!-- /{marker} {name} table -->")[0]
-        assert block == table
+        assert _block(text, f"{marker} {name} table") == table
     assert [r.split(" | ")[0] for r in tables["load"].splitlines()[2:]] == ["| 26", "| 48", "| 64 (main runs)", "| 80"]
     assert [r.split(" | ")[0] for r in tables["cap"].splitlines()[2:]] == caps
 
@@ -455,8 +456,7 @@ def test_the_headline_table_is_the_script_output(page: str, links: str) -> None:
     line for line; its links resolve from the page."""
     table = _script("headline").table(REGIME.parents[1] / "docs" / "results" / "regime", links)
     path = REGIME.parents[1] / page
-    block = path.read_text().split("<!-- headline table -->\n")[1].split("\n<!-- /headline table -->")[0]
-    assert block == table and len(table.splitlines()) == 2 + 12
+    assert _block(path.read_text(), "headline table") == table and len(table.splitlines()) == 2 + 12
     assert all((path.parent / link).is_file() for link in re.findall(r"\]\(([^)]+)\)", table))
 
 
@@ -482,7 +482,7 @@ def test_the_early_collapse_table_is_what_the_committed_curves_give() -> None:
     curves = _script("curves")
     docs = REGIME.parents[1] / "docs" / "results"
     text = (docs / "pool-regime.md").read_text()
-    block = text.split("<!-- coin7-dart dip table -->\n")[1].split("\n<!-- /coin7-dart dip table -->")[0]
+    block = _block(text, "coin7-dart dip table")
     sources = {"(4, 2)": ("coin7-dart-dip", "coin7-dart"), "(4, 8)": ("coin7-dart-stale", None),
                "(16, 8)": ("coin7-dart-dip", "coin7-dart-pool")}
     rows = [line.strip("| ").split(" | ") for line in block.splitlines()[2:]]

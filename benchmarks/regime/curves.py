@@ -70,7 +70,7 @@ def print_dips(table: dict[str, dict[int, dict[int, float]]], within: int, last:
     print(f"| method | seeds | first SR | lowest SR in updates 1-{within} | drop | seeds dropping >= 10 points |")
     print("|---|---|---|---|---|---|")
     for method, curves in table.items():
-        done = {seed: c for seed, c in sorted(curves.items()) if last in c}
+        done = {seed: c for seed, c in curves.items() if last in c}
         if not done:
             continue
         dips = [early_dip(c, within) for c in done.values()]
@@ -97,10 +97,11 @@ def main() -> None:
         except (ValueError, KeyError, json.JSONDecodeError) as e:
             print(f"curves.py: {e}", file=sys.stderr)
             sys.exit(2)
-    for metrics in sorted(args.group.glob("*/seed*/metrics.jsonl")) if args.group.is_dir() else []:
-        seed = int(metrics.parent.name.removeprefix("seed"))
-        if args.seeds is None or seed in args.seeds:
-            table.setdefault(metrics.parent.parent.name, {})[seed] = curve(metrics.parent)
+    else:
+        for metrics in sorted(args.group.glob("*/seed*/metrics.jsonl")):
+            seed = int(metrics.parent.name.removeprefix("seed"))
+            if args.seeds is None or seed in args.seeds:
+                table.setdefault(metrics.parent.parent.name, {})[seed] = curve(metrics.parent)
     last = max((max(c) for cs in table.values() for c in cs.values() if c), default=0)
     if args.dip is not None:
         print_dips(table, args.dip, last)

@@ -48,8 +48,7 @@ def contrast(tests: list[dict[str, Any]], method: str, against: str) -> str:
     if test["n"] == 0:
         return "equal"
     p, ahead = test["p_value"], test["mean_method"] > test["mean_against"]
-    cell = f"{test['mean_method']:.1f} vs {test['mean_against']:.1f}, p = {p:.3f}" if p < 0.1 else \
-        f"{test['mean_method']:.1f} vs {test['mean_against']:.1f}, p = {p:.2f}"
+    cell = f"{test['mean_method']:.1f} vs {test['mean_against']:.1f}, p = {p:{'.3f' if p < 0.1 else '.2f'}}"
     if p < 0.05:
         return f"**{cell}**" if ahead else f"{cell} (reverse)"
     return cell
