@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 # No pip wheel cache: a clean CI machine once ran out of disk installing .venv (the cache only duplicates wheels).
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup demo test test-slow test-vllm setup-vllm lint bench paper docs clean
+.PHONY: setup demo test test-study test-slow test-vllm setup-vllm lint bench paper docs clean
 
 setup: $(STAMP)
 
@@ -63,15 +63,20 @@ demo: setup
 	$(PY) -m divopd.suite.demo --seeds $(DEMO_SEEDS)
 
 test: setup
-	$(PY) -m ruff check --no-cache src tests benchmarks docs
+	$(PY) -m ruff check --no-cache src tests benchmarks docs study
 	$(PY) -m pytest -q
 	$(MAKE) docs
+
+# The study's own tests (study/tests: its plans, analysis scripts, and the pages and the verdict pinned to its committed
+# reports); not part of `make test` (pyproject's testpaths is tests/). CI runs it after `make test`.
+test-study: setup
+	$(PY) -m pytest -q -p no:cacheprovider study/tests
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
 lint: setup
-	$(PY) -m ruff check --no-cache src tests benchmarks docs
+	$(PY) -m ruff check --no-cache src tests benchmarks docs study
 
 # Docs site (mkdocs-material): regenerate docs/reference/ from the code, then build into site/ (warnings are errors).
 docs: setup

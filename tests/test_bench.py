@@ -11,10 +11,6 @@ import yaml
 from divopd import bench
 from divopd.bench import PlanError, load_plan, plan_runs, run_state, select_runs
 from divopd.cli import main
-from divopd.train.config import load_config
-
-#: benchmarks/regime/: the warm-start study plans
-REGIME = Path(bench.DEFAULT_PLAN).parents[1] / "regime"
 
 SMALL = {
     "out": "runs/x",
@@ -51,114 +47,13 @@ def test_shipped_plan_is_valid_and_covers_the_issue() -> None:
 
 
 def test_the_index_counts_a_sweep_point_shared_with_a_main_run_once(tmp_path) -> None:
-    plan = load_plan(REGIME / "plan.yaml")
+    plan = load_plan(bench.DEFAULT_PLAN)
     runs = plan_runs(plan)
     shared = [r for r in runs if r.main is not None]  # the cap sweep's k = 4 points are the main divopd runs
     assert shared and all(r.run_dir(tmp_path) == r.main.run_dir(tmp_path) for r in shared)
     text = bench.write_reports(runs, plan, tmp_path).read_text()
     assert (f"Plan: {len(runs) - len(shared)} runs; runs in `{tmp_path}` ({len(shared)} sweep points are main runs, "
             "and appear in both groups).") in text
-
-
-def test_regime_plan_is_the_issue_17_study() -> None:
-    """benchmarks/regime/plan.yaml: configs/coin4, >= 10 seeds for the five controlled rows, >= 5 for the others,
-    two settings, a load sweep with three points and the cap sweep; its configs are the coin4 folder's."""
-    plan = load_plan(REGIME / "plan.yaml")
-    assert plan.configs == "coin4" and plan.config_dir.name == "coin4" and len(plan.settings) >= 2
-    runs = plan_runs(plan)
-    seeds: dict[str, set[int]] = {}
-    for r in runs:
-        if r.kind == "main" and r.group == "coin4":
-            seeds.setdefault(r.label, set()).add(r.seed)
-    for label in ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"):
-        assert len(seeds[label]) >= 10, label
-    for label in ("divopd-r", "tcod-f2b", "turnopd", "top-b"):
-        assert len(seeds[label]) >= 5, label
-    assert len({r.group for r in runs if r.kind == "load"}) == 3
-    models = {"student": Path("s"), "teacher": Path("t")}
-    cfg = bench.run_config(next(r for r in runs if r.label == "divopd"), plan, Path("out"), models)
-    assert cfg.runtime.kind == "lockstep" and cfg.explorer.env_kwargs["params"].startswith("numLocations=4")
-    ctx = bench.run_config(next(r for r in runs if r.group == "coin4-ctx"), plan, Path("out"), models)
-    assert ctx.explorer.prompt.max_prompt_tokens == 370 and ctx.explorer.truncated_turns_dead
-
-
-@pytest.mark.parametrize(("plan_file", "configs", "game", "max_steps"), [
-    ("plan-twc.yaml", "twc", "twc", 5), ("plan-coin6.yaml", "coin6", "coin", 14)])
-def test_the_second_setting_plans_run_the_study_rows_on_their_own_configs(plan_file: str, configs: str, game: str,
-                                                                          max_steps: int) -> None:
-    """benchmarks/regime/plan-twc.yaml (configs/twc: another game, step limit 5, held-out tasks from the train fold)
-    and plan-coin6.yaml (configs/coin6: 6 rooms, step limit 14): the same method rows and seed counts as the coin4
-    study, lockstep, on their own settings folder and model cache."""
-    plan = load_plan(REGIME / plan_file)
-    assert plan.configs == configs and plan.cache == f"cache/{configs}"
-    runs = plan_runs(plan)
-    seeds: dict[str, set[int]] = {}
-    for r in runs:
-        seeds.setdefault(r.label, set()).add(r.seed)
-    assert all(len(seeds[label]) >= 10 for label in ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"))
-    assert all(len(seeds[label]) >= 5 for label in ("divopd-r", "tcod-f2b", "turnopd", "top-b"))
-    cfg = bench.run_config(next(r for r in runs if r.label == "divopd"), plan, Path("out"),
-                           {"student": Path("s"), "teacher": Path("t")})
-    assert cfg.runtime.kind == "lockstep" and cfg.explorer.env_kwargs["game"] == game
-    assert cfg.explorer.eval_split == "dev" and cfg.method == "divopd"
-    assert cfg.explorer.max_steps == max_steps and cfg.sampler.batch_size == 32 and cfg.sampler.cap == 4
-    if game == "twc":
-        assert cfg.explorer.env_kwargs["dev_from_train"] > 0
-    # the baselines' schedules fit the plan's run length: TurnOPD's loss reaches turn balance at the last update
-    # (coin6, 60 updates: not coin4's 100), TCOD-F2B's curriculum reaches the full horizon before the run ends
-    turnopd = bench.run_config(next(r for r in runs if r.label == "turnopd"), plan, Path("out"),
-                               {"student": Path("s"), "teacher": Path("t")})
-    assert turnopd.updates == plan.updates and turnopd.learner.turn_balance_updates == plan.updates
-    tcod = bench.run_config(next(r for r in runs if r.label == "tcod-f2b"), plan, Path("out"),
-                            {"student": Path("s"), "teacher": Path("t")})
-    assert tcod.tcod.horizon(max_steps, update=plan.updates - 1) == max_steps
-
-
-@pytest.mark.parametrize(("plan_file", "configs", "labels", "five_seed_labels", "max_prompt_tokens"), [
-    ("plan-coin6-batch.yaml", "coin6", {"vanilla", "nocap", "divopd-base", "divopd"}, set(), 1024),
-    ("plan-coin4-batch.yaml", "coin4", {"vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "tcod-f2b"},
-     {"divopd-r", "turnopd", "top-b"}, 370)])
-def test_the_one_version_per_rollout_plans_load_weights_per_batch(plan_file: str, configs: str, labels: set[str],
-                                                                  five_seed_labels: set[str],
-                                                                  max_prompt_tokens: int) -> None:
-    """benchmarks/regime/plan-coin6-batch.yaml and plan-coin4-batch.yaml: the study rows on 10 paired seeds (coin4's
-    other rows on 5, as issue 17 asks, but TCOD-F2B on 10), every run with explorer.load_weights = batch (one policy
-    version per rollout); coin4's under the 370-token context budget (coin6 keeps the default 1024)."""
-    plan = load_plan(REGIME / plan_file)
-    assert plan.configs == configs and plan.cache == f"cache/{configs}"
-    runs = plan_runs(plan)
-    assert {r.label for r in runs} == labels | five_seed_labels
-    assert all({r.seed for r in runs if r.label == label} == set(range(10)) for label in labels)
-    assert all({r.seed for r in runs if r.label == label} == set(range(5)) for label in five_seed_labels)
-    for r in runs:
-        cfg = bench.run_config(r, plan, Path("out"), {"student": Path("s"), "teacher": Path("t")})
-        assert cfg.explorer.load_weights == "batch" and cfg.runtime.kind == "lockstep" and cfg.method == r.method
-        assert cfg.explorer.prompt.max_prompt_tokens == max_prompt_tokens
-
-
-def test_the_200_update_plan_is_coin4_ctx_batch_run_twice_as_long() -> None:
-    """plan-coin4-batch-long.yaml: the same setting (context budget, one version per rollout) as plan-coin4-batch.yaml,
-    vanilla and divopd on seeds 0-4, 200 updates, its own output folder (so its first 100 updates can be compared)."""
-    short, long = load_plan(REGIME / "plan-coin4-batch.yaml"), load_plan(REGIME / "plan-coin4-batch-long.yaml")
-    assert long.settings == short.settings and long.configs == short.configs and long.cache == short.cache
-    assert long.updates == 2 * short.updates == 200 and long.out != short.out
-    runs = plan_runs(long)
-    assert {(r.label, r.seed) for r in runs} == {(m, s) for m in ("vanilla", "divopd") for s in range(5)}
-
-
-def test_the_tail_plan_is_the_demo_setting_with_the_tail_estimator() -> None:
-    """plan-coin4-tail.yaml: configs/coin4 unchanged except learner.topk_tail (the top-k estimator then sees the
-    student's mass outside the teacher's top-k), vanilla and divopd on seeds 0-4, its own output folder."""
-    plan = load_plan(REGIME / "plan-coin4-tail.yaml")
-    assert plan.configs == "coin4" and plan.cache == "cache/coin4" and plan.updates == 100
-    runs = plan_runs(plan)
-    assert {(r.label, r.seed) for r in runs} == {(m, s) for m in ("vanilla", "divopd") for s in range(5)}
-    for r in runs:
-        cfg = bench.run_config(r, plan, Path("out"), {"student": Path("s"), "teacher": Path("t")})
-        demo = load_config(REGIME.parents[1] / "configs" / "coin4" / f"{r.method}.yaml")
-        assert cfg.learner.estimator == "topk" and cfg.learner.topk_tail and not demo.learner.topk_tail
-        assert cfg.learner.model_dump() == demo.learner.model_dump() | {"topk_tail": True}
-        assert cfg.explorer == demo.explorer and cfg.sampler == demo.sampler and cfg.runtime == demo.runtime
 
 
 def test_a_method_row_can_have_its_own_seeds(tmp_path) -> None:
