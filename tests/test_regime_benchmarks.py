@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from divopd import bench
-from divopd.bench import load_plan, plan_runs
 from divopd.suite.models import RECIPES
+from divopd.suite.plan import DEFAULT_PLAN, load_plan, plan_runs
 from divopd.train.config import load_config
 
 #: benchmarks/regime/: the warm-start study plans
-REGIME = Path(bench.DEFAULT_PLAN).parents[1] / "regime"
+REGIME = Path(DEFAULT_PLAN).parents[1] / "regime"
 
 
 def _script(name: str):
