@@ -78,7 +78,8 @@ class Edge:
     kind: str
 
     def where(self) -> str:
-        return f"{MODULES[self.source].relative_to(REPO)}:{self.line}"
+        path = MODULES.get(self.source)
+        return f"{path.relative_to(REPO) if path else self.source}:{self.line}"
 
 
 def _type_checking_lines(tree: ast.Module) -> set[int]:
@@ -203,11 +204,56 @@ def test_every_divopd_import_names_a_real_module() -> None:
     assert not bad, "\n".join(bad)
 
 
+def against_layers(edges: list[Edge]) -> list[Edge]:
+    """Imports of a module in a layer above the importer's."""
+    return [e for e in edges if _layer(_package(e.target)) > _layer(_package(e.source))]
+
+
+def learn_into_train(edges: list[Edge]) -> list[Edge]:
+    """Imports of ``divopd.train`` from ``learn/``."""
+    return [e for e in edges if _package(e.source) == "learn" and _package(e.target) == "train"]
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def runtime_importers(edges: list[Edge]) -> list[Edge]:
+    """Imports of ``divopd.train.runtime...`` from outside it, other than by the :data:`ASSEMBLY` modules."""
+    return [e for e in edges if _in(e.target, "divopd.train.runtime") and not _in(e.source, "divopd.train.runtime")
+            and e.source not in ASSEMBLY]
+
+
+def integrations_outside(edges: list[Edge]) -> list[Edge]:
+    """Imports from ``integrations/`` of a divopd module other than those in :data:`INTEGRATIONS_MAY_IMPORT`."""
+    return [e for e in edges if _package(e.source) == "integrations"
+            and not any(_in(e.target, m) for m in INTEGRATIONS_MAY_IMPORT)]
+
+
+def test_each_rule_flags_a_bad_import_and_passes_a_good_one() -> None:
+    """The rules below on made-up imports (the real graph may have none that breaks a rule)."""
+    def edge(source: str, target: str) -> Edge:
+        return Edge(source, target, 1, "lazy")
+
+    up, down = edge("divopd.sampling.x", "divopd.train.loop"), edge("divopd.train.loop", "divopd.sampling.x")
+    assert against_layers([up, down]) == [up]
+    bad, ok = edge("divopd.learn.learner", "divopd.train.config"), edge("divopd.learn.learner", "divopd.learn.loss")
+    assert learn_into_train([bad, ok]) == [bad]
+    bad = edge("divopd.train.trainer", "divopd.train.runtime.ray")
+    ok = edge("divopd.train.assemble", "divopd.train.runtime")
+    inside = edge("divopd.train.runtime.threads", "divopd.train.runtime.common")
+    assert runtime_importers([bad, ok, inside]) == [bad]
+    bad = edge("divopd.integrations.trl", "divopd.learn.loss")
+    ok = [edge("divopd.integrations.trl", m) for m in ("divopd.sampling.sampler", "divopd.experience.turn",
+                                                        "divopd.errors", "divopd.integrations.common")]
+    assert integrations_outside([bad, *ok]) == [bad]
+
+
 def test_imports_run_one_way() -> None:
     bad = [f"{e.where()} ({_package(e.source)}, layer {_layer(_package(e.source))}) imports {e.target} "
            f"({_package(e.target)}, layer {_layer(_package(e.target))}), a layer above ({e.kind} import): move the "
            "shared code down, or let the upper layer pass it in"
-           for e in EDGES if e.target in MODULES and _layer(_package(e.target)) > _layer(_package(e.source))]
+           for e in against_layers([e for e in EDGES if e.target in MODULES])]
     assert not bad, "\n".join(bad)
 
 
@@ -259,23 +305,19 @@ def test_the_sampler_imports_no_runtime_and_no_torch() -> None:
 
 def test_learn_imports_neither_train_nor_ray() -> None:
     bad = sorted(f"{f} imports {m}" for f, m in _third_party("learn") if m == "ray")
-    bad += [f"{e.where()} imports {e.target}" for e in EDGES if _package(e.source) == "learn"
-            and _package(e.target) == "train"]
+    bad += [f"{e.where()} imports {e.target}" for e in learn_into_train(EDGES)]
     assert not bad, ("learn/ is the update on one process or rank; Ray actors and the run around it belong to "
                      "train/runtime/:\n" + "\n".join(bad))
 
 
 def test_only_the_assembly_imports_a_runtime() -> None:
-    bad = [f"{e.where()} imports {e.target}" for e in EDGES
-           if (e.target == "divopd.train.runtime" or e.target.startswith("divopd.train.runtime."))
-           and not e.source.startswith("divopd.train.runtime") and e.source not in ASSEMBLY]
+    bad = [f"{e.where()} imports {e.target}" for e in runtime_importers(EDGES)]
     assert not bad, (f"only {sorted(ASSEMBLY)} picks and builds a runtime; pass what you need from the runtime in "
                      "instead:\n" + "\n".join(bad))
 
 
 def test_integrations_import_only_the_sampler_and_its_records() -> None:
-    bad = [f"{e.where()} imports {e.target}" for e in EDGES if _package(e.source) == "integrations"
-           and not any(e.target == m or e.target.startswith(m + ".") for m in INTEGRATIONS_MAY_IMPORT)]
+    bad = [f"{e.where()} imports {e.target}" for e in integrations_outside(EDGES)]
     assert not bad, f"integrations/ may import only {INTEGRATIONS_MAY_IMPORT} of divopd:\n" + "\n".join(bad)
 
 
@@ -312,44 +354,59 @@ def _bound_names(module: str) -> set[str]:
     return names
 
 
-def _real(name: str) -> bool:
-    """``name`` is a module of divopd, or a name its longest module prefix binds (``divopd.train.train``)."""
+def _real(name: str, kind: str) -> bool:
+    """``kind`` ``module``: ``name`` is a module of divopd; ``from`` (``from M import a`` as ``M.a``): ``M`` is a
+    module and binds ``a`` or has the submodule ``a``; ``attr`` (a ``monkeypatch.setattr`` target): a name that the
+    longest module prefix binds."""
+    if kind == "module" or name in MODULES:
+        return name in MODULES
+    module, _, attr = name.rpartition(".")
+    if kind == "from":
+        return module in MODULES and attr in _bound_names(module)
     parts = name.split(".")
-    for i in range(len(parts), 0, -1):
-        module = ".".join(parts[:i])
-        if module in MODULES:
-            return i == len(parts) or parts[i] in _bound_names(module)
-    return False
+    prefix = next(i for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in MODULES or i == 1)
+    return ".".join(parts[:prefix]) in MODULES and parts[prefix] in _bound_names(".".join(parts[:prefix]))
 
 
-def _named_in_code(path: Path) -> list[tuple[int, str]]:
-    """``(line, dotted name)`` of every divopd import, ``import_module("divopd...")`` and
-    ``monkeypatch.setattr("divopd...", ...)`` in a Python file."""
+def _named_in_code(path: Path) -> list[tuple[int, str, str]]:
+    """``(line, dotted name, kind)`` of every divopd import, ``import_module("divopd...")`` and
+    ``monkeypatch.setattr("divopd...", ...)`` in a Python file (``kind``: see :func:`_real`)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
+            found += [(node.lineno, a.name, "module") for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names if a.name != "*"]
-        elif _literal_call(node, ("import_module", "setattr")):
-            found.append((node.lineno, node.args[0].value))
-    return [(line, name) for line, name in found if name.split(".")[0] == "divopd"]
+            found += [(node.lineno, f"{node.module}.{a.name}", "from") for a in node.names if a.name != "*"]
+        elif _literal_call(node, ("import_module",)):
+            found.append((node.lineno, node.args[0].value, "module"))
+        elif _literal_call(node, ("setattr",)):
+            found.append((node.lineno, node.args[0].value, "attr"))
+    return [(line, name, kind) for line, name, kind in found if name.split(".")[0] == "divopd"]
 
 
 #: ``import divopd.x.y`` / ``from divopd.x.y import a, b`` in a Markdown page
 _MD_IMPORT = re.compile(r"^\s*(?:from\s+(divopd[\w.]*)\s+import\s+\(?([\w, ]+)|import\s+(divopd[\w.]*))", re.M)
 
 
+def test_real_paths_reject_the_old_ones() -> None:
+    assert _real("divopd.sampling.gate", "module") and _real("divopd.sampling.gate.check", "from")
+    assert _real("divopd.sampling.gate", "from") and _real("divopd.gate", "from")  # divopd/__init__ binds gate
+    assert _real("divopd.train.train", "attr") and _real("divopd.commands.bench.train_runs", "attr")
+    assert not _real("divopd.gate", "module") and not _real("divopd.gate.check", "from")
+    assert not _real("divopd.bench", "from") and not _real("divopd.commands.train_runs", "attr")
+    assert not _real("divopd.envs.tiny.TinyEnv", "attr")
+
+
 def test_tests_benchmarks_and_docs_import_real_paths() -> None:
     """Tests, benchmarks, scripts and the docs' code import the modules where they live (no old flat paths such as
     ``divopd.gate``, ``from divopd import bench``): a lazy import of a path that is gone fails only when it runs."""
-    bad = [f"{path.relative_to(REPO)}:{line} imports {name}" for path in _code_files()
-           for line, name in _named_in_code(path) if not _real(name)]
+    bad = [f"{path.relative_to(REPO)}:{line} {'imports' if kind != 'attr' else 'patches'} {name}"
+           for path in _code_files() for line, name, kind in _named_in_code(path) if not _real(name, kind)]
     for path in _doc_files():
         for match in _MD_IMPORT.finditer(path.read_text()):
-            names = ([f"{match.group(1)}.{n.strip()}" for n in match.group(2).split(",") if n.strip()]
-                     if match.group(1) else [match.group(3)])
-            bad += [f"{path.relative_to(REPO)}: {match.group(0).strip()} ({n})" for n in names if not _real(n)]
+            names = ([(f"{match.group(1)}.{n.strip()}", "from") for n in match.group(2).split(",") if n.strip()]
+                     if match.group(1) else [(match.group(3), "module")])
+            bad += [f"{path.relative_to(REPO)}: {match.group(0).strip()} ({n})" for n, k in names if not _real(n, k)]
     assert not bad, "old or unknown module paths (import the module where it lives now):\n" + "\n".join(bad)
 
 
