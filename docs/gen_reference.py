@@ -248,18 +248,19 @@ def cli_page() -> str:
 
 
 def config_page() -> str:
-    """Every config key from the schema (``divopd.config.config_reference``), one table per top-level section."""
-    from divopd.config import config_reference
+    """Every config key from the schema (``divopd.train.config.config_reference``), one table per top-level
+    section."""
+    from divopd.train.config import config_reference
 
     sections: dict[str, list[tuple[str, ...]]] = {}
     for key, type_name, default, desc in config_reference():
         top = key.split(".")[0] if "." in key else "(top level)"
         sections.setdefault(top, []).append((f"`{key}`", type_name.replace("|", "or"), f"`{default}`", desc))
     out = [HEADER, "# Config keys\n\n",
-           "Every key of `divopd.config.TrainConfig` (YAML; unknown keys are errors). A file may name a `base:` file "
-           "whose keys it overrides; `divopd train CONFIG --set key=value` overrides one key (the value is read as "
-           "YAML: `--set sampler.cap=6`, `--set runtime.kind=lockstep`). `divopd train CONFIG --print-config` prints "
-           "the resolved config. See the [training guide](../guides/training.md).\n"]
+           "Every key of `divopd.train.config.TrainConfig` (YAML; unknown keys are errors). A file may name a `base:` "
+           "file whose keys it overrides; `divopd train CONFIG --set key=value` overrides one key (the value is read "
+           "as YAML: `--set sampler.cap=6`, `--set runtime.kind=lockstep`). `divopd train CONFIG --print-config` "
+           "prints the resolved config. See the [training guide](../guides/training.md).\n"]
     for top, rows in sections.items():
         out += [f"\n## {top}\n\n", _table(("key", "type", "default", "meaning"), rows)]
     return "".join(out)
@@ -269,12 +270,12 @@ def metrics_page() -> str:
     rows = [(f"`{k}`", kind, meaning) for k, kind, meaning in METRICS]
     return "".join([
         HEADER, "# metrics.jsonl keys\n\n",
-        "Every line of a run's `metrics.jsonl` is one JSON object written by `divopd.metrics.MetricsWriter` (and "
-        "mirrored to `tb/`). Update records carry the learner's, sampler's (`Batch.stats`), ledger's, queue's and "
-        "explorers' numbers of one learner update (`Trainer.update`); `diag/*` keys appear every "
-        "`diagnostics.every` updates. Eval records carry the evaluation of one weight snapshot plus its cumulative "
-        "learner counters (for time-to-target). `<reason>` stands for one key per reason. A non-finite float is "
-        "written as `null`.\n\n",
+        "Every line of a run's `metrics.jsonl` is one JSON object written by "
+        "`divopd.experience.metrics.MetricsWriter` (and mirrored to `tb/`). Update records carry the learner's, "
+        "sampler's (`Batch.stats`), ledger's, queue's and explorers' numbers of one learner update "
+        "(`Trainer.update`); `diag/*` keys appear every `diagnostics.every` updates. Eval records carry the "
+        "evaluation of one weight snapshot plus its cumulative learner counters (for time-to-target). `<reason>` "
+        "stands for one key per reason. A non-finite float is written as `null`.\n\n",
         _table(("key", "record", "meaning"), rows),
         "\n`divopd report` reads `eval/success_rate`, `learner/tokens_total`, `learner/compute_s_total` and the "
         "batch-composition keys (`sampler/effective_rollouts`, `sampler/max_rollout_share`, `sampler/dead_rows`, "

@@ -6,9 +6,9 @@ from functools import cache
 
 import torch
 
-from divopd.envs import make_env
-from divopd.prompting import DEFAULT_SYSTEM, PromptConfig, build_messages
-from divopd.sft_cli import collect_gold_examples
+from divopd.commands.sft import collect_gold_examples
+from divopd.explore.envs import make_env
+from divopd.explore.prompting import DEFAULT_SYSTEM, PromptConfig, build_messages
 
 # One thread per process: on a shared machine, two threads under contention run tiny models several times slower.
 torch.set_num_threads(1)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from divopd.envs.alfworld import (
+from divopd.explore.envs.alfworld import (
     ALFWORLD_TASK_TYPES,
     AlfWorldEnv,
     AlfWorldSetupError,
@@ -169,7 +169,7 @@ def test_tiny_alfworld_game_failed_episode(tiny_alfworld):
 def test_tiny_tw_make_game_walkthrough_wins(tmp_path):
     if not HAVE_TEXTWORLD:
         pytest.skip("the optional `textworld` package is not installed (the `alfworld` extra brings it)")
-    from divopd.envs.alfworld import TextWorldGamesEnv
+    from divopd.explore.envs.alfworld import TextWorldGamesEnv
 
     tw_make = Path(sys.executable).with_name("tw-make")
     tw_make = str(tw_make) if tw_make.exists() else shutil.which("tw-make")
@@ -193,7 +193,7 @@ def test_tiny_tw_make_game_walkthrough_wins(tmp_path):
 
 
 def test_registry_name_reaches_the_same_error_path(monkeypatch):
-    from divopd.envs import make_env
+    from divopd.explore.envs import make_env
 
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
     with pytest.raises(AlfWorldSetupError, match="ALFWORLD_DATA is not set"):

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from divopd import bench
-from divopd.bench import PlanError, load_plan, plan_runs, run_state, select_runs
 from divopd.cli import main
+from divopd.suite.plan import DEFAULT_PLAN, PlanError, load_plan, plan_runs, select_runs
+from divopd.suite.report import _group_runs, measured_best_cap, write_reports
+from divopd.suite.runs import dry_run_text, run_config, run_state, train_runs
 
 SMALL = {
     "out": "runs/x",
@@ -36,7 +37,7 @@ def write_plan(tmp_path: Path, data: dict) -> Path:
 
 
 def test_shipped_plan_is_valid_and_covers_the_issue() -> None:
-    plan = load_plan(bench.DEFAULT_PLAN)
+    plan = load_plan(DEFAULT_PLAN)
     runs = plan_runs(plan)
     assert len(plan.settings) >= 2 and len(plan.seeds) >= 3
     labels = {r.label for r in runs if r.kind == "main"}
@@ -47,11 +48,11 @@ def test_shipped_plan_is_valid_and_covers_the_issue() -> None:
 
 
 def test_the_index_counts_a_sweep_point_shared_with_a_main_run_once(tmp_path) -> None:
-    plan = load_plan(bench.DEFAULT_PLAN)
+    plan = load_plan(DEFAULT_PLAN)
     runs = plan_runs(plan)
     shared = [r for r in runs if r.main is not None]  # the cap sweep's k = 4 points are the main divopd runs
     assert shared and all(r.run_dir(tmp_path) == r.main.run_dir(tmp_path) for r in shared)
-    text = bench.write_reports(runs, plan, tmp_path).read_text()
+    text = write_reports(runs, plan, tmp_path).read_text()
     assert (f"Plan: {len(runs) - len(shared)} runs; runs in `{tmp_path}` ({len(shared)} sweep points are main runs, "
             "and appear in both groups).") in text
 
@@ -86,11 +87,11 @@ def test_run_config_puts_the_run_where_the_plan_says(tmp_path) -> None:
     plan = load_plan(write_plan(tmp_path, SMALL))
     models = {"student": tmp_path / "student", "teacher": tmp_path / "teacher"}
     for r in plan_runs(plan):
-        cfg = bench.run_config(r, plan, tmp_path / "out", models)
+        cfg = run_config(r, plan, tmp_path / "out", models)
         assert cfg.resolved_run_dir() == r.run_dir(tmp_path / "out")
         assert (cfg.method, cfg.setting, cfg.seed, cfg.updates) == (r.method, r.config_setting, r.seed, 2)
     tok = next(r for r in plan_runs(plan) if r.label == "divopd-tokens")
-    assert bench.run_config(tok, plan, tmp_path, models).sampler.cap_unit == "tokens"
+    assert run_config(tok, plan, tmp_path, models).sampler.cap_unit == "tokens"
 
 
 def test_sweep_points_equal_to_a_main_run_reuse_it(tmp_path, monkeypatch) -> None:
@@ -109,7 +110,7 @@ def test_sweep_points_equal_to_a_main_run_reuse_it(tmp_path, monkeypatch) -> Non
                       "a-cap/divopd-k4/seed0": "a/divopd/seed0", "a-cap/divopd-k4/seed1": "a/divopd/seed1"}
     k4 = next(r for r in runs if r.key == "a-cap/divopd-k4/seed0")
     assert k4.run_dir(out) == out / "a" / "divopd" / "seed0"
-    cfg = bench.run_config(k4, plan, out, {"student": tmp_path / "s", "teacher": tmp_path / "t"})
+    cfg = run_config(k4, plan, out, {"student": tmp_path / "s", "teacher": tmp_path / "t"})
     assert cfg.setting == "a" and cfg.resolved_run_dir() == out / "a" / "divopd" / "seed0"
     # selecting only the sweep trains the shared point once, as its main run; the dry run counts it once
     calls = []
@@ -122,11 +123,11 @@ def test_sweep_points_equal_to_a_main_run_reuse_it(tmp_path, monkeypatch) -> Non
 
     monkeypatch.setattr("divopd.train.train", fake_train)
     chosen = select_runs(runs, ["a-cap", "a/divopd"])
-    bench.train_runs(chosen, plan, out, {"student": tmp_path / "s", "teacher": tmp_path / "t"})
+    train_runs(chosen, plan, out, {"student": tmp_path / "s", "teacher": tmp_path / "t"})
     assert sorted(str(c.resolved_run_dir().relative_to(out)) for c in calls) == [
         "a-cap/divopd-k3/seed0", "a-cap/divopd-k3/seed1", "a/divopd/seed0", "a/divopd/seed1"]
-    assert bench.dry_run_text(chosen, out).endswith("4 runs: 4 done, 0 to resume, 0 to start")
-    assert "(= main run a/divopd/seed0)" in bench.dry_run_text(chosen, out)
+    assert dry_run_text(chosen, out).endswith("4 runs: 4 done, 0 to resume, 0 to start")
+    assert "(= main run a/divopd/seed0)" in dry_run_text(chosen, out)
     # a cap sweep over a method that is not a plain method row of the plan shares nothing
     assert not [r for r in plan_runs(load_plan(write_plan(tmp_path, SMALL))) if r.main is not None]
 
@@ -250,7 +251,7 @@ def test_finished_runs_are_skipped_and_partial_ones_resumed(tmp_path, monkeypatc
 
     monkeypatch.setattr("divopd.train.train", fake_train)
     models = {"student": tmp_path / "s", "teacher": tmp_path / "t"}
-    bench.train_runs([*runs, extra], plan, out, models)
+    train_runs([*runs, extra], plan, out, models)
     assert [run_state(r.run_dir(out)) for r in runs] == ["done", "partial"]
     assert len(calls) == 2
     assert calls[0] == (None, runs[1].run_dir(out))  # resumed from its directory
@@ -289,7 +290,7 @@ def test_reports_relabel_variants_into_their_group(tmp_path, monkeypatch) -> Non
     for r in runs:
         if r.seed == 0 and r.label in srs and r.kind in ("main", "cap") and r.group in ("a", "a-cap"):
             _fake_run(r.run_dir(out), r.config_setting, r.method, r.seed, srs[r.label], finished=True)
-    index = bench.write_reports(runs, plan, out)
+    index = write_reports(runs, plan, out)
     rep = json.loads((out / "report" / "a" / "report.json").read_text())
     assert set(rep["settings"]) == {"a"}
     assert set(rep["settings"]["a"]["methods"]) == {"vanilla", "divopd-tokens"}
@@ -302,10 +303,10 @@ def test_reports_relabel_variants_into_their_group(tmp_path, monkeypatch) -> Non
     assert "[settings](settings/report.md)" not in text  # one setting has runs: no cross-setting report
     _fake_run(out / "b" / "vanilla" / "seed0", "b", "vanilla", 0, [0.0, 0.4, 0.4], finished=True)
     _fake_run(out / "b" / "divopd-base" / "seed0", "b", "divopd-base", 0, [0.0, 0.2, 0.5], finished=True)
-    text = bench.write_reports(runs, plan, out).read_text()
+    text = write_reports(runs, plan, out).read_text()
     assert "[settings](settings/report.md)" in text
     both = json.loads((out / "report" / "settings" / "report.json").read_text())
     assert set(both["settings"]) == {"a", "b"}
     assert "Geometric-mean speedups across settings" in (out / "report" / "settings" / "report.md").read_text()
-    best, means = bench.measured_best_cap(bench._group_runs(runs, out)["a-cap"])
+    best, means = measured_best_cap(_group_runs(runs, out)["a-cap"])
     assert best == 4 and means == {2: 30.0, 4: 60.0}

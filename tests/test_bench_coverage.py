@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from divopd.bench import CONFIGS
-from divopd.bench_coverage import PAPER_RULES, coverage_markdown, run_coverage
-from divopd.config import dump_config, load_config
-from divopd.experience_log import write_log
+from divopd.experience.log import write_log
+from divopd.suite.coverage import PAPER_RULES, coverage_markdown, run_coverage
+from divopd.suite.plan import CONFIGS
+from divopd.train.config import dump_config, load_config
 from test_replay import EXPECTED, HAND_CONFIG, HAND_LOG
 
 KEYS = ("valid_rollouts", "unused_fraction", "effective_rollouts_mean", "max_rollout_share_mean")
@@ -36,7 +36,7 @@ def test_own_rule_and_shared_buffers_match_the_hand_worked_replay(tmp_path) -> N
 
 
 def test_a_token_cap_run_gets_its_own_replay_and_the_shared_table_stays_in_turns(tmp_path) -> None:
-    from divopd.replay import ReplayConfig, replay
+    from divopd.analysis.replay import ReplayConfig, replay
 
     run_dir = fake_run(tmp_path / "t", "divopd", extra=('sampler.cap_unit="tokens"',))
     cov = run_coverage(run_dir)

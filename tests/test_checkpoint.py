@@ -1,4 +1,4 @@
-"""Atomic directories, JSON-only extra state and checkpoint discovery (divopd.checkpoint)."""
+"""Atomic directories, JSON-only extra state and checkpoint discovery (divopd.learn.checkpoint)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from divopd.checkpoint import WeightHandle, atomic_dir, latest_checkpoint, read_state, to_json_safe
-from divopd.learner import Learner, LearnerConfig
+from divopd.learn.checkpoint import WeightHandle, atomic_dir, latest_checkpoint, read_state, to_json_safe
+from divopd.learn.learner import Learner, LearnerConfig
 from divopd.models.tiny import build_model, build_tokenizer
 
 torch.set_num_threads(1)

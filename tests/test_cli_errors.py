@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from divopd import cli
-from divopd.bench import DEFAULT_PLAN
 from divopd.errors import UsageError, check_model_folder, describe_validation_error, one_line
+from divopd.suite.plan import DEFAULT_PLAN
 
 SUB = "subprocess"
 
@@ -235,15 +235,15 @@ def test_debug_traceback_reaches_stderr(inputs: Path) -> None:
 
 
 def test_a_bug_keeps_its_traceback(inputs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import divopd.replay
+    import divopd.analysis.replay
 
     def broken(args: object) -> int:
         raise RuntimeError("a bug, not bad input")
 
-    monkeypatch.setattr(divopd.replay, "run", broken)
+    monkeypatch.setattr(divopd.analysis.replay, "run", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["replay", str(inputs / "columns.parquet")])
-    monkeypatch.setattr(divopd.replay, "run", lambda args: int({}["missing"]))  # KeyError: a bug
+    monkeypatch.setattr(divopd.analysis.replay, "run", lambda args: int({}["missing"]))  # KeyError: a bug
     with pytest.raises(KeyError):
         cli.main(["replay", str(inputs / "columns.parquet")])
 
@@ -252,7 +252,7 @@ def test_a_bug_keeps_its_traceback(inputs: Path, monkeypatch: pytest.MonkeyPatch
 def test_validation_errors_are_one_line_with_the_key_path() -> None:
     from pydantic import ValidationError
 
-    from divopd.config import TrainConfig
+    from divopd.train.config import TrainConfig
 
     with pytest.raises(ValidationError) as info:
         TrainConfig.model_validate({"setting": "s", "method": "divopd", "student": {"path": "a", "typo": 1},
@@ -323,7 +323,7 @@ def test_third_party_loggers_quiet_unless_verbose(inputs: Path, fresh_loggers: N
 def test_textworld_express_py4j_info_lines_are_gone(fresh_loggers: None, caplog: pytest.LogCaptureFixture) -> None:
     """A real TWX JVM start + close under a root logger at INFO: py4j's lines only with --verbose."""
     pytest.importorskip("textworld_express")
-    from divopd.envs import make_env
+    from divopd.explore.envs import make_env
 
     def py4j_records() -> list[str]:
         caplog.clear()

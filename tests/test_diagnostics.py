@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from divopd import Turn
-from divopd.diagnostics import full_reverse_kl, gradient_diagnostics, opd_gradient, ranking_stability, spearman
+from divopd.learn.diagnostics import full_reverse_kl, gradient_diagnostics, opd_gradient, ranking_stability, spearman
 from divopd.models.scoring import response_logprobs
 from divopd.models.tiny import build_model, build_tokenizer
 from divopd.sampling import SamplerConfig, make_sampler

@@ -103,7 +103,7 @@ def test_scienceworld_paper_split_counts_types_and_order(sw):
         variation_counts,
     )
 
-    assert importlib.import_module("divopd.envs").scienceworld_paper_split is scienceworld_paper_split
+    assert importlib.import_module("divopd.explore.envs").scienceworld_paper_split is scienceworld_paper_split
     counts = variation_counts(sw)
     assert len(counts) == 30 and set(PAPER_TRAIN_TYPES) | set(PAPER_HELD_OUT_TYPES) == set(counts)
     training, held_out = scienceworld_paper_split(seed=42, env=sw)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from divopd import Turn
-from divopd.experience_log import (
+from divopd.experience.log import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
     SCHEMA,

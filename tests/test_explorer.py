@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from divopd import gate
-from divopd.checkpoint import WeightHandle
-from divopd.envs import EnvCrash
-from divopd.envs.tiny import TinyEnv
-from divopd.explorer import Explorer, ExplorerConfig
+from divopd.explore.envs import EnvCrash
+from divopd.explore.envs.tiny import TinyEnv
+from divopd.explore.explorer import Explorer, ExplorerConfig
+from divopd.learn.checkpoint import WeightHandle
 from divopd.models.scoring import response_logprobs
 from explorer_helpers import env_tokenizer, tiny_model
 
@@ -304,8 +304,8 @@ def test_evaluate_counts_a_gold_playing_student_as_successful():
             self.explorer = explorer
 
         def generate(self, prompts, **kw):
-            from divopd.generation import Generation
-            from divopd.prompting import encode_action
+            from divopd.explore.generation import Generation
+            from divopd.explore.prompting import encode_action
 
             out = []
             for ids in prompts:
@@ -332,7 +332,7 @@ def test_mismatched_teacher_vocabulary_is_refused():
 
 # ---------------------------------------------------------------------------- generation backend
 def test_generator_stops_at_newline_or_eos_and_seeds_without_touching_the_global_rng():
-    from divopd.generation import HFGenerator
+    from divopd.explore.generation import HFGenerator
 
     tok = env_tokenizer("tiny")
     gen = HFGenerator(tiny_model(tok, 0), tok)

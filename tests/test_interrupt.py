@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from divopd import cli
-from divopd.interrupt import EXIT_INTERRUPTED, PHASES, StopRequest, fault_point, reset_fault_points
+from divopd.train.interrupt import EXIT_INTERRUPTED, PHASES, StopRequest, fault_point, reset_fault_points
 from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 
 UPDATES = 12
@@ -106,7 +106,7 @@ def test_sigint_in_any_phase_checkpoints_and_exits_130(phase: str, tiny_models: 
 
 def test_ctrl_c_in_any_other_command_exits_130_without_a_traceback(monkeypatch: pytest.MonkeyPatch,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from divopd import simulate
+    from divopd.analysis import simulate
 
     def interrupted(args: object) -> int:
         raise KeyboardInterrupt

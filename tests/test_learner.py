@@ -11,12 +11,12 @@ import torch
 from pydantic import ValidationError
 
 from divopd import Turn
-from divopd.diagnostics import full_reverse_kl
-from divopd.learner import Learner, LearnerConfig
+from divopd.learn.diagnostics import full_reverse_kl
+from divopd.learn.learner import Learner, LearnerConfig
+from divopd.learn.sft import train_sft
 from divopd.models.scoring import response_logprobs
 from divopd.models.tiny import build_model, build_tokenizer
 from divopd.sampling import SamplerConfig, make_sampler
-from divopd.sft import train_sft
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from divopd.experience_log import log_files
+from divopd.experience.log import log_files
 from divopd.train import train
 from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 

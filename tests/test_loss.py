@@ -1,4 +1,4 @@
-"""Exact values, finiteness and gradient flow of the OPD loss (divopd.loss)."""
+"""Exact values, finiteness and gradient flow of the OPD loss (divopd.learn.loss)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from divopd.loss import REDUCTIONS, opd_loss, reduce_tokens, topk_reverse_kl, topk_reverse_kl_loss
+from divopd.learn.loss import REDUCTIONS, opd_loss, reduce_tokens, topk_reverse_kl, topk_reverse_kl_loss
 
 NAN, INF = float("nan"), float("inf")
 

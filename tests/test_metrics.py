@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from divopd.metrics import (
+from divopd.experience.metrics import (
     Cost,
     EvalPoint,
     MetricsWriter,

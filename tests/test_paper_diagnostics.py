@@ -358,7 +358,7 @@ def _run_dir(root: Path, method: str, seed: int, per_update: list[dict[str, floa
 
 
 def test_the_report_shows_the_diagnostics(tmp_path: Path) -> None:
-    from divopd.report import find_run_dirs, load_run, write_report
+    from divopd.analysis.report import find_run_dirs, load_run, write_report
 
     def rec(tpr: float, kl: float, step: float, age: float, ratio: float, ema: float) -> dict[str, float]:
         return {"sampler/turns_per_rollout": tpr, "sampler/kl_per_token": kl, "learner/compute_s": step,

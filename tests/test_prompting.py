@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from divopd.prompting import PromptConfig, build_messages, decode_action, encode_action, encode_prompt, render_ids
+from divopd.explore.prompting import (
+    PromptConfig,
+    build_messages,
+    decode_action,
+    encode_action,
+    encode_prompt,
+    render_ids,
+)
 from explorer_helpers import env_tokenizer
 
 FIRST = "Your task is to take the coin in room 3.\nYou are in room 0."

@@ -10,9 +10,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from divopd import Turn
+from divopd.analysis.replay import (
+    RESULT_KEYS,
+    SERIES_KEYS,
+    TABLE_KEYS,
+    ReplayConfig,
+    deliveries,
+    replay,
+    rollout_coverage,
+)
 from divopd.cli import main
-from divopd.experience_log import LoggedTurn, read_log, rows_to_batch, turn_to_row, write_log
-from divopd.replay import RESULT_KEYS, SERIES_KEYS, TABLE_KEYS, ReplayConfig, deliveries, replay, rollout_coverage
+from divopd.experience.log import LoggedTurn, read_log, rows_to_batch, turn_to_row, write_log
 
 
 def turn(rid: str, t: int, version: int, teacher: list[float], n: int = 2, truncated: bool = False) -> Turn:
@@ -249,7 +257,7 @@ def test_replay_reads_back_what_was_written(tmp_path):
 
 
 def test_replay_demo_writes_table_and_plots(tmp_path):
-    from divopd.demo_replay import DEMO_METHODS, run_replay_demo
+    from divopd.suite.demo_replay import DEMO_METHODS, run_replay_demo
 
     results = run_replay_demo(tmp_path, presets=("webshop",), updates=6)
     assert set(results) == {"webshop"} and list(results["webshop"]["methods"]) == list(DEMO_METHODS)

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from divopd.analysis.report import ReportError, build_report, find_run_dirs, load_run, write_report
 from divopd.cli import main
-from divopd.report import ReportError, build_report, find_run_dirs, load_run, write_report
 
 
 def make_run(

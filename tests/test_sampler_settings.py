@@ -11,9 +11,9 @@ import pytest
 from divopd.analysis.replay import ReplayConfig
 from divopd.analysis.replay import add_arguments as replay_flags
 from divopd.analysis.tune_cap import add_arguments as tune_cap_flags
-from divopd.config import TrainConfig
 from divopd.sampling import SamplerConfig
 from divopd.sampling.settings import SAMPLER_SETTINGS, add_sampler_flags, sampler_kwargs, settings_from_args
+from divopd.train.config import TrainConfig
 
 NAMES = [s.name for s in SAMPLER_SETTINGS]
 

@@ -8,10 +8,10 @@ import json
 import torch
 
 from divopd.cli import main
-from divopd.envs import make_env
+from divopd.commands.sft import collect_gold_examples
+from divopd.explore.envs import make_env
+from divopd.explore.prompting import PromptConfig, build_messages
 from divopd.models import load_model
-from divopd.prompting import PromptConfig, build_messages
-from divopd.sft_cli import collect_gold_examples
 
 
 def test_gold_examples_are_the_prompts_the_explorer_would_build():

@@ -8,10 +8,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from divopd.analysis.replay import ReplayConfig, replay
+from divopd.analysis.simulate import PRESETS, expected_horizon, policy_version, prompt_lengths, simulate
 from divopd.cli import main
-from divopd.experience_log import read_log, validate_schema
-from divopd.replay import ReplayConfig, replay
-from divopd.simulate import PRESETS, expected_horizon, policy_version, prompt_lengths, simulate
+from divopd.experience.log import read_log, validate_schema
 
 UPDATES = 30
 

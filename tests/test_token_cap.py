@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from divopd.config import load_config
-from divopd.experience_log import LoggedTurn
-from divopd.replay import ReplayConfig, replay
+from divopd.analysis.replay import ReplayConfig, replay
+from divopd.experience.log import LoggedTurn
 from divopd.sampling import SamplerConfig, allocate_rollout_first, allocate_rollout_first_tokens, make_sampler
+from divopd.train.config import load_config
 from sampler_helpers import turn
 
 REPO = Path(__file__).resolve().parents[1]

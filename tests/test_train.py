@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from divopd.config import METHOD_ROWS, TrainConfig, apply_overrides, load_config
-from divopd.experience_log import read_log
+from divopd.experience.log import read_log
 from divopd.sampling import METHODS
+from divopd.train.config import METHOD_ROWS, TrainConfig, apply_overrides, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_ROWS = ["vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus", "top-b", "divopd-r",
@@ -25,7 +25,7 @@ PAPER_ROWS = ["vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divo
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Random-init tiny student and teacher sharing a word-level tokenizer built from the tiny env's text."""
-    from divopd.envs import make_env
+    from divopd.explore.envs import make_env
     from divopd.models.tiny import build_model, build_tokenizer
 
     out = tmp_path_factory.mktemp("models")
@@ -243,7 +243,7 @@ def test_kill_and_resume(tiny_models: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_tcod_step_limit_follows_the_schedule() -> None:
-    from divopd.runtime.common import step_limit
+    from divopd.train.runtime.common import step_limit
 
     cfg = load_config(REPO / "configs/tiny/tcod-f2b.yaml", ["updates=100", "explorer.max_steps=20"])
     limits = [step_limit(cfg, v) for v in range(0, 101, 10)]
@@ -254,8 +254,8 @@ def test_tcod_step_limit_follows_the_schedule() -> None:
 
 
 def test_eval_checkpoint(tiny_models: dict[str, str], tmp_path: Path) -> None:
-    from divopd.evaluate import evaluate_checkpoint
     from divopd.train import train
+    from divopd.train.evaluate import evaluate_checkpoint
 
     train(tiny_config(tiny_models, tmp_path / "run", "divopd-base", updates=2))
     results = evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "update-000002", tasks=3)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from divopd.analysis.tune_cap import INF_CAP, parse_caps, recommend_cap, tune_cap
 from divopd.cli import main
-from divopd.experience_log import write_log
-from divopd.tune_cap import INF_CAP, parse_caps, recommend_cap, tune_cap
+from divopd.experience.log import write_log
 from sampler_helpers import turn
 
 U = 3
@@ -90,7 +90,7 @@ def test_token_cap_with_equal_lengths_gives_the_same_rows(log) -> None:
 
 
 def test_in_memory_log_and_focus_method() -> None:
-    from divopd.experience_log import LoggedTurn
+    from divopd.experience.log import LoggedTurn
 
     stream = [LoggedTurn(*row) for row in hand_log()]
     result = tune_cap(stream, [2, 4], method="divopd", **SETTINGS)

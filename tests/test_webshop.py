@@ -10,9 +10,9 @@ import urllib.request
 
 import pytest
 
-from divopd.envs.base import EnvCrash
-from divopd.envs.webshop import WEBSHOP_SPLITS, OfflineWebShopEnv, WebShopEnv, webshop_progress
-from divopd.envs.webshop_offline import CatalogConfig, WebShopServer
+from divopd.explore.envs.base import EnvCrash
+from divopd.explore.envs.webshop import WEBSHOP_SPLITS, OfflineWebShopEnv, WebShopEnv, webshop_progress
+from divopd.explore.envs.webshop_offline import CatalogConfig, WebShopServer
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, never via an env proxy
 SMALL = CatalogConfig(seed=7, n_products=120, n_goals=60, n_test=10, n_dev=10)
@@ -186,7 +186,7 @@ def test_offline_env_shares_one_server_and_stops_it_with_the_last_user():
 
 
 def test_server_cli_serves_on_a_free_port_and_stops_on_sigterm():
-    cmd = [sys.executable, "-m", "divopd.envs.webshop_offline.server", "--port", "0", "--seed", "3",
+    cmd = [sys.executable, "-m", "divopd.explore.envs.webshop_offline.server", "--port", "0", "--seed", "3",
            "--products", "50", "--goals", "20", "--test-goals", "5", "--dev-goals", "5"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -204,13 +204,13 @@ def test_server_cli_serves_on_a_free_port_and_stops_on_sigterm():
 
 
 def test_server_cli_rejects_bad_split_sizes():
-    cmd = [sys.executable, "-m", "divopd.envs.webshop_offline.server", "--goals", "10", "--test-goals", "10"]
+    cmd = [sys.executable, "-m", "divopd.explore.envs.webshop_offline.server", "--goals", "10", "--test-goals", "10"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "n_test + n_dev" in out.stderr
 
 
 def test_registry_builds_both_webshop_envs(server):
-    from divopd.envs import make_env
+    from divopd.explore.envs import make_env
 
     offline = make_env("webshop-offline", seed=5, n_products=40, n_goals=12, n_test=2, n_dev=2)
     remote = make_env("webshop", url=server.url)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from divopd.envs.webshop_offline import CatalogConfig, Shop, generate_catalog, purchase_reward
+from divopd.explore.envs.webshop_offline import CatalogConfig, Shop, generate_catalog, purchase_reward
 
 CATALOG = generate_catalog(CatalogConfig(seed=0))
 SHOP = Shop(CATALOG)

@@ -8,12 +8,8 @@ Sub-packages follow the data path: ``explore`` → ``experience`` → ``sampling
 ``analysis``, ``commands`` and ``suite`` sit on top; ``models`` at the bottom.
 """
 
-from divopd import _moved
-
-_moved.install()  # the old flat module paths (divopd.gate, divopd.loss, ...) stay importable: see divopd._moved
-
-from divopd.experience import Rollout, Turn  # noqa: E402
-from divopd.sampling import gate  # noqa: E402
+from divopd.experience import Rollout, Turn
+from divopd.sampling import gate
 
 __version__ = "0.1.0"
 __all__ = ["Rollout", "Turn", "VLLMGenerator", "gate", "__version__"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from divopd.bench import load_plan, plan_runs
+from divopd.suite.plan import load_plan, plan_runs
 
 __all__ = ["CONFIGS", "REGIME", "REPO", "RESULTS", "STUDY", "block", "dart_plan", "script", "seeds_by_label"]
 

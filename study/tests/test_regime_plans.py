@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from study_helpers import CONFIGS, REGIME, dart_plan, seeds_by_label
 
-from divopd import bench
-from divopd.bench import load_plan, plan_runs
 from divopd.suite.models import RECIPES
+from divopd.suite.plan import load_plan, plan_runs
+from divopd.suite.runs import run_config
 from divopd.train.config import load_config
 
 
@@ -30,9 +30,9 @@ def test_regime_plan_is_the_issue_17_study() -> None:
         assert len(seeds[label]) >= 5, label
     assert len({r.group for r in runs if r.kind == "load"}) == 3
     models = {"student": Path("s"), "teacher": Path("t")}
-    cfg = bench.run_config(next(r for r in runs if r.label == "divopd"), plan, Path("out"), models)
+    cfg = run_config(next(r for r in runs if r.label == "divopd"), plan, Path("out"), models)
     assert cfg.runtime.kind == "lockstep" and cfg.explorer.env_kwargs["params"].startswith("numLocations=4")
-    ctx = bench.run_config(next(r for r in runs if r.group == "coin4-ctx"), plan, Path("out"), models)
+    ctx = run_config(next(r for r in runs if r.group == "coin4-ctx"), plan, Path("out"), models)
     assert ctx.explorer.prompt.max_prompt_tokens == 370 and ctx.explorer.truncated_turns_dead
 
 
@@ -51,7 +51,7 @@ def test_the_second_setting_plans_run_the_study_rows_on_their_own_configs(plan_f
         seeds.setdefault(r.label, set()).add(r.seed)
     assert all(len(seeds[label]) >= 10 for label in ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd"))
     assert all(len(seeds[label]) >= 5 for label in ("divopd-r", "tcod-f2b", "turnopd", "top-b"))
-    cfg = bench.run_config(next(r for r in runs if r.label == "divopd"), plan, Path("out"),
+    cfg = run_config(next(r for r in runs if r.label == "divopd"), plan, Path("out"),
                            {"student": Path("s"), "teacher": Path("t")})
     assert cfg.runtime.kind == "lockstep" and cfg.explorer.env_kwargs["game"] == game
     assert cfg.explorer.eval_split == "dev" and cfg.method == "divopd"
@@ -60,10 +60,10 @@ def test_the_second_setting_plans_run_the_study_rows_on_their_own_configs(plan_f
         assert cfg.explorer.env_kwargs["dev_from_train"] > 0
     # the baselines' schedules fit the plan's run length: TurnOPD's loss reaches turn balance at the last update
     # (coin6, 60 updates: not coin4's 100), TCOD-F2B's curriculum reaches the full horizon before the run ends
-    turnopd = bench.run_config(next(r for r in runs if r.label == "turnopd"), plan, Path("out"),
+    turnopd = run_config(next(r for r in runs if r.label == "turnopd"), plan, Path("out"),
                                {"student": Path("s"), "teacher": Path("t")})
     assert turnopd.updates == plan.updates and turnopd.learner.turn_balance_updates == plan.updates
-    tcod = bench.run_config(next(r for r in runs if r.label == "tcod-f2b"), plan, Path("out"),
+    tcod = run_config(next(r for r in runs if r.label == "tcod-f2b"), plan, Path("out"),
                             {"student": Path("s"), "teacher": Path("t")})
     assert tcod.tcod.horizon(max_steps, update=plan.updates - 1) == max_steps
 
@@ -85,7 +85,7 @@ def test_the_one_version_per_rollout_plans_load_weights_per_batch(plan_file: str
     assert all({r.seed for r in runs if r.label == label} == set(range(10)) for label in labels)
     assert all({r.seed for r in runs if r.label == label} == set(range(5)) for label in five_seed_labels)
     for r in runs:
-        cfg = bench.run_config(r, plan, Path("out"), {"student": Path("s"), "teacher": Path("t")})
+        cfg = run_config(r, plan, Path("out"), {"student": Path("s"), "teacher": Path("t")})
         assert cfg.explorer.load_weights == "batch" and cfg.runtime.kind == "lockstep" and cfg.method == r.method
         assert cfg.explorer.prompt.max_prompt_tokens == max_prompt_tokens
 
@@ -108,7 +108,7 @@ def test_the_tail_plan_is_the_demo_setting_with_the_tail_estimator() -> None:
     runs = plan_runs(plan)
     assert {(r.label, r.seed) for r in runs} == {(m, s) for m in ("vanilla", "divopd") for s in range(5)}
     for r in runs:
-        cfg = bench.run_config(r, plan, Path("out"), {"student": Path("s"), "teacher": Path("t")})
+        cfg = run_config(r, plan, Path("out"), {"student": Path("s"), "teacher": Path("t")})
         demo = load_config(CONFIGS / "coin4" / f"{r.method}.yaml")
         assert cfg.learner.estimator == "topk" and cfg.learner.topk_tail and not demo.learner.topk_tail
         assert cfg.learner.model_dump() == demo.learner.model_dump() | {"topk_tail": True}

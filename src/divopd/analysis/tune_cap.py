@@ -2,8 +2,8 @@
 
 The paper fixes k per setting and notes that "the best cap varies by setting, so choosing k matters" (peak SR moves by
 up to 7.9 points over k ∈ {3…6}, its Table 19). :func:`tune_cap` replays one log (shared-buffer replay,
-:func:`~divopd.replay.replay`, one pass per k) with a rollout-first method at each candidate k and reports, per k,
-what the cap is for: coverage of valid rollouts (``unused_fraction``), spread within a batch (effective rollouts,
+:func:`~divopd.analysis.replay.replay`, one pass per k) with a rollout-first method at each candidate k and reports, per
+k, what the cap is for: coverage of valid rollouts (``unused_fraction``), spread within a batch (effective rollouts,
 largest rollout share, distinct rollouts per batch and whether the first pass found the ⌈B/k⌉ rollouts the cap
 promises), dead rows, starved ticks and staleness. :func:`recommend_cap` then picks one k.
 
@@ -42,7 +42,7 @@ from typing import Any
 
 from divopd.analysis.format import mean as _mean
 from divopd.analysis.replay import ReplayConfig, log_updates, replay, write_json
-from divopd.analysis.tune_cap_output import markdown_table, plot_tune_cap, render_table, table_rows, title
+from divopd.analysis.tune_cap_output import markdown_table, plot_tune_cap, render_table, title
 from divopd.experience.log import LoggedTurn
 from divopd.sampling.settings import add_sampler_flags, settings_from_args
 
@@ -57,7 +57,6 @@ __all__ = [
     "recommend_cap",
     "render_table",
     "run",
-    "table_rows",
     "title",
     "tune_cap",
 ]

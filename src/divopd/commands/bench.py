@@ -1,4 +1,4 @@
-"""``divopd bench paper``: run the paper benchmark suite of :mod:`divopd.suite.bench` (resumable; ``--dry-run``,
+"""``divopd bench paper``: run the paper benchmark suite of :mod:`divopd.suite` (resumable; ``--dry-run``,
 ``--only``, ``--report``)."""
 
 from __future__ import annotations

@@ -45,10 +45,10 @@ from divopd.explore.episode import EXPLORER_COUNTERS, Episode, StudentStep, buil
 from divopd.explore.generation import Generation, GenerationBackend, HFGenerator
 from divopd.explore.prompting import decode_action, encode_prompt
 from divopd.explore.scoring import make_score_call, teacher_scores
-from divopd.explore.settings import ExplorerConfig, GenerationSettings
+from divopd.explore.settings import ExplorerConfig
 from divopd.explore.tasks import close_quietly, reset_with_retries, start_env, task_stream
 
-__all__ = ["Explorer", "ExplorerConfig", "GenerationSettings", "Rollout"]
+__all__ = ["Explorer", "ExplorerConfig", "Rollout"]
 
 if TYPE_CHECKING:
     from divopd.learn.checkpoint import WeightHandle

@@ -1,5 +1,5 @@
 """The explorer's settings: :class:`ExplorerConfig` (environment, instances, prompts, teacher scoring, +R) and the
-student's decoding (:class:`GenerationSettings`); also importable from :mod:`divopd.explore.explorer`."""
+student's decoding (:class:`GenerationSettings`)."""
 
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ class ExplorerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    env: str = Field("twx", description="Environment registry name (divopd.envs.make_env): twx (= textworld-express), "
-                     "scienceworld, tiny, webshop, webshop-offline, alfworld.")
+    env: str = Field("twx", description="Environment registry name (divopd.explore.envs.make_env): twx "
+                     "(= textworld-express), scienceworld, tiny, webshop, webshop-offline, alfworld.")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments of the environment.")
     num_envs: int = Field(4, ge=1, description="Env instances stepped in lockstep, one batched generate per turn.")
     split: str = Field("train", description="Task split for training rollouts.")

@@ -44,8 +44,8 @@ def _rows(turns: Sequence[Turn]) -> tuple[list[np.ndarray], list[np.ndarray], to
 
 def opd_gradient(model: torch.nn.Module, turns: Sequence[Turn], *, beta: float = 1.0,
                  reduction: str = "seq-mean-token-mean", layout: str = "packed", pad_id: int = 0) -> torch.Tensor:
-    """Flat gradient (float32, on the model's device) of :func:`~divopd.loss.opd_loss` over ``turns`` at the current
-    weights, with θ_old = the current weights (as in the learner's update). Does not touch ``param.grad``."""
+    """Flat gradient (float32, on the model's device) of :func:`~divopd.learn.loss.opd_loss` over ``turns`` at the
+    current weights, with θ_old = the current weights (as in the learner's update). Does not touch ``param.grad``."""
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
     prompts, responses, mask, teacher = _rows(turns)

@@ -9,7 +9,7 @@
 4. θ_old = the learner snapshot immediately before the update, recomputed on the queued tokens. With one update per
    batch θ_old = θ at gradient evaluation, so by default (``old_logprobs="same-pass"``) the detached values of step 3
    *are* the recomputation (r = 1 exactly); ``"recompute"`` runs a separate no-grad pass (same numbers, ~30% slower);
-5. :func:`divopd.loss.opd_loss` (or the top-k estimator), backward, gradient clipping, one AdamW step, ``version += 1``.
+5. :func:`~divopd.learn.loss.opd_loss` (or the top-k estimator), backward, clipping, one AdamW step, ``version += 1``.
    Rows carry unit weights (the paper) unless the batch has ``row_weights`` (``divopd-focus``'s task balance) or
    ``turn_balance_updates`` is set (TurnOPD's token-to-turn schedule, :mod:`divopd.learn.turnopd`); unit weights take
    the unweighted code path, so the paper's loss is computed exactly as without the feature.

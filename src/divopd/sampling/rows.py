@@ -9,7 +9,7 @@ row belongs to:
 - ``paper``: a row of the paper's main tables;
 - ``coverage``: a rule Table 11 compares on shared buffers (``divopd bench``'s coverage report);
 - ``replay``: the default rules of ``divopd replay``;
-- ``demo-replay``: the rules ``python -m divopd.demo_replay`` and the demo's replay table compare.
+- ``demo-replay``: the rules ``python -m divopd.suite.demo_replay`` and the demo's replay table compare.
 
 :func:`register_method` adds a row for a new rule (tag-less, after the built-in rows).
 """

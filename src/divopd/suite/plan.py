@@ -1,7 +1,7 @@
 """The paper benchmark's plan: its schema (:class:`Plan`), loading it (:func:`load_plan`, :class:`PlanError`), and its
 expansion into runs (:func:`plan_runs`, :class:`PlannedRun`) and a selection of them (:func:`select_runs`).
 
-How a plan expands into report groups and labels is described in :mod:`divopd.suite.bench`.
+How a plan expands into report groups and labels is described in :mod:`divopd.suite`.
 """
 
 from __future__ import annotations
