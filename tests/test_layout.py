@@ -21,7 +21,7 @@ LAYERS = [
     {"sampling", "explore", "learn"},
     {"train"},
     {"analysis"},
-    {"suite", "commands", "cli", "__main__", "__init__"},
+    {"suite", "commands", "cli", "__main__", "__init__", "integrations"},
 ]
 
 
