@@ -158,7 +158,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
             if tag.get("is_prompt", False):
                 if tag.get("status") in ("finished", "failure"):
                     done_prompts.append(key)
-            elif key not in known and tag.get("status", "success") == "success":
+            elif key not in known and tag.get("status") == "success":  # a record being written has no status yet
                 keys.append(key)
                 tags.append(dict(tag))
         turns = [record_to_turn(k, t, v) for k, t, v in zip(keys, tags, self._read(partition_id, keys), strict=True)]

@@ -138,7 +138,7 @@ def test_stale_and_invalid_records_are_counted_and_cleared(transfer_queue) -> No
 
 
 @pytest.mark.parametrize(("key", "tag", "field"), [
-    ("no-turn-index", {"min_global_steps": 0}, "turn index"),
+    ("no-turn-index", {"status": "success", "min_global_steps": 0}, "turn index"),
     ("r_0", {"status": "success"}, "min_global_steps"),
 ])
 def test_a_record_the_composer_cannot_place_stops_with_one_line(transfer_queue, key: str, tag: dict,
