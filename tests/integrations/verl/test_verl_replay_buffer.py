@@ -52,7 +52,8 @@ def _drive(rb: DivOPDReplayBuffer, partition: str, log_ticks: list[list[Turn]], 
         assert not prompt_keys(partition), "terminal prompt markers are cleared once their records are read"
         if batch is not None:
             assert len(batch.keys) == len(batch.tags) == B
-            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses"])  # as verl
+            # what verl's trainer reads next, then clears after its update
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses"])
             assert data.batch_size[0] == B
             tq.kv_clear(keys=batch.keys, partition_id=partition)
         waiting = rb.sampler.ledger["pending"] + rb.sampler.ledger["queued"]
