@@ -71,6 +71,7 @@ def test_verls_trainer_loads_the_plugin_and_samples_while_a_rollout_thread_write
     producer = threading.Thread(target=rollout, daemon=True)
     producer.start()
     seen: set[str] = set()
+    unclear: list[str] = []  # handed out, not yet cleared: never handed out again
     aggregated = []
     try:
         for j in range(steps):
@@ -80,7 +81,10 @@ def test_verls_trainer_loads_the_plugin_and_samples_while_a_rollout_thread_write
             seen |= set(batch.keys)
             data = tq.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=["responses", "prompts"])
             assert data.batch_size[0] == batch_size
-            tq.kv_clear(keys=batch.keys, partition_id="train")  # verl's trainer, after the update
+            unclear.extend(batch.keys)
+            if j % 2 == 1:  # verl's step() clears its batches after parameter_sync_step (here 2) samples
+                tq.kv_clear(keys=unclear, partition_id="train")
+                unclear.clear()
             assert ledger_identity(rb.sampler.ledger)
             aggregator = MetricsAggregator()
             aggregator.add_step_metrics(metrics, sample_count=batch_size)
