@@ -2,7 +2,7 @@
 
 verl config (docs/integrations/verl.md)::
 
-    trainer.v1.sampler.custom_sampler.path=<site-packages>/divopd/integrations/verl.py
+    trainer.v1.sampler.custom_sampler.path=pkg://divopd.integrations.verl
     trainer.v1.sampler.custom_sampler.name=DivOPDReplayBuffer
     trainer.v1.sampler.max_off_policy_threshold=3          # divopd's max_staleness + 1 (the paper's δ = 2)
     +trainer.v1.sampler.sampler_kwargs.method=divopd       # and pool_factor, cap, max_pending_age, ... (paper defaults)
