@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 # No pip wheel cache: a clean CI machine once ran out of disk installing .venv (the cache only duplicates wheels).
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup demo test test-study test-slow test-vllm setup-vllm lint bench paper docs clean
+.PHONY: setup demo test test-study test-slow test-vllm setup-vllm setup-verl test-verl lint bench paper docs clean
 
 setup: $(STAMP)
 
@@ -58,6 +58,30 @@ VLLM_SUITE ?= tests/test_models.py tests/test_learner.py tests/test_explorer.py 
 test-vllm: $(VSTAMP) $(SMOLLM2)/config.json
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_CI_ENV=1 $(VPY) -m pytest -q -p no:cacheprovider tests/vllm_backend $(VLLM_SUITE)
 
+# verl 0.9.1 (its v1 trainer + TransferQueue) in its own venv for the divopd.integrations.verl plug-in. verl caps
+# transformers below 5.11 while divopd needs >= 5.16, so divopd goes in --no-deps: the plug-in, divopd.sampling and the
+# experience-log reader need only numpy, pyarrow, pydantic and pyyaml (verl brings them); hypothesis is for the
+# suite's conftest. divopd's training code (transformers) is not usable there. Idempotent, like setup.
+RVENV  := .venv-verl
+RPY    := $(RVENV)/bin/python
+RSTAMP := $(RVENV)/.stamp-$(shell cat pyproject.toml constraints.txt constraints-verl.txt | cksum | cut -d' ' -f1)
+
+setup-verl: $(RSTAMP)
+
+$(RSTAMP): pyproject.toml constraints.txt constraints-verl.txt
+	test -f $(RVENV)/pyvenv.cfg -a -x $(RPY) || $(PYTHON) -m venv --clear $(RVENV)
+	$(RPY) -m pip install -q --upgrade pip
+	$(RPY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(RPY) -m pip install -q -c constraints.txt -c constraints-verl.txt 'verl[verl-core]' 'hypothesis>=6.100'
+	$(RPY) -m pip install -q --no-deps -e .
+	$(RPY) -c "import divopd.integrations.verl"
+	rm -f $(RVENV)/.stamp-*
+	touch $@
+
+# The plug-in's tests against verl's real classes (a real TransferQueue on a local Ray, CPU only).
+test-verl: $(RSTAMP)
+	$(RPY) -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/integrations/verl
+
 DEMO_SEEDS ?= 0
 demo: setup
 	$(PY) -m divopd.suite.demo --seeds $(DEMO_SEEDS)
@@ -93,4 +117,4 @@ paper: setup
 	$(PY) -m divopd.cli bench paper $(PAPER_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VVENV) runs site .pytest_cache
+	rm -rf $(VENV) $(VVENV) $(RVENV) runs site .pytest_cache

@@ -1,0 +1,228 @@
+"""DivOPD's batch composer inside verl 0.9.1's v1 trainer: a ``ReplayBuffer`` for ``custom_sampler``.
+
+verl config (docs/integrations/verl.md)::
+
+    trainer.v1.sampler.custom_sampler.path=pkg://divopd.integrations.verl
+    trainer.v1.sampler.custom_sampler.name=DivOPDReplayBuffer
+    trainer.v1.sampler.max_off_policy_threshold=3          # divopd's max_staleness + 1 (the paper's δ = 2)
+    +trainer.v1.sampler.sampler_kwargs.method=divopd       # and pool_factor, cap, max_pending_age, ... (paper defaults)
+    data.train_batch_size=256                              # B: turns per update (one TransferQueue record per turn)
+
+Each ``sample(global_steps, "train", batch_size)`` reads the records the rollout side put into TransferQueue since the
+last call (one record per student turn, see :mod:`divopd.integrations.verl_records`), adds them to divopd's sampler
+(:class:`divopd.sampling.Sampler`: queue, validity gate, pending pool, ledger — kept across steps), composes exactly
+``batch_size`` turns for learner version ``global_steps − 1`` (verl's current weights version, the convention of its
+staleness metrics) and returns their keys as verl's ``KVBatchMeta``. Turns the sampler expires (stale, pending age,
+overflow) or its gate rejects are cleared from TransferQueue at once and counted in the ledger; the side map from
+arrival to key never holds more than the turns still waiting. A step without enough eligible turns polls again every
+``poll_interval`` seconds, up to ``sample_timeout_s``; then it stops with one line (the ledger and what is missing).
+Validation (``partition_id != "train"``) keeps verl's own rule.
+
+Staleness: a turn expires when ``(global_steps − 1) − min_global_steps > max_staleness``, the same as verl's
+``max_off_policy_threshold`` span rule with ``max_staleness = threshold − 1``; ``sampler_kwargs.max_staleness`` wins
+when given. verl 0.9.1 has no checkpoint hook for a replay buffer: :meth:`state_dict` / :meth:`load_state_dict` are
+there for a trainer that saves them; without them a resumed run re-reads the turns TransferQueue restored as new
+arrivals (nothing lost; their first-seen order is rebuilt).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import transfer_queue as tq
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+from divopd.errors import UsageError
+from divopd.experience import Turn
+from divopd.integrations.verl_records import RECORD_FIELDS, VerlRecordError, record_to_turn
+from divopd.sampling import Batch, Sampler, SamplerConfig, make_sampler
+
+__all__ = ["DivOPDReplayBuffer", "DEFAULTS", "VerlRecordError", "batch_metrics", "divopd_config"]
+
+#: The settings ``sampler_kwargs`` may give, with the paper's defaults (max_staleness: from the threshold, else 2).
+DEFAULTS: dict[str, Any] = {
+    "method": "divopd", "batch_size": None, "pool_factor": 4, "cap": 4, "max_staleness": None, "max_pending": None,
+    "max_pending_age": 8, "cap_unit": "turns", "group_order": "first-seen", "seed": 0, "sample_timeout_s": 3600.0,
+}
+
+
+def divopd_config(sampler_kwargs: Any, max_off_policy_threshold: int | None, batch_size: int) -> SamplerConfig:
+    """The :class:`SamplerConfig` of verl's ``sampler_kwargs`` for ``batch_size`` turns (one line on a bad value)."""
+    kwargs = dict(sampler_kwargs or {})
+    unknown = sorted(set(kwargs) - set(DEFAULTS))
+    if unknown:
+        raise UsageError(f"trainer.v1.sampler.sampler_kwargs: unknown key(s) {unknown}; known: {sorted(DEFAULTS)}")
+    settings = {**DEFAULTS, **kwargs}  # None: max_pending / max_pending_age off; batch_size, max_staleness derived
+    if settings["batch_size"] is not None and settings["batch_size"] != batch_size:
+        raise UsageError(f"trainer.v1.sampler.sampler_kwargs.batch_size={settings['batch_size']} but verl asks for "
+                         f"{batch_size} rows per sample (data.train_batch_size / parameter_sync_step): make them equal")
+    staleness = settings["max_staleness"]
+    if staleness is None:
+        staleness = 2 if max_off_policy_threshold is None else int(max_off_policy_threshold) - 1
+    try:
+        return SamplerConfig(
+            method=str(settings["method"]), batch_size=int(batch_size), pool_factor=settings["pool_factor"],
+            cap=settings["cap"], max_staleness=staleness, max_pending=settings["max_pending"],
+            seed=settings["seed"], cap_unit=settings["cap_unit"], max_pending_age=settings["max_pending_age"],
+            group_order=settings["group_order"])
+    except (ValueError, KeyError) as exc:
+        raise UsageError(f"trainer.v1.sampler.sampler_kwargs: {exc}") from None
+
+
+def batch_metrics(batch: Batch | None, ledger: dict[str, Any]) -> dict[str, float]:
+    """divopd's metric names (docs/reference/metrics.md): ``sampler/<stat>`` of the batch and ``ledger/...``."""
+    metrics = {} if batch is None else {f"sampler/{k}": float(v) for k, v in batch.stats.items()}
+    metrics.update({f"ledger/{k}": float(v) for k, v in ledger.items() if not isinstance(v, dict)})
+    for reason, count in ledger["invalid_by_reason"].items():
+        metrics[f"ledger/invalid/{reason}"] = float(count)
+    for reason, count in ledger["expired_by_reason"].items():
+        metrics[f"ledger/expired/{reason}"] = float(count)
+    return metrics
+
+
+def _waiting_arrivals(sampler: Sampler) -> set[int]:
+    """Arrivals still queued or pending (divopd.sampling has no public accessor for them)."""
+    return set(sampler._queue) | set(sampler._pending)  # noqa: SLF001
+
+
+class DivOPDReplayBuffer(ReplayBuffer):
+    """verl v1 ``ReplayBuffer`` whose training batches are composed by a divopd method (see the module docstring)."""
+
+    def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None,
+                 max_off_policy_strategy: str, sampler_kwargs: Any, poll_interval: float = 2.0, refill_fn: Any = None,
+                 **kwargs: Any) -> None:
+        if max_off_policy_strategy == "wait":
+            raise UsageError("trainer.v1.sampler.max_off_policy_strategy=wait: DivOPDReplayBuffer expires stale turns "
+                             "(drop); 'wait' is verl's built-in rule")
+        super().__init__(trainer_mode=trainer_mode, trainer_config=trainer_config,
+                         max_off_policy_threshold=max_off_policy_threshold,
+                         max_off_policy_strategy=max_off_policy_strategy, sampler_kwargs=sampler_kwargs,
+                         poll_interval=poll_interval, refill_fn=refill_fn, **kwargs)
+        self._settings = dict(sampler_kwargs or {})
+        divopd_config(self._settings, max_off_policy_threshold, self._settings.get("batch_size") or 1)  # fail early
+        self.sample_timeout_s = float(self._settings.get("sample_timeout_s") or DEFAULTS["sample_timeout_s"])
+        self.sampler: Sampler | None = None
+        self._keys: dict[int, str] = {}  # arrival -> TransferQueue key, for every turn still waiting
+        self._tags: dict[str, dict] = {}  # key -> its tag, for every turn still waiting
+        self._handed_out: set[str] = set()  # keys returned to verl that it has not cleared yet
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
+        """Block until divopd composes ``batch_size`` turns (validation partitions: verl's own rule)."""
+        if partition_id != "train":
+            return super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+        deadline = time.monotonic() + self.sample_timeout_s
+        while True:
+            batch, metrics = self.sample_nowait(global_steps, partition_id, batch_size)
+            if batch is not None:
+                return batch, metrics
+            if time.monotonic() >= deadline:
+                ledger = {k: v for k, v in self.sampler.ledger.items() if not isinstance(v, dict)}
+                raise UsageError(f"DivOPDReplayBuffer: no batch of {batch_size} turns for step {global_steps} within "
+                                 f"sample_timeout_s={self.sample_timeout_s:g} (ledger {ledger}): the rollout side "
+                                 "produced too few valid, fresh turns")
+            time.sleep(self.poll_interval)
+
+    def sample_nowait(self, global_steps: int, partition_id: str, batch_size: int
+                      ) -> tuple[KVBatchMeta | None, dict[str, float]]:
+        """One poll: read new records, compose once; ``(None, metrics)`` when too few turns are eligible."""
+        sampler = self._ensure_sampler(batch_size)
+        self.ingest(partition_id)
+        batch = sampler.next_batch(int(global_steps) - 1)
+        self._clear_decided(partition_id, batch)
+        metrics = batch_metrics(batch, sampler.ledger)
+        if batch is None:
+            return None, metrics
+        keys = [self._keys.pop(a) for a in batch.arrivals]
+        tags = [self._tags.pop(k) for k in keys]
+        self._handed_out.update(keys)
+        return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
+
+    def _ensure_sampler(self, batch_size: int) -> Sampler:
+        if self.sampler is None:
+            self.sampler = make_sampler(divopd_config(self._settings, self.max_off_policy_threshold, batch_size))
+        elif self.sampler.config.batch_size != batch_size:
+            raise UsageError(f"DivOPDReplayBuffer: verl asked for {batch_size} rows, the sampler composes "
+                             f"{self.sampler.config.batch_size} (keep data.train_batch_size fixed)")
+        return self.sampler
+
+    def ingest(self, partition_id: str) -> list[Turn]:
+        """Add the records put since the last poll (in TransferQueue's order) to the sampler; clear finished prompts."""
+        listing = (tq.kv_list(partition_id=partition_id) or {}).get(partition_id, {})
+        self._handed_out &= listing.keys()
+        known = set(self._tags) | self._handed_out
+        keys, tags, done_prompts = [], [], []
+        for key, tag in listing.items():
+            if tag.get("is_prompt", False):
+                if tag.get("status") in ("finished", "failure"):
+                    done_prompts.append(key)
+            elif key not in known and tag.get("status") == "success":  # a record being written has no status yet
+                keys.append(key)
+                tags.append(dict(tag))
+        turns = [record_to_turn(k, t, v) for k, t, v in zip(keys, tags, self._read(partition_id, keys), strict=True)]
+        arrivals = self.sampler.add(turns)
+        self._keys.update(zip(arrivals, keys, strict=True))
+        self._tags.update(zip(keys, tags, strict=True))
+        if done_prompts:  # their trajectories were put before their terminal status: all read above
+            tq.kv_clear(keys=done_prompts, partition_id=partition_id)
+        return turns
+
+    @staticmethod
+    def _read(partition_id: str, keys: list[str]) -> list[dict[str, Any]]:
+        """The fields of ``keys`` that the composer reads (one batched get; per key where fields differ)."""
+        if not keys:
+            return []
+        try:
+            data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=list(RECORD_FIELDS))
+            columns = {f: list(data[f].unbind(0)) for f in RECORD_FIELDS}
+            return [{f: columns[f][i] for f in RECORD_FIELDS} for i in range(len(keys))]
+        except (ValueError, KeyError, RuntimeError):  # some record lacks a field: read each on its own
+            out = []
+            for key in keys:
+                data = tq.kv_batch_get(keys=[key], partition_id=partition_id)
+                out.append({f: data[f].unbind(0)[0] for f in RECORD_FIELDS if f in data.keys()})
+            return out
+
+    def _clear_decided(self, partition_id: str, batch: Batch | None) -> None:
+        """Forget and clear from TransferQueue the turns the sampler expired or rejected during this composition."""
+        keep = _waiting_arrivals(self.sampler) | set(batch.arrivals if batch is not None else ())
+        gone = [a for a in self._keys if a not in keep]
+        if gone:
+            keys = [self._keys.pop(a) for a in gone]
+            for key in keys:
+                del self._tags[key]
+            tq.kv_clear(keys=keys, partition_id=partition_id)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler state (queue, pending pool, ledger) and the waiting turns' keys and tags (JSON-able)."""
+        return {
+            "version": 1,
+            "sampler": None if self.sampler is None else self.sampler.state_dict(),
+            "keys": [[a, k] for a, k in self._keys.items()],
+            "tags": self._tags,
+            "handed_out": sorted(self._handed_out),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (TransferQueue must still hold the waiting turns' records)."""
+        if state.get("version") != 1:
+            raise UsageError(f"DivOPDReplayBuffer state version {state.get('version')!r} is not 1")
+        self.sampler = None
+        if state["sampler"] is not None:
+            config = SamplerConfig(**state["sampler"]["config"])
+            self.sampler = make_sampler(config)
+            self.sampler.load_state_dict(state["sampler"])
+        self._keys = {int(a): str(k) for a, k in state["keys"]}
+        self._tags = {str(k): dict(t) for k, t in state["tags"].items()}
+        self._handed_out = set(state["handed_out"])
+
+    # ------------------------------------------------------------------ verl's async-trainer hooks
+    def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
+        """Turns waiting in the sampler after reading new records (verl asks before a hybrid-rollout switch)."""
+        if self.sampler is None:
+            return 0
+        self.ingest(partition_id)
+        return self.sampler.waiting

@@ -1,0 +1,87 @@
+"""The rollout-side piece per-turn selection needs in verl 0.9.1: one TransferQueue record per student turn.
+
+verl's own agent loops (``single_turn_agent``, ``tool_agent``) return one ``AgentLoopOutput`` per session: every
+assistant turn concatenated in ``response_ids``, tool/user tokens masked out by ``response_mask``. Its v1 TQ worker
+(``AgentLoopWorkerTQ._agent_loop_postprocess``) already writes one record per output of a list (keys
+``{uid}_{session_id}_{index}``), but scores only the final output with the teacher (verl's "TODO: Support
+output:list[AgentLoopOutput]"). Two small pieces close the gap:
+
+- :func:`split_turns`: one output per assistant turn — turn ``t``'s prompt is the session prompt plus everything before
+  its tokens, its response is its own tokens (all student actions), with its slice of ``response_logprobs``; so the key
+  index is the turn index;
+- :class:`DivOPDAgentLoopManagerTQ` (``actor_rollout_ref.rollout.agent.agent_loop_manager_class=
+  divopd.integrations.verl_agent_loop.DivOPDAgentLoopManagerTQ``): verl's TQ manager whose workers split each output so
+  and score every turn with the teacher before verl writes the records.
+
+Every turn carries the session's ``min_global_steps`` (verl records the weights versions per session, not per turn):
+the version of the turn's first token is at least that, so a turn is never kept past its staleness limit, and a
+late turn of a long session may expire early. ``rollout.calculate_log_probs=True`` gives ``response_logprobs``
+(``rollout_log_probs`` in the record), without which divopd's gate rejects the turn (``missing_student_logprobs``).
+``routed_experts`` (MoE router replay) is not split: it is left out of the per-turn outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from verl.experimental.agent_loop import AgentLoopOutput
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+
+__all__ = ["DivOPDAgentLoopManagerTQ", "DivOPDAgentLoopWorkerTQ", "split_turns", "turn_spans"]
+
+
+def turn_spans(response_mask: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each maximal run of 1s (one assistant turn) in a session's ``response_mask``."""
+    spans, start = [], None
+    for i, flag in enumerate(list(response_mask) + [0]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def split_turns(output: AgentLoopOutput) -> list[AgentLoopOutput]:
+    """One output per assistant turn of a session's output (an output without any student token is kept as it is)."""
+    spans = turn_spans(output.response_mask)
+    if len(spans) <= 1 and (not spans or spans[0] == (0, len(output.response_ids))):
+        return [output]
+    logprobs = output.response_logprobs
+    turns = []
+    for index, (start, end) in enumerate(spans):
+        update: dict[str, Any] = {
+            "prompt_ids": list(output.prompt_ids) + list(output.response_ids[:start]),
+            "response_ids": list(output.response_ids[start:end]),
+            "response_mask": [1] * (end - start),
+            "response_logprobs": None if logprobs is None else list(logprobs[start:end]),
+            "routed_experts": None,
+            "reward_score": output.reward_score if index == len(spans) - 1 else None,
+            "extra_fields": {**output.extra_fields, "turn_index": index},
+        }
+        turns.append(output.model_copy(update=update, deep=False))
+    return turns
+
+
+class _DivOPDWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # the class under verl's @ray.remote
+    """verl's TQ worker, writing one record per assistant turn, each scored by the teacher."""
+
+    async def _agent_loop_postprocess(self, output: AgentLoopOutput | list[AgentLoopOutput], validate: bool,
+                                      **kwargs: Any) -> None:
+        outputs = [t for o in (output if isinstance(output, list) else [output]) for t in split_turns(o)]
+        for turn in outputs[:-1]:  # verl scores the last one itself
+            await self._compute_teacher_logprobs(turn, prompt_ids=turn.prompt_ids, response_ids=turn.response_ids,
+                                                 validate=validate, sample_kwargs=kwargs)
+        await super()._agent_loop_postprocess(outputs, validate, **kwargs)
+
+
+DivOPDAgentLoopWorkerTQ = ray.remote(_DivOPDWorker)
+
+
+class DivOPDAgentLoopManagerTQ(AgentLoopManagerTQ):
+    """verl's TQ agent-loop manager with :data:`DivOPDAgentLoopWorkerTQ` workers."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.agent_loop_workers_class = DivOPDAgentLoopWorkerTQ  # the workers start later, in create()
