@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "divopd"
 #: Layers, bottom first: a package may import its own layer and the layers below, never one above.
 LAYERS = [
     {"errors", "_moved", "models", "experience"},
-    {"sampling", "explore", "learn"},
+    {"sampling", "explore", "learn", "integrations"},
     {"train"},
     {"analysis"},
     {"suite", "commands", "cli", "__main__", "__init__"},

@@ -8,8 +8,16 @@ from __future__ import annotations
 
 import importlib.util
 
-#: framework folder -> the module that must import for its tests to be collected
-FRAMEWORKS = {"trinity": "trinity.algorithm.sample_strategy", "verl": "verl"}
+#: framework folder -> a module of the installed framework (not the bare name: this folder's ``trinity/`` would
+#: itself be found as a namespace package ``trinity`` where the framework is not installed)
+FRAMEWORKS = {"trinity": "trinity.algorithm.sample_strategy", "verl": "verl.trainer"}
 
-collect_ignore = [folder for folder, module in FRAMEWORKS.items()
-                  if importlib.util.find_spec(module.split(".")[0]) is None]
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent is missing, or is not a package
+        return False
+
+
+collect_ignore = [folder for folder, module in FRAMEWORKS.items() if not _installed(module)]

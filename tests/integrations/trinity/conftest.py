@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from opd_stream import SETTINGS, UPDATES
 
 from divopd.explore.envs import make_env

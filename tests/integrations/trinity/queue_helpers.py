@@ -13,6 +13,8 @@ from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY, SampleStrategy
 from trinity.buffer import BufferWriter, get_buffer_writer
 from trinity.common.config import BufferConfig, ExperienceBufferConfig
 
+import divopd.integrations.trinity  # noqa: F401  (importing it registers "divopd"; test_plugin covers --plugin-dir)
+
 
 def buffer_config(folder: Path, batch_size: int, max_read_timeout: float = 60.0) -> BufferConfig:
     """A trainer buffer config whose experience buffer is a fresh Trinity queue (it also persists to a JSON file)."""
