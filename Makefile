@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 # No pip wheel cache: a clean CI machine once ran out of disk installing .venv (the cache only duplicates wheels).
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup demo test test-study test-slow test-vllm setup-vllm setup-verl test-verl lint bench paper docs clean
+.PHONY: setup demo test test-study test-slow test-vllm setup-vllm setup-verl test-verl setup-trinity test-trinity test-integrations lint bench paper docs clean
 
 setup: $(STAMP)
 
@@ -82,6 +82,29 @@ $(RSTAMP): pyproject.toml constraints.txt constraints-verl.txt
 test-verl: $(RSTAMP)
 	$(RPY) -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/integrations/verl
 
+# Trinity-RFT 0.6.0 in its own venv (it resolves verl 0.8.0 and transformers 5.25; torch stays the CPU 2.13.0 build),
+# for the DivOPD sample strategy's integration tests (tests/integrations/trinity). Idempotent, like setup.
+TVENV  := .venv-trinity
+TPY    := $(TVENV)/bin/python
+TSTAMP := $(TVENV)/.stamp-$(shell cat pyproject.toml constraints.txt constraints-trinity.txt | cksum | cut -d' ' -f1)
+
+setup-trinity: $(TSTAMP)
+
+$(TSTAMP): pyproject.toml constraints.txt constraints-trinity.txt
+	test -x $(TPY) || $(PYTHON) -m venv $(TVENV)
+	$(TPY) -m pip install -q --upgrade pip
+	$(TPY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(TPY) -m pip install -q -c constraints.txt -c constraints-trinity.txt trinity-rft
+	$(TPY) -m pip install -q -c constraints.txt -c constraints-trinity.txt -e . 'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100'
+	rm -f $(TVENV)/.stamp-*
+	touch $@
+
+test-trinity: $(TSTAMP)
+	$(TPY) -m pytest -q -p no:cacheprovider tests/integrations/trinity
+
+# Every trainer framework's plug-in, each in its own venv.
+test-integrations: test-trinity test-verl
+
 DEMO_SEEDS ?= 0
 demo: setup
 	$(PY) -m divopd.suite.demo --seeds $(DEMO_SEEDS)
@@ -117,4 +140,4 @@ paper: setup
 	$(PY) -m divopd.cli bench paper $(PAPER_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VVENV) $(RVENV) runs site .pytest_cache
+	rm -rf $(VENV) $(VVENV) $(RVENV) $(TVENV) runs site .pytest_cache

@@ -33,7 +33,7 @@ LAYERS = [
     {"sampling", "explore", "learn"},
     {"train", "integrations"},
     {"analysis"},
-    {"suite", "commands", "cli", "__main__", "__init__", "integrations"},
+    {"suite", "commands", "cli", "__main__", "__init__"},
 ]
 
 #: The only modules outside ``train/runtime/`` that may import a runtime: the one place that assembles a run.

@@ -16,10 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from divopd.config import load_config
-from divopd.envs import make_env
+from divopd.explore.envs import make_env
 from divopd.models.tiny import build_model, build_tokenizer
 from divopd.train import train
+from divopd.train.config import load_config
 
 OUT = Path(__file__).resolve().parent / "data" / "tiny-lockstep"
 

@@ -1,0 +1,23 @@
+"""Integration tests run in each framework's own venv (``make test-integrations``); the default suite skips them.
+
+``tests/integrations/<framework>/`` is collected only where that framework imports (``.venv-trinity`` for
+``trinity``); under ``.venv`` (``make test``) the folder is left out, and ``pytest -rs`` shows nothing from it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+#: framework folder -> a module of the installed framework (not the bare name: this folder's ``trinity/`` would
+#: itself be found as a namespace package ``trinity`` where the framework is not installed)
+FRAMEWORKS = {"trinity": "trinity.algorithm.sample_strategy", "verl": "verl.trainer"}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent is missing, or is not a package
+        return False
+
+
+collect_ignore = [folder for folder, module in FRAMEWORKS.items() if not _installed(module)]

@@ -1,0 +1,62 @@
+"""Trinity-RFT finds the strategy: through ``--plugin-dir`` / ``TRINITY_PLUGIN_DIRS``, through its dotted path, and
+from the example configs, which switch Trinity's on-policy distillation to DivOPD with the ``sample_strategy`` line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trinity.algorithm.sample_strategy")
+
+from omegaconf import OmegaConf  # noqa: E402
+from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY  # noqa: E402
+from trinity.common.config import Config, load_config  # noqa: E402
+
+from divopd.integrations.trinity import DivOPDSampleStrategy, sampler_config  # noqa: E402
+from divopd.integrations.trinity_plugin import PLUGIN_DIR  # noqa: E402
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples" / "trinity").glob("*-divopd.yaml"))
+
+
+def test_trinity_loads_the_plugin_directory() -> None:
+    """What ``trinity run --plugin-dir DIR`` does: set TRINITY_PLUGIN_DIRS, then ``load_plugins()``."""
+    code = ("from trinity.utils.plugin_loader import load_plugins; load_plugins(); "
+            "from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY; c = SAMPLE_STRATEGY.get('divopd'); "
+            "print(c.__module__, c.__name__)")
+    env = {**os.environ, "TRINITY_PLUGIN_DIRS": PLUGIN_DIR}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["divopd.integrations.trinity", "DivOPDSampleStrategy"]
+
+
+def test_the_dotted_path_names_the_same_class() -> None:
+    assert SAMPLE_STRATEGY.get("divopd.integrations.trinity.DivOPDSampleStrategy") is DivOPDSampleStrategy
+    assert SAMPLE_STRATEGY.get("divopd") is DivOPDSampleStrategy
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_an_example_config_switches_to_divopd_with_one_line(path: Path, tmp_path: Path) -> None:
+    config = load_config(str(path))  # Trinity's own loader: an unknown key fails here
+    assert SAMPLE_STRATEGY.get(config.algorithm.sample_strategy) is DivOPDSampleStrategy
+    settings = sampler_config(config.algorithm.sample_strategy_args, config.buffer.train_batch_size)
+    assert settings.batch_size == config.buffer.train_batch_size
+    assert config.buffer.trainer_input.experience_buffer.storage_type == "queue"
+    # without the sample_strategy lines it is Trinity's plain run of the same setting, nothing else differs
+    lines = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("sample_strategy")]
+    plain_path = tmp_path / path.name
+    plain_path.write_text("\n".join(lines) + "\n")
+    plain = load_config(str(plain_path))
+    assert plain.algorithm.sample_strategy is None
+    a, b = (OmegaConf.to_container(OmegaConf.structured(c)) for c in (config, plain))
+    for side in (a, b):
+        side["algorithm"].pop("sample_strategy")
+        side["algorithm"].pop("sample_strategy_args")
+    assert a == b and isinstance(config, Config)
+
+
+def test_there_is_an_example_per_paper_environment() -> None:
+    assert [p.stem for p in EXAMPLES] == ["alfworld-divopd", "scienceworld-divopd", "webshop-divopd"]

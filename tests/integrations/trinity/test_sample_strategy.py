@@ -1,0 +1,162 @@
+"""DivOPD's Trinity-RFT sample strategy on Trinity's real experience queue: written with Trinity's writer, read by
+the strategy through Trinity's reader, under a local Ray. The turn stream is a real divopd experience log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trinity.algorithm.sample_strategy")
+
+import torch  # noqa: E402
+from opd_stream import SETTINGS, UPDATES, key_of, reference, rollout_ranks, to_experience  # noqa: E402
+from queue_helpers import assert_ledger_identity, buffer_config, queue_writer, strategy  # noqa: E402
+from trinity.common.experience import EID, Experience  # noqa: E402
+
+from divopd.analysis.replay import ReplayConfig, replay  # noqa: E402
+from divopd.errors import UsageError  # noqa: E402
+from divopd.experience.log import read_log  # noqa: E402
+from divopd.integrations.trinity import DivOPDSampleStrategy, default_sample_args  # noqa: E402
+from divopd.sampling import METHODS, SamplerConfig, get_method  # noqa: E402
+from divopd.sampling.gate import REASONS  # noqa: E402
+
+#: every registered rule on the damaged stream (invalid records inside), two rules on the log as it was written
+CASES = [(m, True) for m in sorted(METHODS)] + [("divopd", False), ("vanilla", False)]
+
+
+@pytest.mark.parametrize(("method", "damaged"), CASES, ids=[f"{m}{'-damaged' if d else ''}" for m, d in CASES])
+def test_the_strategy_selects_what_divopd_replay_selects(ray_local, divopd_log: Path, tmp_path: Path, method: str,
+                                                         damaged: bool) -> None:
+    asyncio.run(_replay_through_trinity(divopd_log, tmp_path, method, damaged))
+
+
+async def _replay_through_trinity(log: Path, tmp_path: Path, method: str, damaged: bool) -> None:
+    config = SamplerConfig(method, seed=0, **SETTINGS)
+    ticks, _ = reference(log, config, UPDATES, damaged)
+    assert all(t.selected is not None for t in ticks), "the replay starves on an update: no batch to compare"
+    logged = list(read_log(log))
+    if damaged:
+        from opd_stream import damage
+
+        logged = [lt._replace(turn=damage(lt.turn, lt.arrival)) for lt in logged]
+    replayed = replay(logged, ReplayConfig(methods=(method,), updates=UPDATES, seed=0, **SETTINGS))
+    series = replayed["methods"][method]["series"]
+    assert series["batch"] == [1] * UPDATES
+    ranks = rollout_ranks(log)
+    buffer = buffer_config(tmp_path, config.batch_size)
+    async with queue_writer(buffer) as writer:
+        plugin = strategy(buffer, method=method, **SETTINGS)
+        for tick in ticks:
+            if tick.delivered:  # the explorer side writes what arrived before this update, in arrival order
+                await writer.write([to_experience(t, ranks[t.rollout_id]) for t in tick.delivered])
+            if tick.update == UPDATES // 2:  # a checkpoint mid-stream: JSON, as Trinity writes it, into a new strategy
+                state = json.loads(json.dumps(plugin.state_dict()))
+                plugin = strategy(buffer, method=method, **SETTINGS)
+                plugin.load_state_dict(state)
+            batch, metrics, samples = await plugin.sample(tick.update + 1)
+            assert [key_of(e) for e in batch] == tick.selected, f"update {tick.update}"
+            ledger = plugin.sampler.ledger
+            assert_ledger_identity(ledger)
+            # what reached the pool is counted exactly as the replay counts it; the rest may still sit in Trinity
+            for key in ("selected", "invalid", "pending", "invalid_by_reason"):
+                assert ledger[key] == tick.ledger[key], (key, tick.update)
+            assert ledger["expired"] <= tick.ledger["expired"]
+            assert plugin.held == plugin.sampler.waiting <= config.pool_size
+            j = tick.update
+            assert metrics["sampler/effective_rollouts"] == pytest.approx(series["effective_rollouts"][j])
+            assert (metrics["ledger/selected"], metrics["ledger/invalid"]) == (series["selected"][j],
+                                                                               series["invalid"][j])
+            assert metrics["sample/model_version/max"] <= j and samples
+    final = ticks[-1].ledger
+    assert final["expired_by_reason"]["stale"] > 0  # the stream does exercise staleness ...
+    rule = get_method(method)
+    assert (final["invalid"] > 0) == (damaged and rule.pooled and rule.gated)  # ... and, damaged, the gate
+
+
+def _experience(rollout: int, step: int, version: int | None, n: int = 3, **over) -> Experience:
+    fields = {
+        "eid": EID(batch=0, task=rollout, run=0, step=step), "tokens": torch.arange(5 + n), "prompt_length": 5,
+        "logprobs": torch.full((n,), -1.0), "teacher_logprobs": torch.full((n,), -2.0 - step),
+        "action_mask": torch.ones(n, dtype=torch.bool), "info": {} if version is None else {"model_version": version},
+    }
+    return Experience(**{**fields, **over})
+
+
+def test_stale_and_invalid_records_are_counted_as_such(ray_local, tmp_path: Path) -> None:
+    async def run() -> None:
+        buffer = buffer_config(tmp_path, 4)
+        async with queue_writer(buffer) as writer:
+            plugin = strategy(buffer, method="divopd", pool_factor=3, cap=2, max_staleness=1)
+            invalid = {  # one record per gate reason, at a fresh version
+                "prompt_truncated": _experience(10, 0, 4, truncate_status="prompt_truncated"),
+                "empty_response": _experience(11, 0, 4, n=0),
+                "missing_teacher": _experience(12, 0, 4, teacher_logprobs=None),
+                "missing_student_logprobs": _experience(13, 0, 4, logprobs=None),
+                "length_mismatch": _experience(14, 0, 4, teacher_logprobs=torch.full((2,), -2.0)),
+                "no_valid_token": _experience(15, 0, 4, action_mask=torch.zeros(3, dtype=torch.bool)),
+            }
+            assert list(invalid) == list(REASONS)
+            stale = [_experience(1, t, 2) for t in range(3)]  # learner version 4 - 2 > max_staleness 1
+            valid = [_experience(r, t, 3 + t % 2) for r in range(2, 4) for t in range(3)]
+            await writer.write(stale + list(invalid.values()) + valid)
+            batch, metrics, _ = await plugin.sample(5)
+            assert len(batch) == 4 and all(e.info["model_version"] >= 3 for e in batch)
+            ledger = plugin.sampler.ledger
+            assert_ledger_identity(ledger)
+            assert ledger["expired_by_reason"]["stale"] == metrics["ledger/expired/stale"] == 3
+            assert ledger["invalid_by_reason"] == dict.fromkeys(REASONS, 1)
+            assert all(metrics[f"ledger/invalid/{r}"] == 1 for r in REASONS)
+            assert (ledger["received"], ledger["selected"], ledger["pending"]) == (15, 4, 2)
+            assert plugin.held == 2  # the experiences of expired and rejected turns are not kept
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(("record", "field"), [
+    ({"info": {}}, "model_version"),
+    ({"info": {"model_version": "3"}}, "model_version"),
+    ({"eid": EID(run=0, step=1)}, "rollout id"),
+    ({"eid": EID(batch=0, task=1, run=0, step=-1)}, "turn_index"),
+])
+def test_a_record_without_identity_or_version_stops_with_one_line(ray_local, tmp_path: Path, record: dict,
+                                                                   field: str) -> None:
+    async def run() -> None:
+        buffer = buffer_config(tmp_path, 2)
+        async with queue_writer(buffer) as writer:
+            plugin = strategy(buffer, method="divopd")
+            await writer.write([_experience(0, 0, 0), _experience(0, 1, 0, **record)])
+            with pytest.raises(UsageError, match=field) as err:
+                await plugin.sample(1)
+            assert "\n" not in str(err.value) and plugin.sampler.ledger["received"] < 2  # the bad record is not queued
+
+    asyncio.run(run())
+
+
+def test_bad_strategy_settings_are_one_line_each(ray_local, tmp_path: Path) -> None:
+    buffer = buffer_config(tmp_path, 8)
+    cases = [({"methd": "divopd"}, "unknown key 'methd'"), ({"method": "fancy"}, "unknown sampler method"),
+             ({"cap": 0}, "cap"), ({"pool_factor": 0.5}, "pool_factor")]
+    for args, message in cases:
+        with pytest.raises(UsageError, match=message) as err:
+            strategy(buffer, **args)
+        assert "\n" not in str(err.value)
+    file_buffer = buffer_config(tmp_path, 8)
+    file_buffer.trainer_input.experience_buffer.storage_type = "file"
+    with pytest.raises(UsageError, match="storage_type to queue"):
+        strategy(file_buffer)
+    replaying = buffer_config(tmp_path, 8)
+    replaying.trainer_input.experience_buffer.replay_buffer.enable = True
+    with pytest.raises(UsageError, match="replay_buffer.enable"):
+        strategy(replaying)
+
+
+def test_defaults_are_the_papers_and_batch_size_is_trinitys(ray_local, tmp_path: Path) -> None:
+    args = DivOPDSampleStrategy.default_args()
+    assert args == default_sample_args()
+    assert (args["method"], args["pool_factor"], args["cap"], args["max_staleness"], args["max_pending_age"]) == (
+        "divopd", 4, 4, 2, 8)
+    plugin = strategy(buffer_config(tmp_path, 96))
+    assert plugin.config == SamplerConfig("divopd", batch_size=96)
