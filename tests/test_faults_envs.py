@@ -8,13 +8,15 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from divopd.explore.envs import EnvCrash, make_env
-from divopd.explore.envs._jvm import DEFAULT_JAVA_OPTS
+from divopd.explore.envs._jvm import DEFAULT_JAVA_OPTS, read_timeout_for
 from divopd.explore.envs.webshop import WebShopEnv
 from divopd.explore.envs.webshop_offline import CatalogConfig, WebShopServer
 
@@ -40,6 +42,18 @@ def _bounded(fn: Callable[[], Any]) -> BaseException | None:
     return out[0]
 
 
+def _stop(proc: Any) -> None:
+    """SIGSTOP ``proc`` and wait until the kernel shows it stopped (a stop is not instant: a JVM thread may still
+    answer a request sent in between)."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    status = Path(f"/proc/{proc.pid}/status")
+    for _ in range(1000):
+        if "T (stopped)" in status.read_text():
+            return
+        time.sleep(0.01)
+    pytest.fail(f"JVM {proc.pid} did not stop")
+
+
 def _resume_and_kill(proc: Any) -> None:
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGCONT)
@@ -59,7 +73,7 @@ def test_a_stopped_twx_jvm_is_killed_at_the_deadline_and_the_call_is_an_env_cras
     proc = env._env._gateway.java_process
     try:
         env.reset(env.tasks("train")[0])
-        os.kill(proc.pid, signal.SIGSTOP)
+        _stop(proc)
         crash = _bounded(lambda: env.step("look around"))
         assert isinstance(crash, EnvCrash), crash
         assert "no answer within call_timeout_s=2 s; it was killed" in str(crash)
@@ -75,7 +89,7 @@ def test_a_stopped_scienceworld_jvm_is_killed_at_the_deadline() -> None:
     proc = env._env._gateway.java_process
     try:
         env.reset(env.tasks("train")[0])
-        os.kill(proc.pid, signal.SIGSTOP)
+        _stop(proc)
         crash = _bounded(lambda: env.step("look around"))
         assert isinstance(crash, EnvCrash) and "call_timeout_s=2 s" in str(crash), crash
         assert proc.wait(timeout=30) is not None
@@ -84,12 +98,12 @@ def test_a_stopped_scienceworld_jvm_is_killed_at_the_deadline() -> None:
         env.close()
 
 
-def test_closing_an_env_whose_jvm_is_stopped_ends(monkeypatch: pytest.MonkeyPatch) -> None:
-    env = _twx(share_jvm=False)
+def test_closing_an_env_whose_jvm_is_stopped_ends() -> None:
+    env = _twx(share_jvm=False, call_timeout_s=2.0)
     proc = env._env._gateway.java_process
     try:
         env.reset(env.tasks("train")[0])
-        os.kill(proc.pid, signal.SIGSTOP)
+        _stop(proc)
         assert _bounded(env.close) is None
         assert proc.wait(timeout=30) is not None
     finally:
@@ -108,6 +122,7 @@ def test_the_py4j_gateway_refuses_a_client_without_its_token() -> None:
 
     env = _twx(share_jvm=False)
     try:
+        assert env._env._gateway.gateway_parameters.read_timeout == read_timeout_for(120.0)  # the default deadline
         port = env._env._gateway.gateway_parameters.port
         assert env._env._gateway.gateway_parameters.auth_token  # the env's own client has the token
         assert "coin" in env.reset(env.tasks("train")[0])

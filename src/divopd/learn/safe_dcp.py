@@ -71,10 +71,10 @@ class SafeMetadataUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout)):
             return getattr(torch, name)
-        raise pickle.UnpicklingError(f"it references {module}.{name}, which a DCP index never holds")
+        raise pickle.UnpicklingError(f"it references {module}.{name}, which is not a DCP metadata class")
 
     def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("it holds a persistent id, which a DCP index never holds")
+        raise pickle.UnpicklingError("it holds a persistent id, which a DCP index does not use")
 
 
 def _check_storage(metadata: Metadata, path: Path) -> None:

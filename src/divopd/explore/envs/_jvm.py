@@ -5,9 +5,11 @@ Deadline: every call into a JVM (:func:`jvm_call`) and every shutdown runs under
 when the call has not returned after the adapter's ``call_timeout_s`` (default :data:`DEFAULT_CALL_TIMEOUT_S`;
 ``explorer.env_kwargs: {call_timeout_s: 60}``); the blocked call then fails and becomes :class:`EnvCrash` (the
 explorer's env-crash path: the rollout ends, counted, and the instance is replaced), so a hung or stopped JVM never
-hangs the explorer. Authentication: the packages launch their gateway with py4j's defaults (loopback, no token);
-:func:`authenticated_gateway` makes them launch it with ``enable_auth`` and connect with the token it prints, so
-another local user cannot drive the JVM.
+hangs the explorer. A round trip outside :func:`jvm_call` (py4j's finalizers release Java objects from whatever
+thread the garbage collector runs in) is bounded too: the gateway's sockets get a read timeout
+(:func:`read_timeout_for`, above the call deadline so that the watchdog normally acts first). Authentication: the
+packages launch their gateway with py4j's defaults (loopback, no token); :func:`guarded_gateway` makes them launch it
+with ``enable_auth`` and connect with the token it prints, so another local user cannot drive the JVM.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ DEFAULT_JAVA_OPTS = "-Xmx256m -XX:+UseSerialGC"
 #: The longest one JVM call may take before the JVM is killed (s): far above the slowest legitimate call (a
 #: ScienceWorld gold-path load, a few seconds), far below "forever".
 DEFAULT_CALL_TIMEOUT_S = 120.0
+
+
+def read_timeout_for(call_timeout_s: float) -> float:
+    """The gateway sockets' read timeout for a call deadline: a backstop for round trips no watchdog watches."""
+    return 1.5 * call_timeout_s + 5.0
 
 
 def check_call_timeout(owner: str, value: Any) -> float:
@@ -104,10 +111,11 @@ def _java_process(package_env: Any) -> Any:
 
 
 @contextlib.contextmanager
-def authenticated_gateway(module: Any) -> Iterator[None]:
+def guarded_gateway(module: Any, read_timeout: float | None = None) -> Iterator[None]:
     """While a package env is built, make its module launch the JVM with py4j's ``enable_auth`` and connect (gateway
-    and callback server) with the token the JVM prints. ``module`` is the package module that calls
-    ``launch_gateway(..., return_proc=True)`` and ``JavaGateway(gateway_parameters=..., ...)`` (both packages do)."""
+    and callback server) with the token the JVM prints, the gateway's sockets with ``read_timeout`` (s). ``module``
+    is the package module that calls ``launch_gateway(..., return_proc=True)`` and
+    ``JavaGateway(gateway_parameters=..., ...)`` (both packages do)."""
     from py4j.protocol import escape_new_line
 
     launch, gateway = module.launch_gateway, module.JavaGateway
@@ -122,6 +130,8 @@ def authenticated_gateway(module: Any) -> Iterator[None]:
         for key in ("gateway_parameters", "callback_server_parameters"):
             if token and kwargs.get(key) is not None:
                 kwargs[key].auth_token = token[-1]
+        if read_timeout is not None and kwargs.get("gateway_parameters") is not None:
+            kwargs["gateway_parameters"].read_timeout = read_timeout
         return gateway(*args, **kwargs)
 
     module.launch_gateway, module.JavaGateway = launch_with_auth, gateway_with_auth
@@ -243,13 +253,19 @@ def jvm_call(adapter: Any, fn: Callable[[], Any]) -> Any:
     with contextlib.nullcontext(None) if proc is None else WATCHDOG.watching(proc, timeout) as watch:
         try:
             result = fn()
-        except (Py4JError, ConnectionError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 — a backend error, or whatever a call cut off by the watchdog raised
+            if not isinstance(exc, (Py4JError, ConnectionError, OSError)) and not (watch is not None and watch.fired):
+                raise
             failure: BaseException | None = exc
         else:
             failure = None
     fired = watch is not None and watch.fired
     if failure is None and not fired:
         return result
+    if not fired and watch is not None and time.monotonic() >= watch.deadline:  # the socket's timeout came first
+        with contextlib.suppress(Exception):
+            proc.kill()
+        fired = True
     alive = jvm_alive(adapter._env) and not fired
     if not alive:
         adapter.close()
@@ -277,12 +293,12 @@ _HOSTS: dict[tuple[str, str, int], _Host] = {}
 
 
 def own_package_env(make: Callable[[], Any], opts: str | None = None, module: Any = None,
-                    ) -> tuple[Any, Callable[[], None]]:
+                    read_timeout: float | None = None) -> tuple[Any, Callable[[], None]]:
     """A package env on a JVM of its own (``make()`` under ``opts``, its finalizer guarded; with ``module``, the
-    package module that launches the gateway: :func:`authenticated_gateway`), and the function that ends that JVM
-    (:func:`shutdown_gateway`)."""
+    package module that launches the gateway: :func:`guarded_gateway` with ``read_timeout``), and the function that
+    ends that JVM (:func:`shutdown_gateway`)."""
     with CONSTRUCTION_LOCK, java_opts(opts), (contextlib.nullcontext() if module is None
-                                              else authenticated_gateway(module)):
+                                              else guarded_gateway(module, read_timeout)):
         env = make()
     guard_finalizer(env)
     return env, lambda: shutdown_gateway(env)
@@ -295,7 +311,8 @@ def _end_host(key: tuple[str, str, int], host: _Host) -> None:
     shutdown_gateway(host.env)
 
 
-def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = None) -> tuple[Any, Callable[[], None]]:
+def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = None,
+                       read_timeout: float | None = None) -> tuple[Any, Callable[[], None]]:
     """A package env whose game runs on this process's one JVM for ``module``, and the function that releases it.
 
     The first call launches the JVM (``make()`` under ``opts``, a host env that plays no game); every call then builds
@@ -313,7 +330,7 @@ def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = 
             _end_host(key, host)
             host = None
         if host is None:
-            host = _HOSTS[key] = _Host(own_package_env(make, opts, module)[0])
+            host = _HOSTS[key] = _Host(own_package_env(make, opts, module, read_timeout)[0])
         gateway = host.env._gateway
         saved = module.launch_gateway, module.JavaGateway
         module.launch_gateway = lambda *args, **kwargs: (None, gateway.java_process)

@@ -44,6 +44,7 @@ from divopd.explore.envs._jvm import (
     check_call_timeout,
     jvm_call,
     own_package_env,
+    read_timeout_for,
     shutdown_gateway,
 )
 from divopd.explore.envs.base import SPLITS, Env, ProgressTracker, StepResult
@@ -157,7 +158,8 @@ class ScienceWorldEnv(Env):
         if split_scheme not in SPLIT_SCHEMES:
             raise ValueError(f"ScienceWorldEnv: unknown split_scheme {split_scheme!r}; expected one of {SPLIT_SCHEMES}")
         self.call_timeout_s = check_call_timeout("ScienceWorldEnv", call_timeout_s)
-        self._env, _ = own_package_env(lambda: package.ScienceWorldEnv(envStepLimit=_NO_LIMIT), java_opts_str, package)
+        self._env, _ = own_package_env(lambda: package.ScienceWorldEnv(envStepLimit=_NO_LIMIT), java_opts_str, package,
+                                       read_timeout_for(self.call_timeout_s))
         self.closed = False
         self._server = self._env.server
         all_names = list(self._call(self._env.get_task_names))

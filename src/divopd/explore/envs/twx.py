@@ -36,6 +36,7 @@ from divopd.explore.envs._jvm import (
     check_call_timeout,
     jvm_call,
     own_package_env,
+    read_timeout_for,
     shared_package_env,
 )
 from divopd.explore.envs.base import SPLITS, Env, ProgressTracker, StepResult, action_in
@@ -80,8 +81,9 @@ class TextWorldExpressEnv(Env):
         def make() -> Any:
             return _PackageEnv(envStepLimit=_NO_LIMIT)
 
-        self._env, self._release = (shared_package_env(package, make, java_opts_str) if share_jvm
-                                    else own_package_env(make, java_opts_str, package))
+        read_timeout = read_timeout_for(self.call_timeout_s)  # a shared JVM keeps its first instance's
+        self._env, self._release = (shared_package_env(package, make, java_opts_str, read_timeout) if share_jvm
+                                    else own_package_env(make, java_opts_str, package, read_timeout))
         try:
             self._env.load(game, params)  # raises ValueError on a bad params string
         except Exception:
