@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import http.client
+import json
+import socket
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from divopd.explore.envs.webshop_offline import CatalogConfig, Shop, generate_catalog, purchase_reward
+from divopd.explore.envs.webshop_offline import (
+    CatalogConfig,
+    ServerLimits,
+    Shop,
+    WebShopServer,
+    generate_catalog,
+    purchase_reward,
+)
+from divopd.explore.envs.webshop_offline.limits import SessionClock
 
 CATALOG = generate_catalog(CatalogConfig(seed=0))
 SHOP = Shop(CATALOG)
@@ -150,3 +162,123 @@ def test_bad_configs_are_named():
         SHOP.new_session(600)
     with pytest.raises(ValueError, match="unknown split"):
         CATALOG.split("valid_seen")
+
+
+# ----------------------------------------------------------------------------------------- server bounds (issue 42)
+SMALL = CatalogConfig(seed=0, n_products=40, n_goals=30, n_test=5, n_dev=5)
+
+
+def _serve(**limits: float) -> WebShopServer:
+    return WebShopServer(SMALL, port=0, limits=ServerLimits(**limits)).start()
+
+
+def _call(server: WebShopServer, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
+    """One request on a fresh connection (the client gives up after 10 s, so a hung server fails the test)."""
+    conn = http.client.HTTPConnection(*server._httpd.server_address[:2], timeout=10)
+    try:
+        conn.request(method, path, body=None if body is None else json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        return reply.status, json.loads(reply.read())
+    finally:
+        conn.close()
+
+
+def test_a_body_over_the_limit_gets_413_unread_and_the_server_goes_on():
+    server = _serve(max_body_bytes=1024)
+    try:
+        with socket.create_connection(server._httpd.server_address[:2], timeout=10) as sock:
+            # a client announcing a terabyte and sending nothing: the server must not wait for (or allocate) it
+            sock.sendall(b"POST /step HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000\r\n\r\n")
+            reply = sock.makefile("rb").read()  # the server answers, then closes: read() ends
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413") and b"Connection: close" in head
+        detail = json.loads(body)["detail"]
+        assert detail == "request body of 1000000000000 bytes is over this server's limit of 1024 bytes"
+        status, _ = _call(server, "POST", "/step", {"env_idx": 0, "action": "x" * 2000})
+        assert status == 413
+        assert _call(server, "POST", "/create") == (200, 0)  # within the limit: served as before
+    finally:
+        server.stop()
+
+
+def test_a_bad_content_length_gets_400():
+    server = _serve()
+    try:
+        with socket.create_connection(server._httpd.server_address[:2], timeout=10) as sock:
+            sock.sendall(b"POST /create HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n")
+            head = sock.makefile("rb").read()
+        assert head.startswith(b"HTTP/1.1 400") and b"Content-Length must be a byte count" in head
+    finally:
+        server.stop()
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection (the test fails if it has not within 10 s)."""
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        pytest.fail("the server kept a silent connection open for 10 s")
+    return data
+
+
+def test_a_silent_connection_is_closed_by_the_server():
+    server = _serve(timeout_s=0.2)
+    try:
+        address = server._httpd.server_address[:2]
+        with socket.create_connection(address, timeout=10) as sock:  # connects, says nothing
+            assert _read_until_closed(sock) == b""
+        with socket.create_connection(address, timeout=10) as sock:  # sends 1 of 10 body bytes
+            sock.sendall(b"POST /create HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
+            head, _, body = _read_until_closed(sock).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and b"not received within 0.2 s" in body
+        assert _call(server, "GET", "/") == (200, "ok")
+    finally:
+        server.stop()
+
+
+def test_idle_sessions_expire_and_used_ones_stay():
+    server = _serve(session_ttl_s=0.3)
+    try:
+        idle = _call(server, "POST", "/create")[1]
+        time.sleep(0.5)  # longer than the TTL: the next request drops the idle session
+        busy = _call(server, "POST", "/create")[1]
+        status, reply = _call(server, "GET", f"/observation?env_idx={idle}")
+        assert status == 404 and "idle for over 0.3 s" in reply["detail"]
+        assert _call(server, "GET", "/list_envs") == (200, [busy])
+    finally:
+        server.stop()
+
+
+def test_the_session_clock_drops_only_sessions_idle_past_the_ttl():
+    now = [0.0]
+    used = SessionClock(ttl_s=10.0, clock=lambda: now[0])
+    used.touch(0)
+    now[0] = 6.0
+    used.touch(1)
+    now[0] = 12.0
+    used.touch(1)  # a session in use is never idle
+    assert used.expired() == [0]
+    now[0] = 22.5
+    assert used.expired() == [1] and used.last_used == {}
+
+
+def test_the_number_of_sessions_is_bounded():
+    server = _serve(max_sessions=2)
+    try:
+        assert [_call(server, "POST", "/create")[1] for _ in range(2)] == [0, 1]
+        status, reply = _call(server, "POST", "/create")
+        assert status == 503 and "2 sessions are open" in reply["detail"]
+        assert _call(server, "POST", "/close", {"env_idx": 0}) == (200, {"closed": True})
+        assert _call(server, "POST", "/create") == (200, 2)
+    finally:
+        server.stop()
+
+
+def test_bad_limits_are_named():
+    with pytest.raises(ValueError, match="max_sessions must be a positive number"):
+        ServerLimits(max_sessions=0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        ServerLimits(timeout_s=-1.0)

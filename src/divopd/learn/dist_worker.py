@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from divopd.learn.learner import Learner
+from divopd.learn.rendezvous import rendezvous_store
 from divopd.learn.rows import Rows
 from divopd.learn.settings import LearnerConfig
 from divopd.models import load_model
@@ -130,8 +131,8 @@ class RankWorker:
             torch.cuda.set_device(device)
             cfg = cfg.model_copy(update={"device": str(device)})
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(backend, store=rendezvous_store(init_method, rank, world_size, COLLECTIVE_TIMEOUT),
+                                rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
         self.rank, self.world_size = rank, world_size
         mesh = init_device_mesh(device.type, (world_size,))
         model, tokenizer = load_model(source, dtype=cfg.dtype, device=str(device))
@@ -176,8 +177,9 @@ class RankWorker:
 
     def load(self, path: str) -> None:
         """Resume from a :meth:`save` directory written by any number of ranks (DCP reshards on load)."""
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        from divopd.learn import safe_dcp as dcp  # the index and values read without unpickling code
 
         learner = self._learner()
         model_state, optim_state = get_state_dict(learner.model, learner.optimizer)

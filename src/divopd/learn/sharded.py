@@ -222,6 +222,10 @@ class ShardedLearner:
         """Resume from a sharded (any N, resharded) or a single-process checkpoint."""
         state = read_state(path)
         config = config if config is not None else LearnerConfig(**state["config"])
+        if state.get("format") == SHARDED_FORMAT:  # refuse a planted index in one line, before any rank starts
+            from divopd.learn.safe_dcp import read_metadata
+
+            read_metadata(Path(path) / DCP_DIR)
         learner = cls(str(path), config, ranks)
         if state.get("format") == SHARDED_FORMAT:
             learner._call("load", [(str(Path(path) / DCP_DIR),)] * learner.world_size)
@@ -239,8 +243,9 @@ class ShardedLearner:
 
 def load_dcp_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str | Path) -> None:
     """The single-process learner resuming a sharded checkpoint: read its optimizer shards into ``optimizer``."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    from divopd.learn import safe_dcp as dcp  # the index and values read without unpickling code
 
     optim_state = get_optimizer_state_dict(model, optimizer)
     state = {"optim": optim_state}

@@ -1,4 +1,16 @@
-"""Helpers shared by the JVM-backed adapters (ScienceWorld, TextWorld-Express): heap cap and clean shutdown."""
+"""Helpers shared by the JVM-backed adapters (ScienceWorld, TextWorld-Express): heap cap, clean shutdown, a deadline
+on every call and an authenticated gateway.
+
+Deadline: every call into a JVM (:func:`jvm_call`) and every shutdown runs under :data:`WATCHDOG`, which kills the JVM
+when the call has not returned after the adapter's ``call_timeout_s`` (default :data:`DEFAULT_CALL_TIMEOUT_S`;
+``explorer.env_kwargs: {call_timeout_s: 60}``); the blocked call then fails and becomes :class:`EnvCrash` (the
+explorer's env-crash path: the rollout ends, counted, and the instance is replaced), so a hung or stopped JVM never
+hangs the explorer. A round trip outside :func:`jvm_call` (py4j's finalizers release Java objects from whatever
+thread the garbage collector runs in) is bounded too: the gateway's sockets get a read timeout
+(:func:`read_timeout_for`, above the call deadline so that the watchdog normally acts first). Authentication: the
+packages launch their gateway with py4j's defaults (loopback, no token); :func:`guarded_gateway` makes them launch it
+with ``enable_auth`` and connect with the token it prints, so another local user cannot drive the JVM.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +19,7 @@ import logging
 import os
 import subprocess
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +30,115 @@ from divopd.explore.envs.base import EnvCrash
 #: JVM options applied while an adapter starts its server: a capped heap and the serial collector keep each JVM at
 #: ~250-350 MB instead of 0.5-1.6 GB (MACHINE-NOTES). ``DIVOPD_JAVA_OPTS`` overrides.
 DEFAULT_JAVA_OPTS = "-Xmx256m -XX:+UseSerialGC"
+#: The longest one JVM call may take before the JVM is killed (s): far above the slowest legitimate call (a
+#: ScienceWorld gold-path load, a few seconds), far below "forever".
+DEFAULT_CALL_TIMEOUT_S = 120.0
+
+
+def read_timeout_for(call_timeout_s: float) -> float:
+    """The gateway sockets' read timeout for a call deadline: a backstop for round trips no watchdog watches."""
+    return 1.5 * call_timeout_s + 5.0
+
+
+def check_call_timeout(owner: str, value: Any) -> float:
+    """``value`` as a call deadline in seconds (> 0), or a ``ValueError`` naming ``owner``'s ``call_timeout_s``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{owner}: call_timeout_s must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+class _Watch:
+    """One watched call: ``fired`` once the watchdog killed its JVM."""
+
+    def __init__(self, proc: Any, deadline: float) -> None:
+        self.proc, self.deadline, self.fired = proc, deadline, False
+
+
+class Watchdog:
+    """Kills the JVM of a call still running at its deadline: one daemon thread per process, started on demand and
+    ended after a few idle seconds; a watched call costs a dict insert and delete."""
+
+    POLL_S = 0.1
+    IDLE_EXIT_S = 5.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[int, _Watch] = {}
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    @contextlib.contextmanager
+    def watching(self, proc: Any, timeout: float) -> Iterator[_Watch]:
+        """Watch the body: past ``timeout`` s, ``proc`` is killed and the yielded watch marked ``fired``."""
+        watch = _Watch(proc, time.monotonic() + timeout)
+        with self._lock:
+            self._calls[id(watch)] = watch
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="divopd-jvm-watchdog", daemon=True)
+                self._thread.start()
+        try:
+            yield watch
+        finally:
+            with self._lock:
+                self._calls.pop(id(watch), None)
+
+    def _run(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            time.sleep(self.POLL_S)
+            now = time.monotonic()
+            with self._lock:
+                due = [w for w in self._calls.values() if now >= w.deadline and not w.fired]
+                for watch in due:
+                    watch.fired = True
+                if self._calls:
+                    idle_since = now
+                elif now - idle_since > self.IDLE_EXIT_S:
+                    self._thread = None
+                    return
+            for watch in due:
+                with contextlib.suppress(Exception):
+                    watch.proc.kill()
+
+
+#: The process's watchdog (see :class:`Watchdog`).
+WATCHDOG = Watchdog()
+
+
+def _java_process(package_env: Any) -> Any:
+    return getattr(getattr(package_env, "_gateway", None), "java_process", None)
+
+
+@contextlib.contextmanager
+def guarded_gateway(module: Any, read_timeout: float | None = None) -> Iterator[None]:
+    """While a package env is built, make its module launch the JVM with py4j's ``enable_auth`` and connect (gateway
+    and callback server) with the token the JVM prints, the gateway's sockets with ``read_timeout`` (s). ``module``
+    is the package module that calls ``launch_gateway(..., return_proc=True)`` and
+    ``JavaGateway(gateway_parameters=..., ...)`` (both packages do)."""
+    from py4j.protocol import escape_new_line
+
+    launch, gateway = module.launch_gateway, module.JavaGateway
+    token: list[str] = []
+
+    def launch_with_auth(*args: Any, **kwargs: Any) -> Any:
+        port, auth_token, proc = launch(*args, **{**kwargs, "enable_auth": True, "return_proc": True})
+        token.append(escape_new_line(auth_token))  # as GatewayParameters(auth_token=...) stores it
+        return port, proc
+
+    def gateway_with_auth(*args: Any, **kwargs: Any) -> Any:
+        for key in ("gateway_parameters", "callback_server_parameters"):
+            if token and kwargs.get(key) is not None:
+                kwargs[key].auth_token = token[-1]
+        if read_timeout is not None and kwargs.get("gateway_parameters") is not None:
+            kwargs["gateway_parameters"].read_timeout = read_timeout
+        return gateway(*args, **kwargs)
+
+    module.launch_gateway, module.JavaGateway = launch_with_auth, gateway_with_auth
+    try:
+        yield
+    finally:
+        module.launch_gateway, module.JavaGateway = launch, gateway
 
 
 @contextlib.contextmanager
@@ -86,14 +208,18 @@ def _close_quietly(package_env: Any) -> None:
 
 
 def shutdown_gateway(package_env: Any, timeout: float = 5.0) -> None:
-    """Close a py4j-backed package env and make sure its JVM process has exited (killed after ``timeout`` s).
+    """Close a py4j-backed package env and make sure its JVM process has exited (killed after ``timeout`` s; also
+    when the close itself hangs on a stopped JVM).
 
     The packages' own ``__del__`` calls ``close()`` again at garbage collection; it is replaced by a no-op here so the
     second call cannot raise on an already closed gateway.
     """
-    gateway = getattr(package_env, "_gateway", None)
-    proc = getattr(gateway, "java_process", None)
-    _close_quietly(package_env)
+    proc = _java_process(package_env)
+    if proc is None:
+        _close_quietly(package_env)
+    else:
+        with WATCHDOG.watching(proc, timeout):
+            _close_quietly(package_env)
     package_env.close = lambda: None  # the package's __del__ calls close() again
     if proc is not None:
         try:
@@ -105,29 +231,47 @@ def shutdown_gateway(package_env: Any, timeout: float = 5.0) -> None:
 
 def jvm_alive(package_env: Any) -> bool:
     """Whether the package env's JVM process is still running."""
-    proc = getattr(getattr(package_env, "_gateway", None), "java_process", None)
+    proc = _java_process(package_env)
     return proc is not None and proc.poll() is None
 
 
 def jvm_call(adapter: Any, fn: Callable[[], Any]) -> Any:
-    """Run ``fn``, a call into ``adapter``'s JVM; a dead JVM or a broken gateway becomes :class:`EnvCrash`.
+    """Run ``fn``, a call into ``adapter``'s JVM, under a deadline; a dead JVM, a broken gateway or a call still
+    running after ``adapter.call_timeout_s`` (the JVM is then killed) becomes :class:`EnvCrash`.
 
-    ``adapter`` is a JVM-backed env with ``closed``, ``close()`` and its package env as ``_env``. A JVM found dead does
-    not come back: the adapter is closed at once, before the crash is raised, so that no Java object's finalizer
-    reaches for the dead JVM later (:func:`_close_quietly`).
+    ``adapter`` is a JVM-backed env with ``closed``, ``close()``, ``call_timeout_s`` and its package env as ``_env``.
+    A JVM found dead does not come back: the adapter is closed at once, before the crash is raised, so that no Java
+    object's finalizer reaches for the dead JVM later (:func:`_close_quietly`).
     """
     name = type(adapter).__name__
     if adapter.closed:
         raise EnvCrash(f"{name}: used after close()")
     from py4j.protocol import Py4JError
 
-    try:
-        return fn()
-    except (Py4JError, ConnectionError, OSError) as exc:
-        alive = jvm_alive(adapter._env)
-        if not alive:
-            adapter.close()
-        raise EnvCrash(f"{name}: JVM call failed (jvm alive={alive}): {exc}") from exc
+    timeout = getattr(adapter, "call_timeout_s", DEFAULT_CALL_TIMEOUT_S)
+    proc = _java_process(adapter._env)
+    with contextlib.nullcontext(None) if proc is None else WATCHDOG.watching(proc, timeout) as watch:
+        try:
+            result = fn()
+        except Exception as exc:  # noqa: BLE001 — a backend error, or whatever a call cut off by the watchdog raised
+            if not isinstance(exc, (Py4JError, ConnectionError, OSError)) and not (watch is not None and watch.fired):
+                raise
+            failure: BaseException | None = exc
+        else:
+            failure = None
+    fired = watch is not None and watch.fired
+    if failure is None and not fired:
+        return result
+    if not fired and watch is not None and time.monotonic() >= watch.deadline:  # the socket's timeout came first
+        with contextlib.suppress(Exception):
+            proc.kill()
+        fired = True
+    alive = jvm_alive(adapter._env) and not fired
+    if not alive:
+        adapter.close()
+    if fired:
+        raise EnvCrash(f"{name}: the JVM gave no answer within call_timeout_s={timeout:g} s; it was killed")
+    raise EnvCrash(f"{name}: JVM call failed (jvm alive={alive}): {failure}") from failure
 
 
 # ---------------------------------------------------------------------------------------------- one JVM per process
@@ -148,10 +292,13 @@ class _Host:
 _HOSTS: dict[tuple[str, str, int], _Host] = {}
 
 
-def own_package_env(make: Callable[[], Any], opts: str | None = None) -> tuple[Any, Callable[[], None]]:
-    """A package env on a JVM of its own (``make()`` under ``opts``, its finalizer guarded), and the function that
+def own_package_env(make: Callable[[], Any], opts: str | None = None, module: Any = None,
+                    read_timeout: float | None = None) -> tuple[Any, Callable[[], None]]:
+    """A package env on a JVM of its own (``make()`` under ``opts``, its finalizer guarded; with ``module``, the
+    package module that launches the gateway: :func:`guarded_gateway` with ``read_timeout``), and the function that
     ends that JVM (:func:`shutdown_gateway`)."""
-    with CONSTRUCTION_LOCK, java_opts(opts):
+    with CONSTRUCTION_LOCK, java_opts(opts), (contextlib.nullcontext() if module is None
+                                              else guarded_gateway(module, read_timeout)):
         env = make()
     guard_finalizer(env)
     return env, lambda: shutdown_gateway(env)
@@ -164,7 +311,8 @@ def _end_host(key: tuple[str, str, int], host: _Host) -> None:
     shutdown_gateway(host.env)
 
 
-def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = None) -> tuple[Any, Callable[[], None]]:
+def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = None,
+                       read_timeout: float | None = None) -> tuple[Any, Callable[[], None]]:
     """A package env whose game runs on this process's one JVM for ``module``, and the function that releases it.
 
     The first call launches the JVM (``make()`` under ``opts``, a host env that plays no game); every call then builds
@@ -182,7 +330,7 @@ def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = 
             _end_host(key, host)
             host = None
         if host is None:
-            host = _HOSTS[key] = _Host(own_package_env(make, opts)[0])
+            host = _HOSTS[key] = _Host(own_package_env(make, opts, module, read_timeout)[0])
         gateway = host.env._gateway
         saved = module.launch_gateway, module.JavaGateway
         module.launch_gateway = lambda *args, **kwargs: (None, gateway.java_process)

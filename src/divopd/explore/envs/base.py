@@ -13,7 +13,10 @@ Rules: a bad action returns the environment's own feedback as the observation (n
 holds ``success`` (bool), ``progress`` (bool: this step raised the score or reached a new state / sub-goal),
 ``score`` (float, the env's running score normalised to [0, 1] where the env has one) and ``invalid`` (bool: the
 action was invalid by the adapter's rule, stated in its docstring). An environment crash raises :class:`EnvCrash`; the
-explorer ends that rollout (counted) and carries on with a fresh instance.
+explorer ends that rollout (counted) and carries on with a fresh instance. Backend errors (a dead JVM, a failed HTTP
+call, a backend call past its deadline) are :class:`EnvCrash`, never another exception type, and they surface from
+:meth:`Env.reset` and :meth:`Env.step`: :meth:`Env.valid_actions` and :meth:`Env.allowed_actions_key` answer from what
+the last reset/step fetched (the explorer calls them outside its env-crash handler).
 
 +R (:mod:`divopd.explore.recovery`) counts a no-progress turn as an invalid action, or a repeated action while the set
 of allowed actions is unchanged: ``info["invalid"]`` is the first, :meth:`Env.allowed_actions_key` names the set.
@@ -103,7 +106,10 @@ class Env(abc.ABC):
         return None
 
     def valid_actions(self) -> list[str] | None:
-        """Currently valid actions, where the environment lists them (for prompts); ``None`` otherwise."""
+        """Currently valid actions, where the environment lists them (for prompts); ``None`` otherwise.
+
+        Answered from what the last :meth:`reset` / :meth:`step` fetched: a backend adapter fetches the list there, so
+        that a backend failure is that call's :class:`EnvCrash` (raised here only before any reset)."""
         return None
 
     def allowed_actions_key(self) -> Hashable | None:

@@ -39,7 +39,14 @@ import random
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from divopd.explore.envs._jvm import jvm_call, own_package_env, shutdown_gateway
+from divopd.explore.envs._jvm import (
+    DEFAULT_CALL_TIMEOUT_S,
+    check_call_timeout,
+    jvm_call,
+    own_package_env,
+    read_timeout_for,
+    shutdown_gateway,
+)
 from divopd.explore.envs.base import SPLITS, Env, ProgressTracker, StepResult
 
 __all__ = ["PAPER_HELD_OUT_TYPES", "PAPER_TRAIN_TYPES", "SPLIT_SCHEMES", "ScienceWorldEnv", "scienceworld_paper_split",
@@ -123,6 +130,11 @@ class ScienceWorldEnv(Env):
             (:func:`scienceworld_paper_split`: ``"train"`` / ``"test"`` are the paper's shuffled training / held-out
             lists, in that order).
         split_seed: the shuffle seed of the ``"paper"`` scheme (the paper's: 42).
+        call_timeout_s: the deadline of one call into the JVM; past it the JVM is killed and the call raises
+            :class:`~divopd.explore.envs.base.EnvCrash` (:mod:`divopd.explore.envs._jvm`).
+
+    Backend errors surface from :meth:`reset` and :meth:`step` as ``EnvCrash``; :meth:`valid_actions` and
+    :meth:`allowed_actions_key` answer from what those fetched (the explorer calls them outside its env-crash handler).
     """
 
     name = "scienceworld"
@@ -139,15 +151,18 @@ class ScienceWorldEnv(Env):
         java_opts_str: str | None = None,
         split_scheme: str = "package",
         split_seed: int = 42,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
     ) -> None:
-        from scienceworld import ScienceWorldEnv as _PackageEnv
+        import scienceworld.scienceworld as package
 
         if split_scheme not in SPLIT_SCHEMES:
             raise ValueError(f"ScienceWorldEnv: unknown split_scheme {split_scheme!r}; expected one of {SPLIT_SCHEMES}")
-
-        self._env, _ = own_package_env(lambda: _PackageEnv(envStepLimit=_NO_LIMIT), java_opts_str)
+        self.call_timeout_s = check_call_timeout("ScienceWorldEnv", call_timeout_s)
+        self._env, _ = own_package_env(lambda: package.ScienceWorldEnv(envStepLimit=_NO_LIMIT), java_opts_str, package,
+                                       read_timeout_for(self.call_timeout_s))
+        self.closed = False
         self._server = self._env.server
-        all_names = list(self._env.get_task_names())
+        all_names = list(self._call(self._env.get_task_names))
         unknown = sorted(set(task_names or []) - set(all_names))
         if unknown:
             shutdown_gateway(self._env)
@@ -161,7 +176,6 @@ class ScienceWorldEnv(Env):
         self._templates: list[str] | None = None
         self._last_state: tuple[str, str] | None = None
         self._last_score = 0.0
-        self.closed = False
 
     # ------------------------------------------------------------------ tasks
     def tasks(self, split: str) -> list[str]:
@@ -175,7 +189,7 @@ class ScienceWorldEnv(Env):
             if key not in self._split_cache:
                 self._call(lambda name=name: self._server.load(name, 0, self.simplifications, False))
                 getter = {"train": "getVariationsTrain", "dev": "getVariationsDev", "test": "getVariationsTest"}[split]
-                self._split_cache[key] = [int(v) for v in self._call(lambda g=getter: getattr(self._server, g)())]
+                self._split_cache[key] = self._call(lambda g=getter: [int(v) for v in getattr(self._server, g)()])
             out.extend(f"{name}:{v}" for v in self._split_cache[key])
         return out
 
@@ -202,19 +216,20 @@ class ScienceWorldEnv(Env):
         name, var = self._parse(task)
         self._call(lambda: self._server.load(name, var, self.simplifications, False))
         self._task = task
-        desc = self._call(self._server.getTaskDescription)
+        desc = self._call(lambda: self._server.getTaskDescription())
         # The server's score still holds the previous episode's value until the first step: start from 0.
         self._last_state = self._state()
         self._progress.reset(0.0, self._last_state)
         self._last_score = 0.0
-        return f"{desc.strip()}\n{self._call(self._server.freeActionLook).strip()}"
+        self.valid_actions()  # fetched here, where a backend error is the explorer's EnvCrash
+        return f"{desc.strip()}\n{self._call(lambda: self._server.freeActionLook()).strip()}"
 
     def step(self, action: str) -> StepResult:
         if self._task is None:
             raise RuntimeError("ScienceWorldEnv.step called before reset")
         obs = self._call(lambda: self._server.step(action.strip()))
-        raw = float(self._call(self._server.getScore))
-        completed = bool(self._call(self._server.getCompleted))
+        raw = float(self._call(lambda: self._server.getScore()))
+        completed = bool(self._call(lambda: self._server.getCompleted()))
         success = completed and raw >= 1.0
         failure = raw < 0
         score = max(0.0, min(1.0, raw))
@@ -234,14 +249,14 @@ class ScienceWorldEnv(Env):
         if key not in self._gold_cache:
             name, var = self._parse(task)
             self._call(lambda: self._server.load(name, var, self.simplifications, True))
-            self._gold_cache[key] = [str(a) for a in self._call(self._server.getGoldActionSequence)]
+            self._gold_cache[key] = self._call(lambda: [str(a) for a in self._server.getGoldActionSequence()])
             self._task = None  # the gold load leaves the simulator at the end of the gold path
         return list(self._gold_cache[key])
 
     def valid_actions(self) -> list[str]:
         """The action templates (``open OBJ``, ``go to LOC``, ...): the full valid list is too long for a prompt."""
         if self._templates is None:
-            self._templates = sorted(str(a) for a in self._call(self._server.getPossibleActions))
+            self._templates = self._call(lambda: sorted(str(a) for a in self._server.getPossibleActions()))
         return list(self._templates)
 
     def allowed_actions_key(self) -> tuple[str, str] | None:
@@ -255,8 +270,9 @@ class ScienceWorldEnv(Env):
 
     # ------------------------------------------------------------------ helpers
     def _state(self) -> tuple[str, str]:
-        return (self._call(self._server.freeActionLook), self._call(self._server.freeActionInventory))
+        return self._call(lambda: (self._server.freeActionLook(), self._server.freeActionInventory()))
 
     def _call(self, fn: Any) -> Any:
-        """Run a call into the JVM (:func:`divopd.explore.envs._jvm.jvm_call`)."""
+        """Run a call into the JVM (:func:`divopd.explore.envs._jvm.jvm_call`). Every JVM round trip (a Java
+        method's lookup, iterating a Java list) must happen inside ``fn``: outside it has no deadline."""
         return jvm_call(self, fn)

@@ -31,7 +31,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from divopd.explore.envs._jvm import jvm_call, own_package_env, shared_package_env
+from divopd.explore.envs._jvm import (
+    DEFAULT_CALL_TIMEOUT_S,
+    check_call_timeout,
+    jvm_call,
+    own_package_env,
+    read_timeout_for,
+    shared_package_env,
+)
 from divopd.explore.envs.base import SPLITS, Env, ProgressTracker, StepResult, action_in
 
 __all__ = ["DEFAULT_GAME", "DEFAULT_PARAMS", "TextWorldExpressEnv"]
@@ -44,12 +51,17 @@ _NOT_UNDERSTOOD = ("unknown action", "i'm not sure what you mean")
 
 
 class TextWorldExpressEnv(Env):
-    """One TextWorld-Express game instance (one JVM)."""
+    """One TextWorld-Express game instance (a JVM shared by the process's instances, or its own).
+
+    ``call_timeout_s``: the deadline of one call into the JVM; past it the JVM is killed and the call raises
+    :class:`~divopd.explore.envs.base.EnvCrash`. Backend errors surface from :meth:`reset` and :meth:`step`;
+    :meth:`valid_actions` answers from the list the last of them fetched.
+    """
 
     name = "twx"
 
     def __init__(self, game: str = DEFAULT_GAME, params: str = DEFAULT_PARAMS, java_opts_str: str | None = None,
-                 dev_from_train: int = 0, share_jvm: bool = True):
+                 dev_from_train: int = 0, share_jvm: bool = True, call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S):
         import textworld_express.textworld_express as package
         from textworld_express import TextWorldExpressEnv as _PackageEnv
         from textworld_express.constants import GAME_NAMES
@@ -64,12 +76,14 @@ class TextWorldExpressEnv(Env):
         if not isinstance(share_jvm, bool):
             raise ValueError(f"TextWorldExpressEnv: share_jvm must be true or false, got {share_jvm!r}")
         self.share_jvm = share_jvm
+        self.call_timeout_s = check_call_timeout("TextWorldExpressEnv", call_timeout_s)
 
         def make() -> Any:
             return _PackageEnv(envStepLimit=_NO_LIMIT)
 
-        self._env, self._release = (shared_package_env(package, make, java_opts_str) if share_jvm
-                                    else own_package_env(make, java_opts_str))
+        read_timeout = read_timeout_for(self.call_timeout_s)  # a shared JVM keeps its first instance's
+        self._env, self._release = (shared_package_env(package, make, java_opts_str, read_timeout) if share_jvm
+                                    else own_package_env(make, java_opts_str, package, read_timeout))
         try:
             self._env.load(game, params)  # raises ValueError on a bad params string
         except Exception:
@@ -99,7 +113,7 @@ class TextWorldExpressEnv(Env):
         """The package's seeds of one fold (asked once per instance)."""
         if fold not in self._seeds:
             getter = {"train": "getSeedsTrain", "dev": "getSeedsDev", "test": "getSeedsTest"}[fold]
-            self._seeds[fold] = [int(s) for s in self._call(lambda: getattr(self._env.server, getter)())]
+            self._seeds[fold] = self._call(lambda: [int(s) for s in getattr(self._env.server, getter)()])
         return self._seeds[fold]
 
     @staticmethod
@@ -117,7 +131,7 @@ class TextWorldExpressEnv(Env):
         fold, seed = self._parse(task)
         obs, infos = self._call(lambda: self._env.reset(seed=seed, gameFold=fold, generateGoldPath=True))
         self._task = task
-        self._gold[task] = list(self._env.getGoldActionSequence())
+        self._gold[task] = list(self._call(self._env.getGoldActionSequence))
         self._valid = sorted(infos["validActions"])
         self._progress.reset(float(infos["score"]), _state(infos))
         return f"{infos['taskDescription'].strip()}\n{obs.strip()}"

@@ -121,12 +121,14 @@ class WebShopEnv(Env):
             raise EnvCrash(f"WebShop /reset returned {payload!r}, expected [observation, ...]")
         self._seen, self._best, self._done = {obs}, 0.0, False
         self._available = None
+        self._available_actions()  # fetched here, where a failure is the explorer's EnvCrash (see Env.valid_actions)
         return obs
 
     def step(self, action: str) -> StepResult:
         available = self._available_actions()
         payload = self._call("POST", "/step", {"env_idx": self._env_idx, "action": str(action)})
         self._available = None
+        self._available_actions()  # the new page's actions, fetched here where a failure is the explorer's EnvCrash
         try:
             obs, reward, done = str(payload["state"]), float(payload["reward"]), bool(payload["done"])
         except (KeyError, TypeError, ValueError):

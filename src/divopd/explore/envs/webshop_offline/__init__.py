@@ -23,6 +23,7 @@ from divopd.explore.envs.webshop_offline.catalog import (
     purchase_reward,
 )
 from divopd.explore.envs.webshop_offline.engine import SearchIndex, Shop, ShopSession
+from divopd.explore.envs.webshop_offline.limits import ServerLimits
 
 
 def __getattr__(name: str) -> type:
@@ -40,6 +41,7 @@ __all__ = [
     "Goal",
     "Product",
     "SearchIndex",
+    "ServerLimits",
     "Shop",
     "ShopSession",
     "WebShopServer",

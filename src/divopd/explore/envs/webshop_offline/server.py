@@ -21,6 +21,9 @@ Extensions under ``/divopd/`` (a real WebShop server answers them 404 and the ad
 ``GET /divopd/info`` (catalogue config and sizes), ``GET /divopd/tasks?split=train|dev|test`` (goal indices),
 ``GET /divopd/goal?session_id=`` (goal metadata and an expert action sequence, for tests and SFT data).
 
+Every server is bounded (body size, connection timeout, idle-session expiry, session count): see
+:mod:`~divopd.explore.envs.webshop_offline.limits`.
+
 Run it::
 
     python -m divopd.explore.envs.webshop_offline.server --port 0 --seed 0 --products 300 --goals 600
@@ -40,8 +43,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from divopd.explore.envs.webshop_offline.catalog import CatalogConfig, generate_catalog
 from divopd.explore.envs.webshop_offline.engine import Shop, ShopSession
+from divopd.explore.envs.webshop_offline.limits import ServerLimits, SessionClock
 
-__all__ = ["WebShopServer", "acquire_shared_server", "main", "release_shared_server"]
+__all__ = ["ServerLimits", "WebShopServer", "acquire_shared_server", "main", "release_shared_server"]
 
 
 class _HTTPError(Exception):
@@ -53,9 +57,10 @@ class _HTTPError(Exception):
 class _ShopState:
     """The shop and its open sessions; one lock serialises session creation and every action."""
 
-    def __init__(self, shop: Shop) -> None:
-        self.shop = shop
+    def __init__(self, shop: Shop, limits: ServerLimits) -> None:
+        self.shop, self.limits = shop, limits
         self.sessions: dict[int, ShopSession] = {}
+        self.used = SessionClock(limits.session_ttl_s)
         self.next_idx = 0
         self.next_goal = 0  # goal of a reset without session_id: goals in turn
         self.lock = threading.Lock()
@@ -64,8 +69,15 @@ class _ShopState:
         if not isinstance(env_idx, int) or isinstance(env_idx, bool):
             raise _HTTPError(422, f"env_idx must be an int, got {env_idx!r}")
         if env_idx not in self.sessions:
-            raise _HTTPError(404, f"no environment with env_idx {env_idx}; POST /create first")
+            raise _HTTPError(404, f"no environment with env_idx {env_idx} (closed, never created, or idle for "
+                             f"over {self.limits.session_ttl_s:g} s); POST /create first")
+        self.used.touch(env_idx)
         return self.sessions[env_idx]
+
+    def drop_idle(self) -> None:
+        """Drop the sessions idle for longer than ``session_ttl_s``."""
+        for idx in self.used.expired():
+            self.sessions.pop(idx, None)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -73,6 +85,10 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     # ------------------------------------------------------------------------------------------ plumbing
+    def setup(self) -> None:
+        self.timeout = self.server.state.limits.timeout_s  # a silent connection is closed after this
+        super().setup()
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         if self.server.verbose:
             super().log_message(format, *args)
@@ -82,11 +98,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
     def _body(self) -> dict:
-        length = int(self.headers.get("Content-Length") or 0)
+        length = self._content_length()
         raw = self.rfile.read(length) if length else b"{}"
         try:
             data = json.loads(raw or b"{}")
@@ -95,6 +113,18 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(data, dict):
             raise _HTTPError(400, "request body must be a JSON object")
         return data
+
+    def _content_length(self) -> int:
+        """The declared body size, at most ``max_body_bytes`` (else the body stays unread and the connection ends)."""
+        text = self.headers.get("Content-Length") or "0"
+        limit = self.server.state.limits.max_body_bytes
+        length = int(text) if text.strip().isdigit() else -1
+        if not 0 <= length <= limit:
+            self.close_connection = True  # the body is never read: this connection cannot go on
+            if length < 0:
+                raise _HTTPError(400, f"Content-Length must be a byte count, got {text!r}")
+            raise _HTTPError(413, f"request body of {length} bytes is over this server's limit of {limit} bytes")
+        return length
 
     def _handle(self, method: str) -> None:
         parts = urlsplit(self.path)
@@ -105,8 +135,12 @@ class _Handler(BaseHTTPRequestHandler):
             if route is None:
                 raise _HTTPError(404, f"no route {method} {parts.path}")
             with self.server.state.lock:
+                self.server.state.drop_idle()
                 payload = route(self.server.state, body, query)
             self._reply(200, payload)
+        except TimeoutError:  # the client stopped sending mid-body
+            self.close_connection = True
+            self._reply(408, {"detail": f"request body not received within {self.server.state.limits.timeout_s:g} s"})
         except _HTTPError as e:
             self._reply(e.status, {"detail": e.detail})
         except Exception as e:  # a bug in the shop must not kill the server thread
@@ -133,9 +167,13 @@ def _int_arg(source: dict, key: str, required: bool = True) -> int | None:
 
 
 def _create(st: _ShopState, body: dict, q: dict) -> int:
+    if len(st.sessions) >= st.limits.max_sessions:
+        raise _HTTPError(503, f"{len(st.sessions)} sessions are open, this server's limit; POST /close one "
+                         f"(idle ones close after {st.limits.session_ttl_s:g} s)")
     idx = st.next_idx
     st.next_idx += 1
     st.sessions[idx] = st.shop.new_session(0)
+    st.used.touch(idx)
     return idx
 
 
@@ -176,7 +214,9 @@ def _instruction(st: _ShopState, body: dict, q: dict) -> str:
 
 
 def _close(st: _ShopState, body: dict, q: dict) -> dict:
-    return {"closed": st.sessions.pop(_int_arg(body, "env_idx"), None) is not None}
+    idx = _int_arg(body, "env_idx")
+    st.used.forget(idx)
+    return {"closed": st.sessions.pop(idx, None) is not None}
 
 
 def _info(st: _ShopState, body: dict, q: dict) -> dict:
@@ -240,10 +280,12 @@ class WebShopServer:
     """
 
     def __init__(
-        self, config: CatalogConfig | None = None, host: str = "127.0.0.1", port: int = 0, verbose: bool = False
+        self, config: CatalogConfig | None = None, host: str = "127.0.0.1", port: int = 0, verbose: bool = False,
+        limits: ServerLimits | None = None,
     ) -> None:
         self.config = config or CatalogConfig()
-        state = _ShopState(Shop(generate_catalog(self.config)))
+        self.limits = limits or ServerLimits()
+        state = _ShopState(Shop(generate_catalog(self.config)), self.limits)
         self._httpd = _Server((host, port), state, verbose)
         self._thread: threading.Thread | None = None
 
@@ -323,14 +365,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-goals", type=int, default=CatalogConfig.n_test, help="goals in the test split")
     parser.add_argument("--dev-goals", type=int, default=CatalogConfig.n_dev, help="goals in the dev split")
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    d = ServerLimits()
+    parser.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413)")
+    parser.add_argument("--timeout", type=float, default=d.timeout_s, help="close a connection silent this long (s)")
+    parser.add_argument("--session-ttl", type=float, default=d.session_ttl_s, help="drop sessions idle this long (s)")
+    parser.add_argument("--max-sessions", type=int, default=d.max_sessions, help="most open sessions (503 beyond)")
     args = parser.parse_args(argv)
     try:
         config = CatalogConfig(
             seed=args.seed, n_products=args.products, n_goals=args.goals, n_test=args.test_goals, n_dev=args.dev_goals
         )
+        limits = ServerLimits(max_body_bytes=args.max_body_bytes, timeout_s=args.timeout,
+                              session_ttl_s=args.session_ttl, max_sessions=args.max_sessions)
     except ValueError as e:
         parser.error(str(e))
-    server = WebShopServer(config, host=args.host, port=args.port, verbose=args.verbose)
+    server = WebShopServer(config, host=args.host, port=args.port, verbose=args.verbose, limits=limits)
 
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

@@ -1,0 +1,171 @@
+"""Issue 42, findings 6 and 7 (environment side), on the real packages: a JVM that stops answering (SIGSTOP) is
+killed at the call's deadline and the call raises EnvCrash; py4j gateways require their token; backend errors surface
+from reset/step as EnvCrash, and valid_actions()/allowed_actions_key() (called outside the explorer's env-crash handler)
+answer from what those fetched."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from divopd.explore.envs import EnvCrash, make_env
+from divopd.explore.envs._jvm import DEFAULT_JAVA_OPTS, read_timeout_for
+from divopd.explore.envs.webshop import WebShopEnv
+from divopd.explore.envs.webshop_offline import CatalogConfig, WebShopServer
+
+#: How long a test waits for a call that must end by itself (the deadline under test is 2 s): a hang fails, not hangs.
+BOUND_S = 90
+
+
+def _bounded(fn: Callable[[], Any]) -> BaseException | None:
+    """Run ``fn`` in a thread; the exception it raised (``None`` if it returned). Fails the test if it hangs."""
+    out: list[BaseException | None] = [None]
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 — handed to the test
+            out[0] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(BOUND_S)
+    if thread.is_alive():
+        pytest.fail(f"the call did not end within {BOUND_S} s")
+    return out[0]
+
+
+def _stop(proc: Any) -> None:
+    """SIGSTOP ``proc`` and wait until the kernel shows it stopped (a stop is not instant: a JVM thread may still
+    answer a request sent in between)."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    status = Path(f"/proc/{proc.pid}/status")
+    for _ in range(1000):
+        if "T (stopped)" in status.read_text():
+            return
+        time.sleep(0.01)
+    pytest.fail(f"JVM {proc.pid} did not stop")
+
+
+def _resume_and_kill(proc: Any) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+    proc.wait(timeout=30)
+
+
+def _twx(**kwargs: Any) -> Any:
+    """A twx env on a JVM no other test shares (a JVM option of its own)."""
+    return make_env("twx", java_opts_str=f"{DEFAULT_JAVA_OPTS} -Ddivopd.test=faults-{os.getpid()}-{id(kwargs)}",
+                    **kwargs)
+
+
+@pytest.mark.parametrize("share_jvm", [True, False], ids=["shared-jvm", "own-jvm"])
+def test_a_stopped_twx_jvm_is_killed_at_the_deadline_and_the_call_is_an_env_crash(share_jvm: bool) -> None:
+    env = _twx(call_timeout_s=2.0, share_jvm=share_jvm)
+    proc = env._env._gateway.java_process
+    try:
+        env.reset(env.tasks("train")[0])
+        _stop(proc)
+        crash = _bounded(lambda: env.step("look around"))
+        assert isinstance(crash, EnvCrash), crash
+        assert "no answer within call_timeout_s=2 s; it was killed" in str(crash)
+        assert proc.wait(timeout=30) is not None and env.closed
+        assert isinstance(_bounded(lambda: env.step("look around")), EnvCrash)  # used after close: a crash too
+    finally:
+        _resume_and_kill(proc)
+        env.close()
+
+
+def test_a_stopped_scienceworld_jvm_is_killed_at_the_deadline() -> None:
+    env = make_env("scienceworld", task_names=["find-living-thing"], call_timeout_s=2.0)
+    proc = env._env._gateway.java_process
+    try:
+        env.reset(env.tasks("train")[0])
+        _stop(proc)
+        crash = _bounded(lambda: env.step("look around"))
+        assert isinstance(crash, EnvCrash) and "call_timeout_s=2 s" in str(crash), crash
+        assert proc.wait(timeout=30) is not None
+    finally:
+        _resume_and_kill(proc)
+        env.close()
+
+
+def test_closing_an_env_whose_jvm_is_stopped_ends() -> None:
+    env = _twx(share_jvm=False, call_timeout_s=2.0)
+    proc = env._env._gateway.java_process
+    try:
+        env.reset(env.tasks("train")[0])
+        _stop(proc)
+        assert _bounded(env.close) is None
+        assert proc.wait(timeout=30) is not None
+    finally:
+        _resume_and_kill(proc)
+
+
+def test_bad_call_timeouts_are_named() -> None:
+    from divopd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="call_timeout_s must be a number of seconds > 0"):
+        make_env("twx", call_timeout_s=0)
+
+
+def test_the_py4j_gateway_refuses_a_client_without_its_token() -> None:
+    from py4j.java_gateway import GatewayParameters, JavaGateway
+
+    env = _twx(share_jvm=False)
+    try:
+        assert env._env._gateway.gateway_parameters.read_timeout == read_timeout_for(120.0)  # the default deadline
+        port = env._env._gateway.gateway_parameters.port
+        assert env._env._gateway.gateway_parameters.auth_token  # the env's own client has the token
+        assert "coin" in env.reset(env.tasks("train")[0])
+        stranger = JavaGateway(gateway_parameters=GatewayParameters(port=port))
+        try:
+            with pytest.raises(Exception, match="Authentication error"):
+                stranger.jvm.java.lang.System.getProperty("java.version")
+        finally:
+            stranger.close()
+    finally:
+        env.close()
+
+
+def test_scienceworld_backend_errors_surface_from_step_not_from_valid_actions() -> None:
+    env = make_env("scienceworld", task_names=["find-living-thing"])
+    fresh = make_env("scienceworld", task_names=["find-living-thing"])
+    try:
+        env.reset(env.tasks("train")[0])
+        templates, key = env.valid_actions(), env.allowed_actions_key()
+        for sim in (env, fresh):
+            sim._env._gateway.java_process.kill()
+            sim._env._gateway.java_process.wait()
+        # the explorer asks these right after reset/step, outside its env-crash handler: they must not raise
+        assert env.valid_actions() == templates and templates and env.allowed_actions_key() == key
+        with pytest.raises(EnvCrash, match="jvm alive=False"):
+            env.step("look around")
+        with pytest.raises(EnvCrash):  # nothing fetched yet (never reset): the backend error is an EnvCrash
+            fresh.valid_actions()
+    finally:
+        env.close()
+        fresh.close()
+
+
+def test_webshop_backend_errors_surface_from_step_not_from_valid_actions() -> None:
+    server = WebShopServer(CatalogConfig(seed=0, n_products=40, n_goals=30, n_test=5, n_dev=5)).start()
+    env = WebShopEnv(server.url, timeout=10)
+    try:
+        env.reset(env.tasks("train")[0])
+        env.step("search[shirt]")
+        server.stop()  # the server goes away between the step and the explorer's valid_actions()
+        actions = env.valid_actions()
+        assert actions and actions[0].startswith("click[") and env.allowed_actions_key() == env.allowed_actions_key()
+        with pytest.raises(EnvCrash, match="failed"):
+            env.step(actions[0])
+    finally:
+        server.stop()
