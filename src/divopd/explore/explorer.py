@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from divopd.errors import ConfigError
 from divopd.experience.turn import Rollout
 from divopd.explore.engines import apply_weights, close_backend, teacher_generator
 from divopd.explore.envs import Env, EnvCrash, make_env
@@ -97,8 +96,8 @@ class Explorer:
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else tokenizer
         if teacher is not None and self.teacher_tokenizer is not tokenizer:
             if self.teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
-                raise ConfigError("teacher.path: the teacher's tokenizer has a different vocabulary from the "
-                                  "student's; OPD scores the student's token ids, so they must share one")
+                raise ValueError("Explorer: the teacher's tokenizer has a different vocabulary from the student's; "
+                                 "OPD scores the student's token ids, so they must share one")
         if config.recovery.enabled and teacher is None:
             raise ValueError("Explorer: recovery.enabled needs a teacher to act")
         self.seed, self.explorer_id, self.id_prefix = seed, explorer_id, id_prefix
