@@ -187,6 +187,12 @@ STAND_INS: dict[tuple[str, str], tuple[str | None, str | None, str]] = {
     ("docs/getting-started.md", "make demo"): (
         COPY_MODELS, "python -m divopd.suite.demo --seeds 0 --updates 2 --set eval.tasks=4",
         "the demo's first step (its model copy) by default; the demo at 2 updates under -m slow"),
+    ("docs/getting-started.md", "python -m divopd.suite.demo --configs configs/tiny --updates 150"): (
+        None, "python -m divopd.suite.demo --configs configs/tiny --updates 2 --methods vanilla --set eval.tasks=4",
+        "builds configs/tiny's models with divopd sft (minutes): under -m slow, with one method at 2 updates"),
+    ("docs/getting-started.md", "python -m divopd.suite.demo --configs configs/coin4"): (
+        None, "python -m divopd.suite.demo --configs configs/coin4 --updates 2 --methods vanilla --set eval.tasks=4",
+        "builds configs/coin4's models with divopd sft (4-7 min): under -m slow, with one method at 2 updates"),
     ("docs/guides/own-model.md", "make demo"): (
         COPY_MODELS, COPY_MODELS, "the page needs only the models the demo copies"),
 }
