@@ -222,9 +222,18 @@ SUMMARY: list[tuple[str, str]] = [
 ]
 
 
+def escape_cell(text: str) -> str:
+    """``text`` with ``<``, ``>`` and ``&`` escaped outside code spans, so placeholders such as ``<setting>`` show
+    as written instead of vanishing as HTML tags; code spans (between backticks) are left as they are."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # even parts are outside code spans
+        parts[i] = parts[i].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
+
+
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["| " + " | ".join(escape_cell(c) for c in r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 

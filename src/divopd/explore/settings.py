@@ -71,7 +71,8 @@ class ExplorerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     env: str = Field("twx", description="Environment registry name (divopd.explore.envs.make_env): twx "
-                     "(= textworld-express), scienceworld, tiny, webshop, webshop-offline, alfworld.")
+                     "(= textworld-express), scienceworld, tiny, webshop, webshop-offline, alfworld; or an import "
+                     "path module:Class of an Env subclass (e.g. mypkg.envs:MyEnv), importable wherever explorers run.")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments of the environment.")
     num_envs: int = Field(4, ge=1, description="Env instances stepped in lockstep, one batched generate per turn.")
     split: str = Field("train", description="Task split for training rollouts.")

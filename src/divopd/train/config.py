@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from divopd.errors import ConfigError, describe_validation_error, describe_yaml_error
-from divopd.explore.envs import ENVS, SPLITS
+from divopd.explore.envs import SPLITS, check_env_name
 from divopd.explore.settings import ExplorerConfig, VLLMSettings
 from divopd.explore.tcod import TCODConfig
 from divopd.learn.settings import LearnerConfig
@@ -184,8 +184,7 @@ class TrainConfig(_Strict):
             raise ValueError("turnopd.enabled needs learner.depth_stats: true (the depth budget reads its statistics)")
         if self.turnopd.enabled and self.tcod.enabled:
             raise ValueError("turnopd.enabled and tcod.enabled both set a depth limit; enable one of them")
-        if self.explorer.env not in ENVS:
-            raise ValueError(f"explorer.env: unknown environment {self.explorer.env!r}; known: {', '.join(ENVS)}")
+        check_env_name(self.explorer.env)
         for key in ("split", "eval_split"):
             if getattr(self.explorer, key) not in SPLITS:
                 raise ValueError(f"explorer.{key}: unknown split {getattr(self.explorer, key)!r}; "

@@ -3,6 +3,12 @@
 ``make_env(name, **kwargs)`` builds one instance: ``"twx"`` (TextWorld-Express, the CPU demo's default),
 ``"scienceworld"`` and ``"tiny"`` (pure Python, for fast tests). Adapters import their package only when built.
 
+An environment of your own needs no registration: ``explorer.env: mypkg.envs:MyEnv`` (a name holding ``":"``) is
+imported as ``module:Class`` by :func:`make_env` in the process that builds the environment — the driver under the
+lockstep and threads runtimes, each explorer actor under ``runtime.kind: ray`` — so ``mypkg`` must be importable there
+(installed, or on ``PYTHONPATH``; a local Ray cluster's actors inherit the driver's ``sys.path``). An entry added to
+:data:`ENVS` at run time lives only in the process that added it: Ray actors never see it.
+
 :func:`scienceworld_paper_split` is the paper's ScienceWorld split (2,294 training / 1,308 held-out instances of
 disjoint task types); ``make_env("scienceworld", split_scheme="paper")`` lists it as the ``train`` / ``test`` splits.
 """
@@ -17,8 +23,8 @@ from divopd.errors import ConfigError
 from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult
 from divopd.explore.envs.scienceworld import scienceworld_paper_split
 
-__all__ = ["ENVS", "SPLITS", "Env", "EnvCrash", "ProgressTracker", "StepResult", "make_env",
-           "scienceworld_paper_split"]
+__all__ = ["ENVS", "SPLITS", "Env", "EnvCrash", "ProgressTracker", "StepResult", "check_env_name", "env_class",
+           "make_env", "scienceworld_paper_split"]
 
 #: registry name -> (module, class name)
 ENVS: dict[str, tuple[str, str]] = {
@@ -32,17 +38,56 @@ ENVS: dict[str, tuple[str, str]] = {
 }
 
 
-def make_env(name: str, **kwargs: Any) -> Env:
-    """Build one environment instance by registry name; ``kwargs`` go to the adapter's constructor.
+def check_env_name(name: str) -> None:
+    """Check the form of an ``explorer.env`` value without importing anything: a registry name of :data:`ENVS`, or
+    an import path ``module:Class`` (a dotted module, one class name). Raises :class:`ConfigError` otherwise.
 
-    An unknown name, an argument the constructor does not take, or a value it rejects (its ``ValueError``) is a
-    :class:`divopd.errors.ConfigError` (a ``ValueError``): ``explorer.env`` / ``explorer.env_kwargs`` of a config come
-    here, so ``divopd train`` reports them on one line and exits 2.
+    The class of an import path is imported and checked by :func:`env_class` where the environment is built, so a
+    finished run's ``config.yaml`` still loads where its module is not installed (e.g. for ``divopd report``).
     """
-    if name not in ENVS:
-        raise ConfigError(f"make_env: unknown environment {name!r}; expected one of {sorted(ENVS)}")
-    module_name, cls_name = ENVS[name]
-    cls = getattr(importlib.import_module(module_name), cls_name)
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        dotted = module.split(".")
+        if not all(part.isidentifier() for part in dotted) or not attr.isidentifier():
+            raise ConfigError(f"explorer.env: {name!r} is not an import path module:Class (e.g. mypkg.envs:MyEnv)")
+    elif name not in ENVS:
+        raise ConfigError(f"explorer.env: unknown environment {name!r}; known: {', '.join(ENVS)}, "
+                          "or an import path module:Class of an Env subclass")
+
+
+def env_class(name: str) -> type[Env]:
+    """The :class:`Env` subclass behind an ``explorer.env`` value: a registry name or an import path
+    ``module:Class``, imported in this process. Raises :class:`ConfigError` on one line when the module cannot be
+    imported, has no such attribute, or the attribute is not an :class:`Env` subclass."""
+    check_env_name(name)
+    if ":" not in name:
+        module_name, cls_name = ENVS[name]
+        return getattr(importlib.import_module(module_name), cls_name)
+    module_name, _, cls_name = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"explorer.env: cannot import {module_name!r} ({exc}); the module must be importable in "
+                          "every process that builds an environment (installed, or on PYTHONPATH)") from exc
+    cls = getattr(module, cls_name, None)
+    if cls is None:
+        raise ConfigError(f"explorer.env: module {module_name!r} has no attribute {cls_name!r}")
+    if not (inspect.isclass(cls) and issubclass(cls, Env)):
+        raise ConfigError(f"explorer.env: {name!r} is not a subclass of divopd.explore.envs.Env")
+    return cls
+
+
+def make_env(name: str, **kwargs: Any) -> Env:
+    """Build one environment instance by registry name or import path ``module:Class`` (see :func:`env_class`);
+    ``kwargs`` go to the class's constructor.
+
+    An unknown name, an import path that does not lead to an :class:`Env` subclass, an argument the constructor does
+    not take, or a value it rejects (its ``ValueError``) is a :class:`divopd.errors.ConfigError` (a ``ValueError``):
+    ``explorer.env`` / ``explorer.env_kwargs`` of a config come here, so ``divopd train`` reports them on one line and
+    exits 2.
+    """
+    cls = env_class(name)
+    cls_name = cls.__name__
     try:
         inspect.signature(cls).bind(**kwargs)
     except TypeError as exc:

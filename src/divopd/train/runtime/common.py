@@ -5,15 +5,16 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from divopd.errors import ConfigError
 from divopd.explore.engines import apply_weights
 from divopd.explore.explorer import Explorer
 from divopd.explore.settings import VLLMSettings
 from divopd.learn.checkpoint import WeightHandle
-from divopd.models import load_model
+from divopd.models import load_model, load_tokenizer
 from divopd.train.config import TrainConfig
 
-__all__ = ["LatestWeights", "build_explorer", "check_engines", "load_teacher", "explorer_seed", "step_limit",
-           "vllm_generator"]
+__all__ = ["LatestWeights", "build_explorer", "check_engines", "check_vocabularies", "load_teacher", "explorer_seed",
+           "step_limit", "vllm_generator"]
 
 # transformers' from_pretrained swaps process-global state (meta-device init); loading in two threads at once races.
 _LOAD_LOCK = threading.Lock()
@@ -50,13 +51,29 @@ def load_teacher(cfg: TrainConfig) -> tuple[Any, Any]:
     :class:`~divopd.explore.vllm_engine.VLLMGenerator` (scores with ``score_turns``) and its tokenizer."""
     if cfg.teacher.backend == "vllm":
         engine = vllm_generator(cfg.teacher.path, cfg.teacher.dtype, cfg.seed, cfg.teacher.vllm, cfg)
+        check_vocabularies(cfg, engine.tokenizer)
         return engine, engine.tokenizer
     with _LOAD_LOCK:
         teacher, tokenizer = load_model(cfg.teacher.path, dtype=cfg.teacher.dtype, device=cfg.teacher.device)
+    check_vocabularies(cfg, tokenizer)
     teacher.eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
     return teacher, tokenizer
+
+
+def check_vocabularies(cfg: TrainConfig, teacher_tokenizer: Any) -> None:
+    """OPD scores the student's token ids with the teacher, so both must map every token to the same id: raise a
+    one-line :class:`~divopd.errors.ConfigError` when the teacher's vocabulary differs from the student's."""
+    if cfg.teacher.path == cfg.student.path:
+        return
+    student_vocab = load_tokenizer(cfg.student.path).get_vocab()
+    teacher_vocab = teacher_tokenizer.get_vocab()
+    if student_vocab != teacher_vocab:
+        differ = len(set(student_vocab.items()) ^ set(teacher_vocab.items()))
+        raise ConfigError(f"teacher.path: {cfg.teacher.path} has a different vocabulary from student.path "
+                          f"{cfg.student.path} ({len(teacher_vocab)} vs {len(student_vocab)} tokens, {differ} "
+                          "entries differ); OPD scores the student's token ids, so they must share one")
 
 
 def build_explorer(

@@ -1,0 +1,34 @@
+"""Teacher and student must share a vocabulary (OPD scores the student's token ids with the teacher): ``divopd train``
+refuses a pair whose vocabularies differ with one line and exit code 2, before any training (issue 43; every runtime
+loads its teacher through ``load_teacher``, which checks)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from divopd.models.tiny import build_model, build_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _model(folder: Path, words: list[str], seed: int) -> str:
+    tok = build_tokenizer(words)
+    build_model(tok, size="0.2m", seed=seed).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def test_a_teacher_with_another_vocabulary_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    student = _model(tmp_path / "student", ["move east west take coin"], 0)
+    teacher = _model(tmp_path / "teacher", ["open door north south look around"], 1)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "divopd", "train", str(REPO / "configs/tiny/divopd.yaml"), "--run-dir", str(run_dir),
+           "--set", f"student.path={student}", "--set", f"teacher.path={teacher}", "--set", "updates=1",
+           "--set", "explorer.env=tiny", "--set", "explorer.env_kwargs={}", "--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("divopd train: error: teacher.path: ") and "different vocabulary from student.path" in last
+    assert "Traceback" not in proc.stderr and not run_dir.exists()
