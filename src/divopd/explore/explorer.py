@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from divopd.experience.turn import Rollout
-from divopd.explore.engines import apply_weights, close_backend, teacher_generator
+from divopd.explore.engines import apply_weights, close_backend
 from divopd.explore.envs import Env, EnvCrash, make_env
 from divopd.explore.episode import EXPLORER_COUNTERS, Episode, StudentStep, build_rollout, count_rollout, eval_metrics
 from divopd.explore.generation import Generation, GenerationBackend, HFGenerator
@@ -47,6 +47,7 @@ from divopd.explore.prompting import decode_action, encode_prompt
 from divopd.explore.scoring import make_score_call, teacher_scores
 from divopd.explore.settings import ExplorerConfig, GenerationSettings
 from divopd.explore.tasks import close_quietly, reset_with_retries, start_env, task_stream
+from divopd.explore.teacher import Teacher, as_teacher
 
 __all__ = ["Explorer", "ExplorerConfig", "GenerationSettings", "Rollout"]
 
@@ -64,7 +65,9 @@ class Explorer:
         student: causal LM generating actions (used in place; its weights change via :meth:`set_weights`); ``None``
             with a ``student_backend`` that holds its own weights (a vLLM engine).
         tokenizer: the student's tokenizer (chat template used for prompts).
-        teacher: frozen causal LM scoring every student token, and acting under +R; ``None`` = turns unscored.
+        teacher: the frozen teacher scoring every student token and acting under +R: a
+            :class:`~divopd.explore.teacher.Teacher` (vLLM engine, shared Ray teacher) or an HF causal LM (wrapped in
+            an :class:`~divopd.explore.teacher.HFTeacher`); ``None`` = turns unscored.
         teacher_tokenizer: the teacher's tokenizer; must share the student's vocabulary (OPD scores the student's
             token ids). ``None`` = the student's.
         seed: base seed of task order and sampling.
@@ -74,6 +77,10 @@ class Explorer:
         id_prefix: rollout-id prefix; a runtime that restarts explorers passes a fresh one so ids never repeat.
         student_backend: the student's generator (default: an HFGenerator on ``student``); one with
             ``update_weights`` receives every published version before the next rollout.
+        step_limit: a training explorer's step limit for published weights (a handle, or the initial learner
+            version): TCOD's curriculum depth or TurnOPD's depth budget; each :meth:`set_weights` applies it at once.
+            ``None`` = ``config.max_steps`` always (evaluators).
+        weights: the published handle the student copy holds (version ``policy_version``), for ``step_limit``.
     """
 
     def __init__(
@@ -90,9 +97,11 @@ class Explorer:
         env_factory: Callable[[], Env] | None = None,
         id_prefix: str = "x",
         student_backend: GenerationBackend | None = None,
+        step_limit: Callable[[Any], int] | None = None,
+        weights: WeightHandle | None = None,
     ) -> None:
         self.config = config
-        self.student, self.tokenizer, self.teacher = student, tokenizer, teacher
+        self.student, self.tokenizer, self.teacher = student, tokenizer, teacher  # as given (an HF model or a Teacher)
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else tokenizer
         if teacher is not None and self.teacher_tokenizer is not tokenizer:
             if self.teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
@@ -105,10 +114,15 @@ class Explorer:
         self._env_factory = env_factory or (lambda: make_env(config.env, **config.env_kwargs))
         stop_nl = config.generation.stop_on_newline
         self._student_gen = student_backend or HFGenerator(student, tokenizer, stop_on_newline=stop_nl)
-        self._teacher_gen = (teacher_generator(teacher, self.teacher_tokenizer, stop_on_newline=stop_nl)
-                             if config.recovery.enabled else None)
-        self._score_call = make_score_call(teacher, self.teacher_tokenizer, topk=config.teacher_topk,
-                                           max_tokens_per_batch=config.teacher_max_tokens_per_batch)
+        self._teacher: Teacher | None = None if teacher is None else as_teacher(
+            teacher, self.teacher_tokenizer, max_tokens_per_batch=config.teacher_max_tokens_per_batch,
+            stop_on_newline=stop_nl)
+        self._teacher_gen = self._teacher if config.recovery.enabled else None
+        self._score_call = None if self._teacher is None else make_score_call(self._teacher, topk=config.teacher_topk)
+        self._step_limit = step_limit
+        #: the step limit of training rollouts now (``config.max_steps``, or ``step_limit`` of the newest weights)
+        initial = policy_version if weights is None else weights
+        self.max_steps = config.max_steps if step_limit is None else step_limit(initial)
         self._lock = threading.Lock()
         self._pending_weights: Any = None
         self._envs: list[Env] = []
@@ -155,6 +169,8 @@ class Explorer:
             if self._pending_weights is None or handle.version >= self._pending_weights.version:
                 self._pending_weights = handle
             self.learner_version = max(self.learner_version, int(handle.version))
+            if self._step_limit is not None:  # the curriculum follows the learner at once (running rollouts too)
+                self.max_steps = self._step_limit(handle)
 
     def set_learner_version(self, version: int) -> None:
         """Tell the explorer how many updates the learner has made (the +R warmup counts these)."""
@@ -320,7 +336,7 @@ class Explorer:
         if actor == "student":
             last = episode.student_steps[-1]
             last.reward, last.progress, last.score = float(reward), not no_progress, float(info.get("score", 0.0))
-        episode.done = bool(done) or episode.steps >= self.config.max_steps
+        episode.done = bool(done) or episode.steps >= self.max_steps
 
     def _queue_round(self, ended: list[Episode], stepped: list[Episode]) -> Iterator[Rollout]:
         """The round's queued turns, lazily: each ended rollout scored in one teacher pass (``enqueue: rollout``), or
@@ -340,11 +356,11 @@ class Explorer:
     def _build(self, episode: Episode, scores: list, topk: list, start: int = 0) -> Rollout:
         """The Rollout (or chunk) of ``episode``'s student turns ``start:``; an ended rollout is counted."""
         rollout = build_rollout(episode, scores, topk, explorer_id=self.explorer_id, env=self.config.env,
-                                max_steps=self.config.max_steps, policy_version=self.policy_version,
+                                max_steps=self.max_steps, policy_version=self.policy_version,
                                 truncated_dead=self.config.truncated_turns_dead, start=start)
         if episode.done:
             count_rollout(self._stats, rollout.info)
-        rollout.info["weight_load_s"] = self._stats["time/weight_load_s"]  # the newest weight load (train metrics)
+        rollout.info.weight_load_s = self._stats["time/weight_load_s"]  # the newest weight load (train metrics)
         return rollout
 
     # ------------------------------------------------------------------ helpers
@@ -354,7 +370,7 @@ class Explorer:
 
     def _teacher_scores(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[list, list]:
         """Teacher log probs and top-k per turn (``None`` = unscored), retried turn by turn on a failure."""
-        if self.teacher is None or not prompts:
+        if self._score_call is None or not prompts:
             return [None] * len(prompts), [None] * len(prompts)
         return teacher_scores(self._score_call, prompts, responses, self._stats, self.explorer_id)
 

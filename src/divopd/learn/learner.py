@@ -33,6 +33,7 @@ import torch
 
 from divopd.experience.turn import Turn
 from divopd.learn.checkpoint import (
+    DCP_DIR,
     OPTIMIZER_FILE,
     STATE_FILE,
     WeightHandle,
@@ -40,6 +41,7 @@ from divopd.learn.checkpoint import (
     copy_state_dict,
     decode_rng_state,
     encode_rng_state,
+    load_dcp_optimizer,
     read_state,
     to_json_safe,
 )
@@ -121,6 +123,15 @@ class Learner:
         self.compute_s_total = 0.0
         self.skipped_updates = 0
         self.depth_stats = DepthStats() if config.depth_stats else None
+        self.failed: str | None = None  # one process: it fails by raising, never half-way
+
+    @property
+    def rank_info(self) -> list[dict[str, Any]]:
+        """One process: no ranks to report."""
+        return []
+
+    def close(self) -> None:
+        """Nothing to release (the :class:`~divopd.learn.protocol.LearnerProtocol` method ranks need)."""
 
     @staticmethod
     def _pad_id(model: torch.nn.Module, tokenizer: Any) -> int:
@@ -342,8 +353,6 @@ class Learner:
             tokenizer = None
         learner = cls(model, config, tokenizer)
         if state["format"] == SHARDED_FORMAT:  # written by N ranks (divopd.learn.sharded): read its DCP shards
-            from divopd.learn.sharded import DCP_DIR, load_dcp_optimizer
-
             load_dcp_optimizer(learner.model, learner.optimizer, Path(path) / DCP_DIR)
         else:
             opt_state = torch.load(Path(path) / OPTIMIZER_FILE, map_location=learner.device, weights_only=True)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,15 +32,18 @@ import numpy as np
 import torch
 
 from divopd.learn.checkpoint import (
+    DCP_DIR,
     OPTIMIZER_FILE,
     WeightHandle,
     _is_tied,
     atomic_dir,
     encode_rng_state,
+    load_dcp_optimizer,
     read_state,
     to_json_safe,
 )
 from divopd.learn.learner import SHARDED_FORMAT, Learner, batch_row_weights, batch_rows, restore_learner_state
+from divopd.learn.protocol import LearnerProtocol
 from divopd.learn.ranks import LearnerRankError, ProcessRanks, Ranks
 from divopd.learn.rows import Rows, _micro_batches
 from divopd.learn.settings import LearnerConfig
@@ -52,7 +54,6 @@ from divopd.models import load_model
 __all__ = ["DCP_DIR", "LearnerRankError", "ShardedLearner", "build_learner", "learner_from_checkpoint",
            "load_dcp_optimizer", "split_rows"]
 
-DCP_DIR = "dcp"
 RanksFactory = Callable[[int, dict[str, Any]], Ranks]
 
 
@@ -99,6 +100,11 @@ class ShardedLearner:
     @property
     def world_size(self) -> int:
         return self.config.world_size
+
+    @property
+    def rank_info(self) -> list[dict[str, Any]]:
+        """What each rank reported at setup (rank, pid, node, device, backend; the Ray runtime adds its node id)."""
+        return list(self.ranks.info)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -237,20 +243,7 @@ class ShardedLearner:
         self.ranks.close()
 
 
-def load_dcp_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str | Path) -> None:
-    """The single-process learner resuming a sharded checkpoint: read its optimizer shards into ``optimizer``."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
-    optim_state = get_optimizer_state_dict(model, optimizer)
-    state = {"optim": optim_state}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(path))
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optim"])
-
-
-def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None = None) -> Learner | ShardedLearner:
+def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None = None) -> LearnerProtocol:
     """A fresh learner on the HF model at ``path``: one process (``world_size: 1``) or sharded."""
     if config.world_size > 1:
         return ShardedLearner(path, config, ranks)
@@ -259,7 +252,7 @@ def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None =
 
 
 def learner_from_checkpoint(path: str | Path, config: LearnerConfig, ranks: RanksFactory | None = None
-                            ) -> tuple[Learner | ShardedLearner, dict[str, Any]]:
+                            ) -> tuple[LearnerProtocol, dict[str, Any]]:
     """Resume any checkpoint (single-process or sharded, any N) with ``config.world_size`` ranks."""
     if config.world_size > 1:
         return ShardedLearner.from_checkpoint(path, config, ranks)

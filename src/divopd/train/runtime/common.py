@@ -1,13 +1,17 @@
-"""Pieces both runtimes share: building explorers and the evaluator from a config (no runtime imports here)."""
+"""Pieces every runtime shares: the teacher, explorers and the evaluator built from a config, with all their settings
+(no runtime imports here; :mod:`divopd.train.assemble` re-exports :func:`build_explorer` for code outside
+``runtime/``)."""
 
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any
 
 from divopd.explore.engines import apply_weights
 from divopd.explore.explorer import Explorer
 from divopd.explore.settings import VLLMSettings
+from divopd.explore.teacher import HFTeacher, Teacher
 from divopd.learn.checkpoint import WeightHandle
 from divopd.models import load_model
 from divopd.train.config import TrainConfig
@@ -45,17 +49,20 @@ def explorer_seed(cfg: TrainConfig, explorer_id: int, session: int) -> int:
     return cfg.seed * 100_003 + session * 1_009 + explorer_id
 
 
-def load_teacher(cfg: TrainConfig) -> tuple[Any, Any]:
-    """The frozen teacher (eval mode, no grad) and its tokenizer; with ``teacher.backend: vllm`` a
-    :class:`~divopd.explore.vllm_engine.VLLMGenerator` (scores with ``score_turns``) and its tokenizer."""
+def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:
+    """The run's frozen :class:`~divopd.explore.teacher.Teacher` and its tokenizer: an
+    :class:`~divopd.explore.teacher.HFTeacher` (eval mode, no grad), or with ``teacher.backend: vllm`` a
+    :class:`~divopd.explore.vllm_engine.VLLMGenerator`."""
     if cfg.teacher.backend == "vllm":
         engine = vllm_generator(cfg.teacher.path, cfg.teacher.dtype, cfg.seed, cfg.teacher.vllm, cfg)
         return engine, engine.tokenizer
     with _LOAD_LOCK:
-        teacher, tokenizer = load_model(cfg.teacher.path, dtype=cfg.teacher.dtype, device=cfg.teacher.device)
-    teacher.eval()
-    for p in teacher.parameters():
+        model, tokenizer = load_model(cfg.teacher.path, dtype=cfg.teacher.dtype, device=cfg.teacher.device)
+    model.eval()
+    for p in model.parameters():
         p.requires_grad_(False)
+    teacher = HFTeacher(model, tokenizer, max_tokens_per_batch=cfg.explorer.teacher_max_tokens_per_batch,
+                        stop_on_newline=cfg.explorer.generation.stop_on_newline)
     return teacher, tokenizer
 
 
@@ -64,15 +71,19 @@ def build_explorer(
     explorer_id: int,
     session: int,
     handle: WeightHandle | None,
-    teacher: Any | None,
+    teacher: Teacher | None,
     teacher_tokenizer: Any | None = None,
     evaluation: bool = False,
+    policy_version: int | None = None,
 ) -> Explorer:
     """An explorer with its own student copy (loaded from ``cfg.student``, then the published ``handle``); with
-    ``explorer.generation.backend: vllm`` the copy is a vLLM engine's (no HF student).
+    ``explorer.generation.backend: vllm`` the copy is a vLLM engine's (no HF student). Every setting is given here:
+    a training explorer gets the run's :func:`step_limit` (TCOD / TurnOPD depth), which follows the weights it is
+    handed.
 
-    ``evaluation=True`` builds a student-only evaluator: no teacher, recovery off (the paper's evaluation)."""
-    version = 0 if handle is None else int(handle.version)
+    ``evaluation=True`` builds a student-only evaluator: no teacher, recovery off, the full ``max_steps`` (the
+    paper's evaluation). ``policy_version``: the version the student reports without a ``handle`` (a checkpoint's)."""
+    version = (0 if policy_version is None else policy_version) if handle is None else int(handle.version)
     student, backend = None, None
     if cfg.explorer.generation.backend == "vllm":
         backend = vllm_generator(cfg.student.path, cfg.student.dtype, explorer_seed(cfg, explorer_id, session),
@@ -101,6 +112,8 @@ def build_explorer(
         policy_version=version,
         id_prefix=f"s{session}x",
         student_backend=backend,
+        step_limit=None if evaluation else partial(step_limit, cfg),
+        weights=handle,
     )
 
 
