@@ -48,7 +48,7 @@ from divopd.learn.checkpoint import (
 from divopd.learn.rows import Rows, _micro_batches, prepare_rows
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import DepthStats, turn_balance_alpha, turn_balance_weights
-from divopd.learn.update import Accumulated, batch_loss, step_metrics
+from divopd.learn.update import Accumulated, UpdateStats, batch_loss
 from divopd.models import load_model, resolve_dtype
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 from divopd.sampling.sampler import Batch
@@ -124,6 +124,7 @@ class Learner:
         self.skipped_updates = 0
         self.depth_stats = DepthStats() if config.depth_stats else None
         self.failed: str | None = None  # one process: it fails by raising, never half-way
+        self.last_update: UpdateStats | None = None  # what the newest update reported
 
     @property
     def rank_info(self) -> list[dict[str, Any]]:
@@ -194,13 +195,15 @@ class Learner:
         compute_s = t3 - t0
         self.tokens_total += acc.tokens
         self.compute_s_total += compute_s
-        out = step_metrics(self, metrics, grad_norm=grad_norm, skipped=skipped, tokens=acc.tokens,
-                           input_slots=acc.input_slots, compute_s=compute_s, t_fb=acc.t_fb, t_opt=t3 - t2,
-                           truncated=rows.truncated_prompts, weights=weights, alpha=alpha,
-                           lr=float(self.optimizer.param_groups[0]["lr"]))
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self.last_update = UpdateStats(
+            loss=metrics, grad_norm=grad_norm, skipped=skipped, tokens=acc.tokens, tokens_total=self.tokens_total,
+            input_slots=acc.input_slots, compute_s=compute_s, compute_s_total=self.compute_s_total,
+            version=self.version, truncated_prompts=rows.truncated_prompts, lr=lr, time_forward_backward_s=acc.t_fb,
+            time_optimizer_s=t3 - t2, row_weights=weights, alpha=alpha)
         if self.depth_stats is not None:
             self.depth_stats.update(turns)
-        return out
+        return self.last_update.metrics()
 
     def accumulate(self, rows: Rows, groups: list[np.ndarray], weights: np.ndarray | None, *,
                    n_rows: int | None = None, total_valid: int | None = None, scale: float = 1.0,

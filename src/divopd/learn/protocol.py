@@ -16,6 +16,7 @@ import torch
 
 from divopd.experience.turn import Turn
 from divopd.learn.checkpoint import WeightHandle
+from divopd.learn.update import UpdateStats
 from divopd.sampling.sampler import Batch
 
 __all__ = ["LearnerProtocol"]
@@ -33,6 +34,8 @@ class LearnerProtocol(Protocol):
     compute_s_total: float
     #: ``None`` while the learner works; after a rank died (sharded), what happened: nothing more can be written
     failed: str | None
+    #: what the newest update reported (``None`` before the first)
+    last_update: UpdateStats | None
 
     @property
     def model(self) -> torch.nn.Module:
@@ -45,7 +48,7 @@ class LearnerProtocol(Protocol):
         ...
 
     def step(self, batch: Batch | Sequence[Turn]) -> dict[str, float]:
-        """Exactly one optimizer update on ``batch``; returns its ``learner/*`` metrics."""
+        """Exactly one optimizer update on ``batch``; returns its ``learner/*`` metrics (``last_update.metrics()``)."""
         ...
 
     def publish(self, path: str | Path | None = None) -> WeightHandle:
