@@ -9,7 +9,9 @@
                          teacher actor) — and :func:`~divopd.train.loop.run_loop` drives it to the end
 
 This is the only module outside ``train/runtime/`` that imports a runtime (each lazily: Ray is imported only by a Ray
-run). To add a runtime, write a class with the :class:`~divopd.train.loop.Runtime` methods under ``train/runtime/``
+run), and the one place that sees the whole run at once (trainer, learner, runtime): what watches or resumes a run
+as a whole belongs here, and what it needs from a runtime belongs on the :class:`~divopd.train.loop.Runtime`
+protocol. To add a runtime, write a class with the :class:`~divopd.train.loop.Runtime` methods under ``train/runtime/``
 and add one :class:`RuntimeEntry` to :data:`RUNTIMES` (CONTRIBUTING.md, "Adding a runtime").
 """
 

@@ -142,9 +142,10 @@ def step_limit(cfg: TrainConfig, weights: WeightHandle | int) -> int:
     gives ``min(max_steps, 1 + ⌊(learner_version + 1) / η⌋)``); with ``turnopd.enabled`` TurnOPD's adaptive depth
     budget from the per-depth disagreement means published with the handle (:mod:`divopd.learn.turnopd`). Evaluators
     never use it: they keep the full ``max_steps``."""
-    learner_version = int(getattr(weights, "version", weights))
+    handle = weights if isinstance(weights, WeightHandle) else None
+    learner_version = int(weights.version) if isinstance(weights, WeightHandle) else int(weights)
     if cfg.turnopd.enabled:
-        return cfg.turnopd.step_limit(cfg.explorer.max_steps, getattr(weights, "depth_disagreement", None))
+        return cfg.turnopd.step_limit(cfg.explorer.max_steps, None if handle is None else handle.depth_disagreement)
     if not cfg.tcod.enabled:
         return cfg.explorer.max_steps
     tcod = cfg.tcod
