@@ -102,7 +102,7 @@ def make_learner(cfg: TrainConfig, checkpoint: Path | None) -> tuple[LearnerProt
 def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None) -> tuple[Trainer, bool]:
     """Create (or reopen, ``resume``) a run directory and its :class:`~divopd.train.trainer.Trainer` with the
     learner :func:`make_learner` picks; returns ``(trainer, resumed)``."""
-    return open_trainer_run(cfg, resume=resume, learner=make_learner)
+    return open_trainer_run(cfg, resume=resume, make_learner=make_learner)
 
 
 def run_trainer(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:

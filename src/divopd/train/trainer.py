@@ -296,9 +296,9 @@ class Trainer:
 
 # ---------------------------------------------------------------------------------------------------- set-up
 def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
-             learner: LearnerFactory) -> tuple[Trainer, bool]:
-    """Create a run directory (or reopen one to resume) and build the learner-side pieces; ``learner`` builds the
-    learner (:func:`divopd.train.assemble.open_run` passes the run's choice of single or sharded learner).
+             make_learner: LearnerFactory) -> tuple[Trainer, bool]:
+    """Create a run directory (or reopen one to resume) and build the learner-side pieces; ``make_learner`` builds
+    the learner (:func:`divopd.train.assemble.open_run` passes the run's choice of single or sharded learner).
 
     Returns ``(trainer, resumed)``. A fresh run refuses a directory that already holds a run.
     """
@@ -322,16 +322,16 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     state = RunState()
     fault_point("load")
     if ckpt is not None:
-        model, extra = learner(cfg, ckpt)
+        learner, extra = make_learner(cfg, ckpt)
         sampler.load_state_dict(extra["sampler"])
         saved_state = dict(extra.get("run", {}))
         state = RunState(**{k: v for k, v in saved_state.items() if k in RunState.__dataclass_fields__})
-        version = model.version
+        version = learner.version
     else:
         if resume is not None:
             log.warning("%s: no checkpoint yet; starting the run over", run_dir)
             remove_run_files(run_dir, ("metrics.jsonl", "summary.json", EXPERIENCE, "tb"))
-        model, _ = learner(cfg, None)
+        learner, _ = make_learner(cfg, None)
         version = 0
     state.sessions += 1
 
@@ -354,7 +354,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         log_writer = ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
     metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
-    return Trainer(cfg, run_dir, model, sampler, metrics, log_writer, state), ckpt is not None
+    return Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state), ckpt is not None
 
 
 def _requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics | None = None) -> int:
