@@ -79,7 +79,7 @@ def measure(path: str, cfg: LearnerConfig, rows: int, steps: int) -> dict[str, o
             learner.publish()
             pubs.append(learner.last_publish_s)
         return {"step": statistics.median(times), "publish": statistics.median(pubs),
-                "rss": [r["peak_rss_mb"] for r in learner.last_step]}
+                "rss": [r.peak_rss_mb for r in learner.last_step]}
     finally:
         learner.close()
 

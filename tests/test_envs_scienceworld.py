@@ -89,7 +89,7 @@ def test_random_student_explores_scienceworld_with_well_formed_turns():
     with Explorer(cfg, build_model(tok, "0.2m", seed=0), tok, build_model(tok, "0.2m", seed=1)) as explorer:
         rollouts = explorer.collect(3)
     for r in rollouts:
-        assert r.info["horizon"] == 5 and [t.turn_index for t in r.turns] == list(range(5))
+        assert r.info.horizon == 5 and [t.turn_index for t in r.turns] == list(range(5))
         assert all(gate.check(t) is None for t in r.turns)
 
 

@@ -3,6 +3,8 @@ crashes, weight loads between rollouts, evaluation. Real TextWorld-Express where
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -28,20 +30,20 @@ def test_random_student_plays_twx_to_the_step_limit_with_right_gate_verdicts():
     with make_explorer("twx", max_steps=max_steps, prompt={"max_prompt_tokens": 300}) as explorer:
         rollouts = explorer.collect(4)
         tok, student, teacher = explorer.tokenizer, explorer.student, explorer.teacher
-    ids = [r.info["rollout_id"] for r in rollouts]
+    ids = [r.info.rollout_id for r in rollouts]
     assert len(set(ids)) == 4
     saw_truncated = saw_valid = 0
     for r in rollouts:
         info = r.info
-        assert info["env"] == "twx" and info["task"].startswith("train:") and info["teacher_turns"] == 0
-        assert info["horizon"] == max_steps and info["hit_step_limit"] and not info["success"]  # random init
+        assert info.env == "twx" and info.task.startswith("train:") and info.teacher_turns == 0
+        assert info.horizon == max_steps and info.hit_step_limit and not info.success  # random init
         assert [t.turn_index for t in r.turns] == list(range(max_steps))
         flags = [t.prompt_truncated for t in r.turns]
         assert flags == sorted(flags)  # once the history outgrows the budget, every later prompt is truncated
         assert not flags[0] and flags[-1]  # early turns fit, late turns of a long rollout do not
-        assert info["truncated_turns"] == sum(flags)
+        assert info.truncated_turns == sum(flags)
         for t in r.turns:
-            assert t.rollout_id == info["rollout_id"] and t.policy_version == 0
+            assert t.rollout_id == info.rollout_id and t.policy_version == 0
             assert t.prompt_len <= 300 and 1 <= t.response_len <= 6
             assert len(t.student_logprobs) == len(t.teacher_logprobs) == t.response_len
             assert np.isfinite(t.teacher_logprobs).all() and np.isfinite(t.student_logprobs).all()
@@ -77,10 +79,10 @@ def test_collect_carries_in_flight_rollouts_over_and_ids_never_repeat():
         # the random student runs all 3 instances to the step limit together: 3 rollouts end in one round, and a
         # rollout is scored and counted only when collect takes it (the other two wait in the stream)
         (one,) = explorer.collect(1)
-        assert explorer.stats()["explorer/rollouts"] == 1 and one.info["hit_step_limit"]
+        assert explorer.stats()["explorer/rollouts"] == 1 and one.info.hit_step_limit
         first, second = [one, *explorer.collect(2)], explorer.collect(3)
         stats = explorer.stats()
-    ids = [r.info["rollout_id"] for r in first + second]
+    ids = [r.info.rollout_id for r in first + second]
     assert len(set(ids)) == 6
     assert stats["explorer/rollouts"] == 6 and stats["explorer/turns"] == sum(len(r.turns) for r in first + second)
 
@@ -115,21 +117,20 @@ def test_turn_enqueue_queues_every_round_the_same_turns_rollout_enqueue_queues_a
     pieces: dict[str, list] = {}
     for chunks, _ in by_turn:
         for chunk in chunks:
-            pieces.setdefault(chunk.info["rollout_id"], []).append(chunk)
-    finished = {r.info["rollout_id"]: r for chunks, _ in by_rollout for r in chunks}
+            pieces.setdefault(chunk.info.rollout_id, []).append(chunk)
+    finished = {r.info.rollout_id: r for chunks, _ in by_rollout for r in chunks}
     assert finished and set(finished) <= set(pieces)
     for rid, chunks in pieces.items():
         *running, last = chunks
         # a chunk of a running rollout: partial, outcome unknown; the last one carries the rollout's outcome
-        assert all(c.info["partial"] and all(t.info["success"] is None for t in c.turns) for c in running)
-        ended = not last.info["partial"]
+        assert all(c.info.partial and all(t.info["success"] is None for t in c.turns) for c in running)
+        ended = not last.info.partial
         assert ended == (rid in finished)
         if not ended:
             continue
-        assert all(t.info["success"] is last.info["success"] for t in last.turns)
+        assert all(t.info["success"] is last.info.success for t in last.turns)
         whole = finished[rid]
-        assert {k: v for k, v in last.info.items() if k != "weight_load_s"} == \
-            {k: v for k, v in whole.info.items() if k != "weight_load_s"}
+        assert replace(last.info, weight_load_s=0.0) == replace(whole.info, weight_load_s=0.0)
         turns = [t for c in chunks for t in c.turns]
         assert [(t.turn_index, t.policy_version, t.info["action"]) for t in turns] == \
             [(t.turn_index, t.policy_version, t.info["action"]) for t in whole.turns]
@@ -171,13 +172,13 @@ def test_teacher_failure_marks_turns_unscored_and_counts_it(only_batches):
         rollouts = explorer.collect(2)
         stats = explorer.stats()
     turns = [t for r in rollouts for t in r.turns]
-    assert len(turns) == sum(r.info["student_turns"] for r in rollouts) == sum(r.info["horizon"] for r in rollouts)
+    assert len(turns) == sum(r.info.student_turns for r in rollouts) == sum(r.info.horizon for r in rollouts)
     assert stats["explorer/teacher_failures"] == 2
     if only_batches:
         assert all(t.teacher_logprobs is not None for t in turns) and stats["explorer/unscored_turns"] == 0
     else:
         assert all(t.teacher_logprobs is None and gate.check(t) == "missing_teacher" for t in turns)
-        assert stats["explorer/unscored_turns"] == len(turns) == sum(r.info["unscored_turns"] for r in rollouts)
+        assert stats["explorer/unscored_turns"] == len(turns) == sum(r.info.unscored_turns for r in rollouts)
 
 
 def test_without_a_teacher_turns_are_unscored_not_lost():
@@ -198,13 +199,13 @@ def test_env_crash_ends_the_rollout_and_a_fresh_instance_takes_over():
     with Explorer(cfg, tiny_model(tok, 0), tok, tiny_model(tok, 1), env_factory=factory) as explorer:
         rollouts = explorer.collect(8)
         stats = explorer.stats()
-    crashed = [r for r in rollouts if r.info["crashed"]]
+    crashed = [r for r in rollouts if r.info.crashed]
     assert crashed and stats["explorer/env_crashes"] >= len(crashed)
     assert len(made) == 2 + stats["explorer/env_crashes"]  # every crash replaced its instance
     assert all(m.closed for m in made[:-2])  # ... and closed the broken one
     for r in crashed:
         # the turn whose step crashed is kept (its response and scores are real), the rollout is not a success
-        assert not r.info["success"] and not r.info["hit_step_limit"] and len(r.turns) == r.info["horizon"] + 1
+        assert not r.info.success and not r.info.hit_step_limit and len(r.turns) == r.info.horizon + 1
 
 
 @pytest.mark.parametrize("load_weights", ["rollout", "batch"])
@@ -228,7 +229,7 @@ def test_batch_weight_loading_keeps_one_policy_version_per_rollout(load_weights:
             explorer.set_weights(WeightHandle(version=version, state_dict={k: v.clone() for k, v in other.items()}))
             for _ in range(2):
                 rollouts += explorer.step_round()[0]
-    assert any(r.info["crashed"] for r in rollouts)
+    assert any(r.info.crashed for r in rollouts)
     versions = [{t.policy_version for t in r.turns} for r in rollouts]
     if load_weights == "rollout":
         assert any(len(v) > 1 for v in versions)
@@ -267,7 +268,7 @@ def test_newer_weights_are_loaded_between_rollouts_and_recorded_per_turn():
     versions = [t.policy_version for r in after for t in r.turns]
     assert set(versions) <= {0, 3} and versions[-1] == 3
     # rollouts started after the load are generated by version 3 only
-    assert any(r.info["policy_version_min"] == 3 for r in after)
+    assert any(r.info.policy_version_min == 3 for r in after)
 
 
 def test_evaluate_is_greedy_student_only_and_repeatable():

@@ -51,8 +51,7 @@ def test_explorers_and_learner_ranks_on_their_nodes_and_a_killed_explorer(tiny_m
                                                                           tmp_path: Path) -> None:
     from ray.cluster_utils import Cluster
 
-    from divopd.train.runtime.ray import run_ray
-    from divopd.train.trainer import open_run
+    from divopd.train.assemble import open_run, run_trainer
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     store = 128 * 2**20
@@ -69,7 +68,7 @@ def test_explorers_and_learner_ranks_on_their_nodes_and_a_killed_explorer(tiny_m
                              "runtime.learner_resources": "{learner_node: 1}", "eval.every": 100})
         trainer, _ = open_run(cfg)
         hook = _KillExplorer(at=2)
-        summary = run_ray(trainer, hook)
+        summary = run_trainer(trainer, hook)
         # the run went on to the end; Ray restarted the killed explorer (a new process) while it did
         assert summary["updates"] == 6 and len(hook.pids) == 2 and hook.pids[0] != hook.pids[1]
         placement = summary["placement"]

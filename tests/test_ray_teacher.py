@@ -39,13 +39,13 @@ def test_two_explorer_actors_are_scored_by_the_one_teacher_actor(tiny_models: di
     ray = pytest.importorskip("ray")
     from divopd.learn.checkpoint import WeightHandle, copy_state_dict
     from divopd.models import load_model
-    from divopd.train.runtime.ray import ExplorerActor, _init_ray
+    from divopd.train.runtime.ray import ExplorerActor, init_ray
     from divopd.train.runtime.ray_teacher import start_shared_teacher
 
     cfg = tiny_config(tiny_models, tmp_path / "direct", "divopd", **{"runtime.kind": "ray", "runtime.ray_num_cpus": 2,
                                                                     "teacher.shared": True})
     data = cfg.model_dump(mode="json")
-    started = _init_ray(cfg)
+    started = init_ray(cfg)
     try:
         teacher = start_shared_teacher(cfg, data)
         handle = ray.put(WeightHandle(0, state_dict=copy_state_dict(load_model(cfg.student.path)[0])))

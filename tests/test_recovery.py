@@ -205,7 +205,7 @@ def test_explorer_episode_by_hand():
         assert [t.turn_index for t in rollout.turns] == [0, 1, 2, 5, 6, 7, 9, 10, 11, 12, 13]
         assert [t.info["progress"] for t in rollout.turns] == [True, False, False, True, False, False, True,
                                                                False, False, False, False]
-        assert (rollout.info["teacher_turns"], rollout.info["takeovers"], rollout.info["horizon"]) == (3, 2, 14)
+        assert (rollout.info.teacher_turns, rollout.info.takeovers, rollout.info.horizon) == (3, 2, 14)
         assert teacher.calls == 3 and all(t.info["teacher_acted"] is False for t in rollout.turns)
         assert all(t.info["action"] == "look around" for t in rollout.turns)  # no teacher action became a row
         # evaluation is student-only: the teacher is never asked, whatever the student does
@@ -221,11 +221,11 @@ def test_explorer_recovery_waits_for_the_learner_warmup():
     with Explorer(cfg, tiny_model(tok, 0), tok, tiny_model(tok, 1), seed=0) as explorer:
         explorer._student_gen = Scripted(tok, [], then="take coin")  # invalid: no episode starts in the coin's room
         explorer._teacher_gen = Scripted(tok, [], then="look around")
-        assert all(r.info["teacher_turns"] == 0 for r in explorer.collect(3))
+        assert all(r.info.teacher_turns == 0 for r in explorer.collect(3))
         explorer.set_learner_version(3)
         later = explorer.collect(4)
-        assert any(r.info["teacher_turns"] == 1 for r in later)
-        assert all(r.info["teacher_turns"] <= 1 for r in later)
+        assert any(r.info.teacher_turns == 1 for r in later)
+        assert all(r.info.teacher_turns <= 1 for r in later)
     with pytest.raises(ValueError, match="needs a teacher"):
         Explorer(cfg, tiny_model(tok, 0), tok, None)
 
@@ -238,11 +238,11 @@ def test_random_students_trigger_recovery_within_the_cap(env_name):
                          recovery={"enabled": True, "patience": p, "max_takeover": m})
     with Explorer(cfg, tiny_model(tok, 0), tok, tiny_model(tok, 1), seed=0) as explorer:
         rollouts = explorer.collect(6)
-        teacher_turns = [r.info["teacher_turns"] for r in rollouts]
+        teacher_turns = [r.info.teacher_turns for r in rollouts]
         assert sum(teacher_turns) > 0 and max(teacher_turns) <= m  # a random student stalls often enough
         for r in rollouts:
-            assert r.info["student_turns"] + r.info["teacher_turns"] == r.info["horizon"] <= max_steps
-            assert r.info["takeovers"] <= 1  # without return_on_progress one takeover spends the cap
+            assert r.info.student_turns + r.info.teacher_turns == r.info.horizon <= max_steps
+            assert r.info.takeovers <= 1  # without return_on_progress one takeover spends the cap
         assert explorer.stats()["explorer/teacher_turns"] == sum(teacher_turns)
         before = explorer.stats()["explorer/teacher_turns"]
         explorer.evaluate(num_tasks=3)  # recovery is off during evaluation

@@ -14,8 +14,7 @@ import torch
 
 from divopd.learn.sharded import LearnerRankError, split_rows
 from divopd.train import train
-from divopd.train.runtime.lockstep import run_lockstep
-from divopd.train.trainer import open_run
+from divopd.train.assemble import open_run, run_trainer
 from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 
 UPDATES = 4
@@ -105,7 +104,7 @@ def test_a_dead_rank_stops_the_run_and_resume_works_with_1_and_2_ranks(tiny_mode
                          "checkpoint.every": 2, "learner.world_size": 2, "learner.lr": LR})
     trainer, _ = open_run(cfg)
     with pytest.raises(LearnerRankError, match=r"learner rank 1 of 2 \(pid \d+, exit code -9\)"):
-        run_lockstep(trainer, _KillRank(rank=1, at=3))
+        run_trainer(trainer, _KillRank(rank=1, at=3))
     ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("update-*"))
     assert ckpts[-1] == "update-000002"  # the newest checkpoint before the kill: the one to resume from
     for ws in (1, 2):

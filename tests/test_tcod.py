@@ -58,14 +58,16 @@ def test_the_rollout_is_cut_at_d_every_student_turn_is_kept_and_evaluation_is_fu
     assert [step_limit(cfg, v) for v in (0, 5, 11, 17, 100)] == [1, 2, 3, 4, 9]
     tok = env_tokenizer("tiny")
     ecfg = ExplorerConfig(env="tiny", num_envs=2, max_steps=9, generation={"max_new_tokens": 4})
-    with Explorer(ecfg, tiny_model(tok, 0), tok, tiny_model(tok, 1), seed=0) as explorer:
-        explorer.config.max_steps = step_limit(cfg, 11)  # what the runtimes do before collecting: d = 3
+    # the step limit is given at construction (as the runtimes build their explorers); at learner version 11: d = 3
+    with Explorer(ecfg, tiny_model(tok, 0), tok, tiny_model(tok, 1), seed=0, policy_version=11,
+                  step_limit=lambda weights: step_limit(cfg, weights)) as explorer:
+        assert explorer.max_steps == 3 and explorer.config.max_steps == 9
         rollouts = explorer.collect(6)
         for r in rollouts:
-            assert r.info["horizon"] <= 3 and r.info["student_turns"] == r.info["horizon"] == len(r.turns)
-            assert [t.turn_index for t in r.turns] == list(range(r.info["horizon"]))
+            assert r.info.horizon <= 3 and r.info.student_turns == r.info.horizon == len(r.turns)
+            assert [t.turn_index for t in r.turns] == list(range(r.info.horizon))
             assert all(t.teacher_logprobs is not None for t in r.turns)  # every student turn is scored
-        assert any(r.info["hit_step_limit"] for r in rollouts)  # a random student is cut at d
+        assert any(r.info.hit_step_limit for r in rollouts)  # a random student is cut at d
     # the evaluator is built from the config: the full explorer.max_steps, whatever the curriculum's depth
     evaluator_cfg = cfg.explorer.model_copy(deep=True)
     assert evaluator_cfg.max_steps == 9

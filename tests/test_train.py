@@ -388,7 +388,7 @@ def test_resume_without_a_checkpoint_starts_over_and_keeps_foreign_files(tiny_mo
     """``--resume`` on a run that stopped before its first checkpoint starts it over: the old metrics, summary,
     experience log and TensorBoard events go (a second metrics stream would be appended to the first otherwise), and
     a file the user put beside them stays."""
-    from divopd.train.trainer import open_run
+    from divopd.train.assemble import open_run
 
     cfg = tiny_config(tiny_models, tmp_path / "run", "divopd", updates=2, **{"runtime.kind": "lockstep"})
     run = tmp_path / "run"

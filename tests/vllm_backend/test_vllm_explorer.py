@@ -51,7 +51,7 @@ def test_published_weights_reach_the_engine_before_the_next_rollout(folders) -> 
     hf_new.load_state_dict(changed)
     seen_v1 = 0
     for rollout in first + later:
-        assert rollout.info["weight_load_s"] >= 0
+        assert rollout.info.weight_load_s >= 0
         turns = rollout.turns
         prompts, responses = [t.prompt_ids.tolist() for t in turns], [t.response_ids.tolist() for t in turns]
         for t, te in zip(turns, response_logprobs(hf_teacher, prompts, responses), strict=True):
@@ -83,7 +83,7 @@ def test_an_engine_that_dies_mid_run_is_rebuilt_and_no_turn_is_lost(folders) -> 
     assert student.restarts == 1 and calls["n"] == 3  # the rebuilt engine took over (the patch was on the old one)
     assert stats["explorer/rollouts"] == 4 and stats["explorer/turns"] == sum(len(r.turns) for r in rollouts)
     for r in rollouts:
-        assert [t.turn_index for t in r.turns] == list(range(r.info["horizon"]))  # no turn missing in any rollout
+        assert [t.turn_index for t in r.turns] == list(range(r.info.horizon))  # no turn missing in any rollout
         assert all(np.isfinite(t.student_logprobs).all() for t in r.turns)
 
 

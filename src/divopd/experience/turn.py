@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Rollout", "Turn"]
+__all__ = ["Rollout", "RolloutInfo", "Turn"]
 
 _ArrayLike = Sequence[int] | Sequence[float] | Sequence[bool] | np.ndarray
 
@@ -201,12 +201,45 @@ class Turn:
 
 
 @dataclass
-class Rollout:
-    """One finished rollout: its student turns (in order) and the episode's info.
+class RolloutInfo:
+    """What a rollout carries besides its turns: the episode's outcome and counts, as the explorer reports them.
 
-    ``info`` keys: rollout_id, explorer_id, env, task, success, score, horizon (env steps taken), student_turns,
-    teacher_turns, takeovers, crashed, hit_step_limit, truncated_turns, unscored_turns, policy_version_min/max.
+    A chunk of a rollout still running (``explorer.enqueue: turn``) has ``partial`` True; its outcome fields
+    (``success``, ``score``, ``horizon``) are those so far, and the chunk with the last turn carries the final ones.
     """
 
+    rollout_id: str
+    explorer_id: int
+    env: str
+    task: str
+    #: the episode succeeded (the env said so)
+    success: bool
+    #: the env's score at the end (so far, for a chunk)
+    score: float
+    #: env steps taken (student and teacher)
+    horizon: int
+    student_turns: int
+    #: turns the teacher acted under +R (not queued)
+    teacher_turns: int = 0
+    takeovers: int = 0
+    #: the env crashed; the turns so far are kept
+    crashed: bool = False
+    #: the rollout was cut at the step limit (``max_steps`` or the curriculum's depth)
+    hit_step_limit: bool = False
+    truncated_turns: int = 0
+    unscored_turns: int = 0
+    policy_version_min: int = 0
+    policy_version_max: int = 0
+    #: a chunk of a running rollout (``enqueue: turn``); the learner counts a rollout by its last chunk
+    partial: bool = False
+    #: the explorer's newest weight load, in seconds (the learner logs it as ``time/weight_load_s``)
+    weight_load_s: float = 0.0
+
+
+@dataclass
+class Rollout:
+    """One finished rollout (or, under ``explorer.enqueue: turn``, a chunk of one): its student turns, in order, and
+    its :class:`RolloutInfo`."""
+
     turns: list[Turn]
-    info: dict[str, Any]
+    info: RolloutInfo

@@ -4,9 +4,8 @@ The explorer's student generates through an :class:`~divopd.explore.generation.H
 through a generation backend built outside (``explorer.generation.backend: vllm``: a
 :class:`~divopd.VLLMGenerator` that holds its own copy of the weights). :func:`apply_weights` loads a published
 :class:`~divopd.learn.checkpoint.WeightHandle` into whichever of the two the explorer has, before its next rollout, and
-times it (``time/weight_load_s``; the learner side of a publication is ``time/publish_s``). A teacher is an HF model
-or an engine with ``score_turns``/``generate`` (a vLLM teacher, or the Ray runtime's shared teacher actor); under +R
-it acts through :func:`teacher_generator`.
+times it (``time/weight_load_s``; the learner side of a publication is ``time/publish_s``). The teacher is a
+:class:`~divopd.explore.teacher.Teacher` (:mod:`divopd.explore.teacher`).
 """
 
 from __future__ import annotations
@@ -14,16 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from divopd.explore.generation import GenerationBackend, HFGenerator
-
-__all__ = ["apply_weights", "close_backend", "teacher_generator"]
-
-
-def teacher_generator(teacher: Any, tokenizer: Any, *, stop_on_newline: bool) -> GenerationBackend:
-    """The teacher's own generator (+R takeovers): the engine itself, or an HF generator on the model."""
-    if hasattr(teacher, "score_turns") and hasattr(teacher, "generate"):
-        return teacher
-    return HFGenerator(teacher, tokenizer, stop_on_newline=stop_on_newline)
+__all__ = ["apply_weights", "close_backend"]
 
 
 def apply_weights(handle: Any, student: Any | None, backend: Any) -> float:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from divopd.experience.turn import Rollout, Turn
+from divopd.experience.turn import Rollout, RolloutInfo, Turn
 from divopd.explore.recovery import RecoveryState
 
 __all__ = ["EXPLORER_COUNTERS", "Episode", "StudentStep", "build_rollout", "count_rollout", "eval_metrics"]
@@ -63,22 +63,19 @@ def build_rollout(episode: Episode, scores: list, topk: list, *, explorer_id: in
     (``scores[i]`` ``None`` = unscored; ``topk[i]`` ``(ids, logprobs)`` or ``None``). ``truncated_dead``: a turn
     whose prompt was truncated gets an all-False teacher-valid mask (a dead row for readers without the gate).
 
-    An episode still running gives a *chunk* (``explorer.enqueue: turn``): ``info["partial"]`` is True and its turns'
+    An episode still running gives a *chunk* (``explorer.enqueue: turn``): ``info.partial`` is True and its turns'
     outcome keys (``success``, ``rollout_score``, ``horizon``) are None, since the rollout has not ended; the chunk
     with the last turn carries the outcome and the rollout's info (``partial`` False)."""
     steps = episode.student_steps[start:]
     hit_limit = not episode.crashed and not episode.success and episode.steps >= max_steps
     versions = [s.policy_version for s in episode.student_steps] or [policy_version]
-    info = {
-        "rollout_id": episode.rollout_id, "explorer_id": explorer_id, "env": env,
-        "task": episode.task, "success": episode.success, "score": episode.score, "horizon": episode.steps,
-        "student_turns": len(episode.student_steps), "teacher_turns": episode.recovery.teacher_turns,
-        "takeovers": episode.recovery.takeovers, "crashed": episode.crashed, "hit_step_limit": hit_limit,
-        "truncated_turns": sum(s.prompt_truncated for s in episode.student_steps),
-        "unscored_turns": episode.unscored + sum(s is None for s in scores),
-        "policy_version_min": min(versions), "policy_version_max": max(versions),
-        "partial": not episode.done,
-    }
+    info = RolloutInfo(
+        rollout_id=episode.rollout_id, explorer_id=explorer_id, env=env, task=episode.task, success=episode.success,
+        score=episode.score, horizon=episode.steps, student_turns=len(episode.student_steps),
+        teacher_turns=episode.recovery.teacher_turns, takeovers=episode.recovery.takeovers, crashed=episode.crashed,
+        hit_step_limit=hit_limit, truncated_turns=sum(s.prompt_truncated for s in episode.student_steps),
+        unscored_turns=episode.unscored + sum(s is None for s in scores), policy_version_min=min(versions),
+        policy_version_max=max(versions), partial=not episode.done)
     known = episode.done
     turns = []
     for s, lp, tk in zip(steps, scores, topk, strict=True):
@@ -95,21 +92,21 @@ def build_rollout(episode: Episode, scores: list, topk: list, *, explorer_id: in
                   "teacher_acted": False, "teacher_turns": episode.recovery.teacher_turns,
                   "explorer_id": explorer_id}))
     episode.queued = len(episode.student_steps)
-    episode.unscored = info["unscored_turns"]
+    episode.unscored = info.unscored_turns
     return Rollout(turns, info)
 
 
-def count_rollout(stats: dict[str, float], info: dict) -> None:
+def count_rollout(stats: dict[str, float], info: RolloutInfo) -> None:
     """Add a finished rollout's info to the explorer's cumulative counters."""
     s = stats
     s["rollouts"] += 1
-    s["turns"] += info["student_turns"]
-    s["teacher_turns"] += info["teacher_turns"]
-    s["takeovers"] += info["takeovers"]
-    s["successes"] += info["success"]
-    s["truncated_turns"] += info["truncated_turns"]
-    s["unscored_turns"] += info["unscored_turns"]
-    s["step_limit_hits"] += info["hit_step_limit"]
+    s["turns"] += info.student_turns
+    s["teacher_turns"] += info.teacher_turns
+    s["takeovers"] += info.takeovers
+    s["successes"] += info.success
+    s["truncated_turns"] += info.truncated_turns
+    s["unscored_turns"] += info.unscored_turns
+    s["step_limit_hits"] += info.hit_step_limit
 
 
 def eval_metrics(episodes: list[Episode], policy_version: int, t0: float) -> dict[str, float]:

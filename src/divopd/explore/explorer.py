@@ -3,29 +3,28 @@
 Paper, "Asynchronous multi-turn OPD": rollout workers generate student interactions and frozen-teacher scores
 independently of learner updates, adding turns to a queue with rollout IDs and policy versions. One explorer here:
 
-1. keeps ``num_envs`` env instances in lockstep; each turn, every unfinished rollout gets a chat prompt (task and
-   history, ``prompt_truncated`` past the context budget) and one action, generated for all instances in one batch
-   with the current student weights, keeping the per-token generating log probabilities;
-2. steps each env; a rollout ends on success/failure, at ``max_steps``, or when its env crashes (counted; the turns so
-   far are kept and a fresh instance replaces the env);
-3. when a rollout ends, the teacher scores all its student turns in one batched no-grad pass (a failure marks turns
-   unscored and counts it; nothing is dropped), and the rollout's ``Turn`` s are returned together, tagged
-   ``(rollout_id, turn_index, policy_version)`` (``enqueue: turn``: every round's new turns, scored in one pass);
+1. keeps ``num_envs`` env instances in lockstep; each turn every unfinished rollout gets a chat prompt (task, history,
+   ``prompt_truncated`` past the context budget) and one action, generated for all instances in one batch with the
+   current student weights, keeping the per-token generating log probabilities;
+2. steps each env; a rollout ends on success/failure, at the step limit, or when its env crashes (counted; its turns
+   are kept and a fresh instance replaces the env);
+3. when a rollout ends the teacher (:class:`~divopd.explore.teacher.Teacher`) scores all its student turns in one
+   batched pass (a failure marks turns unscored and counts it; nothing is dropped); its ``Turn`` s are returned
+   together, tagged ``(rollout_id, turn_index, policy_version)`` (``enqueue: turn``: every round's new turns);
 4. it loads newer published weights (:meth:`Explorer.set_weights`) between rollouts, as ``load_weights`` says;
-5. with +R on (:mod:`divopd.explore.recovery`), the teacher acts after ``p`` no-progress student turns (an invalid
-   action, or a repeat while the allowed actions are unchanged), at most ``m`` turns a rollout; they are not queued.
+5. with +R on (:mod:`divopd.explore.recovery`) the teacher acts after ``p`` no-progress student turns, at most ``m``
+   turns a rollout; they are not queued.
 
-``turn_index`` is the env step at which the student acted (0-based; teacher steps under +R leave gaps). Runtimes
-drive it through ``collect(n)`` / ``rollouts()`` (lockstep: ``step_round()``), ``set_weights(handle)``,
-``set_learner_version(v)``, ``evaluate()``, ``stats()``, ``close()``; one thread (or actor) per explorer. Example::
+``turn_index`` is the env step at which the student acted (teacher steps under +R leave gaps). Every setting comes
+at construction (the step limit too: ``step_limit`` follows each published handle). Runtimes drive it through
+``collect(n)`` (lockstep: ``step_round()``), ``set_weights(handle)``, ``evaluate()``, ``close()``. Example::
 
     explorer = Explorer(ExplorerConfig(env="twx", num_envs=4), student, tokenizer, teacher, seed=0)
     rollouts = explorer.collect(8)           # list[Rollout]; rollout.turns are Turns, rollout.info the episode
     explorer.set_weights(learner.publish())  # applied at the next rollout boundary
     explorer.evaluate(num_tasks=50)          # T = 0.4, seeded: {"eval/success_rate": ..., "eval/mean_score": ...}
-
-Settings: :mod:`divopd.explore.settings`; episodes: :mod:`~divopd.explore.episode`; teacher scoring:
-:mod:`~divopd.explore.scoring`; task order: :mod:`~divopd.explore.tasks`; engines: :mod:`~divopd.explore.engines`."""
+Settings: :mod:`~divopd.explore.settings`; episodes: :mod:`~divopd.explore.episode`; task order:
+:mod:`~divopd.explore.tasks`; engines: :mod:`~divopd.explore.engines`."""
 
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from divopd.experience.turn import Rollout
-from divopd.explore.engines import apply_weights, close_backend, teacher_generator
+from divopd.explore.engines import apply_weights, close_backend
 from divopd.explore.envs import Env, EnvCrash, make_env
 from divopd.explore.episode import EXPLORER_COUNTERS, Episode, StudentStep, build_rollout, count_rollout, eval_metrics
 from divopd.explore.generation import Generation, GenerationBackend, HFGenerator
@@ -47,6 +46,7 @@ from divopd.explore.prompting import decode_action, encode_prompt
 from divopd.explore.scoring import make_score_call, teacher_scores
 from divopd.explore.settings import ExplorerConfig
 from divopd.explore.tasks import close_quietly, reset_with_retries, start_env, task_stream
+from divopd.explore.teacher import as_teacher
 
 __all__ = ["Explorer", "ExplorerConfig", "Rollout"]
 
@@ -64,7 +64,8 @@ class Explorer:
         student: causal LM generating actions (used in place; its weights change via :meth:`set_weights`); ``None``
             with a ``student_backend`` that holds its own weights (a vLLM engine).
         tokenizer: the student's tokenizer (chat template used for prompts).
-        teacher: frozen causal LM scoring every student token, and acting under +R; ``None`` = turns unscored.
+        teacher: the frozen :class:`~divopd.explore.teacher.Teacher` (or an HF causal LM, wrapped in one) scoring
+            every student token and acting under +R; ``None`` = turns unscored.
         teacher_tokenizer: the teacher's tokenizer; must share the student's vocabulary (OPD scores the student's
             token ids). ``None`` = the student's.
         seed: base seed of task order and sampling.
@@ -74,6 +75,9 @@ class Explorer:
         id_prefix: rollout-id prefix; a runtime that restarts explorers passes a fresh one so ids never repeat.
         student_backend: the student's generator (default: an HFGenerator on ``student``); one with
             ``update_weights`` receives every published version before the next rollout.
+        step_limit: the training step limit for published weights (TCOD's depth, TurnOPD's budget), applied at
+            once by each :meth:`set_weights`; ``None`` = ``config.max_steps`` (evaluators).
+        weights: the published handle the student copy holds (version ``policy_version``), for ``step_limit``.
     """
 
     def __init__(
@@ -90,14 +94,16 @@ class Explorer:
         env_factory: Callable[[], Env] | None = None,
         id_prefix: str = "x",
         student_backend: GenerationBackend | None = None,
+        step_limit: Callable[[Any], int] | None = None,
+        weights: WeightHandle | None = None,
     ) -> None:
         self.config = config
-        self.student, self.tokenizer, self.teacher = student, tokenizer, teacher
+        self.student, self.tokenizer, self.teacher = student, tokenizer, teacher  # as given (an HF model or a Teacher)
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else tokenizer
-        if teacher is not None and self.teacher_tokenizer is not tokenizer:
-            if self.teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
-                raise ValueError("Explorer: the teacher's tokenizer has a different vocabulary from the student's; "
-                                 "OPD scores the student's token ids, so they must share one")
+        if teacher is not None and self.teacher_tokenizer is not tokenizer and \
+                self.teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise ValueError("Explorer: the teacher's tokenizer has a different vocabulary from the student's; "
+                             "OPD scores the student's token ids, so they must share one")
         if config.recovery.enabled and teacher is None:
             raise ValueError("Explorer: recovery.enabled needs a teacher to act")
         self.seed, self.explorer_id, self.id_prefix = seed, explorer_id, id_prefix
@@ -105,14 +111,16 @@ class Explorer:
         self._env_factory = env_factory or (lambda: make_env(config.env, **config.env_kwargs))
         stop_nl = config.generation.stop_on_newline
         self._student_gen = student_backend or HFGenerator(student, tokenizer, stop_on_newline=stop_nl)
-        self._teacher_gen = (teacher_generator(teacher, self.teacher_tokenizer, stop_on_newline=stop_nl)
-                             if config.recovery.enabled else None)
-        self._score_call = make_score_call(teacher, self.teacher_tokenizer, topk=config.teacher_topk,
-                                           max_tokens_per_batch=config.teacher_max_tokens_per_batch)
+        tt, per_batch = self.teacher_tokenizer, config.teacher_max_tokens_per_batch
+        self._teacher = None if teacher is None else as_teacher(teacher, tt, max_tokens_per_batch=per_batch,
+                                                                stop_on_newline=stop_nl)
+        self._teacher_gen = self._teacher if config.recovery.enabled else None
+        self._score_call = None if self._teacher is None else make_score_call(self._teacher, topk=config.teacher_topk)
+        self._step_limit = step_limit  # the step limit now: config.max_steps, or step_limit of the newest weights
+        self.max_steps = config.max_steps if step_limit is None else step_limit(weights or policy_version)
         self._lock = threading.Lock()
         self._pending_weights: Any = None
-        self._envs: list[Env] = []
-        self._eval_envs: list[Env] = []
+        self._envs, self._eval_envs = list[Env](), list[Env]()  # the training and the evaluation instances
         self._rollout_iter: Iterator[Rollout] | None = None
         self._round_iter: Iterator[tuple[list[Episode], list[Episode]]] | None = None
         self._task_rng = random.Random(f"{seed}-{explorer_id}-tasks")
@@ -126,10 +134,8 @@ class Explorer:
         return [next(self.rollouts()) for _ in range(num_rollouts)]  # one stream per explorer: the same each call
 
     def rollouts(self) -> Iterator[Rollout]:
-        """Endless stream of finished rollouts from the training split, in the order they end.
-
-        There is one stream per explorer (its env instances hold the in-flight rollouts): every call returns it.
-        """
+        """Endless stream of finished rollouts from the training split, in the order they end (one stream per
+        explorer, as its env instances hold the in-flight rollouts: every call returns it)."""
         if self._rollout_iter is None:
             if self._round_iter is not None:
                 raise RuntimeError("Explorer.rollouts: this explorer is driven by step_round (lockstep runtime)")
@@ -147,14 +153,14 @@ class Explorer:
                     self._apply_pending_weights()
 
     def set_weights(self, handle: WeightHandle) -> None:
-        """Queue a published weight handle (``.version``, ``.load_into(model)``); loaded at the next rollout boundary.
-
-        Thread-safe; a newer handle replaces an older one not yet loaded.
-        """
+        """Queue a published weight handle (``.version``, ``.load_into(model)``), loaded at the next rollout boundary;
+        the step limit follows it at once. Thread-safe; a newer handle replaces an older one not yet loaded."""
         with self._lock:
             if self._pending_weights is None or handle.version >= self._pending_weights.version:
                 self._pending_weights = handle
             self.learner_version = max(self.learner_version, int(handle.version))
+            if self._step_limit is not None:  # the curriculum follows the learner at once (running rollouts too)
+                self.max_steps = self._step_limit(handle)
 
     def set_learner_version(self, version: int) -> None:
         """Tell the explorer how many updates the learner has made (the +R warmup counts these)."""
@@ -166,13 +172,9 @@ class Explorer:
         """Student-only episodes on held-out tasks (no recovery, no teacher): success rate and mean score.
 
         ``tasks`` defaults to the first ``num_tasks`` (default ``config.eval_tasks``) tasks of ``config.eval_split``.
-        The student samples at ``temperature`` (the paper's evaluation: 0.4; training samples at
-        ``config.generation.temperature``, 1.0) or decodes greedily with ``greedy=True``. Sampling is seeded by ``seed``
-        (default: the explorer's seed) and the call count within this evaluation only, so the same weights, tasks and
-        seed give the same result however much the explorer has generated before (``divopd train`` and ``divopd eval``
-        pass ``eval.temperature``, ``eval.greedy`` and the run seed). Must not run concurrently with :meth:`rollouts`
-        on the same explorer (they share the model).
-        """
+        The student samples at ``temperature`` (the paper's 0.4) or decodes greedily. Sampling is seeded by ``seed``
+        (default: the explorer's) and the call count within this evaluation only: the same weights, tasks and seed
+        give the same result whatever the explorer generated before. Not concurrently with :meth:`rollouts`."""
         if not greedy and temperature <= 0:
             raise ValueError(f"Explorer.evaluate: temperature must be > 0 when sampling, got {temperature}")
         self._apply_pending_weights()
@@ -224,11 +226,9 @@ class Explorer:
         self.close()
     # ------------------------------------------------------------------ the spine
     def step_round(self) -> tuple[list[Rollout], int]:
-        """One round on the training envs: every instance takes one step (one batched generate per actor).
-
-        Returns the rollouts that ended in this round (``enqueue: turn``: every stepped rollout's new turns, as
-        chunks) and the number of env steps taken. The lockstep runtime drives explorers this way; :meth:`collect`
-        / :meth:`rollouts` are the pull-based equivalent (do not mix the two: they share the env instances)."""
+        """One round on the training envs, each instance one step: the rollouts that ended (``enqueue: turn``: every
+        stepped rollout's new turns, as chunks) and the env steps taken. The lockstep runtime's way; :meth:`collect`
+        is the pull-based one (do not mix the two: they share the env instances)."""
         if self._rollout_iter is not None:
             raise RuntimeError("Explorer.step_round: this explorer already streams rollouts (collect/rollouts)")
         if self._round_iter is None:
@@ -320,7 +320,7 @@ class Explorer:
         if actor == "student":
             last = episode.student_steps[-1]
             last.reward, last.progress, last.score = float(reward), not no_progress, float(info.get("score", 0.0))
-        episode.done = bool(done) or episode.steps >= self.config.max_steps
+        episode.done = bool(done) or episode.steps >= self.max_steps
 
     def _queue_round(self, ended: list[Episode], stepped: list[Episode]) -> Iterator[Rollout]:
         """The round's queued turns, lazily: each ended rollout scored in one teacher pass (``enqueue: rollout``), or
@@ -340,11 +340,11 @@ class Explorer:
     def _build(self, episode: Episode, scores: list, topk: list, start: int = 0) -> Rollout:
         """The Rollout (or chunk) of ``episode``'s student turns ``start:``; an ended rollout is counted."""
         rollout = build_rollout(episode, scores, topk, explorer_id=self.explorer_id, env=self.config.env,
-                                max_steps=self.config.max_steps, policy_version=self.policy_version,
+                                max_steps=self.max_steps, policy_version=self.policy_version,
                                 truncated_dead=self.config.truncated_turns_dead, start=start)
         if episode.done:
             count_rollout(self._stats, rollout.info)
-        rollout.info["weight_load_s"] = self._stats["time/weight_load_s"]  # the newest weight load (train metrics)
+        rollout.info.weight_load_s = self._stats["time/weight_load_s"]  # the newest weight load (train metrics)
         return rollout
 
     # ------------------------------------------------------------------ helpers
@@ -354,7 +354,7 @@ class Explorer:
 
     def _teacher_scores(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[list, list]:
         """Teacher log probs and top-k per turn (``None`` = unscored), retried turn by turn on a failure."""
-        if self.teacher is None or not prompts:
+        if self._score_call is None or not prompts:
             return [None] * len(prompts), [None] * len(prompts)
         return teacher_scores(self._score_call, prompts, responses, self._stats, self.explorer_id)
 

@@ -63,11 +63,7 @@ def teacher_scores(score_call: ScoreCall, prompts: list[list[int]], responses: l
     return lps, topk
 
 
-def make_score_call(teacher: Any, tokenizer: Any, *, topk: int, max_tokens_per_batch: int) -> ScoreCall:
-    """The explorer's batched teacher call: an engine with ``score_turns`` (:class:`~divopd.VLLMGenerator`, a shared
-    Ray teacher) is asked directly; an HF model is scored with :func:`score_responses`."""
-    if hasattr(teacher, "score_turns"):
-        return lambda prompts, responses: teacher.score_turns(prompts, responses, topk=topk)
-    pad_id = tokenizer.pad_token_id or 0
-    return lambda prompts, responses: score_responses(teacher, prompts, responses, topk=topk, pad_id=pad_id,
-                                                      max_tokens_per_batch=max_tokens_per_batch)
+def make_score_call(teacher: Any, *, topk: int) -> ScoreCall:
+    """The explorer's batched teacher call: ``teacher.score_turns`` (a :class:`~divopd.explore.teacher.Teacher`)
+    with the run's ``topk``."""
+    return lambda prompts, responses: teacher.score_turns(prompts, responses, topk=topk)

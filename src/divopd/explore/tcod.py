@@ -21,8 +21,8 @@ TCOD's own rule, read in its public code (the Trinity-RFT fork ``github.com/koko
 divopd has no explorer batches (explorers stream rollouts), so "step" here is our reading: the training step the
 rollout is collected for, ``learner updates done + 1`` (1-based like TCOD's ``batch_id``; TCOD runs one explorer step
 per weight sync and as many explorer steps as trainer steps). The depth is the explorer's step limit
-(:func:`divopd.train.runtime.common.step_limit`, read when a rollout is collected); evaluation always uses the full
-``explorer.max_steps`` (evaluators are built from the config and never get the curriculum). Batches are read as
+(:func:`divopd.train.runtime.common.step_limit`, given to each training explorer when it is built); evaluation uses
+the full ``explorer.max_steps`` (evaluators are built from the config and never get the curriculum). Batches are read as
 vanilla OPD reads them (arrival order, no pool, no gate): the baseline changes which turns exist, not which are
 selected. Example::
 

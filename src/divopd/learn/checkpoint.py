@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,18 +28,22 @@ from typing import Any
 import torch
 
 __all__ = [
+    "DCP_DIR",
     "STATE_FILE",
     "WeightHandle",
     "atomic_dir",
     "decode_rng_state",
     "encode_rng_state",
     "latest_checkpoint",
+    "load_dcp_optimizer",
     "read_state",
     "to_json_safe",
 ]
 
 STATE_FILE = "state.json"
 OPTIMIZER_FILE = "optimizer.pt"
+#: A sharded checkpoint's model and optimizer shards (``torch.distributed.checkpoint``), :mod:`divopd.learn.sharded`
+DCP_DIR = "dcp"
 
 
 @contextmanager
@@ -183,3 +188,18 @@ def copy_state_dict(model: torch.nn.Module, transform: Callable[[torch.Tensor], 
         t = v.detach().to("cpu", copy=True)
         out[k] = transform(t) if transform else t
     return out
+
+
+def load_dcp_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str | Path) -> None:
+    """The single-process learner resuming a sharded checkpoint: read its optimizer shards (``dcp/``) into
+    ``optimizer``."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    from divopd.learn import safe_dcp as dcp  # the index and values read without unpickling code
+
+    optim_state = get_optimizer_state_dict(model, optimizer)
+    state = {"optim": optim_state}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(path))
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optim"])

@@ -30,6 +30,7 @@ from divopd.learn.learner import Learner
 from divopd.learn.rendezvous import rendezvous_store
 from divopd.learn.rows import Rows
 from divopd.learn.settings import LearnerConfig
+from divopd.learn.update import RankStep
 from divopd.models import load_model
 
 __all__ = ["RankWorker", "decoder_layers", "free_port", "shard_model"]
@@ -143,7 +144,7 @@ class RankWorker:
                 "backend": backend}
 
     def step(self, rows: Rows, groups: list[np.ndarray], n_rows: int, total_valid: int,
-             weights: np.ndarray | None) -> dict[str, Any]:
+             weights: np.ndarray | None) -> RankStep:
         """Forward/backward of this rank's rows (global denominators), then the sharded clip and AdamW step."""
         learner = self._learner()
         learner.optimizer.zero_grad(set_to_none=True)
@@ -154,9 +155,9 @@ class RankWorker:
         if learner.device.type == "cuda":
             torch.cuda.synchronize(learner.device)
         parts = [(idx, _np(lp), _np(old), _np(top), _np(scored)) for idx, lp, old, top, scored in acc.parts]
-        return {"parts": parts, "tokens": acc.tokens, "input_slots": acc.input_slots, "t_fb": acc.t_fb,
-                "t_opt": time.perf_counter() - t0, "grad_norm": grad_norm, "skipped": skipped,
-                "peak_rss_mb": _peak_rss_mb(), "peak_cuda_mb": _peak_cuda_mb(learner.device)}
+        return RankStep(parts=parts, tokens=acc.tokens, input_slots=acc.input_slots, t_fb=acc.t_fb,
+                        t_opt=time.perf_counter() - t0, grad_norm=grad_norm, skipped=skipped,
+                        peak_rss_mb=_peak_rss_mb(), peak_cuda_mb=_peak_cuda_mb(learner.device))
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Every rank takes part; rank 0 returns the full CPU state dict (``full_state_dict``, ``cpu_offload``)."""

@@ -33,6 +33,7 @@ import torch
 
 from divopd.experience.turn import Turn
 from divopd.learn.checkpoint import (
+    DCP_DIR,
     OPTIMIZER_FILE,
     STATE_FILE,
     WeightHandle,
@@ -40,13 +41,14 @@ from divopd.learn.checkpoint import (
     copy_state_dict,
     decode_rng_state,
     encode_rng_state,
+    load_dcp_optimizer,
     read_state,
     to_json_safe,
 )
 from divopd.learn.rows import Rows, _micro_batches, prepare_rows
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import DepthStats, turn_balance_alpha, turn_balance_weights
-from divopd.learn.update import Accumulated, batch_loss, step_metrics
+from divopd.learn.update import Accumulated, UpdateStats, batch_loss
 from divopd.models import load_model, resolve_dtype
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 from divopd.sampling.sampler import Batch
@@ -121,6 +123,16 @@ class Learner:
         self.compute_s_total = 0.0
         self.skipped_updates = 0
         self.depth_stats = DepthStats() if config.depth_stats else None
+        self.failed: str | None = None  # one process: it fails by raising, never half-way
+        self.last_update: UpdateStats | None = None  # what the newest update reported
+
+    @property
+    def rank_info(self) -> list[dict[str, Any]]:
+        """One process: no ranks to report."""
+        return []
+
+    def close(self) -> None:
+        """Nothing to release (the :class:`~divopd.learn.protocol.LearnerProtocol` method ranks need)."""
 
     @staticmethod
     def _pad_id(model: torch.nn.Module, tokenizer: Any) -> int:
@@ -183,13 +195,15 @@ class Learner:
         compute_s = t3 - t0
         self.tokens_total += acc.tokens
         self.compute_s_total += compute_s
-        out = step_metrics(self, metrics, grad_norm=grad_norm, skipped=skipped, tokens=acc.tokens,
-                           input_slots=acc.input_slots, compute_s=compute_s, t_fb=acc.t_fb, t_opt=t3 - t2,
-                           truncated=rows.truncated_prompts, weights=weights, alpha=alpha,
-                           lr=float(self.optimizer.param_groups[0]["lr"]))
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self.last_update = UpdateStats(
+            loss=metrics, grad_norm=grad_norm, skipped=skipped, tokens=acc.tokens, tokens_total=self.tokens_total,
+            input_slots=acc.input_slots, compute_s=compute_s, compute_s_total=self.compute_s_total,
+            version=self.version, truncated_prompts=rows.truncated_prompts, lr=lr, time_forward_backward_s=acc.t_fb,
+            time_optimizer_s=t3 - t2, row_weights=weights, alpha=alpha)
         if self.depth_stats is not None:
             self.depth_stats.update(turns)
-        return out
+        return self.last_update.metrics()
 
     def accumulate(self, rows: Rows, groups: list[np.ndarray], weights: np.ndarray | None, *,
                    n_rows: int | None = None, total_valid: int | None = None, scale: float = 1.0,
@@ -342,8 +356,6 @@ class Learner:
             tokenizer = None
         learner = cls(model, config, tokenizer)
         if state["format"] == SHARDED_FORMAT:  # written by N ranks (divopd.learn.sharded): read its DCP shards
-            from divopd.learn.sharded import DCP_DIR, load_dcp_optimizer
-
             load_dcp_optimizer(learner.model, learner.optimizer, Path(path) / DCP_DIR)
         else:
             opt_state = torch.load(Path(path) / OPTIMIZER_FILE, map_location=learner.device, weights_only=True)

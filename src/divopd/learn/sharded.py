@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,26 +32,28 @@ import numpy as np
 import torch
 
 from divopd.learn.checkpoint import (
+    DCP_DIR,
     OPTIMIZER_FILE,
     WeightHandle,
     _is_tied,
     atomic_dir,
     encode_rng_state,
+    load_dcp_optimizer,
     read_state,
     to_json_safe,
 )
 from divopd.learn.learner import SHARDED_FORMAT, Learner, batch_row_weights, batch_rows, restore_learner_state
+from divopd.learn.protocol import LearnerProtocol
 from divopd.learn.ranks import LearnerRankError, ProcessRanks, Ranks
 from divopd.learn.rows import Rows, _micro_batches
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import DepthStats
-from divopd.learn.update import batch_loss, step_metrics
+from divopd.learn.update import RankStep, UpdateStats, batch_loss
 from divopd.models import load_model
 
 __all__ = ["DCP_DIR", "LearnerRankError", "ShardedLearner", "build_learner", "learner_from_checkpoint",
            "load_dcp_optimizer", "split_rows"]
 
-DCP_DIR = "dcp"
 RanksFactory = Callable[[int, dict[str, Any]], Ranks]
 
 
@@ -91,6 +92,8 @@ class ShardedLearner:
         self.depth_stats = DepthStats() if config.depth_stats else None
         self.last_publish_s = 0.0
         self.failed: str | None = None
+        self.last_update: UpdateStats | None = None  # what the newest update reported
+        self.last_step: list[RankStep] = []  # every rank's reply to the newest update
         self._model_version = 0
         setup = {"source": str(source), "config": config.model_dump(mode="json"), "threads": torch.get_num_threads(),
                  "deterministic": torch.are_deterministic_algorithms_enabled()}
@@ -99,6 +102,11 @@ class ShardedLearner:
     @property
     def world_size(self) -> int:
         return self.config.world_size
+
+    @property
+    def rank_info(self) -> list[dict[str, Any]]:
+        """What each rank reported at setup (rank, pid, node, device, backend; the Ray runtime adds its node id)."""
+        return list(self.ranks.info)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -132,29 +140,31 @@ class ShardedLearner:
         total_valid = int(rows.mask.sum())
         args = [(sub, g, n, total_valid, None if weights is None else weights[idx])
                 for sub, g, idx in zip(subsets, groups, parts_idx, strict=True)]
-        replies = self._call("step", args)
+        replies: list[RankStep] = self._call("step", args)
         metrics = self._whole_batch_metrics(rows, parts_idx, replies, weights)
         self.version += 1
-        tokens = sum(r["tokens"] for r in replies)
+        tokens = sum(r.tokens for r in replies)
         compute_s = time.perf_counter() - t0
         self.tokens_total += tokens
         self.compute_s_total += compute_s
-        self.skipped_updates += int(replies[0]["skipped"])
+        self.skipped_updates += int(replies[0].skipped)
         self.last_step = replies
-        out = step_metrics(self, metrics, grad_norm=replies[0]["grad_norm"], skipped=replies[0]["skipped"],
-                           tokens=tokens, input_slots=sum(r["input_slots"] for r in replies), compute_s=compute_s,
-                           t_fb=max(r["t_fb"] for r in replies), t_opt=max(r["t_opt"] for r in replies),
-                           truncated=rows.truncated_prompts, weights=weights, alpha=alpha, lr=cfg.lr)
+        self.last_update = UpdateStats(
+            loss=metrics, grad_norm=replies[0].grad_norm, skipped=replies[0].skipped, tokens=tokens,
+            tokens_total=self.tokens_total, input_slots=sum(r.input_slots for r in replies), compute_s=compute_s,
+            compute_s_total=self.compute_s_total, version=self.version, truncated_prompts=rows.truncated_prompts,
+            lr=cfg.lr, time_forward_backward_s=max(r.t_fb for r in replies),
+            time_optimizer_s=max(r.t_opt for r in replies), row_weights=weights, alpha=alpha)
         if self.depth_stats is not None:
             self.depth_stats.update(turns)
-        return out
+        return self.last_update.metrics()
 
-    def _whole_batch_metrics(self, rows: Rows, parts_idx: list[np.ndarray], replies: list[dict[str, Any]],
+    def _whole_batch_metrics(self, rows: Rows, parts_idx: list[np.ndarray], replies: list[RankStep],
                              weights: np.ndarray | None) -> dict[str, float]:
         """The loss metrics of the whole batch from every rank's detached pieces, back in row order."""
         order, lp, old, top, scored = [], [], [], [], []
         for idx, reply in zip(parts_idx, replies, strict=True):
-            for local, p_lp, p_old, p_top, p_scored in reply["parts"]:
+            for local, p_lp, p_old, p_top, p_scored in reply.parts:
                 order.append(idx[local])
                 lp.append(p_lp)
                 old.append(p_old)
@@ -241,21 +251,7 @@ class ShardedLearner:
         self.ranks.close()
 
 
-def load_dcp_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str | Path) -> None:
-    """The single-process learner resuming a sharded checkpoint: read its optimizer shards into ``optimizer``."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
-    from divopd.learn import safe_dcp as dcp  # the index and values read without unpickling code
-
-    optim_state = get_optimizer_state_dict(model, optimizer)
-    state = {"optim": optim_state}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(path))
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optim"])
-
-
-def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None = None) -> Learner | ShardedLearner:
+def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None = None) -> LearnerProtocol:
     """A fresh learner on the HF model at ``path``: one process (``world_size: 1``) or sharded."""
     if config.world_size > 1:
         return ShardedLearner(path, config, ranks)
@@ -264,7 +260,7 @@ def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None =
 
 
 def learner_from_checkpoint(path: str | Path, config: LearnerConfig, ranks: RanksFactory | None = None
-                            ) -> tuple[Learner | ShardedLearner, dict[str, Any]]:
+                            ) -> tuple[LearnerProtocol, dict[str, Any]]:
     """Resume any checkpoint (single-process or sharded, any N) with ``config.world_size`` ranks."""
     if config.world_size > 1:
         return ShardedLearner.from_checkpoint(path, config, ranks)

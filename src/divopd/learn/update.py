@@ -1,6 +1,7 @@
 """Pieces of one learner update shared by the single-process :class:`~divopd.learn.learner.Learner` and the sharded
 learner (:mod:`divopd.learn.sharded`): the loss of some rows from their log probabilities, the accumulated result of
-the backward passes, and the ``learner/*`` metrics of an update."""
+the backward passes, a rank's reply (:class:`RankStep`) and what an update reports (:class:`UpdateStats`, whose
+``metrics()`` are the ``learner/*`` keys)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from divopd.learn.loss import opd_loss, topk_reverse_kl_loss
 from divopd.learn.rows import Rows
 from divopd.learn.settings import LearnerConfig
 
-__all__ = ["Accumulated", "batch_loss", "step_metrics"]
+__all__ = ["Accumulated", "RankStep", "UpdateStats", "batch_loss"]
 
 
 @dataclass
@@ -49,29 +50,69 @@ def batch_loss(cfg: LearnerConfig, rows: Rows, idx: np.ndarray, lp: torch.Tensor
                     row_weights=w)
 
 
-def step_metrics(learner: Any, metrics: dict[str, float], *, grad_norm: float, skipped: bool, tokens: int,
-                 input_slots: int, compute_s: float, t_fb: float, t_opt: float, truncated: int,
-                 weights: np.ndarray | None, alpha: float | None, lr: float) -> dict[str, float]:
-    """The ``learner/*`` metrics of one update (the single-process and the sharded learner report the same keys)."""
-    out = {f"learner/{k}": float(v) for k, v in metrics.items()}
-    out.update({
-        "learner/grad_norm": grad_norm,
-        "learner/tokens": float(tokens),
-        "learner/tokens_total": float(learner.tokens_total),
-        "learner/input_slots": float(input_slots),
-        "learner/compute_s": compute_s,
-        "learner/compute_s_total": learner.compute_s_total,
-        "learner/version": float(learner.version),
-        "learner/truncated_prompts": float(truncated),
-        "learner/skipped_update": float(skipped),
-        "learner/lr": lr,
-        "learner/time_forward_backward_s": t_fb,
-        "learner/time_optimizer_s": t_opt,
-        "learner/time_other_s": compute_s - t_fb - t_opt,
-    })
-    if weights is not None:
-        out["learner/row_weight_min"] = float(weights.min())
-        out["learner/row_weight_max"] = float(weights.max())
-    if alpha is not None:
-        out["learner/turn_balance_alpha"] = alpha
-    return out
+@dataclass(frozen=True)
+class RankStep:
+    """One learner rank's reply to an update (:meth:`divopd.learn.dist_worker.RankWorker.step`): its micro-batches'
+    detached pieces ``(local row idx, log π, log π_old, top-k log π, scored mask)`` as numpy arrays, its counts and
+    timings, the global gradient norm (the same on every rank) and the rank's peak memory."""
+
+    parts: list[tuple[Any, ...]]
+    tokens: int
+    input_slots: int
+    t_fb: float
+    t_opt: float
+    grad_norm: float
+    skipped: bool
+    peak_rss_mb: float = 0.0
+    peak_cuda_mb: float = 0.0
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one learner update reports (both learners alike); :meth:`metrics` is its flat ``learner/*`` dict.
+
+    ``loss``: the loss function's own metrics of the whole batch (``loss``, ``reverse_kl``, ...: see
+    :func:`divopd.learn.loss.opd_loss`); ``version``, ``tokens_total`` and ``compute_s_total``: the learner's counters
+    after the update; ``row_weights``: the update's per-row loss weights (``None`` = unit weights); ``alpha``:
+    TurnOPD's token-to-turn weight (``None`` = off)."""
+
+    loss: dict[str, float]
+    grad_norm: float
+    skipped: bool
+    tokens: int
+    tokens_total: int
+    input_slots: int
+    compute_s: float
+    compute_s_total: float
+    version: int
+    truncated_prompts: int
+    lr: float
+    time_forward_backward_s: float
+    time_optimizer_s: float
+    row_weights: np.ndarray | None = None
+    alpha: float | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """The update's ``learner/*`` metrics, as ``metrics.jsonl`` records them."""
+        out = {f"learner/{k}": float(v) for k, v in self.loss.items()}
+        out.update({
+            "learner/grad_norm": self.grad_norm,
+            "learner/tokens": float(self.tokens),
+            "learner/tokens_total": float(self.tokens_total),
+            "learner/input_slots": float(self.input_slots),
+            "learner/compute_s": self.compute_s,
+            "learner/compute_s_total": self.compute_s_total,
+            "learner/version": float(self.version),
+            "learner/truncated_prompts": float(self.truncated_prompts),
+            "learner/skipped_update": float(self.skipped),
+            "learner/lr": self.lr,
+            "learner/time_forward_backward_s": self.time_forward_backward_s,
+            "learner/time_optimizer_s": self.time_optimizer_s,
+            "learner/time_other_s": self.compute_s - self.time_forward_backward_s - self.time_optimizer_s,
+        })
+        if self.row_weights is not None:
+            out["learner/row_weight_min"] = float(self.row_weights.min())
+            out["learner/row_weight_max"] = float(self.row_weights.max())
+        if self.alpha is not None:
+            out["learner/turn_balance_alpha"] = self.alpha
+        return out

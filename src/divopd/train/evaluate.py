@@ -4,14 +4,12 @@ Decoding follows ``eval.temperature`` (0.4, seeded by the run seed) or ``eval.gr
 The environment, prompt and step limit come from the run's ``config.yaml`` (found beside the checkpoint folder, i.e.
 ``RUN_DIR/checkpoints/update-N/../../config.yaml``) or from ``--config``; recovery is always off, as in the paper.
 
-The command line (``add_arguments``, ``run``) is :mod:`divopd.commands.eval`; both names stay importable from here.
+The command line (``add_arguments``, ``run``) is :mod:`divopd.commands.eval`.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import Any
 
 from divopd.errors import InputFileError, UsageError, check_model_folder
 from divopd.train.config import load_config
@@ -40,10 +38,10 @@ def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None
     if split:
         over.append(f"explorer.eval_split={split}")
     cfg = load_config(config, over)
-    from divopd.train.runtime.common import build_explorer  # torch and transformers: only once the input is valid
+    from divopd.train.assemble import build_explorer  # torch and transformers: only once the input is valid
 
-    explorer = build_explorer(cfg, 0, 0, None, None, evaluation=True)
-    explorer.policy_version = _checkpoint_version(checkpoint)  # reported as eval/policy_version
+    # the checkpoint's learner version is reported as eval/policy_version
+    explorer = build_explorer(cfg, 0, 0, None, None, evaluation=True, policy_version=_checkpoint_version(checkpoint))
     try:
         results = explorer.evaluate(num_tasks=tasks or cfg.eval.tasks, **cfg.eval.sampling(cfg.seed))
     finally:
@@ -58,11 +56,3 @@ def _checkpoint_version(checkpoint: Path) -> int:
     if not (checkpoint / STATE_FILE).is_file():
         return 0
     return int(read_state(checkpoint).get("learner", {}).get("version", 0))
-
-
-def __getattr__(name: str) -> Any:
-    """``add_arguments`` and ``run``, the command line that lived here, from :mod:`divopd.commands.eval` (loaded on
-    first use: the training layer does not import the command layer)."""
-    if name in ("add_arguments", "run"):
-        return getattr(importlib.import_module("divopd.commands.eval"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,5 @@
-"""The one Algorithm-1 loop. Every runtime (threads, Ray) is an adapter that supplies a :class:`Runtime` to it.
+"""The one Algorithm-1 loop. Every runtime (lockstep, threads, Ray) is an adapter that supplies a :class:`Runtime` to
+it; :mod:`divopd.train.assemble` builds the runtime and calls :func:`run_loop` once per run.
 
     while learner version < updates:
         explore → enqueue    finished rollouts enter the queue tagged with the learner version at arrival
@@ -43,7 +44,17 @@ class EvalResult:
 
 
 class Runtime(Protocol):
-    """What a runtime gives the loop: rollouts, weight publication, evaluation, shutdown."""
+    """What a runtime gives the loop: rollouts, weight publication, evaluation, shutdown — everything the loop uses.
+
+    Implementations: :class:`~divopd.train.runtime.lockstep.LockstepRuntime`,
+    :class:`~divopd.train.runtime.threads.ThreadsRuntime`, :class:`~divopd.train.runtime.ray.RayRuntime` (and an
+    in-memory one in ``tests/test_loop.py``). Every method is called from the loop's thread; ``poll`` and
+    ``eval_results`` must return by their ``timeout``."""
+
+    @property
+    def producer_intervals(self) -> int | None:
+        """Learner-step intervals of production so far (the denominator of ``queue/producer_load``), or ``None``
+        for a runtime whose production is not paced in such intervals (threads, Ray: free-running explorers)."""
 
     def poll(self, timeout: float) -> list[Rollout]:
         """Finished rollouts not taken yet; waits up to ``timeout`` seconds for the first one."""
@@ -115,7 +126,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                 runtime.check_alive()
                 trainer.intake(runtime.poll(timeout=0.5))
                 continue
-            trainer.count_production(getattr(runtime, "producer_intervals", None))
+            trainer.count_production(runtime.producer_intervals)
             metrics = trainer.update(batch)
             # publish: explorers load the new weights at their next rollout boundary, so a rollout's turns may
             # carry older versions than the learner's (the staleness the gate bounds by δ)

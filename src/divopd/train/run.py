@@ -1,4 +1,5 @@
-"""One training run: :func:`train` opens (or resumes) the run directory and runs the config's runtime.
+"""One training run: :func:`train` opens (or resumes) the run directory and runs the config's runtime
+(:mod:`divopd.train.assemble` puts the run together).
 
 The ``divopd train`` command is :mod:`divopd.commands.train`.
 
@@ -62,8 +63,7 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
     requested while the models load or the explorers start is honoured once the loop starts: it checkpoints at
     once."""
     from divopd.errors import UsageError
-    from divopd.train.runtime.common import check_engines
-    from divopd.train.trainer import open_run
+    from divopd.train.assemble import check_engines, open_run, run_trainer
 
     if cfg is not None:
         check_engines(cfg)  # before the run directory is made
@@ -74,18 +74,7 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
         check_engines(cfg)
     bar = Progress(cfg.updates, trainer.version, progress)
     try:
-        if cfg.runtime.kind == "ray":
-            from divopd.train.runtime.ray import run_ray
-
-            summary = run_ray(trainer, bar, stop=stop)
-        elif cfg.runtime.kind == "lockstep":
-            from divopd.train.runtime.lockstep import run_lockstep
-
-            summary = run_lockstep(trainer, bar, stop=stop)
-        else:
-            from divopd.train.runtime.threads import run_embedded
-
-            summary = run_embedded(trainer, bar, stop=stop)
+        summary = run_trainer(trainer, bar, stop=stop)
     except UsageError:
         if resume is None and trainer.version == 0:
             discard_fresh_run(trainer, existed)

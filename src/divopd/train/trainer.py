@@ -22,6 +22,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,18 +42,20 @@ from divopd.experience.log import (
 )
 from divopd.experience.metrics import MetricsWriter, final_five, peak_sr
 from divopd.learn.checkpoint import WeightHandle, latest_checkpoint
-from divopd.learn.learner import Learner
-from divopd.learn.sharded import ShardedLearner, build_learner, learner_from_checkpoint
+from divopd.learn.protocol import LearnerProtocol
 from divopd.sampling import Batch, Sampler, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
 from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, remove_run_files
 
-__all__ = ["Trainer", "open_run", "RunState"]
+__all__ = ["LearnerFactory", "Trainer", "open_run", "RunState"]
 
 log = logging.getLogger(__name__)
 
+#: Builds the run's learner: ``(cfg, checkpoint)`` → ``(learner, extra_state)``: a fresh one when ``checkpoint`` is
+#: ``None`` (``extra_state`` empty), else one resumed from it (:func:`divopd.train.assemble.make_learner`).
+LearnerFactory = Callable[[TrainConfig, Path | None], tuple[LearnerProtocol, dict[str, Any]]]
 
 
 @dataclass
@@ -79,7 +82,7 @@ class Trainer:
         self,
         cfg: TrainConfig,
         run_dir: Path,
-        learner: Learner | ShardedLearner,
+        learner: LearnerProtocol,
         sampler: Sampler,
         metrics: MetricsWriter,
         log_writer: ExperienceLogWriter | None,
@@ -99,7 +102,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ 1. intake
     def intake(self, rollouts: list[Rollout]) -> int:
-        """Queue finished rollouts (``.turns``, ``.info``) or chunks of running ones (``info["partial"]``, under
+        """Queue finished rollouts (``.turns``, ``.info``) or chunks of running ones (``info.partial``, under
         ``explorer.enqueue: turn``; a rollout is counted by its last chunk); returns the number of turns queued."""
         n = 0
         for rollout in rollouts:
@@ -109,13 +112,13 @@ class Trainer:
             if self.log_writer is not None and turns:
                 self.log_writer.extend(turns, arrival_update=self.learner.version, arrivals=arrivals)
             n += len(turns)
-            info = getattr(rollout, "info", {}) or {}
-            self.weight_load_s = float(info.get("weight_load_s", self.weight_load_s))
-            if info.get("partial"):
+            info = rollout.info
+            self.weight_load_s = float(info.weight_load_s)
+            if info.partial:
                 continue
             self.state.rollouts += 1
-            self.state.successes += bool(info.get("success"))
-            self.state.teacher_turns += int(info.get("teacher_turns", 0))
+            self.state.successes += bool(info.success)
+            self.state.teacher_turns += int(info.teacher_turns)
         self.state.turns += n
         self._arrived_since_update += n
         return n
@@ -224,7 +227,7 @@ class Trainer:
     def checkpoint(self) -> Path | None:
         """Write ``checkpoints/update-NNNNNN`` atomically and prune old ones. After a learner rank died there is
         nothing to write from: the newest checkpoint on disk (``None`` if none) is the one to resume from."""
-        failed = getattr(self.learner, "failed", None)
+        failed = self.learner.failed
         if failed is not None:
             ckpt = latest_checkpoint(self.run_dir / CHECKPOINTS)
             log.error("%s; the run stopped; resume from %s with `divopd train --resume %s`", failed,
@@ -287,15 +290,15 @@ class Trainer:
         if self.log_writer is not None:
             self.log_writer.close()
         self.metrics.close()
-        close = getattr(self.learner, "close", None)
-        if close is not None:
-            close()
+        self.learner.close()
         return summary
 
 
 # ---------------------------------------------------------------------------------------------------- set-up
-def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None) -> tuple[Trainer, bool]:
-    """Create a run directory (or reopen one to resume) and build the learner-side pieces.
+def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
+             make_learner: LearnerFactory) -> tuple[Trainer, bool]:
+    """Create a run directory (or reopen one to resume) and build the learner-side pieces; ``make_learner`` builds
+    the learner (:func:`divopd.train.assemble.open_run` passes the run's choice of single or sharded learner).
 
     Returns ``(trainer, resumed)``. A fresh run refuses a directory that already holds a run.
     """
@@ -319,7 +322,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     state = RunState()
     fault_point("load")
     if ckpt is not None:
-        learner, extra = learner_from_checkpoint(ckpt, cfg.learner, _ranks_factory(cfg))
+        learner, extra = make_learner(cfg, ckpt)
         sampler.load_state_dict(extra["sampler"])
         saved_state = dict(extra.get("run", {}))
         state = RunState(**{k: v for k, v in saved_state.items() if k in RunState.__dataclass_fields__})
@@ -328,7 +331,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         if resume is not None:
             log.warning("%s: no checkpoint yet; starting the run over", run_dir)
             remove_run_files(run_dir, ("metrics.jsonl", "summary.json", EXPERIENCE, "tb"))
-        learner = build_learner(cfg.student.path, cfg.learner, _ranks_factory(cfg))
+        learner, _ = make_learner(cfg, None)
         version = 0
     state.sessions += 1
 
@@ -352,16 +355,6 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
     return Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state), ckpt is not None
-
-
-def _ranks_factory(cfg: TrainConfig) -> Any:
-    """Where a sharded learner's ranks run: Ray actors in a placement group (``runtime.kind: ray``), else processes
-    spawned on this machine (the default)."""
-    if cfg.learner.world_size == 1 or cfg.runtime.kind != "ray":
-        return None
-    from divopd.train.runtime.ray_learner import ray_ranks
-
-    return ray_ranks(cfg)
 
 
 def _requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics | None = None) -> int:

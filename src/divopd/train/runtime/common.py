@@ -1,14 +1,18 @@
-"""Pieces both runtimes share: building explorers and the evaluator from a config (no runtime imports here)."""
+"""Pieces every runtime shares: the teacher, explorers and the evaluator built from a config, with all their settings
+(no runtime imports here; :mod:`divopd.train.assemble` re-exports :func:`build_explorer` for code outside
+``runtime/``)."""
 
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any
 
 from divopd.errors import ConfigError
 from divopd.explore.engines import apply_weights
 from divopd.explore.explorer import Explorer
 from divopd.explore.settings import VLLMSettings
+from divopd.explore.teacher import HFTeacher, Teacher
 from divopd.learn.checkpoint import WeightHandle
 from divopd.models import load_model, load_tokenizer
 from divopd.train.config import TrainConfig
@@ -46,19 +50,22 @@ def explorer_seed(cfg: TrainConfig, explorer_id: int, session: int) -> int:
     return cfg.seed * 100_003 + session * 1_009 + explorer_id
 
 
-def load_teacher(cfg: TrainConfig) -> tuple[Any, Any]:
-    """The frozen teacher (eval mode, no grad) and its tokenizer; with ``teacher.backend: vllm`` a
-    :class:`~divopd.explore.vllm_engine.VLLMGenerator` (scores with ``score_turns``) and its tokenizer."""
+def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:
+    """The run's frozen :class:`~divopd.explore.teacher.Teacher` and its tokenizer: an
+    :class:`~divopd.explore.teacher.HFTeacher` (eval mode, no grad), or with ``teacher.backend: vllm`` a
+    :class:`~divopd.explore.vllm_engine.VLLMGenerator`."""
     if cfg.teacher.backend == "vllm":
         engine = vllm_generator(cfg.teacher.path, cfg.teacher.dtype, cfg.seed, cfg.teacher.vllm, cfg)
         check_vocabularies(cfg, engine.tokenizer)
         return engine, engine.tokenizer
     with _LOAD_LOCK:
-        teacher, tokenizer = load_model(cfg.teacher.path, dtype=cfg.teacher.dtype, device=cfg.teacher.device)
+        model, tokenizer = load_model(cfg.teacher.path, dtype=cfg.teacher.dtype, device=cfg.teacher.device)
     check_vocabularies(cfg, tokenizer)
-    teacher.eval()
-    for p in teacher.parameters():
+    model.eval()
+    for p in model.parameters():
         p.requires_grad_(False)
+    teacher = HFTeacher(model, tokenizer, max_tokens_per_batch=cfg.explorer.teacher_max_tokens_per_batch,
+                        stop_on_newline=cfg.explorer.generation.stop_on_newline)
     return teacher, tokenizer
 
 
@@ -81,15 +88,19 @@ def build_explorer(
     explorer_id: int,
     session: int,
     handle: WeightHandle | None,
-    teacher: Any | None,
+    teacher: Teacher | None,
     teacher_tokenizer: Any | None = None,
     evaluation: bool = False,
+    policy_version: int | None = None,
 ) -> Explorer:
     """An explorer with its own student copy (loaded from ``cfg.student``, then the published ``handle``); with
-    ``explorer.generation.backend: vllm`` the copy is a vLLM engine's (no HF student).
+    ``explorer.generation.backend: vllm`` the copy is a vLLM engine's (no HF student). Every setting is given here:
+    a training explorer gets the run's :func:`step_limit` (TCOD / TurnOPD depth), which follows the weights it is
+    handed.
 
-    ``evaluation=True`` builds a student-only evaluator: no teacher, recovery off (the paper's evaluation)."""
-    version = 0 if handle is None else int(handle.version)
+    ``evaluation=True`` builds a student-only evaluator: no teacher, recovery off, the full ``max_steps`` (the
+    paper's evaluation). ``policy_version``: the version the student reports without a ``handle`` (a checkpoint's)."""
+    version = (0 if policy_version is None else policy_version) if handle is None else int(handle.version)
     student, backend = None, None
     if cfg.explorer.generation.backend == "vllm":
         backend = vllm_generator(cfg.student.path, cfg.student.dtype, explorer_seed(cfg, explorer_id, session),
@@ -118,6 +129,8 @@ def build_explorer(
         policy_version=version,
         id_prefix=f"s{session}x",
         student_backend=backend,
+        step_limit=None if evaluation else partial(step_limit, cfg),
+        weights=handle,
     )
 
 
@@ -146,9 +159,10 @@ def step_limit(cfg: TrainConfig, weights: WeightHandle | int) -> int:
     gives ``min(max_steps, 1 + ⌊(learner_version + 1) / η⌋)``); with ``turnopd.enabled`` TurnOPD's adaptive depth
     budget from the per-depth disagreement means published with the handle (:mod:`divopd.learn.turnopd`). Evaluators
     never use it: they keep the full ``max_steps``."""
-    learner_version = int(getattr(weights, "version", weights))
+    handle = weights if isinstance(weights, WeightHandle) else None
+    learner_version = int(weights.version) if isinstance(weights, WeightHandle) else int(weights)
     if cfg.turnopd.enabled:
-        return cfg.turnopd.step_limit(cfg.explorer.max_steps, getattr(weights, "depth_disagreement", None))
+        return cfg.turnopd.step_limit(cfg.explorer.max_steps, None if handle is None else handle.depth_disagreement)
     if not cfg.tcod.enabled:
         return cfg.explorer.max_steps
     tcod = cfg.tcod

@@ -20,6 +20,8 @@ models); ``torch`` uses one thread and deterministic algorithms here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -27,12 +29,11 @@ import torch
 from divopd.explore.explorer import Explorer, Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
-from divopd.train.interrupt import StopRequest, fault_point
-from divopd.train.loop import EvalResult, run_loop
-from divopd.train.runtime.common import build_explorer, load_teacher, step_limit
-from divopd.train.trainer import Trainer
+from divopd.train.interrupt import fault_point
+from divopd.train.loop import EvalResult
+from divopd.train.runtime.common import build_explorer, load_teacher
 
-__all__ = ["LockstepRuntime", "run_lockstep"]
+__all__ = ["LockstepRuntime", "deterministic_torch"]
 
 
 class LockstepRuntime:
@@ -41,7 +42,6 @@ class LockstepRuntime:
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
         self.cfg = cfg
         self._session = session
-        self._weights = weights
         teacher, _ = load_teacher(cfg)
         self._explorers: list[Explorer] = [build_explorer(cfg, i, session, weights, teacher)
                                            for i in range(cfg.runtime.num_explorers)]
@@ -50,18 +50,20 @@ class LockstepRuntime:
         self._next = 0  # the explorer whose turn it is
         self._budget = 0  # env steps owed (negative: steps taken ahead)
         self.env_steps = 0
-        #: polls so far: each is one learner step's worth of production (the trainer's ``queue/producer_load``)
-        self.producer_intervals = 0
+        self._polls = 0
+
+    @property
+    def producer_intervals(self) -> int:
+        """Polls so far: each is one learner step's worth of production (the trainer's ``queue/producer_load``)."""
+        return self._polls
 
     def poll(self, timeout: float) -> list[Rollout]:
         """Advance the env instances by ``env_steps_per_update`` steps; return the rollouts that ended."""
         self._budget += self.cfg.runtime.lockstep.env_steps_per_update
-        self.producer_intervals += 1
+        self._polls += 1
         out: list[Rollout] = []
         while self._budget > 0:
-            explorer = self._explorers[self._next]
-            explorer.config.max_steps = step_limit(self.cfg, self._weights)
-            rollouts, steps = explorer.step_round()
+            rollouts, steps = self._explorers[self._next].step_round()
             out.extend(rollouts)
             self._budget -= steps
             self.env_steps += steps
@@ -72,9 +74,8 @@ class LockstepRuntime:
         """Explorers here fail by raising in :meth:`poll`: nothing to check."""
 
     def publish(self, handle: WeightHandle) -> None:
-        self._weights = handle
         for explorer in self._explorers:
-            explorer.set_weights(handle)  # loaded at each slot's next episode
+            explorer.set_weights(handle)  # loaded at each slot's next episode (its step limit follows at once)
 
     def request_eval(self, update: int, handle: WeightHandle, counters: dict[str, float]) -> None:
         if self._evaluator is None:
@@ -102,15 +103,14 @@ class LockstepRuntime:
         return {"env_steps": self.env_steps}
 
 
-def run_lockstep(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
-    """Run training in lockstep to ``cfg.updates`` (or ``max_seconds`` / Ctrl-C); returns the summary."""
+@contextmanager
+def deterministic_torch() -> Iterator[None]:
+    """One torch thread and deterministic algorithms while a lockstep run trains (restored afterwards)."""
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     try:
-        weights = trainer.publish()
-        runtime = LockstepRuntime(trainer.cfg, weights, trainer.state.sessions)
-        return run_loop(trainer, runtime, weights=weights, stop=stop, progress=progress)
+        yield
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)

@@ -32,19 +32,17 @@ from divopd.errors import UsageError
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
-from divopd.train.interrupt import StopRequest
-from divopd.train.loop import EvalResult, run_loop
-from divopd.train.runtime.common import build_explorer, load_teacher, step_limit
+from divopd.train.loop import EvalResult
+from divopd.train.runtime.common import build_explorer, load_teacher
 from divopd.train.runtime.ray_teacher import RemoteTeacher, start_shared_teacher
-from divopd.train.trainer import Trainer
 
-__all__ = ["RayRuntime", "run_ray", "ExplorerActor", "explorer_name"]
+__all__ = ["RayRuntime", "ExplorerActor", "explorer_name", "init_ray"]
 
 log = logging.getLogger(__name__)
 
 
 class ExplorerActor:
-    """An Explorer inside a Ray actor (wrapped with ``ray.remote`` at the edge, in :func:`run_ray`)."""
+    """An Explorer inside a Ray actor (wrapped with ``ray.remote`` at the edge, in :class:`RayRuntime`)."""
 
     def __init__(self, cfg_data: dict[str, Any], idx: int, session: int, handle: Any, with_teacher: bool,
                  teacher_actor: Any = None) -> None:
@@ -66,8 +64,7 @@ class ExplorerActor:
 
     def collect(self, n: int, handle: Any) -> list[Any]:
         self._check_input()
-        self.explorer.set_weights(handle)
-        self.explorer.config.max_steps = step_limit(self.cfg, handle)
+        self.explorer.set_weights(handle)  # its step limit follows the handle
         return self.explorer.collect(n)
 
     def evaluate(self, handle: Any, num_tasks: int) -> dict[str, float]:
@@ -103,7 +100,7 @@ def explorer_name(run: int, i: int) -> str:
     return f"divopd-explorer-{os.getpid()}-{run}-{i}"
 
 
-def _init_ray(cfg: TrainConfig) -> bool:
+def init_ray(cfg: TrainConfig) -> bool:
     """Start (or connect to) Ray; returns True when this call started it."""
     if ray.is_initialized():
         return False
@@ -117,13 +114,21 @@ def _init_ray(cfg: TrainConfig) -> bool:
 
 
 class RayRuntime:
-    """The :class:`~divopd.train.loop.Runtime` of explorer actors (``runtime.kind: ray``); the learner stays here."""
+    """The :class:`~divopd.train.loop.Runtime` of explorer actors (``runtime.kind: ray``); the learner stays here.
 
-    def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int, learner_ranks: Any = None) -> None:
+    ``learner_ranks``: where the sharded learner's ranks run (``LearnerProtocol.rank_info``), for the summary's
+    ``placement``."""
+
+    #: free-running explorer actors: production is not paced in learner-step intervals
+    producer_intervals: int | None = None
+
+    def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int,
+                 learner_ranks: list[dict[str, Any]] | None = None) -> None:
         self.cfg = cfg
-        self._learner_ranks = learner_ranks
+        self._learner_ranks = list(learner_ranks or [])
+        self._nodes: list[str | None] = []  # where each explorer actor ran (read at shutdown)
         self._run = next(_RUNTIMES)
-        self._started = _init_ray(cfg)
+        self._started = init_ray(cfg)
         self._cfg_data = cfg.model_dump(mode="json")
         self._session = session
         self._actor_cls = ray.remote(ExplorerActor)
@@ -228,14 +233,6 @@ class RayRuntime:
         self._evals.clear()
         if self._started:
             ray.shutdown()
-        ranks = getattr(self._learner_ranks, "info", None) or []
         return {"explorer_failures": sum(self._failures), **teacher,
-                "placement": {"explorers": getattr(self, "_nodes", []),
-                              "learner_ranks": [r.get("ray_node_id") for r in ranks]}}
-
-
-def run_ray(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
-    """Run training with explorer actors; the learner stays in this (driver) process."""
-    weights = trainer.publish()
-    runtime = RayRuntime(trainer.cfg, weights, trainer.state.sessions, getattr(trainer.learner, "ranks", None))
-    return run_loop(trainer, runtime, weights=weights, stop=stop, progress=progress)
+                "placement": {"explorers": self._nodes,
+                              "learner_ranks": [r.get("ray_node_id") for r in self._learner_ranks]}}

@@ -21,6 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from divopd.learn.dist_worker import RankWorker, free_port
 from divopd.learn.ranks import LearnerRankError
 from divopd.train.config import TrainConfig
+from divopd.train.runtime.ray import init_ray
 
 __all__ = ["RankActor", "RayRanks", "ray_ranks"]
 
@@ -48,9 +49,7 @@ class RayRanks:
     """``world_size`` :class:`RankActor` s in one placement group, one process group among them."""
 
     def __init__(self, cfg: TrainConfig, world_size: int, setup: dict[str, Any]) -> None:
-        from divopd.train.runtime.ray import _init_ray
-
-        self._started = _init_ray(cfg)
+        self._started = init_ray(cfg)
         self.world_size = world_size
         self._closed = False
         rt = cfg.runtime

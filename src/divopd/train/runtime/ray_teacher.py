@@ -16,9 +16,7 @@ from typing import Any
 import ray
 import torch
 
-from divopd.explore.engines import teacher_generator
 from divopd.explore.generation import Generation
-from divopd.explore.scoring import make_score_call
 from divopd.train.config import TrainConfig
 from divopd.train.runtime.common import load_teacher
 
@@ -32,25 +30,23 @@ class TeacherActor:
         cfg = TrainConfig.model_validate(cfg_data)
         torch.set_num_threads(cfg.runtime.torch_threads)
         self.teacher, self.tokenizer = load_teacher(cfg)
-        self._score = make_score_call(self.teacher, self.tokenizer, topk=cfg.explorer.teacher_topk,
-                                      max_tokens_per_batch=cfg.explorer.teacher_max_tokens_per_batch)
-        self._generator = teacher_generator(self.teacher, self.tokenizer,
-                                            stop_on_newline=cfg.explorer.generation.stop_on_newline)
+        self._topk = cfg.explorer.teacher_topk
         self.calls = 0
 
     def score_turns(self, prompts: list[list[int]], responses: list[list[int]]) -> list[tuple[Any, Any]]:
         self.calls += 1
-        return self._score(prompts, responses)
+        return self.teacher.score_turns(prompts, responses, topk=self._topk)
 
     def generate(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> list[Generation]:
-        return self._generator.generate(prompts, **kwargs)
+        return self.teacher.generate(prompts, **kwargs)
 
     def stats(self) -> dict[str, float]:
         return {"teacher/calls": float(self.calls)}
 
 
 class RemoteTeacher:
-    """What an explorer holds as its teacher when the teacher is shared: the actor's calls, blocking."""
+    """The :class:`~divopd.explore.teacher.Teacher` an explorer holds when the teacher is shared: the actor's calls,
+    blocking."""
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor

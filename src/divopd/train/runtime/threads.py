@@ -27,12 +27,11 @@ from divopd.errors import UsageError
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
-from divopd.train.interrupt import StopRequest, fault_point
-from divopd.train.loop import EvalResult, run_loop
-from divopd.train.runtime.common import LatestWeights, build_explorer, load_teacher, step_limit
-from divopd.train.trainer import Trainer
+from divopd.train.interrupt import fault_point
+from divopd.train.loop import EvalResult
+from divopd.train.runtime.common import LatestWeights, build_explorer, load_teacher
 
-__all__ = ["ThreadsRuntime", "run_embedded"]
+__all__ = ["ThreadsRuntime"]
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +70,7 @@ class ExplorerWorker(threading.Thread):
         explorer = build_explorer(self.cfg, self.idx, session, self.weights.get(), self.teacher)
         try:
             while not self.stop_event.is_set():
-                handle = self.weights.get()
-                explorer.set_weights(handle)
-                explorer.config.max_steps = step_limit(self.cfg, handle)
+                explorer.set_weights(self.weights.get())  # loaded at the next rollout; the step limit follows
                 (rollout,) = explorer.collect(1)
                 while not self.stop_event.is_set():
                     try:
@@ -138,8 +135,12 @@ def _take(q: queue.Queue, timeout: float) -> list[Any]:
 class ThreadsRuntime:
     """The :class:`~divopd.train.loop.Runtime` of explorer threads in this process (``runtime.kind: threads``)."""
 
+    #: free-running explorer threads: production is not paced in learner-step intervals
+    producer_intervals: int | None = None
+
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
         self.cfg = cfg
+        torch.set_num_threads(cfg.runtime.torch_threads)
         self._stop = threading.Event()
         self._abort = threading.Event()  # set on Ctrl-C: pending evaluations are skipped
         self._rollouts: queue.Queue = queue.Queue(maxsize=cfg.runtime.queue_rollouts)
@@ -189,11 +190,3 @@ class ThreadsRuntime:
         self._evaluator.requests.put(None)
         self._evaluator.join(timeout=5 if interrupted else 600)
         return {"explorer_restarts": sum(w.restarts for w in self._workers)}
-
-
-def run_embedded(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
-    """Run training with explorer threads to ``cfg.updates`` (or ``max_seconds`` / Ctrl-C); returns the summary."""
-    torch.set_num_threads(trainer.cfg.runtime.torch_threads)
-    weights = trainer.publish()
-    runtime = ThreadsRuntime(trainer.cfg, weights, trainer.state.sessions)
-    return run_loop(trainer, runtime, weights=weights, stop=stop, progress=progress)

@@ -1,0 +1,78 @@
+"""The frozen teacher as the explorer sees it: one :class:`Teacher` protocol, three implementations.
+
+* :class:`HFTeacher` — a Hugging Face causal LM in this process (scores with one batched no-grad pass, acts under +R
+  through an :class:`~divopd.explore.generation.HFGenerator`);
+* :class:`~divopd.explore.vllm_engine.VLLMGenerator` — a vLLM engine (``teacher.backend: vllm``);
+* :class:`~divopd.train.runtime.ray_teacher.RemoteTeacher` — the Ray runtime's shared teacher actor
+  (``teacher.shared: true``).
+
+The explorer calls only :meth:`Teacher.score_turns` (every student response token, after a rollout or a round) and
+:meth:`Teacher.generate` (the teacher's own actions under +R). :func:`as_teacher` wraps a plain HF model, so code that
+hands the explorer a model keeps working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from divopd.explore.generation import Generation, HFGenerator
+from divopd.explore.scoring import score_responses
+
+__all__ = ["HFTeacher", "Teacher", "as_teacher"]
+
+
+@runtime_checkable
+class Teacher(Protocol):
+    """What the explorer needs from the frozen teacher."""
+
+    def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
+                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
+        """Per turn ``(logprobs [L] float32, None)``, or with ``topk`` > 0 ``(logprobs, (ids [L, k], logprobs [L, k]))``
+        of the response tokens given their prompt."""
+        ...
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
+                 seed: int | None = None) -> list[Generation]:
+        """One response per prompt (the teacher acting under +R)."""
+        ...
+
+
+class HFTeacher:
+    """A Hugging Face model as a :class:`Teacher` (frozen: eval mode, scored under ``no_grad``).
+
+    ``max_tokens_per_batch`` bounds one scoring forward (``explorer.teacher_max_tokens_per_batch``);
+    ``stop_on_newline`` is the generation setting its +R actions use."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_tokens_per_batch: int,
+                 stop_on_newline: bool = True) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.pad_id = tokenizer.pad_token_id or 0
+        self._stop_on_newline = stop_on_newline
+        self._generator: HFGenerator | None = None  # built on the first +R takeover (it scans the vocabulary)
+
+    def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
+                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
+        return score_responses(self.model, [list(p) for p in prompts], [list(r) for r in responses], topk=topk,
+                               pad_id=self.pad_id, max_tokens_per_batch=self.max_tokens_per_batch)
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
+                 seed: int | None = None) -> list[Generation]:
+        if self._generator is None:
+            self._generator = HFGenerator(self.model, self.tokenizer, stop_on_newline=self._stop_on_newline)
+        return self._generator.generate(prompts, greedy=greedy, temperature=temperature,
+                                        max_new_tokens=max_new_tokens, seed=seed)
+
+
+def as_teacher(teacher: Teacher | torch.nn.Module, tokenizer: Any, *, max_tokens_per_batch: int,
+               stop_on_newline: bool = True) -> Teacher:
+    """``teacher`` itself when it is a :class:`Teacher` (a vLLM engine, the shared Ray teacher, an
+    :class:`HFTeacher`), else the HF model wrapped in an :class:`HFTeacher`."""
+    if isinstance(teacher, torch.nn.Module):
+        return HFTeacher(teacher, tokenizer, max_tokens_per_batch=max_tokens_per_batch,
+                         stop_on_newline=stop_on_newline)
+    return teacher

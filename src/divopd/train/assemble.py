@@ -1,0 +1,116 @@
+"""The one place a training run is assembled: runtime, learner kind and teacher, then the one loop, once.
+
+    open_run(cfg)        run directory + Trainer, with the learner :func:`make_learner` picks:
+                         one process (``learner.world_size: 1``) or sharded (ranks spawned here, or Ray actors
+                         under ``runtime.kind: ray``)
+    run_trainer(trainer) the runtime :data:`RUNTIMES` names for ``runtime.kind`` (lockstep, threads, ray) is built
+                         with the published weights — it builds its explorers, each with its settings and the run's
+                         teacher (:func:`~divopd.train.runtime.common.load_teacher`: HF, vLLM, or Ray's shared
+                         teacher actor) — and :func:`~divopd.train.loop.run_loop` drives it to the end
+
+This is the only module outside ``train/runtime/`` that imports a runtime (each lazily: Ray is imported only by a Ray
+run), and the one place that sees the whole run at once (trainer, learner, runtime): what watches or resumes a run
+as a whole belongs here, and what it needs from a runtime belongs on the :class:`~divopd.train.loop.Runtime`
+protocol. To add a runtime, write a class with the :class:`~divopd.train.loop.Runtime` methods under ``train/runtime/``
+and add one :class:`RuntimeEntry` to :data:`RUNTIMES` (CONTRIBUTING.md, "Adding a runtime").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from divopd.learn.checkpoint import WeightHandle
+from divopd.learn.protocol import LearnerProtocol
+from divopd.learn.sharded import RanksFactory, build_learner, learner_from_checkpoint
+from divopd.train.config import TrainConfig
+from divopd.train.interrupt import StopRequest
+from divopd.train.loop import Runtime, run_loop
+from divopd.train.runtime.common import build_explorer, check_engines
+from divopd.train.trainer import Trainer
+from divopd.train.trainer import open_run as open_trainer_run
+
+__all__ = ["RUNTIMES", "RuntimeEntry", "build_explorer", "check_engines", "make_learner", "open_run",
+           "run_trainer"]
+
+
+@dataclass(frozen=True)
+class RuntimeEntry:
+    """One runtime kind: how to build it, what the process needs around the run, where sharded learner ranks run.
+
+    ``build(cfg, weights, trainer)``: the :class:`~divopd.train.loop.Runtime`, its explorers holding ``weights``;
+    ``session(cfg)``: a context the whole run goes through (torch thread and determinism settings);
+    ``learner_ranks(cfg)``: the sharded learner's rank factory, ``None`` = processes spawned on this machine."""
+
+    build: Callable[[TrainConfig, WeightHandle, Trainer], Runtime]
+    session: Callable[[TrainConfig], ContextManager[Any]] = lambda cfg: contextlib.nullcontext()
+    learner_ranks: Callable[[TrainConfig], RanksFactory | None] = lambda cfg: None
+
+
+def _lockstep(cfg: TrainConfig, weights: WeightHandle, trainer: Trainer) -> Runtime:
+    from divopd.train.runtime.lockstep import LockstepRuntime
+
+    return LockstepRuntime(cfg, weights, trainer.state.sessions)
+
+
+def _lockstep_session(cfg: TrainConfig) -> ContextManager[Any]:
+    from divopd.train.runtime.lockstep import deterministic_torch
+
+    return deterministic_torch()
+
+
+def _threads(cfg: TrainConfig, weights: WeightHandle, trainer: Trainer) -> Runtime:
+    from divopd.train.runtime.threads import ThreadsRuntime
+
+    return ThreadsRuntime(cfg, weights, trainer.state.sessions)
+
+
+def _ray(cfg: TrainConfig, weights: WeightHandle, trainer: Trainer) -> Runtime:
+    from divopd.train.runtime.ray import RayRuntime
+
+    return RayRuntime(cfg, weights, trainer.state.sessions, trainer.learner.rank_info)
+
+
+def _ray_ranks(cfg: TrainConfig) -> RanksFactory:
+    from divopd.train.runtime.ray_learner import ray_ranks
+
+    return ray_ranks(cfg)
+
+
+#: ``runtime.kind`` → its entry (``embedded`` is the threads runtime's old name).
+RUNTIMES: dict[str, RuntimeEntry] = {
+    "lockstep": RuntimeEntry(_lockstep, session=_lockstep_session),
+    "threads": RuntimeEntry(_threads),
+    "embedded": RuntimeEntry(_threads),
+    "ray": RuntimeEntry(_ray, learner_ranks=_ray_ranks),
+}
+
+
+def make_learner(cfg: TrainConfig, checkpoint: Path | None) -> tuple[LearnerProtocol, dict[str, Any]]:
+    """The run's learner — one process (``learner.world_size: 1``) or sharded over ranks where the runtime puts them
+    — fresh (``checkpoint`` ``None``) or resumed from ``checkpoint`` (any N); with the checkpoint's ``extra_state``."""
+    ranks = RUNTIMES[cfg.runtime.kind].learner_ranks(cfg) if cfg.learner.world_size > 1 else None
+    if checkpoint is not None:
+        return learner_from_checkpoint(checkpoint, cfg.learner, ranks)
+    return build_learner(cfg.student.path, cfg.learner, ranks), {}
+
+
+def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None) -> tuple[Trainer, bool]:
+    """Create (or reopen, ``resume``) a run directory and its :class:`~divopd.train.trainer.Trainer` with the
+    learner :func:`make_learner` picks; returns ``(trainer, resumed)``."""
+    return open_trainer_run(cfg, resume=resume, make_learner=make_learner)
+
+
+def run_trainer(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
+    """Build the runtime of ``runtime.kind`` around ``trainer`` and run the one loop to the end; returns the run
+    summary (``summary["interrupted"]`` after a stop request)."""
+    cfg = trainer.cfg
+    entry = RUNTIMES[cfg.runtime.kind]
+    with entry.session(cfg):
+        weights = trainer.publish()  # what every explorer starts from
+        runtime = entry.build(cfg, weights, trainer)
+        return run_loop(trainer, runtime, weights=weights, stop=stop, progress=progress)
