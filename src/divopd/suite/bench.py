@@ -1,8 +1,8 @@
 """``divopd bench paper`` / ``make paper``: the runner of the paper benchmark suite (issue 8) on the demo's CPU setting.
 
-The suite is a declarative plan (``benchmarks/paper/plan.yaml``, schema :class:`Plan`): settings (each = the tiny
-demo config ``configs/tiny/<method>.yaml`` plus the setting's overrides), method entries (a config ``method`` with an
-optional distinct ``label`` and overrides, e.g. DivOPD with ``sampler.cap_unit: tokens`` as ``divopd-tokens``), seeds,
+The suite is a declarative plan (``benchmarks/paper/plan.yaml``, schema :class:`Plan`): settings (each = the packaged
+setting ``tiny``, or the plan's ``configs``, with the run's ``method``, plus the setting's overrides), method entries (a
+config ``method`` with an optional distinct ``label`` and overrides, e.g. DivOPD with ``sampler.cap_unit: tokens`` as ``divopd-tokens``), seeds,
 and two sweeps: producer load (one key, three values, e.g. vanilla vs divopd-base at three ``explorer.num_envs``) and
 the cap k of one method. :func:`plan_runs` expands the plan into runs; each run has a report *group* and a *label*:
 
@@ -35,7 +35,6 @@ from divopd.commands.bench import add_arguments, run
 from divopd.suite.plan import COMBINED_REPORTS as COMBINED_REPORTS
 from divopd.suite.plan import CONFIGS as CONFIGS
 from divopd.suite.plan import DEFAULT_PLAN as DEFAULT_PLAN
-from divopd.suite.plan import REPO as REPO
 from divopd.suite.plan import CapSweep as CapSweep
 from divopd.suite.plan import LoadSweep as LoadSweep
 from divopd.suite.plan import Plan, PlanError, PlannedRun, load_plan, plan_runs, select_runs
