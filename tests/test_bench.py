@@ -61,10 +61,10 @@ def test_the_index_counts_a_sweep_point_shared_with_a_main_run_once(tmp_path) ->
 
 
 def test_regime_plan_is_the_issue_17_study() -> None:
-    """benchmarks/regime/plan.yaml: configs/coin4, >= 10 seeds for the five controlled rows, >= 5 for the others,
-    two settings, a load sweep with three points and the cap sweep; its configs are the coin4 folder's."""
+    """benchmarks/regime/plan.yaml: the coin4 setting, >= 10 seeds for the five controlled rows, >= 5 for the others,
+    two settings, a load sweep with three points and the cap sweep; its configs are the coin4 setting's."""
     plan = load_plan(REGIME / "plan.yaml")
-    assert plan.configs == "coin4" and plan.config_dir.name == "coin4" and len(plan.settings) >= 2
+    assert plan.configs == "coin4" and plan.config_file.stem == "coin4" and len(plan.settings) >= 2
     runs = plan_runs(plan)
     seeds: dict[str, set[int]] = {}
     for r in runs:
@@ -155,7 +155,7 @@ def test_the_tail_plan_is_the_demo_setting_with_the_tail_estimator() -> None:
     assert {(r.label, r.seed) for r in runs} == {(m, s) for m in ("vanilla", "divopd") for s in range(5)}
     for r in runs:
         cfg = bench.run_config(r, plan, Path("out"), {"student": Path("s"), "teacher": Path("t")})
-        demo = load_config(REGIME.parents[1] / "configs" / "coin4" / f"{r.method}.yaml")
+        demo = load_config("coin4", [f"method={r.method}"])
         assert cfg.learner.estimator == "topk" and cfg.learner.topk_tail and not demo.learner.topk_tail
         assert cfg.learner.model_dump() == demo.learner.model_dump() | {"topk_tail": True}
         assert cfg.explorer == demo.explorer and cfg.sampler == demo.sampler and cfg.runtime == demo.runtime
@@ -253,10 +253,9 @@ def _bad(**changes):
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (_bad(methods=[{"method": "nosuch"}]), r"method 'nosuch' has no config configs/tiny/nosuch.yaml"),
-        # rows are looked up in the plan's own settings folder
-        (_bad(configs="coin4", methods=[{"method": "nosuch"}]), r"no config configs/coin4/nosuch.yaml; known: .*nocap"),
-        (_bad(sweeps__cap__method="nosuch"), r"method 'nosuch' has no config configs/tiny/nosuch.yaml"),
+        (_bad(methods=[{"method": "nosuch"}]), r"unknown method 'nosuch'; known: vanilla, .*turnopd"),
+        (_bad(configs="coin4", methods=[{"method": "nosuch"}]), r"unknown method 'nosuch'; known: .*nocap"),
+        (_bad(sweeps__cap__method="nosuch"), r"unknown method 'nosuch'"),
         (_bad(methods=[{"method": "divopd"}, {"method": "divopd"}]), r"method labels repeat: \['divopd'\]"),
         (_bad(sweeps__cap__setting="zz"), r"cap sweep: setting 'zz' is not in settings"),
         (_bad(sweeps__load__setting="zz"), r"load sweep: setting 'zz' is not in settings"),
@@ -270,7 +269,7 @@ def _bad(**changes):
         (_bad(settings={"a": {}, "a-cap": {}}), r"setting names clash with sweep groups: \['a-cap'\]"),
         (_bad(typo=1), r"typo: Extra inputs are not permitted"),
         (_bad(settings={"settings": {}}), r"setting 'settings': the name is taken by a combined report"),
-        (_bad(configs="nowhere"), r"configs 'nowhere': no settings folder configs/nowhere/"),
+        (_bad(configs="nowhere"), r"configs 'nowhere': no packaged setting of that name; settings: alfworld"),
         (_bad(configs="alfworld"), r"configs 'alfworld': its models have no recipe in divopd.suite.models"),
         (_bad(methods=[{"method": "vanilla", "seeds": [3, 3]}]), r"method vanilla: seeds must be distinct"),
     ],

@@ -92,10 +92,11 @@ def test_the_coin4_dart_plan_and_settings_folder() -> None:
 
 
 def _method_rows(base: str, variant: str) -> list[tuple[str, dict, dict]]:
-    """(file name, variant row, base row) for every method row of configs/<base> (``_base.yaml`` aside), as dicts."""
-    configs = REGIME.parents[1] / "configs"
-    return [(path.name, load_config(configs / variant / path.name).model_dump(), load_config(path).model_dump())
-            for path in sorted((configs / base).glob("*.yaml")) if path.name != "_base.yaml"]
+    """(method, variant row, base row) for every method row on the packaged settings ``variant`` and ``base``."""
+    from divopd.sampling import method_names
+
+    return [(m, load_config(variant, [f"method={m}"]).model_dump(), load_config(base, [f"method={m}"]).model_dump())
+            for m in method_names()]
 
 
 def _strip_setting(*cfgs: dict, learner: tuple[str, ...] = (), tcod: tuple[str, ...] = ()) -> None:
@@ -274,7 +275,7 @@ def test_the_coin6_dart_pool_plan_raises_only_c_and_delta() -> None:
     plan, runs = _dart_plan("coin6-dart-pool")
     pool = ("sampler.pool_factor=12", "sampler.max_staleness=6")
     _assert_pool_plan(runs, "coin6-dart-pool", pool)
-    config = load_config(REGIME.parents[1] / "configs" / "coin6-dart" / "divopd.yaml", list(pool))
+    config = load_config("coin6-dart", list(pool))
     assert (config.sampler.pool_factor, config.sampler.max_staleness, config.sampler.cap) == (12, 6, 4)
 
 
@@ -318,7 +319,7 @@ def test_the_coin6_dart_sampled_plan_changes_only_the_estimator() -> None:
     assert sorted((r.label, r.seed) for r in runs) == [(m, s) for m in ("divopd", "vanilla") for s in range(5)]
     assert {r.overrides for r in runs} == {('learner.estimator="sampled"',)}
     for method in ("vanilla", "divopd"):
-        assert load_config(REGIME.parents[1] / "configs" / "coin6-dart" / f"{method}.yaml").learner.estimator == "topk"
+        assert load_config("coin6-dart", [f"method={method}"]).learner.estimator == "topk"
 
 
 def test_the_pair_reports_script_pairs_two_groups_seed_by_seed(tmp_path, monkeypatch, capsys) -> None:
@@ -377,7 +378,7 @@ def test_the_coin7_dart_plan_is_coin6_dart_on_a_larger_game() -> None:
     assert _seeds_by_label(cap) == {f"divopd-k{k}": set(range(5)) for k in (2, 3, 4, 6)}
     assert all((r.main is not None) == (r.label == "divopd-k4") for r in cap)
     assert {r.overrides for r in cap if r.main is None} == {(*game, f"sampler.cap={k}") for k in (2, 3, 6)}
-    base = load_config(REGIME.parents[1] / "configs" / "coin6-dart" / "vanilla.yaml")
+    base = load_config("coin6-dart", ["method=vanilla"])
     assert base.explorer.max_steps == 14 and "numLocations=6" in base.explorer.env_kwargs["params"]
 
 
