@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 # No pip wheel cache: a clean CI machine once ran out of disk installing .venv (the cache only duplicates wheels).
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup demo test test-slow test-vllm setup-vllm lint bench paper docs clean
+.PHONY: setup demo test test-slow test-wheel test-vllm setup-vllm lint bench paper docs clean
 
 setup: $(STAMP)
 
@@ -66,6 +66,10 @@ test: setup
 	$(PY) -m ruff check --no-cache src tests benchmarks docs
 	$(PY) -m pytest -q
 	$(MAKE) docs
+
+# The installable product: the wheel (not editable) in a fresh venv trains a packaged setting from outside the repo.
+test-wheel:
+	PYTHON=$(PYTHON) scripts/test-wheel.sh
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
