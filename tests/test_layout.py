@@ -130,7 +130,7 @@ def test_each_row_is_one_record_with_its_rule_features_and_check() -> None:
     from divopd.train.config import load_config
 
     assert ROWS["divopd-r"].sampler is ROWS["divopd"].sampler and ROWS["turnopd"].sampler is ROWS["vanilla"].sampler
-    switched = {name: {(s.key, s.side) for s in row.switches} for name, row in ROWS.items() if row.switches}
+    switched = {name: {(s.key, s.side) for s in ROWS[name].switches} for name in method_names() if ROWS[name].switches}
     assert switched == {"divopd-r": {("explorer.recovery.enabled", "explorer")},
                         "tcod-f2b": {("tcod.enabled", "explorer")},
                         "turnopd": {("turnopd.enabled", "explorer"), ("learner.depth_stats", "learner"),
@@ -139,7 +139,8 @@ def test_each_row_is_one_record_with_its_rule_features_and_check() -> None:
         "turnopd": {"enabled": True}, "learner": {"depth_stats": True, "turn_balance_updates": 7}}
     assert check_row(ROWS["tcod-f2b"], {"tcod.enabled": False}.get) == "method tcod-f2b needs tcod.enabled: true"
     assert check_row(ROWS["tcod-f2b"], {"tcod.enabled": True}.get) is None
-    for name, row in ROWS.items():  # every row on one setting file: its switches on, and nothing else switched
+    for name in method_names():  # every row on one setting file: its switches on, and nothing else switched
+        row = ROWS[name]
         cfg = load_config("tiny", [f"method={name}"])
         assert cfg.sampler_config().method == row.rule
         on = {key for key in ("explorer.recovery.enabled", "tcod.enabled", "turnopd.enabled") if cfg.get(key)}

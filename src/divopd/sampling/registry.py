@@ -129,10 +129,15 @@ def register_method(name: str, compose: Composer, description: str = "") -> Meth
     selection rule in; a row with tags or switches is a :class:`MethodRow` given to :func:`add_row`)."""
     if not name or not isinstance(name, str):
         raise ValueError("method name must be a non-empty str")
-    if name in METHODS or name in ROWS:
+    stale = ROWS.get(name)
+    if name in METHODS or (stale is not None and stale.rule in METHODS):
         raise ValueError(f"method {name!r} is already registered")
     method = Method(name=name, compose=compose, pooled=True, description=description)
-    add_row(MethodRow(name, method, description))
+    if stale is not None:  # a row whose rule was taken out of METHODS: it reads the new rule, in its old place
+        METHODS[name] = method
+        ROWS[name] = MethodRow(name, method, description)
+    else:
+        add_row(MethodRow(name, method, description))
     return method
 
 

@@ -2,7 +2,8 @@
 
 The suite is a declarative plan (``benchmarks/paper/plan.yaml``, schema :class:`Plan`): settings (each = the packaged
 setting ``tiny``, or the plan's ``configs``, with the run's ``method``, plus the setting's overrides), method entries (a
-config ``method`` with an optional distinct ``label`` and overrides, e.g. DivOPD with ``sampler.cap_unit: tokens`` as ``divopd-tokens``), seeds,
+config ``method`` with an optional distinct ``label`` and overrides, e.g. DivOPD with ``sampler.cap_unit: tokens`` as
+``divopd-tokens``), seeds,
 and two sweeps: producer load (one key, three values, e.g. vanilla vs divopd-base at three ``explorer.num_envs``) and
 the cap k of one method. :func:`plan_runs` expands the plan into runs; each run has a report *group* and a *label*:
 

@@ -3,8 +3,8 @@
 
 A :class:`ModelRecipe` names the game, the prompt and the ``divopd sft`` arguments of the teacher and of the student;
 :func:`prepare_models` runs what is missing and returns the two folders. Each CPU setting
-(``divopd/configs/<name>.yaml``) has one recipe (:data:`RECIPES`, keyed by the setting's name); the setting file uses the
-same game and prompt (a test checks).
+(``divopd/configs/<name>.yaml``) has one recipe (:data:`RECIPES`, keyed by the setting's name); the setting file uses
+the same game and prompt (a test checks).
 
 * ``tiny`` (the 2-room cold start of the first demo): a teacher cloned from the game's gold paths, a random-init
   student.
