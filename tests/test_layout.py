@@ -137,6 +137,8 @@ def test_each_row_is_one_record_with_its_rule_features_and_check() -> None:
                                     ("learner.turn_balance_updates", "learner")}}
     assert row_switches(ROWS["turnopd"], {"updates": 7}) == {
         "turnopd": {"enabled": True}, "learner": {"depth_stats": True, "turn_balance_updates": 7}}
+    assert row_switches(ROWS["turnopd"], {"updates": 7, "learner": {"turn_balance_updates": 40}}) == {
+        "turnopd": {"enabled": True}, "learner": {"depth_stats": True}}  # a saved config keeps its schedule
     assert check_row(ROWS["tcod-f2b"], {"tcod.enabled": False}.get) == "method tcod-f2b needs tcod.enabled: true"
     assert check_row(ROWS["tcod-f2b"], {"tcod.enabled": True}.get) is None
     for name in method_names():  # every row on one setting file: its switches on, and nothing else switched

@@ -93,6 +93,20 @@ def test_every_packaged_setting_validates_with_every_row() -> None:
             assert cfg.method == method and cfg.sampler_config().method in METHODS
 
 
+def test_a_saved_config_loads_back_unchanged_for_every_row(tmp_path: Path) -> None:
+    """A run's config.yaml (what --resume reads) gives the same config again: the row's switches do not move a value
+    the run saved (TurnOPD's schedule stays the setting's 150 updates of a 3-update run)."""
+    from divopd.sampling import method_names
+    from divopd.train.config import dump_config
+
+    for method in method_names():
+        cfg = load_config("tiny", [f"method={method}", "updates=3"])
+        saved = tmp_path / f"{method}.yaml"
+        saved.write_text(dump_config(cfg))
+        assert load_config(saved) == cfg, method
+    assert load_config(tmp_path / "turnopd.yaml").learner.turn_balance_updates == 150
+
+
 def test_overrides_and_errors(tmp_path: Path) -> None:
     got = apply_overrides({"a": {"b": 1}}, ["a.b=6", "a.c=true", "d=[1, 2]"])
     assert got == {"a": {"b": 6, "c": True}, "d": [1, 2]}

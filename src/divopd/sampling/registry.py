@@ -162,11 +162,21 @@ def method_row(name: str) -> MethodRow:
     return ROWS[name]
 
 
+def _lookup(mapping: Mapping[str, Any], key: str) -> Any:
+    node: Any = mapping
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
 def row_switches(row: MethodRow, setting: Mapping[str, Any]) -> dict[str, Any]:
-    """The row's switches as a nested mapping to merge over a setting file's mapping ``setting``."""
+    """The row's switches as a nested mapping to merge over a setting file's mapping ``setting``. A ``from_key`` switch
+    fills its key only where ``setting`` leaves it unset (a run's saved ``config.yaml`` keeps its own value)."""
     out: dict[str, Any] = {}
     for s in row.switches:
-        value = setting.get(s.from_key) if s.from_key is not None else s.value
+        if s.from_key is not None and _lookup(setting, s.key) is not None:
+            continue
+        value = _lookup(setting, s.from_key) if s.from_key is not None else s.value
         node = out
         *parents, leaf = s.key.split(".")
         for p in parents:
