@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 # No pip wheel cache: a clean CI machine once ran out of disk installing .venv (the cache only duplicates wheels).
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup demo test test-study test-slow test-vllm setup-vllm setup-verl test-verl setup-trinity test-trinity test-integrations lint bench paper docs clean
+.PHONY: setup demo test test-study test-slow test-wheel test-vllm setup-vllm setup-verl test-verl setup-trinity test-trinity test-integrations lint bench paper docs clean
 
 setup: $(STAMP)
 
@@ -118,6 +118,10 @@ test: setup
 # reports); not part of `make test` (pyproject's testpaths is tests/). CI runs it after `make test`.
 test-study: setup
 	$(PY) -m pytest -q -p no:cacheprovider study/tests
+
+# The installable product: the wheel (not editable) in a fresh venv trains a packaged setting from outside the repo.
+test-wheel:
+	PYTHON=$(PYTHON) scripts/test-wheel.sh
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

@@ -2,11 +2,11 @@
 
     python benchmarks/bench_runtimes.py [--updates 40] [--steps 8 16 32] [--out runs/bench-runtimes]
 
-The config is the demo's (configs/tiny/divopd.yaml: TextWorld-Express coin, 8 env instances, B = 32) with the demo's
-tiny models (prepared once under cache/demo, as `make demo` does). The threads runtime's load is set by the machine
-(one explorer thread beside the learner); lockstep's by ``runtime.lockstep.env_steps_per_update``. Printed per run:
-arrival/drain ratio, mean and max staleness of the consumed rows (learner − generating version), the share of
-received turns that expired as stale, turns/s and wall time.
+The config is the first demo's (the packaged setting tiny, method divopd: TextWorld-Express coin, 8 env instances, B =
+32) with the demo's tiny models (prepared once under cache/demo, as `make demo` does). The threads runtime's load is set
+by the machine (one explorer thread beside the learner); lockstep's by ``runtime.lockstep.env_steps_per_update``.
+Printed per run: arrival/drain ratio, mean and max staleness of the consumed rows (learner − generating version), the
+share of received turns that expired as stale, turns/s and wall time.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import json
 import time
 from pathlib import Path
 
-from divopd.suite.demo import CONFIGS, REPO, prepare_models
+from divopd.suite.models import prepare_models
 from divopd.train import train
 from divopd.train.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def measure(run_dir: Path) -> dict[str, float]:
@@ -51,7 +53,7 @@ def main() -> None:
     for name, extra in variants:
         run_dir = out / name
         if not (run_dir / "summary.json").is_file():
-            cfg = load_config(CONFIGS / "divopd.yaml", [
+            cfg = load_config("tiny", ["method=divopd",
                 f"updates={args.updates}", f"run_dir={run_dir}", "eval.at_start=false", "eval.every=1000",
                 f"student.path={models['student']}", f"teacher.path={models['teacher']}", *extra])
             t0 = time.perf_counter()

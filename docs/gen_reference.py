@@ -266,13 +266,35 @@ def config_page() -> str:
         top = key.split(".")[0] if "." in key else "(top level)"
         sections.setdefault(top, []).append((f"`{key}`", type_name.replace("|", "or"), f"`{default}`", desc))
     out = [HEADER, "# Config keys\n\n",
-           "Every key of `divopd.train.config.TrainConfig` (YAML; unknown keys are errors). A file may name a `base:` "
-           "file whose keys it overrides; `divopd train CONFIG --set key=value` overrides one key (the value is read "
-           "as YAML: `--set sampler.cap=6`, `--set runtime.kind=lockstep`). `divopd train CONFIG --print-config` "
-           "prints the resolved config. See the [training guide](../guides/training.md).\n"]
+           "Every key of `divopd.train.config.TrainConfig` (YAML; unknown keys are errors). CONFIG is a packaged "
+           "setting's name (`divopd train coin6-dart`) or a YAML file; a file may name a `base:` file whose keys it "
+           "overrides. "
+           "`method` picks the method row ([below](#method-rows)): `--method ROW` or `--set method=ROW`. "
+           "`divopd train CONFIG --set key=value` overrides one key (the value is read as YAML: `--set sampler.cap=6`, "
+           "`--set runtime.kind=lockstep`). `divopd train CONFIG --print-config` prints the resolved config. See the "
+           "[training guide](../guides/training.md).\n"]
     for top, rows in sections.items():
         out += [f"\n## {top}\n\n", _table(("key", "type", "default", "meaning"), rows)]
-    return "".join(out)
+    return "".join(out) + method_rows_section()
+
+
+def method_rows_section() -> str:
+    """The method rows, in display order, from their records (``divopd.sampling.rows``)."""
+    from divopd.sampling import ROWS
+    from divopd.train.packaged import setting_names
+
+    rows = []
+    for row in ROWS.values():
+        switches = "<br>".join(f"{s.side}: `{s.key}` = " + (f"the setting's `{s.from_key}`" if s.from_key
+                                                             else f"`{s.value}`".lower()) for s in row.switches)
+        rows.append((f"`{row.name}`", f"`{row.rule}`", switches or "–", ", ".join(sorted(row.tags)) or "–",
+                     row.description.replace("|", "\\|")))
+    return ("\n## Method rows\n\n"
+            "A run's `method` names one of these records (`divopd.sampling.rows`): the sampler rule it reads batches "
+            "with, the explorer and learner features it switches on over the setting file's keys (which hold their "
+            "settings: +R's patience, TCOD's eta, TurnOPD's rho) and checks, and the lists it belongs to. Packaged "
+            f"settings: {', '.join(f'`{s}`' for s in setting_names())}.\n\n"
+            + _table(("method", "sampler rule", "switches on", "tags", "what"), rows))
 
 
 def metrics_page() -> str:

@@ -149,10 +149,9 @@ def _bad(**changes):
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (_bad(methods=[{"method": "nosuch"}]), r"method 'nosuch' has no config configs/tiny/nosuch.yaml"),
-        # rows are looked up in the plan's own settings folder
-        (_bad(configs="coin4", methods=[{"method": "nosuch"}]), r"no config configs/coin4/nosuch.yaml; known: .*nocap"),
-        (_bad(sweeps__cap__method="nosuch"), r"method 'nosuch' has no config configs/tiny/nosuch.yaml"),
+        (_bad(methods=[{"method": "nosuch"}]), r"unknown method 'nosuch'; known: vanilla, .*turnopd"),
+        (_bad(configs="coin4", methods=[{"method": "nosuch"}]), r"unknown method 'nosuch'; known: .*nocap"),
+        (_bad(sweeps__cap__method="nosuch"), r"unknown method 'nosuch'"),
         (_bad(methods=[{"method": "divopd"}, {"method": "divopd"}]), r"method labels repeat: \['divopd'\]"),
         (_bad(sweeps__cap__setting="zz"), r"cap sweep: setting 'zz' is not in settings"),
         (_bad(sweeps__load__setting="zz"), r"load sweep: setting 'zz' is not in settings"),
@@ -166,7 +165,7 @@ def _bad(**changes):
         (_bad(settings={"a": {}, "a-cap": {}}), r"setting names clash with sweep groups: \['a-cap'\]"),
         (_bad(typo=1), r"typo: Extra inputs are not permitted"),
         (_bad(settings={"settings": {}}), r"setting 'settings': the name is taken by a combined report"),
-        (_bad(configs="nowhere"), r"configs 'nowhere': no settings folder configs/nowhere/"),
+        (_bad(configs="nowhere"), r"configs 'nowhere': no packaged setting of that name; settings: alfworld"),
         (_bad(configs="alfworld"), r"configs 'alfworld': its models have no recipe in divopd.suite.models"),
         (_bad(methods=[{"method": "vanilla", "seeds": [3, 3]}]), r"method vanilla: seeds must be distinct"),
     ],

@@ -16,7 +16,7 @@ KEYS = ("valid_rollouts", "unused_fraction", "effective_rollouts_mean", "max_rol
 def fake_run(run_dir, method: str, log: bool = True, extra: tuple[str, ...] = ()):
     run_dir.mkdir(parents=True)
     c = HAND_CONFIG
-    cfg = load_config(CONFIGS / f"{method}.yaml", [
+    cfg = load_config(CONFIGS, [f"method={method}",
         f"sampler.batch_size={c['batch_size']}", f"sampler.pool_factor={c['pool_factor']}", f"sampler.cap={c['cap']}",
         f"sampler.max_staleness={c['max_staleness']}", f"updates={c['updates']}", f"seed={c['seed']}", *extra])
     (run_dir / "config.yaml").write_text(dump_config(cfg))

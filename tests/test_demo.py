@@ -12,16 +12,18 @@ from divopd.suite import demo
 from divopd.suite.models import RECIPES, ModelRecipe, prepare_models, recipe_for
 from divopd.train import train
 from divopd.train.config import load_config
+from divopd.train.packaged import CONFIGS, setting_names
+from divopd.train.packaged import SHIPPED as PACKAGED_MODELS
 from test_lockstep import _log_table, _series
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = REPO / "models" / "coin6-dart"
+SHIPPED = PACKAGED_MODELS / "coin6-dart"
 
 
 def test_the_demo_runs_the_documented_methods_on_the_documented_setting() -> None:
-    assert demo.CONFIGS == REPO / "configs" / "coin6-dart" and demo.SETTING == "coin6-dart"
+    assert demo.CONFIGS == CONFIGS / "coin6-dart.yaml" and demo.SETTING == "coin6-dart"
     for method in ("vanilla", "divopd"):
-        cfg = load_config(demo.CONFIGS / f"{method}.yaml")
+        cfg = load_config(demo.SETTING, [f"method={method}"])
         assert cfg.method == method and cfg.runtime.kind == "lockstep" and cfg.updates == 40
         assert cfg.explorer.env == demo.ENV and cfg.explorer.env_kwargs == demo.ENV_KWARGS
         for key, value in demo.PROMPT.items():
@@ -29,19 +31,22 @@ def test_the_demo_runs_the_documented_methods_on_the_documented_setting() -> Non
         assert (cfg.student.path, cfg.teacher.path) == ("cache/coin6-dart/student", "cache/coin6-dart/teacher")
 
 
-@pytest.mark.parametrize("folder", ["tiny", "coin4", "coin4-dart", "coin6", "coin6-dart", "twc"])
-def test_every_settings_folder_has_a_recipe_and_every_method_row(folder: str) -> None:
-    recipe = recipe_for(REPO / "configs" / folder)
-    base = load_config(REPO / "configs" / folder / "vanilla.yaml")
-    assert base.explorer.env == recipe.env and base.explorer.env_kwargs == recipe.env_kwargs
-    rows = {p.name for p in (REPO / "configs" / "tiny").glob("*.yaml")}
-    assert {p.name for p in (REPO / "configs" / folder).glob("*.yaml")} == rows
+@pytest.mark.parametrize("setting", ["tiny", "coin4", "coin4-dart", "coin6", "coin6-dart", "twc"])
+def test_every_cpu_setting_has_a_recipe_and_runs_every_method_row(setting: str) -> None:
+    from divopd.sampling import method_names
+
+    recipe = recipe_for(CONFIGS / f"{setting}.yaml")
+    assert recipe is recipe_for(setting)
+    for method in method_names():
+        cfg = load_config(setting, [f"method={method}"])
+        assert cfg.explorer.env == recipe.env and cfg.explorer.env_kwargs == recipe.env_kwargs
+    assert set(RECIPES) <= set(setting_names())
     with pytest.raises(KeyError, match="no model recipe"):
-        recipe_for("configs/nowhere")
+        recipe_for("nowhere")
 
 
 def test_the_shipped_models_are_the_recipes_build_and_are_copied_not_trained(tmp_path: Path, monkeypatch) -> None:
-    """models/coin6-dart holds the coin6-dart recipe's build into cache/coin6-dart (its recipe-args.json are the
+    """divopd/shipped/coin6-dart holds the coin6-dart recipe's build into cache/coin6-dart (its recipe-args.json are the
     recipe's arguments for that folder, so a changed recipe fails here until the models are rebuilt and shipped
     again); prepare_models copies them into an empty cache byte for byte, without an SFT, and over a stale build (other
     recipe arguments), never over a build of the same arguments."""
@@ -93,7 +98,8 @@ def test_a_short_lockstep_run_of_the_demo_config_is_deterministic(tmp_path: Path
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--configs", "configs/nowhere"], "no model recipe for configs/nowhere"),
+    (["--configs", "configs/nowhere.yaml"], "no model recipe for setting 'nowhere'"),
+    (["--configs", "nowhere"], "no such config file or packaged setting; settings: alfworld"),
     (["--methods", "vanilla", "nosuch"], "nosuch"),
     (["--set", "sampler.kap=3"], "sampler.kap"),
     (["--jobs", "0"], "--jobs must be at least 1"),

@@ -97,7 +97,7 @@ def placeholders(argv: list[str]) -> list[str]:
 
 def check_command(argv: list[str]) -> str | None:
     """None when the CLI accepts ``argv``; else what it said. Parses with the CLI's own parser; a training config
-    under ``configs/`` is also resolved with ``--print-config`` (schema, ``base:`` files, ``--set`` overrides)."""
+    named by a packaged setting is also resolved with ``--print-config`` (schema, ``--method``, ``--set`` overrides)."""
     import importlib
 
     from divopd.cli import COMMANDS, build_parser, main
@@ -119,10 +119,10 @@ def check_command(argv: list[str]) -> str | None:
     config = getattr(args, "config", None)
     if command != "train" or not config or getattr(args, "resume", None) or "$" in " ".join(argv):
         return None
-    if not str(config).startswith("configs/") or placeholders([config]):
+    if placeholders([config]) or (str(config).endswith((".yaml", ".yml")) and not str(config).startswith("configs/")):
         return None  # a file the reader makes (my-config.yaml, a run's config.yaml): parsed above
-    if not (REPO / config).is_file():
-        return f"{config}: no such config file"
+    if str(config).startswith("configs/"):
+        return f"{config}: configs are packaged settings now (divopd train <setting> --method ROW)"
     with _cwd(REPO), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         rc = main([*argv, "--print-config"])
     return None if rc == 0 else err.getvalue().strip()
@@ -139,9 +139,10 @@ def test_every_documented_divopd_command_is_accepted_by_the_cli() -> None:
     assert not bad, "commands the CLI rejects:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("argv", [["train", "configs/coin6-dart/divopd.yaml", "--set", "sampler.kap=3"],
-                                  ["train", "configs/no-such/divopd.yaml"], ["report", "--no-such-flag", "runs"],
-                                  ["trian", "configs/tiny/divopd.yaml"]])
+@pytest.mark.parametrize("argv", [["train", "coin6-dart", "--set", "sampler.kap=3"], ["train", "no-such-setting"],
+                                  ["train", "coin6-dart", "--method", "no-such-row"],
+                                  ["train", "configs/coin6-dart/divopd.yaml"], ["report", "--no-such-flag", "runs"],
+                                  ["trian", "tiny"]])
 def test_the_check_rejects_what_the_cli_rejects(argv: list[str]) -> None:
     assert check_command(argv)
 
@@ -176,7 +177,8 @@ def fresh_clone(dest: Path) -> Path:
 
 
 COPY_MODELS = ("python -c 'from pathlib import Path; from divopd.suite.models import prepare_models; "
-               "prepare_models(Path(\"cache/coin6-dart\"), \"coin6-dart\", shipped=Path(\"models/coin6-dart\"))'")
+               "from divopd.train.packaged import SHIPPED; "
+               "prepare_models(Path(\"cache/coin6-dart\"), \"coin6-dart\", shipped=SHIPPED / \"coin6-dart\")'")
 
 #: (page, command as written) -> (stand-in for the default run, stand-in under -m slow, reason); None skips it.
 STAND_INS: dict[tuple[str, str], tuple[str | None, str | None, str]] = {
@@ -187,12 +189,12 @@ STAND_INS: dict[tuple[str, str], tuple[str | None, str | None, str]] = {
     ("docs/getting-started.md", "make demo"): (
         COPY_MODELS, "python -m divopd.suite.demo --seeds 0 --updates 2 --set eval.tasks=4",
         "the demo's first step (its model copy) by default; the demo at 2 updates under -m slow"),
-    ("docs/getting-started.md", "python -m divopd.suite.demo --configs configs/tiny --updates 150"): (
-        None, "python -m divopd.suite.demo --configs configs/tiny --updates 2 --methods vanilla --set eval.tasks=4",
-        "builds configs/tiny's models with divopd sft (minutes): under -m slow, with one method at 2 updates"),
-    ("docs/getting-started.md", "python -m divopd.suite.demo --configs configs/coin4"): (
-        None, "python -m divopd.suite.demo --configs configs/coin4 --updates 2 --methods vanilla --set eval.tasks=4",
-        "builds configs/coin4's models with divopd sft (4-7 min): under -m slow, with one method at 2 updates"),
+    ("docs/getting-started.md", "python -m divopd.suite.demo --configs tiny --updates 150"): (
+        None, "python -m divopd.suite.demo --configs tiny --updates 2 --methods vanilla --set eval.tasks=4",
+        "builds the setting tiny's models with divopd sft (minutes): under -m slow, with one method at 2 updates"),
+    ("docs/getting-started.md", "python -m divopd.suite.demo --configs coin4"): (
+        None, "python -m divopd.suite.demo --configs coin4 --updates 2 --methods vanilla --set eval.tasks=4",
+        "builds the setting coin4's models with divopd sft (4-7 min): under -m slow, with one method at 2 updates"),
     ("docs/guides/own-model.md", "make demo"): (
         COPY_MODELS, COPY_MODELS, "the page needs only the models the demo copies"),
 }
@@ -252,13 +254,14 @@ def run_page(page: str, clone: Path, slow: bool, timeout: int) -> str:
 
 
 def _check_handoff(clone: Path) -> None:
-    """After the demo's step, the models every ``divopd train configs/...`` of Getting started names exist."""
+    """After the demo's step, the models every ``divopd train <setting>`` of Getting started names exist."""
     from divopd.errors import check_model_folder
     from divopd.train.config import load_config
 
     text = (clone / RUN_PAGES[0]).read_text()
     configs = {argv[1] for block in blocks(text, "bash") for line in command_lines(block)
-               if (argv := divopd_argv(line)) and argv[0] == "train" and argv[1].startswith("configs/")}
+               if (argv := divopd_argv(line)) and argv[0] == "train" and not argv[1].startswith("-")
+               and not argv[1].endswith((".yaml", ".yml"))}
     assert configs
     with _cwd(clone):
         for config in configs:

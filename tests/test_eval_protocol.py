@@ -13,8 +13,6 @@ from divopd.train.config import dump_config, load_config
 from explorer_helpers import env_tokenizer, tiny_model
 from test_train import tiny_config, tiny_models  # noqa: F401
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 class Recorder:
     """Wraps the student's generator: records each call's decoding and the responses it produced."""
@@ -78,13 +76,13 @@ def test_eval_samples_at_temperature_reproducibly_and_greedy_still_works():
 
 
 def test_eval_settings_default_to_the_paper_and_validate():
-    cfg = load_config(REPO / "configs/tiny/divopd.yaml")
+    cfg = load_config("tiny")
     assert cfg.eval.temperature == 0.4 and cfg.eval.greedy is False
     assert cfg.explorer.generation.temperature == 1.0
     assert cfg.eval.sampling(7) == {"temperature": 0.4, "greedy": False, "seed": 7}
-    assert load_config(REPO / "configs/tiny/divopd.yaml", ["eval.greedy=true"]).eval.sampling(0)["greedy"] is True
+    assert load_config("tiny", ["eval.greedy=true"]).eval.sampling(0)["greedy"] is True
     with pytest.raises(ValueError, match="temperature"):
-        load_config(REPO / "configs/tiny/divopd.yaml", ["eval.temperature=0"])
+        load_config("tiny", ["eval.temperature=0"])
 
 
 @pytest.fixture

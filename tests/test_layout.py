@@ -449,6 +449,72 @@ def test_a_registered_method_gets_a_row_after_the_built_in_ones() -> None:
         ROWS.pop(name, None)
 
 
+def test_each_row_is_one_record_with_its_rule_features_and_check() -> None:
+    """The record declares the sampler rule, the features a row switches on and the check they need; the config
+    applies and checks them (divopd.train.config reads nothing else about a row)."""
+    from divopd.sampling.registry import check_row, row_switches
+    from divopd.train.config import load_config
+
+    assert ROWS["divopd-r"].sampler is ROWS["divopd"].sampler and ROWS["turnopd"].sampler is ROWS["vanilla"].sampler
+    switched = {name: {(s.key, s.side) for s in ROWS[name].switches} for name in method_names() if ROWS[name].switches}
+    assert switched == {"divopd-r": {("explorer.recovery.enabled", "explorer")},
+                        "tcod-f2b": {("tcod.enabled", "explorer")},
+                        "turnopd": {("turnopd.enabled", "explorer"), ("learner.depth_stats", "learner"),
+                                    ("learner.turn_balance_updates", "learner")}}
+    assert row_switches(ROWS["turnopd"], {"updates": 7}) == {
+        "turnopd": {"enabled": True}, "learner": {"depth_stats": True, "turn_balance_updates": 7}}
+    assert row_switches(ROWS["turnopd"], {"updates": 7, "learner": {"turn_balance_updates": 40}}) == {
+        "turnopd": {"enabled": True}, "learner": {"depth_stats": True}}  # a saved config keeps its schedule
+    assert check_row(ROWS["tcod-f2b"], {"tcod.enabled": False}.get) == "method tcod-f2b needs tcod.enabled: true"
+    assert check_row(ROWS["tcod-f2b"], {"tcod.enabled": True}.get) is None
+    for name in method_names():  # every row on one setting file: its switches on, and nothing else switched
+        row = ROWS[name]
+        cfg = load_config("tiny", [f"method={name}"])
+        assert cfg.sampler_config().method == row.rule
+        on = {key for key in ("explorer.recovery.enabled", "tcod.enabled", "turnopd.enabled") if cfg.get(key)}
+        assert on == {s.key for s in row.switches if s.key.endswith(".enabled")}, name
+
+
+def test_a_row_with_its_own_check_is_checked_by_the_config() -> None:
+    from divopd.sampling.registry import MethodRow, Switch, add_row
+    from divopd.train.config import load_config
+
+    name = "test-layout-row"
+    row = MethodRow(name, METHODS["divopd"], "divopd, recovery on, k <= 3", switches=(
+        Switch("explorer.recovery.enabled", "explorer"),), check=lambda get: None if get("sampler.cap") <= 3 else
+        "method test-layout-row needs sampler.cap <= 3")
+    try:
+        add_row(row)
+        cfg = load_config("tiny", [f"method={name}", "sampler.cap=3"])
+        assert cfg.explorer.recovery.enabled and cfg.sampler_config().method == "divopd"
+        with pytest.raises(ValueError, match="needs sampler.cap <= 3"):
+            load_config("tiny", [f"method={name}"])
+        with pytest.raises(ValueError, match="already registered"):
+            add_row(row)
+    finally:
+        ROWS.pop(name, None)
+
+
+def test_the_sampling_modules_import_each_other_one_way() -> None:
+    """No import circle inside divopd.sampling, counting every import (lazy and TYPE_CHECKING ones too)."""
+    graph: dict[str, set[str]] = {}
+    for path in (SRC / "sampling").glob("*.py"):
+        if path.stem == "__init__":
+            continue
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names |= {m.split(".")[2] for m in modules if m.startswith("divopd.sampling.")}
+            assert not (isinstance(node, ast.ImportFrom) and node.module == "divopd.sampling"), path
+        graph[path.stem] = names - {path.stem}
+    done: set[str] = set()
+    while len(done) < len(graph):  # peel the modules whose imports are all peeled; a circle leaves some behind
+        ready = {m for m, deps in graph.items() if m not in done and deps <= done}
+        assert ready, f"import circle among {sorted(set(graph) - done)}"
+        done |= ready
+
+
 def test_no_source_file_over_400_lines_and_no_function_over_90() -> None:
     """The house's size rule (issue 13: files ≤ 400 lines, functions ~80; 90 leaves room for long signatures)."""
     long_files, long_functions = [], []

@@ -4,7 +4,6 @@ task-balance row weights, and TurnOPD (depth budget + token-to-turn loss schedul
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +26,7 @@ from test_learner import make_turns, params_equal, student
 from test_learner import teacher as teacher  # noqa: F401, PLC0414 — module fixtures
 from test_learner import tok as tok  # noqa: F401, PLC0414
 
-TINY_TURNOPD = Path(__file__).resolve().parents[1] / "configs" / "tiny" / "turnopd.yaml"
+TINY_TURNOPD = ["method=turnopd"]
 
 
 def tturn(rid: str, t: int, task: str | None, score: float = 0.0, n: int = 2, **kw):
@@ -231,7 +230,7 @@ def test_step_limit_reads_the_published_statistics(tmp_path) -> None:
     from divopd.train.config import load_config
     from divopd.train.runtime.common import step_limit
 
-    cfg = load_config(TINY_TURNOPD)  # max_steps 12, ρ 0.9, min_depth 2
+    cfg = load_config("tiny", TINY_TURNOPD)  # max_steps 12, ρ 0.9, min_depth 2
     assert step_limit(cfg, WeightHandle(version=0, depth_disagreement=())) == 12
     assert step_limit(cfg, WeightHandle(version=5, depth_disagreement=(5.0, 4.0, 0.5, 0.5))) == 2
     assert step_limit(cfg, WeightHandle(version=5, depth_disagreement=(1.0,) * 20)) == 12
@@ -258,11 +257,11 @@ def test_turnopd_config_rules() -> None:
     from divopd.train.config import load_config
 
     with pytest.raises(ValueError, match="turnopd.enabled"):
-        load_config(TINY_TURNOPD, ["turnopd.enabled=false"])
+        load_config("tiny", [*TINY_TURNOPD, "turnopd.enabled=false"])
     with pytest.raises(ValueError, match="turn_balance_updates"):
-        load_config(TINY_TURNOPD, ["learner.turn_balance_updates=null"])
+        load_config("tiny", [*TINY_TURNOPD, "learner.turn_balance_updates=null"])
     with pytest.raises(ValueError, match="depth_stats"):
-        load_config(TINY_TURNOPD, ["learner.depth_stats=false"])
+        load_config("tiny", [*TINY_TURNOPD, "learner.depth_stats=false"])
     with pytest.raises(ValueError, match="tcod.enabled"):
-        load_config(TINY_TURNOPD, ["tcod.enabled=true"])
-    assert load_config(TINY_TURNOPD).sampler_config().method == "vanilla"
+        load_config("tiny", [*TINY_TURNOPD, "tcod.enabled=true"])
+    assert load_config("tiny", TINY_TURNOPD).sampler_config().method == "vanilla"

@@ -1,16 +1,15 @@
-"""The six paper settings (PAPER-APPENDIX Tables 3-6): configs/<env>/_base.yaml is the smaller student, the `--set`
-line in its header comment the larger one; every method file of the three environments carries the shared values."""
+"""The six paper settings (PAPER-APPENDIX Tables 3-6): the packaged setting <env> (divopd/configs/<env>.yaml) is the
+smaller student, the `--set` line in its header comment the larger one; every method row of the three environments
+carries the shared values."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from divopd.train.config import load_config
-
-REPO = Path(__file__).resolve().parents[1]
+from divopd.train.packaged import CONFIGS
 
 #: setting -> (env, student, teacher, k, horizon, updates)
 SETTINGS = {
@@ -26,19 +25,19 @@ METHODS = ["vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-
 
 
 def larger_student_overrides(env: str) -> list[str]:
-    """The `--set` items of the `divopd train` line in the header comment of configs/<env>/_base.yaml."""
-    lines = [line for line in (REPO / "configs" / env / "_base.yaml").read_text().splitlines()
-             if line.startswith("#") and "divopd train" in line]
+    """The `--set` items of the `divopd train <env> --method <method>` line in the header comment of the setting."""
+    lines = [line for line in (CONFIGS / f"{env}.yaml").read_text().splitlines()
+             if line.startswith("#") and f"divopd train {env} --method <method>" in line]
     assert len(lines) == 1, lines
     return re.findall(r"--set (\S+)", lines[0])
 
 
 def setting_config(setting: str, method: str = "divopd"):
     env = SETTINGS[setting][0]
-    base = load_config(REPO / "configs" / env / f"{method}.yaml")
+    base = load_config(env, [f"method={method}"])
     if base.setting == setting:
         return base
-    return load_config(REPO / "configs" / env / f"{method}.yaml", larger_student_overrides(env))
+    return load_config(env, [f"method={method}", *larger_student_overrides(env)])
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
@@ -64,7 +63,7 @@ def test_paper_setting_values(setting: str, method: str) -> None:
 
 def test_paper_configs_set_the_pending_age() -> None:
     for env in ("alfworld", "webshop", "scienceworld"):
-        text = (REPO / "configs" / env / "_base.yaml").read_text()
+        text = (CONFIGS / f"{env}.yaml").read_text()
         assert "max_pending_age: 8" in text
 
 
@@ -75,28 +74,23 @@ def test_scienceworld_configs_use_the_paper_split() -> None:
         assert (ex.split, ex.eval_split, ex.eval_tasks, ex.task_order) == ("train", "test", 256, "cycle")
 
 
-def test_every_config_under_configs_loads() -> None:
-    files = sorted(p for p in (REPO / "configs").rglob("*.yaml") if not p.name.startswith("_"))
-    assert len(files) >= 32
-    for path in files:
-        assert load_config(path).method == path.stem, path
-
-
-@pytest.mark.parametrize("env", ["alfworld", "webshop", "scienceworld", "tiny"])
-def test_every_setting_dir_has_every_paper_method_row(env: str) -> None:
-    from divopd.sampling import method_names
-
-    for method in method_names("paper"):
-        assert (REPO / "configs" / env / f"{method}.yaml").is_file(), (env, method)
+@pytest.mark.parametrize("env", ["alfworld", "webshop", "scienceworld"])
+def test_the_recovery_lines_of_the_larger_students_load(env: str) -> None:
+    """The +R settings of the larger student (Appendix G), the `divopd train <env> --method divopd-r` comment line."""
+    lines = [line for line in (CONFIGS / f"{env}.yaml").read_text().splitlines()
+             if f"divopd train {env} --method divopd-r" in line]
+    assert len(lines) == 1, lines
+    cfg = load_config(env, ["method=divopd-r", *re.findall(r"--set (\S+)", lines[0])])
+    assert cfg.explorer.recovery.enabled and cfg.setting != load_config(env).setting
 
 
 @pytest.mark.parametrize("env", ["alfworld", "webshop", "scienceworld"])
 def test_method_rows_of_the_new_readings(env: str) -> None:
-    top_b = load_config(REPO / "configs" / env / "top-b.yaml")
+    top_b = load_config(env, ["method=top-b"])
     assert top_b.sampler_config().method == "top-b"
-    focus = load_config(REPO / "configs" / env / "divopd-focus.yaml")
+    focus = load_config(env, ["method=divopd-focus"])
     assert focus.sampler_config().method == "divopd-focus"
-    turnopd = load_config(REPO / "configs" / env / "turnopd.yaml")
+    turnopd = load_config(env, ["method=turnopd"])
     assert turnopd.sampler_config().method == "vanilla" and turnopd.turnopd.enabled
     assert turnopd.learner.depth_stats and turnopd.learner.turn_balance_updates == turnopd.updates
     assert not turnopd.tcod.enabled and not turnopd.explorer.recovery.enabled

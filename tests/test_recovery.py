@@ -253,11 +253,9 @@ def test_random_students_trigger_recovery_within_the_cap(env_name):
 @pytest.mark.parametrize("env_name, triplet", [("alfworld", (4, 6, 0)), ("webshop", (4, 5, 45)),
                                                ("scienceworld", (2, 6, 120))])
 def test_configs_carry_the_appendix_g_triplets(env_name, triplet):
-    from pathlib import Path
-
     from divopd.train.config import load_config
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / env_name / "divopd-r.yaml")
+    cfg = load_config(env_name, ["method=divopd-r"])
     r = cfg.explorer.recovery
     assert r.enabled and (r.patience, r.max_takeover, r.warmup) == triplet
     assert cfg.sampler_config().method == "divopd"

@@ -3,16 +3,12 @@ then the earlier (non-default) linear / stages schedules."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from divopd.explore.tcod import TCODConfig, tcod_depth, tcod_horizon, tcod_progress
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------------------- TCOD's rule
@@ -43,7 +39,7 @@ def test_paper_schedule_counts_learner_updates_plus_one_and_caps_at_the_step_lim
 def test_configs_set_eta_per_environment(env_name, eta):
     from divopd.train.config import load_config
 
-    cfg = load_config(REPO / "configs" / env_name / "tcod-f2b.yaml")
+    cfg = load_config(env_name, ["method=tcod-f2b"])
     assert cfg.tcod.enabled and cfg.tcod.schedule == "paper" and cfg.tcod.eta == eta
     assert cfg.sampler_config().method == "vanilla"
 
@@ -54,7 +50,7 @@ def test_the_rollout_is_cut_at_d_every_student_turn_is_kept_and_evaluation_is_fu
     from divopd.train.runtime.common import step_limit
     from explorer_helpers import env_tokenizer, tiny_model
 
-    cfg = load_config(REPO / "configs/tiny/tcod-f2b.yaml", ["explorer.max_steps=9"])
+    cfg = load_config("tiny", ["method=tcod-f2b", "explorer.max_steps=9"])
     assert [step_limit(cfg, v) for v in (0, 5, 11, 17, 100)] == [1, 2, 3, 4, 9]
     tok = env_tokenizer("tiny")
     ecfg = ExplorerConfig(env="tiny", num_envs=2, max_steps=9, generation={"max_new_tokens": 4})

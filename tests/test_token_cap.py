@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -14,8 +13,6 @@ from divopd.experience.log import LoggedTurn
 from divopd.sampling import SamplerConfig, allocate_rollout_first, allocate_rollout_first_tokens, make_sampler
 from divopd.train.config import load_config
 from sampler_helpers import turn
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------------------------------------------- by hand
@@ -131,10 +128,9 @@ def test_replay_and_config_pass_cap_unit() -> None:
         shares[unit] = replay(logged, cfg)["methods"]["divopd-base"]["max_rollout_share_mean"]
     assert shares["turns"] == pytest.approx(16 / 24)  # A: 2 × 8 of 2·8 + 2·2 + 2·2 tokens
     assert shares["tokens"] == pytest.approx(8 / 18)  # B: 4 × 2 … and A: 8 of 8 + 8 + 2
-    config = REPO / "configs/tiny/divopd-base.yaml"
-    assert load_config(config, ["sampler.cap_unit=tokens"]).sampler_config().cap_unit == "tokens"
+    assert load_config("tiny", ["method=divopd-base", "sampler.cap_unit=tokens"]).sampler_config().cap_unit == "tokens"
     with pytest.raises(ValueError, match="cap_unit"):
-        load_config(config, ["sampler.cap_unit=bytes"])
+        load_config("tiny", ["method=divopd-base", "sampler.cap_unit=bytes"])
 
 
 def test_token_cap_follows_the_visiting_order_not_the_arrival_order() -> None:

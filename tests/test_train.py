@@ -81,30 +81,49 @@ def test_every_paper_row_is_a_known_method() -> None:
         assert row in METHODS or row in METHOD_ROWS
 
 
-def test_every_config_file_validates() -> None:
-    files = [p for p in (REPO / "configs").rglob("*.yaml") if not p.name.startswith("_")]
-    assert len(files) >= 32
-    for path in files:
-        cfg = load_config(path)
-        assert cfg.method == path.stem, path
-        assert cfg.sampler_config().method in METHODS
+def test_every_packaged_setting_validates_with_every_row() -> None:
+    from divopd.sampling import method_names
+    from divopd.train.packaged import CONFIGS, setting_names
+
+    assert len(setting_names()) >= 9 and not list(CONFIGS.glob("*/"))  # one file per setting, no folders
+    for setting in setting_names():
+        assert load_config(setting).method == "divopd", setting  # the file's own row
+        for method in method_names():
+            cfg = load_config(setting, [f"method={method}"])
+            assert cfg.method == method and cfg.sampler_config().method in METHODS
+
+
+def test_a_saved_config_loads_back_unchanged_for_every_row(tmp_path: Path) -> None:
+    """A run's config.yaml (what --resume reads) gives the same config again: the row's switches do not move a value
+    the run saved (TurnOPD's schedule stays the setting's 150 updates of a 3-update run)."""
+    from divopd.sampling import method_names
+    from divopd.train.config import dump_config
+
+    for method in method_names():
+        cfg = load_config("tiny", [f"method={method}", "updates=3"])
+        saved = tmp_path / f"{method}.yaml"
+        saved.write_text(dump_config(cfg))
+        assert load_config(saved) == cfg, method
+    assert load_config(tmp_path / "turnopd.yaml").learner.turn_balance_updates == 150
 
 
 def test_overrides_and_errors(tmp_path: Path) -> None:
     got = apply_overrides({"a": {"b": 1}}, ["a.b=6", "a.c=true", "d=[1, 2]"])
     assert got == {"a": {"b": 6, "c": True}, "d": [1, 2]}
-    cfg = load_config(REPO / "configs/tiny/divopd.yaml", ["sampler.cap=6", "runtime.kind=ray"])
+    cfg = load_config("tiny", ["sampler.cap=6", "runtime.kind=ray"])
     assert cfg.sampler.cap == 6 and cfg.runtime.kind == "ray" and cfg.sampler_config().cap == 6
     with pytest.raises(ValueError, match="KEY=VALUE"):
         apply_overrides({}, ["sampler.cap"])
     with pytest.raises(ValueError, match="unknown method"):
-        load_config(REPO / "configs/tiny/divopd.yaml", ["method=fancy"])
+        load_config("tiny", ["method=fancy"])
     with pytest.raises(ValueError, match="extra|not permitted"):
-        load_config(REPO / "configs/tiny/divopd.yaml", ["sampler.kap=3"])
+        load_config("tiny", ["sampler.kap=3"])
     with pytest.raises(ValueError, match="recovery.enabled"):
-        load_config(REPO / "configs/tiny/divopd-r.yaml", ["explorer.recovery.enabled=false"])
+        load_config("tiny", ["method=divopd-r", "explorer.recovery.enabled=false"])
     with pytest.raises(ValueError, match="tcod.enabled"):
-        load_config(REPO / "configs/tiny/tcod-f2b.yaml", ["tcod.enabled=false"])
+        load_config("tiny", ["method=tcod-f2b", "tcod.enabled=false"])
+    with pytest.raises(ValueError, match="no such config file or packaged setting; settings: alfworld, coin4"):
+        load_config("tinyy")
     cyc = tmp_path / "a.yaml"
     cyc.write_text("base: a.yaml\n")
     with pytest.raises(ValueError, match="cycle"):
@@ -112,8 +131,10 @@ def test_overrides_and_errors(tmp_path: Path) -> None:
 
 
 def test_method_rows_map_to_sampler_rules() -> None:
-    assert load_config(REPO / "configs/tiny/divopd-r.yaml").sampler_config().method == "divopd"
-    assert load_config(REPO / "configs/tiny/tcod-f2b.yaml").sampler_config().method == "vanilla"
+    assert load_config("tiny", ["method=divopd-r"]).sampler_config().method == "divopd"
+    assert load_config("tiny", ["method=tcod-f2b"]).sampler_config().method == "vanilla"
+    turnopd = load_config("tiny", ["method=turnopd", "updates=3"])  # the schedule spans the file's updates, as before
+    assert turnopd.learner.turn_balance_updates == 150 and turnopd.learner.depth_stats and turnopd.turnopd.enabled
 
 
 def test_cli_rejects_bad_config(tmp_path: Path) -> None:
@@ -245,11 +266,11 @@ def test_kill_and_resume(tiny_models: dict[str, str], tmp_path: Path) -> None:
 def test_tcod_step_limit_follows_the_schedule() -> None:
     from divopd.train.runtime.common import step_limit
 
-    cfg = load_config(REPO / "configs/tiny/tcod-f2b.yaml", ["updates=100", "explorer.max_steps=20"])
+    cfg = load_config("tiny", ["method=tcod-f2b", "updates=100", "explorer.max_steps=20"])
     limits = [step_limit(cfg, v) for v in range(0, 101, 10)]
     assert limits == [1, 2, 4, 6, 7, 9, 11, 12, 14, 16, 17]  # TCOD: 1 + (updates + 1) // 6 (eta 6)
     assert step_limit(cfg, 200) == 20  # capped by explorer.max_steps
-    plain = load_config(REPO / "configs/tiny/vanilla.yaml", ["explorer.max_steps=20"])
+    plain = load_config("tiny", ["method=vanilla", "explorer.max_steps=20"])
     assert {step_limit(plain, v) for v in (0, 50, 100)} == {20}
 
 
@@ -266,11 +287,11 @@ def test_eval_checkpoint(tiny_models: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_tiny_config_matches_its_models() -> None:
-    """configs/tiny must use the environment and prompt its models (recipe "tiny") are SFT-trained with."""
+    """The packaged setting tiny must use the environment and prompt its models (recipe "tiny") are SFT-trained with."""
     from divopd.suite.models import RECIPES
 
     recipe = RECIPES["tiny"]
-    cfg = load_config(REPO / "configs/tiny/divopd.yaml")
+    cfg = load_config("tiny")
     assert cfg.explorer.env == recipe.env and cfg.explorer.env_kwargs == recipe.env_kwargs
     for key, value in recipe.prompt.items():
         assert getattr(cfg.explorer.prompt, key) == value

@@ -24,7 +24,7 @@ def test_a_teacher_with_another_vocabulary_is_one_line_and_exit_2(tmp_path: Path
     student = _model(tmp_path / "student", ["move east west take coin"], 0)
     teacher = _model(tmp_path / "teacher", ["open door north south look around"], 1)
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "divopd", "train", str(REPO / "configs/tiny/divopd.yaml"), "--run-dir", str(run_dir),
+    cmd = [sys.executable, "-m", "divopd", "train", "tiny", "--run-dir", str(run_dir),
            "--set", f"student.path={student}", "--set", f"teacher.path={teacher}", "--set", "updates=1",
            "--set", "explorer.env=tiny", "--set", "explorer.env_kwargs={}", "--no-progress"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)

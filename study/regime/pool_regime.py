@@ -27,7 +27,7 @@ from pathlib import Path
 
 from divopd.analysis.report.load import load_run
 
-#: variant name -> config overrides of configs/coin4 (on top of updates=20, eval.every=20)
+#: variant name -> config overrides of the coin4 setting (on top of updates=20, eval.every=20)
 VARIANTS: dict[str, dict[str, object]] = {
     "envs8": {},  # the setting itself: 8 instances, whole rollouts queued at their end
     "envs32": {"explorer.num_envs": 32},
@@ -40,12 +40,12 @@ METHODS = ("vanilla", "divopd")
 SKIP = 5
 
 
-def train_variant(configs: Path, method: str, overrides: dict[str, object], run_dir: Path) -> None:
+def train_variant(configs: str, method: str, overrides: dict[str, object], run_dir: Path) -> None:
     from divopd.train import train
     from divopd.train.config import load_config
 
     sets = [f"{k}={v}" for k, v in {"updates": 20, "eval.every": 20, **overrides}.items()]
-    train(load_config(configs / f"{method}.yaml", sets, data={"run_dir": str(run_dir)}))
+    train(load_config(configs, [f"method={method}", *sets], data={"run_dir": str(run_dir)}))
 
 
 def measure(run_dir: Path) -> dict[str, float]:
@@ -90,7 +90,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--measure", type=Path, nargs="+", help="existing run directories: measure them, train nothing")
     ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
-    ap.add_argument("--configs", type=Path, default=Path("configs/coin4"))
+    ap.add_argument("--configs", default="coin4", help="a packaged setting or a setting file (default coin4)")
     ap.add_argument("--out", type=Path, default=Path("runs/pool-regime"))
     args = ap.parse_args()
     if args.measure:

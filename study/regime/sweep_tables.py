@@ -125,7 +125,7 @@ def main() -> None:
         if load is not None:  # the main runs' point: the value the plan's own main run of that row has
             main = next(r for r in plan_runs(plan)
                         if r.kind == "main" and r.setting == load.setting and r.label == load.methods[0])
-            main_value = config_value(main.method, main.overrides, load.key, plan.config_dir)
+            main_value = config_value(main.method, main.overrides, load.key, plan.config_file)
             tables.append(load_table(report, load.setting, load.key, main_value))
         if cap is not None:
             tables.append(cap_table(report, cap.setting))

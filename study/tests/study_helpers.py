@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 from divopd.suite.plan import load_plan, plan_runs
+from divopd.train.packaged import CONFIGS as PACKAGED_CONFIGS
 
 __all__ = ["CONFIGS", "REGIME", "REPO", "RESULTS", "STUDY", "block", "dart_plan", "script", "seeds_by_label"]
 
@@ -17,7 +18,8 @@ STUDY = REPO / "study"
 REGIME = STUDY / "regime"
 #: study/results/: the result pages and (under regime/) the committed reports
 RESULTS = STUDY / "results"
-CONFIGS = REPO / "configs"
+#: the packaged settings (one YAML per setting), the files the study's plans name by ``configs:``
+CONFIGS = PACKAGED_CONFIGS
 
 
 def script(name: str):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from study_helpers import CONFIGS, REGIME, dart_plan, seeds_by_label
+from study_helpers import REGIME, dart_plan, seeds_by_label
 
 from divopd.suite.models import RECIPES
 from divopd.suite.plan import load_plan, plan_runs
@@ -18,7 +18,7 @@ def test_regime_plan_is_the_issue_17_study() -> None:
     """study/regime/plan.yaml: configs/coin4, >= 10 seeds for the five controlled rows, >= 5 for the others,
     two settings, a load sweep with three points and the cap sweep; its configs are the coin4 folder's."""
     plan = load_plan(REGIME / "plan.yaml")
-    assert plan.configs == "coin4" and plan.config_dir.name == "coin4" and len(plan.settings) >= 2
+    assert plan.configs == "coin4" and plan.config_file.stem == "coin4" and len(plan.settings) >= 2
     runs = plan_runs(plan)
     seeds: dict[str, set[int]] = {}
     for r in runs:
@@ -109,7 +109,7 @@ def test_the_tail_plan_is_the_demo_setting_with_the_tail_estimator() -> None:
     assert {(r.label, r.seed) for r in runs} == {(m, s) for m in ("vanilla", "divopd") for s in range(5)}
     for r in runs:
         cfg = run_config(r, plan, Path("out"), {"student": Path("s"), "teacher": Path("t")})
-        demo = load_config(CONFIGS / "coin4" / f"{r.method}.yaml")
+        demo = load_config("coin4", [f"method={r.method}"])
         assert cfg.learner.estimator == "topk" and cfg.learner.topk_tail and not demo.learner.topk_tail
         assert cfg.learner.model_dump() == demo.learner.model_dump() | {"topk_tail": True}
         assert cfg.explorer == demo.explorer and cfg.sampler == demo.sampler and cfg.runtime == demo.runtime
@@ -135,10 +135,11 @@ def test_the_coin4_dart_plan_and_settings_folder() -> None:
 
 
 def _method_rows(base: str, variant: str) -> list[tuple[str, dict, dict]]:
-    """(file name, variant row, base row) for every method row of configs/<base> (``_base.yaml`` aside), as dicts."""
-    configs = CONFIGS
-    return [(path.name, load_config(configs / variant / path.name).model_dump(), load_config(path).model_dump())
-            for path in sorted((configs / base).glob("*.yaml")) if path.name != "_base.yaml"]
+    """(method, variant row, base row) for every method row on the packaged settings ``variant`` and ``base``."""
+    from divopd.sampling import method_names
+
+    return [(m, load_config(variant, [f"method={m}"]).model_dump(), load_config(base, [f"method={m}"]).model_dump())
+            for m in method_names()]
 
 
 def _strip_setting(*cfgs: dict, learner: tuple[str, ...] = (), tcod: tuple[str, ...] = ()) -> None:
@@ -232,7 +233,7 @@ def test_the_coin6_dart_pool_plan_raises_only_c_and_delta() -> None:
     plan, runs = dart_plan("coin6-dart-pool")
     pool = ("sampler.pool_factor=12", "sampler.max_staleness=6")
     _assert_pool_plan(runs, "coin6-dart-pool", pool)
-    config = load_config(CONFIGS / "coin6-dart" / "divopd.yaml", list(pool))
+    config = load_config("coin6-dart", list(pool))
     assert (config.sampler.pool_factor, config.sampler.max_staleness, config.sampler.cap) == (12, 6, 4)
 
 
@@ -276,7 +277,7 @@ def test_the_coin6_dart_sampled_plan_changes_only_the_estimator() -> None:
     assert sorted((r.label, r.seed) for r in runs) == [(m, s) for m in ("divopd", "vanilla") for s in range(5)]
     assert {r.overrides for r in runs} == {('learner.estimator="sampled"',)}
     for method in ("vanilla", "divopd"):
-        assert load_config(CONFIGS / "coin6-dart" / f"{method}.yaml").learner.estimator == "topk"
+        assert load_config("coin6-dart", [f"method={method}"]).learner.estimator == "topk"
 
 
 def test_the_coin7_dart_plan_is_coin6_dart_on_a_larger_game() -> None:
@@ -300,7 +301,7 @@ def test_the_coin7_dart_plan_is_coin6_dart_on_a_larger_game() -> None:
     assert seeds_by_label(cap) == {f"divopd-k{k}": set(range(5)) for k in (2, 3, 4, 6)}
     assert all((r.main is not None) == (r.label == "divopd-k4") for r in cap)
     assert {r.overrides for r in cap if r.main is None} == {(*game, f"sampler.cap={k}") for k in (2, 3, 6)}
-    base = load_config(CONFIGS / "coin6-dart" / "vanilla.yaml")
+    base = load_config("coin6-dart", ["method=vanilla"])
     assert base.explorer.max_steps == 14 and "numLocations=6" in base.explorer.env_kwargs["params"]
 
 

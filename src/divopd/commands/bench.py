@@ -16,7 +16,8 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``divopd bench``."""
     parser.add_argument("suite", choices=("paper",), help="benchmark suite (paper: issue 8's plan)")
-    parser.add_argument("--plan", default=str(DEFAULT_PLAN), help="plan file (default: benchmarks/paper/plan.yaml)")
+    parser.add_argument("--plan", default=str(DEFAULT_PLAN),
+                        help="plan file (default: benchmarks/paper/plan.yaml, in the working directory)")
     parser.add_argument("--out", default=None, help="runs folder (default: the plan's out, runs/paper)")
     parser.add_argument("--only", action="append", default=[], metavar="GROUP[/LABEL]",
                         help="only these runs (shell globs, repeatable), e.g. coin2/divopd or '*-cap'; with --only or "
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
         quiet_hf_progress()
         torch.set_num_threads(1)
-        models = prepare_models(Path(plan.cache), recipe_for(plan.configs), shipped=SHIPPED / Path(plan.configs).name)
+        models = prepare_models(Path(plan.cache), recipe_for(plan.configs), shipped=SHIPPED / plan.configs)
         train_runs(runs, plan, out, models)
         if args.only or args.seeds:  # a piece of the plan: its report would hide every other run of it
             again = f"divopd bench paper --plan {args.plan}" + (f" --out {args.out}" if args.out else "")

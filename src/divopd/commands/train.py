@@ -1,4 +1,7 @@
-"""``divopd train CONFIG [--set key=value ...]`` and ``divopd train --resume RUN_DIR``."""
+"""``divopd train CONFIG [--method ROW] [--set key=value ...]`` and ``divopd train --resume RUN_DIR``.
+
+CONFIG is a packaged setting's name (``divopd train coin6-dart --method vanilla``; :mod:`divopd.train.packaged`) or
+the path of a YAML config (a run's ``config.yaml``, your own file)."""
 
 from __future__ import annotations
 
@@ -19,7 +22,10 @@ RESUME_KEYS = ("learner.world_size", "learner.activation_checkpointing", "runtim
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", help="YAML config (one per method row, see configs/)")
+    parser.add_argument("config", nargs="?", help="a packaged setting's name (tiny, coin6-dart, webshop, ...: "
+                        "divopd/configs/<name>.yaml) or the path of a YAML config")
+    parser.add_argument("--method", help="the method row to run (vanilla, divopd, divopd-r, ...; default: the config's "
+                        "`method`); the same as --set method=ROW")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set sampler.cap=6 (repeatable)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint")
@@ -36,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.config:
         raise UsageError("give a CONFIG or --resume RUN_DIR, not both")
     if not args.resume and not args.config:
-        raise UsageError("a CONFIG file is required (or --resume RUN_DIR)")
+        raise UsageError("a CONFIG (a packaged setting's name or a YAML file) is required (or --resume RUN_DIR)")
+    if args.resume and args.method:
+        raise UsageError("--method does not apply to --resume RUN_DIR (the run keeps its config.yaml)")
     if args.resume and args.run_dir:
         raise UsageError("--run-dir does not apply to --resume RUN_DIR (the run keeps its config.yaml)")
     placement = [o for o in args.overrides if o.split("=", 1)[0].strip() not in RESUME_KEYS]
@@ -45,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
                          f"only where it runs may change: {', '.join(RESUME_KEYS)})")
     if args.config:
         extra = {"run_dir": args.run_dir} if args.run_dir else None
-        cfg = load_config(args.config, args.overrides, data=extra)
+        method = [f"method={args.method}"] if args.method else []
+        cfg = load_config(args.config, [*method, *args.overrides], data=extra)
     else:
         cfg = None
         saved = Path(args.resume, "config.yaml")

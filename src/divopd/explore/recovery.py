@@ -8,7 +8,7 @@ What the paper fixes (Appendix G, "Recovery protocol"):
 * Recovery starts after a **warmup** counted in learner updates, and is off at evaluation.
 * Teacher actions get no distillation weight: they are not student turns, so they never become training rows.
 * Per-setting p / m / warmup: ALFWorld 1.7B 4/6/0, 4B 6/6/0; WebShop 3B 4/5/45, 7B 4/4/45; ScienceWorld 1.5B
-  2/6/120, 3B 2/6/50 (``configs/*/divopd-r.yaml``).
+  2/6/120, 3B 2/6/50 (``explorer.recovery`` in ``divopd/configs/<setting>.yaml``).
 
 What is our reading (the paper does not say):
 

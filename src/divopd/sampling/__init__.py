@@ -12,8 +12,8 @@ Pure Python + numpy, no torch: usable inside any trainer. Typical use::
         train_on(batch.turns); print(batch.stats, sampler.ledger)
 """
 
-from divopd.sampling.methods import METHODS, Method, get_method, register_method
-from divopd.sampling.rows import ROWS, MethodRow, method_names, method_row
+from divopd.sampling.registry import METHODS, ROWS, Method, MethodRow, Switch, get_method, register_method
+from divopd.sampling.rows import method_names, method_row
 from divopd.sampling.rules import (
     allocate_rollout_first,
     allocate_rollout_first_tokens,
@@ -28,6 +28,7 @@ __all__ = [
     "METHODS",
     "ROWS",
     "MethodRow",
+    "Switch",
     "method_names",
     "method_row",
     "Batch",

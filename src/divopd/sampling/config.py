@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from divopd.sampling.methods import get_method
+from divopd.sampling.registry import get_method
 from divopd.sampling.rules import pool_capacity
 from divopd.sampling.settings import SAMPLER_SETTINGS, validate_setting
 

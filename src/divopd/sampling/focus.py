@@ -31,15 +31,12 @@ Output order: by pass, then group visiting order, then rank inside the group.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from divopd.experience.turn import Turn
+from divopd.sampling.config import SamplerConfig
 from divopd.sampling.rules import focus_key
-
-if TYPE_CHECKING:
-    from divopd.sampling.config import SamplerConfig
 
 __all__ = ["FOCUS_TURN_CAP", "FOCUS_TOKEN_SHARE", "task_key", "compose_divopd_focus", "task_balance_weights"]
 

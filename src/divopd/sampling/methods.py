@@ -1,11 +1,12 @@
-"""Batch composers, registered by method name.
+"""The batch composers and selectors of the built-in sampler rules (their records: :mod:`divopd.sampling.rows`).
 
 A composer picks ``batch_size`` entries from a candidate pool of valid, non-stale turns and returns them in
 composition order. The pool is given in *visiting order* (Algorithm 1, step 4): rollout groups by their oldest
 first-seen update, ties by rollout id, arrival order inside a group (``group_order: arrival``: plain arrival
 order), so that a group's first appearance is its turn to be visited. An entry is an ``(arrival, Turn)`` pair; a rule
-that needs age uses the arrival number, not the list position. Register a new rule with :func:`register_method`; it
-then works everywhere a method name is accepted (configs, ``divopd replay``, ``divopd train``).
+that needs age uses the arrival number, not the list position. A rule is plugged in by its record
+(:mod:`divopd.sampling.rows`, or :func:`register_method` for a tag-less one); it then works everywhere a method name is
+accepted (configs, ``divopd replay``, ``divopd train``).
 
 The built-in rules also have a *selector*: the same rule over :class:`PoolColumns`, numpy arrays of the per-turn
 scalars the rule reads, which the sampler keeps alongside its pool. The sampler uses the selector when there is one
@@ -31,15 +32,22 @@ give per-row loss weights (``row_weights``: the sampler puts them on ``Batch.row
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from divopd.experience.turn import Turn
-from divopd.sampling.focus import compose_divopd_focus, task_balance_weights
+from divopd.sampling.config import SamplerConfig
+from divopd.sampling.registry import (
+    METHODS,
+    Composer,
+    Entry,
+    Method,
+    Selector,
+    get_method,
+    register_method,
+)
 from divopd.sampling.rules import (
     allocate_rollout_first,
     allocate_rollout_first_array,
@@ -47,12 +55,6 @@ from divopd.sampling.rules import (
     focus_key,
     uniform_order,
 )
-
-if TYPE_CHECKING:
-    from divopd.sampling.sampler import SamplerConfig
-
-Entry = tuple[int, Turn]
-Composer = Callable[[list[Entry], int, "SamplerConfig", np.random.Generator], list[Entry]]
 
 
 @dataclass(frozen=True)
@@ -112,63 +114,9 @@ class PoolColumns:
         )
 
 
-#: A rule over the pool's columns: ``(pool, columns, batch_size, config, rng) -> positions`` (composition order), the
-#: pool being ``{arrival: Turn}`` in the columns' order.
-Selector = Callable[[dict[int, Turn], PoolColumns, int, "SamplerConfig", np.random.Generator], np.ndarray]
-
-__all__ = ["Method", "METHODS", "PoolColumns", "register_method", "get_method", "compose_rollout_first"]
-
-
-@dataclass(frozen=True)
-class Method:
-    """A batch-selection method.
-
-    Attributes:
-        name: the registry name (``SamplerConfig.method``).
-        compose: the composer; ``None`` for the arrival-order reader, which reads the raw queue.
-        pooled: True when the method reads a gated candidate pool of ``pool_factor × batch_size`` turns.
-        description: one line for ``--help`` and the README.
-        select: optional, the same rule over :class:`PoolColumns`, returning pool positions in composition order.
-        gated: False for a pooled method without the validity gate: invalid turns enter its pool as candidates (and
-            count ``selected`` when chosen, else wait like any pending turn); True for every paper rule but
-            ``divopd-focus``.
-        row_weights: optional ``turns -> weights`` (one float per selected row, mean 1) put on ``Batch.row_weights``;
-            ``None`` = unit row weights (the paper's loss).
-    """
-
-    name: str
-    compose: Composer | None
-    pooled: bool
-    description: str
-    select: Selector | None = None
-    gated: bool = True
-    row_weights: Callable[[list[Turn]], list[float]] | None = None
-
-
-METHODS: dict[str, Method] = {}
-
-
-def register_method(name: str, compose: Composer, description: str = "") -> Method:
-    """Register a pooled composer under ``name`` (the extension point for new selection rules, e.g. TurnOPD)."""
-    if not name or not isinstance(name, str):
-        raise ValueError("method name must be a non-empty str")
-    if name in METHODS:
-        raise ValueError(f"method {name!r} is already registered")
-    method = Method(name=name, compose=compose, pooled=True, description=description)
-    METHODS[name] = method
-    from divopd.sampling.rows import ROWS, add_row
-
-    if name not in ROWS:
-        add_row(name, name, description)
-    return method
-
-
-def get_method(name: str) -> Method:
-    """The registered method called ``name``; ``ValueError`` naming the known methods otherwise."""
-    method = METHODS.get(name) if isinstance(name, str) else None
-    if method is None:
-        raise ValueError(f"unknown sampler method {name!r}; known: {', '.join(sorted(METHODS))}")
-    return method
+__all__ = ["Method", "METHODS", "PoolColumns", "register_method", "get_method", "compose_rollout_first",
+           "compose_oldest", "compose_focus_first", "select_oldest", "select_focus_first", "select_rollout_first",
+           "rollout_first", "rollout_first_select", "Entry", "Composer"]
 
 
 # ---------------------------------------------------------------------------------------------------- composers
@@ -272,7 +220,8 @@ def compose_rollout_first(
     return out
 
 
-def _rollout_first(within: str, capped: bool) -> Composer:
+def rollout_first(within: str, capped: bool) -> Composer:
+    """The composer of a rollout-first rule: ``within`` order (focus / uniform), capped at ``config.cap`` or not."""
     def compose(pool: list[Entry], batch_size: int, config: SamplerConfig, rng: np.random.Generator) -> list[Entry]:
         cap = config.cap if capped else None
         return compose_rollout_first(pool, batch_size, cap, within, rng, config.cap_unit)
@@ -339,7 +288,8 @@ def select_rollout_first(
     return positions
 
 
-def _rollout_first_select(within: str, capped: bool) -> Selector:
+def rollout_first_select(within: str, capped: bool) -> Selector:
+    """:func:`rollout_first` over :class:`PoolColumns` (the token cap runs on the entries)."""
     def select(
         pool: dict[int, Turn], cols: PoolColumns, batch_size: int, config: SamplerConfig, rng: np.random.Generator
     ) -> np.ndarray:
@@ -352,35 +302,3 @@ def _rollout_first_select(within: str, capped: bool) -> Selector:
         return select_rollout_first(cols, batch_size, cap, within, rng)
 
     return select
-
-
-def _builtin(name: str, compose: Composer, select: Selector, description: str) -> None:
-    METHODS[name] = Method(name, compose, True, description, select)
-
-
-METHODS["vanilla"] = Method("vanilla", None, False, "arrival-order reader: next B non-stale turns, no gate")
-_builtin("vanilla-pool", compose_oldest, select_oldest, "pool + gate, then the B oldest turns by arrival")
-_builtin(
-    "nocap",
-    _rollout_first("uniform", capped=False),
-    _rollout_first_select("uniform", capped=False),
-    "pool + gate + rollout-first, k=∞, uniform within",
-)
-_builtin(
-    "divopd-base",
-    _rollout_first("uniform", capped=True),
-    _rollout_first_select("uniform", capped=True),
-    "pool + gate + rollout-first cap k, uniform within",
-)
-_builtin(
-    "divopd",
-    _rollout_first("focus", capped=True),
-    _rollout_first_select("focus", capped=True),
-    "pool + gate + rollout-first cap k, focus within",
-)
-_builtin("top-b", compose_focus_first, select_focus_first,
-         "pool + gate + Top-B: all valid turns ranked by disagreement, no per-rollout limit")
-METHODS["divopd-focus"] = Method(
-    "divopd-focus", compose_divopd_focus, True,
-    "earlier composer: pool, no gate, task groups in seeded random order, 3-turn / 25%-token first pass, "
-    "task-balance row weights", gated=False, row_weights=task_balance_weights)

@@ -29,7 +29,8 @@ import numpy as np
 import divopd.sampling.gate as gate
 from divopd.experience.turn import Turn
 from divopd.sampling.config import SamplerConfig
-from divopd.sampling.methods import Entry, PoolColumns, get_method
+from divopd.sampling.methods import PoolColumns
+from divopd.sampling.registry import Entry, get_method
 from divopd.sampling.stats import batch_stats
 
 __all__ = ["SamplerConfig", "Batch", "Sampler", "make_sampler"]

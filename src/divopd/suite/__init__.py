@@ -1,11 +1,11 @@
 """``divopd bench paper`` / ``make paper``: the runner of the paper benchmark suite (issue 8) on the demo's CPU setting.
 
 The suite is a declarative plan (``benchmarks/paper/plan.yaml``, schema :class:`~divopd.suite.plan.Plan`): settings
-(each = the tiny demo config ``configs/tiny/<method>.yaml`` plus the setting's overrides), method entries (a config
-``method`` with an optional distinct ``label`` and overrides, e.g. DivOPD with ``sampler.cap_unit: tokens`` as
-``divopd-tokens``), seeds, and two sweeps: producer load (one key, three values, e.g. vanilla vs divopd-base at three
-``explorer.num_envs``) and the cap k of one method. :func:`~divopd.suite.plan.plan_runs` expands the plan into runs;
-each run has a report *group* and a *label*:
+(each = the packaged setting ``tiny``, or the plan's ``configs``, with the run's ``method``, plus the setting's
+overrides), method entries (a config ``method`` with an optional distinct ``label`` and overrides, e.g. DivOPD with
+``sampler.cap_unit: tokens`` as ``divopd-tokens``), seeds, and two sweeps: producer load (one key, three values, e.g.
+vanilla vs divopd-base at three ``explorer.num_envs``) and the cap k of one method.
+:func:`~divopd.suite.plan.plan_runs` expands the plan into runs; each run has a report *group* and a *label*:
 
 - main runs: group = the setting, label = the method entry's label;
 - load sweep: group = ``<setting>-load-<key leaf><value>`` (one group per load, so each is its own Table-2 row),

@@ -1,10 +1,10 @@
 """``make demo`` / ``python -m divopd.suite.demo``: a real asynchronous OPD run on a laptop CPU, vanilla vs DivOPD.
 
 1. **Models** (in ``cache/coin6-dart/``): the ``coin6-dart`` setting's tiny teacher (82% held-out SR) and
-   warm-started student (~20-30%). The repository ships them (``models/coin6-dart/``, the recipe's own build, see
+   warm-started student (~20-30%). The package ships them (``divopd/shipped/coin6-dart/``, the recipe's own build, see
    :data:`divopd.suite.models.SHIPPED`), so they are copied, not trained; with another recipe or ``--configs``
-   folder :func:`divopd.suite.models.prepare_models` builds them with ``divopd sft`` once.
-2. **Training**: ``configs/coin6-dart/vanilla.yaml`` and ``configs/coin6-dart/divopd.yaml`` (same explorer, learner,
+   setting :func:`divopd.suite.models.prepare_models` builds them with ``divopd sft`` once.
+2. **Training**: the packaged setting ``coin6-dart`` with ``method`` vanilla and divopd (same explorer, learner,
    batch size and producer; only the sampler differs) for each seed, 40 updates under the lockstep runtime: every run
    is reproducible, and the same seed gives both methods the same student, task order and sampling seeds; seed 0's
    runs are the study's (``benchmarks/regime/plan-coin6-dart.yaml``) value for value. The runs of one seed train side
@@ -32,16 +32,19 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from divopd.errors import UsageError
 from divopd.suite.models import RECIPES, SHIPPED, prepare_models, recipe_for
+from divopd.train.packaged import CONFIGS as PACKAGED_CONFIGS
+from divopd.train.packaged import config_path
 
-REPO = Path(__file__).resolve().parents[3]
 #: The demo's setting: the study group ``coin6-dart`` of ``benchmarks/regime/plan-coin6-dart.yaml`` (a test checks that
 #: the two agree).
 SETTING = "coin6-dart"
-CONFIGS = REPO / "configs" / SETTING
+#: Its packaged setting file.
+CONFIGS = PACKAGED_CONFIGS / f"{SETTING}.yaml"
 
-#: The demo's environment and prompt (those of the ``coin6-dart`` model recipe; configs/coin6-dart/_base.yaml uses the
-#: same values, a test checks that they agree).
+#: The demo's environment and prompt (those of the ``coin6-dart`` model recipe; the setting file uses the same values,
+#: a test checks that they agree).
 ENV = RECIPES[SETTING].env
 ENV_KWARGS = RECIPES[SETTING].env_kwargs
 PROMPT = RECIPES[SETTING].prompt
@@ -53,14 +56,15 @@ _EVAL = re.compile(r"eval @(\d+): .*\"eval/success_rate\": ([0-9.]+)")
 
 def demo_config(configs: Path, method: str, seed: int, out: Path, models: dict[str, Path], updates: int | None,
                 extra: list[str] | None = None):  # -> TrainConfig
-    """The training config of one demo run: ``configs/<setting>/<method>.yaml`` + the cached models + overrides."""
+    """The training config of one demo run: the setting file ``configs`` with row ``method`` + the cached models +
+    overrides."""
     from divopd.train.config import load_config
 
-    overrides = [f"seed={seed}", f"out_dir={out}", f"student.path={models['student']}",
+    overrides = [f"method={method}", f"seed={seed}", f"out_dir={out}", f"student.path={models['student']}",
                  f"teacher.path={models['teacher']}", *(extra or [])]
     if updates is not None:
-        overrides.insert(1, f"updates={updates}")
-    return load_config(configs / f"{method}.yaml", overrides)
+        overrides.insert(2, f"updates={updates}")
+    return load_config(configs, overrides)
 
 
 def _command(cfg: Any, run_dir: Path) -> list[str]:
@@ -215,10 +219,11 @@ def write_demo_report(run_dirs: list[Path], report_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m divopd.suite.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/demo", help="output folder (runs, report)")
-    parser.add_argument("--configs", default=str(CONFIGS), help="settings folder: configs/coin6-dart (default), "
-                        "another one with a model recipe (configs/coin4, ...), or configs/tiny (the 2-room cold start)")
+    parser.add_argument("--configs", default=SETTING, help="the setting: coin6-dart (default), another packaged one "
+                        "with a model recipe (coin4, ...), tiny (the 2-room cold start), or a setting file named like "
+                        "one of them")
     parser.add_argument("--cache", default=None, help="folder of the teacher and student (default cache/<setting>; "
-                        "configs/tiny: cache/demo); shipped models (models/<setting>) are copied there")
+                        "tiny: cache/demo); shipped models (divopd/shipped/<setting>) are copied there")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--updates", type=int, default=None, help="updates per run (default: the config's)")
     parser.add_argument("--methods", nargs="+", default=["vanilla", "divopd"])
@@ -226,12 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config override for every run")
     args = parser.parse_args(argv)
-    configs = Path(args.configs)
     try:
+        configs = config_path(args.configs)
         recipe = recipe_for(configs)
+    except UsageError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
     except KeyError as exc:
         print(f"demo: {exc.args[0]}", file=sys.stderr)
         return 2
+    name = configs.stem
     if args.jobs < 1:
         print(f"demo: --jobs must be at least 1, got {args.jobs}", file=sys.stderr)
         return 2
@@ -243,10 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     out = Path(args.out)
-    cache = Path(args.cache or ("cache/demo" if configs.name == "tiny" else f"cache/{configs.name}"))
+    cache = Path(args.cache or ("cache/demo" if name == "tiny" else f"cache/{name}"))
     overrides = list(args.overrides)
-    from divopd.errors import UsageError
-
     try:
         for method in args.methods:  # every method row, before anything is built or trained
             demo_config(configs, method, args.seeds[0], out, {"student": cache, "teacher": cache}, args.updates,
@@ -254,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
-    models = prepare_models(cache, recipe, shipped=SHIPPED / configs.name)
+    models = prepare_models(cache, recipe, shipped=SHIPPED / name)
     try:
         run_dirs = run_methods(out, models, args.methods, args.seeds, args.updates, overrides, configs=configs,
                                jobs=args.jobs, progress=sys.stderr.isatty())

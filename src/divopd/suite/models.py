@@ -1,9 +1,10 @@
-"""The offline models of the CPU settings (``configs/tiny``, ``configs/coin4``): how ``make demo`` and
+"""The offline models of the CPU settings (the packaged ``tiny``, ``coin4``, ...): how ``make demo`` and
 ``divopd bench paper`` build them once into a cache folder, with ``divopd sft``.
 
 A :class:`ModelRecipe` names the game, the prompt and the ``divopd sft`` arguments of the teacher and of the student;
-:func:`prepare_models` runs what is missing and returns the two folders. Each settings folder under ``configs/`` has one
-recipe (:data:`RECIPES`, keyed by the folder's name); its ``_base.yaml`` uses the same game and prompt (a test checks).
+:func:`prepare_models` runs what is missing and returns the two folders. Each CPU setting
+(``divopd/configs/<name>.yaml``) has one recipe (:data:`RECIPES`, keyed by the setting's name); the setting file uses
+the same game and prompt (a test checks).
 
 * ``tiny`` (the 2-room cold start of the first demo): a teacher cloned from the game's gold paths, a random-init
   student.
@@ -33,12 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from divopd.train.packaged import SHIPPED as PACKAGED_MODELS
+
 __all__ = ["RECIPES", "SHIPPED", "ModelRecipe", "copy_shipped", "prepare_models", "recipe_for"]
 
-#: Prebuilt models that the repository ships, ``models/<setting>/{teacher,student}``: the recipe's build into
-#: ``cache/<setting>`` (their ``recipe-args.json`` says so), copied there instead of trained again. ``coin6-dart``'s
-#: take ~20 min of SFT on a 2-core CPU, longer than ``make demo``'s budget.
-SHIPPED = Path(__file__).resolve().parents[3] / "models"
+#: Prebuilt models that the package ships (package data, :data:`divopd.train.packaged.SHIPPED`),
+#: ``divopd/shipped/<setting>/{teacher,student}``: the recipe's build into ``cache/<setting>`` (their
+#: ``recipe-args.json`` says so), copied there instead of trained again. ``coin6-dart``'s take ~20 min of SFT on a
+#: 2-core CPU, longer than ``make demo``'s budget.
+SHIPPED = PACKAGED_MODELS
 
 
 @dataclass(frozen=True)
@@ -121,10 +125,10 @@ RECIPES: dict[str, ModelRecipe] = {
 
 
 def recipe_for(configs: str | Path) -> ModelRecipe:
-    """The recipe of a settings folder (``configs/<name>`` or its name)."""
-    name = Path(configs).name
+    """The recipe of a setting: its name, or a path whose file stem (``coin4.yaml``) or folder name is the name."""
+    name = Path(configs).name.removesuffix(".yaml")
     if name not in RECIPES:
-        raise KeyError(f"no model recipe for configs/{name}; known: {', '.join(RECIPES)}")
+        raise KeyError(f"no model recipe for setting {name!r}; known: {', '.join(RECIPES)}")
     return RECIPES[name]
 
 

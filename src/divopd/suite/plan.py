@@ -16,10 +16,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from divopd.errors import UsageError, describe_validation_error, describe_yaml_error
+from divopd.sampling import method_names
+from divopd.train.packaged import CONFIGS as PACKAGED_CONFIGS
+from divopd.train.packaged import setting_names
 
-REPO = Path(__file__).resolve().parents[3]
-DEFAULT_PLAN = REPO / "benchmarks" / "paper" / "plan.yaml"
-CONFIGS = REPO / "configs" / "tiny"
+#: The paper suite's plan, relative to the working directory (``make paper`` runs in the repository's root).
+DEFAULT_PLAN = Path("benchmarks") / "paper" / "plan.yaml"
+#: The packaged setting every plan starts from unless it names another (``configs:``).
+CONFIGS = PACKAGED_CONFIGS / "tiny.yaml"
 COMBINED_REPORTS = ("settings", "load")  # <out>/report/<name>/: every main run together, the load sweep together
 
 class PlanError(UsageError):
@@ -35,11 +39,9 @@ def _check_name(name: str, what: str) -> None:
         raise ValueError(f"{what} {name!r}: use a plain name without '/', '~', spaces or a leading '.'")
 
 
-def _check_method(method: str, configs: Path = CONFIGS) -> None:
-    if not (configs / f"{method}.yaml").is_file():
-        known = sorted(p.stem for p in configs.glob("*.yaml") if not p.stem.startswith("_"))
-        raise ValueError(f"method {method!r} has no config configs/{configs.name}/{method}.yaml; "
-                         f"known: {', '.join(known)}")
+def _check_method(method: str) -> None:
+    if method not in method_names():
+        raise ValueError(f"unknown method {method!r}; known: {', '.join(method_names())}")
 
 
 class PlanSetting(_Strict):
@@ -49,8 +51,8 @@ class PlanSetting(_Strict):
 
 
 class PlanMethod(_Strict):
-    """One method row: a config method (configs/<plan configs>/<method>.yaml), its label (default: the method),
-    overrides."""
+    """One method row: a config method (a row of divopd.sampling.rows, run on the plan's setting), its label (default:
+    the method), overrides."""
 
     method: str
     label: str | None = None
@@ -103,9 +105,10 @@ class Plan(_Strict):
     """The benchmark plan (``benchmarks/paper/plan.yaml``)."""
 
     out: str = "runs/paper"
-    configs: str = Field("tiny", description="settings folder under configs/ whose <method>.yaml every run starts "
-                         "from (tiny: the 2-room cold start; coin4: issue 17's warm start; coin6, twc: its second "
-                         "settings); its models come from the recipe of the same name in divopd.suite.models")
+    configs: str = Field("tiny", description="the packaged setting (divopd/configs/<name>.yaml) every run starts "
+                         "from, with `method` set to the run's row (tiny: the 2-room cold start; coin4: issue 17's "
+                         "warm start; coin6, twc: its second settings); its models come from the recipe of the same "
+                         "name in divopd.suite.models")
     cache: str = "cache/demo"
     updates: int = Field(150, ge=1)
     seeds: list[int] = Field(min_length=1)
@@ -114,21 +117,23 @@ class Plan(_Strict):
     sweeps: Sweeps = Field(default_factory=Sweeps)
 
     @property
-    def config_dir(self) -> Path:
-        return REPO / "configs" / self.configs
+    def config_file(self) -> Path:
+        """The packaged setting file of ``configs``."""
+        return PACKAGED_CONFIGS / f"{self.configs}.yaml"
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
         _check_name(self.configs, "configs")
-        if not (self.config_dir / "_base.yaml").is_file():
-            raise ValueError(f"configs {self.configs!r}: no settings folder configs/{self.configs}/ with a _base.yaml")
+        if not self.config_file.is_file():
+            raise ValueError(f"configs {self.configs!r}: no packaged setting of that name; settings: "
+                             f"{', '.join(setting_names())}")
         from divopd.suite.models import RECIPES
 
         if self.configs not in RECIPES:
             raise ValueError(f"configs {self.configs!r}: its models have no recipe in divopd.suite.models "
                              f"(known: {', '.join(RECIPES)})")
         for method in [m.method for m in self.methods] + ([self.sweeps.cap.method] if self.sweeps.cap else []):
-            _check_method(method, self.config_dir)  # every row's config, in this plan's settings folder
+            _check_method(method)  # every row is a method row of the registry
         for what, seeds in (("seeds", self.seeds), ("load sweep: seeds", self.sweeps.load and self.sweeps.load.seeds),
                             ("cap sweep: seeds", self.sweeps.cap and self.sweeps.cap.seeds),
                             *((f"method {m.name}: seeds", m.seeds) for m in self.methods)):
@@ -168,7 +173,7 @@ class PlannedRun:
     setting: str  # the plan setting it is built on
     group: str  # report group (<out>/<group>/...)
     label: str  # method row in its group's report
-    method: str  # config method (configs/<plan configs>/<method>.yaml)
+    method: str  # config method (a method row, run on the plan's setting file)
     seed: int
     overrides: tuple[str, ...]  # KEY=VALUE, setting's then method's then sweep point's
     main: PlannedRun | None = None  # a sweep point identical to this main run: trained and stored once, there
@@ -216,10 +221,11 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def config_value(method: str, overrides: tuple[str, ...], key: str, configs: Path = CONFIGS) -> Any:
-    """The value of dotted ``key`` in ``configs``/<method>.yaml with ``overrides`` applied (None: no such key)."""
+    """The value of dotted ``key`` in the config of row ``method`` on setting file ``configs`` with ``overrides``
+    applied (None: no such key)."""
     from divopd.train.config import load_config
 
-    node: Any = load_config(configs / f"{method}.yaml", list(overrides)).model_dump(mode="json")
+    node: Any = load_config(configs, [f"method={method}", *overrides]).model_dump(mode="json")
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
             return None
@@ -251,7 +257,7 @@ def plan_runs(plan: Plan) -> list[PlannedRun]:
         if r is None:
             return None
         if (setting, label, key) not in main_values:
-            main_values[(setting, label, key)] = config_value(r.method, r.overrides, key, plan.config_dir)
+            main_values[(setting, label, key)] = config_value(r.method, r.overrides, key, plan.config_file)
         return r if main_values[(setting, label, key)] == value else None
 
     load = plan.sweeps.load

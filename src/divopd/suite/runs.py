@@ -35,15 +35,15 @@ def run_state(run_dir: Path) -> Literal["done", "partial", "todo"]:
 
 
 def run_config(r: PlannedRun, plan: Plan, out: Path, models: dict[str, Path]):  # -> TrainConfig
-    """The training config of one planned run: configs/<plan.configs>/<method>.yaml + the setting's models + the run's
-    overrides."""
+    """The training config of one planned run: the plan's setting file with the run's method row + the setting's models
+    + the run's overrides."""
     from divopd.train.config import load_config
 
     r = r.main or r  # a sweep point shared with a main run has that run's config
     fixed = [f"seed={r.seed}", f"updates={plan.updates}", f"setting={json.dumps(r.config_setting)}",
              f"run_dir={json.dumps(str(r.run_dir(out)))}", f"student.path={json.dumps(str(models['student']))}",
              f"teacher.path={json.dumps(str(models['teacher']))}"]
-    return load_config(plan.config_dir / f"{r.method}.yaml", [*r.overrides, *fixed])
+    return load_config(plan.config_file, [f"method={r.method}", *r.overrides, *fixed])
 
 
 def distinct_run_dirs(runs: list[PlannedRun], out: Path) -> list[Path]:

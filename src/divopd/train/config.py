@@ -1,15 +1,20 @@
-"""Training configuration: one YAML file per method row, validated by one typed tree.
+"""Training configuration: one YAML file per experimental setting plus a method row, validated by one typed tree.
 
-A config file may name a ``base:`` file (relative to itself) whose keys it overrides, so the per-method files under
-``configs/`` only say what differs. Command-line ``--set a.b=c`` overrides are applied last; values are parsed as YAML
-(``--set sampler.cap=6``, ``--set explorer.recovery.enabled=true``, ``--set runtime.kind=ray``).
-
-The method row (``method``) decides the sampler rule; three rows change the explorer (and the loss) instead:
+A setting file (the packaged ones: :mod:`divopd.train.packaged`, ``divopd train coin6-dart``) holds every key of a run;
+its ``method:`` names the method row, and ``--method X`` / ``--set method=X`` picks another. The row's record
+(:mod:`divopd.sampling.rows`) decides the sampler rule and switches its explorer and learner features on over the
+file's keys (:func:`~divopd.sampling.registry.row_switches`; the file holds their settings, e.g. +R's patience), then
+the config is checked against it (:func:`~divopd.sampling.registry.check_row`):
 
 - ``divopd-r``: the ``divopd`` sampler + teacher recovery (``explorer.recovery.enabled: true``);
 - ``tcod-f2b``: the ``vanilla`` reader + the TCOD-F2B horizon curriculum (``tcod.enabled: true``);
-- ``turnopd``: the ``vanilla`` reader + TurnOPD's adaptive depth budget (``turnopd.enabled: true``, which needs
-  ``learner.depth_stats: true``) + its token-to-turn loss schedule (``learner.turn_balance_updates``).
+- ``turnopd``: the ``vanilla`` reader + TurnOPD's adaptive depth budget (``turnopd.enabled: true``, with
+  ``learner.depth_stats: true``) + its token-to-turn loss schedule (``learner.turn_balance_updates`` = the file's
+  ``updates``).
+
+A config file may also name a ``base:`` file (relative to itself) whose keys it overrides. Command-line ``--set a.b=c``
+overrides are applied last, after the row's switches; values are parsed as YAML (``--set sampler.cap=6``,
+``--set explorer.recovery.enabled=true``, ``--set runtime.kind=ray``).
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from divopd.explore.settings import ExplorerConfig, VLLMSettings
 from divopd.explore.tcod import TCODConfig
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import TurnOPDConfig
-from divopd.sampling import METHODS, ROWS, SamplerConfig
+from divopd.sampling import METHODS, ROWS, SamplerConfig, method_names
+from divopd.sampling.registry import check_row, row_switches
 from divopd.sampling.settings import sampler_kwargs, settings_model
+from divopd.train.packaged import config_path
 
-__all__ = ["TrainConfig", "load_config", "apply_overrides", "METHOD_ROWS", "sampler_method_for"]
+__all__ = ["TrainConfig", "load_config", "apply_overrides", "with_method", "METHOD_ROWS", "sampler_method_for"]
 
 #: Method rows of the paper that are not sampler names, and the sampler rule each one reads batches with.
 METHOD_ROWS: dict[str, str] = {name: row.rule for name, row in ROWS.items() if row.rule != name}
@@ -167,19 +174,12 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_method(self) -> TrainConfig:
-        rule = sampler_method_for(self.method)
-        if rule not in METHODS:
-            known = sorted(set(METHODS) | set(METHOD_ROWS))
-            raise ValueError(f"method: unknown method {self.method!r}; known: {', '.join(known)}")
-        if self.method == "divopd-r" and not self.explorer.recovery.enabled:
-            raise ValueError("method divopd-r needs explorer.recovery.enabled: true")
-        if self.method == "tcod-f2b" and not self.tcod.enabled:
-            raise ValueError("method tcod-f2b needs tcod.enabled: true")
-        if self.method == "turnopd":
-            if not self.turnopd.enabled:
-                raise ValueError("method turnopd needs turnopd.enabled: true")
-            if self.learner.turn_balance_updates is None:
-                raise ValueError("method turnopd needs learner.turn_balance_updates (e.g. the run's updates)")
+        row = ROWS.get(self.method)
+        if row is None or row.rule not in METHODS:
+            raise ValueError(f"method: unknown method {self.method!r}; known: {', '.join(method_names())}")
+        problem = check_row(row, self.get)
+        if problem is not None:
+            raise ValueError(problem)
         if self.turnopd.enabled and not self.learner.depth_stats:
             raise ValueError("turnopd.enabled needs learner.depth_stats: true (the depth budget reads its statistics)")
         if self.turnopd.enabled and self.tcod.enabled:
@@ -201,6 +201,15 @@ class TrainConfig(_Strict):
                 raise ValueError(f"{key}.vllm.max_model_len: {engine.max_model_len} cannot hold a prompt of "
                                  f"explorer.prompt.max_prompt_tokens + max_new_tokens = {need} tokens")
         return self
+
+    def get(self, key: str) -> Any:
+        """The value of a dotted config key (``explorer.recovery.enabled``); ``KeyError`` naming it when unknown."""
+        node: Any = self
+        for part in key.split("."):
+            if not isinstance(node, BaseModel) or part not in type(node).model_fields:
+                raise KeyError(f"no config key {key!r}")
+            node = getattr(node, part)
+        return node
 
     def sampler_config(self) -> SamplerConfig:
         """The :class:`SamplerConfig` of this run."""
@@ -276,16 +285,27 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return out
 
 
+def with_method(raw: dict[str, Any], method: Any) -> dict[str, Any]:
+    """``raw`` (a setting file's mapping) with the switches of method row ``method`` on (unchanged when ``method`` is
+    no row: the validator then names the known ones)."""
+    row = ROWS.get(method) if isinstance(method, str) else None
+    return raw if row is None else _deep_merge(raw, row_switches(row, raw))
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None) -> TrainConfig:
-    """Read a YAML config (following ``base:``), apply ``--set`` overrides, validate.
+    """Read a YAML config (a file path or a packaged setting name; following ``base:``), switch on the features of its
+    method row (the one ``--set method=X`` names, if given), apply ``--set`` overrides, validate.
 
     Every problem raises :class:`~divopd.errors.ConfigError` (a ``ValueError``), one line naming the file and the key.
     """
+    if path is not None:
+        path = config_path(path)
     raw = _read_yaml(Path(path)) if path is not None else {}
     if data:
         raw = _deep_merge(raw, data)
-    raw = apply_overrides(raw, overrides or [])
+    method = apply_overrides(raw, overrides or []).get("method")
+    raw = apply_overrides(with_method(raw, method), overrides or [])
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as exc:

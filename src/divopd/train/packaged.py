@@ -1,0 +1,47 @@
+"""The files divopd ships inside the package (package data, so that a wheel has them): the setting configs and the
+demo's prebuilt models. Nothing here reads a repository checkout: every path is relative to the installed package.
+
+* :data:`CONFIGS`: ``divopd/configs/<setting>.yaml``, one file per experimental setting; its ``method:`` names the
+  default method row, ``--method`` / ``--set method=X`` picks another (:mod:`divopd.sampling.rows`).
+* :data:`SHIPPED`: ``divopd/shipped/<setting>/{teacher,student}``, the prebuilt models of a setting's recipe
+  (:mod:`divopd.suite.models` copies them into the cache instead of training them again).
+
+:func:`config_path` turns what ``divopd train`` is given (a setting name or a file path) into a file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from divopd.errors import ConfigError
+
+__all__ = ["CONFIGS", "SHIPPED", "setting_names", "config_path"]
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+#: The packaged setting configs, ``<setting>.yaml``.
+CONFIGS = _PACKAGE / "configs"
+#: The packaged prebuilt models, ``<setting>/{teacher,student}``.
+SHIPPED = _PACKAGE / "shipped"
+
+
+def setting_names() -> tuple[str, ...]:
+    """The names of the packaged settings, sorted."""
+    return tuple(sorted(p.stem for p in CONFIGS.glob("*.yaml")))
+
+
+def config_path(config: str | Path) -> Path:
+    """The config file ``config`` names: a packaged setting name (``coin6-dart``) or a path to a YAML file.
+
+    An existing file wins over a setting of the same name; a bare name (no ``/``, no ``.yaml``) that is no packaged
+    setting raises :class:`~divopd.errors.ConfigError` listing the names; any other path is returned as given (the
+    loader says when it does not exist).
+    """
+    path = Path(config)
+    if path.is_file():
+        return path
+    text = str(config)
+    if "/" in text or text.endswith((".yaml", ".yml")):
+        return path
+    if (CONFIGS / f"{text}.yaml").is_file():
+        return CONFIGS / f"{text}.yaml"
+    raise ConfigError(f"{text}: no such config file or packaged setting; settings: {', '.join(setting_names())}")
