@@ -327,7 +327,7 @@ MESSAGES: dict[str, tuple[str, ...]] = {
     "FileNotFoundError: [Errno 2] No such file or directory: 'java'": (),
     "env crashed in rollout ROLLOUT (twx: JVM call failed (jvm alive=False)": (
         "explorer %s: env crashed in rollout %s (%s); replacing the instance",
-        "{name}: JVM call failed (jvm alive={alive}): {exc}"),
+        "{name}: JVM call failed (jvm alive={alive}): {failure}"),
     "head_dim 16 is not supported by vLLM's CPU attention kernel": (
         "{model_path}: head_dim {head_dim} is not supported by vLLM's CPU attention kernel ",
         "use the hf backend for this model"),
@@ -345,7 +345,7 @@ MESSAGES: dict[str, tuple[str, ...]] = {
 
 
 def _source_text() -> str:
-    files = sorted((REPO / "src/divopd").rglob("*.py")) + sorted((REPO / "configs").rglob("*.yaml"))
+    files = sorted((REPO / "src/divopd").rglob("*.py")) + sorted((REPO / "src/divopd/configs").rglob("*.yaml"))
     return "\n".join(re.sub(r'"\s*\n\s*(f?)"', "", p.read_text()) for p in files)  # join implicit concatenations
 
 
