@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from divopd.cli import COMMANDS
+from divopd.experience.metric_keys import METRIC_KEYS
 from divopd.train.config import config_reference
 from test_train import tiny_models  # noqa: F401  (the tiny student and teacher fixture)
 
@@ -142,12 +143,12 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, st
 def test_every_metrics_key_of_a_real_run_is_documented(tiny_run: Path) -> None:
     records = [json.loads(line) for line in (tiny_run / "metrics.jsonl").read_text().splitlines()]
     assert {r["kind"] for r in records} == {"update", "eval"}
-    patterns = [k for k, _, _ in gen.METRICS]
+    patterns = [k for k, _, _ in METRIC_KEYS]
     metrics = page("metrics.md")
     keys = {k for r in records for k in r}
     assert len(keys) > 60
     missing = sorted(k for k in keys if not _documented(k, patterns))
-    assert not missing, f"metrics.jsonl keys without an entry in docs/gen_reference.py METRICS: {missing}"
+    assert not missing, f"metrics.jsonl keys without an entry in divopd.experience.metric_keys.METRIC_KEYS: {missing}"
     for key in patterns:
         assert f"| `{key}` |" in metrics, key
 

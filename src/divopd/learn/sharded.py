@@ -17,7 +17,7 @@ Appendix-E diagnostics) and hands it to the explorers as a :class:`~divopd.learn
 Checkpoints (format 2): the HF model folder and tokenizer (from the gathered weights, so ``divopd eval`` and every
 export path read it as before), ``state.json``, and ``dcp/`` — model and optimizer shards written with
 ``torch.distributed.checkpoint``; resuming reshards them to any number of ranks, and the single-process learner
-reads them too (:func:`load_dcp_optimizer`).
+reads them too (:func:`divopd.learn.checkpoint.load_dcp_optimizer`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from divopd.learn.checkpoint import (
     _is_tied,
     atomic_dir,
     encode_rng_state,
-    load_dcp_optimizer,
     read_state,
     to_json_safe,
 )
@@ -51,8 +50,7 @@ from divopd.learn.turnopd import DepthStats
 from divopd.learn.update import RankStep, UpdateStats, batch_loss
 from divopd.models import load_model
 
-__all__ = ["DCP_DIR", "LearnerRankError", "ShardedLearner", "build_learner", "learner_from_checkpoint",
-           "load_dcp_optimizer", "split_rows"]
+__all__ = ["LearnerRankError", "ShardedLearner", "build_learner", "learner_from_checkpoint", "split_rows"]
 
 RanksFactory = Callable[[int, dict[str, Any]], Ranks]
 

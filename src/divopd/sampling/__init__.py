@@ -22,7 +22,7 @@ from divopd.sampling.rules import (
     uniform_order,
 )
 from divopd.sampling.sampler import Batch, Sampler, SamplerConfig, make_sampler
-from divopd.sampling.stats import batch_stats, effective_rollouts
+from divopd.sampling.stats import BatchStats, batch_stats, effective_rollouts
 
 __all__ = [
     "METHODS",
@@ -32,6 +32,7 @@ __all__ = [
     "method_names",
     "method_row",
     "Batch",
+    "BatchStats",
     "Method",
     "Sampler",
     "SamplerConfig",

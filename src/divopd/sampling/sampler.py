@@ -31,7 +31,7 @@ from divopd.experience.turn import Turn
 from divopd.sampling.config import SamplerConfig
 from divopd.sampling.methods import PoolColumns
 from divopd.sampling.registry import Entry, get_method
-from divopd.sampling.stats import batch_stats
+from divopd.sampling.stats import BatchStats, batch_stats
 
 __all__ = ["SamplerConfig", "Batch", "Sampler", "make_sampler"]
 
@@ -58,7 +58,7 @@ class Batch:
     turns: list[Turn]
     arrivals: list[int]
     learner_version: int
-    stats: dict[str, float]
+    stats: BatchStats
     candidates: list[Turn] = field(default_factory=list, repr=False)
     first_seen: list[int] = field(default_factory=list, repr=False)
     row_weights: list[float] | None = field(default=None, repr=False)

@@ -5,11 +5,42 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from typing import TypedDict
 
 from divopd.experience.turn import Turn
 from divopd.sampling.paper_diagnostics import kl_per_token, turns_per_rollout
 
-__all__ = ["batch_stats", "effective_rollouts"]
+__all__ = ["BatchStats", "batch_stats", "effective_rollouts"]
+
+
+class BatchStats(TypedDict, total=False):
+    """The statistics of one composed batch (``Batch.stats``): its composition (:func:`batch_stats`; an empty batch
+    has only the first five keys) and, from :meth:`divopd.sampling.Sampler.next_batch`, what the call did to the queue.
+    A plain ``dict`` at run time; the metrics writer logs each key as ``sampler/<key>``."""
+
+    rows: int
+    distinct_rollouts: int
+    effective_rollouts: float  # (Σ_r p_r²)^-1 over rollout token shares p_r
+    max_rollout_share: float
+    dead_rows: int  # rows with no valid token
+    response_tokens: int
+    valid_tokens: int
+    mean_staleness: float  # mean of learner − generating version (Table 12)
+    max_staleness: int
+    version_min: int
+    version_max: int
+    version_mean: float
+    disagreement_mean: float
+    disagreement_std_across_rollouts: float  # Figure 6
+    turns_per_rollout: float  # Table 9
+    kl_per_token: float  # Table 9
+    # set by Sampler.next_batch
+    expired: int  # turns expired during this call
+    invalid: int  # turns the gate rejected during this call
+    pending: int  # turns in the pending pool after it
+    queued: int  # turns in the queue after it
+    candidates: int  # valid candidate turns inspected
+    candidate_rollouts: int  # distinct rollouts among them
 
 
 def effective_rollouts(shares: Sequence[float]) -> float:
@@ -18,7 +49,7 @@ def effective_rollouts(shares: Sequence[float]) -> float:
     return 1.0 / total if total > 0 else 0.0
 
 
-def batch_stats(turns: Sequence[Turn], learner_version: int) -> dict[str, float]:
+def batch_stats(turns: Sequence[Turn], learner_version: int) -> BatchStats:
     """Composition statistics of one batch.
 
     Keys: ``rows``, ``distinct_rollouts``, ``effective_rollouts`` (1/Σ p_r², p_r = rollout r's share of the batch's
