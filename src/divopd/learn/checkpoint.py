@@ -8,7 +8,9 @@ A checkpoint directory (the run-dir layout: ``checkpoints/update-NNNNNN/``) hold
   sampler's ``state_dict``) as plain JSON: never pickle.
 
 It is written to a temporary sibling directory and renamed into place, so a reader never sees a half-written
-checkpoint: a crash leaves either the previous checkpoint or the new one (plus a ``.tmp-*`` directory to ignore).
+checkpoint: a crash leaves either the previous checkpoint or the new one (plus a ``.update-N.tmp-*`` directory, which
+:func:`remove_interrupted_writes` removes at the next start). Single files a later run trusts (``summary.json``,
+``config.yaml``) are written the same way by :func:`atomic_write_text`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -32,11 +35,13 @@ __all__ = [
     "STATE_FILE",
     "WeightHandle",
     "atomic_dir",
+    "atomic_write_text",
     "decode_rng_state",
     "encode_rng_state",
     "latest_checkpoint",
     "load_dcp_optimizer",
     "read_state",
+    "remove_interrupted_writes",
     "to_json_safe",
 ]
 
@@ -74,6 +79,57 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never a torn one: a temporary
+    file in the same folder, flushed to disk, then renamed over ``path``. On an exception the temporary file is
+    removed and ``path`` is untouched."""
+    final = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{final.name}.tmp-", dir=final.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(name, final)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+
+
+#: What an interrupted :func:`atomic_dir` write of a run's checkpoint leaves in ``checkpoints/``: the new
+#: checkpoint being written (``.update-N.tmp-*``, from :func:`tempfile.mkdtemp`) and the old one moved aside
+#: (``.update-N.old-PID``, present only between the two renames).
+_TMP_CHECKPOINT = re.compile(r"\.(update-\d+)\.tmp-[A-Za-z0-9_]+")
+_OLD_CHECKPOINT = re.compile(r"\.(update-\d+)\.old-\d+")
+
+
+def remove_interrupted_writes(checkpoints_dir: str | os.PathLike) -> list[str]:
+    """Clean up after checkpoint writes a crash or ``kill -9`` interrupted; returns what was done, one line each.
+
+    Only divopd's own leftovers directly inside ``checkpoints_dir`` are touched: ``.update-N.tmp-*`` folders are
+    removed; a ``.update-N.old-PID`` folder is renamed back to ``update-N`` when that one is missing (the kill fell
+    between :func:`atomic_dir`'s two renames: it is the last complete copy), else removed."""
+    d = Path(checkpoints_dir)
+    done: list[str] = []
+    if not d.is_dir():
+        return done
+    for sub in sorted(d.iterdir()):
+        if not sub.is_dir() or sub.is_symlink():
+            continue
+        if _TMP_CHECKPOINT.fullmatch(sub.name):
+            shutil.rmtree(sub)
+            done.append(f"removed the unfinished checkpoint write {sub.name}")
+        elif (m := _OLD_CHECKPOINT.fullmatch(sub.name)) is not None:
+            final = d / m.group(1)
+            if final.exists():
+                shutil.rmtree(sub)
+                done.append(f"removed {sub.name}, the replaced copy of {final.name}")
+            else:
+                os.rename(sub, final)
+                done.append(f"restored {final.name} from {sub.name}")
+    return done
 
 
 def to_json_safe(obj: Any) -> Any:

@@ -12,6 +12,11 @@ Stopping: ``updates`` reached, ``max_seconds`` passed, or a :class:`~divopd.trai
 SIGTERM) seen at a stage boundary. Then (1) the runtime stops its explorers and hands over every rollout that
 finished but was not taken yet (it enters the ledger as queued: received, never lost); (2) the final snapshot is
 evaluated (not after a stop request); (3) the trainer checkpoints; (4) ``summary.json`` is written.
+
+Failing: an exception (or a second Ctrl-C) inside a stage — from composing a batch to publishing its update — stops
+the runtime at once, without a final evaluation, checkpoint or ``summary.json``, and re-raises: the newest checkpoint
+on disk stays the last good one (its sampler state never counts an untrained batch ``selected``), and ``--resume``
+trains from it again. A failure at a stage boundary (the explorers died while the loop waited) checkpoints first.
 """
 
 from __future__ import annotations
@@ -112,6 +117,9 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
         request_eval()
     deadline = None if cfg.max_seconds is None else time.monotonic() + cfg.max_seconds
     interrupted = False
+    # True while the trainer's state is at a stage boundary (no batch composed but not yet trained and published):
+    # only such a state is checkpointed, so a failure inside a stage never replaces the newest good checkpoint
+    clean = True
     try:
         while trainer.version < cfg.updates and not stop.requested:
             if deadline is not None and time.monotonic() > deadline:
@@ -119,13 +127,20 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                 break
             # explore → enqueue: each turn is tagged with the learner version at its arrival (staleness counts
             # from the policy version that generated it, which the explorer stamped)
-            trainer.intake(runtime.poll(timeout=0))
-            batch = trainer.compose()
-            record(runtime.eval_results(timeout=0))
+            rollouts = runtime.poll(timeout=0)
+            clean = False
+            trainer.intake(rollouts)
+            batch = trainer.compose()  # a batch counts its turns `selected`: the state is dirty until published
             if batch is None:  # not enough valid turns yet: wait for explorers
+                clean = True
+                record(runtime.eval_results(timeout=0))
                 runtime.check_alive()
-                trainer.intake(runtime.poll(timeout=0.5))
+                rollouts = runtime.poll(timeout=0.5)
+                clean = False
+                trainer.intake(rollouts)
+                clean = True
                 continue
+            record(runtime.eval_results(timeout=0))
             trainer.count_production(runtime.producer_intervals)
             metrics = trainer.update(batch)
             # publish: explorers load the new weights at their next rollout boundary, so a rollout's turns may
@@ -133,21 +148,47 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
             fault_point("publish")
             latest = trainer.publish()
             runtime.publish(latest)
+            clean = True
             trainer.after_update(metrics, request_eval, progress)
     except KeyboardInterrupt:  # a second Ctrl-C while a stage was running
         interrupted = True
-    finally:
-        interrupted = interrupted or stop.requested
-        if interrupted:
-            log.warning("interrupted at update %d: checkpointing", trainer.version)
-        trainer.intake(runtime.shutdown(interrupted))  # finished rollouts enter the ledger (as queued)
-        if not interrupted:
-            request_eval()  # the final snapshot
-            _wait_for_evals(runtime, stop, record, lambda: outstanding)
-        extra = runtime.close(interrupted or stop.requested)
-        record(runtime.eval_results(timeout=0))
-        trainer.checkpoint()
+        if not clean:
+            _abort(trainer, runtime)
+            raise
+    except BaseException:  # a crash: no final evaluation; the state is checkpointed only at a stage boundary
+        _abort(trainer, runtime, checkpoint=clean)
+        raise
+    interrupted = interrupted or stop.requested
+    if interrupted:
+        log.warning("interrupted at update %d: checkpointing", trainer.version)
+    trainer.intake(runtime.shutdown(interrupted))  # finished rollouts enter the ledger (as queued)
+    if not interrupted:
+        request_eval()  # the final snapshot
+        _wait_for_evals(runtime, stop, record, lambda: outstanding)
+    extra = runtime.close(interrupted or stop.requested)
+    record(runtime.eval_results(timeout=0))
+    trainer.checkpoint()
     return trainer.close({"interrupted": interrupted or stop.requested, **extra})
+
+
+def _abort(trainer: Trainer, runtime: Runtime, checkpoint: bool = False) -> None:
+    """After a failure: stop the runtime at once (no final evaluation), keep what finished in the ledger, and
+    checkpoint only when ``checkpoint`` (the state is at a stage boundary, e.g. the explorers died while the loop
+    waited); else leave the newest checkpoint on disk as it is. A failure while stopping is logged: the original
+    error is the one the caller sees."""
+    try:
+        trainer.intake(runtime.shutdown(True))
+        runtime.close(True)
+    except Exception:  # noqa: BLE001 - the error that stopped the run is the one to report
+        log.exception("stopping the runtime after a failure failed too")
+        checkpoint = False  # the intake may be half done: not a boundary any more
+    try:
+        ckpt = trainer.abort(at_boundary=checkpoint)
+        log.error("the run failed at update %d%s; resume from %s with `divopd train --resume %s`", trainer.version,
+                  "" if checkpoint else " inside a stage: that state is not checkpointed",
+                  ckpt if ckpt is not None else "the start (no checkpoint yet)", trainer.run_dir)
+    except Exception:  # noqa: BLE001 - as above
+        log.exception("closing the run after a failure failed too")
 
 
 def _wait_for_evals(runtime: Runtime, stop: StopRequest, record: Any, outstanding: Any) -> None:

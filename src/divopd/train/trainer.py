@@ -7,13 +7,14 @@ The one loop (:func:`divopd.train.loop.run_loop`) calls this class; runtimes onl
 2. :meth:`Trainer.compose` asks the sampler for a batch at the current learner version; with one,
    :meth:`Trainer.update` makes the learner take exactly one optimizer step and writes the update's metrics;
 3. :meth:`Trainer.checkpoint` — learner + sampler state + counters, atomically; the experience log part is closed so
-   everything logged so far stays readable after a crash;
+   everything logged so far stays readable after a crash (the loop calls it only at a stage boundary, else
+   :meth:`Trainer.abort`);
 4. :meth:`Trainer.record_eval` — an evaluation of a weight snapshot, written with the learner counters of that
    snapshot (time-to-target is measured in learner tokens and compute seconds, as in the paper).
 
 Resume (:func:`open_run`): the newest checkpoint restores learner, sampler and counters; turns the log holds past the
 checkpoint's last arrival are queued again (they were received, so they are not lost), metrics past the checkpoint's
-update are dropped (they will be redone), and an unfinished log part left by a kill is set aside.
+update are dropped (they will be redone), an unfinished log part and checkpoint write left by a kill are set aside.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from divopd.experience.log import (
     truncate_log,
 )
 from divopd.experience.metrics import MetricsWriter, final_five, peak_sr
-from divopd.learn.checkpoint import WeightHandle, latest_checkpoint
+from divopd.learn.checkpoint import WeightHandle, atomic_write_text, latest_checkpoint, remove_interrupted_writes
 from divopd.learn.protocol import LearnerProtocol
 from divopd.sampling import Batch, Sampler, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
@@ -286,12 +287,23 @@ class Trainer:
     def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write ``summary.json`` (the summary plus ``extra``, e.g. ``interrupted``) and close the run's files."""
         summary = {**self.summary(), **(extra or {})}
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=float))
+        self._close_files()
+        return summary
+
+    def abort(self, at_boundary: bool = False) -> Path | None:
+        """Close the run's files after a failure, without ``summary.json`` (the run stays unfinished); checkpoint
+        first only ``at_boundary`` (else the newest good checkpoint stays as it is). Returns the one to resume from."""
+        try:
+            return self.checkpoint() if at_boundary else latest_checkpoint(self.run_dir / CHECKPOINTS)
+        finally:
+            self._close_files()
+
+    def _close_files(self) -> None:
         if self.log_writer is not None:
             self.log_writer.close()
         self.metrics.close()
         self.learner.close()
-        return summary
 
 
 # ---------------------------------------------------------------------------------------------------- set-up
@@ -311,12 +323,14 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     if cfg is None:
         raise ValueError("open_run needs a config or a run directory to resume")
     run_dir = Path(resume) if resume is not None else cfg.resolved_run_dir()
+    for line in remove_interrupted_writes(run_dir / CHECKPOINTS) if resume is not None else []:
+        log.warning("resume: %s", line)
     ckpt = latest_checkpoint(run_dir / CHECKPOINTS) if (run_dir / CHECKPOINTS).is_dir() else None
     if resume is None and (run_dir / "metrics.jsonl").exists():
         raise RunExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose "
                              "another seed or --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    atomic_write_text(run_dir / "config.yaml", dump_config(cfg))
 
     sampler = make_sampler(cfg.sampler_config())
     state = RunState()
