@@ -8,6 +8,8 @@ import threading
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from divopd.errors import ConfigError
 from divopd.explore.engines import apply_weights
 from divopd.explore.explorer import Explorer
@@ -18,7 +20,7 @@ from divopd.models import load_model, load_tokenizer
 from divopd.train.config import TrainConfig
 
 __all__ = ["LatestWeights", "build_explorer", "check_engines", "check_vocabularies", "load_teacher", "explorer_seed",
-           "step_limit", "vllm_generator"]
+           "rollout_id_prefix", "step_limit", "vllm_generator"]
 
 # transformers' from_pretrained swaps process-global state (meta-device init); loading in two threads at once races.
 _LOAD_LOCK = threading.Lock()
@@ -45,9 +47,21 @@ class LatestWeights:
         return self.get().version
 
 
-def explorer_seed(cfg: TrainConfig, explorer_id: int, session: int) -> int:
-    """Distinct, reproducible seeds per (run seed, explorer, resume session)."""
-    return cfg.seed * 100_003 + session * 1_009 + explorer_id
+def explorer_seed(cfg: TrainConfig, explorer_id: int, session: int, incarnation: int = 0) -> int:
+    """Distinct, reproducible seeds per (run seed, explorer, resume session, incarnation). ``incarnation``: how many
+    times this explorer was restarted within the session (a Ray actor's restarts); a restarted explorer gets a seed
+    stream of its own, and an explorer never restarted (``0``) keeps the seed it always had."""
+    base = cfg.seed * 100_003 + session * 1_009 + explorer_id
+    if incarnation == 0:
+        return base
+    entropy = [cfg.seed % 2**64, session, explorer_id, incarnation, 0x5EED]  # 0x5EED: apart from other streams
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])  # a uint32: valid for every backend
+
+
+def rollout_id_prefix(session: int, incarnation: int = 0) -> str:
+    """The explorer's rollout-id prefix: ``s{session}x`` (ids ``s{session}x{explorer}-{n}``), and
+    ``s{session}r{incarnation}x`` for an explorer restarted ``incarnation`` times, so a restart never repeats ids."""
+    return f"s{session}x" if incarnation == 0 else f"s{session}r{incarnation}x"
 
 
 def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:
@@ -92,6 +106,7 @@ def build_explorer(
     teacher_tokenizer: Any | None = None,
     evaluation: bool = False,
     policy_version: int | None = None,
+    incarnation: int = 0,
 ) -> Explorer:
     """An explorer with its own student copy (loaded from ``cfg.student``, then the published ``handle``); with
     ``explorer.generation.backend: vllm`` the copy is a vLLM engine's (no HF student). Every setting is given here:
@@ -99,12 +114,13 @@ def build_explorer(
     handed.
 
     ``evaluation=True`` builds a student-only evaluator: no teacher, recovery off, the full ``max_steps`` (the
-    paper's evaluation). ``policy_version``: the version the student reports without a ``handle`` (a checkpoint's)."""
+    paper's evaluation). ``policy_version``: the version the student reports without a ``handle`` (a checkpoint's).
+    ``incarnation``: how many times this explorer was restarted (:func:`explorer_seed`, :func:`rollout_id_prefix`)."""
     version = (0 if policy_version is None else policy_version) if handle is None else int(handle.version)
     student, backend = None, None
     if cfg.explorer.generation.backend == "vllm":
-        backend = vllm_generator(cfg.student.path, cfg.student.dtype, explorer_seed(cfg, explorer_id, session),
-                                 cfg.explorer.generation.vllm, cfg)
+        seed = explorer_seed(cfg, explorer_id, session, incarnation)
+        backend = vllm_generator(cfg.student.path, cfg.student.dtype, seed, cfg.explorer.generation.vllm, cfg)
         tokenizer = backend.tokenizer
         if version > 0:  # version 0 is the folder's own weights
             apply_weights(handle, None, backend)
@@ -124,10 +140,10 @@ def build_explorer(
         tokenizer,
         teacher,
         teacher_tokenizer,
-        seed=explorer_seed(cfg, explorer_id, session),
+        seed=explorer_seed(cfg, explorer_id, session, incarnation),
         explorer_id=explorer_id,
         policy_version=version,
-        id_prefix=f"s{session}x",
+        id_prefix=rollout_id_prefix(session, incarnation),
         student_backend=backend,
         step_limit=None if evaluation else partial(step_limit, cfg),
         weights=handle,
