@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from divopd.train.runtime.common import explorer_seed, rollout_id_prefix
+from divopd.train.runtime.common import explorer_seed, fresh_session, rollout_id_prefix
 from test_train import tiny_config, tiny_models  # noqa: F401
 
 
@@ -30,6 +30,42 @@ def test_each_incarnation_has_its_own_ids_and_seed(tmp_path: Path) -> None:
     seeds = {explorer_seed(cfg, x, s, k) for s, x, k in keys}
     assert len(seeds) == len(keys)
     assert all(0 <= seed < 2**32 for seed in seeds)
+
+
+def test_a_resumed_session_moves_past_every_session_whose_ids_are_logged() -> None:
+    assert fresh_session(1, []) == 1
+    assert fresh_session(2, ["s1x0-0", "s1x1-4"]) == 2  # the usual resume keeps its number (ids and seeds)
+    assert fresh_session(2, ["s1x0-0", "s2x0-0", "s2r1x1-3"]) == 3  # a second resume from the same checkpoint
+    assert fresh_session(2, ["s1x0-0", "s2x0-0", "s3x0-1"]) == 4
+    assert fresh_session(2, ["s100x0-0", "s101x0-2"]) == 2  # threads session 1 (and its restart)
+    assert fresh_session(2, ["s100x0-0", "s200x0-0"]) == 3
+
+
+def test_ids_after_a_second_resume_from_one_checkpoint_never_repeat_logged_ones(
+        tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """Lockstep, killed twice past the same checkpoint (its newer checkpoints lost): the session that resumes second
+    must not make the ids the first resume logged (both restore the checkpoint's session count)."""
+    import shutil
+
+    from divopd.experience.log import read_log
+    from divopd.train import train
+
+    run = tmp_path / "run"
+    cfg = tiny_config(tiny_models, run, "divopd", updates=6,
+                      **{"runtime.kind": "lockstep", "runtime.lockstep.env_steps_per_update": 6,
+                         "checkpoint.every": 3, "checkpoint.keep": 2})
+    train(cfg)
+    sessions: list[set[str]] = []
+    for _ in range(2):  # the newest checkpoint and the summary lost, as after a kill -9 past update 3
+        shutil.rmtree(run / "checkpoints" / "update-000006")
+        (run / "summary.json").unlink()
+        before = {t.turn.rollout_id for t in read_log(run / "experience")}
+        train(resume=run)
+        sessions.append({t.turn.rollout_id for t in read_log(run / "experience")} - before)
+    keys = [(t.turn.rollout_id, t.turn.turn_index) for t in read_log(run / "experience")]
+    assert len(keys) == len(set(keys))  # every logged turn has a key of its own
+    assert all(sessions) and {r.split("x")[0] for r in sessions[0]} == {"s2"}
+    assert {r.split("x")[0] for r in sessions[1]} == {"s3"}
 
 
 def _wait_restarted(ray: Any, actor: Any, old_pid: int, deadline_s: float = 120.0) -> None:

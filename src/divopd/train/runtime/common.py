@@ -4,13 +4,19 @@
 
 from __future__ import annotations
 
+import re
 import threading
+from collections.abc import Iterable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from divopd.errors import ConfigError
+from divopd.experience.log.parts import log_files
+from divopd.experience.log.schema import ExperienceLogError
 from divopd.explore.engines import apply_weights
 from divopd.explore.explorer import Explorer
 from divopd.explore.settings import VLLMSettings
@@ -20,7 +26,7 @@ from divopd.models import load_model, load_tokenizer
 from divopd.train.config import TrainConfig
 
 __all__ = ["LatestWeights", "build_explorer", "check_engines", "check_vocabularies", "load_teacher", "explorer_seed",
-           "rollout_id_prefix", "step_limit", "vllm_generator"]
+           "fresh_session", "logged_rollout_ids", "rollout_id_prefix", "step_limit", "vllm_generator"]
 
 # transformers' from_pretrained swaps process-global state (meta-device init); loading in two threads at once races.
 _LOAD_LOCK = threading.Lock()
@@ -62,6 +68,35 @@ def rollout_id_prefix(session: int, incarnation: int = 0) -> str:
     """The explorer's rollout-id prefix: ``s{session}x`` (ids ``s{session}x{explorer}-{n}``), and
     ``s{session}r{incarnation}x`` for an explorer restarted ``incarnation`` times, so a restart never repeats ids."""
     return f"s{session}x" if incarnation == 0 else f"s{session}r{incarnation}x"
+
+
+_ID_SESSION = re.compile(r"s(\d+)")
+
+
+def fresh_session(sessions: int, logged_ids: Iterable[str]) -> int:
+    """The session number a (resumed) run's explorers take: the run state's ``sessions`` count, or, when rollout ids
+    of that number are logged already (a resume from a checkpoint older than a session that logged turns), the next
+    number no logged id was made under; so ids after ``--resume`` never repeat a logged one. A run whose number is
+    free (every run never resumed twice from one checkpoint) keeps its ids and seeds. Logged ids count as made under
+    ``s`` when their number is ``s`` (``s{s}x…``, ``s{s}r{k}x…``) or ``100 s + k`` (the threads runtime's restarts)."""
+    used = {int(m.group(1)) for rid in logged_ids if (m := _ID_SESSION.match(rid))}
+    blocked = used | {u // 100 for u in used}
+    session = sessions
+    while session in blocked:
+        session += 1
+    return session
+
+
+def logged_rollout_ids(log_dir: Path) -> set[str]:
+    """The rollout ids in the readable parts of the experience log at ``log_dir`` (none without a log)."""
+    try:
+        files = log_files(log_dir) if log_dir.is_dir() else []
+    except ExperienceLogError:
+        return set()
+    ids: set[str] = set()
+    for f in files:
+        ids.update(pq.read_table(f, columns=["rollout_id"]).column("rollout_id").unique().to_pylist())
+    return ids
 
 
 def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:

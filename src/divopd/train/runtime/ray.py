@@ -94,11 +94,11 @@ _RUNTIMES = itertools.count()
 
 
 def actor_incarnation() -> int:
-    """How many times Ray has restarted the calling actor (``max_restarts``): 0 for its first start. An actor learns
-    of its restart only from Ray: the public ``was_current_actor_reconstructed`` says whether, and the GCS actor
-    table behind it (the same read, Ray 2.60) how many times."""
+    """How many times Ray has restarted the calling actor (``max_restarts``): 0 for its first start, and outside an
+    actor. An actor learns of its restart only from Ray: the public ``was_current_actor_reconstructed`` says whether,
+    and the GCS actor table behind it (the same read, Ray 2.60) how many times."""
     context = ray.get_runtime_context()
-    if not context.was_current_actor_reconstructed:
+    if context.get_actor_id() is None or not context.was_current_actor_reconstructed:
         return 0
     from ray._private.state import actors  # the count behind the public flag; no public accessor in Ray 2.60
 
