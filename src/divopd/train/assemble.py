@@ -30,7 +30,8 @@ from divopd.learn.sharded import RanksFactory, build_learner, learner_from_check
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import StopRequest
 from divopd.train.loop import Runtime, run_loop
-from divopd.train.runtime.common import build_explorer, check_engines
+from divopd.train.rundir import EXPERIENCE
+from divopd.train.runtime.common import build_explorer, check_engines, fresh_session, logged_rollout_ids
 from divopd.train.trainer import Trainer
 from divopd.train.trainer import open_run as open_trainer_run
 
@@ -51,10 +52,15 @@ class RuntimeEntry:
     learner_ranks: Callable[[TrainConfig], RanksFactory | None] = lambda cfg: None
 
 
+def _session(trainer: Trainer) -> int:
+    """The explorers' session number: the run state's count, moved past any session whose rollout ids are logged."""
+    return fresh_session(trainer.state.sessions, logged_rollout_ids(trainer.run_dir / EXPERIENCE))
+
+
 def _lockstep(cfg: TrainConfig, weights: WeightHandle, trainer: Trainer) -> Runtime:
     from divopd.train.runtime.lockstep import LockstepRuntime
 
-    return LockstepRuntime(cfg, weights, trainer.state.sessions)
+    return LockstepRuntime(cfg, weights, _session(trainer))
 
 
 def _lockstep_session(cfg: TrainConfig) -> ContextManager[Any]:
@@ -66,13 +72,13 @@ def _lockstep_session(cfg: TrainConfig) -> ContextManager[Any]:
 def _threads(cfg: TrainConfig, weights: WeightHandle, trainer: Trainer) -> Runtime:
     from divopd.train.runtime.threads import ThreadsRuntime
 
-    return ThreadsRuntime(cfg, weights, trainer.state.sessions)
+    return ThreadsRuntime(cfg, weights, _session(trainer))
 
 
 def _ray(cfg: TrainConfig, weights: WeightHandle, trainer: Trainer) -> Runtime:
     from divopd.train.runtime.ray import RayRuntime
 
-    return RayRuntime(cfg, weights, trainer.state.sessions, trainer.learner.rank_info)
+    return RayRuntime(cfg, weights, _session(trainer), trainer.learner.rank_info)
 
 
 def _ray_ranks(cfg: TrainConfig) -> RanksFactory:

@@ -4,11 +4,19 @@
 
 from __future__ import annotations
 
+import re
 import threading
+from collections.abc import Iterable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow.parquet as pq
+
 from divopd.errors import ConfigError
+from divopd.experience.log.parts import log_files
+from divopd.experience.log.schema import ExperienceLogError
 from divopd.explore.engines import apply_weights
 from divopd.explore.explorer import Explorer
 from divopd.explore.settings import VLLMSettings
@@ -18,7 +26,7 @@ from divopd.models import load_model, load_tokenizer
 from divopd.train.config import TrainConfig
 
 __all__ = ["LatestWeights", "build_explorer", "check_engines", "check_vocabularies", "load_teacher", "explorer_seed",
-           "step_limit", "vllm_generator"]
+           "fresh_session", "logged_rollout_ids", "rollout_id_prefix", "step_limit", "vllm_generator"]
 
 # transformers' from_pretrained swaps process-global state (meta-device init); loading in two threads at once races.
 _LOAD_LOCK = threading.Lock()
@@ -45,9 +53,50 @@ class LatestWeights:
         return self.get().version
 
 
-def explorer_seed(cfg: TrainConfig, explorer_id: int, session: int) -> int:
-    """Distinct, reproducible seeds per (run seed, explorer, resume session)."""
-    return cfg.seed * 100_003 + session * 1_009 + explorer_id
+def explorer_seed(cfg: TrainConfig, explorer_id: int, session: int, incarnation: int = 0) -> int:
+    """Distinct, reproducible seeds per (run seed, explorer, resume session, incarnation). ``incarnation``: how many
+    times this explorer was restarted within the session (a Ray actor's restarts); a restarted explorer gets a seed
+    stream of its own, and an explorer never restarted (``0``) keeps the seed it always had."""
+    base = cfg.seed * 100_003 + session * 1_009 + explorer_id
+    if incarnation == 0:
+        return base
+    entropy = [cfg.seed % 2**64, session, explorer_id, incarnation, 0x5EED]  # 0x5EED: apart from other streams
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])  # a uint32: valid for every backend
+
+
+def rollout_id_prefix(session: int, incarnation: int = 0) -> str:
+    """The explorer's rollout-id prefix: ``s{session}x`` (ids ``s{session}x{explorer}-{n}``), and
+    ``s{session}r{incarnation}x`` for an explorer restarted ``incarnation`` times, so a restart never repeats ids."""
+    return f"s{session}x" if incarnation == 0 else f"s{session}r{incarnation}x"
+
+
+_ID_SESSION = re.compile(r"s(\d+)")
+
+
+def fresh_session(sessions: int, logged_ids: Iterable[str]) -> int:
+    """The session number a (resumed) run's explorers take: the run state's ``sessions`` count, or, when rollout ids
+    of that number are logged already (a resume from a checkpoint older than a session that logged turns), the next
+    number no logged id was made under; so ids after ``--resume`` never repeat a logged one. A run whose number is
+    free (every run never resumed twice from one checkpoint) keeps its ids and seeds. Logged ids count as made under
+    ``s`` when their number is ``s`` (``s{s}x…``, ``s{s}r{k}x…``) or ``100 s + k`` (the threads runtime's restarts)."""
+    used = {int(m.group(1)) for rid in logged_ids if (m := _ID_SESSION.match(rid))}
+    blocked = used | {u // 100 for u in used}
+    session = sessions
+    while session in blocked:
+        session += 1
+    return session
+
+
+def logged_rollout_ids(log_dir: Path) -> set[str]:
+    """The rollout ids in the readable parts of the experience log at ``log_dir`` (none without a log)."""
+    try:
+        files = log_files(log_dir) if log_dir.is_dir() else []
+    except ExperienceLogError:
+        return set()
+    ids: set[str] = set()
+    for f in files:
+        ids.update(pq.read_table(f, columns=["rollout_id"]).column("rollout_id").unique().to_pylist())
+    return ids
 
 
 def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:
@@ -92,6 +141,7 @@ def build_explorer(
     teacher_tokenizer: Any | None = None,
     evaluation: bool = False,
     policy_version: int | None = None,
+    incarnation: int = 0,
 ) -> Explorer:
     """An explorer with its own student copy (loaded from ``cfg.student``, then the published ``handle``); with
     ``explorer.generation.backend: vllm`` the copy is a vLLM engine's (no HF student). Every setting is given here:
@@ -99,12 +149,13 @@ def build_explorer(
     handed.
 
     ``evaluation=True`` builds a student-only evaluator: no teacher, recovery off, the full ``max_steps`` (the
-    paper's evaluation). ``policy_version``: the version the student reports without a ``handle`` (a checkpoint's)."""
+    paper's evaluation). ``policy_version``: the version the student reports without a ``handle`` (a checkpoint's).
+    ``incarnation``: how many times this explorer was restarted (:func:`explorer_seed`, :func:`rollout_id_prefix`)."""
     version = (0 if policy_version is None else policy_version) if handle is None else int(handle.version)
     student, backend = None, None
     if cfg.explorer.generation.backend == "vllm":
-        backend = vllm_generator(cfg.student.path, cfg.student.dtype, explorer_seed(cfg, explorer_id, session),
-                                 cfg.explorer.generation.vllm, cfg)
+        seed = explorer_seed(cfg, explorer_id, session, incarnation)
+        backend = vllm_generator(cfg.student.path, cfg.student.dtype, seed, cfg.explorer.generation.vllm, cfg)
         tokenizer = backend.tokenizer
         if version > 0:  # version 0 is the folder's own weights
             apply_weights(handle, None, backend)
@@ -124,10 +175,10 @@ def build_explorer(
         tokenizer,
         teacher,
         teacher_tokenizer,
-        seed=explorer_seed(cfg, explorer_id, session),
+        seed=explorer_seed(cfg, explorer_id, session, incarnation),
         explorer_id=explorer_id,
         policy_version=version,
-        id_prefix=f"s{session}x",
+        id_prefix=rollout_id_prefix(session, incarnation),
         student_backend=backend,
         step_limit=None if evaluation else partial(step_limit, cfg),
         weights=handle,

@@ -10,11 +10,11 @@ With ``learner.world_size > 1`` the learner's ranks are Ray actors too, in one p
 the learner in the driver. Each explorer actor has one ``collect`` call in
 flight, so a slow learner does not stall production (turns wait in the sampler, where staleness expires them). A dead
 explorer actor is restarted by Ray (``runtime.max_explorer_restarts``) and its lost call is resubmitted; the run goes
-on. Bad input that only the actor meets (an ``explorer.env_kwargs`` value the environment rejects) is not a failure
-to restart: the actor keeps the input error and raises it from every call, and the driver raises it as it is (one
-line and exit 2 from the CLI). Local runs start Ray on loopback; set ``runtime.ray_address`` (e.g.
-``ray://head:10001`` or ``auto``) for a cluster, and ``student.device``/``teacher.device`` + ``runtime.explorer_gpus``
-for GPUs.
+on, the restarted actor with rollout ids and a seed of its own (:func:`actor_incarnation`). Bad input that only the
+actor meets (an ``explorer.env_kwargs`` value the environment rejects) is not a failure to restart: the actor keeps
+the input error and raises it from every call, and the driver raises it as it is (one line and exit 2 from the CLI).
+Local runs start Ray on loopback; set ``runtime.ray_address`` (e.g. ``ray://head:10001`` or ``auto``) for a cluster,
+and ``student.device``/``teacher.device`` + ``runtime.explorer_gpus`` for GPUs.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from divopd.train.loop import EvalResult
 from divopd.train.runtime.common import build_explorer, load_teacher
 from divopd.train.runtime.ray_teacher import RemoteTeacher, start_shared_teacher
 
-__all__ = ["RayRuntime", "ExplorerActor", "explorer_name", "init_ray"]
+__all__ = ["RayRuntime", "ExplorerActor", "actor_incarnation", "explorer_name", "init_ray"]
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,12 @@ class ExplorerActor:
         self.cfg = cfg
         self.input_error: UsageError | None = None  # raised from every call: no restart can fix bad input
         teacher = None  # the shared teacher actor (teacher.shared), else a teacher of this actor's own
+        self.incarnation = actor_incarnation()  # Ray re-runs __init__ on a restart: new rollout ids and seed
         try:
             if with_teacher:
                 teacher = RemoteTeacher(teacher_actor) if teacher_actor is not None else load_teacher(cfg)[0]
-            self.explorer = build_explorer(cfg, idx, session, handle, teacher, evaluation=not with_teacher)
+            self.explorer = build_explorer(cfg, idx, session, handle, teacher, evaluation=not with_teacher,
+                                           incarnation=self.incarnation)
         except UsageError as exc:
             self.input_error = exc
 
@@ -75,6 +77,11 @@ class ExplorerActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def identity(self) -> dict[str, Any]:
+        """This incarnation's ``incarnation``, explorer ``seed`` and rollout ``id_prefix``."""
+        self._check_input()
+        return {"incarnation": self.incarnation, "seed": self.explorer.seed, "id_prefix": self.explorer.id_prefix}
+
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
@@ -84,6 +91,19 @@ class ExplorerActor:
 
 
 _RUNTIMES = itertools.count()
+
+
+def actor_incarnation() -> int:
+    """How many times Ray has restarted the calling actor (``max_restarts``): 0 for its first start, and outside an
+    actor. An actor learns of its restart only from Ray: the public ``was_current_actor_reconstructed`` says whether,
+    and the GCS actor table behind it (the same read, Ray 2.60) how many times."""
+    context = ray.get_runtime_context()
+    if context.get_actor_id() is None or not context.was_current_actor_reconstructed:
+        return 0
+    from ray._private.state import actors  # the count behind the public flag; no public accessor in Ray 2.60
+
+    info = actors(actor_id=context.get_actor_id()) or {}
+    return max(1, int(info.get("NumRestarts", 1)))
 
 
 def raise_input_error(exc: Exception) -> None:
