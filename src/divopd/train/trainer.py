@@ -18,6 +18,7 @@ update are dropped (they will be redone), and an unfinished log part left by a k
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -29,8 +30,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from divopd.errors import RunExistsError
-from divopd.experience import Rollout
+from divopd.errors import UsageError
+from divopd.experience import Rollout, Turn
 from divopd.experience.log import (
     ExperienceLogError,
     ExperienceLogWriter,
@@ -47,7 +48,7 @@ from divopd.sampling import Batch, Sampler, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
-from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, remove_run_files
+from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, check_is_run, claim_run_dir
 
 __all__ = ["LearnerFactory", "Trainer", "open_run", "RunState"]
 
@@ -77,6 +78,10 @@ class RunState:
 
 class Trainer:
     """Learner loop pieces shared by every runtime. Not thread-safe: call it from one thread."""
+
+    #: entries the run directory held before a fresh run claimed it (:func:`open_run`; ``None``: the run created the
+    #: directory); a discarded fresh run keeps them
+    preexisting: tuple[str, ...] | None = ()
 
     def __init__(
         self,
@@ -306,16 +311,18 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         run_dir = Path(resume)
         if not (run_dir / "config.yaml").is_file():
             raise FileNotFoundError(f"--resume {run_dir}: no config.yaml there; is it a divopd run directory?")
+        check_is_run(run_dir)
         saved = load_config(run_dir / "config.yaml")
         cfg = saved if cfg is None else cfg
     if cfg is None:
         raise ValueError("open_run needs a config or a run directory to resume")
     run_dir = Path(resume) if resume is not None else cfg.resolved_run_dir()
     ckpt = latest_checkpoint(run_dir / CHECKPOINTS) if (run_dir / CHECKPOINTS).is_dir() else None
-    if resume is None and (run_dir / "metrics.jsonl").exists():
-        raise RunExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose "
-                             "another seed or --run-dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume is not None and ckpt is None:  # nothing to restore: refuse, and delete nothing
+        raise UsageError(f"--resume {run_dir}: no checkpoint there, nothing to resume from (the run stopped before "
+                         "its first checkpoint; its experience log and metrics are kept); start a fresh run with "
+                         "another --run-dir")
+    before = [] if resume is not None else claim_run_dir(run_dir)  # a fresh run marks its directory first
     (run_dir / "config.yaml").write_text(dump_config(cfg))
 
     sampler = make_sampler(cfg.sampler_config())
@@ -328,9 +335,6 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         state = RunState(**{k: v for k, v in saved_state.items() if k in RunState.__dataclass_fields__})
         version = learner.version
     else:
-        if resume is not None:
-            log.warning("%s: no checkpoint yet; starting the run over", run_dir)
-            remove_run_files(run_dir, ("metrics.jsonl", "summary.json", EXPERIENCE, "tb"))
         learner, _ = make_learner(cfg, None)
         version = 0
     state.sessions += 1
@@ -341,7 +345,8 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         for part in set_aside_unreadable_parts(log_dir):
             log.warning("experience log: set aside unfinished part %s", part.name)
         if ckpt is not None and cfg.log_token_ids:
-            requeued = _requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics))
+            requeued = _requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
+                                             needs_topk=cfg.learner.estimator == "topk")
             state.turns += requeued
             if requeued:
                 log.info("resume: %d logged turns past the checkpoint queued again", requeued)
@@ -354,21 +359,28 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         log_writer = ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
     metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
-    return Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state), ckpt is not None
+    trainer = Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state)
+    trainer.preexisting = None if before is None else tuple(before)
+    return trainer, ckpt is not None
 
 
-def _requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics | None = None) -> int:
+def _requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics | None = None,
+                          needs_topk: bool = False) -> int:
     """Queue again the turns logged after the checkpoint (arrival >= the sampler's next arrival number); ``paper``
     counts them as received (their teacher-scored tokens), as :meth:`Trainer.intake` did before the restart. The log
     then records them as arriving at the checkpoint's update ``version`` (:func:`requeue_at_update`), where the
-    resumed run queued them, so the turns it logs next keep ``arrival_update`` non-decreasing."""
+    resumed run queued them, so the turns it logs next keep ``arrival_update`` non-decreasing.
+
+    ``needs_topk`` (``learner.estimator: topk``): the log holds no teacher top-k, which that loss needs, so each
+    re-queued turn enters without its teacher scores (:func:`_without_teacher`): the gate rejects it, counted
+    ``invalid`` / ``missing_teacher`` in the ledger, instead of training it with a different loss."""
     start = sampler.ledger["received"]  # arrivals are numbered 0, 1, ... so this is the next one
     try:
         files = log_files(log_dir)
     except ExperienceLogError:
         return 0
     requeue_at_update(log_dir, start, version)  # rewrites parts in place: the same files
-    n = 0
+    n = unscored = 0
     for f in files:
         arrivals = pq.read_table(f, columns=["arrival"]).column("arrival").to_numpy()
         if len(arrivals) == 0 or arrivals.max() < start:
@@ -376,11 +388,24 @@ def _requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: 
         for logged in read_log(f, require_ids=True):
             if logged.arrival < start:
                 continue
-            (arrival,) = sampler.add([logged.turn])
+            turn = logged.turn
+            if needs_topk and turn.teacher_topk_logprobs is None:
+                turn = _without_teacher(turn)
+                unscored += 1
+            (arrival,) = sampler.add([turn])
             if paper is not None:
                 paper.observe_received([logged.turn])
             if arrival != logged.arrival:
                 raise RuntimeError(f"resume: log arrival {logged.arrival} does not follow the checkpoint ({arrival})")
             n += 1
+    if unscored:
+        log.warning("resume: %d re-queued turns have no teacher top-k in the log (learner.estimator topk); the gate "
+                    "counts them invalid (missing_teacher)", unscored)
     return n
+
+
+def _without_teacher(turn: Turn) -> Turn:
+    """``turn`` without its teacher scores: a logged turn cannot give the top-k estimator its teacher top-k, so it
+    enters the queue as unscored and the gate counts it ``missing_teacher``."""
+    return dataclasses.replace(turn, teacher_logprobs=None, teacher_valid_mask=None)
 
