@@ -1,4 +1,5 @@
-"""What a run directory holds, how divopd recognises one as its own, and removing what a run wrote.
+"""What a run directory holds, how divopd recognises one as its own, removing what a run wrote, and queueing again
+the turns its experience log holds past the checkpoint a resume starts from (:func:`requeue_logged_turns`).
 
 divopd writes, overwrites and deletes only inside a directory it made a run: a fresh run marks its directory with
 :data:`MARKER` (``.divopd-run``) when it creates or claims it (a new or empty folder). A directory written by an older
@@ -7,11 +8,21 @@ other non-empty folder is refused with one line (:func:`claim_run_dir`, :func:`c
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from divopd.errors import RunExistsError, UsageError
+from divopd.experience import Turn
+from divopd.experience.log import ExperienceLogError, log_files, read_log, requeue_at_update
+from divopd.sampling import Sampler
+from divopd.sampling.paper_diagnostics import RunDiagnostics
+
+log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 EXPERIENCE = "experience"
@@ -72,3 +83,50 @@ def remove_run_files(run_dir: Path, names: Iterable[str] = RUN_ENTRIES, keep: It
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
+
+
+def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics | None = None,
+                         needs_topk: bool = False) -> int:
+    """Queue again the turns logged after the checkpoint (arrival >= the sampler's next arrival number); ``paper``
+    counts them as received (their teacher-scored tokens), as the trainer's intake did before the restart. The log
+    then records them as arriving at the checkpoint's update ``version`` (:func:`requeue_at_update`), where the
+    resumed run queued them, so the turns it logs next keep ``arrival_update`` non-decreasing.
+
+    ``needs_topk`` (``learner.estimator: topk``): the log holds no teacher top-k, which that loss needs, so each
+    re-queued turn enters without its teacher scores (:func:`_without_teacher`): the gate rejects it, counted
+    ``invalid`` / ``missing_teacher`` in the ledger, instead of training it with a different loss."""
+    start = sampler.ledger["received"]  # arrivals are numbered 0, 1, ... so this is the next one
+    try:
+        files = log_files(log_dir)
+    except ExperienceLogError:
+        return 0
+    requeue_at_update(log_dir, start, version)  # rewrites parts in place: the same files
+    n = unscored = 0
+    for f in files:
+        arrivals = pq.read_table(f, columns=["arrival"]).column("arrival").to_numpy()
+        if len(arrivals) == 0 or arrivals.max() < start:
+            continue  # every turn of this part is in the checkpoint already
+        for logged in read_log(f, require_ids=True):
+            if logged.arrival < start:
+                continue
+            turn = logged.turn
+            if needs_topk and turn.teacher_topk_logprobs is None:
+                turn = _without_teacher(turn)
+                unscored += 1
+            (arrival,) = sampler.add([turn])
+            if paper is not None:
+                paper.observe_received([logged.turn])
+            if arrival != logged.arrival:
+                raise RuntimeError(f"resume: log arrival {logged.arrival} does not follow the checkpoint ({arrival})")
+            n += 1
+    if unscored:
+        log.warning("resume: %d re-queued turns have no teacher top-k in the log (learner.estimator topk); the gate "
+                    "counts them invalid (missing_teacher)", unscored)
+    return n
+
+
+def _without_teacher(turn: Turn) -> Turn:
+    """``turn`` without its teacher scores: a logged turn cannot give the top-k estimator its teacher top-k, so it
+    enters the queue as unscored and the gate counts it ``missing_teacher``."""
+    return dataclasses.replace(turn, teacher_logprobs=None, teacher_valid_mask=None)
+

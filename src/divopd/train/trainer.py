@@ -18,7 +18,6 @@ update are dropped (they will be redone), and an unfinished log part left by a k
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
@@ -28,19 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from divopd.errors import UsageError
-from divopd.experience import Rollout, Turn
-from divopd.experience.log import (
-    ExperienceLogError,
-    ExperienceLogWriter,
-    log_files,
-    read_log,
-    requeue_at_update,
-    set_aside_unreadable_parts,
-    truncate_log,
-)
+from divopd.experience import Rollout
+from divopd.experience.log import ExperienceLogWriter, set_aside_unreadable_parts, truncate_log
 from divopd.experience.metrics import MetricsWriter, final_five, peak_sr
 from divopd.learn.checkpoint import WeightHandle, latest_checkpoint
 from divopd.learn.protocol import LearnerProtocol
@@ -48,7 +37,7 @@ from divopd.sampling import Batch, Sampler, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
-from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, check_is_run, claim_run_dir
+from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, check_is_run, claim_run_dir, requeue_logged_turns
 
 __all__ = ["LearnerFactory", "Trainer", "open_run", "RunState"]
 
@@ -345,8 +334,8 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         for part in set_aside_unreadable_parts(log_dir):
             log.warning("experience log: set aside unfinished part %s", part.name)
         if ckpt is not None and cfg.log_token_ids:
-            requeued = _requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
-                                             needs_topk=cfg.learner.estimator == "topk")
+            requeued = requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
+                                            needs_topk=cfg.learner.estimator == "topk")
             state.turns += requeued
             if requeued:
                 log.info("resume: %d logged turns past the checkpoint queued again", requeued)
@@ -362,50 +351,3 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     trainer = Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state)
     trainer.preexisting = None if before is None else tuple(before)
     return trainer, ckpt is not None
-
-
-def _requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics | None = None,
-                          needs_topk: bool = False) -> int:
-    """Queue again the turns logged after the checkpoint (arrival >= the sampler's next arrival number); ``paper``
-    counts them as received (their teacher-scored tokens), as :meth:`Trainer.intake` did before the restart. The log
-    then records them as arriving at the checkpoint's update ``version`` (:func:`requeue_at_update`), where the
-    resumed run queued them, so the turns it logs next keep ``arrival_update`` non-decreasing.
-
-    ``needs_topk`` (``learner.estimator: topk``): the log holds no teacher top-k, which that loss needs, so each
-    re-queued turn enters without its teacher scores (:func:`_without_teacher`): the gate rejects it, counted
-    ``invalid`` / ``missing_teacher`` in the ledger, instead of training it with a different loss."""
-    start = sampler.ledger["received"]  # arrivals are numbered 0, 1, ... so this is the next one
-    try:
-        files = log_files(log_dir)
-    except ExperienceLogError:
-        return 0
-    requeue_at_update(log_dir, start, version)  # rewrites parts in place: the same files
-    n = unscored = 0
-    for f in files:
-        arrivals = pq.read_table(f, columns=["arrival"]).column("arrival").to_numpy()
-        if len(arrivals) == 0 or arrivals.max() < start:
-            continue  # every turn of this part is in the checkpoint already
-        for logged in read_log(f, require_ids=True):
-            if logged.arrival < start:
-                continue
-            turn = logged.turn
-            if needs_topk and turn.teacher_topk_logprobs is None:
-                turn = _without_teacher(turn)
-                unscored += 1
-            (arrival,) = sampler.add([turn])
-            if paper is not None:
-                paper.observe_received([logged.turn])
-            if arrival != logged.arrival:
-                raise RuntimeError(f"resume: log arrival {logged.arrival} does not follow the checkpoint ({arrival})")
-            n += 1
-    if unscored:
-        log.warning("resume: %d re-queued turns have no teacher top-k in the log (learner.estimator topk); the gate "
-                    "counts them invalid (missing_teacher)", unscored)
-    return n
-
-
-def _without_teacher(turn: Turn) -> Turn:
-    """``turn`` without its teacher scores: a logged turn cannot give the top-k estimator its teacher top-k, so it
-    enters the queue as unscored and the gate counts it ``missing_teacher``."""
-    return dataclasses.replace(turn, teacher_logprobs=None, teacher_valid_mask=None)
-
