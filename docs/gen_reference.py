@@ -69,6 +69,10 @@ RUN_DIR: list[tuple[str, str]] = [
                                              "`state_dict`: queue, pending turns, ledger; run counters) as plain "
                                              "JSON, never pickled."),
     ("summary.json", "Written when the run ends (also after Ctrl-C): the keys below."),
+    (".divopd-run", "The marker a fresh run writes first, into the directory it creates (or the empty folder it "
+                    "claims): divopd writes, replaces and deletes only in a marked directory, or in a run of an "
+                    "older divopd (a `config.yaml` beside a `metrics.jsonl`). A non-empty folder that is neither is "
+                    "refused (`--run-dir`, `--resume`: one line, exit 2)."),
 ]
 
 #: Keys of ``summary.json``.
@@ -216,7 +220,7 @@ def run_dir_page() -> str:
     return "".join([
         HEADER, "# Run directory\n\n",
         "Every `divopd train` run writes one directory: `out_dir/<setting>/<method>/seed<seed>` (or `run_dir`).\n\n",
-        "```text\n<run>/\n  config.yaml\n  metrics.jsonl\n  tb/\n  experience/part-000000.parquet ...\n"
+        "```text\n<run>/\n  .divopd-run\n  config.yaml\n  metrics.jsonl\n  tb/\n  experience/part-000000.parquet ...\n"
         "  checkpoints/update-000025/{config.json, model.safetensors, optimizer.pt, state.json, tokenizer.json, ...}\n"
         "  summary.json\n```\n\n",
         _table(("path", "what"), [(f"`{p}`", m) for p, m in RUN_DIR]),

@@ -404,33 +404,6 @@ def test_a_ray_explorer_actor_keeps_bad_input_and_the_driver_raises_it(tiny_mode
     assert raise_input_error(RayTaskError("collect", "traceback", RuntimeError("env crashed"))) is None
 
 
-def test_resume_without_a_checkpoint_starts_over_and_keeps_foreign_files(tiny_models: dict[str, str],
-                                                                         tmp_path: Path) -> None:
-    """``--resume`` on a run that stopped before its first checkpoint starts it over: the old metrics, summary,
-    experience log and TensorBoard events go (a second metrics stream would be appended to the first otherwise), and
-    a file the user put beside them stays."""
-    from divopd.train.assemble import open_run
-
-    cfg = tiny_config(tiny_models, tmp_path / "run", "divopd", updates=2, **{"runtime.kind": "lockstep"})
-    run = tmp_path / "run"
-    for name in ("experience", "tb"):
-        (run / name).mkdir(parents=True)
-        (run / name / "old").write_text("x")
-    for name in ("metrics.jsonl", "summary.json", "notes.txt"):
-        (run / name).write_text("old\n")
-    (run / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    trainer, resumed = open_run(None, resume=run)
-    try:
-        assert trainer.version == 0 and not resumed
-        assert not (run / "summary.json").exists() and not (run / "experience" / "old").exists()
-        assert not (run / "tb" / "old").exists()
-        metrics = run / "metrics.jsonl"
-        assert not metrics.exists() or "old" not in metrics.read_text()
-        assert (run / "notes.txt").read_text() == "old\n" and (run / "config.yaml").is_file()
-    finally:
-        trainer.close()
-
-
 def test_remove_run_files_removes_only_the_named_entries(tmp_path: Path) -> None:
     from divopd.train.rundir import RUN_ENTRIES, remove_run_files
 

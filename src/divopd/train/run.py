@@ -67,7 +67,6 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
 
     if cfg is not None:
         check_engines(cfg)  # before the run directory is made
-    existed = cfg is not None and cfg.resolved_run_dir().exists()
     trainer, resumed = open_run(cfg, resume=resume)
     cfg = trainer.cfg
     if resume is not None:
@@ -77,7 +76,7 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
         summary = run_trainer(trainer, bar, stop=stop)
     except UsageError:
         if resume is None and trainer.version == 0:
-            discard_fresh_run(trainer, existed)
+            discard_fresh_run(trainer)
         raise
     finally:
         bar.close()
@@ -86,10 +85,11 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
     return summary
 
 
-def discard_fresh_run(trainer: Any, existed: bool) -> None:
+def discard_fresh_run(trainer: Any) -> None:
     """A fresh run that stopped on bad input (an unknown environment argument, say) before its first update leaves
-    nothing behind: its files are removed, and its directory too unless it existed before, so the corrected command
-    can be run again as it is instead of being refused with "already holds a run"."""
+    nothing behind: the files this invocation wrote are removed (never an entry the directory held before it,
+    ``trainer.preexisting``), and the directory too if it is then empty and was made by this run, so the corrected
+    command can be run again as it is instead of being refused with "already holds a run"."""
     from divopd.train.rundir import remove_run_files
 
     try:
@@ -97,8 +97,9 @@ def discard_fresh_run(trainer: Any, existed: bool) -> None:
     except Exception:  # noqa: BLE001 - closing is best effort here; the input error is what the user must see
         logging.getLogger(__name__).debug("closing the discarded run failed", exc_info=True)
     run_dir = Path(trainer.run_dir)
-    remove_run_files(run_dir)
-    if not existed and run_dir.is_dir() and not any(run_dir.iterdir()):
+    before = getattr(trainer, "preexisting", ())
+    remove_run_files(run_dir, keep=before or ())
+    if before is None and run_dir.is_dir() and not any(run_dir.iterdir()):
         run_dir.rmdir()
 
 

@@ -1,25 +1,132 @@
-"""What a run directory holds, and removing it again (a fresh run that failed on bad input, a resume that finds no
-checkpoint and starts over)."""
+"""What a run directory holds, how divopd recognises one as its own, removing what a run wrote, and queueing again
+the turns its experience log holds past the checkpoint a resume starts from (:func:`requeue_logged_turns`).
+
+divopd writes, overwrites and deletes only inside a directory it made a run: a fresh run marks its directory with
+:data:`MARKER` (``.divopd-run``) when it creates or claims it (a new or empty folder). A directory written by an older
+divopd, without the marker, is recognised by divopd's own layout: a ``config.yaml`` beside a ``metrics.jsonl``. Any
+other non-empty folder is refused with one line (:func:`claim_run_dir`, :func:`check_is_run`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
+from divopd.errors import RunExistsError, UsageError
+from divopd.experience import Turn
+from divopd.experience.log import ExperienceLogError, log_files, read_log, requeue_at_update
+from divopd.sampling import Sampler
+from divopd.sampling.paper_diagnostics import RunDiagnostics
+
+log = logging.getLogger(__name__)
+
 CHECKPOINTS = "checkpoints"
 EXPERIENCE = "experience"
+#: The marker file a fresh run writes into the directory it creates or claims.
+MARKER = ".divopd-run"
 #: Everything a run writes into its directory: the resolved config, metrics, summary, TensorBoard events, the
-#: experience log and the checkpoints.
-RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE, CHECKPOINTS)
+#: experience log, the checkpoints and the marker.
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE, CHECKPOINTS, MARKER)
 
 
-def remove_run_files(run_dir: Path, names: Iterable[str] = RUN_ENTRIES) -> None:
-    """Remove the entries ``names`` (files or folders) of ``run_dir``; missing ones are skipped, nothing else in the
-    directory is touched."""
+def is_run_dir(path: Path) -> bool:
+    """``path`` is a divopd run directory: it holds :data:`MARKER`, or (a run of an older divopd) both
+    ``config.yaml`` and ``metrics.jsonl``."""
+    path = Path(path)
+    return (path / MARKER).is_file() or ((path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file())
+
+
+def check_is_run(path: Path, flag: str = "--resume") -> None:
+    """Raise :class:`~divopd.errors.UsageError` unless ``path`` is a divopd run directory."""
+    if not is_run_dir(path):
+        raise UsageError(f"{flag} {path}: not a divopd run directory (no {MARKER}, no config.yaml with "
+                         "metrics.jsonl); divopd changes nothing there")
+
+
+def claim_run_dir(run_dir: Path) -> list[str] | None:
+    """Make ``run_dir`` the directory of a fresh run, before anything is written into it; returns the names of the
+    entries it held before, ``None`` when this call created it (a fresh run that is discarded removes only what it
+    wrote, :func:`remove_run_files`).
+
+    A missing or empty directory is created and marked; a run directory that already holds a run (its
+    ``metrics.jsonl``) raises :class:`~divopd.errors.RunExistsError`; any other non-empty folder raises
+    :class:`~divopd.errors.UsageError`: divopd never writes into a folder it did not make a run."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir}: exists and is not a directory")
+    existed = run_dir.is_dir()
+    before = sorted(p.name for p in run_dir.iterdir()) if existed else []
+    if before and (run_dir / "metrics.jsonl").is_file() and is_run_dir(run_dir):
+        raise RunExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose "
+                             "another seed or --run-dir")
+    if before and not is_run_dir(run_dir):
+        raise UsageError(f"--run-dir {run_dir}: the folder holds files and is not a divopd run directory (no "
+                         f"{MARKER}); choose a new or empty folder: divopd writes only into run directories it made")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / MARKER).write_text("divopd run directory: divopd may write, replace and delete its run files here\n")
+    return before if existed else None
+
+
+def remove_run_files(run_dir: Path, names: Iterable[str] = RUN_ENTRIES, keep: Iterable[str] = ()) -> None:
+    """Remove the entries ``names`` (files or folders) of ``run_dir`` except those in ``keep`` (what the directory
+    held before this invocation); missing ones are skipped, nothing else in the directory is touched."""
+    kept = set(keep)
     for name in names:
+        if name in kept:
+            continue
         path = Path(run_dir) / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
+
+
+def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics | None = None,
+                         needs_topk: bool = False) -> int:
+    """Queue again the turns logged after the checkpoint (arrival >= the sampler's next arrival number); ``paper``
+    counts them as received (their teacher-scored tokens), as the trainer's intake did before the restart. The log
+    then records them as arriving at the checkpoint's update ``version`` (:func:`requeue_at_update`), where the
+    resumed run queued them, so the turns it logs next keep ``arrival_update`` non-decreasing.
+
+    ``needs_topk`` (``learner.estimator: topk``): the log holds no teacher top-k, which that loss needs, so each
+    re-queued turn enters without its teacher scores (:func:`_without_teacher`): the gate rejects it, counted
+    ``invalid`` / ``missing_teacher`` in the ledger, instead of training it with a different loss."""
+    start = sampler.ledger["received"]  # arrivals are numbered 0, 1, ... so this is the next one
+    try:
+        files = log_files(log_dir)
+    except ExperienceLogError:
+        return 0
+    requeue_at_update(log_dir, start, version)  # rewrites parts in place: the same files
+    n = unscored = 0
+    for f in files:
+        arrivals = pq.read_table(f, columns=["arrival"]).column("arrival").to_numpy()
+        if len(arrivals) == 0 or arrivals.max() < start:
+            continue  # every turn of this part is in the checkpoint already
+        for logged in read_log(f, require_ids=True):
+            if logged.arrival < start:
+                continue
+            turn = logged.turn
+            if needs_topk and turn.teacher_topk_logprobs is None:
+                turn = _without_teacher(turn)
+                unscored += 1
+            (arrival,) = sampler.add([turn])
+            if paper is not None:
+                paper.observe_received([logged.turn])
+            if arrival != logged.arrival:
+                raise RuntimeError(f"resume: log arrival {logged.arrival} does not follow the checkpoint ({arrival})")
+            n += 1
+    if unscored:
+        log.warning("resume: %d re-queued turns have no teacher top-k in the log (learner.estimator topk); the gate "
+                    "counts them invalid (missing_teacher)", unscored)
+    return n
+
+
+def _without_teacher(turn: Turn) -> Turn:
+    """``turn`` without its teacher scores: a logged turn cannot give the top-k estimator its teacher top-k, so it
+    enters the queue as unscored and the gate counts it ``missing_teacher``."""
+    return dataclasses.replace(turn, teacher_logprobs=None, teacher_valid_mask=None)
+

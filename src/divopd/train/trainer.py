@@ -28,19 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
-from divopd.errors import RunExistsError
+from divopd.errors import UsageError
 from divopd.experience import Rollout
-from divopd.experience.log import (
-    ExperienceLogError,
-    ExperienceLogWriter,
-    log_files,
-    read_log,
-    requeue_at_update,
-    set_aside_unreadable_parts,
-    truncate_log,
-)
+from divopd.experience.log import ExperienceLogWriter, set_aside_unreadable_parts, truncate_log
 from divopd.experience.metrics import MetricsWriter, final_five, peak_sr
 from divopd.learn.checkpoint import WeightHandle, atomic_write_text, latest_checkpoint, remove_interrupted_writes
 from divopd.learn.protocol import LearnerProtocol
@@ -48,7 +38,7 @@ from divopd.sampling import Batch, Sampler, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
-from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, remove_run_files
+from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, check_is_run, claim_run_dir, requeue_logged_turns
 
 __all__ = ["LearnerFactory", "Trainer", "open_run", "RunState"]
 
@@ -78,6 +68,10 @@ class RunState:
 
 class Trainer:
     """Learner loop pieces shared by every runtime. Not thread-safe: call it from one thread."""
+
+    #: entries the run directory held before a fresh run claimed it (:func:`open_run`; ``None``: the run created the
+    #: directory); a discarded fresh run keeps them
+    preexisting: tuple[str, ...] | None = ()
 
     def __init__(
         self,
@@ -318,6 +312,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         run_dir = Path(resume)
         if not (run_dir / "config.yaml").is_file():
             raise FileNotFoundError(f"--resume {run_dir}: no config.yaml there; is it a divopd run directory?")
+        check_is_run(run_dir)
         saved = load_config(run_dir / "config.yaml")
         cfg = saved if cfg is None else cfg
     if cfg is None:
@@ -326,10 +321,11 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     for line in remove_interrupted_writes(run_dir / CHECKPOINTS) if resume is not None else []:
         log.warning("resume: %s", line)
     ckpt = latest_checkpoint(run_dir / CHECKPOINTS) if (run_dir / CHECKPOINTS).is_dir() else None
-    if resume is None and (run_dir / "metrics.jsonl").exists():
-        raise RunExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose "
-                             "another seed or --run-dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume is not None and ckpt is None:  # nothing to restore: refuse, and delete nothing
+        raise UsageError(f"--resume {run_dir}: no checkpoint there, nothing to resume from (the run stopped before "
+                         "its first checkpoint; its experience log and metrics are kept); start a fresh run with "
+                         "another --run-dir")
+    before = [] if resume is not None else claim_run_dir(run_dir)  # a fresh run marks its directory first
     atomic_write_text(run_dir / "config.yaml", dump_config(cfg))
 
     sampler = make_sampler(cfg.sampler_config())
@@ -342,9 +338,6 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         state = RunState(**{k: v for k, v in saved_state.items() if k in RunState.__dataclass_fields__})
         version = learner.version
     else:
-        if resume is not None:
-            log.warning("%s: no checkpoint yet; starting the run over", run_dir)
-            remove_run_files(run_dir, ("metrics.jsonl", "summary.json", EXPERIENCE, "tb"))
         learner, _ = make_learner(cfg, None)
         version = 0
     state.sessions += 1
@@ -355,7 +348,8 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         for part in set_aside_unreadable_parts(log_dir):
             log.warning("experience log: set aside unfinished part %s", part.name)
         if ckpt is not None and cfg.log_token_ids:
-            requeued = _requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics))
+            requeued = requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
+                                            needs_topk=cfg.learner.estimator == "topk")
             state.turns += requeued
             if requeued:
                 log.info("resume: %d logged turns past the checkpoint queued again", requeued)
@@ -368,33 +362,6 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         log_writer = ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
     metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
-    return Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state), ckpt is not None
-
-
-def _requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics | None = None) -> int:
-    """Queue again the turns logged after the checkpoint (arrival >= the sampler's next arrival number); ``paper``
-    counts them as received (their teacher-scored tokens), as :meth:`Trainer.intake` did before the restart. The log
-    then records them as arriving at the checkpoint's update ``version`` (:func:`requeue_at_update`), where the
-    resumed run queued them, so the turns it logs next keep ``arrival_update`` non-decreasing."""
-    start = sampler.ledger["received"]  # arrivals are numbered 0, 1, ... so this is the next one
-    try:
-        files = log_files(log_dir)
-    except ExperienceLogError:
-        return 0
-    requeue_at_update(log_dir, start, version)  # rewrites parts in place: the same files
-    n = 0
-    for f in files:
-        arrivals = pq.read_table(f, columns=["arrival"]).column("arrival").to_numpy()
-        if len(arrivals) == 0 or arrivals.max() < start:
-            continue  # every turn of this part is in the checkpoint already
-        for logged in read_log(f, require_ids=True):
-            if logged.arrival < start:
-                continue
-            (arrival,) = sampler.add([logged.turn])
-            if paper is not None:
-                paper.observe_received([logged.turn])
-            if arrival != logged.arrival:
-                raise RuntimeError(f"resume: log arrival {logged.arrival} does not follow the checkpoint ({arrival})")
-            n += 1
-    return n
-
+    trainer = Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state)
+    trainer.preexisting = None if before is None else tuple(before)
+    return trainer, ckpt is not None
