@@ -14,6 +14,7 @@ from pathlib import Path
 from divopd.train.config import load_config
 from divopd.train.interrupt import EXIT_INTERRUPTED, StopRequest
 from divopd.train.run import quiet_hf_progress, train
+from divopd.train.watchdog import EXIT_STALLED
 
 __all__ = ["add_arguments", "run"]
 
@@ -85,4 +86,8 @@ def run(args: argparse.Namespace) -> int:
                   "learner.world_size, via --set)", file=sys.stderr)
             return 1
     print(json.dumps(summary, indent=2, default=str))
+    if summary.get("stalled"):  # the loop watchdog stopped the run (checkpointed): one line, exit 3
+        print(f"divopd train: error: {summary['stalled']}; checkpointed at update {summary['updates']}: resume with "
+              f"`divopd train --resume {summary['run_dir']}`", file=sys.stderr)
+        return EXIT_STALLED
     return EXIT_INTERRUPTED if summary.get("interrupted") else 0

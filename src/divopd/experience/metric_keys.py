@@ -37,6 +37,13 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
     ("learner/version", "update", "Learner version after the step."),
     ("time/publish_s", "update", "Wall seconds to make this version's weight handle for the explorers (a sharded "
      "learner: rank 0 gathers the full state dict), once per version."),
+    ("time/wait_s", "update", "Wall seconds the loop spent in the runtime's `poll` and waiting for rollouts since the "
+     "previous update (lockstep: the explorers' stepping itself, which runs inside `poll`); a long wait is where a "
+     "run stalls (`runtime.stall_timeout_s`)."),
+    ("time/compose_s", "update", "Wall seconds composing batches since the previous update (the sampler's rule, "
+     "attempts that found too few valid turns included)."),
+    ("time/update_s", "update", "Wall seconds of this update's learner step (and its Appendix E diagnostics when "
+     "`diagnostics.every` is set), measured around `Learner.step`."),
     ("time/weight_load_s", "update", "Seconds the newest weight version took to load into an explorer's generator "
      "(HF `load_state_dict`, or the push into a vLLM engine: `explorer.generation.backend: vllm`), as reported by "
      "the rollouts that arrived so far; 0 before the first load."),

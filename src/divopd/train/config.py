@@ -135,6 +135,10 @@ class RuntimeSettings(_Strict):
     explorer_cpus: float = Field(1.0, ge=0, description="Ray: CPUs reserved per explorer actor.")
     explorer_gpus: float = Field(0.0, ge=0, description="Ray: GPUs reserved per explorer actor.")
     max_explorer_restarts: int = Field(3, ge=0, description="Ray: restarts of a dead explorer actor.")
+    stall_timeout_s: float = Field(
+        1800.0, ge=0, description="Loop watchdog: stop the run (checkpoint, summary.json `stalled`, exit 3) when no "
+        "rollout arrived and no update completed for this many seconds, or when the last 4·sampler.batch_size turns "
+        "received all lack teacher scores (a teacher that cannot score); 0 = off.")
     explorer_resources: dict[str, float] = Field(
         default_factory=dict, description="Ray: custom resources per explorer actor (e.g. {explorer_node: 1} to "
         "place explorers on the nodes started with that resource).")

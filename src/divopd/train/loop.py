@@ -17,6 +17,14 @@ Failing: an exception (or a second Ctrl-C) inside a stage — from composing a b
 the runtime at once, without a final evaluation, checkpoint or ``summary.json``, and re-raises: the newest checkpoint
 on disk stays the last good one (its sampler state never counts an untrained batch ``selected``), and ``--resume``
 trains from it again. A failure at a stage boundary (the explorers died while the loop waited) checkpoints first.
+
+Stalling (:mod:`divopd.train.watchdog`, ``runtime.stall_timeout_s``; 0 = off): no rollout and no completed update for
+that long while the loop waits for rollouts, or a teacher that cannot score (the last 4·B turns received all without
+teacher log probs), stops the run at that boundary as a stop request does (no final evaluation), with ``stalled`` —
+the one-line reason, naming the stage and what it waited on — in ``summary.json``.
+
+Stage times: every update record carries ``time/wait_s`` (in the runtime's poll and waiting for rollouts),
+``time/compose_s`` (composing, failed attempts included) since the previous update, and ``time/update_s``.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.interrupt import StopRequest, fault_point
 from divopd.train.trainer import Trainer
+from divopd.train.watchdog import Watchdog, timed
 
 __all__ = ["EvalResult", "Runtime", "run_loop"]
 
@@ -120,6 +129,9 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
     # True while the trainer's state is at a stage boundary (no batch composed but not yet trained and published):
     # only such a state is checkpointed, so a failure inside a stage never replaces the newest good checkpoint
     clean = True
+    watchdog = Watchdog(cfg.runtime.stall_timeout_s, cfg.sampler.batch_size)
+    stalled: str | None = None  # the watchdog's one-line reason to stop
+    times: dict[str, float] = {}  # stage seconds since the previous update (time/wait_s, time/compose_s)
     try:
         while trainer.version < cfg.updates and not stop.requested:
             if deadline is not None and time.monotonic() > deadline:
@@ -127,28 +139,43 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                 break
             # explore → enqueue: each turn is tagged with the learner version at its arrival (staleness counts
             # from the policy version that generated it, which the explorer stamped)
-            rollouts = runtime.poll(timeout=0)
+            with timed("time/wait_s", times):
+                rollouts = runtime.poll(timeout=0)
             clean = False
             trainer.intake(rollouts)
-            batch = trainer.compose()  # a batch counts its turns `selected`: the state is dirty until published
+            watchdog.received(rollouts)
+            clean = True
+            stalled = watchdog.teacher_failed()
+            if stalled is not None:
+                break
+            clean = False
+            with timed("time/compose_s", times):
+                batch = trainer.compose()  # a batch counts its turns `selected`: the state is dirty until published
             if batch is None:  # not enough valid turns yet: wait for explorers
                 clean = True
-                record(runtime.eval_results(timeout=0))
-                runtime.check_alive()
-                rollouts = runtime.poll(timeout=0.5)
-                clean = False
-                trainer.intake(rollouts)
-                clean = True
+                with timed("time/wait_s", times):
+                    record(runtime.eval_results(timeout=0))
+                    runtime.check_alive()
+                    stalled = watchdog.stalled_waiting(_waited_on(cfg.runtime.kind, cfg.runtime.num_explorers))
+                    if stalled is not None:
+                        break
+                    rollouts = runtime.poll(timeout=0.5)
+                    clean = False
+                    trainer.intake(rollouts)
+                    watchdog.received(rollouts)
+                    clean = True
                 continue
             record(runtime.eval_results(timeout=0))
             trainer.count_production(runtime.producer_intervals)
-            metrics = trainer.update(batch)
+            metrics = trainer.update(batch, times)
+            times = {}
             # publish: explorers load the new weights at their next rollout boundary, so a rollout's turns may
             # carry older versions than the learner's (the staleness the gate bounds by δ)
             fault_point("publish")
             latest = trainer.publish()
             runtime.publish(latest)
             clean = True
+            watchdog.progressed()
             trainer.after_update(metrics, request_eval, progress)
     except KeyboardInterrupt:  # a second Ctrl-C while a stage was running
         interrupted = True
@@ -159,16 +186,27 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
         _abort(trainer, runtime, checkpoint=clean)
         raise
     interrupted = interrupted or stop.requested
-    if interrupted:
+    if stalled is not None:
+        log.error("%s; stopping the run at update %d: checkpointing", stalled, trainer.version)
+    elif interrupted:
         log.warning("interrupted at update %d: checkpointing", trainer.version)
-    trainer.intake(runtime.shutdown(interrupted))  # finished rollouts enter the ledger (as queued)
-    if not interrupted:
+    aborted = interrupted or stalled is not None
+    trainer.intake(runtime.shutdown(aborted))  # finished rollouts enter the ledger (as queued)
+    if not aborted:
         request_eval()  # the final snapshot
         _wait_for_evals(runtime, stop, record, lambda: outstanding)
-    extra = runtime.close(interrupted or stop.requested)
+    extra = runtime.close(aborted or stop.requested)
     record(runtime.eval_results(timeout=0))
     trainer.checkpoint()
+    if stalled is not None:
+        extra["stalled"] = stalled
     return trainer.close({"interrupted": interrupted or stop.requested, **extra})
+
+
+def _waited_on(kind: str, explorers: int) -> str:
+    """What the loop waits on while it waits for rollouts (for the watchdog's line)."""
+    return (f"the {kind} runtime's {explorers} explorer(s), alive by its check_alive but silent (an environment "
+            "step, generation or teacher call that does not return?)")
 
 
 def _abort(trainer: Trainer, runtime: Runtime, checkpoint: bool = False) -> None:

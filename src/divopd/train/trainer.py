@@ -23,7 +23,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
 from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, check_is_run, claim_run_dir, requeue_logged_turns
+from divopd.train.watchdog import timed
 
 __all__ = ["LearnerFactory", "Trainer", "open_run", "RunState"]
 
@@ -124,11 +125,16 @@ class Trainer:
         fault_point("compose")
         return self.sampler.next_batch(self.learner.version)
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step on ``batch``; writes and returns the update's metrics."""
+    def update(self, batch: Batch, times: Mapping[str, float] | None = None) -> dict[str, float]:
+        """One optimizer step on ``batch``; writes and returns the update's metrics, with ``times`` (the loop's stage
+        seconds since the previous update) and ``time/update_s`` (the E.2/E.3 diagnostics and the step)."""
         fault_point("update")
-        diag = self._diagnostics(batch)
-        metrics = self.learner.step(batch)
+        stage: dict[str, float] = {}
+        with timed("time/update_s", stage):
+            diag = self._diagnostics(batch)
+            metrics = self.learner.step(batch)
+        metrics.update(times or {})
+        metrics.update(stage)
         self.publish()  # the new version's weights, gathered once (the loop hands this handle to the explorers)
         metrics["time/publish_s"] = self.publish_s
         metrics["time/weight_load_s"] = self.weight_load_s

@@ -1,0 +1,97 @@
+"""Stage times and the stall watchdog of the one loop (:func:`divopd.train.loop.run_loop`).
+
+:func:`timed` adds a stage's wall seconds to a metrics mapping (``time/wait_s``, ``time/compose_s``,
+``time/update_s``); the loop sums each stage since the previous update into that update's record.
+
+:class:`Watchdog` watches for two ways a run can wait forever (both off with ``runtime.stall_timeout_s: 0``):
+
+* **no progress**: no rollout arrived and no update completed for ``runtime.stall_timeout_s`` seconds while the loop
+  waited for rollouts (explorers hung in an environment, an engine or a teacher call that never returns);
+* **a teacher that cannot score**: the last ``4·B`` turns received (``B`` = ``sampler.batch_size``) all arrived
+  without teacher log probs (the gate's ``missing_teacher``): the explorers keep producing, but no turn can ever be
+  trained, so the loop would spin.
+
+Either stops the run at that stage boundary: the loop checkpoints, writes ``summary.json`` with ``stalled`` (the
+one-line reason) and ``divopd train`` prints that line and exits :data:`EXIT_STALLED`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from divopd.experience import Rollout
+
+__all__ = ["EXIT_STALLED", "TEACHER_WINDOW_BATCHES", "Watchdog", "timed"]
+
+#: Exit code of ``divopd train`` when the watchdog stopped the run (checkpointed; ``--resume`` continues it).
+EXIT_STALLED = 3
+#: A teacher counts as unable to score after this many batches' worth (× ``sampler.batch_size``) of received turns
+#: in a row without teacher log probs.
+TEACHER_WINDOW_BATCHES = 4
+
+
+@contextmanager
+def timed(name: str, metrics: MutableMapping[str, float]) -> Iterator[None]:
+    """Add the wall seconds of the ``with`` block to ``metrics[name]`` (0 when absent), also when it raises."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        metrics[name] = metrics.get(name, 0.0) + (time.perf_counter() - t0)
+
+
+class Watchdog:
+    """Progress clock and teacher-failure streak of one run. ``stall_timeout_s`` 0 switches both checks off.
+
+    ``clock`` is the monotonic time source (a test may pass its own)."""
+
+    def __init__(self, stall_timeout_s: float, batch_size: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stall_timeout_s = float(stall_timeout_s)
+        self.teacher_window = TEACHER_WINDOW_BATCHES * batch_size
+        self._clock = clock
+        self._last_progress = self._now()
+        self._unscored_streak = 0  # received turns in a row without teacher log probs
+
+    def _now(self) -> float:
+        return float(self._clock())
+
+    @property
+    def enabled(self) -> bool:
+        return self.stall_timeout_s > 0
+
+    def progressed(self) -> None:
+        """An update completed (or the loop (re)started): the stall clock starts again."""
+        self._last_progress = self._now()
+
+    def received(self, rollouts: Sequence[Rollout]) -> None:
+        """Rollouts (or chunks) that entered the queue: any arrival is progress; count unscored turns in a row."""
+        if not rollouts:
+            return
+        self._last_progress = self._now()
+        for rollout in rollouts:
+            for turn in rollout.turns:
+                self._unscored_streak = self._unscored_streak + 1 if turn.teacher_logprobs is None else 0
+
+    def waited_s(self) -> float:
+        """Seconds since the last arrival or completed update."""
+        return self._now() - self._last_progress
+
+    def stalled_waiting(self, waited_on: str) -> str | None:
+        """The one-line reason to stop when the loop has waited for rollouts too long, else ``None``."""
+        if not self.enabled or self.waited_s() < self.stall_timeout_s:
+            return None
+        return (f"stalled waiting for rollouts: no rollout arrived and no update completed for "
+                f"{self.waited_s():.0f} s (runtime.stall_timeout_s = {self.stall_timeout_s:g}); waited on {waited_on}")
+
+    def teacher_failed(self) -> str | None:
+        """The one-line reason to stop when the last ``4·B`` received turns all lack teacher scores, else ``None``."""
+        if not self.enabled or self._unscored_streak < self.teacher_window:
+            return None
+        return (f"stalled at teacher scoring: the last {self._unscored_streak} turns received have no teacher log "
+                f"probs (gate: missing_teacher; {TEACHER_WINDOW_BATCHES}·sampler.batch_size = {self.teacher_window} "
+                "in a row): the teacher cannot score, no batch can be trained; see the explorers' "
+                "'teacher scoring failed' warnings")
