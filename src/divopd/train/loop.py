@@ -175,8 +175,8 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
             latest = trainer.publish()
             runtime.publish(latest)
             clean = True
-            watchdog.progressed()
             trainer.after_update(metrics, request_eval, progress)
+            watchdog.progressed()  # after the schedule: an evaluation the runtime runs in line is not a stall
     except KeyboardInterrupt:  # a second Ctrl-C while a stage was running
         interrupted = True
         if not clean:
