@@ -95,6 +95,30 @@ class Runtime(Protocol):
         """Release the evaluator and everything else; return the runtime's summary fields."""
 
 
+class _Evals:
+    """The loop's evaluations: each learner version requested at most once (of ``latest``, the weights the explorers
+    hold), results recorded in arrival order; ``outstanding`` = requested but not recorded yet."""
+
+    def __init__(self, trainer: Trainer, runtime: Runtime, progress: Any, latest: WeightHandle) -> None:
+        self.trainer, self.runtime, self.progress, self.latest = trainer, runtime, progress, latest
+        self.evaluated = {int(e["update"]) for e in trainer.state.eval_history}
+        self.outstanding = 0
+
+    def request(self) -> None:
+        version = self.trainer.version
+        if version not in self.evaluated:
+            self.evaluated.add(version)
+            self.runtime.request_eval(version, self.latest, self.trainer.snapshot_counters())
+            self.outstanding += 1
+
+    def record(self, results: list[EvalResult]) -> None:
+        for r in results:
+            self.trainer.record_eval(r.update, r.counters, r.results)
+            self.outstanding -= 1
+            if self.progress is not None:
+                self.progress.on_eval(r.update, r.results)
+
+
 def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None = None,
              stop: StopRequest | None = None, progress: Any = None) -> dict[str, Any]:
     """Train to ``cfg.updates`` (or ``max_seconds`` / a stop request); returns the run summary.
@@ -102,24 +126,8 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
     ``weights``: the handle the runtime's explorers were built with (default: published now)."""
     cfg = trainer.cfg
     stop = stop or StopRequest()
-    evaluated = {int(e["update"]) for e in trainer.state.eval_history}
-    outstanding = 0
-    latest = weights if weights is not None else trainer.publish()  # what the explorers hold now
-
-    def request_eval() -> None:
-        nonlocal outstanding
-        if trainer.version not in evaluated:
-            evaluated.add(trainer.version)
-            runtime.request_eval(trainer.version, latest, trainer.snapshot_counters())
-            outstanding += 1
-
-    def record(results: list[EvalResult]) -> None:
-        nonlocal outstanding
-        for r in results:
-            trainer.record_eval(r.update, r.counters, r.results)
-            outstanding -= 1
-            if progress is not None:
-                progress.on_eval(r.update, r.results)
+    evals = _Evals(trainer, runtime, progress, weights if weights is not None else trainer.publish())
+    request_eval, record = evals.request, evals.record
 
     fault_point("start")
     if cfg.eval.at_start and trainer.version == 0:
@@ -172,8 +180,8 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
             # publish: explorers load the new weights at their next rollout boundary, so a rollout's turns may
             # carry older versions than the learner's (the staleness the gate bounds by δ)
             fault_point("publish")
-            latest = trainer.publish()
-            runtime.publish(latest)
+            evals.latest = trainer.publish()
+            runtime.publish(evals.latest)
             clean = True
             trainer.after_update(metrics, request_eval, progress)
             watchdog.progressed()  # after the schedule: an evaluation the runtime runs in line is not a stall
@@ -194,7 +202,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
     trainer.intake(runtime.shutdown(aborted))  # finished rollouts enter the ledger (as queued)
     if not aborted:
         request_eval()  # the final snapshot
-        _wait_for_evals(runtime, stop, record, lambda: outstanding)
+        _wait_for_evals(runtime, stop, evals)
     extra = runtime.close(aborted or stop.requested)
     record(runtime.eval_results(timeout=0))
     trainer.checkpoint()
@@ -229,7 +237,7 @@ def _abort(trainer: Trainer, runtime: Runtime, checkpoint: bool = False) -> None
         log.exception("closing the run after a failure failed too")
 
 
-def _wait_for_evals(runtime: Runtime, stop: StopRequest, record: Any, outstanding: Any) -> None:
+def _wait_for_evals(runtime: Runtime, stop: StopRequest, evals: _Evals) -> None:
     deadline = time.monotonic() + FINAL_EVAL_TIMEOUT_S
-    while outstanding() > 0 and runtime.evals_pending() and not stop.requested and time.monotonic() < deadline:
-        record(runtime.eval_results(timeout=0.5))
+    while evals.outstanding > 0 and runtime.evals_pending() and not stop.requested and time.monotonic() < deadline:
+        evals.record(runtime.eval_results(timeout=0.5))
