@@ -135,6 +135,18 @@ def test_every_update_record_of_a_real_run_carries_the_stage_times(tiny_models: 
     updates = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "update"]
     assert len(updates) == 3
     for record in updates:
-        for key in ("time/wait_s", "time/compose_s", "time/update_s", "time/publish_s"):
+        for key in ("time/wait_s", "time/compose_s", "time/update_s", "time/publish_s", "time/generate_s",
+                    "time/env_s", "time/score_s"):
             assert isinstance(record[key], float) and math.isfinite(record[key]) and record[key] >= 0, (key, record)
     assert all(r["time/update_s"] > 0 for r in updates)  # a learner step takes time
+    # the explorers' generation and teacher scoring reach the learner's records through the rollouts
+    assert sum(r["time/generate_s"] for r in updates) > 0 and sum(r["time/score_s"] for r in updates) > 0
+
+
+def test_a_rollout_reports_its_explorers_stage_seconds_since_the_previous_one() -> None:
+    handed: dict[str, float] = {}
+    first, second = MemoryRuntime(vocab=50)._rollout().info, MemoryRuntime(vocab=50)._rollout().info
+    first.set_stage_times({"time/generate": 2.0, "time/env": 1.0, "time/teacher_score": 0.5}, handed)
+    second.set_stage_times({"time/generate": 3.5, "time/env": 1.0, "time/teacher_score": 0.75}, handed)
+    assert (first.generate_s, first.env_s, first.score_s) == (2.0, 1.0, 0.5)
+    assert (second.generate_s, second.env_s, second.score_s) == (1.5, 0.0, 0.25)

@@ -44,6 +44,13 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
      "attempts that found too few valid turns included)."),
     ("time/update_s", "update", "Wall seconds of this update's learner step (and its Appendix E diagnostics when "
      "`diagnostics.every` is set), measured around `Learner.step`."),
+    ("time/generate_s", "update", "Explorer seconds in generation (student, and the teacher acting under +R), summed "
+     "over the rollouts (or chunks) that arrived since the previous update; each reports its explorer's time since "
+     "it handed over the one before, so over a run the sum is the explorers' whole generation time (in parallel "
+     "explorers: more than the wall time)."),
+    ("time/env_s", "update", "Explorer seconds in environment steps, summed like `time/generate_s`."),
+    ("time/score_s", "update", "Explorer seconds in teacher scoring (`teacher.backend`, or the shared Ray teacher), "
+     "summed like `time/generate_s`."),
     ("time/weight_load_s", "update", "Seconds the newest weight version took to load into an explorer's generator "
      "(HF `load_state_dict`, or the push into a vLLM engine: `explorer.generation.backend: vllm`), as reported by "
      "the rollouts that arrived so far; 0 before the first load."),

@@ -234,6 +234,20 @@ class RolloutInfo:
     partial: bool = False
     #: the explorer's newest weight load, in seconds (the learner logs it as ``time/weight_load_s``)
     weight_load_s: float = 0.0
+    #: explorer seconds since it handed over its previous rollout (or chunk), in generation (student and teacher
+    #: actors), environment steps and teacher scoring; the learner sums them over the rollouts that arrived since its
+    #: previous update as ``time/generate_s``, ``time/env_s``, ``time/score_s``
+    generate_s: float = 0.0
+    env_s: float = 0.0
+    score_s: float = 0.0
+
+    def set_stage_times(self, totals: dict[str, float], handed_over: dict[str, float]) -> None:
+        """Set ``generate_s``, ``env_s``, ``score_s`` from an explorer's cumulative ``totals`` (``time/generate``,
+        ``time/env``, ``time/teacher_score``) less ``handed_over`` (those at its previous rollout), then move
+        ``handed_over`` up to ``totals``."""
+        for key, name in (("time/generate", "generate_s"), ("time/env", "env_s"), ("time/teacher_score", "score_s")):
+            setattr(self, name, float(totals.get(key, 0.0)) - handed_over.get(key, 0.0))
+            handed_over[key] = float(totals.get(key, 0.0))
 
 
 @dataclass

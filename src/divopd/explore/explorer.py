@@ -88,9 +88,7 @@ class Explorer:
         teacher: Any | None = None,
         teacher_tokenizer: Any | None = None,
         *,
-        seed: int = 0,
-        explorer_id: int = 0,
-        policy_version: int = 0,
+        seed: int = 0, explorer_id: int = 0, policy_version: int = 0,
         env_factory: Callable[[], Env] | None = None,
         id_prefix: str = "x",
         student_backend: GenerationBackend | None = None,
@@ -127,6 +125,7 @@ class Explorer:
         self._train_tasks: list[str] = []
         self._n_rollouts = self._gen_calls = 0
         self._stats: dict[str, float] = dict.fromkeys(EXPLORER_COUNTERS, 0.0)
+        self._handed_over: dict[str, float] = {}  # the stage times as of the previous rollout handed over
 
     # ------------------------------------------------------------------ runtime-facing API
     def collect(self, num_rollouts: int) -> list[Rollout]:
@@ -345,6 +344,7 @@ class Explorer:
         if episode.done:
             count_rollout(self._stats, rollout.info)
         rollout.info.weight_load_s = self._stats["time/weight_load_s"]  # the newest weight load (train metrics)
+        rollout.info.set_stage_times(self._stats, self._handed_over)  # explorer seconds since the previous one
         return rollout
 
     # ------------------------------------------------------------------ helpers

@@ -24,7 +24,9 @@ teacher log probs), stops the run at that boundary as a stop request does (no fi
 the one-line reason, naming the stage and what it waited on — in ``summary.json``.
 
 Stage times: every update record carries ``time/wait_s`` (in the runtime's poll and waiting for rollouts),
-``time/compose_s`` (composing, failed attempts included) since the previous update, and ``time/update_s``.
+``time/compose_s`` (composing, failed attempts included) since the previous update, ``time/update_s``, and the
+explorer seconds the rollouts that arrived since the previous update report (``time/generate_s``, ``time/env_s``,
+``time/score_s``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.interrupt import StopRequest, fault_point
 from divopd.train.trainer import Trainer
-from divopd.train.watchdog import Watchdog, timed
+from divopd.train.watchdog import EXPLORER_TIMES, Watchdog, add_explorer_times, timed
 
 __all__ = ["EvalResult", "Runtime", "run_loop"]
 
@@ -139,7 +141,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
     clean = True
     watchdog = Watchdog(cfg.runtime.stall_timeout_s, cfg.sampler.batch_size)
     stalled: str | None = None  # the watchdog's one-line reason to stop
-    times: dict[str, float] = {}  # stage seconds since the previous update (time/wait_s, time/compose_s)
+    times = dict.fromkeys(EXPLORER_TIMES, 0.0)  # stage seconds since the previous update (time/wait_s, ...)
     try:
         while trainer.version < cfg.updates and not stop.requested:
             if deadline is not None and time.monotonic() > deadline:
@@ -150,8 +152,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
             with timed("time/wait_s", times):
                 rollouts = runtime.poll(timeout=0)
             clean = False
-            trainer.intake(rollouts)
-            watchdog.received(rollouts)
+            _intake(trainer, watchdog, rollouts, times)
             clean = True
             stalled = watchdog.teacher_failed()
             if stalled is not None:
@@ -169,14 +170,13 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                         break
                     rollouts = runtime.poll(timeout=0.5)
                     clean = False
-                    trainer.intake(rollouts)
-                    watchdog.received(rollouts)
+                    _intake(trainer, watchdog, rollouts, times)
                     clean = True
                 continue
             record(runtime.eval_results(timeout=0))
             trainer.count_production(runtime.producer_intervals)
             metrics = trainer.update(batch, times)
-            times = {}
+            times = dict.fromkeys(EXPLORER_TIMES, 0.0)
             # publish: explorers load the new weights at their next rollout boundary, so a rollout's turns may
             # carry older versions than the learner's (the staleness the gate bounds by δ)
             fault_point("publish")
@@ -209,6 +209,13 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
     if stalled is not None:
         extra["stalled"] = stalled
     return trainer.close({"interrupted": interrupted or stop.requested, **extra})
+
+
+def _intake(trainer: Trainer, watchdog: Watchdog, rollouts: list[Rollout], times: dict[str, float]) -> None:
+    """Finished rollouts enter the queue (and the experience log); the watchdog and the stage times see them."""
+    trainer.intake(rollouts)
+    watchdog.received(rollouts)
+    add_explorer_times(rollouts, times)
 
 
 def _waited_on(kind: str, explorers: int) -> str:

@@ -1,7 +1,9 @@
 """Stage times and the stall watchdog of the one loop (:func:`divopd.train.loop.run_loop`).
 
 :func:`timed` adds a stage's wall seconds to a metrics mapping (``time/wait_s``, ``time/compose_s``,
-``time/update_s``); the loop sums each stage since the previous update into that update's record.
+``time/update_s``); the loop sums each stage since the previous update into that update's record, with the explorer
+seconds the arriving rollouts report (:func:`add_explorer_times`: ``time/generate_s``, ``time/env_s``,
+``time/score_s``).
 
 :class:`Watchdog` watches for two ways a run can wait forever (both off with ``runtime.stall_timeout_s: 0``):
 
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from divopd.experience import Rollout
 
-__all__ = ["EXIT_STALLED", "TEACHER_WINDOW_BATCHES", "Watchdog", "timed"]
+__all__ = ["EXIT_STALLED", "EXPLORER_TIMES", "TEACHER_WINDOW_BATCHES", "Watchdog", "add_explorer_times", "timed"]
 
 #: Exit code of ``divopd train`` when the watchdog stopped the run (checkpointed; ``--resume`` continues it).
 EXIT_STALLED = 3
@@ -42,6 +44,17 @@ def timed(name: str, metrics: MutableMapping[str, float]) -> Iterator[None]:
         yield
     finally:
         metrics[name] = metrics.get(name, 0.0) + (time.perf_counter() - t0)
+
+
+#: Explorer-side stage times: metrics key → the :class:`~divopd.experience.turn.RolloutInfo` field that carries it.
+EXPLORER_TIMES = {"time/generate_s": "generate_s", "time/env_s": "env_s", "time/score_s": "score_s"}
+
+
+def add_explorer_times(rollouts: Sequence[Rollout], metrics: MutableMapping[str, float]) -> None:
+    """Add the explorer seconds the arriving ``rollouts`` report (:data:`EXPLORER_TIMES`) to ``metrics``."""
+    for rollout in rollouts:
+        for key, field in EXPLORER_TIMES.items():
+            metrics[key] = metrics.get(key, 0.0) + float(getattr(rollout.info, field))
 
 
 class Watchdog:
