@@ -236,10 +236,10 @@ class RolloutInfo:
     weight_load_s: float = 0.0
     #: explorer seconds since it handed over its previous rollout (or chunk), in generation (student and teacher
     #: actors), environment steps and teacher scoring; the learner sums them over the rollouts that arrived since its
-    #: previous update as ``time/generate_s``, ``time/env_s``, ``time/score_s``
-    generate_s: float = 0.0
-    env_s: float = 0.0
-    score_s: float = 0.0
+    #: previous update as ``time/generate_s``, ``time/env_s``, ``time/score_s`` (wall times: not compared by ``==``)
+    generate_s: float = field(default=0.0, compare=False)
+    env_s: float = field(default=0.0, compare=False)
+    score_s: float = field(default=0.0, compare=False)
 
     def set_stage_times(self, totals: dict[str, float], handed_over: dict[str, float]) -> None:
         """Set ``generate_s``, ``env_s``, ``score_s`` from an explorer's cumulative ``totals`` (``time/generate``,
