@@ -78,7 +78,7 @@ def _logged_past_newest_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
 
 
 def test_kill_9_then_resume_queues_again_every_turn_logged_after_the_checkpoint(
-        tiny_models: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tiny_models: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
     run_dir = tmp_path / "killed"
     cfg = tiny_config(tiny_models, run_dir, "divopd", updates=10, **{"checkpoint.every": 2, "eval.every": 100})
     proc = _train_in_a_subprocess(cfg, tmp_path)
