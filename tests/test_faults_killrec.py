@@ -119,3 +119,63 @@ def test_kill_9_then_resume_queues_again_every_turn_logged_after_the_checkpoint(
     assert_ledger_identity(summary["ledger"])
     arrivals = [t.arrival for t in read_log(experience)]
     assert arrivals == list(range(summary["ledger"]["received"])), "received equals the turns in the log"
+
+
+# ---------------------------------------------------------------------------------------------------- stop paths
+def test_a_threads_stop_hands_over_the_rollouts_in_hand(tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """Stop requested while both explorer threads are in a rollout and the queue is full: the rollouts they finish
+    after the stop come back from ``shutdown`` instead of being dropped."""
+    from divopd.learn.checkpoint import WeightHandle
+    from divopd.train.runtime.threads import ThreadsRuntime
+
+    cfg = tiny_config(tiny_models, tmp_path / "run", "divopd", **{
+        "runtime.kind": "threads", "runtime.num_explorers": 2, "runtime.queue_rollouts": 1})
+    runtime = ThreadsRuntime(cfg, WeightHandle(version=0, path=tiny_models["student"]), session=1)
+    polled = []
+    try:
+        deadline = time.monotonic() + 300
+        while len(polled) < 2 or not runtime._rollouts.full():  # some taken, then the queue full again
+            assert time.monotonic() < deadline, "the explorers produced nothing within 300 s"
+            if len(polled) < 2:
+                polled += runtime.poll(timeout=1.0)
+            else:
+                time.sleep(0.01)
+        leftover = runtime.shutdown(interrupted=True)
+    finally:
+        runtime.close(interrupted=True)
+    received = sum(len(r.turns) for r in polled + leftover)
+    assert len(leftover) >= 2, "the queued rollout and at least one finished after the stop come back"
+    assert received == runtime.produced_turns
+
+
+def test_ctrl_c_on_a_threads_run_receives_every_turn_the_explorers_produced(
+        tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    import threading
+
+    from divopd.train.assemble import open_run, run_trainer
+    from divopd.train.interrupt import StopRequest
+
+    cfg = tiny_config(tiny_models, tmp_path / "run", "divopd", updates=50, **{
+        "runtime.kind": "threads", "runtime.num_explorers": 2, "runtime.queue_rollouts": 1, "eval.every": 100})
+    trainer, _ = open_run(cfg)
+    stop = StopRequest()
+    done = threading.Event()
+
+    def request_stop() -> None:  # Ctrl-C after the first update, while the explorers are mid-rollout
+        deadline = time.monotonic() + 300
+        while trainer.version < 1 and time.monotonic() < deadline and not done.is_set():
+            time.sleep(0.01)
+        stop.set(signal.SIGINT)
+
+    watcher = threading.Thread(target=request_stop, daemon=True)
+    watcher.start()
+    try:
+        summary = run_trainer(trainer, stop=stop)
+    finally:
+        done.set()
+        watcher.join(timeout=10)
+    assert summary["interrupted"] and summary["updates"] < 50
+    assert_ledger_identity(summary["ledger"])
+    assert summary["ledger"]["received"] == summary["produced_turns"]
+    arrivals = [t.arrival for t in read_log(tmp_path / "run" / "experience")]
+    assert arrivals == list(range(summary["ledger"]["received"]))
