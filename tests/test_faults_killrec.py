@@ -179,3 +179,25 @@ def test_ctrl_c_on_a_threads_run_receives_every_turn_the_explorers_produced(
     assert summary["ledger"]["received"] == summary["produced_turns"]
     arrivals = [t.arrival for t in read_log(tmp_path / "run" / "experience")]
     assert arrivals == list(range(summary["ledger"]["received"]))
+
+
+@pytest.mark.slow
+def test_a_ray_stop_receives_the_collect_results_not_yet_polled(tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """Collect calls that finished but were never polled come back from ``shutdown`` instead of dying with the
+    killed actors."""
+    pytest.importorskip("ray")
+    import ray
+
+    from divopd.learn.checkpoint import WeightHandle
+    from divopd.train.runtime.ray import RayRuntime
+
+    cfg = tiny_config(tiny_models, tmp_path / "run", "divopd", **{
+        "runtime.kind": "ray", "runtime.ray_num_cpus": 2, "runtime.num_explorers": 2})
+    runtime = RayRuntime(cfg, WeightHandle(version=0, path=tiny_models["student"]), 1, [])
+    try:
+        ready, _ = ray.wait(list(runtime._inflight), num_returns=1, timeout=300)  # finished, not polled
+        assert ready, "no explorer actor finished a rollout within 300 s"
+        finished = runtime.shutdown(interrupted=True)
+    finally:
+        runtime.close(interrupted=True)
+    assert len(finished) >= 1 and all(r.turns for r in finished)
