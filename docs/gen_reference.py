@@ -97,6 +97,8 @@ SUMMARY: list[tuple[str, str]] = [
     ("env_steps", "Environment steps taken by the explorers (runtime-reported)."),
     ("producer_intervals", "Lockstep: polls of `env_steps_per_update` env steps up to the last update, across "
      "resumes (the denominator of `producer_load`); 0 under the other runtimes."),
+    ("produced_turns", "Threads runtime: turns of the rollouts the explorer threads finished in this session; every "
+     "one is received, also at a stop (in a fresh run it equals `ledger.received`)."),
 ]
 
 

@@ -143,14 +143,15 @@ def test_turn_to_row_and_row_to_turn_round_trip():
 def test_directory_log_appends_across_writers_and_rolls_parts(tmp_path):
     d = tmp_path / "experience"
     turns = [make_turn(f"r{i // 3}", i % 3, 0) for i in range(10)]
-    with ExperienceLogWriter(d, rows_per_file=4, row_group_size=2) as w:
+    with ExperienceLogWriter(d, rows_per_file=4, row_group_size=3) as w:  # each flush of 3 rows: a whole part
         arrivals = [w.append(t, arrival_update=0) for t in turns[:6]]
     assert arrivals == list(range(6))
-    with ExperienceLogWriter(d, rows_per_file=4) as w:  # a resumed run continues numbering and arrivals
+    with ExperienceLogWriter(d, rows_per_file=3) as w:  # a resumed run continues numbering and arrivals
         assert w.next_arrival == 6
-        w.extend(turns[6:], arrival_update=3)
+        w.extend(turns[6:], arrival_update=3)  # 4 rows, at most 3 a part: two parts
     parts = sorted(p.name for p in d.iterdir())
-    assert parts == ["part-000000.parquet", "part-000001.parquet", "part-000002.parquet"]
+    assert parts == [f"part-00000{i}.parquet" for i in range(4)]
+    assert [pq.read_metadata(d / p).num_rows for p in parts] == [3, 3, 3, 1]
     back = list(read_log(d, batch_size=3))
     assert [b.arrival for b in back] == list(range(10))
     assert [b.arrival_update for b in back] == [0] * 6 + [3] * 4

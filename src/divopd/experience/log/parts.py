@@ -1,6 +1,7 @@
-"""The files of a directory log: listing its ``part-*.parquet`` files in order, setting aside parts a crash left
-unreadable, and, on a resume from a checkpoint, truncating the log at an arrival number or logging the turns queued
-again as arriving at the checkpoint's update."""
+"""The files of a directory log: listing its ``part-*.parquet`` files in order, writing a part whole or not at all
+(:func:`write_part`), removing the temporary files a kill left and setting aside unreadable parts (logs written before
+parts were written whole), and, on a resume from a checkpoint, truncating the log at an arrival number or logging the
+turns queued again as arriving at the checkpoint's update."""
 
 from __future__ import annotations
 
@@ -12,6 +13,49 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from divopd.experience.log.schema import PART_PATTERN, ExperienceLogError
+
+TMP_SUFFIX = ".tmp"  # a part being written: ``part-NNNNNN.parquet.tmp``, renamed to its name once whole
+
+
+def _fsync_dir(d: Path) -> None:
+    """Make a rename inside ``d`` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_part(table: pa.Table, part: Path, row_group_size: int | None = None) -> None:
+    """Write ``table`` as the part file ``part``, whole or not at all: written to ``<part>.tmp``, flushed to disk,
+    then renamed over ``part``. A kill at any moment leaves either the previous file (or none) or the new one,
+    never a part without its footer; a leftover ``.tmp`` is removed by :func:`remove_unfinished_writes`."""
+    tmp = part.with_name(part.name + TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        pq.write_table(table, f, compression="zstd", row_group_size=row_group_size)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, part)
+    _fsync_dir(part.parent)
+
+
+def remove_unfinished_writes(path: str | os.PathLike) -> list[Path]:
+    """Delete the ``part-NNNNNN.parquet.tmp`` files of a directory log: parts a kill interrupted before they were
+    renamed into the log (divopd's own temporary files; their rows were never part of the log). Returns them."""
+    d = Path(path)
+    if not d.is_dir():
+        return []
+    removed = []
+    for f in sorted(d.iterdir()):
+        if f.name.endswith(TMP_SUFFIX) and PART_PATTERN.match(f.name[: -len(TMP_SUFFIX)]) and f.is_file():
+            f.unlink()
+            removed.append(f)
+    return removed
 
 
 def log_files(path: str | os.PathLike) -> list[Path]:
@@ -28,8 +72,10 @@ def log_files(path: str | os.PathLike) -> list[Path]:
 
 
 def set_aside_unreadable_parts(path: str | os.PathLike) -> list[Path]:
-    """Rename the part files of a directory log that cannot be opened (a crash before the footer was written) to
-    ``<name>.unreadable``, so readers and appending writers leave them out; returns the new paths."""
+    """Rename the part files of a directory log that cannot be opened to ``<name>.unreadable``, so readers and
+    appending writers leave them out; returns the new paths. Parts written by :func:`write_part` are whole, so a log
+    written since then has none; a log written before (a part streamed open until it was full, killed before its
+    footer) may, and a part damaged by other means (disk, a hand edit) is set aside the same way."""
     d = Path(path)
     moved: list[Path] = []
     if not d.is_dir():
@@ -96,8 +142,5 @@ def requeue_at_update(path: str | os.PathLike, first_arrival: int, update: int) 
 
 
 def _replace_part(part: Path, table: pa.Table) -> None:
-    """Rewrite one part file with ``table``: written beside it, then renamed over it, so a crash leaves one or the
-    other whole."""
-    tmp = part.with_name(part.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(part)
+    """Rewrite one part file with ``table`` (:func:`write_part`), so a crash leaves one or the other whole."""
+    write_part(table, part)

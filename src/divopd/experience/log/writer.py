@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from divopd.experience.log.parts import truncate_log
+from divopd.experience.log.parts import remove_unfinished_writes, truncate_log, write_part
 from divopd.experience.log.schema import (
     _TOKEN_ARRAYS,
     PART_PATTERN,
@@ -102,17 +102,24 @@ def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
 class ExperienceLogWriter:
     """Append turns to an experience log as they enter the queue, in streaming row groups.
 
-    ``path`` ending in ``.parquet`` writes one file (which must not exist unless ``overwrite``). Any other ``path`` is
-    a directory of ``part-NNNNNN.parquet`` files: a new writer on an existing directory continues it (next part
-    number, arrivals after the last logged one), so a resumed training run appends. A part is finalised when it
-    reaches ``rows_per_file`` rows, on :meth:`roll` and on :meth:`close`; an unfinished part is unreadable after a
-    crash, so long runs should keep parts modest or call :meth:`roll` at checkpoints.
+    ``path`` ending in ``.parquet`` writes one file (which must not exist unless ``overwrite``), streamed in row
+    groups and finalised on :meth:`close` (unreadable if the process dies first).
+
+    Any other ``path`` is a directory of ``part-NNNNNN.parquet`` files: a new writer on an existing directory
+    continues it (next part number, arrivals after the last logged one), so a resumed training run appends. Each
+    :meth:`flush` writes the buffered rows as new whole parts of at most ``rows_per_file`` rows (written to a
+    temporary name, flushed to disk, renamed; :func:`~divopd.experience.log.parts.write_part`), so a kill at any
+    moment leaves every flushed row readable and nothing half-written. Rows are flushed when ``row_group_size`` are
+    buffered, at the end of each :meth:`extend` (one intake: a training run's turns are on disk as they enter the
+    queue), on :meth:`roll` and on :meth:`close`. The cost is a file and an fsync per flush: a training run writes one
+    part per queued rollout (per turn under ``explorer.enqueue: turn``), about 7 KiB for a tiny-environment rollout
+    with token ids, mostly the Parquet footer.
 
     Rows are validated on the way in (types, lengths, non-negative integers, arrival order).
 
-    Resuming from a checkpoint: the log may hold rows logged after the checkpoint (and a crashed, unreadable last
-    part). ``truncate_from=A`` first drops every row with ``arrival >= A`` (:func:`truncate_log`), A being the
-    restored sampler's next arrival number, so the log again matches the queue the resumed run continues.
+    Resuming from a checkpoint: the log may hold rows logged after the checkpoint. ``truncate_from=A`` first drops
+    every row with ``arrival >= A`` (:func:`truncate_log`), A being the restored sampler's next arrival number, so the
+    log again matches the queue the resumed run continues.
     """
 
     def __init__(
@@ -148,6 +155,7 @@ class ExperienceLogWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         else:
             self.path.mkdir(parents=True, exist_ok=True)
+            remove_unfinished_writes(self.path)
             if truncate_from is not None:
                 truncate_log(self.path, truncate_from)
             parts = sorted(f for f in self.path.iterdir() if PART_PATTERN.match(f.name))
@@ -185,10 +193,15 @@ class ExperienceLogWriter:
         return arrival
 
     def extend(self, turns: Iterable[Turn], arrival_update: int, arrivals: Iterable[int] | None = None) -> list[int]:
-        """Log several turns entering the queue together (e.g. one finished rollout)."""
+        """Log several turns entering the queue together (e.g. one finished rollout); a directory log has them on
+        disk, in whole parts, when this returns."""
         if arrivals is None:
-            return [self.append(t, arrival_update) for t in turns]
-        return [self.append(t, arrival_update, a) for t, a in zip(turns, arrivals, strict=True)]
+            out = [self.append(t, arrival_update) for t in turns]
+        else:
+            out = [self.append(t, arrival_update, a) for t, a in zip(turns, arrivals, strict=True)]
+        if not self.single_file:
+            self.flush()
+        return out
 
     def write_batch(self, batch: pa.RecordBatch | pa.Table) -> None:
         """Write columnar rows directly (for producers that build columns, e.g. ``divopd simulate``)."""
@@ -210,6 +223,9 @@ class ExperienceLogWriter:
         if batch.num_rows == 0:
             return
         validate_batch(batch, str(self.path), self._order)
+        if not self.single_file:
+            self._write_parts(batch)
+            return
         start = 0
         while start < batch.num_rows:
             if self._writer is None:
@@ -220,34 +236,34 @@ class ExperienceLogWriter:
                     f"join a file with {self._schema.names}"
                 )
             take = batch.num_rows - start
-            if not self.single_file:
-                take = min(take, self.rows_per_file - self._file_rows)
             self._writer.write_batch(batch.slice(start, take), row_group_size=self.row_group_size)
             self._file_rows += take
             self.rows_written += take
             start += take
-            if not self.single_file and self._file_rows >= self.rows_per_file:
-                self.roll()
+
+    def _write_parts(self, batch: pa.RecordBatch) -> None:
+        """Write validated rows of a directory log as new whole parts of at most ``rows_per_file`` rows each."""
+        if self._schema is not None and batch.schema != self._schema:
+            raise ExperienceLogError(
+                f"{self.path}: rows with different columns ({batch.schema.names}) cannot "
+                f"join a log with {self._schema.names}"
+            )
+        self._schema = batch.schema
+        for start in range(0, batch.num_rows, self.rows_per_file):
+            chunk = pa.Table.from_batches([batch.slice(start, self.rows_per_file)])
+            write_part(chunk, self.path / f"part-{self._next_part:06d}.parquet", self.row_group_size)
+            self._next_part += 1
+            self.rows_written += chunk.num_rows
 
     def _open_file(self, schema: pa.Schema) -> None:
-        if self.single_file:
-            target = self.path
-        else:
-            target = self.path / f"part-{self._next_part:06d}.parquet"
-            self._next_part += 1
         self._schema = schema
-        self._writer = pq.ParquetWriter(target, schema, compression="zstd")
+        self._writer = pq.ParquetWriter(self.path, schema, compression="zstd")
         self._file_rows = 0
 
     def roll(self) -> None:
-        """Finalise the current part file (directory logs); the next rows start a new part."""
-        if self.single_file:
-            self.flush()
-            return
+        """Write what is buffered: a directory log's rows are then in whole parts on disk (each flush writes whole
+        parts, so nothing else is open); a single file keeps streaming."""
         self.flush()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
 
     def close(self) -> None:
         """Flush and finalise. A single-file log with no rows is still written (empty, with the schema)."""

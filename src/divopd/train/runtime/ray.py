@@ -40,6 +40,9 @@ __all__ = ["RayRuntime", "ExplorerActor", "actor_incarnation", "explorer_name", 
 
 log = logging.getLogger(__name__)
 
+#: how long a normal stop waits for the collect calls in flight to finish (a Ctrl-C / SIGTERM takes only finished ones)
+SHUTDOWN_COLLECT_S = 30.0
+
 
 class ExplorerActor:
     """An Explorer inside a Ray actor (wrapped with ``ray.remote`` at the edge, in :class:`RayRuntime`)."""
@@ -239,10 +242,29 @@ class RayRuntime:
 
     def shutdown(self, interrupted: bool) -> list[Rollout]:
         self._nodes = self.placement()
+        finished = self._finished_collects(0.0 if interrupted else SHUTDOWN_COLLECT_S)
         self._inflight.clear()  # killing an actor ends the collect call it is running
         for actor in self._explorers:
             ray.kill(actor, no_restart=True)
-        return []
+        return finished
+
+    def _finished_collects(self, timeout: float) -> list[Rollout]:
+        """The rollouts of the collect calls in flight that finish within ``timeout`` seconds (already finished ones
+        with ``timeout`` 0): the loop receives them instead of the kill dropping them."""
+        refs = list(self._inflight)
+        if not refs:
+            return []
+        ready, running = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        out: list[Rollout] = []
+        for ref in ready:
+            try:
+                out.extend(ray.get(ref, timeout=30))
+            except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
+                log.warning("explorer actor %d failed at the stop; its rollout is lost: %s", self._inflight[ref], exc)
+        if running:
+            log.info("stop: %d explorer rollouts still running end unfinished (never produced, never received)",
+                     len(running))
+        return out
 
     def close(self, interrupted: bool) -> dict[str, Any]:
         ray.kill(self._evaluator, no_restart=True)

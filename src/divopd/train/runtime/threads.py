@@ -6,8 +6,9 @@
     evaluator thread ◄── (update, snapshot) requests;  results ──► main thread writes them
 
 :class:`ThreadsRuntime` is only the adapter (see :mod:`divopd.train.loop` for the loop and its shutdown order). On
-shutdown the stop event is set, explorer threads finish the rollout in hand (a full queue is not waited on), and every
-finished rollout still in the queue is handed back to the loop.
+shutdown the stop event is set, explorer threads finish the rollout in hand and hand it over (beside the queue when
+the queue is full: a full queue is not waited on), and every finished rollout, in the queue or handed over, goes back
+to the loop, so the turns the loop receives are the turns the explorers produced (``produced_turns``).
 
 Threads rather than processes: torch releases the GIL inside its kernels, the weights are shared in memory without
 copies, and a single process is what `make demo` needs; see the README's measurement of the alternatives.
@@ -35,6 +36,8 @@ __all__ = ["ThreadsRuntime"]
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_JOIN_S = 60  # how long shutdown waits for each explorer thread to finish its rollout in hand
+
 
 class ExplorerWorker(threading.Thread):
     """Runs one Explorer: collect a rollout, hand it to the learner, pick up newer weights; restart on failure."""
@@ -46,6 +49,8 @@ class ExplorerWorker(threading.Thread):
         self.weights, self.teacher, self.out, self.stop_event = weights, teacher, out, stop
         self.max_restarts = max_restarts
         self.restarts = 0
+        self.produced_turns = 0  # turns of the rollouts this worker finished (all of them reach the loop)
+        self.in_hand: list[Rollout] = []  # finished after the stop with the queue full: handed over at shutdown
         self.error: str | None = None
         self.usage_error: UsageError | None = None  # bad input (e.g. explorer.env_kwargs): no restart can fix it
 
@@ -72,14 +77,22 @@ class ExplorerWorker(threading.Thread):
             while not self.stop_event.is_set():
                 explorer.set_weights(self.weights.get())  # loaded at the next rollout; the step limit follows
                 (rollout,) = explorer.collect(1)
-                while not self.stop_event.is_set():
-                    try:
-                        self.out.put(rollout, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
+                self.produced_turns += len(rollout.turns)
+                self._hand_over(rollout)
         finally:
             explorer.close()
+
+    def _hand_over(self, rollout: Rollout) -> None:
+        """Queue a finished rollout, waiting while the queue is full; after the stop, keep it in ``in_hand`` for
+        :meth:`ThreadsRuntime.shutdown` instead of waiting (the loop no longer polls)."""
+        while True:
+            try:
+                self.out.put(rollout, timeout=0.2)
+                return
+            except queue.Full:
+                if self.stop_event.is_set():
+                    self.in_hand.append(rollout)
+                    return
 
 
 class EvalWorker(threading.Thread):
@@ -181,12 +194,21 @@ class ThreadsRuntime:
             self._abort.set()
         self._stop.set()
         for w in self._workers:
-            w.join(timeout=60)
-        return _drain(self._rollouts)
+            w.join(timeout=SHUTDOWN_JOIN_S)
+        busy = [w.idx for w in self._workers if w.is_alive()]
+        if busy:
+            log.warning("explorers %s still in a rollout %d s after the stop: their rollouts in hand are not counted",
+                        busy, SHUTDOWN_JOIN_S)
+        return _drain(self._rollouts) + [r for w in self._workers for r in w.in_hand]
+
+    @property
+    def produced_turns(self) -> int:
+        """Turns of the rollouts the explorer threads finished in this session."""
+        return sum(w.produced_turns for w in self._workers)
 
     def close(self, interrupted: bool) -> dict[str, Any]:
         if interrupted:
             self._abort.set()
         self._evaluator.requests.put(None)
         self._evaluator.join(timeout=5 if interrupted else 600)
-        return {"explorer_restarts": sum(w.restarts for w in self._workers)}
+        return {"explorer_restarts": sum(w.restarts for w in self._workers), "produced_turns": self.produced_turns}
