@@ -43,7 +43,7 @@ from trinity.utils.timer import Timer
 
 from divopd.errors import UsageError, one_line
 from divopd.experience import Turn
-from divopd.sampling import Batch, Sampler, SamplerConfig, is_stale, make_sampler
+from divopd.sampling import Batch, Sampler, SamplerConfig, is_stale, ledger_metrics, make_sampler
 
 __all__ = ["STRATEGY_NAME", "DivOPDSampleStrategy", "default_sample_args", "experience_to_turn", "sampler_config"]
 
@@ -241,21 +241,14 @@ class DivOPDSampleStrategy(SampleStrategy):
         """Drop the experiences of turns that left the sampler unselected (expired, or rejected by the gate)."""
         if len(self._held) <= self.sampler.waiting:
             return
-        state = self.sampler.state_dict()  # the sampler's public view of the turns still waiting
-        waiting = {int(e[0]) for e in state["queue"]} | {int(e[0]) for e in state["pending"]}
+        waiting = self.sampler.waiting_arrivals()
         for arrival in [a for a in self._held if a not in waiting]:
             del self._held[arrival]
 
     # ------------------------------------------------------------------ metrics and messages
     def _metrics(self, batch: Batch) -> dict[str, float]:
         """divopd's names: ``sampler/<batch stat>``, ``ledger/<counter>``, ``ledger/{invalid,expired}/<reason>``."""
-        metrics = {f"sampler/{k}": float(v) for k, v in batch.stats.items()}
-        ledger = self.sampler.ledger
-        metrics.update({f"ledger/{k}": float(v) for k, v in ledger.items() if not isinstance(v, dict)})
-        for reason, count in ledger["invalid_by_reason"].items():
-            metrics[f"ledger/invalid/{reason}"] = float(count)
-        for reason, count in ledger["expired_by_reason"].items():
-            metrics[f"ledger/expired/{reason}"] = float(count)
+        metrics = {f"sampler/{k}": float(v) for k, v in batch.stats.items()} | ledger_metrics(self.sampler.ledger)
         metrics["sampler/held_experiences"] = float(len(self._held))
         return metrics
 

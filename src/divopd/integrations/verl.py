@@ -37,7 +37,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from divopd.errors import UsageError
 from divopd.experience import Turn
 from divopd.integrations.verl_records import RECORD_FIELDS, VerlRecordError, record_to_turn
-from divopd.sampling import Batch, Sampler, SamplerConfig, make_sampler
+from divopd.sampling import Batch, Sampler, SamplerConfig, ledger_metrics, make_sampler
 
 __all__ = ["DivOPDReplayBuffer", "DEFAULTS", "VerlRecordError", "batch_metrics", "divopd_config"]
 
@@ -74,17 +74,7 @@ def divopd_config(sampler_kwargs: Any, max_off_policy_threshold: int | None, bat
 def batch_metrics(batch: Batch | None, ledger: dict[str, Any]) -> dict[str, float]:
     """divopd's metric names (docs/reference/metrics.md): ``sampler/<stat>`` of the batch and ``ledger/...``."""
     metrics = {} if batch is None else {f"sampler/{k}": float(v) for k, v in batch.stats.items()}
-    metrics.update({f"ledger/{k}": float(v) for k, v in ledger.items() if not isinstance(v, dict)})
-    for reason, count in ledger["invalid_by_reason"].items():
-        metrics[f"ledger/invalid/{reason}"] = float(count)
-    for reason, count in ledger["expired_by_reason"].items():
-        metrics[f"ledger/expired/{reason}"] = float(count)
-    return metrics
-
-
-def _waiting_arrivals(sampler: Sampler) -> set[int]:
-    """Arrivals still queued or pending (divopd.sampling has no public accessor for them)."""
-    return set(sampler._queue) | set(sampler._pending)  # noqa: SLF001
+    return metrics | ledger_metrics(ledger)
 
 
 class DivOPDReplayBuffer(ReplayBuffer):
@@ -187,7 +177,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
 
     def _clear_decided(self, partition_id: str, batch: Batch | None) -> None:
         """Forget and clear from TransferQueue the turns the sampler expired or rejected during this composition."""
-        keep = _waiting_arrivals(self.sampler) | set(batch.arrivals if batch is not None else ())
+        keep = self.sampler.waiting_arrivals() | set(batch.arrivals if batch is not None else ())
         gone = [a for a in self._keys if a not in keep]
         if gone:
             keys = [self._keys.pop(a) for a in gone]

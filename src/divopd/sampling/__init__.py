@@ -22,7 +22,7 @@ from divopd.sampling.rules import (
     uniform_order,
 )
 from divopd.sampling.sampler import Batch, Sampler, SamplerConfig, make_sampler
-from divopd.sampling.stats import BatchStats, batch_stats, effective_rollouts
+from divopd.sampling.stats import BatchStats, batch_stats, effective_rollouts, ledger_metrics
 
 __all__ = [
     "METHODS",
@@ -40,6 +40,7 @@ __all__ = [
     "allocate_rollout_first_tokens",
     "batch_stats",
     "effective_rollouts",
+    "ledger_metrics",
     "focus_order",
     "get_method",
     "is_stale",

@@ -128,6 +128,11 @@ class Sampler:
         self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending.items()])
 
     # ------------------------------------------------------------------ ledger
+    def waiting_arrivals(self) -> set[int]:
+        """Arrival numbers of the turns still waiting (queued or pending): what a caller holding records beside the
+        sampler keeps; every other arrival was selected, expired or rejected."""
+        return set(self._queue) | set(self._pending)
+
     @property
     def ledger(self) -> dict[str, Any]:
         """Counters; ``received == selected + expired + invalid + pending + queued`` always holds."""

@@ -10,7 +10,7 @@ from typing import TypedDict
 from divopd.experience.turn import Turn
 from divopd.sampling.paper_diagnostics import kl_per_token, turns_per_rollout
 
-__all__ = ["BatchStats", "batch_stats", "effective_rollouts"]
+__all__ = ["BatchStats", "batch_stats", "effective_rollouts", "ledger_metrics"]
 
 
 class BatchStats(TypedDict, total=False):
@@ -99,3 +99,14 @@ def batch_stats(turns: Sequence[Turn], learner_version: int) -> BatchStats:
         "turns_per_rollout": turns_per_rollout(turns),
         "kl_per_token": kl_per_token(turns),
     }
+
+
+def ledger_metrics(ledger: dict) -> dict[str, float]:
+    """A sampler ledger (:attr:`divopd.sampling.Sampler.ledger`) under divopd's metric names: ``ledger/<counter>``,
+    ``ledger/invalid/<reason>`` and ``ledger/expired/<reason>``."""
+    metrics = {f"ledger/{k}": float(v) for k, v in ledger.items() if not isinstance(v, dict)}
+    for reason, count in ledger["invalid_by_reason"].items():
+        metrics[f"ledger/invalid/{reason}"] = float(count)
+    for reason, count in ledger["expired_by_reason"].items():
+        metrics[f"ledger/expired/{reason}"] = float(count)
+    return metrics

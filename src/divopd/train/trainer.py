@@ -34,7 +34,7 @@ from divopd.experience.log import ExperienceLogWriter, set_aside_unreadable_part
 from divopd.experience.metrics import MetricsWriter, final_five, peak_sr
 from divopd.learn.checkpoint import WeightHandle, atomic_write_text, latest_checkpoint, remove_interrupted_writes
 from divopd.learn.protocol import LearnerProtocol
-from divopd.sampling import Batch, Sampler, make_sampler
+from divopd.sampling import Batch, Sampler, ledger_metrics, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
@@ -150,12 +150,7 @@ class Trainer:
         :class:`~divopd.sampling.paper_diagnostics.RunDiagnostics`)."""
         metrics = {f"sampler/{k}": float(v) for k, v in batch.stats.items()}
         metrics.update(self.paper.observe_batch(batch.stats))
-        ledger = self.sampler.ledger
-        metrics.update({f"ledger/{k}": float(v) for k, v in ledger.items() if not isinstance(v, dict)})
-        for reason, count in ledger["invalid_by_reason"].items():
-            metrics[f"ledger/invalid/{reason}"] = float(count)
-        for reason, count in ledger["expired_by_reason"].items():
-            metrics[f"ledger/expired/{reason}"] = float(count)
+        metrics.update(ledger_metrics(self.sampler.ledger))
         metrics["queue/arrivals"] = float(self._arrived_since_update)
         metrics["queue/arrival_drain_ratio"] = self.arrival_drain_ratio()
         if self.state.producer_intervals:
