@@ -25,24 +25,9 @@ PAPER_ROWS = ["vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divo
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Random-init tiny student and teacher sharing a word-level tokenizer built from the tiny env's text."""
-    from divopd.explore.envs import make_env
-    from divopd.models.tiny import build_model, build_tokenizer
+    from tiny_models import build_tiny_models
 
-    out = tmp_path_factory.mktemp("models")
-    env = make_env("tiny")
-    texts = ["You are an agent. Valid actions: move east west take coin"]
-    for task in env.tasks("train")[:30]:
-        texts.append(env.reset(task))
-        for action in env.gold_actions(task) or []:
-            texts += [action, env.step(action)[0]]
-    tok = build_tokenizer(texts)
-    paths = {}
-    for name, seed in (("student", 0), ("teacher", 1)):
-        model = build_model(tok, size="0.2m", seed=seed)
-        model.save_pretrained(out / name)
-        tok.save_pretrained(out / name)
-        paths[name] = str(out / name)
-    return paths
+    return build_tiny_models(tmp_path_factory.mktemp("models"))
 
 
 def tiny_config(models: dict[str, str], run_dir: Path, method: str, **over: object) -> TrainConfig:

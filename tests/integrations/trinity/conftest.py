@@ -15,8 +15,7 @@ import pytest
 import yaml
 from opd_stream import SETTINGS, UPDATES
 
-from divopd.explore.envs import make_env
-from divopd.models.tiny import build_model, build_tokenizer
+from tiny_models import build_tiny_models  # tests/, on the path through tests/conftest.py
 
 
 @pytest.fixture(scope="session")
@@ -30,28 +29,11 @@ def ray_local():
     ray.shutdown()
 
 
-def _tiny_models(out: Path) -> dict[str, str]:
-    env = make_env("tiny")
-    texts = ["You are an agent. Valid actions: move east west take coin"]
-    for task in env.tasks("train")[:30]:
-        texts.append(env.reset(task))
-        for action in env.gold_actions(task) or []:
-            texts += [action, env.step(action)[0]]
-    tok = build_tokenizer(texts)
-    paths = {}
-    for name, seed in (("student", 0), ("teacher", 1)):
-        model = build_model(tok, size="0.2m", seed=seed)
-        model.save_pretrained(out / name)
-        tok.save_pretrained(out / name)
-        paths[name] = str(out / name)
-    return paths
-
-
 @pytest.fixture(scope="session")
 def divopd_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The experience log (a part directory) of a real lockstep ``divopd train`` run of :data:`UPDATES` updates."""
     root = tmp_path_factory.mktemp("divopd-run")
-    models = _tiny_models(root / "models")
+    models = build_tiny_models(root / "models")
     config = {
         "setting": "trinity-tiny", "method": "divopd", "seed": 0, "updates": UPDATES, "run_dir": str(root / "run"),
         "student": {"path": models["student"]}, "teacher": {"path": models["teacher"]},

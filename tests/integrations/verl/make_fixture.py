@@ -16,34 +16,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from divopd.explore.envs import make_env
-from divopd.models.tiny import build_model, build_tokenizer
 from divopd.train import train
 from divopd.train.config import load_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the tests' tiny models
+from tiny_models import build_tiny_models  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "data" / "tiny-lockstep"
 
 
-def _models(folder: Path) -> dict[str, str]:
-    env = make_env("tiny")
-    texts = ["You are an agent. Valid actions: move east west take coin"]
-    for task in env.tasks("train")[:30]:
-        texts.append(env.reset(task))
-        for action in env.gold_actions(task) or []:
-            texts += [action, env.step(action)[0]]
-    tok = build_tokenizer(texts)
-    paths = {}
-    for name, seed in (("student", 0), ("teacher", 1)):
-        model = build_model(tok, size="0.2m", seed=seed)
-        model.save_pretrained(folder / name)
-        tok.save_pretrained(folder / name)
-        paths[name] = str(folder / name)
-    return paths
-
-
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        models = _models(Path(tmp) / "models")
+        models = build_tiny_models(Path(tmp) / "models")
         run_dir = Path(tmp) / "run"
         data = {
             "setting": "verl-fixture", "method": "divopd", "seed": 0, "updates": 12, "run_dir": str(run_dir),
