@@ -67,9 +67,8 @@ class Explorer:
         tokenizer: the student's tokenizer (chat template used for prompts).
         teacher: the frozen :class:`~divopd.explore.teacher.Teacher` (or an HF causal LM, wrapped in one) scoring
             every student token and acting under +R; ``None`` = turns unscored.
-        teacher_tokenizer: the teacher's tokenizer (``None`` = the student's). Another vocabulary wraps the teacher
-            so it scores the student's token ids (:func:`~divopd.explore.vocab.adapt_teacher`: an extension, or a
-            cross-tokenizer teacher mapped by character spans).
+        teacher_tokenizer: the teacher's tokenizer (``None`` = the student's); with another vocabulary the teacher
+            is wrapped to score the student's ids (:func:`~divopd.explore.vocab.student_ids_teacher`).
         seed: base seed of task order and sampling.
         explorer_id: this explorer's number; rollout ids are ``f"{id_prefix}{explorer_id}-{n}"``.
         policy_version: version of the student weights given.
@@ -357,10 +356,7 @@ class Explorer:
         """Teacher log probs and top-k per turn (``None`` = unscored), retried turn by turn on a failure."""
         if self._score_call is None or not prompts:
             return [None] * len(prompts), [None] * len(prompts)
-        scores, topk = teacher_scores(self._score_call, prompts, responses, self._stats, self.explorer_id)
-        self._stats["teacher_masked_tokens"] += sum(int(np.count_nonzero(~np.isfinite(s))) for s in scores
-                                                    if s is not None)
-        return scores, topk
+        return teacher_scores(self._score_call, prompts, responses, self._stats, self.explorer_id)
 
     def _start_episode(self, envs: list[Env], i: int, tasks: Iterator[str]) -> Episode | None:
         """Reset env ``i`` on the next task (``None`` when ``tasks`` is exhausted); a crash replaces the instance."""
