@@ -230,25 +230,59 @@ def test_topk_needs_a_shared_vocabulary(toks: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ a real run
-def test_a_short_train_with_a_cross_tokenizer_teacher(tmp_path: Path) -> None:
-    from divopd.experience.log import read_log
-    from divopd.train import train
-    from divopd.train.config import load_config
+@pytest.fixture(scope="module")
+def cross_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], Path]:
+    """The tests' tiny word-level student and a tiny teacher with its own byte-level BPE tokenizer, and the config
+    data of a short lockstep run pairing them."""
     from tiny_models import build_tiny_models
 
-    models = build_tiny_models(tmp_path / "models")
+    root = tmp_path_factory.mktemp("cross")
+    models = build_tiny_models(root / "models")
     bpe = build_tokenizer(_texts(), kind="bpe", vocab_size=300)
-    build_model(bpe, size="0.2m", seed=1).save_pretrained(tmp_path / "bpe-teacher")
-    bpe.save_pretrained(tmp_path / "bpe-teacher")
-    run_dir = tmp_path / "run"
-    cfg = load_config(data={
-        "setting": "test-tiny", "method": "divopd", "seed": 0, "updates": 3, "run_dir": str(run_dir),
-        "student": {"path": models["student"]}, "teacher": {"path": str(tmp_path / "bpe-teacher")},
+    build_model(bpe, size="0.2m", seed=1).save_pretrained(root / "bpe-teacher")
+    bpe.save_pretrained(root / "bpe-teacher")
+    data = {
+        "setting": "test-tiny", "method": "divopd", "seed": 0, "updates": 3, "run_dir": str(root / "run"),
+        "student": {"path": models["student"]}, "teacher": {"path": str(root / "bpe-teacher")},
         "sampler": {"batch_size": 6, "pool_factor": 4, "cap": 2, "max_staleness": 2},
         "learner": {"lr": 1e-3}, "runtime": {"kind": "lockstep"},
         "explorer": {"env": "tiny", "num_envs": 3, "max_steps": 5, "eval_tasks": 3},
         "eval": {"every": 3, "tasks": 3, "at_start": False}, "checkpoint": {"every": 3, "keep": 1},
-    })
+    }
+    return data, root
+
+
+def test_every_teacher_backend_is_bridged_where_it_is_loaded(cross_run: tuple[dict, Path], toks: dict) -> None:
+    """``load_teacher`` wraps whatever backend it built, so the shared Ray teacher actor (which loads its teacher with
+    it, in its own process) scores the student's ids too."""
+    pytest.importorskip("ray")
+    from divopd.models import load_tokenizer
+    from divopd.train.config import load_config
+    from divopd.train.runtime.common import load_teacher
+    from divopd.train.runtime.ray_teacher import TeacherActor
+
+    cfg = load_config(data=cross_run[0])
+    teacher, tokenizer = load_teacher(cfg)
+    assert isinstance(teacher, CrossTokenizerTeacher) and tokenizer.get_vocab() != toks["word"].get_vocab()
+    actor = TeacherActor(cfg.model_dump(mode="json"))  # the actor's class, in this process
+    assert isinstance(actor.teacher, CrossTokenizerTeacher)
+    student = load_tokenizer(cfg.student.path)
+    prompt, response = _ids(student, PROMPT), _ids(student, "move east take coin")
+    (lp, top), = actor.score_turns([prompt], [response])
+    (again, _), = teacher.score_turns([prompt], [response])
+    assert top is None and lp.shape == (len(response),) and np.isfinite(lp).all()
+    np.testing.assert_allclose(lp, again, rtol=0, atol=1e-5)
+
+
+def test_a_short_train_with_a_cross_tokenizer_teacher(cross_run: tuple[dict, Path]) -> None:
+    from divopd.experience.log import read_log
+    from divopd.train import train
+    from divopd.train.config import load_config
+
+    data, root = cross_run
+    run_dir = root / "run"
+    models = {"student": data["student"]["path"]}
+    cfg = load_config(data=data)
     summary = train(cfg)
     assert summary["updates"] == 3
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -262,7 +296,7 @@ def test_a_short_train_with_a_cross_tokenizer_teacher(tmp_path: Path) -> None:
     from divopd.models import load_model, load_tokenizer
 
     student_tok = load_tokenizer(models["student"])
-    model, teacher_tok = load_model(str(tmp_path / "bpe-teacher"))
+    model, teacher_tok = load_model(data["teacher"]["path"])
     cross = adapt_teacher(HFTeacher(model.eval(), teacher_tok, max_tokens_per_batch=4096), student_tok, teacher_tok)
     assert isinstance(cross, CrossTokenizerTeacher)
     for t in turns[:4]:
