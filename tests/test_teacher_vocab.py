@@ -274,6 +274,23 @@ def test_every_teacher_backend_is_bridged_where_it_is_loaded(cross_run: tuple[di
     np.testing.assert_allclose(lp, again, rtol=0, atol=1e-5)
 
 
+def test_teacher_tokenizer_names_the_tokenizer_the_decision_reads(cross_run: tuple[dict, Path]) -> None:
+    from divopd.models import load_tokenizer
+    from divopd.train.config import load_config
+    from divopd.train.runtime.common import check_vocabularies
+
+    data, root = cross_run
+    student, teacher = data["student"]["path"], data["teacher"]["path"]
+    own = load_config(data=data)
+    assert check_vocabularies(own, load_tokenizer(teacher)).kind == "cross"
+    named = load_config(data={**data, "teacher": {"path": teacher, "tokenizer": student}})
+    assert named.teacher.tokenizer == student
+    assert check_vocabularies(named, load_tokenizer(student)).kind == "identical"  # compared, not assumed
+    off = load_config(data={**data, "teacher": {"path": student, "tokenizer": teacher, "cross_tokenizer": False}})
+    with pytest.raises(ValueError, match=r"^teacher\.tokenizer: .* teacher\.cross_tokenizer is false"):
+        check_vocabularies(off, load_tokenizer(teacher))
+
+
 def test_a_short_train_with_a_cross_tokenizer_teacher(cross_run: tuple[dict, Path]) -> None:
     from divopd.experience.log import read_log
     from divopd.train import train
