@@ -309,8 +309,11 @@ MESSAGES: dict[str, tuple[str, ...]] = {
     "not a Hugging Face model in the local cache": (
         "is not {what} (no such folder) and, offline (HF_HUB_OFFLINE), not a Hugging Face model in the local cache",),
     "has a different vocabulary from student.path": (
-        'teacher.path: {cfg.teacher.path} has a different vocabulary from student.path ',
-        "entries differ); OPD scores the student's token ids, so they must share one"),
+        'f"teacher.path: {cfg.teacher.path}"', 'has a different vocabulary from student.path {cfg.student.path} '
+        '({sizes}, not ', "an extension) and teacher.cross_tokenizer is false; set it true to map the teacher's log"),
+    "learner.estimator: topk (explorer.teacher_topk) needs the teacher's top-k ids": (
+        "learner.estimator: topk (explorer.teacher_topk) needs the teacher's top-k ids in the ",
+        "student's vocabulary, but {source} is {match.describe()}; use learner.estimator: sampled"),
     "explorer.env: unknown environment 'mars'": (
         "explorer.env: unknown environment {name!r}; known: {', '.join(ENVS)}, ",
         "or an import path module:Class of an Env subclass"),

@@ -324,11 +324,18 @@ def test_evaluate_counts_a_gold_playing_student_as_successful():
     assert result["eval/success_rate"] == 1.0 and result["eval/mean_score"] == 1.0
 
 
-def test_mismatched_teacher_vocabulary_is_refused():
+def test_a_teacher_with_another_vocabulary_is_bridged_and_refused_only_with_a_top_k():
+    """Issue 44: another vocabulary makes a cross-tokenizer teacher (tests/test_teacher_vocab.py); a top-k needs a
+    shared one."""
+    from divopd.explore.vocab_align import CrossTokenizerTeacher
+
     tok = env_tokenizer("tiny")
     other_tok = env_tokenizer("twx")
-    with pytest.raises(ValueError, match="different vocabulary"):
-        Explorer(ExplorerConfig(env="tiny"), tiny_model(tok, 0), tok, tiny_model(other_tok, 1), other_tok)
+    explorer = Explorer(ExplorerConfig(env="tiny"), tiny_model(tok, 0), tok, tiny_model(other_tok, 1), other_tok)
+    assert isinstance(explorer._teacher, CrossTokenizerTeacher) and explorer.teacher_tokenizer is tok
+    with pytest.raises(ValueError, match="teacher_topk needs"):
+        Explorer(ExplorerConfig(env="tiny", teacher_topk=4), tiny_model(tok, 0), tok, tiny_model(other_tok, 1),
+                 other_tok)
 
 
 # ---------------------------------------------------------------------------- generation backend

@@ -126,6 +126,9 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
     ("explorer/turns", "update", "Student turns received so far."),
     ("explorer/success_rate_train", "update", "Share of received training rollouts that succeeded."),
     ("explorer/teacher_turns", "update", "Teacher-acted turns so far (+R recovery; never queued)."),
+    ("explorer/teacher_masked_tokens", "update", "Response tokens received so far whose teacher log prob is not "
+     "finite, so not teacher-valid: a student token the teacher's vocabulary lacks, a cross-tokenizer span that "
+     "could not be mapped (docs/concepts/teacher-vocabularies.md), a first token without context."),
     # diagnostics (Appendix E, with diagnostics.every > 0)
     ("diag/grad_cos_pool", "update",
      "E.3: cosine of the batch's OPD gradient with the gradient of all valid candidates."),

@@ -17,8 +17,8 @@ __all__ = ["EXPLORER_COUNTERS", "Episode", "StudentStep", "build_rollout", "coun
 #: An explorer's cumulative counters (``Explorer.stats()``, namespaced ``explorer/...``).
 EXPLORER_COUNTERS: tuple[str, ...] = (
     "rollouts", "turns", "teacher_turns", "takeovers", "successes", "env_steps", "env_crashes", "teacher_failures",
-    "unscored_turns", "truncated_turns", "weight_loads", "step_limit_hits", "generated_tokens", "time/generate",
-    "time/env", "time/teacher_score", "time/weight_load_s")
+    "unscored_turns", "teacher_masked_tokens", "truncated_turns", "weight_loads", "step_limit_hits",
+    "generated_tokens", "time/generate", "time/env", "time/teacher_score", "time/weight_load_s")
 
 
 @dataclass

@@ -47,6 +47,7 @@ from divopd.explore.scoring import make_score_call, teacher_scores
 from divopd.explore.settings import ExplorerConfig
 from divopd.explore.tasks import close_quietly, reset_with_retries, start_env, task_stream
 from divopd.explore.teacher import as_teacher
+from divopd.explore.vocab import student_ids_teacher
 
 __all__ = ["Explorer", "ExplorerConfig", "Rollout"]
 
@@ -66,8 +67,8 @@ class Explorer:
         tokenizer: the student's tokenizer (chat template used for prompts).
         teacher: the frozen :class:`~divopd.explore.teacher.Teacher` (or an HF causal LM, wrapped in one) scoring
             every student token and acting under +R; ``None`` = turns unscored.
-        teacher_tokenizer: the teacher's tokenizer; must share the student's vocabulary (OPD scores the student's
-            token ids). ``None`` = the student's.
+        teacher_tokenizer: the teacher's tokenizer (``None`` = the student's); with another vocabulary the teacher
+            is wrapped to score the student's ids (:func:`~divopd.explore.vocab.student_ids_teacher`).
         seed: base seed of task order and sampling.
         explorer_id: this explorer's number; rollout ids are ``f"{id_prefix}{explorer_id}-{n}"``.
         policy_version: version of the student weights given.
@@ -98,10 +99,6 @@ class Explorer:
         self.config = config
         self.student, self.tokenizer, self.teacher = student, tokenizer, teacher  # as given (an HF model or a Teacher)
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else tokenizer
-        if teacher is not None and self.teacher_tokenizer is not tokenizer and \
-                self.teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
-            raise ValueError("Explorer: the teacher's tokenizer has a different vocabulary from the student's; "
-                             "OPD scores the student's token ids, so they must share one")
         if config.recovery.enabled and teacher is None:
             raise ValueError("Explorer: recovery.enabled needs a teacher to act")
         self.seed, self.explorer_id, self.id_prefix = seed, explorer_id, id_prefix
@@ -112,6 +109,9 @@ class Explorer:
         tt, per_batch = self.teacher_tokenizer, config.teacher_max_tokens_per_batch
         self._teacher = None if teacher is None else as_teacher(teacher, tt, max_tokens_per_batch=per_batch,
                                                                 stop_on_newline=stop_nl)
+        if self._teacher is not None and tt is not tokenizer:  # another vocabulary: a teacher of the student's ids
+            self._teacher, self.teacher_tokenizer = student_ids_teacher(self._teacher, tokenizer, tt,
+                                                                        topk=config.teacher_topk)
         self._teacher_gen = self._teacher if config.recovery.enabled else None
         self._score_call = None if self._teacher is None else make_score_call(self._teacher, topk=config.teacher_topk)
         self._step_limit = step_limit  # the step limit now: config.max_steps, or step_limit of the newest weights

@@ -33,8 +33,9 @@ def teacher_scores(score_call: ScoreCall, prompts: list[list[int]], responses: l
                    stats: dict[str, float], explorer_id: int) -> tuple[list, list]:
     """Teacher log probs per turn (``None`` = unscored) and the top-k (ids, logprobs) per turn (``None``: none kept).
 
-    One batched ``score_call``; if it fails, each turn is retried alone. Counts ``teacher_failures`` and
-    ``time/teacher_score`` in ``stats``. A result whose length differs from its response counts as unscored.
+    One batched ``score_call``; if it fails, each turn is retried alone. Counts ``teacher_failures``,
+    ``time/teacher_score`` and ``teacher_masked_tokens`` (scored positions whose log prob is not finite: not
+    teacher-valid) in ``stats``. A result whose length differs from its response counts as unscored.
     """
     n = len(prompts)
     t0 = time.perf_counter()
@@ -60,6 +61,8 @@ def teacher_scores(score_call: ScoreCall, prompts: list[list[int]], responses: l
         else:
             lps.append(r[0])
             topk.append(r[1])
+            stats["teacher_masked_tokens"] = stats.get("teacher_masked_tokens", 0) + \
+                int(np.count_nonzero(~np.isfinite(np.asarray(r[0], dtype=np.float64))))
     return lps, topk
 
 

@@ -72,6 +72,15 @@ class TeacherRef(ModelRef):
     shared: bool = Field(False, description="runtime.kind ray: one teacher actor scores for every explorer instead "
                          "of one teacher per explorer actor (ignored by the other runtimes, which share one already).")
     actor_gpus: float = Field(0.0, ge=0, description="Ray: GPUs reserved for the shared teacher actor.")
+    tokenizer: str | None = Field(
+        None, description="The teacher's tokenizer (HF name or folder); default the teacher model's own. Compared "
+        "with the student's at start: identical, an extension (same id for every shared token), or different "
+        "(docs/concepts/teacher-vocabularies.md).")
+    cross_tokenizer: bool = Field(
+        True, description="A teacher whose vocabulary is neither the student's nor an extension of it scores the "
+        "student's text under its own tokenization, mapped onto the student's tokens by character spans (our "
+        "reading); false = refuse such a teacher at start (one line, exit 2). learner.estimator: topk needs a "
+        "shared vocabulary.")
 
 
 #: The ``sampler:`` section, generated from the one table of sampler settings (divopd.sampling.settings).

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from divopd.errors import UsageError
 from divopd.experience import Rollout
 from divopd.experience.log import ExperienceLogWriter, set_aside_unreadable_parts, truncate_log
@@ -58,6 +60,8 @@ class RunState:
     turns: int = 0
     successes: int = 0
     teacher_turns: int = 0
+    #: response positions of the received turns whose teacher log prob is not finite (not teacher-valid)
+    teacher_masked_tokens: int = 0
     elapsed_s: float = 0.0
     sessions: int = 0
     #: learner-step intervals of production so far (lockstep: its polls; see :meth:`Trainer.count_production`)
@@ -108,6 +112,8 @@ class Trainer:
             if self.log_writer is not None and turns:
                 self.log_writer.extend(turns, arrival_update=self.learner.version, arrivals=arrivals)
             n += len(turns)
+            self.state.teacher_masked_tokens += sum(int(np.count_nonzero(~np.isfinite(t.teacher_logprobs)))
+                                                    for t in turns if t.teacher_logprobs is not None)
             info = rollout.info
             self.weight_load_s = float(info.weight_load_s)
             if info.partial:
@@ -159,6 +165,7 @@ class Trainer:
         metrics["explorer/turns"] = float(self.state.turns)
         metrics["explorer/success_rate_train"] = self.state.successes / max(1, self.state.rollouts)
         metrics["explorer/teacher_turns"] = float(self.state.teacher_turns)
+        metrics["explorer/teacher_masked_tokens"] = float(self.state.teacher_masked_tokens)
         return metrics
 
     def after_update(self, metrics: dict[str, float], request_eval: Any, progress: Any = None) -> None:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Iterable
@@ -21,15 +22,18 @@ from divopd.explore.engines import apply_weights
 from divopd.explore.explorer import Explorer
 from divopd.explore.settings import VLLMSettings
 from divopd.explore.teacher import HFTeacher, Teacher
+from divopd.explore.vocab import VocabMatch, adapt_teacher, compare_vocabularies
 from divopd.learn.checkpoint import WeightHandle
 from divopd.models import load_model, load_tokenizer
 from divopd.train.config import TrainConfig
 
-__all__ = ["LatestWeights", "build_explorer", "check_engines", "check_vocabularies", "load_teacher", "explorer_seed",
-           "fresh_session", "logged_rollout_ids", "rollout_id_prefix", "step_limit", "vllm_generator"]
+__all__ = ["LatestWeights", "bridge_vocabularies", "build_explorer", "check_engines", "check_vocabularies",
+           "load_teacher", "explorer_seed", "fresh_session", "logged_rollout_ids", "rollout_id_prefix", "step_limit",
+           "vllm_generator"]
 
 # transformers' from_pretrained swaps process-global state (meta-device init); loading in two threads at once races.
 _LOAD_LOCK = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 class LatestWeights:
@@ -102,14 +106,18 @@ def logged_rollout_ids(log_dir: Path) -> set[str]:
 def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:
     """The run's frozen :class:`~divopd.explore.teacher.Teacher` and its tokenizer: an
     :class:`~divopd.explore.teacher.HFTeacher` (eval mode, no grad), or with ``teacher.backend: vllm`` a
-    :class:`~divopd.explore.vllm_engine.VLLMGenerator`."""
+    :class:`~divopd.explore.vllm_engine.VLLMGenerator`; with a vocabulary other than the student's, wrapped so it
+    scores the student's token ids (:func:`bridge_vocabularies`)."""
+    teacher, tokenizer = _teacher_backend(cfg)
+    return bridge_vocabularies(cfg, teacher, tokenizer), tokenizer
+
+
+def _teacher_backend(cfg: TrainConfig) -> tuple[Teacher, Any]:
     if cfg.teacher.backend == "vllm":
         engine = vllm_generator(cfg.teacher.path, cfg.teacher.dtype, cfg.seed, cfg.teacher.vllm, cfg)
-        check_vocabularies(cfg, engine.tokenizer)
         return engine, engine.tokenizer
     with _LOAD_LOCK:
         model, tokenizer = load_model(cfg.teacher.path, dtype=cfg.teacher.dtype, device=cfg.teacher.device)
-    check_vocabularies(cfg, tokenizer)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -118,18 +126,40 @@ def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:
     return teacher, tokenizer
 
 
-def check_vocabularies(cfg: TrainConfig, teacher_tokenizer: Any) -> None:
-    """OPD scores the student's token ids with the teacher, so both must map every token to the same id: raise a
-    one-line :class:`~divopd.errors.ConfigError` when the teacher's vocabulary differs from the student's."""
-    if cfg.teacher.path == cfg.student.path:
-        return
-    student_vocab = load_tokenizer(cfg.student.path).get_vocab()
-    teacher_vocab = teacher_tokenizer.get_vocab()
-    if student_vocab != teacher_vocab:
-        differ = len(set(student_vocab.items()) ^ set(teacher_vocab.items()))
-        raise ConfigError(f"teacher.path: {cfg.teacher.path} has a different vocabulary from student.path "
-                          f"{cfg.student.path} ({len(teacher_vocab)} vs {len(student_vocab)} tokens, {differ} "
-                          "entries differ); OPD scores the student's token ids, so they must share one")
+def bridge_vocabularies(cfg: TrainConfig, teacher: Teacher, teacher_tokenizer: Any) -> Teacher:
+    """``teacher`` as a Teacher of the student's token ids, whatever its backend: itself with the student's
+    vocabulary, else wrapped (:func:`~divopd.explore.vocab.adapt_teacher`) after :func:`check_vocabularies`.
+    ``teacher.tokenizer``, when set, replaces ``teacher_tokenizer``."""
+    if cfg.teacher.tokenizer:
+        teacher_tokenizer = load_tokenizer(cfg.teacher.tokenizer)
+    match = check_vocabularies(cfg, teacher_tokenizer)
+    if match.kind == "identical":
+        return teacher
+    log.info("teacher vocabulary: %s", match.describe())
+    return adapt_teacher(teacher, load_tokenizer(cfg.student.path), teacher_tokenizer, match)
+
+
+def check_vocabularies(cfg: TrainConfig, teacher_tokenizer: Any) -> VocabMatch:
+    """The start-up vocabulary decision (:func:`~divopd.explore.vocab.compare_vocabularies`): ``identical``,
+    ``extension`` or ``cross``. Raises a one-line :class:`~divopd.errors.ConfigError` for a ``cross`` teacher with
+    ``teacher.cross_tokenizer: false``, and for a teacher top-k (``learner.estimator: topk`` or
+    ``explorer.teacher_topk``) that would hold ids the student lacks (a ``cross`` teacher, or an extension with
+    tokens the student lacks)."""
+    if cfg.teacher.path == cfg.student.path and not cfg.teacher.tokenizer:
+        return VocabMatch("identical")
+    match = compare_vocabularies(load_tokenizer(cfg.student.path), teacher_tokenizer)
+    source = f"teacher.tokenizer: {cfg.teacher.tokenizer}" if cfg.teacher.tokenizer else \
+        f"teacher.path: {cfg.teacher.path}"
+    sizes = f"{match.teacher_size} vs {match.student_size} tokens"
+    if match.kind == "cross" and not cfg.teacher.cross_tokenizer:
+        raise ConfigError(f"{source} has a different vocabulary from student.path {cfg.student.path} ({sizes}, not "
+                          "an extension) and teacher.cross_tokenizer is false; set it true to map the teacher's log "
+                          "probs onto the student's tokens (docs/concepts/teacher-vocabularies.md)")
+    topk = cfg.learner.estimator == "topk" or cfg.explorer.teacher_topk > 0
+    if topk and (match.kind == "cross" or match.teacher_only):
+        raise ConfigError(f"learner.estimator: topk (explorer.teacher_topk) needs the teacher's top-k ids in the "
+                          f"student's vocabulary, but {source} is {match.describe()}; use learner.estimator: sampled")
+    return match
 
 
 def build_explorer(

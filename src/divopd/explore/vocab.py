@@ -1,0 +1,179 @@
+"""Teacher and student vocabularies: decided once at start (:func:`compare_vocabularies`), bridged by a
+:class:`~divopd.explore.teacher.Teacher` wrapper around any inner teacher (:func:`adapt_teacher`), so the HF, vLLM,
+server and shared Ray teachers all get the same treatment. The explorer always speaks the student's token ids.
+
+* ``identical`` — the same token → id map: the inner teacher itself, untouched (the direct path, bit for bit).
+* ``extension`` — one vocabulary holds the other, every shared token at the same id (the paper's ALFWorld pair: a Qwen3
+  student adds ``<think>`` and a few other tokens to Qwen2.5's vocabulary): :class:`ExtensionTeacher` scores the
+  student's ids directly; a student token the teacher lacks is never sent as an id. In the prompt it is replaced by
+  the teacher's tokenization of its text; at a response position it is sent the same way and its position gets a NaN
+  log prob (not teacher-valid: :attr:`~divopd.experience.turn.Turn.valid_mask` drops non-finite teacher scores), which
+  the explorer counts (``teacher_masked_tokens``). A +R teacher action holding a token the student lacks is
+  re-tokenized by the student from that token's text.
+* ``cross`` — anything else: :class:`~divopd.explore.vocab_align.CrossTokenizerTeacher` scores the student's text
+  under the teacher's own tokenization and maps the log probs back by character spans
+  (``docs/concepts/teacher-vocabularies.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from divopd.explore.generation import Generation
+from divopd.explore.teacher import Teacher
+
+__all__ = ["ExtensionTeacher", "VocabMatch", "adapt_teacher", "compare_vocabularies", "expand_ids",
+           "student_ids_teacher"]
+
+VocabKind = Literal["identical", "extension", "cross"]
+
+
+@dataclass(frozen=True)
+class VocabMatch:
+    """How the teacher's vocabulary relates to the student's.
+
+    Attributes:
+        kind: ``identical``, ``extension`` or ``cross``.
+        student_only: (``extension``) ids of student tokens the teacher lacks (masked where they are responses).
+        teacher_only: (``extension``) ids of teacher tokens the student lacks.
+        student_size, teacher_size: the two vocabularies' sizes.
+    """
+
+    kind: VocabKind
+    student_only: frozenset[int] = field(default_factory=frozenset)
+    teacher_only: frozenset[int] = field(default_factory=frozenset)
+    student_size: int = 0
+    teacher_size: int = 0
+
+    def describe(self) -> str:
+        """One phrase for logs and error messages."""
+        if self.kind == "extension":
+            return (f"an extension ({self.teacher_size} teacher vs {self.student_size} student tokens; "
+                    f"{len(self.student_only)} student-only, {len(self.teacher_only)} teacher-only, shared ids equal)")
+        return f"{self.kind} ({self.teacher_size} teacher vs {self.student_size} student tokens)"
+
+
+def compare_vocabularies(student_tokenizer: Any, teacher_tokenizer: Any) -> VocabMatch:
+    """The start-up decision: ``identical`` when both map every token to the same id; ``extension`` when one token
+    set contains the other and every shared token has the same id; else ``cross``."""
+    student, teacher = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    sizes = {"student_size": len(student), "teacher_size": len(teacher)}
+    if student_tokenizer is teacher_tokenizer or student == teacher:
+        return VocabMatch("identical", **sizes)
+    s_keys, t_keys = student.keys(), teacher.keys()
+    nested = s_keys <= t_keys or t_keys <= s_keys
+    if nested and all(student[k] == teacher[k] for k in s_keys & t_keys):
+        return VocabMatch("extension", frozenset(student[k] for k in s_keys - t_keys),
+                          frozenset(teacher[k] for k in t_keys - s_keys), **sizes)
+    return VocabMatch("cross", **sizes)
+
+
+def adapt_teacher(teacher: Teacher, student_tokenizer: Any, teacher_tokenizer: Any,
+                  match: VocabMatch | None = None) -> Teacher:
+    """``teacher`` (whose ids are ``teacher_tokenizer``'s) as a Teacher of the student's ids: itself when the
+    vocabularies are identical (or it is adapted already), an :class:`ExtensionTeacher` for an extension, a
+    :class:`~divopd.explore.vocab_align.CrossTokenizerTeacher` otherwise."""
+    if getattr(teacher, "speaks_student_ids", False):
+        return teacher
+    match = match or compare_vocabularies(student_tokenizer, teacher_tokenizer)
+    if match.kind == "identical":
+        return teacher
+    if match.kind == "extension":
+        return ExtensionTeacher(teacher, student_tokenizer, teacher_tokenizer, match)
+    from divopd.explore.vocab_align import CrossTokenizerTeacher
+
+    return CrossTokenizerTeacher(teacher, student_tokenizer, teacher_tokenizer)
+
+
+def student_ids_teacher(teacher: Teacher, student_tokenizer: Any, teacher_tokenizer: Any, *,
+                        topk: int = 0) -> tuple[Teacher, Any]:
+    """The explorer's teacher and the tokenizer of its +R prompts: ``(teacher, teacher_tokenizer)`` unchanged with
+    the student's vocabulary, else the adapted teacher (:func:`adapt_teacher`) and the student's tokenizer (the adapted
+    teacher takes and gives the student's ids). A top-k (``topk`` > 0) needs the teacher's ids in the student's
+    vocabulary: a ``ValueError`` for a cross-tokenizer teacher or an extension with tokens the student lacks."""
+    match = None if getattr(teacher, "speaks_student_ids", False) else \
+        compare_vocabularies(student_tokenizer, teacher_tokenizer)
+    if match is not None and match.kind == "identical":
+        return teacher, teacher_tokenizer
+    if topk > 0 and match is not None and (match.kind == "cross" or match.teacher_only):
+        raise ValueError(f"Explorer: teacher_topk needs the teacher's top-k ids in the student's vocabulary; the "
+                         f"teacher's vocabulary is {match.describe()}")
+    return adapt_teacher(teacher, student_tokenizer, teacher_tokenizer, match), student_tokenizer
+
+
+def expand_ids(ids: Sequence[int], missing: frozenset[int], source_tokenizer: Any,
+               target_tokenizer: Any) -> tuple[list[int], list[int]]:
+    """``ids`` in the target vocabulary: an id in ``missing`` (a source token the target lacks) becomes the target's
+    tokenization of its text (possibly several ids, or none for an empty text), every other id stays. Returns the
+    target ids and, per source position, the index of its target id (``-1`` for a replaced token)."""
+    out: list[int] = []
+    where: list[int] = []
+    for i in ids:
+        i = int(i)
+        if i in missing:
+            text = source_tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            out.extend(int(t) for t in target_tokenizer.encode(text, add_special_tokens=False))
+            where.append(-1)
+        else:
+            where.append(len(out))
+            out.append(i)
+    return out, where
+
+
+class ExtensionTeacher:
+    """A teacher whose vocabulary extends the student's or is extended by it (same id for every shared token): the
+    student's ids are scored directly; positions of student tokens the teacher lacks get NaN (see the module doc)."""
+
+    speaks_student_ids = True
+
+    def __init__(self, inner: Teacher, student_tokenizer: Any, teacher_tokenizer: Any, match: VocabMatch) -> None:
+        self.inner, self.student_tokenizer, self.tokenizer = inner, student_tokenizer, teacher_tokenizer
+        self.match = match
+
+    def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
+                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
+        missing = self.match.student_only
+        if not any(int(i) in missing for seq in (*prompts, *responses) for i in seq):
+            return self.inner.score_turns(prompts, responses, topk=topk)  # nothing to translate: the direct call
+        t_prompts = [expand_ids(p, missing, self.student_tokenizer, self.tokenizer)[0] for p in prompts]
+        expanded = [expand_ids(r, missing, self.student_tokenizer, self.tokenizer) for r in responses]
+        results = self.inner.score_turns(t_prompts, [ids for ids, _ in expanded], topk=topk)
+        out = []
+        for (ids, where), (lps, top) in zip(expanded, results, strict=True):
+            if len(lps) != len(ids):
+                raise ValueError(f"teacher returned {len(lps)} log probs for {len(ids)} response tokens")
+            idx = np.asarray(where, dtype=np.int64)
+            keep = idx >= 0
+            mapped = np.full(len(where), np.nan, dtype=np.float32)
+            mapped[keep] = np.asarray(lps, dtype=np.float32)[idx[keep]]
+            if top is not None:
+                top_ids, top_lps = np.asarray(top[0]), np.asarray(top[1], dtype=np.float32)
+                k = top_ids.shape[1] if top_ids.ndim == 2 else 0
+                m_ids = np.zeros((len(where), k), dtype=top_ids.dtype)
+                m_lps = np.full((len(where), k), np.nan, dtype=np.float32)
+                m_ids[keep], m_lps[keep] = top_ids[idx[keep]], top_lps[idx[keep]]
+                top = (m_ids, m_lps)
+            out.append((mapped, top))
+        return out
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
+                 seed: int | None = None) -> list[Generation]:
+        """The teacher acts on the student's prompt (tokens it lacks sent as their text); a response token the
+        student lacks is re-tokenized by the student from its text (log probs NaN there: not the student's)."""
+        s_tok, t_tok, m = self.student_tokenizer, self.tokenizer, self.match
+        t_prompts = [expand_ids(p, m.student_only, s_tok, t_tok)[0] for p in prompts]
+        gens = self.inner.generate(t_prompts, greedy=greedy, temperature=temperature, max_new_tokens=max_new_tokens,
+                                   seed=seed)
+        out = []
+        for g in gens:
+            ids, where = expand_ids(g.response_ids, m.teacher_only, t_tok, s_tok)
+            lps = np.full(len(ids), np.nan, dtype=np.float32)
+            for pos, w in enumerate(where):
+                if w >= 0:
+                    lps[w] = g.logprobs[pos]
+            out.append(Generation(ids, lps, g.stopped))
+        return out

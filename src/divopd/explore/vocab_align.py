@@ -1,0 +1,237 @@
+"""Cross-tokenizer teachers (our reading; the paper does not specify it): the teacher scores the student's turn under
+its own tokenization and its token log probs are mapped onto the student's tokens by character spans.
+
+One turn, step by step (:func:`plan_turn`, :func:`map_logprobs`):
+
+1. **Segments.** The student's ids are cut at its special tokens that have a teacher counterpart (the same string in
+   the teacher's vocabulary, or the end/begin-of-sequence token: the student's ``eos`` is the teacher's ``eos``). Such
+   an *anchor* is sent as that one teacher id; every run of other tokens is decoded to text (special tokens without a
+   counterpart included, as their text) and teacher-tokenized (:class:`Translator`).
+2. **Cuts.** Within a text segment, a token *ends cleanly* at character ``c`` when decoding the ids up to it (after a
+   few ids of left context, so tokenizers that drop a leading space do not shift it) gives exactly the segment's text
+   up to ``c``. A token whose text is not recoverable on its own (a byte-fallback or byte-level piece of a multi-byte
+   character, which decodes to ``\\ufffd``) has no clean end: it is glued to the tokens after it until one ends cleanly.
+   The teacher's tokens of the segment's text get their cuts the same way; where the teacher's decoding does not give
+   the text back (an unknown word becoming ``<unk>``), it has no cuts from there on.
+3. **Chunks.** The cuts both sides share split the segment into aligned chunks: maximal spans whose two tokenizations
+   start and end at the same characters. A chunk's teacher log prob is the sum of its teacher tokens' log probs, which
+   is the teacher's log prob of the chunk's text given everything before it, exactly.
+4. **Split.** A chunk's log prob is split evenly over its student tokens. Where a student token is a chunk by itself
+   (boundaries align: the common case for whole words) it gets exactly the teacher's log prob of its text given the
+   same prefix; where a teacher token straddles a student boundary the chunk spans several student tokens, their sum
+   is exact, and each gets a share in ``[chunk log prob, 0]``.
+5. **Not mappable.** Student tokens after the teacher's last clean cut (its decoding lost the text) get NaN: they are
+   not teacher-valid (:attr:`~divopd.experience.turn.Turn.valid_mask`) and the explorer counts them.
+
+The prompt is translated the same way (no cuts needed), its segments' teacher ids concatenated, with the teacher's
+begin-of-sequence id first when its tokenizer adds one. The response is teacher-tokenized apart from the prompt, so
+the prompt/response boundary is always a cut. Only per-token log probs come back, so the ``sampled`` estimator (and
+everything built on per-token log probs: focus, TCOD, TurnOPD) works; ``topk`` needs a shared vocabulary and is
+refused. Under +R the teacher acts on its own tokenization of the prompt and its response text is re-tokenized by the
+student (:meth:`CrossTokenizerTeacher.generate`); a turn's records only ever hold student ids.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from divopd.explore.generation import Generation
+from divopd.explore.teacher import Teacher
+
+__all__ = ["CrossTokenizerTeacher", "TurnPlan", "Translator", "clean_ends", "map_logprobs", "plan_turn"]
+
+_CONTEXT = 4  # ids of left context when decoding a prefix (a leading space must not depend on the cut)
+
+
+def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def clean_ends(tokenizer: Any, ids: Sequence[int], text: str, context: Sequence[int] = ()) -> list[int | None]:
+    """Per token, the character of ``text`` where it ends cleanly (the ids up to it decode to ``text[:c]``, after
+    ``context``), else ``None`` (not recoverable on its own, or the decoding left ``text``)."""
+    ctx = list(context)[-_CONTEXT:]
+    head = _decode(tokenizer, ctx)
+    ends: list[int | None] = []
+    for k in range(1, len(ids) + 1):
+        full = _decode(tokenizer, ctx + list(ids[:k]))
+        piece = full[len(head):] if full.startswith(head) else _decode(tokenizer, ids[:k])
+        ends.append(len(piece) if text.startswith(piece) else None)
+    return ends
+
+
+def _chunks(student_ends: list[int | None], teacher_ends: list[int | None],
+            length: int) -> tuple[list[int], list[int], int]:
+    """The chunk index of every student and teacher token (chunk ``n_chunks`` = past the last shared cut)."""
+    shared = sorted({e for e in student_ends if e} & {e for e in teacher_ends if e})
+
+    def index(ends: list[int | None], last: int | None) -> list[int]:
+        out, nxt = [0] * len(ends), last
+        for k in range(len(ends) - 1, -1, -1):  # a token without a clean end is glued to the next clean one
+            nxt = ends[k] if ends[k] is not None else nxt
+            out[k] = len(shared) if nxt is None else bisect.bisect_left(shared, nxt)
+        return out
+
+    return index(student_ends, length), index(teacher_ends, None), len(shared)
+
+
+@dataclass
+class _Segment:
+    student: list[int]  # student ids of the segment (positions in the response, in order)
+    teacher: list[int]  # teacher ids sent for it
+    student_chunk: list[int]  # chunk index per student token (within the segment)
+    teacher_chunk: list[int]
+    n_chunks: int
+
+
+@dataclass
+class TurnPlan:
+    """One turn translated for the teacher: its prompt and response ids and how to map the scores back."""
+
+    teacher_prompt: list[int]
+    teacher_response: list[int]
+    segments: list[_Segment]
+
+
+class Translator:
+    """Token ids of one tokenizer (``source``) as ids of another (``target``), through text, anchored on the special
+    tokens both have (the same string, or ``eos`` → ``eos``, ``bos`` → ``bos``)."""
+
+    def __init__(self, source: Any, target: Any) -> None:
+        self.source, self.target = source, target
+        vocab = target.get_vocab()
+        anchors: dict[int, int] = {}
+        for sid in getattr(source, "all_special_ids", []):
+            token = source.convert_ids_to_tokens(int(sid))
+            if token in vocab:
+                anchors[int(sid)] = int(vocab[token])
+        for name in ("eos_token_id", "bos_token_id"):
+            s, t = getattr(source, name, None), getattr(target, name, None)
+            if s is not None and t is not None:
+                anchors.setdefault(int(s), int(t))
+        self.anchors = anchors
+        bos = getattr(target, "bos_token_id", None)
+        lead = target("", add_special_tokens=True)["input_ids"] if bos is not None else []
+        self.lead = [int(bos)] if bos is not None and list(lead)[:1] == [bos] else []
+
+    def split(self, ids: Sequence[int]) -> list[tuple[bool, list[int]]]:
+        """``ids`` as ``(is_anchor, ids)`` runs: each anchor alone, other ids in maximal runs."""
+        runs: list[tuple[bool, list[int]]] = []
+        for i in (int(x) for x in ids):
+            if i in self.anchors:
+                runs.append((True, [i]))
+            elif runs and not runs[-1][0]:
+                runs[-1][1].append(i)
+            else:
+                runs.append((False, [i]))
+        return runs
+
+    def text(self, ids: Sequence[int], context: Sequence[int]) -> str:
+        """The text of ``ids`` after ``context`` (the source's decoding, a leading space kept)."""
+        ctx = list(context)[-_CONTEXT:]
+        head, full = _decode(self.source, ctx), _decode(self.source, ctx + list(ids))
+        return full[len(head):] if full.startswith(head) else _decode(self.source, ids)
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self.target.encode(text, add_special_tokens=False)] if text else []
+
+    def translate(self, ids: Sequence[int], *, lead: bool = True) -> list[int]:
+        """All of ``ids`` in the target's ids (with the target's leading ``bos`` when it adds one and ``lead``)."""
+        out: list[int] = []
+        done: list[int] = []
+        for anchor, run in self.split(ids):
+            out.extend([self.anchors[run[0]]] if anchor else self.encode(self.text(run, done)))
+            done.extend(run)
+        if lead and self.lead and out[:1] != self.lead:
+            out = self.lead + out
+        return out
+
+
+def plan_turn(tr: Translator, prompt: Sequence[int], response: Sequence[int]) -> TurnPlan:
+    """The teacher's ids of one turn and the chunks of every response segment (see the module doc)."""
+    teacher_prompt = tr.translate(prompt)
+    done, t_done = [int(x) for x in prompt], list(teacher_prompt)
+    segments, teacher_response = [], []
+    for anchor, run in tr.split(response):
+        if anchor:
+            t_ids = [tr.anchors[run[0]]]
+            seg = _Segment(run, t_ids, [0], [0], 1)
+        else:
+            text = tr.text(run, done)
+            t_ids = tr.encode(text)
+            s_ends = clean_ends(tr.source, run, text, done)
+            t_ends = clean_ends(tr.target, t_ids, text, t_done)
+            s_chunk, t_chunk, n = _chunks(s_ends, t_ends, len(text))
+            seg = _Segment(run, t_ids, s_chunk, t_chunk, n)
+        segments.append(seg)
+        teacher_response.extend(t_ids)
+        done.extend(run)
+        t_done.extend(t_ids)
+    return TurnPlan(teacher_prompt, teacher_response, segments)
+
+
+def map_logprobs(plan: TurnPlan, teacher_logprobs: np.ndarray) -> np.ndarray:
+    """Per student response token, its share of its chunk's teacher log prob (NaN where not mappable)."""
+    lps = np.asarray(teacher_logprobs, dtype=np.float64)
+    if len(lps) != len(plan.teacher_response):
+        raise ValueError(f"teacher returned {len(lps)} log probs for {len(plan.teacher_response)} response tokens")
+    out: list[np.ndarray] = []
+    at = 0
+    for seg in plan.segments:
+        seg_lps = lps[at:at + len(seg.teacher)]
+        at += len(seg.teacher)
+        total = np.zeros(seg.n_chunks + 1)
+        np.add.at(total, np.asarray(seg.teacher_chunk, dtype=np.int64), seg_lps)
+        has_teacher = np.bincount(np.asarray(seg.teacher_chunk, dtype=np.int64), minlength=seg.n_chunks + 1) > 0
+        s_chunk = np.asarray(seg.student_chunk, dtype=np.int64)
+        count = np.bincount(s_chunk, minlength=seg.n_chunks + 1)
+        share = np.where(has_teacher, total / np.maximum(count, 1), np.nan)
+        share[seg.n_chunks] = np.nan  # past the teacher's last clean cut: not mappable
+        out.append(share[s_chunk])
+    return (np.concatenate(out) if out else np.zeros(0)).astype(np.float32)
+
+
+class CrossTokenizerTeacher:
+    """A teacher with its own tokenizer, as a Teacher of the student's ids (see the module doc)."""
+
+    speaks_student_ids = True
+
+    def __init__(self, inner: Teacher, student_tokenizer: Any, teacher_tokenizer: Any) -> None:
+        self.inner, self.student_tokenizer, self.tokenizer = inner, student_tokenizer, teacher_tokenizer
+        self.to_teacher = Translator(student_tokenizer, teacher_tokenizer)
+        self.to_student = Translator(teacher_tokenizer, student_tokenizer)
+
+    def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
+                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
+        if topk > 0:
+            raise ValueError("a cross-tokenizer teacher has no top-k in the student's vocabulary "
+                             "(learner.estimator: topk needs a shared vocabulary)")
+        plans = [plan_turn(self.to_teacher, p, r) for p, r in zip(prompts, responses, strict=True)]
+        scored = [i for i, pl in enumerate(plans) if pl.teacher_response]
+        results = self.inner.score_turns([plans[i].teacher_prompt for i in scored],
+                                         [plans[i].teacher_response for i in scored], topk=0) if scored else []
+        by_turn = dict(zip(scored, results, strict=True))
+        out = []
+        for i, plan in enumerate(plans):
+            lps = by_turn[i][0] if i in by_turn else np.zeros(0, np.float32)
+            out.append((map_logprobs(plan, lps), None))
+        return out
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
+                 seed: int | None = None) -> list[Generation]:
+        """The teacher acts on its tokenization of the student's prompt; its response is re-tokenized by the student
+        (special tokens through their counterparts, the rest from the text). Log probs are NaN: none is the
+        student's."""
+        t_prompts = [self.to_teacher.translate(p) for p in prompts]
+        gens = self.inner.generate(t_prompts, greedy=greedy, temperature=temperature, max_new_tokens=max_new_tokens,
+                                   seed=seed)
+        out = []
+        for g in gens:
+            ids = self.to_student.translate(g.response_ids, lead=False)
+            out.append(Generation(ids, np.full(len(ids), np.nan, dtype=np.float32), g.stopped))
+        return out
