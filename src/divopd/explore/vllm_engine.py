@@ -23,13 +23,14 @@ re-applies the newest weights and retries, up to ``max_restarts`` times; then :c
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -167,13 +168,17 @@ class VLLMGenerator:
         sync_device: the GPU this process sends from with ``nccl`` (default ``cuda:<tensor_parallel_size>``, the
             first one after an in-process engine's; NCCL cannot put two ranks of one group on one GPU).
         max_restarts: engine rebuilds after a failed call before :class:`VLLMEngineError`.
+        call_timeout_s: the deadline of one engine call (generate, score, weight update). An in-process engine call
+            cannot be interrupted from Python, so the deadline marks the engine stalled instead: past it an error
+            line names the engine and the call, and :attr:`stalled` holds that line (until the call returns); the
+            run's loop watchdog (``runtime.stall_timeout_s``) then stops the run when nothing else arrives.
         engine_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``enable_prefix_caching`` — on by default,
             ``enforce_eager``, ``kv_cache_memory_bytes`` — 512 MiB by default on CPU, ``tensor_parallel_size``, ...).
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
                  stop_on_newline: bool = True, weight_sync: str = "auto", sync_device: str | None = None,
-                 max_restarts: int = 2, **engine_kwargs: Any) -> None:
+                 max_restarts: int = 2, call_timeout_s: float = 600.0, **engine_kwargs: Any) -> None:
         if weight_sync not in ("auto", "reload", "nccl"):
             raise UsageError(f"VLLMGenerator: weight_sync must be auto, reload or nccl, got {weight_sync!r}")
         self._vllm = _import_vllm()
@@ -191,6 +196,10 @@ class VLLMGenerator:
         self.stop_ids = stop_token_ids(self.tokenizer, stop_on_newline)
         self.dtype = resolve_dtype(dtype)
         self.seed, self.max_restarts, self.restarts = int(seed), int(max_restarts), 0
+        if not call_timeout_s > 0:
+            raise UsageError(f"VLLMGenerator: call_timeout_s must be > 0, got {call_timeout_s!r}")
+        self.call_timeout_s = float(call_timeout_s)
+        self.stalled: str | None = None  # set while a call is past call_timeout_s
         self._expected = checkpoint_shapes(self.model_path)
         self._tied = tied_embeddings(self.model_path)
         from vllm.platforms import current_platform
@@ -250,12 +259,30 @@ class VLLMGenerator:
             del llm
             gc.collect()
 
+    @contextlib.contextmanager
+    def _deadline(self, what: str) -> Iterator[None]:
+        """Mark the engine :attr:`stalled` (and log it once) when the body runs past ``call_timeout_s``."""
+        def overdue() -> None:
+            self.stalled = (f"stalled at {what}: the vLLM engine for {self.model_path} gave no answer within "
+                            f"call_timeout_s = {self.call_timeout_s:g} s")
+            log.error("%s (an in-process engine call cannot be interrupted; the loop watchdog stops the run)",
+                      self.stalled)
+
+        timer = threading.Timer(self.call_timeout_s, overdue)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            self.stalled = None
+
     def _guarded(self, what: str, call: Callable[[Any], T]) -> T:
         """``call(llm)``; if the engine fails, rebuild it (newest weights included) and retry, ``max_restarts``
         times in this generator's life, then raise :class:`VLLMEngineError`."""
         while True:
             try:
-                with self._lock:
+                with self._lock, self._deadline(what):
                     if self._llm is None:
                         raise VLLMEngineError(f"VLLMGenerator for {self.model_path}: {what} after close()")
                     return call(self._llm)
