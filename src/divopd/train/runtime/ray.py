@@ -44,7 +44,7 @@ from divopd.train.runtime.common import build_explorer, load_teacher
 from divopd.train.runtime.ray_teacher import RemoteTeacher, TeacherWatch, start_shared_teacher
 from divopd.train.watchdog import note_stall
 
-__all__ = ["RayRuntime", "ExplorerActor", "actor_incarnation", "explorer_name", "init_ray"]
+__all__ = ["RayRuntime", "ExplorerActor", "actor_incarnation", "explorer_name", "init_ray", "teacher_name"]
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,11 @@ def explorer_name(run: int, i: int) -> str:
     return f"divopd-explorer-{os.getpid()}-{run}-{i}"
 
 
+def teacher_name(run: int) -> str:
+    """The Ray actor name of the shared teacher of this driver's ``run``-th runtime: ``divopd-teacher-<pid>-<run>``."""
+    return f"divopd-teacher-{os.getpid()}-{run}"
+
+
 def init_ray(cfg: TrainConfig) -> bool:
     """Start (or connect to) Ray; returns True when this call started it."""
     if ray.is_initialized():
@@ -166,7 +171,7 @@ class RayRuntime:
         self._actor_cls = ray.remote(ExplorerActor)
         self._weights_ref = ray.put(weights)
         self._weights_version = weights.version
-        self._teacher = start_shared_teacher(cfg, self._cfg_data)
+        self._teacher = start_shared_teacher(cfg, self._cfg_data, teacher_name(self._run))
         rt = cfg.runtime
         self._teacher_watch = (None if self._teacher is None
                                else TeacherWatch(self._teacher, rt.teacher_timeout_s, rt.max_teacher_restarts))

@@ -138,11 +138,12 @@ class TeacherWatch:
             self._ping, self._answered = None, now
 
 
-def start_shared_teacher(cfg: TrainConfig, cfg_data: dict[str, Any]) -> Any | None:
+def start_shared_teacher(cfg: TrainConfig, cfg_data: dict[str, Any], name: str | None = None) -> Any | None:
     """The shared teacher actor of a run with ``teacher.shared``, else ``None`` (each explorer loads its own): Ray
-    restarts it ``runtime.max_teacher_restarts`` times, and retries the calls it was given on the new instance."""
+    restarts it ``runtime.max_teacher_restarts`` times, and retries the calls it was given on the new instance.
+    ``name``: its Ray actor name (``ray.get_actor`` finds it)."""
     if not cfg.teacher.shared:
         return None
     restarts = cfg.runtime.max_teacher_restarts
-    return ray.remote(TeacherActor).options(num_cpus=0, num_gpus=cfg.teacher.actor_gpus, name=None,
+    return ray.remote(TeacherActor).options(num_cpus=0, num_gpus=cfg.teacher.actor_gpus, name=name,
                                             max_restarts=restarts, max_task_retries=restarts).remote(cfg_data)
