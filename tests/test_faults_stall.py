@@ -176,8 +176,8 @@ def ray_session(tiny_models: dict[str, str], tmp_path_factory: pytest.TempPathFa
         ray.shutdown()
 
 
-def _ray_cfg(models: dict[str, str], run_dir: Path, **over: object) -> Any:
-    return tiny_config(models, run_dir, "divopd", updates=4, **{
+def _ray_cfg(models: dict[str, str], run_dir: Path, updates: int = 4, **over: object) -> Any:
+    return tiny_config(models, run_dir, "divopd", updates=updates, **{
         "runtime.kind": "ray", "runtime.ray_num_cpus": 2, "runtime.explorer_cpus": 0.5, "eval.every": 100,
         "checkpoint.every": 2, **over})
 
@@ -241,7 +241,7 @@ def test_a_dead_teacher_stops_the_run_with_a_checkpoint_and_resume_finishes_it(
     finishes it."""
     ray = ray_session
     run_dir = tmp_path / "run"
-    cfg = _ray_cfg(tiny_models, run_dir, **{"updates": 6, "teacher.shared": True, "runtime.max_teacher_restarts": 0,
+    cfg = _ray_cfg(tiny_models, run_dir, updates=6, **{"teacher.shared": True, "runtime.max_teacher_restarts": 0,
                                             "runtime.stall_timeout_s": 600})
     trainer, _ = open_run(cfg)
 

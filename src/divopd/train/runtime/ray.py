@@ -33,7 +33,7 @@ from typing import Any
 
 import ray
 import torch
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from divopd.errors import UsageError
 from divopd.explore.explorer import Rollout
@@ -170,6 +170,7 @@ class RayRuntime:
         self._session = session
         self._actor_cls = ray.remote(ExplorerActor)
         self._weights_ref = ray.put(weights)
+        self._start_ref = self._weights_ref  # the actors' constructor argument: a restarted actor fetches it again
         self._weights_version = weights.version
         self._teacher = start_shared_teacher(cfg, self._cfg_data, teacher_name(self._run))
         rt = cfg.runtime
@@ -186,6 +187,8 @@ class RayRuntime:
             self._submit(i)
         self._evals: dict[Any, tuple[int, dict[str, float]]] = {}
         self._failures = [0] * len(self._explorers)
+        self._restarting = [False] * len(self._explorers)  # its death is counted; calls fail until it is back
+        self._parked: dict[int, float] = {}  # explorer → when to resubmit its call (its actor is restarting)
         self.stalled_restarts = 0  # explorer actors killed for a restart at runtime.explorer_timeout_s
         self.produced_turns = 0  # turns of the collect calls that finished (all of them reach the loop)
 
@@ -231,7 +234,13 @@ class RayRuntime:
         if self._teacher_watch is not None:
             self._teacher_watch.check()
         self._restart_overdue()
+        now = time.monotonic()
+        for i, at in list(self._parked.items()):
+            if now >= at:
+                del self._parked[i]
+                self._submit(i)
         if not self._inflight:
+            time.sleep(min(timeout, 0.1))
             return []
         refs = list(self._inflight)
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
@@ -243,17 +252,30 @@ class RayRuntime:
             i = self._inflight.pop(ref)
             try:
                 out.extend(self._take(ref))
+                self._restarting[i] = False
+            except ActorUnavailableError:  # restarting (the death was counted when it was seen): ask again soon
+                if not self._restarting[i]:
+                    self._count_failure(i, "its actor is restarting")
+                if self._failures[i] > self.cfg.runtime.max_explorer_restarts:
+                    continue
+                self._parked[i] = time.monotonic() + 1.0
+                continue
             except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
                 raise_input_error(exc)
-                self._failures[i] += 1
-                log.error("explorer actor %d failed (%d so far): %s", i, self._failures[i], exc)
+                self._count_failure(i, str(exc))
+                self._restarting[i] = isinstance(exc, RayActorError)
                 if self._failures[i] > self.cfg.runtime.max_explorer_restarts:
                     continue  # this explorer is given up; the others go on
             self._submit(i)
         return out
 
+    def _count_failure(self, i: int, why: str) -> None:
+        self._failures[i] += 1
+        self._restarting[i] = True
+        log.error("explorer actor %d failed (%d so far): %s", i, self._failures[i], why)
+
     def check_alive(self) -> None:
-        if not self._inflight:
+        if not self._inflight and not self._parked:
             raise RuntimeError("every explorer actor has failed; see the log above")
 
     def publish(self, handle: WeightHandle) -> None:
