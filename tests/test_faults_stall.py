@@ -97,6 +97,37 @@ def test_divopd_train_without_java_exits_2_with_one_line(tiny_models: dict[str, 
     assert "no `java` on PATH" in err and "Traceback" not in err
 
 
+# ------------------------------------------------------------------------------------- a vLLM engine call hangs
+def test_a_vllm_engine_call_past_its_deadline_marks_the_engine_stalled(caplog: pytest.LogCaptureFixture) -> None:
+    """An in-process engine call cannot be interrupted: past ``call_timeout_s`` the generator is marked ``stalled``
+    (one error line naming the engine and the call), and the mark goes once the call returns. The engine here is a
+    stand-in that blocks until released (vLLM itself runs in tests/vllm_backend where it is installed)."""
+    import threading
+
+    from divopd.explore.vllm_engine import VLLMGenerator
+
+    gen = VLLMGenerator.__new__(VLLMGenerator)  # the guarded-call machinery only, without starting an engine
+    gen.model_path, gen.call_timeout_s, gen.stalled = "stand-in", 0.05, None
+    gen.restarts, gen.max_restarts, gen._lock, gen._llm = 0, 0, threading.Lock(), object()
+    release, seen = threading.Event(), []
+
+    def hang(llm: object) -> str:
+        deadline = time.monotonic() + 60
+        while gen.stalled is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(gen.stalled)
+        release.wait(timeout=60)
+        return "done"
+
+    caller = threading.Thread(target=lambda: seen.append(gen._guarded("generate", hang)))
+    caller.start()
+    release.set()
+    caller.join(timeout=60)
+    assert seen[0] is not None and "stalled at generate" in seen[0] and "stand-in" in seen[0]
+    assert seen[1] == "done" and gen.stalled is None
+    assert any("call_timeout_s" in r.getMessage() for r in caplog.records)
+
+
 # ------------------------------------------------------------------------------------------- a learner rank stops
 def test_a_stopped_learner_rank_fails_the_update_within_the_collective_deadline(
         tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
