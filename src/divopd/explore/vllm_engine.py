@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -40,6 +38,9 @@ from divopd.errors import UsageError
 from divopd.explore.generation import Generation, stop_token_ids
 from divopd.explore.vllm_weights import (
     NcclWeightSync,
+    VLLMEngineError,
+    check_head_dim,
+    check_model_folder,
     check_state_dict,
     checkpoint_shapes,
     reload_in_place,
@@ -53,10 +54,6 @@ T = TypeVar("T")
 
 #: Default KV-cache size of a CPU engine (the CPU build otherwise reserves 92% of the machine's memory).
 CPU_KV_CACHE_BYTES = 512 * 2**20
-
-
-class VLLMEngineError(UsageError, RuntimeError):
-    """vLLM is missing, cannot load the model, or its engine kept dying."""
 
 
 class PromptTooLongError(ValueError):
@@ -117,41 +114,11 @@ def _share_teardown() -> None:
     core.cleanup_dist_env_and_memory = cleanup
 
 
-def _check_model_folder(model_path: str) -> dict[str, Any]:
-    path = Path(model_path)
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise VLLMEngineError(f"{model_path}: not a model folder (no config.json); the vLLM backend loads a local "
-                              "Hugging Face folder")
-    try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise VLLMEngineError(f"{model_path}/config.json: not a readable JSON model config ({exc})") from None
-
-
-def _check_head_dim(model_path: str, config: dict[str, Any]) -> None:
-    """The CPU attention kernel supports a fixed set of head sizes (not the tiny models' 16): fail in one line."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    heads = config.get("num_attention_heads")
-    head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads and "hidden_size" in config else 0)
-    try:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        supported = list(CPUAttentionBackend.get_supported_head_sizes())
-    except (ImportError, AttributeError):
-        supported = [32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512]
-    if head_dim and head_dim not in supported:
-        raise VLLMEngineError(f"{model_path}: head_dim {head_dim} is not supported by vLLM's CPU attention kernel "
-                              f"(supported: {', '.join(map(str, supported))}); use the hf backend for this model")
-
-
 def check_model(model_path: str) -> None:
     """Fail in one line (:class:`VLLMEngineError`) on what vLLM cannot serve, before an engine is built: vllm missing,
     no model folder, a head size the CPU attention kernel rejects (runtimes call it before starting explorers)."""
     _import_vllm()
-    _check_head_dim(str(model_path), _check_model_folder(str(model_path)))
+    check_head_dim(str(model_path), check_model_folder(str(model_path)))
 
 
 class VLLMGenerator:
@@ -187,8 +154,8 @@ class VLLMGenerator:
         from divopd.models import load_tokenizer, resolve_dtype
 
         self.model_path = str(model_path)
-        config = _check_model_folder(self.model_path)
-        _check_head_dim(self.model_path, config)
+        config = check_model_folder(self.model_path)
+        check_head_dim(self.model_path, config)
         try:
             self.tokenizer = load_tokenizer(self.model_path)
         except Exception as exc:  # a folder without a usable tokenizer: transformers raises OSError or ValueError
