@@ -97,6 +97,20 @@ def test_divopd_train_without_java_exits_2_with_one_line(tiny_models: dict[str, 
     assert "no `java` on PATH" in err and "Traceback" not in err
 
 
+def test_the_watchdog_line_names_the_newest_stalled_component() -> None:
+    from divopd.train.watchdog import Watchdog, note_stall
+
+    now = [0.0]
+    dog = Watchdog(10, 2, clock=lambda: now[0])
+    note_stall("teacher scoring", "the shared teacher actor", "no answer for 600 s: killed for restart 1")
+    note_stall("explore", "Ray explorer actor 3", "no rollout for 1200 s: killed for a restart")
+    now[0] = 11.0
+    line = dog.stalled_waiting("the ray runtime's 4 explorer(s)")
+    assert line is not None and "\n" not in line
+    assert line.endswith("last seen: stalled at explore: Ray explorer actor 3 (no rollout for 1200 s: killed for a "
+                         "restart)")
+
+
 # ------------------------------------------------------------------------------------- a vLLM engine call hangs
 def test_a_vllm_engine_call_past_its_deadline_marks_the_engine_stalled(caplog: pytest.LogCaptureFixture) -> None:
     """An in-process engine call cannot be interrupted: past ``call_timeout_s`` the generator is marked ``stalled``

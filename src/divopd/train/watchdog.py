@@ -18,8 +18,9 @@ one-line reason) and ``divopd train`` prints that line and exits :data:`EXIT_STA
 
 Components with deadlines of their own report what they saw stall with :func:`note_stall` (the Ray runtime's
 explorer actors past ``runtime.explorer_timeout_s`` and its shared teacher past ``runtime.teacher_timeout_s``, both
-restarted; an explorer thread that outlives the stop); the watchdog's line names the newest of those notes, so a
-user reads which stage and which component stalled, not only that rollouts stopped arriving.
+restarted, or gone for good); the watchdog's line names the newest of those notes, so a user reads which stage and
+which component stalled, not only that rollouts stopped arriving. (An in-process vLLM engine call past its deadline
+is named by the engine's own error line: ``explore/`` cannot report to ``train/``.)
 """
 
 from __future__ import annotations
