@@ -23,14 +23,13 @@ re-applies the newest weights and retries, up to ``max_restarts`` times; then :c
 
 from __future__ import annotations
 
+import contextlib
 import gc
-import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -39,6 +38,9 @@ from divopd.errors import UsageError
 from divopd.explore.generation import Generation, stop_token_ids
 from divopd.explore.vllm_weights import (
     NcclWeightSync,
+    VLLMEngineError,
+    check_head_dim,
+    check_model_folder,
     check_state_dict,
     checkpoint_shapes,
     reload_in_place,
@@ -52,10 +54,6 @@ T = TypeVar("T")
 
 #: Default KV-cache size of a CPU engine (the CPU build otherwise reserves 92% of the machine's memory).
 CPU_KV_CACHE_BYTES = 512 * 2**20
-
-
-class VLLMEngineError(UsageError, RuntimeError):
-    """vLLM is missing, cannot load the model, or its engine kept dying."""
 
 
 class PromptTooLongError(ValueError):
@@ -116,41 +114,11 @@ def _share_teardown() -> None:
     core.cleanup_dist_env_and_memory = cleanup
 
 
-def _check_model_folder(model_path: str) -> dict[str, Any]:
-    path = Path(model_path)
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise VLLMEngineError(f"{model_path}: not a model folder (no config.json); the vLLM backend loads a local "
-                              "Hugging Face folder")
-    try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise VLLMEngineError(f"{model_path}/config.json: not a readable JSON model config ({exc})") from None
-
-
-def _check_head_dim(model_path: str, config: dict[str, Any]) -> None:
-    """The CPU attention kernel supports a fixed set of head sizes (not the tiny models' 16): fail in one line."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    heads = config.get("num_attention_heads")
-    head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads and "hidden_size" in config else 0)
-    try:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        supported = list(CPUAttentionBackend.get_supported_head_sizes())
-    except (ImportError, AttributeError):
-        supported = [32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512]
-    if head_dim and head_dim not in supported:
-        raise VLLMEngineError(f"{model_path}: head_dim {head_dim} is not supported by vLLM's CPU attention kernel "
-                              f"(supported: {', '.join(map(str, supported))}); use the hf backend for this model")
-
-
 def check_model(model_path: str) -> None:
     """Fail in one line (:class:`VLLMEngineError`) on what vLLM cannot serve, before an engine is built: vllm missing,
     no model folder, a head size the CPU attention kernel rejects (runtimes call it before starting explorers)."""
     _import_vllm()
-    _check_head_dim(str(model_path), _check_model_folder(str(model_path)))
+    check_head_dim(str(model_path), check_model_folder(str(model_path)))
 
 
 class VLLMGenerator:
@@ -167,13 +135,17 @@ class VLLMGenerator:
         sync_device: the GPU this process sends from with ``nccl`` (default ``cuda:<tensor_parallel_size>``, the
             first one after an in-process engine's; NCCL cannot put two ranks of one group on one GPU).
         max_restarts: engine rebuilds after a failed call before :class:`VLLMEngineError`.
+        call_timeout_s: the deadline of one engine call (generate, score, weight update). An in-process engine call
+            cannot be interrupted from Python, so the deadline marks the engine stalled instead: past it an error
+            line names the engine and the call, and :attr:`stalled` holds that line (until the call returns); the
+            run's loop watchdog (``runtime.stall_timeout_s``) then stops the run when nothing else arrives.
         engine_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``enable_prefix_caching`` — on by default,
             ``enforce_eager``, ``kv_cache_memory_bytes`` — 512 MiB by default on CPU, ``tensor_parallel_size``, ...).
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
                  stop_on_newline: bool = True, weight_sync: str = "auto", sync_device: str | None = None,
-                 max_restarts: int = 2, **engine_kwargs: Any) -> None:
+                 max_restarts: int = 2, call_timeout_s: float = 600.0, **engine_kwargs: Any) -> None:
         if weight_sync not in ("auto", "reload", "nccl"):
             raise UsageError(f"VLLMGenerator: weight_sync must be auto, reload or nccl, got {weight_sync!r}")
         self._vllm = _import_vllm()
@@ -182,8 +154,8 @@ class VLLMGenerator:
         from divopd.models import load_tokenizer, resolve_dtype
 
         self.model_path = str(model_path)
-        config = _check_model_folder(self.model_path)
-        _check_head_dim(self.model_path, config)
+        config = check_model_folder(self.model_path)
+        check_head_dim(self.model_path, config)
         try:
             self.tokenizer = load_tokenizer(self.model_path)
         except Exception as exc:  # a folder without a usable tokenizer: transformers raises OSError or ValueError
@@ -191,6 +163,10 @@ class VLLMGenerator:
         self.stop_ids = stop_token_ids(self.tokenizer, stop_on_newline)
         self.dtype = resolve_dtype(dtype)
         self.seed, self.max_restarts, self.restarts = int(seed), int(max_restarts), 0
+        if not call_timeout_s > 0:
+            raise UsageError(f"VLLMGenerator: call_timeout_s must be > 0, got {call_timeout_s!r}")
+        self.call_timeout_s = float(call_timeout_s)
+        self.stalled: str | None = None  # set while a call is past call_timeout_s
         self._expected = checkpoint_shapes(self.model_path)
         self._tied = tied_embeddings(self.model_path)
         from vllm.platforms import current_platform
@@ -250,12 +226,30 @@ class VLLMGenerator:
             del llm
             gc.collect()
 
+    @contextlib.contextmanager
+    def _deadline(self, what: str) -> Iterator[None]:
+        """Mark the engine :attr:`stalled` (and log it once) when the body runs past ``call_timeout_s``."""
+        def overdue() -> None:
+            self.stalled = (f"stalled at {what}: the vLLM engine for {self.model_path} gave no answer within "
+                            f"call_timeout_s = {self.call_timeout_s:g} s")
+            log.error("%s (an in-process engine call cannot be interrupted; the loop watchdog stops the run)",
+                      self.stalled)
+
+        timer = threading.Timer(self.call_timeout_s, overdue)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            self.stalled = None
+
     def _guarded(self, what: str, call: Callable[[Any], T]) -> T:
         """``call(llm)``; if the engine fails, rebuild it (newest weights included) and retry, ``max_restarts``
         times in this generator's life, then raise :class:`VLLMEngineError`."""
         while True:
             try:
-                with self._lock:
+                with self._lock, self._deadline(what):
                     if self._llm is None:
                         raise VLLMEngineError(f"VLLMGenerator for {self.model_path}: {what} after close()")
                     return call(self._llm)

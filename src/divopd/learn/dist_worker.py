@@ -35,9 +35,10 @@ from divopd.models import load_model
 
 __all__ = ["RankWorker", "decoder_layers", "free_port", "shard_model"]
 
-#: How long a collective may wait for a peer before the process group gives up (a dead rank is noticed much earlier
-#: by the driver, which then ends the others).
-COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+#: How long a collective (and the rendezvous) may wait for a peer before the process group gives up, by default
+#: (``runtime.collective_timeout_s``). A dead rank is noticed much earlier by the driver, which then ends the others;
+#: a stopped or hung one is noticed by its peers, whose collective fails at this deadline and is reported.
+COLLECTIVE_TIMEOUT_S = 600.0
 
 
 def free_port() -> int:
@@ -118,8 +119,10 @@ class RankWorker:
         self.world_size = 1
 
     def setup(self, rank: int, world_size: int, init_method: str, source: str, config: dict[str, Any],
-              threads: int = 1, deterministic: bool = False, local_device: int | None = None) -> dict[str, Any]:
-        """Join the process group, load ``source`` (an HF folder), shard it and build the optimizer."""
+              threads: int = 1, deterministic: bool = False, local_device: int | None = None,
+              collective_timeout_s: float = COLLECTIVE_TIMEOUT_S) -> dict[str, Any]:
+        """Join the process group, load ``source`` (an HF folder), shard it and build the optimizer. Every collective
+        and the rendezvous fail after ``collective_timeout_s`` seconds without their peers."""
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -132,8 +135,9 @@ class RankWorker:
             torch.cuda.set_device(device)
             cfg = cfg.model_copy(update={"device": str(device)})
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=rendezvous_store(init_method, rank, world_size, COLLECTIVE_TIMEOUT),
-                                rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+        timeout = timedelta(seconds=collective_timeout_s)
+        dist.init_process_group(backend, store=rendezvous_store(init_method, rank, world_size, timeout),
+                                rank=rank, world_size=world_size, timeout=timeout)
         self.rank, self.world_size = rank, world_size
         mesh = init_device_mesh(device.type, (world_size,))
         model, tokenizer = load_model(source, dtype=cfg.dtype, device=str(device))

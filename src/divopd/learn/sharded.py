@@ -50,7 +50,8 @@ from divopd.learn.turnopd import DepthStats
 from divopd.learn.update import RankStep, UpdateStats, batch_loss
 from divopd.models import load_model
 
-__all__ = ["LearnerRankError", "ShardedLearner", "build_learner", "learner_from_checkpoint", "split_rows"]
+__all__ = ["LearnerRankError", "ShardedLearner", "build_learner", "learner_from_checkpoint", "process_ranks",
+           "split_rows"]
 
 RanksFactory = Callable[[int, dict[str, Any]], Ranks]
 
@@ -247,6 +248,17 @@ class ShardedLearner:
     def close(self) -> None:
         """End the ranks (idempotent)."""
         self.ranks.close()
+
+
+def process_ranks(collective_timeout_s: float) -> RanksFactory:
+    """The rank factory of ranks spawned on this machine (:class:`ProcessRanks`) whose collectives fail after
+    ``collective_timeout_s`` seconds without a peer (``runtime.collective_timeout_s``): a stopped rank makes the
+    others fail within that deadline, and the driver ends them all (:class:`LearnerRankError`)."""
+
+    def make(world_size: int, setup: dict[str, Any]) -> Ranks:
+        return ProcessRanks(world_size, {**setup, "collective_timeout_s": float(collective_timeout_s)})
+
+    return make
 
 
 def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None = None) -> LearnerProtocol:

@@ -26,7 +26,7 @@ from typing import Any
 
 from divopd.learn.checkpoint import WeightHandle
 from divopd.learn.protocol import LearnerProtocol
-from divopd.learn.sharded import RanksFactory, build_learner, learner_from_checkpoint
+from divopd.learn.sharded import RanksFactory, build_learner, learner_from_checkpoint, process_ranks
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import StopRequest
 from divopd.train.loop import Runtime, run_loop
@@ -45,11 +45,12 @@ class RuntimeEntry:
 
     ``build(cfg, weights, trainer)``: the :class:`~divopd.train.loop.Runtime`, its explorers holding ``weights``;
     ``session(cfg)``: a context the whole run goes through (torch thread and determinism settings);
-    ``learner_ranks(cfg)``: the sharded learner's rank factory, ``None`` = processes spawned on this machine."""
+    ``learner_ranks(cfg)``: the sharded learner's rank factory (default: processes spawned on this machine)."""
 
     build: Callable[[TrainConfig, WeightHandle, Trainer], Runtime]
     session: Callable[[TrainConfig], ContextManager[Any]] = lambda cfg: contextlib.nullcontext()
-    learner_ranks: Callable[[TrainConfig], RanksFactory | None] = lambda cfg: None
+    learner_ranks: Callable[[TrainConfig], RanksFactory | None] = lambda cfg: process_ranks(
+        cfg.runtime.collective_timeout_s)
 
 
 def _session(trainer: Trainer) -> int:

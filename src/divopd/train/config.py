@@ -148,6 +148,21 @@ class RuntimeSettings(_Strict):
         1800.0, ge=0, description="Loop watchdog: stop the run (checkpoint, summary.json `stalled`, exit 3) when no "
         "rollout arrived and no update completed for this many seconds, or when the last 4·sampler.batch_size turns "
         "received all lack teacher scores (a teacher that cannot score); 0 = off.")
+    teacher_timeout_s: float = Field(
+        600.0, gt=0, description="Ray, teacher.shared: deadline of one call to the shared teacher actor (score or "
+        "generate). Past it the explorer kills the actor for a restart (runtime.max_teacher_restarts) and that call's "
+        "turns are retried one by one, else left unscored (the watchdog stops a run whose teacher cannot score).")
+    max_teacher_restarts: int = Field(
+        3, ge=0, description="Ray, teacher.shared: restarts of a dead or stalled shared teacher actor; the explorers' "
+        "calls wait for the restarted actor (each within runtime.teacher_timeout_s).")
+    explorer_timeout_s: float = Field(
+        1200.0, gt=0, description="Ray: deadline of one explorer actor's collect call (one rollout). Past it the actor "
+        "is killed and Ray restarts it (counted against runtime.max_explorer_restarts); its rollout in hand is lost "
+        "(never produced, never received). Keep it above the longest rollout and below runtime.stall_timeout_s.")
+    collective_timeout_s: float = Field(
+        600.0, gt=0, description="learner.world_size > 1: deadline of one collective among the learner ranks (the "
+        "process group's timeout, gloo or NCCL) and of the rendezvous; a stopped or lost rank makes the others fail "
+        "within it and the run stops with its newest good checkpoint in place.")
     explorer_resources: dict[str, float] = Field(
         default_factory=dict, description="Ray: custom resources per explorer actor (e.g. {explorer_node: 1} to "
         "place explorers on the nodes started with that resource).")

@@ -15,10 +15,17 @@ seconds the arriving rollouts report (:func:`add_explorer_times`: ``time/generat
 
 Either stops the run at that stage boundary: the loop checkpoints, writes ``summary.json`` with ``stalled`` (the
 one-line reason) and ``divopd train`` prints that line and exits :data:`EXIT_STALLED`.
+
+Components with deadlines of their own report what they saw stall with :func:`note_stall` (the Ray runtime's
+explorer actors past ``runtime.explorer_timeout_s`` and its shared teacher past ``runtime.teacher_timeout_s``, both
+restarted, or gone for good); the watchdog's line names the newest of those notes, so a user reads which stage and
+which component stalled, not only that rollouts stopped arriving. (An in-process vLLM engine call past its deadline
+is named by the engine's own error line: ``explore/`` cannot report to ``train/``.)
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
@@ -27,13 +34,33 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from divopd.experience import Rollout
 
-__all__ = ["EXIT_STALLED", "EXPLORER_TIMES", "TEACHER_WINDOW_BATCHES", "Watchdog", "add_explorer_times", "timed"]
+__all__ = ["EXIT_STALLED", "EXPLORER_TIMES", "TEACHER_WINDOW_BATCHES", "Watchdog", "add_explorer_times",
+           "note_stall", "stall_notes", "timed"]
 
 #: Exit code of ``divopd train`` when the watchdog stopped the run (checkpointed; ``--resume`` continues it).
 EXIT_STALLED = 3
 #: A teacher counts as unable to score after this many batches' worth (× ``sampler.batch_size``) of received turns
 #: in a row without teacher log probs.
 TEACHER_WINDOW_BATCHES = 4
+
+
+_NOTES: list[tuple[float, str]] = []  # (monotonic time, "stage: component — what happened"), newest last
+_NOTES_LOCK = threading.Lock()
+_MAX_NOTES = 16
+
+
+def note_stall(stage: str, component: str, what: str) -> None:
+    """Record that ``component`` stalled at ``stage`` (``explore``, ``teacher scoring``, ...) and what was done
+    about it; the watchdog's stop line names the newest note."""
+    with _NOTES_LOCK:
+        _NOTES.append((time.monotonic(), f"stalled at {stage}: {component} ({what})"))
+        del _NOTES[:-_MAX_NOTES]
+
+
+def stall_notes(since: float = float("-inf")) -> list[str]:
+    """The stall notes recorded at or after the monotonic time ``since``, oldest first."""
+    with _NOTES_LOCK:
+        return [note for t, note in _NOTES if t >= since]
 
 
 @contextmanager
@@ -68,6 +95,7 @@ class Watchdog:
         self._clock = clock
         self._last_progress = self._now()
         self._unscored_streak = 0  # received turns in a row without teacher log probs
+        self._started = self._now() if clock is time.monotonic else float("-inf")  # notes of this run only
 
     def _now(self) -> float:
         return float(self._clock())
@@ -97,8 +125,11 @@ class Watchdog:
         """The one-line reason to stop when the loop has waited for rollouts too long, else ``None``."""
         if not self.enabled or self.waited_s() < self.stall_timeout_s:
             return None
+        notes = stall_notes(self._started)
+        seen = f"; last seen: {notes[-1]}" if notes else ""
         return (f"stalled waiting for rollouts: no rollout arrived and no update completed for "
-                f"{self.waited_s():.0f} s (runtime.stall_timeout_s = {self.stall_timeout_s:g}); waited on {waited_on}")
+                f"{self.waited_s():.0f} s (runtime.stall_timeout_s = {self.stall_timeout_s:g}); waited on "
+                f"{waited_on}{seen}")
 
     def teacher_failed(self) -> str | None:
         """The one-line reason to stop when the last ``4·B`` received turns all lack teacher scores, else ``None``."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from divopd.errors import UsageError
 from divopd.explore.envs.base import EnvCrash
 
 #: JVM options applied while an adapter starts its server: a capped heap and the serial collector keep each JVM at
@@ -292,14 +294,32 @@ class _Host:
 _HOSTS: dict[tuple[str, str, int], _Host] = {}
 
 
+class JavaNotFoundError(UsageError, FileNotFoundError):
+    """No ``java`` on ``PATH``: the JVM-backed environments cannot start (one line from the CLI, exit 2)."""
+
+
+def check_java(what: str = "this environment") -> None:
+    """Raise :class:`JavaNotFoundError` (one line) when there is no ``java`` on ``PATH`` to start a JVM with."""
+    if shutil.which("java") is None:
+        raise JavaNotFoundError(f"{what} runs on a Java VM, but there is no `java` on PATH; install a Java 17+ "
+                                "runtime (e.g. `apt-get install openjdk-17-jre-headless`) and put it on PATH")
+
+
 def own_package_env(make: Callable[[], Any], opts: str | None = None, module: Any = None,
                     read_timeout: float | None = None) -> tuple[Any, Callable[[], None]]:
     """A package env on a JVM of its own (``make()`` under ``opts``, its finalizer guarded; with ``module``, the
     package module that launches the gateway: :func:`guarded_gateway` with ``read_timeout``), and the function that
-    ends that JVM (:func:`shutdown_gateway`)."""
+    ends that JVM (:func:`shutdown_gateway`). No ``java`` to start is :class:`JavaNotFoundError`."""
+    what = f"{getattr(module, '__name__', 'this environment').split('.')[0]}"
+    check_java(what)
     with CONSTRUCTION_LOCK, java_opts(opts), (contextlib.nullcontext() if module is None
                                               else guarded_gateway(module, read_timeout)):
-        env = make()
+        try:
+            env = make()
+        except FileNotFoundError as exc:  # java went missing between the check and the start
+            if exc.filename != "java":
+                raise
+            raise JavaNotFoundError(f"{what}: cannot start `java`: {exc.strerror}") from None
     guard_finalizer(env)
     return env, lambda: shutdown_gateway(env)
 

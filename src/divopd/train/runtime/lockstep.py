@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from divopd.explore.engines import close_backend
 from divopd.explore.explorer import Explorer, Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
@@ -100,6 +101,7 @@ class LockstepRuntime:
     def close(self, interrupted: bool) -> dict[str, Any]:
         if self._evaluator is not None:
             self._evaluator.close()
+        close_backend(self._explorers[0].teacher)  # a vLLM teacher engine (shared by every explorer) shuts down
         return {"env_steps": self.env_steps}
 
 

@@ -13,6 +13,12 @@ explorer actor is restarted by Ray (``runtime.max_explorer_restarts``) and its l
 on, the restarted actor with rollout ids and a seed of its own (:func:`actor_incarnation`). Bad input that only the
 actor meets (an ``explorer.env_kwargs`` value the environment rejects) is not a failure to restart: the actor keeps
 the input error and raises it from every call, and the driver raises it as it is (one line and exit 2 from the CLI).
+Deadlines: a collect call (one rollout) past ``runtime.explorer_timeout_s`` (a stopped actor, or one hung in a call
+without a deadline of its own) gets its actor killed for Ray to restart, as a dead one; the shared teacher actor
+(``teacher.shared``) is watched from every poll and restarted past ``runtime.teacher_timeout_s``
+(:mod:`divopd.train.runtime.ray_teacher`); every other ``ray.get`` here waits 30 s at most. ``produced_turns`` (in
+``summary.json``) counts the turns of every collect call that finished, all of which the loop receives, so a run's
+ledger ``received`` equals it.
 Local runs start Ray on loopback; set ``runtime.ray_address`` (e.g. ``ray://head:10001`` or ``auto``) for a cluster,
 and ``student.device``/``teacher.device`` + ``runtime.explorer_gpus`` for GPUs.
 """
@@ -22,11 +28,12 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from typing import Any
 
 import ray
 import torch
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from divopd.errors import UsageError
 from divopd.explore.explorer import Rollout
@@ -34,9 +41,10 @@ from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.loop import EvalResult
 from divopd.train.runtime.common import build_explorer, load_teacher
-from divopd.train.runtime.ray_teacher import RemoteTeacher, start_shared_teacher
+from divopd.train.runtime.ray_teacher import RemoteTeacher, TeacherWatch, start_shared_teacher
+from divopd.train.watchdog import note_stall
 
-__all__ = ["RayRuntime", "ExplorerActor", "actor_incarnation", "explorer_name", "init_ray"]
+__all__ = ["RayRuntime", "ExplorerActor", "actor_incarnation", "explorer_name", "init_ray", "teacher_name"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +65,8 @@ class ExplorerActor:
         self.incarnation = actor_incarnation()  # Ray re-runs __init__ on a restart: new rollout ids and seed
         try:
             if with_teacher:
-                teacher = RemoteTeacher(teacher_actor) if teacher_actor is not None else load_teacher(cfg)[0]
+                teacher = (RemoteTeacher(teacher_actor, cfg.runtime.teacher_timeout_s) if teacher_actor is not None
+                           else load_teacher(cfg)[0])
             self.explorer = build_explorer(cfg, idx, session, handle, teacher, evaluation=not with_teacher,
                                            incarnation=self.incarnation)
         except UsageError as exc:
@@ -123,6 +132,11 @@ def explorer_name(run: int, i: int) -> str:
     return f"divopd-explorer-{os.getpid()}-{run}-{i}"
 
 
+def teacher_name(run: int) -> str:
+    """The Ray actor name of the shared teacher of this driver's ``run``-th runtime: ``divopd-teacher-<pid>-<run>``."""
+    return f"divopd-teacher-{os.getpid()}-{run}"
+
+
 def init_ray(cfg: TrainConfig) -> bool:
     """Start (or connect to) Ray; returns True when this call started it."""
     if ray.is_initialized():
@@ -156,16 +170,27 @@ class RayRuntime:
         self._session = session
         self._actor_cls = ray.remote(ExplorerActor)
         self._weights_ref = ray.put(weights)
+        self._start_ref = self._weights_ref  # the actors' constructor argument: a restarted actor fetches it again
         self._weights_version = weights.version
-        self._teacher = start_shared_teacher(cfg, self._cfg_data)
+        self._teacher = start_shared_teacher(cfg, self._cfg_data, teacher_name(self._run))
+        rt = cfg.runtime
+        self._teacher_watch = (None if self._teacher is None
+                               else TeacherWatch(self._teacher, rt.teacher_timeout_s, rt.max_teacher_restarts))
         self._explorers = [self._new_explorer(i) for i in range(cfg.runtime.num_explorers)]
         self._node_refs = [e.node_id.remote() for e in self._explorers]  # runs before each actor's first collect
         self._evaluator = self._actor_cls.options(num_cpus=0).remote(self._cfg_data, 999, session,
                                                                      self._weights_ref, False)
-        self._inflight: dict[Any, int] = {e.collect.remote(1, self._weights_ref): i
-                                          for i, e in enumerate(self._explorers)}
+        self._inflight: dict[Any, int] = {}
+        self._submitted: dict[Any, float] = {}  # each collect call in flight → when it was submitted (its deadline)
+        self._overdue: set[Any] = set()  # collect calls past runtime.explorer_timeout_s whose actor was killed
+        for i in range(len(self._explorers)):
+            self._submit(i)
         self._evals: dict[Any, tuple[int, dict[str, float]]] = {}
         self._failures = [0] * len(self._explorers)
+        self._restarting = [False] * len(self._explorers)  # its death is counted; calls fail until it is back
+        self._parked: dict[int, float] = {}  # explorer → when to resubmit its call (its actor is restarting)
+        self.stalled_restarts = 0  # explorer actors killed for a restart at runtime.explorer_timeout_s
+        self.produced_turns = 0  # turns of the collect calls that finished (all of them reach the loop)
 
     def _new_explorer(self, i: int) -> Any:
         rt = self.cfg.runtime
@@ -175,8 +200,47 @@ class RayRuntime:
                                        name=explorer_name(self._run, i)).remote(self._cfg_data, i, self._session,
                                                                      self._weights_ref, True, self._teacher)
 
+    def _submit(self, i: int) -> None:
+        ref = self._explorers[i].collect.remote(1, self._weights_ref)
+        self._inflight[ref] = i
+        self._submitted[ref] = time.monotonic()
+
+    def _take(self, ref: Any) -> list[Rollout]:
+        """The rollouts of a finished collect call (counted as produced); raises as ``ray.get`` does."""
+        self._submitted.pop(ref, None)
+        self._overdue.discard(ref)
+        rollouts = ray.get(ref, timeout=30)
+        self.produced_turns += sum(len(r.turns) for r in rollouts)
+        return rollouts
+
+    def _restart_overdue(self) -> None:
+        """Kill, for Ray to restart, each explorer actor whose collect call passed ``runtime.explorer_timeout_s``
+        (stopped, or hung in a call without its own deadline); the failed call then takes the restart path."""
+        limit = self.cfg.runtime.explorer_timeout_s
+        now = time.monotonic()
+        for ref, t0 in list(self._submitted.items()):
+            if ref in self._overdue or now - t0 < limit:
+                continue
+            i = self._inflight[ref]
+            self._overdue.add(ref)
+            self.stalled_restarts += 1
+            log.error("stalled at explore: explorer actor %d gave no rollout for %.0f s (runtime.explorer_timeout_s "
+                      "= %g); killing it for a restart", i, now - t0, limit)
+            note_stall("explore", f"Ray explorer actor {i}", f"no rollout for {now - t0:.0f} s, past "
+                       f"runtime.explorer_timeout_s = {limit:g}: killed for a restart")
+            ray.kill(self._explorers[i], no_restart=False)
+
     def poll(self, timeout: float) -> list[Rollout]:
+        if self._teacher_watch is not None:
+            self._teacher_watch.check()
+        self._restart_overdue()
+        now = time.monotonic()
+        for i, at in list(self._parked.items()):
+            if now >= at:
+                del self._parked[i]
+                self._submit(i)
         if not self._inflight:
+            time.sleep(min(timeout, 0.1))
             return []
         refs = list(self._inflight)
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
@@ -187,18 +251,31 @@ class RayRuntime:
         for ref in ready:
             i = self._inflight.pop(ref)
             try:
-                out.extend(ray.get(ref))
-            except (RayActorError, RayTaskError) as exc:
+                out.extend(self._take(ref))
+                self._restarting[i] = False
+            except ActorUnavailableError:  # restarting (the death was counted when it was seen): ask again soon
+                if not self._restarting[i]:
+                    self._count_failure(i, "its actor is restarting")
+                if self._failures[i] > self.cfg.runtime.max_explorer_restarts:
+                    continue
+                self._parked[i] = time.monotonic() + 1.0
+                continue
+            except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
                 raise_input_error(exc)
-                self._failures[i] += 1
-                log.error("explorer actor %d failed (%d so far): %s", i, self._failures[i], exc)
+                self._count_failure(i, str(exc))
+                self._restarting[i] = isinstance(exc, RayActorError)
                 if self._failures[i] > self.cfg.runtime.max_explorer_restarts:
                     continue  # this explorer is given up; the others go on
-            self._inflight[self._explorers[i].collect.remote(1, self._weights_ref)] = i
+            self._submit(i)
         return out
 
+    def _count_failure(self, i: int, why: str) -> None:
+        self._failures[i] += 1
+        self._restarting[i] = True
+        log.error("explorer actor %d failed (%d so far): %s", i, self._failures[i], why)
+
     def check_alive(self) -> None:
-        if not self._inflight:
+        if not self._inflight and not self._parked:
             raise RuntimeError("every explorer actor has failed; see the log above")
 
     def publish(self, handle: WeightHandle) -> None:
@@ -220,7 +297,7 @@ class RayRuntime:
         for ref in ready:
             update, counters = self._evals.pop(ref)
             try:
-                results = ray.get(ref)
+                results = ray.get(ref, timeout=30)
             except RayTaskError as exc:
                 raise_input_error(exc)
                 raise
@@ -243,9 +320,10 @@ class RayRuntime:
     def shutdown(self, interrupted: bool) -> list[Rollout]:
         self._nodes = self.placement()
         finished = self._finished_collects(0.0 if interrupted else SHUTDOWN_COLLECT_S)
-        self._inflight.clear()  # killing an actor ends the collect call it is running
         for actor in self._explorers:
             ray.kill(actor, no_restart=True)
+        finished += self._finished_collects(0.0)  # a call that finished just before its actor was killed
+        self._inflight.clear()  # killing an actor ended the collect calls still running: never produced
         return finished
 
     def _finished_collects(self, timeout: float) -> list[Rollout]:
@@ -257,24 +335,33 @@ class RayRuntime:
         ready, running = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         out: list[Rollout] = []
         for ref in ready:
+            i = self._inflight.pop(ref)
             try:
-                out.extend(ray.get(ref, timeout=30))
+                out.extend(self._take(ref))
             except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
-                log.warning("explorer actor %d failed at the stop; its rollout is lost: %s", self._inflight[ref], exc)
-        if running:
+                log.info("explorer actor %d ended at the stop without finishing its rollout: %s", i,
+                         str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        if running and timeout > 0:
             log.info("stop: %d explorer rollouts still running end unfinished (never produced, never received)",
                      len(running))
         return out
 
     def close(self, interrupted: bool) -> dict[str, Any]:
         ray.kill(self._evaluator, no_restart=True)
-        teacher = {}
+        teacher: dict[str, Any] = {}
         if self._teacher is not None:  # the shared teacher's call count goes into the summary
-            teacher = ray.get(self._teacher.stats.remote(), timeout=30)
+            try:
+                teacher = ray.get(self._teacher.stats.remote(), timeout=30)
+            except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
+                log.warning("the shared teacher actor gave no stats at the stop: %s",
+                            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            assert self._teacher_watch is not None
+            teacher["teacher_restarts"] = self._teacher_watch.restarts
             ray.kill(self._teacher, no_restart=True)
         self._evals.clear()
         if self._started:
             ray.shutdown()
-        return {"explorer_failures": sum(self._failures), **teacher,
+        return {"explorer_failures": sum(self._failures), "explorer_stalled_restarts": self.stalled_restarts,
+                "produced_turns": self.produced_turns, **teacher,
                 "placement": {"explorers": self._nodes,
                               "learner_ranks": [r.get("ray_node_id") for r in self._learner_ranks]}}

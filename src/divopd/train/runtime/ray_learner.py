@@ -11,6 +11,7 @@ and runs a :class:`~divopd.learn.dist_worker.RankWorker`. The driver's
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -53,6 +54,7 @@ class RayRanks:
         self.world_size = world_size
         self._closed = False
         rt = cfg.runtime
+        self._timeout_s = rt.collective_timeout_s
         bundle = {"CPU": rt.learner_cpus, **({"GPU": rt.learner_gpus} if rt.learner_gpus else {}),
                   **rt.learner_resources}
         self._pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
@@ -73,6 +75,7 @@ class RayRanks:
         host, port = self._get([self._actors[0].address.remote()], "address", ranks=[0])[0]
         init_method = f"tcp://{host}:{port}"
         local = {"local_device": 0} if rt.learner_gpus else {}  # each actor sees its own GPU as cuda:0
+        setup = {**setup, "collective_timeout_s": rt.collective_timeout_s}
         refs = [a.call.remote("setup", (r, world_size, init_method), {**setup, **local})
                 for r, a in enumerate(self._actors)]
         self.info: list[dict[str, Any]] = self._get(refs, "setup")
@@ -86,20 +89,31 @@ class RayRanks:
         return self._get([a.call.remote(method, args[r]) for r, a in enumerate(self._actors)], method)
 
     def _get(self, refs: list[Any], method: str, ranks: list[int] | None = None) -> list[Any]:
-        """The replies in rank order; the first failed rank ends the others (they wait in a collective)."""
+        """The replies in rank order; the first failed rank ends the others (they wait in a collective). Once one
+        rank has answered, the others must within ``runtime.collective_timeout_s`` (+ a minute): a rank that does
+        not (stopped, hung outside a collective) ends them all too."""
         ranks = ranks if ranks is not None else list(range(len(refs)))
         index = {ref: r for ref, r in zip(refs, ranks, strict=True)}
         pending = list(refs)
+        first_reply: float | None = None
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            wait_s = None if first_reply is None else max(0.0, first_reply + self._timeout_s + 60 - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
+            if not ready:
+                self.close()
+                late = sorted(index[r] for r in pending)
+                raise LearnerRankError(f"learner ranks {late} of {self.world_size} (Ray actors) gave no answer to "
+                                       f"{method!r} within runtime.collective_timeout_s = {self._timeout_s:g} s "
+                                       "(+60) of the first rank's; the sharded learner stopped")
+            first_reply = time.monotonic() if first_reply is None else first_reply
             try:
-                ray.get(ready[0])
+                ray.get(ready[0], timeout=30)
             except (RayActorError, RayTaskError) as exc:
                 self.close()
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise LearnerRankError(f"learner rank {index[ready[0]]} of {self.world_size} (Ray actor) failed "
                                        f"during {method!r}: {first}; the sharded learner stopped") from None
-        return ray.get(refs)
+        return ray.get(refs, timeout=30)
 
     def close(self) -> None:
         """End the rank actors and release their placement group (and Ray, when this started it)."""

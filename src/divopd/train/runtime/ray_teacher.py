@@ -6,21 +6,43 @@
 Without it each explorer actor loads its own teacher copy (one vLLM engine per explorer with ``teacher.backend:
 vllm``). The actor holds the model once (``teacher.actor_gpus`` GPUs) and serves the explorers' batched calls in
 arrival order; a vLLM engine batches what it is given, so one engine serves many explorers' finished rollouts.
+
+Deadlines and restarts: every call an explorer makes waits at most ``runtime.teacher_timeout_s``; a call past it
+fails, and its turns are retried one by one (the explorer's :func:`~divopd.explore.scoring.teacher_scores`), else
+left unscored. The driver watches the actor (:class:`TeacherWatch`: one cheap ``pid`` call in flight at a time, from
+the loop's polls): an answer overdue by ``runtime.teacher_timeout_s`` (a stopped or hung teacher) kills the actor, and
+Ray restarts it (``max_restarts = runtime.max_teacher_restarts``; the calls queued meanwhile are retried on the new
+instance, ``max_task_retries``). While it restarts the explorers' calls wait for it, each within the deadline. A
+teacher dead for good (restarts spent) fails every call at once: the turns arrive unscored, the gate rejects them,
+and the loop watchdog's teacher rule (:class:`~divopd.train.watchdog.Watchdog`) stops the run with a checkpoint and
+exit 3 instead of letting the learner spin.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import ray
 import torch
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from divopd.explore.generation import Generation
 from divopd.train.config import TrainConfig
 from divopd.train.runtime.common import load_teacher
+from divopd.train.watchdog import note_stall
 
-__all__ = ["RemoteTeacher", "TeacherActor", "start_shared_teacher"]
+__all__ = ["RemoteTeacher", "TeacherActor", "TeacherTimeoutError", "TeacherWatch", "start_shared_teacher"]
+
+log = logging.getLogger(__name__)
+
+
+class TeacherTimeoutError(RuntimeError):
+    """A shared teacher call passed ``runtime.teacher_timeout_s`` (the driver's :class:`TeacherWatch` restarts a
+    stalled actor)."""
 
 
 class TeacherActor:
@@ -43,28 +65,85 @@ class TeacherActor:
     def stats(self) -> dict[str, float]:
         return {"teacher/calls": float(self.calls)}
 
+    def pid(self) -> int:
+        return os.getpid()
+
 
 class RemoteTeacher:
     """The :class:`~divopd.explore.teacher.Teacher` an explorer holds when the teacher is shared: the actor's calls,
-    blocking."""
+    blocking, each within ``timeout_s`` (``runtime.teacher_timeout_s``; see the module docstring)."""
 
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, actor: Any, timeout_s: float = 600.0) -> None:
         self.actor = actor
+        self.timeout_s = float(timeout_s)
+
+    def _get(self, what: str, ref: Any) -> Any:
+        try:
+            return ray.get(ref, timeout=self.timeout_s)
+        except GetTimeoutError:
+            raise TeacherTimeoutError(f"shared teacher actor: {what} gave no answer within "
+                                      f"runtime.teacher_timeout_s = {self.timeout_s:g} s") from None
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
                     topk: int = 0) -> list[tuple[Any, Any]]:
         """``topk`` is the run's ``explorer.teacher_topk``, which the actor was built with."""
-        return ray.get(self.actor.score_turns.remote([list(p) for p in prompts], [list(r) for r in responses]))
+        return self._get("score_turns", self.actor.score_turns.remote([list(p) for p in prompts],
+                                                                      [list(r) for r in responses]))
 
     def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
                  seed: int | None = None) -> list[Generation]:
         kwargs = {"greedy": greedy, "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed}
-        return ray.get(self.actor.generate.remote([list(p) for p in prompts], kwargs))
+        return self._get("generate", self.actor.generate.remote([list(p) for p in prompts], kwargs))
 
 
-def start_shared_teacher(cfg: TrainConfig, cfg_data: dict[str, Any]) -> Any | None:
-    """The shared teacher actor of a run with ``teacher.shared``, else ``None`` (each explorer loads its own)."""
+class TeacherWatch:
+    """The driver's watch on the shared teacher actor: at most one ``pid`` call in flight; :meth:`check` (called from
+    every poll of the Ray runtime) restarts the actor when that call is overdue by ``timeout_s``."""
+
+    def __init__(self, actor: Any, timeout_s: float, max_restarts: int, every_s: float = 5.0) -> None:
+        self.actor, self.timeout_s, self.max_restarts, self.every_s = actor, float(timeout_s), max_restarts, every_s
+        self.restarts = 0  # restarts this watch asked for (Ray also restarts an actor that died by itself)
+        self.dead: str | None = None  # why the actor is gone for good
+        self._ping: Any = None
+        self._sent = 0.0
+        self._answered = time.monotonic()
+
+    def check(self) -> None:
+        """Send, collect or judge the ping; never blocks."""
+        if self.dead is not None:
+            return
+        now = time.monotonic()
+        if self._ping is None:
+            if now - self._answered >= self.every_s:
+                self._ping, self._sent = self.actor.pid.remote(), now
+            return
+        ready, _ = ray.wait([self._ping], timeout=0)
+        if ready:
+            try:
+                ray.get(self._ping, timeout=0)
+            except RayActorError as exc:  # restarts spent: the explorers' turns arrive unscored (watchdog rule)
+                self.dead = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                log.error("the shared teacher actor is dead for good (%s); its turns arrive unscored", self.dead)
+                note_stall("teacher scoring", "the shared teacher actor", f"dead for good: {self.dead}")
+            self._ping, self._answered = None, now
+            return
+        if now - self._sent >= self.timeout_s:
+            self.restarts += 1
+            log.error("stalled at teacher scoring: the shared teacher actor gave no answer for %.0f s "
+                      "(runtime.teacher_timeout_s = %g); killing it for restart %d of runtime.max_teacher_restarts "
+                      "= %d", now - self._sent, self.timeout_s, self.restarts, self.max_restarts)
+            note_stall("teacher scoring", "the shared teacher actor", f"no answer for {now - self._sent:.0f} s, past "
+                       f"runtime.teacher_timeout_s = {self.timeout_s:g}: killed for restart {self.restarts}")
+            ray.kill(self.actor, no_restart=False)
+            self._ping, self._answered = None, now
+
+
+def start_shared_teacher(cfg: TrainConfig, cfg_data: dict[str, Any], name: str | None = None) -> Any | None:
+    """The shared teacher actor of a run with ``teacher.shared``, else ``None`` (each explorer loads its own): Ray
+    restarts it ``runtime.max_teacher_restarts`` times, and retries the calls it was given on the new instance.
+    ``name``: its Ray actor name (``ray.get_actor`` finds it)."""
     if not cfg.teacher.shared:
         return None
-    return ray.remote(TeacherActor).options(num_cpus=0, num_gpus=cfg.teacher.actor_gpus,
-                                            name=None).remote(cfg_data)
+    restarts = cfg.runtime.max_teacher_restarts
+    return ray.remote(TeacherActor).options(num_cpus=0, num_gpus=cfg.teacher.actor_gpus, name=name,
+                                            max_restarts=restarts, max_task_retries=restarts).remote(cfg_data)

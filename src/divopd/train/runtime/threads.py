@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from divopd.errors import UsageError
+from divopd.explore.engines import close_backend
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
@@ -110,7 +111,12 @@ class EvalWorker(threading.Thread):
         try:
             explorer = build_explorer(self.cfg, 999, self.session, self.weights.get(), None, evaluation=True)
             while True:
-                item = self.requests.get()
+                try:
+                    item = self.requests.get(timeout=1.0)  # an idle evaluator looks at the abort flag every second
+                except queue.Empty:
+                    if self.abort.is_set():
+                        return
+                    continue
                 if item is None or self.abort.is_set():
                     return
                 update, handle, counters = item
@@ -159,6 +165,7 @@ class ThreadsRuntime:
         self._rollouts: queue.Queue = queue.Queue(maxsize=cfg.runtime.queue_rollouts)
         self._weights = LatestWeights(weights)
         teacher, _ = load_teacher(cfg)
+        self._teacher = teacher  # a vLLM teacher engine is shut down in close()
         self._workers = [ExplorerWorker(cfg, i, session, self._weights, teacher, self._rollouts, self._stop,
                                         cfg.runtime.max_explorer_restarts) for i in range(cfg.runtime.num_explorers)]
         self._evaluator = EvalWorker(cfg, session, self._weights, self._abort)
@@ -211,4 +218,9 @@ class ThreadsRuntime:
             self._abort.set()
         self._evaluator.requests.put(None)
         self._evaluator.join(timeout=5 if interrupted else 600)
+        busy = [w.idx for w in self._workers if w.is_alive()]
+        if busy:  # an explorer still in a teacher call: the engine must not go away under it
+            log.warning("explorers %s are still running at close: the teacher is left open", busy)
+        else:
+            close_backend(self._teacher)
         return {"explorer_restarts": sum(w.restarts for w in self._workers), "produced_turns": self.produced_turns}

@@ -312,7 +312,7 @@ class WebShopServer:
         """Stop serving and release the port."""
         if self._thread is not None:
             self._httpd.shutdown()
-            self._thread.join()
+            self._thread.join(timeout=30)  # serve_forever has returned once shutdown() does
             self._thread = None
         self._httpd.server_close()
 
