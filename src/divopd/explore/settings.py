@@ -38,6 +38,10 @@ class VLLMSettings(BaseModel):
     sync_device: str | None = Field(None, description="weight_sync nccl: the GPU the explorer sends from (default "
                                     "cuda:<tensor_parallel_size>, the first after the engine's).")
     max_restarts: int = Field(2, ge=0, description="Engine rebuilds after a failed call before the explorer fails.")
+    call_timeout_s: float = Field(
+        600.0, gt=0, description="Deadline of one engine call (generate, score, weight update). An in-process call "
+        "cannot be interrupted: past it the engine is marked stalled (one error line naming the engine and the call) "
+        "and the loop watchdog (runtime.stall_timeout_s) stops the run.")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Any other vllm.LLM arguments.")
 
     def generator_kwargs(self) -> dict[str, Any]:

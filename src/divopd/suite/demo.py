@@ -170,7 +170,12 @@ def _follow(procs: list[tuple[str, Path, subprocess.Popen]], board: _Board) -> N
             if " INFO " in text or "Error" in text:
                 board.line(key.data, text.split(" INFO ", 1)[-1])
     for name, run_dir, proc in procs:
-        if proc.wait() != 0:  # run_methods closes the board
+        try:  # its output streams are closed: the process is exiting
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait(timeout=30)
+        if code != 0:  # run_methods closes the board
             raise RuntimeError(f"demo: {name} failed (exit {proc.returncode}) in {run_dir}:\n" + "\n".join(tails[name]))
 
 
