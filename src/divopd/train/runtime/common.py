@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Iterable
@@ -102,7 +103,15 @@ def logged_rollout_ids(log_dir: Path) -> set[str]:
 def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:
     """The run's frozen :class:`~divopd.explore.teacher.Teacher` and its tokenizer: an
     :class:`~divopd.explore.teacher.HFTeacher` (eval mode, no grad), or with ``teacher.backend: vllm`` a
-    :class:`~divopd.explore.vllm_engine.VLLMGenerator`."""
+    :class:`~divopd.explore.vllm_engine.VLLMGenerator`, or with ``teacher.backend: server`` a
+    :class:`~divopd.explore.teacher_server.ServerTeacher` (the tokenizer: ``teacher.path``'s)."""
+    if cfg.teacher.backend == "server":
+        from divopd.explore.teacher_server import ServerTeacher
+
+        tokenizer = load_tokenizer(cfg.teacher.path)
+        check_vocabularies(cfg, tokenizer)
+        server = ServerTeacher(cfg.teacher.server, tokenizer, stop_on_newline=cfg.explorer.generation.stop_on_newline)
+        return server, tokenizer
     if cfg.teacher.backend == "vllm":
         engine = vllm_generator(cfg.teacher.path, cfg.teacher.dtype, cfg.seed, cfg.teacher.vllm, cfg)
         check_vocabularies(cfg, engine.tokenizer)
@@ -186,13 +195,24 @@ def build_explorer(
 
 
 def check_engines(cfg: TrainConfig) -> None:
-    """One clear line now, not an explorer failure later, when a vLLM backend cannot serve its model."""
+    """One clear line now, not an explorer failure later, when a vLLM backend cannot serve its model or the teacher
+    server is down, does not serve ``teacher.server.model`` or tokenizes unlike ``teacher.path``
+    (:func:`~divopd.explore.teacher_server.check_server`; the server's model is logged)."""
     from divopd.explore.vllm_engine import check_model
 
     if cfg.explorer.generation.backend == "vllm":
         check_model(cfg.student.path)
     if cfg.teacher.backend == "vllm":
         check_model(cfg.teacher.path)
+    if cfg.teacher.backend == "server":
+        from divopd.explore.teacher_server import check_server
+
+        try:
+            tokenizer = load_tokenizer(cfg.teacher.path)
+        except Exception as exc:  # noqa: BLE001 (transformers raises OSError or ValueError for a bad folder)
+            raise ConfigError(f"teacher.path: {cfg.teacher.path}: cannot load the served model's tokenizer "
+                              f"({type(exc).__name__})") from None
+        logging.getLogger(__name__).info("%s", check_server(cfg.teacher.server, tokenizer, cfg.teacher.path))
 
 
 def vllm_generator(path: str, dtype: str, seed: int, engine: VLLMSettings, cfg: TrainConfig) -> Any:
