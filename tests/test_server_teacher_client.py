@@ -118,7 +118,7 @@ def test_retries_stop_at_the_deadline_and_the_server_counts_as_down(stand_in: St
         client.call("GET", "/v1/models")
     assert slept == [1.0, 2.0]  # a third wait (4 s) would pass the 6 s deadline
     stand_in.seen.clear()
-    with pytest.raises(ServerTeacherError, match="after 1 attempts"):  # down: one attempt, no backoff
+    with pytest.raises(ServerTeacherError, match="after 1 attempt "):  # down: one attempt, no backoff
         client.call("GET", "/v1/models")
     assert len(stand_in.seen) == 1 and slept == [1.0, 2.0]
     stand_in.reply = lambda *a: (200, models())
@@ -297,6 +297,6 @@ def test_the_start_check(stand_in: StandIn, tokenizer: Any) -> None:
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     with pytest.raises(ServerCheckError, match="start the teacher server first") as down:
         check_server(ServerSettings(url=url, retries=3), tokenizer, "folder")
-    assert isinstance(down.value, UsageError) and "\n" not in str(down.value) and "after 1 attempts" in str(down.value)
+    assert isinstance(down.value, UsageError) and "\n" not in str(down.value) and "after 1 attempt " in str(down.value)
     with pytest.raises(ServerCheckError, match="teacher.server.url: teacher server http://no-such-host.invalid"):
         check_server(ServerSettings(url="http://no-such-host.invalid:8000", timeout_s=5), tokenizer, "folder")

@@ -140,7 +140,7 @@ class ServerClient:
             if not retry or self._down.is_set() or attempt >= s.retries or elapsed + wait > s.deadline_s:
                 self._down.set()
                 raise ServerTeacherError(f"teacher server {self.base}{path}: {problem} (after {attempt + 1} "
-                                         f"attempts in {elapsed:.1f} s)")
+                                         f"attempt{'s' if attempt else ''} in {elapsed:.1f} s)")
             attempt += 1
             self.retried += 1
             log.warning("teacher server %s%s: %s; retry %d/%d in %.1f s", self.base, path, problem, attempt,
