@@ -34,13 +34,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from divopd.errors import UsageError
-from divopd.explore.generation import Generation, stop_token_ids
+
+if TYPE_CHECKING:
+    from divopd.explore.generation import Generation
 
 __all__ = ["ServerClient", "ServerCheckError", "ServerSettings", "ServerTeacher", "ServerTeacherError",
            "check_server", "served_model",
@@ -209,6 +211,8 @@ class ServerTeacher:
 
     def __init__(self, settings: ServerSettings, tokenizer: Any, *, stop_on_newline: bool = True,
                  client: ServerClient | None = None) -> None:
+        from divopd.explore.generation import stop_token_ids  # torch: not for the config schema, which imports us
+
         self.settings = settings
         self.client = client or ServerClient(settings)
         self.tokenizer = tokenizer
@@ -278,6 +282,8 @@ class ServerTeacher:
         return self._map(self._generate_one, rows)
 
     def _generate_one(self, body: dict[str, Any]) -> Generation:
+        from divopd.explore.generation import Generation
+
         answer = self.client.call("POST", "/v1/completions", body)
         choice = answer["choices"][0]
         ids = [int(t) for t in choice.get("token_ids") or []]
