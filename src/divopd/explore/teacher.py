@@ -1,10 +1,15 @@
-"""The frozen teacher as the explorer sees it: one :class:`Teacher` protocol, three implementations.
+"""The frozen teacher as the explorer sees it: one :class:`Teacher` protocol, four implementations.
 
 * :class:`HFTeacher` — a Hugging Face causal LM in this process (scores with one batched no-grad pass, acts under +R
   through an :class:`~divopd.explore.generation.HFGenerator`);
 * :class:`~divopd.explore.vllm_engine.VLLMGenerator` — a vLLM engine (``teacher.backend: vllm``);
 * :class:`~divopd.train.runtime.ray_teacher.RemoteTeacher` — the Ray runtime's shared teacher actor
-  (``teacher.shared: true``).
+  (``teacher.shared: true``);
+* :class:`~divopd.explore.teacher_server.ServerTeacher` — an OpenAI-compatible teacher server given by URL
+  (``teacher.backend: server``).
+
+A teacher with another vocabulary than the student's is wrapped at start (:mod:`divopd.explore.vocab`:
+``ExtensionTeacher``, ``CrossTokenizerTeacher``) so that every implementation scores the student's token ids.
 
 The explorer calls only :meth:`Teacher.score_turns` (every student response token, after a rollout or a round) and
 :meth:`Teacher.generate` (the teacher's own actions under +R). :func:`as_teacher` wraps a plain HF model, so code that

@@ -31,6 +31,7 @@ from divopd.errors import ConfigError, describe_validation_error, describe_yaml_
 from divopd.explore.envs import SPLITS, check_env_name
 from divopd.explore.settings import ExplorerConfig, VLLMSettings
 from divopd.explore.tcod import TCODConfig
+from divopd.explore.teacher_server import ServerSettings
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import TurnOPDConfig
 from divopd.sampling import METHODS, ROWS, SamplerConfig, method_names
@@ -66,9 +67,13 @@ class ModelRef(_Strict):
 class TeacherRef(ModelRef):
     """The frozen teacher: the model and the engine that scores (and, under +R, acts) with it."""
 
-    backend: Literal["hf", "vllm"] = Field("hf", description="Teacher scoring: hf (a packed no-grad forward) or vllm "
-                                           "(a vLLM engine's prompt log probs of prompt+response).")
+    backend: Literal["hf", "vllm", "server"] = Field(
+        "hf", description="Teacher scoring: hf (a packed no-grad forward), vllm (a vLLM engine's prompt log probs of "
+        "prompt+response) or server (an OpenAI-compatible server's prompt log probs, teacher.server; teacher.path is "
+        "then the served model's local folder, for its tokenizer).")
     vllm: VLLMSettings = Field(default_factory=VLLMSettings, description="Engine options of backend: vllm.")
+    server: ServerSettings = Field(default_factory=ServerSettings, description="The teacher server of backend: "
+                                   "server (docs/concepts/teacher.md).")
     shared: bool = Field(False, description="runtime.kind ray: one teacher actor scores for every explorer instead "
                          "of one teacher per explorer actor (ignored by the other runtimes, which share one already).")
     actor_gpus: float = Field(0.0, ge=0, description="Ray: GPUs reserved for the shared teacher actor.")

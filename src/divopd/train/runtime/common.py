@@ -28,6 +28,7 @@ from divopd.models import load_model, load_tokenizer
 from divopd.train.config import TrainConfig
 
 __all__ = ["LatestWeights", "bridge_vocabularies", "build_explorer", "check_engines", "check_vocabularies",
+           "check_vocabularies_at_start",
            "load_teacher", "explorer_seed", "fresh_session", "logged_rollout_ids", "rollout_id_prefix", "step_limit",
            "vllm_generator"]
 
@@ -106,13 +107,20 @@ def logged_rollout_ids(log_dir: Path) -> set[str]:
 def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:
     """The run's frozen :class:`~divopd.explore.teacher.Teacher` and its tokenizer: an
     :class:`~divopd.explore.teacher.HFTeacher` (eval mode, no grad), or with ``teacher.backend: vllm`` a
-    :class:`~divopd.explore.vllm_engine.VLLMGenerator`; with a vocabulary other than the student's, wrapped so it
-    scores the student's token ids (:func:`bridge_vocabularies`)."""
+    :class:`~divopd.explore.vllm_engine.VLLMGenerator`, or with ``teacher.backend: server`` a
+    :class:`~divopd.explore.teacher_server.ServerTeacher` (the tokenizer: ``teacher.path``'s); with a vocabulary
+    other than the student's, wrapped so it scores the student's token ids (:func:`bridge_vocabularies`)."""
     teacher, tokenizer = _teacher_backend(cfg)
     return bridge_vocabularies(cfg, teacher, tokenizer), tokenizer
 
 
 def _teacher_backend(cfg: TrainConfig) -> tuple[Teacher, Any]:
+    if cfg.teacher.backend == "server":
+        from divopd.explore.teacher_server import ServerTeacher
+
+        tokenizer = load_tokenizer(cfg.teacher.path)
+        server = ServerTeacher(cfg.teacher.server, tokenizer, stop_on_newline=cfg.explorer.generation.stop_on_newline)
+        return server, tokenizer
     if cfg.teacher.backend == "vllm":
         engine = vllm_generator(cfg.teacher.path, cfg.teacher.dtype, cfg.seed, cfg.teacher.vllm, cfg)
         return engine, engine.tokenizer
@@ -216,13 +224,39 @@ def build_explorer(
 
 
 def check_engines(cfg: TrainConfig) -> None:
-    """One clear line now, not an explorer failure later, when a vLLM backend cannot serve its model."""
+    """One clear line now, not an explorer failure later, when a vLLM backend cannot serve its model, the teacher
+    server is down, does not serve ``teacher.server.model`` or tokenizes unlike ``teacher.path``
+    (:func:`~divopd.explore.teacher_server.check_server`; the server's model is logged), or the teacher's vocabulary
+    is refused (:func:`check_vocabularies_at_start`)."""
     from divopd.explore.vllm_engine import check_model
 
     if cfg.explorer.generation.backend == "vllm":
         check_model(cfg.student.path)
     if cfg.teacher.backend == "vllm":
         check_model(cfg.teacher.path)
+    if cfg.teacher.backend == "server":
+        from divopd.explore.teacher_server import check_server
+
+        try:
+            tokenizer = load_tokenizer(cfg.teacher.path)
+        except Exception as exc:  # noqa: BLE001 (transformers raises OSError or ValueError for a bad folder)
+            raise ConfigError(f"teacher.path: {cfg.teacher.path}: cannot load the served model's tokenizer "
+                              f"({type(exc).__name__})") from None
+        log.info("%s", check_server(cfg.teacher.server, tokenizer, cfg.teacher.path))
+    check_vocabularies_at_start(cfg)
+
+
+def check_vocabularies_at_start(cfg: TrainConfig) -> None:
+    """:func:`check_vocabularies` before the run directory is made, from the teacher's tokenizer alone
+    (``teacher.tokenizer``, else ``teacher.path``'s); a tokenizer that cannot be loaded here is left to the
+    teacher's own load, which names it."""
+    if cfg.teacher.path == cfg.student.path and not cfg.teacher.tokenizer:
+        return
+    try:
+        tokenizer = load_tokenizer(cfg.teacher.tokenizer or cfg.teacher.path)
+    except Exception:  # noqa: BLE001 (reported by the teacher's load, with the backend's own message)
+        return
+    check_vocabularies(cfg, tokenizer)
 
 
 def vllm_generator(path: str, dtype: str, seed: int, engine: VLLMSettings, cfg: TrainConfig) -> Any:

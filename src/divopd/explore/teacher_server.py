@@ -1,0 +1,352 @@
+"""The teacher as an OpenAI-compatible completions server (``teacher.backend: server``): :class:`ServerTeacher`.
+
+One server (``vllm serve``, SGLang) started once and shared by any number of runs. Token ids go in, never text:
+
+* scoring (:meth:`ServerTeacher.score_turns`) sends prompt+response ids as the completion prompt with
+  ``max_tokens: 1`` and ``prompt_logprobs: topk`` (vLLM's extension of the completions API) and cuts the returned
+  prompt log probs to the response positions, the same float32 arrays as :class:`~divopd.explore.teacher.HFTeacher`;
+* the teacher's own actions under +R (:meth:`ServerTeacher.generate`) are completions with ``return_token_ids`` and
+  ``logprobs: 0`` (the generated ids and their log probs, raw: vLLM's default ``logprobs_mode``), the same stop
+  tokens as the in-process backends and one seed per row.
+
+Turns go ``max_turns_per_request`` to a request, at most ``max_concurrency`` requests at a time (a thread pool).
+Every request has a ``timeout_s``; a failure (refused connection, timeout, HTTP 5xx / 429) is retried with
+exponential backoff (``backoff_s``, doubled each time, at most ``retries`` times) while the call is within
+``deadline_s``; then the call raises :class:`ServerTeacherError` and the explorer leaves the turns unscored (the
+run's watchdog stops the run with a checkpoint when no turn can be scored any more). After a call has failed, the
+client counts the server as down: later requests get one attempt each (no backoff) until one succeeds, so a dead
+server costs one ``deadline_s``, not one per turn. The API key, if any, is read from the environment variable
+``api_key_env`` names (sent as ``Authorization: Bearer``; never logged, never in the config).
+
+:func:`check_server` is the start check: the server answers ``/v1/models``, serves the configured model, and (where it
+has vLLM's ``/tokenize``) tokenizes a probe text exactly as the local tokenizer of ``teacher.path`` does.
+Standard library only (``urllib``, ``json``, ``concurrent.futures``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from divopd.errors import UsageError
+
+if TYPE_CHECKING:
+    from divopd.explore.generation import Generation
+
+__all__ = ["ServerClient", "ServerCheckError", "ServerSettings", "ServerTeacher", "ServerTeacherError",
+           "check_server", "served_model",
+           "response_scores"]
+
+log = logging.getLogger(__name__)
+
+
+class ServerSettings(BaseModel):
+    """Where the teacher server is and how divopd talks to it (``teacher.backend: server``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field("http://127.0.0.1:8000", description="Base URL of the OpenAI-compatible server (with or "
+                     "without the trailing /v1), e.g. the one `vllm serve` prints.")
+    model: str | None = Field(None, description="Served model name sent with every request; None = the first "
+                              "(only) model the server's /v1/models lists.")
+    api_key_env: str | None = Field(None, description="Name of the environment variable that holds the API key "
+                                    "(sent as Authorization: Bearer); None = no key. The key itself never goes in "
+                                    "the config.")
+    max_concurrency: int = Field(4, ge=1, description="Requests in flight at once per teacher (a thread pool).")
+    max_turns_per_request: int = Field(16, ge=1, description="Turns scored in one completions request (the "
+                                       "prompt list of one request).")
+    timeout_s: float = Field(120.0, gt=0, description="Socket timeout of one request (connect and each read).")
+    retries: int = Field(5, ge=0, description="Retries of a failed request (refused, timed out, HTTP 5xx or "
+                         "429), with exponential backoff, while within deadline_s.")
+    backoff_s: float = Field(1.0, ge=0, description="First backoff before a retry; doubled after each retry.")
+    deadline_s: float = Field(300.0, gt=0, description="A scoring or generate call gives up after this many "
+                              "seconds of retries; its turns are then left unscored (the loop watchdog stops a run "
+                              "whose teacher cannot score: runtime.stall_timeout_s).")
+
+
+class ServerTeacherError(RuntimeError):
+    """A request to the teacher server failed: refused, an error status, or no answer within the deadline."""
+
+
+class ServerCheckError(UsageError):
+    """The start check failed (server down, bad URL, model not served, another tokenizer): one line, exit 2."""
+
+
+#: HTTP statuses worth retrying (the server is busy or restarting); any other 4xx is the request's fault.
+_RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+def _base_url(url: str) -> str:
+    base = url.strip().rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+class ServerClient:
+    """JSON over HTTP to one server, with the timeout / retry / backoff / deadline rules of the module.
+
+    ``sleep`` and ``clock`` are the waiting and time sources (a unit test may pass its own)."""
+
+    def __init__(self, settings: ServerSettings, *, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.base = _base_url(settings.url)
+        self._headers = {"Content-Type": "application/json"}
+        if settings.api_key_env:
+            key = os.environ.get(settings.api_key_env)
+            if not key:
+                raise ServerCheckError(f"teacher.server.api_key_env: the environment variable "
+                                         f"{settings.api_key_env} is not set")
+            self._headers["Authorization"] = f"Bearer {key}"
+        self._sleep, self._clock = sleep, clock
+        self._down = threading.Event()  # set after a call failed: one attempt per request until one succeeds
+        self.requests = self.retried = 0
+
+    def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=self._headers)
+        with urllib.request.urlopen(req, timeout=self.settings.timeout_s) as resp:  # noqa: S310 (a configured URL)
+            return json.loads(resp.read().decode())
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None, *, retry: bool = True) -> Any:
+        """The decoded JSON answer of ``method path``; :class:`ServerTeacherError` once retries or the deadline
+        are spent, or at once on a status not worth retrying (the error line names the status and the server's
+        message)."""
+        s = self.settings
+        start = self._clock()
+        attempt, wait = 0, s.backoff_s
+        while True:
+            self.requests += 1
+            try:
+                answer = self._once(method, path, body)
+                self._down.clear()
+                return answer
+            except urllib.error.HTTPError as exc:
+                detail = _http_detail(exc)
+                if exc.code not in _RETRY_STATUS:
+                    raise ServerTeacherError(f"teacher server {self.base}{path}: HTTP {exc.code}: {detail}") from None
+                problem = f"HTTP {exc.code}: {detail}"
+            except (TimeoutError, urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
+                problem = _reason(exc)
+            elapsed = self._clock() - start
+            if not retry or self._down.is_set() or attempt >= s.retries or elapsed + wait > s.deadline_s:
+                self._down.set()
+                raise ServerTeacherError(f"teacher server {self.base}{path}: {problem} (after {attempt + 1} "
+                                         f"attempt{'s' if attempt else ''} in {elapsed:.1f} s)")
+            attempt += 1
+            self.retried += 1
+            log.warning("teacher server %s%s: %s; retry %d/%d in %.1f s", self.base, path, problem, attempt,
+                        s.retries, wait)
+            self._sleep(wait)
+            wait *= 2
+
+    def models(self, *, retry: bool = True) -> list[dict[str, Any]]:
+        """The ``data`` list of ``/v1/models``."""
+        answer = self.call("GET", "/v1/models", retry=retry)
+        return list(answer.get("data", [])) if isinstance(answer, dict) else []
+
+
+def _reason(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None)
+    if isinstance(exc, TimeoutError) or isinstance(reason, TimeoutError):
+        return "timed out"
+    text = str(reason if reason is not None else exc) or type(exc).__name__
+    return " ".join(text.split())[:200]
+
+
+def _http_detail(exc: urllib.error.HTTPError) -> str:
+    try:
+        body = exc.read().decode(errors="replace")
+        payload = json.loads(body)
+        message = payload.get("error", payload) if isinstance(payload, dict) else payload
+        if isinstance(message, dict):
+            message = message.get("message", message)
+        text = str(message)
+    except Exception:  # noqa: BLE001 (any unreadable body: fall back to the reason)
+        text = str(exc.reason)
+    return " ".join(text.split())[:200]
+
+
+def response_scores(prompt_logprobs: list[Any] | None, n_prompt: int, response: Sequence[int],
+                    topk: int) -> tuple[np.ndarray, Any]:
+    """Cut one choice's JSON ``prompt_logprobs`` (per position ``{token id: {"logprob", "rank", ...}}`` or null) to
+    its response positions: ``(logprobs [L] float32, None)``, or with ``topk`` > 0 ``(logprobs, (ids [L, k] int32,
+    logprobs [L, k] float32))`` most likely first. A response token absent from its entry raises ``ValueError``."""
+    lps = np.full(len(response), np.nan, dtype=np.float32)
+    ids = np.zeros((len(response), topk), dtype=np.int32)
+    tlp = np.full((len(response), topk), np.nan, dtype=np.float32)
+    entries = prompt_logprobs or []
+    for i, tok in enumerate(response):
+        pos = n_prompt + i
+        entry = entries[pos] if pos < len(entries) else None
+        if not entry:
+            continue  # position 0 of the sequence has no context
+        if str(tok) not in entry:
+            raise ValueError(f"teacher server: no log prob for response token {tok} at position {pos}")
+        lps[i] = entry[str(tok)]["logprob"]
+        if topk:
+            ranked = sorted((int(v["rank"]), int(t), float(v["logprob"])) for t, v in entry.items()
+                            if v.get("rank") is not None and int(v["rank"]) <= topk)[:topk]
+            for j, (_, t, lp) in enumerate(ranked):
+                ids[i, j], tlp[i, j] = t, lp
+    return lps, ((ids, tlp) if topk else None)
+
+
+class ServerTeacher:
+    """A :class:`~divopd.explore.teacher.Teacher` scoring and acting through an OpenAI-compatible server.
+
+    ``tokenizer`` is the local tokenizer of the served model (``teacher.path``): it gives the stop tokens of
+    :meth:`generate`. The served model name is ``settings.model`` or, when None, the first one ``/v1/models``
+    lists (asked here, with retries: a server that stays down raises :class:`ServerTeacherError`)."""
+
+    def __init__(self, settings: ServerSettings, tokenizer: Any, *, stop_on_newline: bool = True,
+                 client: ServerClient | None = None) -> None:
+        from divopd.explore.generation import stop_token_ids  # torch: not for the config schema, which imports us
+
+        self.settings = settings
+        self.client = client or ServerClient(settings)
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(tokenizer, stop_on_newline)
+        self.model, self.max_model_len = served_model(self.client, settings.model)
+        self._pool = ThreadPoolExecutor(max_workers=settings.max_concurrency, thread_name_prefix="divopd-teacher")
+        self.calls = 0
+
+    def close(self) -> None:
+        """Stop the request threads (a later call raises)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        """``fn`` over ``items`` on the pool, in order; the first failure raises (after every request ended)."""
+        self.calls += 1
+        futures = [self._pool.submit(fn, item) for item in items]
+        results, error = [], None
+        for f in futures:
+            try:
+                results.append(f.result())
+            except Exception as exc:  # noqa: BLE001 (kept: raised once every request has ended)
+                error = error or exc
+                results.append(None)
+        if error is not None:
+            raise error
+        return results
+
+    def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
+                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
+        """Per turn ``(logprobs [L] float32, None)``, or with ``topk`` > 0 ``(logprobs, (ids [L, k],
+        logprobs [L, k]))``, of the response tokens given their prompt (the server's prompt log probs)."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"ServerTeacher.score_turns: {len(prompts)} prompts but {len(responses)} responses")
+        turns = [(list(p), list(r)) for p, r in zip(prompts, responses, strict=True)]
+        size = self.settings.max_turns_per_request
+        groups = [turns[i:i + size] for i in range(0, len(turns), size)]
+        out: list[tuple[np.ndarray, Any]] = []
+        for group in self._map(lambda g: self._score_group(g, topk), groups):
+            out.extend(group)
+        return out
+
+    def _score_group(self, group: list[tuple[list[int], list[int]]], topk: int) -> list[tuple[np.ndarray, Any]]:
+        body = {"model": self.model, "prompt": [p + r for p, r in group], "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": int(topk)}
+        answer = self.client.call("POST", "/v1/completions", body)
+        choices = sorted(answer.get("choices", []), key=lambda c: c.get("index", 0))
+        if len(choices) != len(group):
+            raise ServerTeacherError(f"teacher server: {len(choices)} choices for {len(group)} prompts")
+        if any(c.get("prompt_logprobs") is None for c in choices):
+            raise ServerTeacherError("teacher server: no prompt_logprobs in the answer (the server must support "
+                                     "vLLM's prompt_logprobs parameter of /v1/completions)")
+        return [response_scores(c["prompt_logprobs"], len(p), r, topk) for c, (p, r) in zip(choices, group,
+                                                                                            strict=True)]
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
+                 seed: int | None = None) -> list[Generation]:
+        """One response per prompt (the teacher acting under +R): one request per row, each with its own seed
+        derived from ``(seed, row)``, so a call is reproducible whatever the batch."""
+        rows = []
+        for i, p in enumerate(prompts):
+            row_seed = None if seed is None else int(np.random.SeedSequence([seed, i]).generate_state(1)[0])
+            room = max_new_tokens if self.max_model_len is None else min(max_new_tokens, self.max_model_len - len(p))
+            rows.append({"model": self.model, "prompt": list(p), "max_tokens": max(1, room),
+                         "temperature": 0.0 if greedy else float(temperature), "top_p": 1.0, "top_k": -1,
+                         "seed": row_seed, "logprobs": 0, "return_token_ids": True,
+                         "stop_token_ids": list(self.stop_ids), "skip_special_tokens": False})
+        return self._map(self._generate_one, rows)
+
+    def _generate_one(self, body: dict[str, Any]) -> Generation:
+        from divopd.explore.generation import Generation
+
+        answer = self.client.call("POST", "/v1/completions", body)
+        choice = answer["choices"][0]
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        if len(lps) != len(ids):
+            raise ServerTeacherError("teacher server: the answer lacks token_ids or their log probs (the server must "
+                                     "support return_token_ids and logprobs on /v1/completions)")
+        return Generation(ids, np.array(lps, dtype=np.float32), choice.get("finish_reason") == "stop")
+
+
+def served_model(client: ServerClient, wanted: str | None, *, retry: bool = True) -> tuple[str, int | None]:
+    """``(model name, max_model_len or None)`` of the served model ``wanted`` (None: the first listed);
+    :class:`ServerTeacherError` when the server lists none or not that one."""
+    models = client.models(retry=retry)
+    names = [str(m.get("id")) for m in models]
+    if not names:
+        raise ServerTeacherError(f"teacher server {client.base}: /v1/models lists no model")
+    name = wanted or names[0]
+    if name not in names:
+        raise ServerTeacherError(f"teacher.server.model: {name!r} is not served by {client.base} "
+                                 f"(it serves {', '.join(names)})")
+    card = models[names.index(name)]
+    limit = card.get("max_model_len")
+    return name, (int(limit) if limit else None)
+
+
+#: Text tokenized both here and by the server to compare the two tokenizers (plus a sample of the vocabulary).
+PROBE_TEXT = "The teacher scores every token: look around, take coin, go east.\n12 + 30 = 42; ünïcode ✓"
+
+
+def probe_text(tokenizer: Any, n: int = 256) -> str:
+    """:data:`PROBE_TEXT` plus the decoded text of ``n`` token ids spread over the local vocabulary."""
+    size = len(tokenizer)
+    ids = sorted({int(i) for i in np.linspace(0, size - 1, num=min(n, size))})
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    sample = tokenizer.decode([i for i in ids if i not in special])
+    return PROBE_TEXT + " " + sample
+
+
+def check_server(settings: ServerSettings, tokenizer: Any, path: str) -> str:
+    """The start check of ``teacher.backend: server``: the server answers (one attempt, no retries), serves the
+    model and tokenizes a probe text to the ids the local tokenizer of ``path`` gives (when it has ``/tokenize``).
+    Returns the one-line description the run logs; raises :class:`ServerCheckError` (one line) otherwise."""
+    client = ServerClient(settings)
+    try:
+        name, limit = served_model(client, settings.model, retry=False)
+    except ServerTeacherError as exc:
+        hint = "" if "teacher.server.model" in str(exc) else "; start the teacher server first (concepts/teacher.md)"
+        raise ServerCheckError(f"teacher.server.url: {exc}{hint}") from None
+    text = probe_text(tokenizer)
+    local = [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+    try:
+        answer = client.call("POST", "/tokenize", {"model": name, "prompt": text, "add_special_tokens": False},
+                             retry=False)
+    except ServerTeacherError as exc:
+        if "HTTP 404" not in str(exc):
+            raise ServerCheckError(f"teacher.server.url: {exc}") from None
+        return f"teacher server {client.base} serves {name} (max_model_len {limit}; no /tokenize: tokenizer not probed)"
+    remote = [int(t) for t in answer.get("tokens", [])]
+    if remote != local:
+        pairs = enumerate(zip(local, remote, strict=False))
+        first = next((i for i, (a, b) in pairs if a != b), min(len(local), len(remote)))
+        raise ServerCheckError(f"teacher.path: {path} does not tokenize like the model {name} served at "
+                                 f"{client.base} (a probe text: {len(local)} tokens here, {len(remote)} there, first "
+                                 f"difference at token {first}); point teacher.path at the served model's folder")
+    return f"teacher server {client.base} serves {name} (max_model_len {limit}; tokenizer matches {path})"
