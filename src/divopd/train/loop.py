@@ -112,6 +112,8 @@ class _Evals:
             self.evaluated.add(version)
             self.runtime.request_eval(version, self.latest, self.trainer.snapshot_counters())
             self.outstanding += 1
+            if getattr(self.runtime, "evaluates_in_place", False):  # lockstep: done now, so before the checkpoint
+                self.record(self.runtime.eval_results(timeout=0))
 
     def record(self, results: list[EvalResult]) -> None:
         for r in results:
@@ -128,6 +130,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
     ``weights``: the handle the runtime's explorers were built with (default: published now)."""
     cfg = trainer.cfg
     stop = stop or StopRequest()
+    trainer.attach_runtime(runtime)  # its state goes into checkpoints; a resume restores the checkpoint's
     evals = _Evals(trainer, runtime, progress, weights if weights is not None else trainer.publish())
     request_eval, record = evals.request, evals.record
 

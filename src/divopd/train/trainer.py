@@ -12,9 +12,11 @@ The one loop (:func:`divopd.train.loop.run_loop`) calls this class; runtimes onl
 4. :meth:`Trainer.record_eval` — an evaluation of a weight snapshot, written with the learner counters of that
    snapshot (time-to-target is measured in learner tokens and compute seconds, as in the paper).
 
-Resume (:func:`open_run`): the newest checkpoint restores learner, sampler and counters; turns the log holds past the
-checkpoint's last arrival are queued again (they were received, so they are not lost), metrics past the checkpoint's
-update are dropped (they will be redone), an unfinished log part and checkpoint write left by a kill are set aside.
+Resume (:func:`open_run`): the newest checkpoint restores learner, sampler and counters; metrics past the
+checkpoint's update are dropped (they will be redone), an unfinished log part and checkpoint write left by a kill are
+set aside. A checkpoint that holds its runtime's state (the lockstep runtime's, :meth:`Trainer.attach_runtime`) is
+resumed exactly: the runtime is put back in that state, so it produces again the turns logged past the checkpoint,
+which are cut from the log; otherwise those turns are queued again (they were received, so they are not lost).
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from divopd.learn.checkpoint import WeightHandle, atomic_write_text, latest_chec
 from divopd.learn.protocol import LearnerProtocol
 from divopd.sampling import Batch, Sampler, ledger_metrics, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
+from divopd.train import rundir
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
-from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, check_is_run, claim_run_dir, requeue_logged_turns
+from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, EXPLORER_WEIGHTS, check_is_run, claim_run_dir
 from divopd.train.watchdog import timed
 
 __all__ = ["LearnerFactory", "Trainer", "open_run", "RunState"]
@@ -95,6 +98,23 @@ class Trainer:
         self.publish_s = 0.0
         self.weight_load_s = 0.0  # the newest explorer-side weight load, as the arriving rollouts report it
         self._intervals_seen: int | None = None  # the runtime's interval counter at the last count_production
+        #: the checkpoint's runtime state, for :meth:`attach_runtime` (``None``: none saved, or not resuming)
+        self.resume_runtime: dict[str, Any] | None = None
+        self._runtime_state: Callable[[Path], dict[str, Any] | None] | None = None
+
+    def attach_runtime(self, runtime: Any) -> None:
+        """Checkpoint ``runtime``'s state from now on where it has one (an optional ``state_dict(weights_dir)``; the
+        lockstep runtime's), and on a resume put it back in the checkpoint's (``load_state_dict``)."""
+        self._runtime_state = getattr(runtime, "state_dict", None)
+        if self.resume_runtime is None:
+            return
+        restore = getattr(runtime, "load_state_dict", None)
+        if restore is None:
+            raise UsageError(f"--resume {self.run_dir}: the checkpoint holds a runtime state that runtime.kind "
+                             f"{self.cfg.runtime.kind} cannot restore")
+        restore(self.resume_runtime, self.run_dir / EXPLORER_WEIGHTS)
+        self.resume_runtime = None
+        self._intervals_seen = runtime.producer_intervals  # the restored count is in the run state already
 
     # ------------------------------------------------------------------ 1. intake
     def intake(self, rollouts: list[Rollout]) -> int:
@@ -105,6 +125,7 @@ class Trainer:
             turns = list(rollout.turns)
             arrivals = self.sampler.add(turns)
             self.paper.observe_received(turns)
+            fault_point("log")
             if self.log_writer is not None and turns:
                 self.log_writer.extend(turns, arrival_update=self.learner.version, arrivals=arrivals)
             n += len(turns)
@@ -235,12 +256,16 @@ class Trainer:
             self.log_writer.roll()  # every logged turn is in a finished, readable part from here on
         self.state.elapsed_s = self.elapsed()
         extra = {"sampler": self.sampler.state_dict(), "run": self.state.__dict__}
+        runtime = None if self._runtime_state is None else self._runtime_state(self.run_dir / EXPLORER_WEIGHTS)
+        if runtime is not None:
+            extra["runtime"] = runtime
         path = self.run_dir / CHECKPOINTS / f"update-{self.learner.version:06d}"
         fault_point("checkpoint")
         self.learner.save_checkpoint(path, extra_state=extra)
         kept = sorted(p for p in (self.run_dir / CHECKPOINTS).iterdir() if p.name.startswith("update-"))
         for old in kept[: -self.cfg.checkpoint.keep]:
             shutil.rmtree(old, ignore_errors=True)
+        rundir.prune_explorer_weights(self.run_dir, kept[-self.cfg.checkpoint.keep:])
         return path
 
     # ------------------------------------------------------------------ 4. evaluation
@@ -332,6 +357,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     sampler = make_sampler(cfg.sampler_config())
     state = RunState()
     fault_point("load")
+    extra: dict[str, Any] = {}
     if ckpt is not None:
         learner, extra = make_learner(cfg, ckpt)
         sampler.load_state_dict(extra["sampler"])
@@ -348,8 +374,13 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         log_dir = run_dir / EXPERIENCE
         for part in set_aside_unreadable_parts(log_dir):
             log.warning("experience log: set aside unfinished part %s", part.name)
-        if ckpt is not None and cfg.log_token_ids:
-            requeued = requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
+        if ckpt is not None and extra.get("runtime") is not None and log_dir.is_dir():
+            dropped = truncate_log(log_dir, sampler.ledger["received"])  # the restored runtime produces them again
+            if dropped:
+                log.info("resume: %d turns logged after the checkpoint removed from the log; the restored runtime "
+                         "produces them again", dropped)
+        elif ckpt is not None and cfg.log_token_ids:
+            requeued = rundir.requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
                                             needs_topk=cfg.learner.estimator == "topk")
             state.turns += requeued
             if requeued:
@@ -365,4 +396,5 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
     trainer = Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state)
     trainer.preexisting = None if before is None else tuple(before)
+    trainer.resume_runtime = extra.get("runtime")
     return trainer, ckpt is not None
