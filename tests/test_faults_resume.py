@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,16 @@ def reference(tiny_models: dict[str, str], tmp_path_factory: pytest.TempPathFact
     return {"summary": summary, "visits": visits, "series": _series(run_dir), "log": _log_table(run_dir)}
 
 
+def without_runtime_state(ckpt: Path) -> None:
+    """Make ``ckpt`` a checkpoint without the lockstep runtime's state, as an older divopd (or a lockstep run whose
+    explorers generate with vLLM) writes it: ``--resume`` then queues the turns logged after it again (the threads
+    and Ray runtimes' resume) instead of producing them again."""
+    path = ckpt / "state.json"
+    state = json.loads(path.read_text())
+    state["extra_state"].pop("runtime", None)
+    path.write_text(json.dumps(state))
+
+
 def _check_resumed_equals(run_dir: Path, ref: dict) -> dict:
     """Resume ``run_dir`` in this process and compare it with the uninterrupted run."""
     from divopd.train import train
@@ -182,3 +193,46 @@ def test_sigkill_late_in_a_longer_run_with_two_explorers_and_recovery(
     assert _killed_run(cfg, tmp_path, _kill_spec(visits, phase, at)) == -9
     assert latest_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "update-000008"
     _check_resumed_equals(run_dir, ref)
+
+
+def test_an_episode_state_survives_json_exactly() -> None:
+    import numpy as np
+
+    from divopd.explore.episode import Episode, StudentStep
+    from divopd.explore.explorer_state import episode_from_state, episode_state
+
+    lp = np.array([-0.1, -2.5e-8, -13.75], dtype=np.float32)
+    e = Episode(rollout_id="s1x0-3", task="train:7", first_observation="room 1", valid_actions=["look around"],
+                history=[("move east", "room 2")], student_steps=[StudentStep(
+                    step=0, prompt_ids=[1, 2, 3], prompt_truncated=False, response_ids=[4, 5, 6], logprobs=lp,
+                    policy_version=2, action="move east", reward=0.0, progress=True, score=0.1)], steps=1, queued=1)
+    e.recovery.no_progress_streak, e.recovery.last_action, e.recovery.log = 1, "move east", [("student", True)]
+    back = episode_from_state(json.loads(json.dumps(episode_state(e))))
+    assert back.student_steps[0].logprobs.dtype == np.float32
+    assert back.student_steps[0].logprobs.tobytes() == lp.tobytes()
+    back.student_steps[0].logprobs = e.student_steps[0].logprobs = None  # arrays compared above
+    assert back == e
+
+
+def test_an_env_that_does_not_replay_stops_the_resume_with_one_line_and_cuts_nothing(
+        tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """A checkpoint whose recorded observation the env does not give back on replay (as a non-deterministic env
+    would): the resume is refused (a UsageError: one line, exit 2) before the log is touched."""
+    from divopd.errors import UsageError
+    from divopd.explore.explorer_state import ReplayError
+    from divopd.train import train
+
+    run = tmp_path / "run"
+    train(_config(tiny_models, run, updates=4))
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "checkpoints" / "update-000004")
+    state_path = run / "checkpoints" / "update-000002" / "state.json"
+    state = json.loads(state_path.read_text())
+    slot = next(s for e in state["extra_state"]["runtime"]["explorers"] for s in e["slots"] if s is not None)
+    slot["first_observation"] += " (not what the env says)"
+    state_path.write_text(json.dumps(state))
+    logged = [t.arrival for t in read_log(run / "experience")]
+    with pytest.raises(ReplayError, match="not deterministic under replay") as err:
+        train(resume=run)
+    assert isinstance(err.value, UsageError) and "\n" not in str(err.value)
+    assert [t.arrival for t in read_log(run / "experience")] == logged, "nothing cut from the log"

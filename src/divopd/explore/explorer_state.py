@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from divopd.errors import UsageError
 from divopd.explore.envs import Env, EnvCrash
 from divopd.explore.episode import Episode, StudentStep
 from divopd.explore.recovery import RecoveryState, _allowed
@@ -37,8 +38,9 @@ __all__ = ["ReplayError", "explorer_state", "restore_explorer", "replay_episode"
 STATE_FORMAT = 1
 
 
-class ReplayError(RuntimeError):
-    """An environment gave another observation when its recorded actions were replayed: not deterministic."""
+class ReplayError(UsageError, RuntimeError):
+    """An environment gave another observation when its recorded actions were replayed (not deterministic), or
+    crashed on every try: the run cannot resume exactly (one line, exit 2)."""
 
 
 def explorer_state(explorer: Explorer) -> dict[str, Any]:

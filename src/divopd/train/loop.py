@@ -65,7 +65,10 @@ class Runtime(Protocol):
     Implementations: :class:`~divopd.train.runtime.lockstep.LockstepRuntime`,
     :class:`~divopd.train.runtime.threads.ThreadsRuntime`, :class:`~divopd.train.runtime.ray.RayRuntime` (and an
     in-memory one in ``tests/test_loop.py``). Every method is called from the loop's thread; ``poll`` and
-    ``eval_results`` must return by their ``timeout``."""
+    ``eval_results`` must return by their ``timeout``. Optional: ``state_dict(weights_dir)`` / ``load_state_dict(state,
+    weights_dir)``, a state the checkpoints hold and a resume restores (:meth:`Trainer.attach_runtime
+    <divopd.train.trainer.Trainer.attach_runtime>`; the lockstep runtime's), and ``evaluates_in_place = True`` for a
+    runtime whose ``request_eval`` returns with the result ready (recorded at once, before the update's checkpoint)."""
 
     @property
     def producer_intervals(self) -> int | None:

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from divopd.errors import RunExistsError, UsageError
 from divopd.experience import Turn
-from divopd.experience.log import ExperienceLogError, log_files, read_log, requeue_at_update
+from divopd.experience.log import ExperienceLogError, log_files, read_log, requeue_at_update, truncate_log
 from divopd.learn.checkpoint import read_state
 from divopd.sampling import Sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
@@ -129,6 +129,18 @@ def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
         log.warning("resume: %d re-queued turns have no teacher top-k in the log (learner.estimator topk); the gate "
                     "counts them invalid (missing_teacher)", unscored)
     return n
+
+
+def cut_log_past_checkpoint(log_dir: Path, received: int) -> int:
+    """Remove from the log the turns logged after the checkpoint (arrival >= ``received``, the restored sampler's
+    count) when the restored runtime produces them again (a lockstep resume); returns how many."""
+    if not Path(log_dir).is_dir():
+        return 0
+    dropped = truncate_log(log_dir, received)
+    if dropped:
+        log.info("resume: %d turns logged after the checkpoint removed from the log; the restored lockstep runtime "
+                 "produces them again", dropped)
+    return dropped
 
 
 def _without_teacher(turn: Turn) -> Turn:

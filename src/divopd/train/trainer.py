@@ -98,8 +98,7 @@ class Trainer:
         self.publish_s = 0.0
         self.weight_load_s = 0.0  # the newest explorer-side weight load, as the arriving rollouts report it
         self._intervals_seen: int | None = None  # the runtime's interval counter at the last count_production
-        #: the checkpoint's runtime state, for :meth:`attach_runtime` (``None``: none saved, or not resuming)
-        self.resume_runtime: dict[str, Any] | None = None
+        self.resume_runtime: dict[str, Any] | None = None  # the checkpoint's runtime state, for attach_runtime
         self._runtime_state: Callable[[Path], dict[str, Any] | None] | None = None
 
     def attach_runtime(self, runtime: Any) -> None:
@@ -108,12 +107,14 @@ class Trainer:
         self._runtime_state = getattr(runtime, "state_dict", None)
         if self.resume_runtime is None:
             return
-        restore = getattr(runtime, "load_state_dict", None)
-        if restore is None:
-            raise UsageError(f"--resume {self.run_dir}: the checkpoint holds a runtime state that runtime.kind "
-                             f"{self.cfg.runtime.kind} cannot restore")
-        restore(self.resume_runtime, self.run_dir / EXPLORER_WEIGHTS)
+        if not hasattr(runtime, "load_state_dict"):
+            raise UsageError(f"--resume {self.run_dir}: runtime.kind {self.cfg.runtime.kind} cannot restore the "
+                             "checkpoint's runtime state (a lockstep run's)")
+        runtime.load_state_dict(self.resume_runtime, self.run_dir / EXPLORER_WEIGHTS)  # replays the envs
         self.resume_runtime = None
+        if self.cfg.log_experience:  # restored: it produces the turns logged past the checkpoint again
+            rundir.cut_log_past_checkpoint(self.run_dir / EXPERIENCE, self.sampler.ledger["received"])
+            self.log_writer = _log_writer(self.cfg, self.run_dir / EXPERIENCE)
         self._intervals_seen = runtime.producer_intervals  # the restored count is in the run state already
 
     # ------------------------------------------------------------------ 1. intake
@@ -361,8 +362,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     if ckpt is not None:
         learner, extra = make_learner(cfg, ckpt)
         sampler.load_state_dict(extra["sampler"])
-        saved_state = dict(extra.get("run", {}))
-        state = RunState(**{k: v for k, v in saved_state.items() if k in RunState.__dataclass_fields__})
+        state = RunState(**{k: v for k, v in extra.get("run", {}).items() if k in RunState.__dataclass_fields__})
         version = learner.version
     else:
         learner, _ = make_learner(cfg, None)
@@ -374,27 +374,27 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         log_dir = run_dir / EXPERIENCE
         for part in set_aside_unreadable_parts(log_dir):
             log.warning("experience log: set aside unfinished part %s", part.name)
-        if ckpt is not None and extra.get("runtime") is not None and log_dir.is_dir():
-            dropped = truncate_log(log_dir, sampler.ledger["received"])  # the restored runtime produces them again
-            if dropped:
-                log.info("resume: %d turns logged after the checkpoint removed from the log; the restored runtime "
-                         "produces them again", dropped)
-        elif ckpt is not None and cfg.log_token_ids:
+        exact = extra.get("runtime") is not None  # the log is cut by Trainer.attach_runtime once the state is back
+        if ckpt is not None and not exact and cfg.log_token_ids:
             requeued = rundir.requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
-                                            needs_topk=cfg.learner.estimator == "topk")
+                                                   needs_topk=cfg.learner.estimator == "topk")
             state.turns += requeued
             if requeued:
                 log.info("resume: %d logged turns past the checkpoint queued again", requeued)
-        elif ckpt is not None and log_dir.is_dir():
+        elif ckpt is not None and not exact and log_dir.is_dir():
             dropped = truncate_log(log_dir, sampler.ledger["received"])
             if dropped:
                 log.warning("resume: %d turns logged after the checkpoint were never received by the restored "
                             "sampler (log_token_ids is off, so they cannot be queued again); removed from the log",
                             dropped)
-        log_writer = ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
+        log_writer = None if exact else _log_writer(cfg, log_dir)
     metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
     trainer = Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state)
     trainer.preexisting = None if before is None else tuple(before)
     trainer.resume_runtime = extra.get("runtime")
     return trainer, ckpt is not None
+
+
+def _log_writer(cfg: TrainConfig, log_dir: Path) -> ExperienceLogWriter:
+    return ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
