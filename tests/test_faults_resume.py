@@ -96,12 +96,12 @@ def _kill_spec(visits: list[tuple[str, int]], phase: str, at_version: int) -> st
     raise AssertionError(f"the reference run never reached {phase} at version {at_version}")
 
 
-def _killed_run(cfg: Any, tmp_path: Path, spec: str) -> int:
-    """``divopd train`` in a child process that SIGKILLs itself at ``spec``; its exit status."""
+def _killed_run(cfg: Any, tmp_path: Path, spec: str, signal: str = "SIGKILL") -> int:
+    """``divopd train`` in a child process that sends itself ``signal`` at ``spec``; its exit status."""
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DIVOPD_SIGKILL_AT": spec}
-    env.pop("DIVOPD_SIGINT_AT", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("DIVOPD_SIGINT_AT", "DIVOPD_SIGKILL_AT")}
+    env.update({"HF_HUB_OFFLINE": "1", f"DIVOPD_{signal}_AT": spec})
     return subprocess.run([sys.executable, "-m", "divopd", "train", str(cfg_path), "--no-progress"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=900).returncode
 
@@ -163,6 +163,18 @@ def test_sigkill_at_each_phase_then_resume_equals_the_uninterrupted_run(
                                                .get("runtime")) for p in kept))
     weights = run_dir / EXPLORER_WEIGHTS
     assert {f.name for f in weights.iterdir()} == named if weights.is_dir() else not named
+
+
+@pytest.mark.parametrize("phase", ["poll", "compose"])
+def test_ctrl_c_then_resume_equals_the_uninterrupted_run(
+        phase: str, reference: dict, tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """A stop request (SIGINT) checkpoints at the next stage boundary, between two updates (after polls whose turns
+    wait in the queue): resumed from that checkpoint, the run still equals the uninterrupted one."""
+    run_dir = tmp_path / "run"
+    spec = _kill_spec(reference["visits"], phase, 3)
+    assert _killed_run(_config(tiny_models, run_dir), tmp_path, spec, "SIGINT") == 130
+    assert json.loads((run_dir / "summary.json").read_text())["interrupted"]
+    _check_resumed_equals(run_dir, reference)
 
 
 def test_a_killed_resume_resumes_again_and_still_equals_the_uninterrupted_run(

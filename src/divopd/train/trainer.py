@@ -12,10 +12,9 @@ The one loop (:func:`divopd.train.loop.run_loop`) calls this class; runtimes onl
 4. :meth:`Trainer.record_eval` — an evaluation of a weight snapshot, written with the learner counters of that
    snapshot (time-to-target is measured in learner tokens and compute seconds, as in the paper).
 
-Resume (:func:`open_run`): the newest checkpoint restores learner, sampler and counters; metrics past the
-checkpoint's update are dropped (they will be redone), an unfinished log part and checkpoint write left by a kill are
-set aside. A checkpoint that holds its runtime's state (the lockstep runtime's, :meth:`Trainer.attach_runtime`) is
-resumed exactly: the runtime is put back in that state, so it produces again the turns logged past the checkpoint,
+Resume (:func:`open_run`): the newest checkpoint restores learner, sampler and counters; metrics past it are dropped
+(redone), a checkpoint write left by a kill is set aside. One that holds its runtime's state (lockstep's,
+:meth:`Trainer.attach_runtime`) resumes exactly: the runtime produces again the turns logged past the checkpoint,
 which are cut from the log; otherwise those turns are queued again (they were received, so they are not lost).
 """
 
@@ -68,6 +67,8 @@ class RunState:
     eval_history: list[dict[str, float]] = field(default_factory=list)
     #: :class:`~divopd.sampling.paper_diagnostics.RunDiagnostics` state (Table 16 counters, Figure 6 EMA)
     diagnostics: dict[str, Any] = field(default_factory=dict)
+    #: the counts since the last update that an exact (lockstep) resume continues: turns arrived, intervals counted
+    since_update: dict[str, int | None] = field(default_factory=dict)
 
 
 class Trainer:
@@ -114,8 +115,10 @@ class Trainer:
         self.resume_runtime = None
         if self.cfg.log_experience:  # restored: it produces the turns logged past the checkpoint again
             rundir.cut_log_past_checkpoint(self.run_dir / EXPERIENCE, self.sampler.ledger["received"])
-            self.log_writer = _log_writer(self.cfg, self.run_dir / EXPERIENCE)
-        self._intervals_seen = runtime.producer_intervals  # the restored count is in the run state already
+            self.log_writer = ExperienceLogWriter(self.run_dir / EXPERIENCE, rows_per_file=1 << 16,
+                                                  write_ids=self.cfg.log_token_ids)
+        self._arrived_since_update = int(self.state.since_update.get("arrived") or 0)
+        self._intervals_seen = self.state.since_update.get("intervals_seen")
 
     # ------------------------------------------------------------------ 1. intake
     def intake(self, rollouts: list[Rollout]) -> int:
@@ -256,9 +259,9 @@ class Trainer:
         if self.log_writer is not None:
             self.log_writer.roll()  # every logged turn is in a finished, readable part from here on
         self.state.elapsed_s = self.elapsed()
+        self.state.since_update = {"arrived": self._arrived_since_update, "intervals_seen": self._intervals_seen}
         extra = {"sampler": self.sampler.state_dict(), "run": self.state.__dict__}
-        runtime = None if self._runtime_state is None else self._runtime_state(self.run_dir / EXPLORER_WEIGHTS)
-        if runtime is not None:
+        if self._runtime_state is not None and (runtime := self._runtime_state(self.run_dir / EXPLORER_WEIGHTS)):
             extra["runtime"] = runtime
         path = self.run_dir / CHECKPOINTS / f"update-{self.learner.version:06d}"
         fault_point("checkpoint")
@@ -387,7 +390,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
                 log.warning("resume: %d turns logged after the checkpoint were never received by the restored "
                             "sampler (log_token_ids is off, so they cannot be queued again); removed from the log",
                             dropped)
-        log_writer = None if exact else _log_writer(cfg, log_dir)
+        log_writer = None if exact else ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
     metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
     trainer = Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state)
@@ -395,6 +398,3 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     trainer.resume_runtime = extra.get("runtime")
     return trainer, ckpt is not None
 
-
-def _log_writer(cfg: TrainConfig, log_dir: Path) -> ExperienceLogWriter:
-    return ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)

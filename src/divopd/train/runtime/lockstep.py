@@ -67,6 +67,7 @@ class LockstepRuntime:
         self._budget = 0  # env steps owed (negative: steps taken ahead)
         self.env_steps = 0
         self._polls = 0
+        self._broken = False  # a poll raised half-way through a round: no consistent state to checkpoint
 
     @property
     def producer_intervals(self) -> int:
@@ -78,13 +79,17 @@ class LockstepRuntime:
         self._budget += self.cfg.runtime.lockstep.env_steps_per_update
         self._polls += 1
         out: list[Rollout] = []
-        while self._budget > 0:
-            rollouts, steps = self._explorers[self._next].step_round()
-            out.extend(rollouts)
-            self._budget -= steps
-            self.env_steps += steps
-            self._next = (self._next + 1) % len(self._explorers)
-            fault_point("poll")
+        try:
+            while self._budget > 0:
+                rollouts, steps = self._explorers[self._next].step_round()
+                out.extend(rollouts)
+                self._budget -= steps
+                self.env_steps += steps
+                self._next = (self._next + 1) % len(self._explorers)
+                fault_point("poll")
+        except BaseException:
+            self._broken = True
+            raise
         return out
 
     def check_alive(self) -> None:
@@ -125,8 +130,8 @@ class LockstepRuntime:
         """The runtime's state between two polls, as JSON; a student copy that holds other weights than the newest
         published ones is written to ``weights_dir`` (one ``explorer-v{version}.safetensors`` per version, named in
         the state). ``None`` (no exact resume: the run resumes as a threads run does) when an explorer's weights live
-        in a vLLM engine, which cannot hand them out."""
-        if self._results or any(e.student is None for e in self._explorers):
+        in a vLLM engine, which cannot hand them out, or a poll failed half-way through a round."""
+        if self._broken or self._results or any(e.student is None for e in self._explorers):
             return None
         explorers = []
         for explorer in self._explorers:
