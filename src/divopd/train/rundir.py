@@ -156,12 +156,16 @@ def runtime_weight_files(runtime_state: dict[str, Any] | None) -> set[str]:
     return {str(e["weights_file"]) for e in explorers if isinstance(e, dict) and e.get("weights_file")}
 
 
-def prune_explorer_weights(run_dir: Path, checkpoints: Iterable[Path]) -> list[str]:
-    """Remove the files of :data:`EXPLORER_WEIGHTS` that none of ``checkpoints`` (the ones kept) names, and the
-    temporary files of interrupted writes there; returns the names removed. Only divopd's own names are touched."""
+def prune_explorer_weights(run_dir: Path, checkpoints: Iterable[Path] | None = None) -> list[str]:
+    """Remove the files of :data:`EXPLORER_WEIGHTS` that none of ``checkpoints`` (the ones kept; default: every
+    ``update-*`` checkpoint of the run) names, and the temporary files of interrupted writes there; returns the names
+    removed. Only divopd's own names are touched. At a run's start this drops what a killed session wrote after its
+    newest checkpoint, so a file of a version is never taken for the weights of another session's same version."""
     folder = Path(run_dir) / EXPLORER_WEIGHTS
     if not folder.is_dir():
         return []
+    if checkpoints is None:
+        checkpoints = [p for p in (Path(run_dir) / CHECKPOINTS).glob("update-*") if (p / "state.json").is_file()]
     named: set[str] = set()
     for ckpt in checkpoints:
         named |= runtime_weight_files(read_state(ckpt).get("extra_state", {}).get("runtime"))

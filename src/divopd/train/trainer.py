@@ -103,9 +103,9 @@ class Trainer:
         self._runtime_state: Callable[[Path], dict[str, Any] | None] | None = None
 
     def attach_runtime(self, runtime: Any) -> None:
-        """Checkpoint ``runtime``'s state from now on where it has one (an optional ``state_dict(weights_dir)``; the
-        lockstep runtime's), and on a resume put it back in the checkpoint's (``load_state_dict``)."""
+        """Checkpoint ``runtime``'s optional ``state_dict`` (lockstep's); on a resume, put the checkpoint's in it."""
         self._runtime_state = getattr(runtime, "state_dict", None)
+        rundir.prune_explorer_weights(self.run_dir)  # what a killed session wrote past its newest checkpoint
         if self.resume_runtime is None:
             return
         if not hasattr(runtime, "load_state_dict"):
