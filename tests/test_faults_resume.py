@@ -248,3 +248,18 @@ def test_an_env_that_does_not_replay_stops_the_resume_with_one_line_and_cuts_not
         train(resume=run)
     assert isinstance(err.value, UsageError) and "\n" not in str(err.value)
     assert [t.arrival for t in read_log(run / "experience")] == logged, "nothing cut from the log"
+
+
+def test_an_env_with_randomness_of_its_own_is_not_resumed_exactly(tiny_models: dict[str, str],  # noqa: F811
+                                                                   tmp_path: Path) -> None:
+    """The tiny env's ``crash_prob`` draws from an RNG of the instance, which a replay does not restore: its
+    checkpoints hold no runtime state, and a resume queues the logged turns again (the threads runtime's resume)."""
+    from divopd.train import train
+
+    run = tmp_path / "run"
+    train(_config(tiny_models, run, updates=2, **{"explorer.env_kwargs.crash_prob": 0.05}))
+    state = json.loads((run / "checkpoints" / "update-000002" / "state.json").read_text())["extra_state"]
+    assert "runtime" not in state and state["sampler"]
+    plain = tmp_path / "plain"
+    train(_config(tiny_models, plain, updates=2))
+    assert "runtime" in json.loads((plain / "checkpoints" / "update-000002" / "state.json").read_text())["extra_state"]

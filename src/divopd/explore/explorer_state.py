@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from divopd.explore.explorer import Explorer
     from divopd.learn.checkpoint import WeightHandle
 
-__all__ = ["ReplayError", "explorer_state", "restore_explorer", "replay_episode", "save_student", "load_student",
-           "episode_state", "episode_from_state"]
+__all__ = ["ReplayError", "replayable", "explorer_state", "restore_explorer", "replay_episode", "save_student",
+           "load_student", "episode_state", "episode_from_state"]
 
 #: The format of :func:`explorer_state`'s dict.
 STATE_FORMAT = 1
@@ -41,6 +41,12 @@ STATE_FORMAT = 1
 class ReplayError(UsageError, RuntimeError):
     """An environment gave another observation when its recorded actions were replayed (not deterministic), or
     crashed on every try: the run cannot resume exactly (one line, exit 2)."""
+
+
+def replayable(explorer: Explorer) -> bool:
+    """Whether every env instance of the explorer replays deterministically (:attr:`Env.replayable
+    <divopd.explore.envs.base.Env.replayable>`): only then can its state be restored."""
+    return all(env.replayable for env in explorer._envs)
 
 
 def explorer_state(explorer: Explorer) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from divopd.explore.explorer import Explorer, Rollout
-from divopd.explore.explorer_state import explorer_state, restore_explorer, save_student
+from divopd.explore.explorer_state import explorer_state, replayable, restore_explorer, save_student
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import fault_point
@@ -68,6 +68,7 @@ class LockstepRuntime:
         self.env_steps = 0
         self._polls = 0
         self._broken = False  # a poll raised half-way through a round: no consistent state to checkpoint
+        self._replayable = True  # every env instance so far replays deterministically (Env.replayable)
 
     @property
     def producer_intervals(self) -> int:
@@ -90,6 +91,7 @@ class LockstepRuntime:
         except BaseException:
             self._broken = True
             raise
+        self._replayable = self._replayable and all(replayable(e) for e in self._explorers)
         return out
 
     def check_alive(self) -> None:
@@ -130,8 +132,9 @@ class LockstepRuntime:
         """The runtime's state between two polls, as JSON; a student copy that holds other weights than the newest
         published ones is written to ``weights_dir`` (one ``explorer-v{version}.safetensors`` per version, named in
         the state). ``None`` (no exact resume: the run resumes as a threads run does) when an explorer's weights live
-        in a vLLM engine, which cannot hand them out, or a poll failed half-way through a round."""
-        if self._broken or self._results or any(e.student is None for e in self._explorers):
+        in a vLLM engine, which cannot hand them out, an env does not replay (``Env.replayable``: the ``tiny`` env's
+        ``crash_prob``), or a poll failed half-way through a round."""
+        if self._broken or not self._replayable or self._results or any(e.student is None for e in self._explorers):
             return None
         explorers = []
         for explorer in self._explorers:
