@@ -66,8 +66,13 @@ RUN_DIR: list[tuple[str, str]] = [
     ("checkpoints/update-NNNNNN/optimizer.pt", "AdamW state, tensors only (loaded with `weights_only=True`)."),
     ("checkpoints/update-NNNNNN/state.json", "Learner version, `tokens_total`, `compute_s_total`, the learner config, "
                                              "the torch RNG state and the extra state (the sampler's full "
-                                             "`state_dict`: queue, pending turns, ledger; run counters) as plain "
-                                             "JSON, never pickled."),
+                                             "`state_dict`: queue, pending turns, ledger; run counters; under "
+                                             "lockstep the runtime's state: running episodes, seeds, task streams) "
+                                             "as plain JSON, never pickled."),
+    ("explorer-weights/", "Lockstep runs only: `explorer-vNNNNNN.safetensors`, the weights an explorer's student copy "
+                          "held at a checkpoint when older than the checkpoint's own (explorers load new weights "
+                          "between rollouts). A checkpoint's runtime state names them; `--resume` loads them; files "
+                          "no kept checkpoint names are removed."),
     ("summary.json", "Written when the run ends (also after Ctrl-C): the keys below."),
     (".divopd-run", "The marker a fresh run writes first, into the directory it creates (or the empty folder it "
                     "claims): divopd writes, replaces and deletes only in a marked directory, or in a run of an "

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from divopd.train.runtime.common import explorer_seed, fresh_session, rollout_id_prefix
+from test_faults_resume import without_runtime_state
 from test_train import tiny_config, tiny_models  # noqa: F401
 
 
@@ -44,7 +45,9 @@ def test_a_resumed_session_moves_past_every_session_whose_ids_are_logged() -> No
 def test_ids_after_a_second_resume_from_one_checkpoint_never_repeat_logged_ones(
         tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """Lockstep, killed twice past the same checkpoint (its newer checkpoints lost): the session that resumes second
-    must not make the ids the first resume logged (both restore the checkpoint's session count)."""
+    must not make the ids the first resume logged (both restore the checkpoint's session count). The checkpoint has
+    no lockstep runtime state (as an older divopd's): a resume from one with it makes the ids again, exactly as the
+    lost session did, and they are cut from the log first (tests/test_faults_resume.py)."""
     import shutil
 
     from divopd.experience.log import read_log
@@ -59,6 +62,7 @@ def test_ids_after_a_second_resume_from_one_checkpoint_never_repeat_logged_ones(
     for _ in range(2):  # the newest checkpoint and the summary lost, as after a kill -9 past update 3
         shutil.rmtree(run / "checkpoints" / "update-000006")
         (run / "summary.json").unlink()
+        without_runtime_state(run / "checkpoints" / "update-000003")
         before = {t.turn.rollout_id for t in read_log(run / "experience")}
         train(resume=run)
         sessions.append({t.turn.rollout_id for t in read_log(run / "experience")} - before)

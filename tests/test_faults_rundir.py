@@ -16,6 +16,7 @@ import yaml
 
 from divopd.experience.log import read_log
 from divopd.train import train
+from test_faults_resume import without_runtime_state
 from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,7 +149,8 @@ def test_a_resumed_topk_run_counts_the_requeued_turns_and_completes(tiny_models:
                                                                     tmp_path: Path) -> None:
     """learner.estimator topk under lockstep, stopped past a checkpoint with turns logged after it (its newest
     checkpoint and summary gone, as after kill -9): --resume completes; the re-queued turns, which the log holds
-    without teacher top-k, are counted invalid (missing_teacher) by the gate, and the ledger identity holds."""
+    without teacher top-k, are counted invalid (missing_teacher) by the gate, and the ledger identity holds. The
+    checkpoint has no lockstep runtime state (as an older divopd's): with it, the turns are produced again instead."""
     run = tmp_path / "run"
     over = {"runtime.kind": "lockstep", "runtime.lockstep.env_steps_per_update": 6, "eval.every": 3,
             "checkpoint.every": 3, "checkpoint.keep": 2, "learner.estimator": "topk", "explorer.teacher_topk": 4}
@@ -158,6 +160,7 @@ def test_a_resumed_topk_run_counts_the_requeued_turns_and_completes(tiny_models:
     assert max(x.arrival_update for x in logged) > 3  # turns arrived after the checkpoint at update 3
     shutil.rmtree(run / "checkpoints" / "update-000006")
     (run / "summary.json").unlink()
+    without_runtime_state(run / "checkpoints" / "update-000003")
     at_checkpoint = max(x.arrival for x in logged if x.arrival_update < 3) + 1
     requeued = sum(1 for x in logged if x.arrival >= at_checkpoint)
     assert requeued

@@ -116,14 +116,14 @@ class Explorer:
         self._score_call = None if self._teacher is None else make_score_call(self._teacher, topk=config.teacher_topk)
         self._step_limit = step_limit  # the step limit now: config.max_steps, or step_limit of the newest weights
         self.max_steps = config.max_steps if step_limit is None else step_limit(weights or policy_version)
-        self._lock = threading.Lock()
-        self._pending_weights: Any = None
+        self._lock, self._pending_weights = threading.Lock(), None  # the newest published handle not yet loaded
         self._envs, self._eval_envs = list[Env](), list[Env]()  # the training and the evaluation instances
         self._rollout_iter: Iterator[Rollout] | None = None
         self._round_iter: Iterator[tuple[list[Episode], list[Episode]]] | None = None
         self._task_rng = random.Random(f"{seed}-{explorer_id}-tasks")
         self._train_tasks: list[str] = []
-        self._n_rollouts = self._gen_calls = 0
+        self._n_rollouts = self._gen_calls = self._tasks_drawn = 0  # _tasks_drawn: the training stream's position
+        self._slots: list[Episode | None] = []  # step_round's running episode per env slot (explorer_state saves it)
         self._stats: dict[str, float] = dict.fromkeys(EXPLORER_COUNTERS, 0.0)
         self._handed_over: dict[str, float] = {}  # the stage times as of the previous rollout handed over
 
@@ -143,8 +143,7 @@ class Explorer:
 
     def _rollout_stream(self) -> Iterator[Rollout]:  # each rollout is built (scored, counted) only when taken
         self._apply_pending_weights()
-        if not self._envs:
-            self._envs = [self._new_env() for _ in range(self.config.num_envs)]
+        self._envs = self._envs or [self._new_env() for _ in range(self.config.num_envs)]
         for ended, stepped in self._rounds(self._envs, self._train_task_stream(), evaluating=False):
             for rollout in self._queue_round(ended, stepped):
                 yield rollout
@@ -232,20 +231,21 @@ class Explorer:
             raise RuntimeError("Explorer.step_round: this explorer already streams rollouts (collect/rollouts)")
         if self._round_iter is None:
             self._apply_pending_weights()
-            if not self._envs:
-                self._envs = [self._new_env() for _ in range(self.config.num_envs)]
-            self._round_iter = self._rounds(self._envs, self._train_task_stream(), evaluating=False)
+            self._envs = self._envs or [self._new_env() for _ in range(self.config.num_envs)]
+            self._round_iter = self._rounds(self._envs, self._train_task_stream(), evaluating=False, slots=self._slots)
         ended, stepped = next(self._round_iter)
         rollouts = list(self._queue_round(ended, stepped))
         if ended and self.config.load_weights == "rollout":  # the slots' next episodes use the newest weights
             self._apply_pending_weights()
         return rollouts, len(stepped)
 
-    def _rounds(self, envs: list[Env], tasks: Iterator[str],
-                evaluating: bool) -> Iterator[tuple[list[Episode], list[Episode]]]:
-        """Step every live env once per round; yield (episodes that ended, episodes stepped) after each round."""
+    def _rounds(self, envs: list[Env], tasks: Iterator[str], evaluating: bool,
+                slots: list[Episode | None] | None = None) -> Iterator[tuple[list[Episode], list[Episode]]]:
+        """Step every live env once per round; yield (episodes that ended, episodes stepped) after each round.
+        ``slots``: the list that holds each slot's running episode (kept up to date; started here when empty)."""
         batch = not evaluating and self.config.load_weights == "batch"  # an ended slot waits until all ended
-        episodes: list[Episode | None] = [self._start_episode(envs, i, tasks) for i in range(len(envs))]
+        episodes: list[Episode | None] = [] if slots is None else slots
+        episodes[:] = episodes or [self._start_episode(envs, i, tasks) for i in range(len(envs))]
         while any(e is not None for e in episodes):
             live = [i for i, e in enumerate(episodes) if e is not None]
             actors = {i: episodes[i].recovery.next_actor(self.learner_version, self.config.recovery, evaluating)
@@ -262,7 +262,7 @@ class Explorer:
                     episodes[i] = None if batch else self._start_episode(envs, i, tasks)
             if batch and all(e is None for e in episodes):
                 self._apply_pending_weights()
-                episodes = [self._start_episode(envs, i, tasks) for i in range(len(envs))]
+                episodes[:] = [self._start_episode(envs, i, tasks) for i in range(len(envs))]
             yield ended, stepped
 
     def _act(self, episodes: list[Episode | None], actors: dict[int, str], evaluating: bool) -> dict[int, Any]:
@@ -365,10 +365,9 @@ class Explorer:
             return None
         first = reset_with_retries(envs, i, task, self._replace_env, self.config.max_env_restarts, self._stats,
                                    f"Explorer {self.explorer_id}", self.config.env)
-        rollout_id = f"{self.id_prefix}{self.explorer_id}-{self._n_rollouts}"
+        episode = Episode(rollout_id=f"{self.id_prefix}{self.explorer_id}-{self._n_rollouts}", task=task,
+                          first_observation=first, valid_actions=envs[i].valid_actions())
         self._n_rollouts += 1
-        episode = Episode(rollout_id=rollout_id, task=task, first_observation=first,
-                          valid_actions=envs[i].valid_actions())
         episode.recovery.start(envs[i].allowed_actions_key(), first)
         return episode
 
@@ -381,11 +380,12 @@ class Explorer:
         return self._new_env()
 
     def _train_task_stream(self) -> Iterator[str]:
+        self._train_tasks = self._train_tasks or list(self._envs[0].tasks(self.config.split))
         if not self._train_tasks:
-            self._train_tasks = list(self._envs[0].tasks(self.config.split))
-            if not self._train_tasks:
-                raise ValueError(f"Explorer: env {self.config.env!r} has no tasks in split {self.config.split!r}")
-        return task_stream(self._train_tasks, self.config.task_order, self._task_rng, self.explorer_id)
+            raise ValueError(f"Explorer: env {self.config.env!r} has no tasks in split {self.config.split!r}")
+        for task in task_stream(self._train_tasks, self.config.task_order, self._task_rng, self.explorer_id):
+            self._tasks_drawn += 1
+            yield task
 
     def _apply_pending_weights(self) -> None:
         with self._lock:

@@ -8,9 +8,11 @@ stage boundary, checkpoints and the command exits with 130. A second Ctrl-C rais
 (force quit, for a phase that hangs).
 
 :func:`fault_point` is the test hook that makes every phase testable: ``DIVOPD_SIGINT_AT=phase[:n]`` sends this
-process SIGINT the n-th time (default 1) the named phase is reached. Phases: ``load`` (before the models load),
-``start`` (explorers built, before the loop), ``compose``, ``update``, ``publish``, ``eval`` (inside an evaluation),
-``checkpoint`` (inside a checkpoint write).
+process SIGINT the n-th time (default 1) the named phase is reached, ``DIVOPD_SIGKILL_AT=phase[:n]`` SIGKILL (a
+``kill -9`` at a known moment). Phases: ``load`` (before the models load), ``start`` (explorers built, before the
+loop), ``compose``, ``update``, ``publish``, ``eval`` (inside an evaluation), ``checkpoint`` (inside a checkpoint
+write); and (:data:`KILL_PHASES`) ``poll`` (inside the lockstep runtime's poll, after each explorer's round) and
+``log`` (turns received, before they are written to the experience log).
 """
 
 from __future__ import annotations
@@ -22,15 +24,18 @@ import threading
 from collections import Counter
 from types import FrameType, TracebackType
 
-__all__ = ["StopRequest", "fault_point", "PHASES", "EXIT_INTERRUPTED"]
+__all__ = ["StopRequest", "fault_point", "PHASES", "KILL_PHASES", "EXIT_INTERRUPTED"]
 
 log = logging.getLogger(__name__)
 
 #: Exit code of a command stopped by SIGINT / SIGTERM (128 + SIGINT, the shell's convention).
 EXIT_INTERRUPTED = 130
 PHASES = ("load", "start", "compose", "update", "publish", "eval", "checkpoint")
+#: Phases a kill test also reaches (the lockstep runtime's poll, the experience log write).
+KILL_PHASES = (*PHASES, "poll", "log")
 _ENV = "DIVOPD_SIGINT_AT"
-_reached: Counter[str] = Counter()
+_KILL_ENV = "DIVOPD_SIGKILL_AT"
+_reached: Counter[tuple[str, str]] = Counter()
 _reached_lock = threading.Lock()
 
 
@@ -74,19 +79,21 @@ class StopRequest:
 
 
 def fault_point(phase: str) -> None:
-    """Test hook: with ``DIVOPD_SIGINT_AT=phase[:n]``, send this process SIGINT the n-th time ``phase`` is reached."""
-    spec = os.environ.get(_ENV)
-    if not spec:
-        return
-    name, _, nth = spec.partition(":")
-    if name != phase:
-        return
-    with _reached_lock:
-        _reached[phase] += 1
-        hit = _reached[phase] == (int(nth) if nth else 1)
-    if hit:
-        log.info("fault point %r: sending SIGINT to this process", phase)
-        os.kill(os.getpid(), signal.SIGINT)
+    """Test hook: with ``DIVOPD_SIGINT_AT=phase[:n]`` (``DIVOPD_SIGKILL_AT``), send this process SIGINT (SIGKILL) the
+    n-th time ``phase`` is reached."""
+    for env, sig in ((_ENV, signal.SIGINT), (_KILL_ENV, signal.SIGKILL)):
+        spec = os.environ.get(env)
+        if not spec:
+            continue
+        name, _, nth = spec.partition(":")
+        if name != phase:
+            continue
+        with _reached_lock:
+            _reached[(env, phase)] += 1
+            hit = _reached[(env, phase)] == (int(nth) if nth else 1)
+        if hit:
+            log.info("fault point %r: sending %s to this process", phase, sig.name)
+            os.kill(os.getpid(), sig)
 
 
 def reset_fault_points() -> None:

@@ -65,7 +65,10 @@ class Runtime(Protocol):
     Implementations: :class:`~divopd.train.runtime.lockstep.LockstepRuntime`,
     :class:`~divopd.train.runtime.threads.ThreadsRuntime`, :class:`~divopd.train.runtime.ray.RayRuntime` (and an
     in-memory one in ``tests/test_loop.py``). Every method is called from the loop's thread; ``poll`` and
-    ``eval_results`` must return by their ``timeout``."""
+    ``eval_results`` must return by their ``timeout``. Optional: ``state_dict(weights_dir)`` / ``load_state_dict(state,
+    weights_dir)``, a state the checkpoints hold and a resume restores (:meth:`Trainer.attach_runtime
+    <divopd.train.trainer.Trainer.attach_runtime>`; the lockstep runtime's), and ``evaluates_in_place = True`` for a
+    runtime whose ``request_eval`` returns with the result ready (recorded at once, before the update's checkpoint)."""
 
     @property
     def producer_intervals(self) -> int | None:
@@ -112,6 +115,8 @@ class _Evals:
             self.evaluated.add(version)
             self.runtime.request_eval(version, self.latest, self.trainer.snapshot_counters())
             self.outstanding += 1
+            if getattr(self.runtime, "evaluates_in_place", False):  # lockstep: done now, so before the checkpoint
+                self.record(self.runtime.eval_results(timeout=0))
 
     def record(self, results: list[EvalResult]) -> None:
         for r in results:
@@ -128,6 +133,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
     ``weights``: the handle the runtime's explorers were built with (default: published now)."""
     cfg = trainer.cfg
     stop = stop or StopRequest()
+    trainer.attach_runtime(runtime)  # its state goes into checkpoints; a resume restores the checkpoint's
     evals = _Evals(trainer, runtime, progress, weights if weights is not None else trainer.publish())
     request_eval, record = evals.request, evals.record
 

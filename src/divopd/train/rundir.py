@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
 from divopd.errors import RunExistsError, UsageError
 from divopd.experience import Turn
-from divopd.experience.log import ExperienceLogError, log_files, read_log, requeue_at_update
+from divopd.experience.log import ExperienceLogError, log_files, read_log, requeue_at_update, truncate_log
+from divopd.learn.checkpoint import read_state
 from divopd.sampling import Sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 
@@ -26,11 +29,14 @@ log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 EXPERIENCE = "experience"
+#: The lockstep runtime's explorer weights that a checkpoint's runtime state names (:func:`prune_explorer_weights`).
+EXPLORER_WEIGHTS = "explorer-weights"
 #: The marker file a fresh run writes into the directory it creates or claims.
 MARKER = ".divopd-run"
 #: Everything a run writes into its directory: the resolved config, metrics, summary, TensorBoard events, the
-#: experience log, the checkpoints and the marker.
-RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE, CHECKPOINTS, MARKER)
+#: experience log, the checkpoints, the explorer weights of the lockstep runtime's checkpoints and the marker.
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE, CHECKPOINTS, EXPLORER_WEIGHTS,
+               MARKER)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -125,8 +131,52 @@ def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
     return n
 
 
+def cut_log_past_checkpoint(log_dir: Path, received: int) -> int:
+    """Remove from the log the turns logged after the checkpoint (arrival >= ``received``, the restored sampler's
+    count) when the restored runtime produces them again (a lockstep resume); returns how many."""
+    if not Path(log_dir).is_dir():
+        return 0
+    dropped = truncate_log(log_dir, received)
+    if dropped:
+        log.info("resume: %d turns logged after the checkpoint removed from the log; the restored lockstep runtime "
+                 "produces them again", dropped)
+    return dropped
+
+
 def _without_teacher(turn: Turn) -> Turn:
     """``turn`` without its teacher scores: a logged turn cannot give the top-k estimator its teacher top-k, so it
     enters the queue as unscored and the gate counts it ``missing_teacher``."""
     return dataclasses.replace(turn, teacher_logprobs=None, teacher_valid_mask=None)
 
+
+
+def runtime_weight_files(runtime_state: dict[str, Any] | None) -> set[str]:
+    """The explorer weight files (in :data:`EXPLORER_WEIGHTS`) a checkpoint's runtime state names."""
+    explorers = (runtime_state or {}).get("explorers", [])
+    return {str(e["weights_file"]) for e in explorers if isinstance(e, dict) and e.get("weights_file")}
+
+
+def prune_explorer_weights(run_dir: Path, checkpoints: Iterable[Path] | None = None) -> list[str]:
+    """Remove the files of :data:`EXPLORER_WEIGHTS` that none of ``checkpoints`` (the ones kept; default: every
+    ``update-*`` checkpoint of the run) names, and the temporary files of interrupted writes there; returns the names
+    removed. Only divopd's own names are touched. At a run's start this drops what a killed session wrote after its
+    newest checkpoint, so a file of a version is never taken for the weights of another session's same version."""
+    folder = Path(run_dir) / EXPLORER_WEIGHTS
+    if not folder.is_dir():
+        return []
+    if checkpoints is None:
+        checkpoints = [p for p in (Path(run_dir) / CHECKPOINTS).glob("update-*") if (p / "state.json").is_file()]
+    named: set[str] = set()
+    for ckpt in checkpoints:
+        named |= runtime_weight_files(read_state(ckpt).get("extra_state", {}).get("runtime"))
+    removed = []
+    for f in sorted(folder.iterdir()):
+        ours = _WEIGHTS_FILE.fullmatch(f.name) or _WEIGHTS_TMP.fullmatch(f.name)
+        if ours and f.is_file() and f.name not in named:
+            f.unlink()
+            removed.append(f.name)
+    return removed
+
+
+_WEIGHTS_FILE = re.compile(r"explorer-v\d+\.safetensors")
+_WEIGHTS_TMP = re.compile(r"\.explorer-v\d+\.safetensors\.tmp")

@@ -12,9 +12,10 @@ The one loop (:func:`divopd.train.loop.run_loop`) calls this class; runtimes onl
 4. :meth:`Trainer.record_eval` — an evaluation of a weight snapshot, written with the learner counters of that
    snapshot (time-to-target is measured in learner tokens and compute seconds, as in the paper).
 
-Resume (:func:`open_run`): the newest checkpoint restores learner, sampler and counters; turns the log holds past the
-checkpoint's last arrival are queued again (they were received, so they are not lost), metrics past the checkpoint's
-update are dropped (they will be redone), an unfinished log part and checkpoint write left by a kill are set aside.
+Resume (:func:`open_run`): the newest checkpoint restores learner, sampler and counters; metrics past it are dropped
+(redone), a checkpoint write left by a kill is set aside. One that holds its runtime's state (lockstep's,
+:meth:`Trainer.attach_runtime`) resumes exactly: the runtime produces again the turns logged past the checkpoint,
+which are cut from the log; otherwise those turns are queued again (they were received, so they are not lost).
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from divopd.learn.checkpoint import WeightHandle, atomic_write_text, latest_chec
 from divopd.learn.protocol import LearnerProtocol
 from divopd.sampling import Batch, Sampler, ledger_metrics, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
+from divopd.train import rundir
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
-from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, check_is_run, claim_run_dir, requeue_logged_turns
+from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, EXPLORER_WEIGHTS, check_is_run, claim_run_dir
 from divopd.train.watchdog import timed
 
 __all__ = ["LearnerFactory", "Trainer", "open_run", "RunState"]
@@ -69,6 +71,8 @@ class RunState:
     eval_history: list[dict[str, float]] = field(default_factory=list)
     #: :class:`~divopd.sampling.paper_diagnostics.RunDiagnostics` state (Table 16 counters, Figure 6 EMA)
     diagnostics: dict[str, Any] = field(default_factory=dict)
+    #: the counts since the last update that an exact (lockstep) resume continues: turns arrived, intervals counted
+    since_update: dict[str, int | None] = field(default_factory=dict)
 
 
 class Trainer:
@@ -99,6 +103,26 @@ class Trainer:
         self.publish_s = 0.0
         self.weight_load_s = 0.0  # the newest explorer-side weight load, as the arriving rollouts report it
         self._intervals_seen: int | None = None  # the runtime's interval counter at the last count_production
+        self.resume_runtime: dict[str, Any] | None = None  # the checkpoint's runtime state, for attach_runtime
+        self._runtime_state: Callable[[Path], dict[str, Any] | None] | None = None
+
+    def attach_runtime(self, runtime: Any) -> None:
+        """Checkpoint ``runtime``'s optional ``state_dict`` (lockstep's); on a resume, put the checkpoint's in it."""
+        self._runtime_state = getattr(runtime, "state_dict", None)
+        rundir.prune_explorer_weights(self.run_dir)  # what a killed session wrote past its newest checkpoint
+        if self.resume_runtime is None:
+            return
+        if not hasattr(runtime, "load_state_dict"):
+            raise UsageError(f"--resume {self.run_dir}: runtime.kind {self.cfg.runtime.kind} cannot restore the "
+                             "checkpoint's runtime state (a lockstep run's)")
+        runtime.load_state_dict(self.resume_runtime, self.run_dir / EXPLORER_WEIGHTS)  # replays the envs
+        self.resume_runtime = None
+        if self.cfg.log_experience:  # restored: it produces the turns logged past the checkpoint again
+            rundir.cut_log_past_checkpoint(self.run_dir / EXPERIENCE, self.sampler.ledger["received"])
+            self.log_writer = ExperienceLogWriter(self.run_dir / EXPERIENCE, rows_per_file=1 << 16,
+                                                  write_ids=self.cfg.log_token_ids)
+        self._arrived_since_update = int(self.state.since_update.get("arrived") or 0)
+        self._intervals_seen = self.state.since_update.get("intervals_seen")
 
     # ------------------------------------------------------------------ 1. intake
     def intake(self, rollouts: list[Rollout]) -> int:
@@ -109,6 +133,7 @@ class Trainer:
             turns = list(rollout.turns)
             arrivals = self.sampler.add(turns)
             self.paper.observe_received(turns)
+            fault_point("log")
             if self.log_writer is not None and turns:
                 self.log_writer.extend(turns, arrival_update=self.learner.version, arrivals=arrivals)
             n += len(turns)
@@ -241,13 +266,17 @@ class Trainer:
         if self.log_writer is not None:
             self.log_writer.roll()  # every logged turn is in a finished, readable part from here on
         self.state.elapsed_s = self.elapsed()
+        self.state.since_update = {"arrived": self._arrived_since_update, "intervals_seen": self._intervals_seen}
         extra = {"sampler": self.sampler.state_dict(), "run": self.state.__dict__}
+        if self._runtime_state is not None and (runtime := self._runtime_state(self.run_dir / EXPLORER_WEIGHTS)):
+            extra["runtime"] = runtime
         path = self.run_dir / CHECKPOINTS / f"update-{self.learner.version:06d}"
         fault_point("checkpoint")
         self.learner.save_checkpoint(path, extra_state=extra)
         kept = sorted(p for p in (self.run_dir / CHECKPOINTS).iterdir() if p.name.startswith("update-"))
         for old in kept[: -self.cfg.checkpoint.keep]:
             shutil.rmtree(old, ignore_errors=True)
+        rundir.prune_explorer_weights(self.run_dir, kept[-self.cfg.checkpoint.keep:])
         return path
 
     # ------------------------------------------------------------------ 4. evaluation
@@ -339,11 +368,11 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     sampler = make_sampler(cfg.sampler_config())
     state = RunState()
     fault_point("load")
+    extra: dict[str, Any] = {}
     if ckpt is not None:
         learner, extra = make_learner(cfg, ckpt)
         sampler.load_state_dict(extra["sampler"])
-        saved_state = dict(extra.get("run", {}))
-        state = RunState(**{k: v for k, v in saved_state.items() if k in RunState.__dataclass_fields__})
+        state = RunState(**{k: v for k, v in extra.get("run", {}).items() if k in RunState.__dataclass_fields__})
         version = learner.version
     else:
         learner, _ = make_learner(cfg, None)
@@ -355,21 +384,24 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         log_dir = run_dir / EXPERIENCE
         for part in set_aside_unreadable_parts(log_dir):
             log.warning("experience log: set aside unfinished part %s", part.name)
-        if ckpt is not None and cfg.log_token_ids:
-            requeued = requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
-                                            needs_topk=cfg.learner.estimator == "topk")
+        exact = extra.get("runtime") is not None  # the log is cut by Trainer.attach_runtime once the state is back
+        if ckpt is not None and not exact and cfg.log_token_ids:
+            requeued = rundir.requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
+                                                   needs_topk=cfg.learner.estimator == "topk")
             state.turns += requeued
             if requeued:
                 log.info("resume: %d logged turns past the checkpoint queued again", requeued)
-        elif ckpt is not None and log_dir.is_dir():
+        elif ckpt is not None and not exact and log_dir.is_dir():
             dropped = truncate_log(log_dir, sampler.ledger["received"])
             if dropped:
                 log.warning("resume: %d turns logged after the checkpoint were never received by the restored "
                             "sampler (log_token_ids is off, so they cannot be queued again); removed from the log",
                             dropped)
-        log_writer = ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
+        log_writer = None if exact else ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
     metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
     trainer = Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state)
     trainer.preexisting = None if before is None else tuple(before)
+    trainer.resume_runtime = extra.get("runtime")
     return trainer, ckpt is not None
+

@@ -85,6 +85,9 @@ class Env(abc.ABC):
 
     #: short name used in configs and Turn.info["env"]
     name: str = "env"
+    #: a reset on a task followed by the same actions gives the same observations, whatever the instance did before
+    #: (a lockstep resume rebuilds running episodes so); False where the instance carries randomness of its own
+    replayable: bool = True
 
     @abc.abstractmethod
     def tasks(self, split: str) -> list[str]:

@@ -50,6 +50,7 @@ class TinyEnv(Env):
         self.crash_prob = crash_prob
         self.filler_words = filler_words
         self._crash_rng = random.Random(seed)
+        self.replayable = not crash_prob  # the crash RNG belongs to the instance, not to the task
         self._task: str | None = None
         self._room = 0
         self._coin_room = 0

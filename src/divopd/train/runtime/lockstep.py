@@ -13,21 +13,30 @@ measured as ``queue/producer_load`` (turns received per poll ÷ B: the paper's a
 the learner has to wait for turns); ``queue/arrival_drain_ratio`` divides by the updates taken instead, so it stays
 ≥ 1 when the learner waits.
 
-Evaluation runs in place, when requested, on its own student copy. With the same config and seed, two runs give
-the same learner series and experience log (on the same machine and torch build: float kernels differ across CPU
-models); ``torch`` uses one thread and deterministic algorithms here.
+Evaluation runs in place, when requested, on its own student copy (its result is recorded at once, before the
+update's checkpoint). With the same config and seed, two runs give the same learner series and experience log (on
+the same machine and torch build: float kernels differ across CPU models); ``torch`` uses one thread and
+deterministic algorithms here.
+
+Resume: :meth:`LockstepRuntime.state_dict` is saved in every checkpoint (the round-robin position, the step budget,
+the counters, the session identity and each explorer's state, :mod:`divopd.explore.explorer_state`), and
+:meth:`LockstepRuntime.load_state_dict` puts a runtime built on the checkpoint's weights back in it, replaying each
+running episode on its env; so a run killed at any moment and resumed from its newest checkpoint continues exactly as
+the uninterrupted run did.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from divopd.explore.engines import close_backend
 from divopd.explore.explorer import Explorer, Rollout
+from divopd.explore.explorer_state import explorer_state, replayable, restore_explorer, save_student
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import fault_point
@@ -36,13 +45,20 @@ from divopd.train.runtime.common import build_explorer, load_teacher
 
 __all__ = ["LockstepRuntime", "deterministic_torch"]
 
+#: The format of :meth:`LockstepRuntime.state_dict`.
+STATE_FORMAT = 1
+
 
 class LockstepRuntime:
     """The :class:`~divopd.train.loop.Runtime` that steps every env instance from the loop's own thread."""
 
+    #: evaluations run in place: :meth:`request_eval` returns with the result ready (the loop records it at once)
+    evaluates_in_place = True
+
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
         self.cfg = cfg
         self._session = session
+        self._latest = weights  # the newest weights published (a checkpoint holds them)
         teacher, _ = load_teacher(cfg)
         self._explorers: list[Explorer] = [build_explorer(cfg, i, session, weights, teacher)
                                            for i in range(cfg.runtime.num_explorers)]
@@ -52,6 +68,8 @@ class LockstepRuntime:
         self._budget = 0  # env steps owed (negative: steps taken ahead)
         self.env_steps = 0
         self._polls = 0
+        self._broken = False  # a poll raised half-way through a round: no consistent state to checkpoint
+        self._replayable = True  # every env instance so far replays deterministically (Env.replayable)
 
     @property
     def producer_intervals(self) -> int:
@@ -63,18 +81,25 @@ class LockstepRuntime:
         self._budget += self.cfg.runtime.lockstep.env_steps_per_update
         self._polls += 1
         out: list[Rollout] = []
-        while self._budget > 0:
-            rollouts, steps = self._explorers[self._next].step_round()
-            out.extend(rollouts)
-            self._budget -= steps
-            self.env_steps += steps
-            self._next = (self._next + 1) % len(self._explorers)
+        try:
+            while self._budget > 0:
+                rollouts, steps = self._explorers[self._next].step_round()
+                out.extend(rollouts)
+                self._budget -= steps
+                self.env_steps += steps
+                self._next = (self._next + 1) % len(self._explorers)
+                fault_point("poll")
+        except BaseException:
+            self._broken = True
+            raise
+        self._replayable = self._replayable and all(replayable(e) for e in self._explorers)
         return out
 
     def check_alive(self) -> None:
         """Explorers here fail by raising in :meth:`poll`: nothing to check."""
 
     def publish(self, handle: WeightHandle) -> None:
+        self._latest = handle
         for explorer in self._explorers:
             explorer.set_weights(handle)  # loaded at each slot's next episode (its step limit follows at once)
 
@@ -103,6 +128,43 @@ class LockstepRuntime:
             self._evaluator.close()
         close_backend(self._explorers[0].teacher)  # a vLLM teacher engine (shared by every explorer) shuts down
         return {"env_steps": self.env_steps}
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self, weights_dir: Path) -> dict[str, Any] | None:
+        """The runtime's state between two polls, as JSON; a student copy that holds other weights than the newest
+        published ones is written to ``weights_dir`` (one ``explorer-v{version}.safetensors`` per version, named in
+        the state). ``None`` (no exact resume: the run resumes as a threads run does) when an explorer's weights live
+        in a vLLM engine, which cannot hand them out, an env does not replay (``Env.replayable``: the ``tiny`` env's
+        ``crash_prob``), or a poll failed half-way through a round."""
+        if self._broken or not self._replayable or self._results or any(e.student is None for e in self._explorers):
+            return None
+        explorers = []
+        for explorer in self._explorers:
+            state = explorer_state(explorer)
+            if explorer.policy_version != self._latest.version:
+                name = f"explorer-v{explorer.policy_version:06d}.safetensors"
+                if not (weights_dir / name).is_file():  # a version's weights never change: written once
+                    save_student(explorer, weights_dir / name)
+                state["weights_file"] = name
+            explorers.append(state)
+        return {"format": STATE_FORMAT, "session": self._session, "weights_version": int(self._latest.version),
+                "next": self._next, "budget": self._budget, "env_steps": self.env_steps, "polls": self._polls,
+                "explorers": explorers}
+
+    def load_state_dict(self, state: dict[str, Any], weights_dir: Path) -> None:
+        """Put this runtime, built on the checkpoint's weights, in the :meth:`state_dict` ``state`` saved with it."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"lockstep runtime state format {state.get('format')!r}, expected {STATE_FORMAT}")
+        if len(state["explorers"]) != len(self._explorers) or int(state["weights_version"]) != self._latest.version:
+            raise ValueError(f"the checkpoint's lockstep state has {len(state['explorers'])} explorers at weights "
+                             f"version {state['weights_version']}; this run has {len(self._explorers)} at "
+                             f"{self._latest.version}")
+        self._session = int(state["session"])
+        self._next, self._budget = int(state["next"]), int(state["budget"])
+        self.env_steps, self._polls = int(state["env_steps"]), int(state["polls"])
+        for explorer, saved in zip(self._explorers, state["explorers"], strict=True):
+            name = saved.get("weights_file")
+            restore_explorer(explorer, saved, self._latest, None if name is None else weights_dir / name)
 
 
 @contextmanager
