@@ -147,6 +147,12 @@ class Turn:
             mask &= self.teacher_valid_mask
         return mask
 
+    @property
+    def teacher_masked_tokens(self) -> int:
+        """Response positions the teacher scored as not finite (masked: a token another vocabulary lacks, or one
+        the teacher could not score); 0 for an unscored turn."""
+        return 0 if self.teacher_logprobs is None else int(np.count_nonzero(~np.isfinite(self.teacher_logprobs)))
+
     @cached_property
     def n_valid(self) -> int:
         """Number of valid (scored, student-action) tokens: the paper's |V_t|."""

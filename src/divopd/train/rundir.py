@@ -131,6 +131,23 @@ def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
     return n
 
 
+def recover_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics, *,
+                         log_token_ids: bool, needs_topk: bool) -> int:
+    """A resume without runtime state: queue again the turns logged past the checkpoint (:func:`requeue_logged_turns`;
+    returns how many), or, when the log holds no token ids (``log_token_ids: false``), remove them from the log (they
+    cannot be queued again; a warning counts them)."""
+    if log_token_ids:
+        requeued = requeue_logged_turns(log_dir, sampler, version, paper, needs_topk=needs_topk)
+        if requeued:
+            log.info("resume: %d logged turns past the checkpoint queued again", requeued)
+        return requeued
+    dropped = truncate_log(log_dir, sampler.ledger["received"]) if Path(log_dir).is_dir() else 0
+    if dropped:
+        log.warning("resume: %d turns logged after the checkpoint were never received by the restored sampler "
+                    "(log_token_ids is off, so they cannot be queued again); removed from the log", dropped)
+    return 0
+
+
 def cut_log_past_checkpoint(log_dir: Path, received: int) -> int:
     """Remove from the log the turns logged after the checkpoint (arrival >= ``received``, the restored sampler's
     count) when the restored runtime produces them again (a lockstep resume); returns how many."""

@@ -29,11 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from divopd.errors import UsageError
 from divopd.experience import Rollout
-from divopd.experience.log import ExperienceLogWriter, set_aside_unreadable_parts, truncate_log
+from divopd.experience.log import ExperienceLogWriter, set_aside_unreadable_parts
 from divopd.experience.metrics import MetricsWriter, final_five, peak_sr
 from divopd.learn.checkpoint import WeightHandle, atomic_write_text, latest_checkpoint, remove_interrupted_writes
 from divopd.learn.protocol import LearnerProtocol
@@ -137,8 +135,7 @@ class Trainer:
             if self.log_writer is not None and turns:
                 self.log_writer.extend(turns, arrival_update=self.learner.version, arrivals=arrivals)
             n += len(turns)
-            self.state.teacher_masked_tokens += sum(int(np.count_nonzero(~np.isfinite(t.teacher_logprobs)))
-                                                    for t in turns if t.teacher_logprobs is not None)
+            self.state.teacher_masked_tokens += sum(t.teacher_masked_tokens for t in turns)
             info = rollout.info
             self.weight_load_s = float(info.weight_load_s)
             if info.partial:
@@ -287,10 +284,8 @@ class Trainer:
         self.state.eval_history.append({"update": update, **record})
 
     def snapshot_counters(self) -> dict[str, float]:
-        return {
-            "learner/tokens_total": float(self.learner.tokens_total),
-            "learner/compute_s_total": float(self.learner.compute_s_total),
-        }
+        return {"learner/tokens_total": float(self.learner.tokens_total),
+                "learner/compute_s_total": float(self.learner.compute_s_total)}
 
     # ------------------------------------------------------------------ end
     def summary(self) -> dict[str, Any]:
@@ -385,18 +380,10 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         for part in set_aside_unreadable_parts(log_dir):
             log.warning("experience log: set aside unfinished part %s", part.name)
         exact = extra.get("runtime") is not None  # the log is cut by Trainer.attach_runtime once the state is back
-        if ckpt is not None and not exact and cfg.log_token_ids:
-            requeued = rundir.requeue_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
-                                                   needs_topk=cfg.learner.estimator == "topk")
-            state.turns += requeued
-            if requeued:
-                log.info("resume: %d logged turns past the checkpoint queued again", requeued)
-        elif ckpt is not None and not exact and log_dir.is_dir():
-            dropped = truncate_log(log_dir, sampler.ledger["received"])
-            if dropped:
-                log.warning("resume: %d turns logged after the checkpoint were never received by the restored "
-                            "sampler (log_token_ids is off, so they cannot be queued again); removed from the log",
-                            dropped)
+        if ckpt is not None and not exact:
+            state.turns += rundir.recover_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
+                                                       log_token_ids=cfg.log_token_ids,
+                                                       needs_topk=cfg.learner.estimator == "topk")
         log_writer = None if exact else ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
     metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
