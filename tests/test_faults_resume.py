@@ -165,7 +165,7 @@ def test_sigkill_at_each_phase_then_resume_equals_the_uninterrupted_run(
     assert {f.name for f in weights.iterdir()} == named if weights.is_dir() else not named
 
 
-@pytest.mark.parametrize("phase", ["poll", "compose"])
+@pytest.mark.parametrize("phase", ["poll", pytest.param("compose", marks=pytest.mark.slow)])
 def test_ctrl_c_then_resume_equals_the_uninterrupted_run(
         phase: str, reference: dict, tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """A stop request (SIGINT) checkpoints at the next stage boundary, between two updates (after polls whose turns
