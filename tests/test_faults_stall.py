@@ -314,3 +314,28 @@ def test_the_stall_keys_have_defaults_below_the_watchdog() -> None:
     rt = RuntimeSettings()
     assert 0 < rt.teacher_timeout_s < rt.stall_timeout_s and 0 < rt.explorer_timeout_s < rt.stall_timeout_s
     assert 0 < rt.collective_timeout_s < rt.stall_timeout_s and rt.max_teacher_restarts >= 1
+
+
+def test_a_rank_stopped_outside_a_collective_ends_the_ranks_at_the_reply_deadline(
+        tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """A call without a collective (``set_state``): rank 0 answers, the SIGSTOPped rank 1 cannot; the driver waits
+    ``runtime.collective_timeout_s`` (+ the slack, 0 here) after rank 0's answer, then ends both ranks instead of
+    waiting forever."""
+    from divopd.learn import ranks as ranks_module
+    from divopd.learn.settings import LearnerConfig
+    from divopd.learn.sharded import ShardedLearner, process_ranks
+
+    monkeypatch.setattr(ranks_module, "REPLY_SLACK_S", 0.0)
+    learner = ShardedLearner(tiny_models["student"], LearnerConfig(world_size=2), ranks=process_ranks(3))
+    pid = learner.ranks.pids[1]
+    try:
+        _stop(pid)
+        with pytest.raises(LearnerRankError, match=r"gave no answer to 'set_state' within runtime.collective"):
+            learner.ranks.call("set_state", [(1,), (1,)])
+        deadline = time.monotonic() + 30
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(pid)  # the stopped rank was ended, not left behind
+    finally:
+        _resume(pid)
+        learner.close()

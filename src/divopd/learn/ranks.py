@@ -10,6 +10,7 @@ never outlive it.
 
 from __future__ import annotations
 
+import time
 import traceback
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
@@ -60,6 +61,10 @@ def _rank_main(rank: int, world_size: int, init_method: str, setup: dict[str, An
         worker.close()
 
 
+#: Seconds past ``runtime.collective_timeout_s`` that the driver waits for the other ranks once one has answered.
+REPLY_SLACK_S = 60.0
+
+
 class ProcessRanks:
     """N learner ranks as spawned processes with a gloo (CPU) or NCCL (CUDA) process group among them."""
 
@@ -74,6 +79,8 @@ class ProcessRanks:
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         self._closed = False
+        timeout = setup.get("collective_timeout_s")
+        self._timeout_s: float | None = None if timeout is None else float(timeout)
         for rank in range(world_size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_rank_main, args=(rank, world_size, init_method, setup, child), daemon=True,
@@ -99,11 +106,24 @@ class ProcessRanks:
         return self._gather(method)
 
     def _gather(self, method: str) -> list[Any]:
+        """The replies in rank order. Once one rank has answered, the others must within the collective deadline
+        (``setup["collective_timeout_s"]``, + a minute; the ranks' own collectives fail at that deadline first):
+        a rank that does not (stopped outside a collective) ends them all, as with the Ray ranks."""
         replies: dict[int, Any] = {}
+        first_reply: float | None = None
         while len(replies) < self.world_size:
             pending = [r for r in range(self.world_size) if r not in replies]
             handles = {self._conns[r]: r for r in pending} | {self._procs[r].sentinel: r for r in pending}
-            for ready in wait(list(handles)):
+            wait_s = None if first_reply is None or self._timeout_s is None else \
+                max(0.0, first_reply + self._timeout_s + REPLY_SLACK_S - time.monotonic())
+            ready_now = wait(list(handles), timeout=wait_s)
+            if not ready_now:
+                others = f"and {len(pending) - 1} other rank(s) " if len(pending) > 1 else ""
+                self._fail(pending[0], f"{others}gave no answer to {method!r} within "
+                           f"runtime.collective_timeout_s = {self._timeout_s:g} s (+{REPLY_SLACK_S:g}) of the first "
+                           "rank's")
+            first_reply = time.monotonic() if first_reply is None else first_reply
+            for ready in ready_now:
                 rank = handles[ready]
                 if rank in replies:
                     continue
