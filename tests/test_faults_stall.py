@@ -11,6 +11,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -140,6 +142,29 @@ def test_a_vllm_engine_call_past_its_deadline_marks_the_engine_stalled(caplog: p
     assert seen[0] is not None and "stalled at generate" in seen[0] and "stand-in" in seen[0]
     assert seen[1] == "done" and gen.stalled is None
     assert any("call_timeout_s" in r.getMessage() for r in caplog.records)
+
+
+def _main_thread_call(timeout_s: float, sleep_s: float) -> subprocess.CompletedProcess:
+    code = ("import time\nfrom divopd.explore.call_deadline import call_deadline\nmarks = []\n"
+            f"with call_deadline({timeout_s}, 'stalled at generate: the stand-in engine', marks.append):\n"
+            f"    time.sleep({sleep_s})\nprint(marks)\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+def test_a_call_blocking_the_main_thread_past_twice_its_deadline_ends_the_process_with_one_line() -> None:
+    """Under lockstep the engine call runs on the loop's own (main) thread, so the loop watchdog cannot act while it
+    blocks: at twice the deadline the process exits 3 with one line (a real child process, a blocking stand-in call)."""
+    proc = _main_thread_call(0.2, 120)
+    assert proc.returncode == 3
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("divopd:")]
+    assert len(lines) == 1 and "the stand-in engine" in lines[0] and "--resume" in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_main_thread_call_that_returns_between_the_deadlines_is_only_marked() -> None:
+    proc = _main_thread_call(2.0, 2.5)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['stalled at generate: the stand-in engine', None]"
 
 
 # ------------------------------------------------------------------------------------------- a learner rank stops

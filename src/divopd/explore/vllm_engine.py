@@ -29,12 +29,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
 from divopd.errors import UsageError
+from divopd.explore.call_deadline import call_deadline
 from divopd.explore.generation import Generation, stop_token_ids
 from divopd.explore.vllm_weights import (
     NcclWeightSync,
@@ -138,7 +139,8 @@ class VLLMGenerator:
         call_timeout_s: the deadline of one engine call (generate, score, weight update). An in-process engine call
             cannot be interrupted from Python, so the deadline marks the engine stalled instead: past it an error
             line names the engine and the call, and :attr:`stalled` holds that line (until the call returns); the
-            run's loop watchdog (``runtime.stall_timeout_s``) then stops the run when nothing else arrives.
+            run's loop watchdog (``runtime.stall_timeout_s``) then stops the run when nothing else arrives. A call
+            from the main thread (lockstep) still running at twice the deadline ends the process (exit 3).
         engine_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``enable_prefix_caching`` — on by default,
             ``enforce_eager``, ``kv_cache_memory_bytes`` — 512 MiB by default on CPU, ``tensor_parallel_size``, ...).
     """
@@ -226,23 +228,11 @@ class VLLMGenerator:
             del llm
             gc.collect()
 
-    @contextlib.contextmanager
-    def _deadline(self, what: str) -> Iterator[None]:
-        """Mark the engine :attr:`stalled` (and log it once) when the body runs past ``call_timeout_s``."""
-        def overdue() -> None:
-            self.stalled = (f"stalled at {what}: the vLLM engine for {self.model_path} gave no answer within "
-                            f"call_timeout_s = {self.call_timeout_s:g} s")
-            log.error("%s (an in-process engine call cannot be interrupted; the loop watchdog stops the run)",
-                      self.stalled)
-
-        timer = threading.Timer(self.call_timeout_s, overdue)
-        timer.daemon = True
-        timer.start()
-        try:
-            yield
-        finally:
-            timer.cancel()
-            self.stalled = None
+    def _deadline(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """Mark the engine :attr:`stalled` while a call runs past ``call_timeout_s`` (:func:`call_deadline`)."""
+        return call_deadline(self.call_timeout_s, f"stalled at {what}: the vLLM engine for {self.model_path} gave no "
+                             f"answer within call_timeout_s = {self.call_timeout_s:g} s",
+                             lambda line: setattr(self, "stalled", line))
 
     def _guarded(self, what: str, call: Callable[[Any], T]) -> T:
         """``call(llm)``; if the engine fails, rebuild it (newest weights included) and retry, ``max_restarts``

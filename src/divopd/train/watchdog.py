@@ -20,7 +20,8 @@ Components with deadlines of their own report what they saw stall with :func:`no
 explorer actors past ``runtime.explorer_timeout_s`` and its shared teacher past ``runtime.teacher_timeout_s``, both
 restarted, or gone for good); the watchdog's line names the newest of those notes, so a user reads which stage and
 which component stalled, not only that rollouts stopped arriving. (An in-process vLLM engine call past its deadline
-is named by the engine's own error line: ``explore/`` cannot report to ``train/``.)
+is named by the engine's own error line, :mod:`divopd.explore.call_deadline`: ``explore/`` cannot report to
+``train/``; under lockstep, where such a call blocks the loop itself, it ends the process at twice its deadline.)
 """
 
 from __future__ import annotations

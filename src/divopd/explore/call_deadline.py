@@ -1,0 +1,58 @@
+"""A deadline on a call that Python cannot interrupt (an in-process vLLM engine call): :func:`call_deadline`.
+
+Past ``timeout_s`` the call is marked stalled (``mark(line)``, one error line naming it), so whatever watches the
+component (the loop watchdog, through the runtime) can stop the run; the mark is cleared when the call returns. A call
+made from the main thread is the lockstep runtime's loop itself, whose watchdog cannot run while the call blocks it:
+still running another ``timeout_s`` later, it ends the process with one line on stderr and exit code
+:data:`EXIT_CALL_STALLED`, the loop watchdog's code for a stalled run. The newest checkpoint and every logged turn stay
+(checkpoints are written whole, log parts too), so ``divopd train --resume`` continues once the cause is fixed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+__all__ = ["EXIT_CALL_STALLED", "call_deadline"]
+
+log = logging.getLogger(__name__)
+
+#: Exit code of a process whose main thread stayed blocked in a call past twice its deadline (the same as
+#: ``divopd.train.watchdog.EXIT_STALLED``: the run stalled).
+EXIT_CALL_STALLED = 3
+
+
+@contextmanager
+def call_deadline(timeout_s: float, line: str, mark: Callable[[str | None], None]) -> Iterator[None]:
+    """Run the body under the deadline ``timeout_s``: past it ``mark(line)`` and log ``line``; from the main thread,
+    past twice the deadline, exit the process (:data:`EXIT_CALL_STALLED`). ``mark(None)`` when the body ends."""
+    timers: list[threading.Timer] = []
+    on_main = threading.current_thread() is threading.main_thread()
+
+    def start(action: Callable[[], None]) -> None:
+        timer = threading.Timer(timeout_s, action)
+        timer.daemon = True
+        timers.append(timer)
+        timer.start()
+
+    def overdue() -> None:
+        mark(line)
+        log.error("%s (the call cannot be interrupted; the loop watchdog stops the run)", line)
+        if on_main:
+            start(abandon)
+
+    def abandon() -> None:
+        os.write(2, (f"divopd: {line}, nor in another {timeout_s:g} s; the run's own thread is blocked in it, so the "
+                     "process exits (the newest checkpoint stays: fix the cause and --resume)\n").encode())
+        os._exit(EXIT_CALL_STALLED)
+
+    start(overdue)
+    try:
+        yield
+    finally:
+        for timer in timers:
+            timer.cancel()
+        mark(None)
