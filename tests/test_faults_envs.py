@@ -110,6 +110,37 @@ def test_closing_an_env_whose_jvm_is_stopped_ends() -> None:
         _resume_and_kill(proc)
 
 
+def test_a_guest_release_never_waits_for_the_construction_lock() -> None:
+    """The release of a shared-JVM guest also runs as the package's finalizer, in whatever thread the collector runs,
+    even one a construction holding the lock waits for (a deadlock a CI run once hit: py4j starting its callback-server
+    thread inside a gateway build, a collected guest's ``__del__`` waiting for the lock in that very thread). So it
+    returns at once while another thread holds the lock, and the holder runs it before letting the lock go: the JVM
+    of the last guest ends then."""
+    from divopd.explore.envs import _jvm_hosts
+
+    env = _twx(call_timeout_s=30.0)  # shared JVM, an option string of its own: this guest is its only user
+    proc = env._env._gateway.java_process
+    holding, let_go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with _jvm_hosts.construction():
+            holding.set()
+            let_go.wait(60)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        assert holding.wait(60)
+        assert _bounded(env._env.close) is None  # the guest's release (what its __del__ calls): returns at once
+        assert _jvm_hosts._DEFERRED and proc.poll() is None  # left for the holder; the JVM still runs
+    finally:
+        let_go.set()
+        holder.join(60)
+    assert not _jvm_hosts._DEFERRED
+    assert proc.wait(timeout=30) is not None  # the holder ran the release: the last guest's JVM ended
+    env.close()
+
+
 def test_bad_call_timeouts_are_named() -> None:
     from divopd.errors import ConfigError
 

@@ -208,7 +208,7 @@ def test_a_stopped_env_jvm_in_a_run_becomes_an_env_crash_and_the_run_goes_on(
         tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """SIGSTOP of the explorer's TextWorld-Express JVM after update 1: the env call is killed at its deadline
     (``explorer.env_kwargs.call_timeout_s``), counted as an env crash, and the run reaches its updates."""
-    from divopd.explore.envs._jvm import _HOSTS
+    from divopd.explore.envs._jvm_hosts import _HOSTS
 
     cfg = tiny_config(tiny_models, tmp_path / "run", "divopd", updates=3, **{
         "runtime.kind": "lockstep", "runtime.lockstep.env_steps_per_update": 6, "eval.every": 100,

@@ -17,16 +17,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import subprocess
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from divopd.errors import UsageError
 from divopd.explore.envs.base import EnvCrash
 
 #: JVM options applied while an adapter starts its server: a capped heap and the serial collector keep each JVM at
@@ -274,103 +271,3 @@ def jvm_call(adapter: Any, fn: Callable[[], Any]) -> Any:
     if fired:
         raise EnvCrash(f"{name}: the JVM gave no answer within call_timeout_s={timeout:g} s; it was killed")
     raise EnvCrash(f"{name}: JVM call failed (jvm alive={alive}): {failure}") from failure
-
-
-# ---------------------------------------------------------------------------------------------- one JVM per process
-#: Every construction of a package env happens under this lock: :func:`shared_package_env` swaps the package module's
-#: gateway launcher while it builds a guest, and no other construction may see the swap.
-CONSTRUCTION_LOCK = threading.RLock()
-
-
-@dataclass
-class _Host:
-    """A package env that launched a JVM which guests share (never used for a game itself), and its guest count."""
-
-    env: Any
-    users: int = 0
-
-
-#: (package module, JVM options, process id): a forked child never reuses its parent's gateway.
-_HOSTS: dict[tuple[str, str, int], _Host] = {}
-
-
-class JavaNotFoundError(UsageError, FileNotFoundError):
-    """No ``java`` on ``PATH``: the JVM-backed environments cannot start (one line from the CLI, exit 2)."""
-
-
-def check_java(what: str = "this environment") -> None:
-    """Raise :class:`JavaNotFoundError` (one line) when there is no ``java`` on ``PATH`` to start a JVM with."""
-    if shutil.which("java") is None:
-        raise JavaNotFoundError(f"{what} runs on a Java VM, but there is no `java` on PATH; install a Java 17+ "
-                                "runtime (e.g. `apt-get install openjdk-17-jre-headless`) and put it on PATH")
-
-
-def own_package_env(make: Callable[[], Any], opts: str | None = None, module: Any = None,
-                    read_timeout: float | None = None) -> tuple[Any, Callable[[], None]]:
-    """A package env on a JVM of its own (``make()`` under ``opts``, its finalizer guarded; with ``module``, the
-    package module that launches the gateway: :func:`guarded_gateway` with ``read_timeout``), and the function that
-    ends that JVM (:func:`shutdown_gateway`). No ``java`` to start is :class:`JavaNotFoundError`."""
-    what = f"{getattr(module, '__name__', 'this environment').split('.')[0]}"
-    check_java(what)
-    with CONSTRUCTION_LOCK, java_opts(opts), (contextlib.nullcontext() if module is None
-                                              else guarded_gateway(module, read_timeout)):
-        try:
-            env = make()
-        except FileNotFoundError as exc:  # java went missing between the check and the start
-            if exc.filename != "java":
-                raise
-            raise JavaNotFoundError(f"{what}: cannot start `java`: {exc.strerror}") from None
-    guard_finalizer(env)
-    return env, lambda: shutdown_gateway(env)
-
-
-def _end_host(key: tuple[str, str, int], host: _Host) -> None:
-    """Shut ``host``'s JVM down and forget it (under :data:`CONSTRUCTION_LOCK`)."""
-    if _HOSTS.get(key) is host:
-        del _HOSTS[key]
-    shutdown_gateway(host.env)
-
-
-def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = None,
-                       read_timeout: float | None = None) -> tuple[Any, Callable[[], None]]:
-    """A package env whose game runs on this process's one JVM for ``module``, and the function that releases it.
-
-    The first call launches the JVM (``make()`` under ``opts``, a host env that plays no game); every call then builds
-    a guest with ``make()`` while ``module.launch_gateway`` and ``module.JavaGateway`` return the host's process and
-    gateway, so the guest gets its own game object (the package's ``PythonInterface``) on the shared JVM: a second
-    instance costs a Java object instead of a JVM start (~1 s). py4j serves each Python thread on its own connection.
-    The release (also run when the guest is collected unclosed) ends the JVM with its last guest. A JVM found dead is
-    replaced at the next call; its guests' calls fail, and :func:`jvm_call` turns that into :class:`EnvCrash`.
-    """
-    opts = opts if opts is not None else os.environ.get("DIVOPD_JAVA_OPTS", DEFAULT_JAVA_OPTS)
-    key = (module.__name__, opts, os.getpid())
-    with CONSTRUCTION_LOCK:
-        host = _HOSTS.get(key)
-        if host is not None and not jvm_alive(host.env):
-            _end_host(key, host)
-            host = None
-        if host is None:
-            host = _HOSTS[key] = _Host(own_package_env(make, opts, module, read_timeout)[0])
-        gateway = host.env._gateway
-        saved = module.launch_gateway, module.JavaGateway
-        module.launch_gateway = lambda *args, **kwargs: (None, gateway.java_process)
-        module.JavaGateway = lambda *args, **kwargs: gateway
-        try:
-            guest = make()
-        finally:
-            module.launch_gateway, module.JavaGateway = saved
-        host.users += 1
-    released = False
-
-    def release() -> None:
-        nonlocal released
-        with CONSTRUCTION_LOCK:
-            if released:
-                return
-            released = True
-            host.users -= 1
-            if host.users <= 0 or not jvm_alive(host.env):
-                _end_host(key, host)
-
-    guest.close = release  # the package's __del__ calls close(): an unclosed guest is released at collection
-    return guest, release

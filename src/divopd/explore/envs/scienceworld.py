@@ -43,10 +43,10 @@ from divopd.explore.envs._jvm import (
     DEFAULT_CALL_TIMEOUT_S,
     check_call_timeout,
     jvm_call,
-    own_package_env,
     read_timeout_for,
     shutdown_gateway,
 )
+from divopd.explore.envs._jvm_hosts import own_package_env
 from divopd.explore.envs.base import SPLITS, Env, ProgressTracker, StepResult
 
 __all__ = ["PAPER_HELD_OUT_TYPES", "PAPER_TRAIN_TYPES", "SPLIT_SCHEMES", "ScienceWorldEnv", "scienceworld_paper_split",

@@ -35,10 +35,9 @@ from divopd.explore.envs._jvm import (
     DEFAULT_CALL_TIMEOUT_S,
     check_call_timeout,
     jvm_call,
-    own_package_env,
     read_timeout_for,
-    shared_package_env,
 )
+from divopd.explore.envs._jvm_hosts import own_package_env, shared_package_env
 from divopd.explore.envs.base import SPLITS, Env, ProgressTracker, StepResult, action_in
 
 __all__ = ["DEFAULT_GAME", "DEFAULT_PARAMS", "TextWorldExpressEnv"]
