@@ -61,21 +61,27 @@ class Watchdog:
     IDLE_EXIT_S = 5.0
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered when a finalizer closes an env in a thread that holds it
         self._calls: dict[int, _Watch] = {}
         self._thread: threading.Thread | None = None
+        self._starting = False
         self._pid = 0
 
     @contextlib.contextmanager
     def watching(self, proc: Any, timeout: float) -> Iterator[_Watch]:
         """Watch the body: past ``timeout`` s, ``proc`` is killed and the yielded watch marked ``fired``."""
         watch = _Watch(proc, time.monotonic() + timeout)
+        thread = None
         with self._lock:
             self._calls[id(watch)] = watch
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._run, name="divopd-jvm-watchdog", daemon=True)
-                self._thread.start()
+            if self._thread is None or self._pid != os.getpid() or not (self._thread.is_alive() or self._starting):
+                self._pid, self._starting = os.getpid(), True
+                thread = self._thread = threading.Thread(target=self._run, name="divopd-jvm-watchdog", daemon=True)
+        if thread is not None:  # started outside the lock: a finalizer run in the new thread may need the lock
+            try:
+                thread.start()
+            finally:
+                self._starting = False
         try:
             yield watch
         finally:
