@@ -202,6 +202,30 @@ def test_a_stopped_learner_rank_fails_the_update_within_the_collective_deadline(
     assert_ledger_identity(summary["ledger"])
 
 
+def test_ranks_that_all_stop_end_at_the_call_deadline(tiny_models: dict[str, str]) -> None:  # noqa: F811
+    """Every rank SIGSTOPped: no rank answers at all, so no collective fails; the driver's wait for the first answer
+    has its own deadline (``runtime.rank_call_timeout_s``; 2 s here, set after the ranks' setup) and ends them all."""
+    from divopd.learn.settings import LearnerConfig
+    from divopd.learn.sharded import ShardedLearner, process_ranks
+
+    learner = ShardedLearner(tiny_models["student"], LearnerConfig(world_size=2), ranks=process_ranks(30, 600))
+    learner.ranks._call_timeout_s = 2.0
+    pids = learner.ranks.pids
+    try:
+        for pid in pids:
+            _stop(pid)
+        with pytest.raises(LearnerRankError, match=r"gave no answer to 'set_state' within runtime.rank_call_timeout_s"):
+            learner.ranks.call("set_state", [(1,), (1,)])
+        deadline = time.monotonic() + 30
+        while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(_gone(pid) for pid in pids)
+    finally:
+        for pid in pids:
+            _resume(pid)
+        learner.close()
+
+
 # ----------------------------------------------------------------------------------------------- a JVM stops
 @pytest.mark.slow
 def test_a_stopped_env_jvm_in_a_run_becomes_an_env_crash_and_the_run_goes_on(

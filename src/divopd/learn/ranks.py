@@ -68,7 +68,7 @@ REPLY_SLACK_S = 60.0
 class ProcessRanks:
     """N learner ranks as spawned processes with a gloo (CPU) or NCCL (CUDA) process group among them."""
 
-    def __init__(self, world_size: int, setup: dict[str, Any]) -> None:
+    def __init__(self, world_size: int, setup: dict[str, Any], call_timeout_s: float | None = None) -> None:
         import torch.multiprocessing as mp
 
         from divopd.learn.dist_worker import free_port
@@ -81,6 +81,7 @@ class ProcessRanks:
         self._closed = False
         timeout = setup.get("collective_timeout_s")
         self._timeout_s: float | None = None if timeout is None else float(timeout)
+        self._call_timeout_s = call_timeout_s  # the first rank's answer to one call (None: no deadline)
         for rank in range(world_size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_rank_main, args=(rank, world_size, init_method, setup, child), daemon=True,
@@ -111,12 +112,20 @@ class ProcessRanks:
         a rank that does not (stopped outside a collective) ends them all, as with the Ray ranks."""
         replies: dict[int, Any] = {}
         first_reply: float | None = None
+        called = time.monotonic()
         while len(replies) < self.world_size:
             pending = [r for r in range(self.world_size) if r not in replies]
             handles = {self._conns[r]: r for r in pending} | {self._procs[r].sentinel: r for r in pending}
-            wait_s = None if first_reply is None or self._timeout_s is None else \
-                max(0.0, first_reply + self._timeout_s + REPLY_SLACK_S - time.monotonic())
+            if first_reply is None:
+                wait_s = None if self._call_timeout_s is None else max(0.0, called + self._call_timeout_s
+                                                                       - time.monotonic())
+            else:
+                wait_s = None if self._timeout_s is None else \
+                    max(0.0, first_reply + self._timeout_s + REPLY_SLACK_S - time.monotonic())
             ready_now = wait(list(handles), timeout=wait_s)
+            if not ready_now and first_reply is None:
+                self._fail(pending[0], f"and every other rank gave no answer to {method!r} within "
+                           f"runtime.rank_call_timeout_s = {self._call_timeout_s:g} s")
             if not ready_now:
                 others = f"and {len(pending) - 1} other rank(s) " if len(pending) > 1 else ""
                 self._fail(pending[0], f"{others}gave no answer to {method!r} within "

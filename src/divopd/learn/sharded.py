@@ -250,13 +250,15 @@ class ShardedLearner:
         self.ranks.close()
 
 
-def process_ranks(collective_timeout_s: float) -> RanksFactory:
+def process_ranks(collective_timeout_s: float, call_timeout_s: float | None = None) -> RanksFactory:
     """The rank factory of ranks spawned on this machine (:class:`ProcessRanks`) whose collectives fail after
     ``collective_timeout_s`` seconds without a peer (``runtime.collective_timeout_s``): a stopped rank makes the
-    others fail within that deadline, and the driver ends them all (:class:`LearnerRankError`)."""
+    others fail within that deadline, and the driver ends them all (:class:`LearnerRankError`); no rank answering a
+    call within ``call_timeout_s`` (``runtime.rank_call_timeout_s``) does the same."""
 
     def make(world_size: int, setup: dict[str, Any]) -> Ranks:
-        return ProcessRanks(world_size, {**setup, "collective_timeout_s": float(collective_timeout_s)})
+        return ProcessRanks(world_size, {**setup, "collective_timeout_s": float(collective_timeout_s)},
+                            call_timeout_s=call_timeout_s)
 
     return make
 

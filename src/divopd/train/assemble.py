@@ -50,7 +50,7 @@ class RuntimeEntry:
     build: Callable[[TrainConfig, WeightHandle, Trainer], Runtime]
     session: Callable[[TrainConfig], ContextManager[Any]] = lambda cfg: contextlib.nullcontext()
     learner_ranks: Callable[[TrainConfig], RanksFactory | None] = lambda cfg: process_ranks(
-        cfg.runtime.collective_timeout_s)
+        cfg.runtime.collective_timeout_s, cfg.runtime.rank_call_timeout_s)
 
 
 def _session(trainer: Trainer) -> int:

@@ -168,6 +168,10 @@ class RuntimeSettings(_Strict):
         600.0, gt=0, description="learner.world_size > 1: deadline of one collective among the learner ranks (the "
         "process group's timeout, gloo or NCCL) and of the rendezvous; a stopped or lost rank makes the others fail "
         "within it and the run stops with its newest good checkpoint in place.")
+    rank_call_timeout_s: float = Field(
+        3600.0, gt=0, description="learner.world_size > 1: the longest the driver waits for the first rank's answer "
+        "to one call (setup with the model load, an update, a checkpoint write); past it every rank is ended and the "
+        "run stops with its newest good checkpoint in place. Keep it above the slowest update.")
     explorer_resources: dict[str, float] = Field(
         default_factory=dict, description="Ray: custom resources per explorer actor (e.g. {explorer_node: 1} to "
         "place explorers on the nodes started with that resource).")

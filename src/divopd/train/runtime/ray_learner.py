@@ -55,6 +55,7 @@ class RayRanks:
         self._closed = False
         rt = cfg.runtime
         self._timeout_s = rt.collective_timeout_s
+        self._call_timeout_s = rt.rank_call_timeout_s
         bundle = {"CPU": rt.learner_cpus, **({"GPU": rt.learner_gpus} if rt.learner_gpus else {}),
                   **rt.learner_resources}
         self._pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
@@ -89,16 +90,24 @@ class RayRanks:
         return self._get([a.call.remote(method, args[r]) for r, a in enumerate(self._actors)], method)
 
     def _get(self, refs: list[Any], method: str, ranks: list[int] | None = None) -> list[Any]:
-        """The replies in rank order; the first failed rank ends the others (they wait in a collective). Once one
-        rank has answered, the others must within ``runtime.collective_timeout_s`` (+ a minute): a rank that does
-        not (stopped, hung outside a collective) ends them all too."""
+        """The replies in rank order; the first failed rank ends the others (they wait in a collective). The first
+        answer must come within ``runtime.rank_call_timeout_s``; once one rank has answered, the others must within
+        ``runtime.collective_timeout_s`` (+ a minute): a rank that does not (stopped, hung outside a collective) ends
+        them all too."""
         ranks = ranks if ranks is not None else list(range(len(refs)))
         index = {ref: r for ref, r in zip(refs, ranks, strict=True)}
         pending = list(refs)
         first_reply: float | None = None
+        called = time.monotonic()
         while pending:
-            wait_s = None if first_reply is None else max(0.0, first_reply + self._timeout_s + 60 - time.monotonic())
+            due = called + self._call_timeout_s if first_reply is None else first_reply + self._timeout_s + 60
+            wait_s = max(0.0, due - time.monotonic())
             ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
+            if not ready and first_reply is None:
+                self.close()
+                raise LearnerRankError(f"no learner rank of {self.world_size} (Ray actors) answered {method!r} within "
+                                       f"runtime.rank_call_timeout_s = {self._call_timeout_s:g} s; the sharded "
+                                       "learner stopped")
             if not ready:
                 self.close()
                 late = sorted(index[r] for r in pending)
