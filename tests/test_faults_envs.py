@@ -141,6 +141,36 @@ def test_a_guest_release_never_waits_for_the_construction_lock() -> None:
     env.close()
 
 
+def test_a_new_guest_on_a_killed_jvm_not_yet_seen_dead_gets_a_new_jvm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A JVM killed at a call deadline can still look alive for a moment (not yet reaped) when the explorer builds the
+    replacement env: the guest built on it cannot reach it, so the host is replaced and the guest built again (a CI
+    run hit this under load: the explorer failed instead of going on). The window is forced here by reporting the
+    killed JVM alive once."""
+    from divopd.explore.envs import _jvm_hosts
+
+    opts = f"{DEFAULT_JAVA_OPTS} -Ddivopd.test=respawn-{os.getpid()}"  # a JVM no other test shares
+    first = make_env("twx", java_opts_str=opts, call_timeout_s=30.0)
+    proc = first._env._gateway.java_process
+    proc.kill()
+    proc.wait(timeout=30)
+    calls = {"n": 0}
+    real = _jvm_hosts.jvm_alive
+
+    def alive_once(env: Any) -> bool:
+        calls["n"] += 1
+        return True if calls["n"] == 1 else real(env)
+
+    monkeypatch.setattr(_jvm_hosts, "jvm_alive", alive_once)
+    second = make_env("twx", java_opts_str=opts, call_timeout_s=30.0)
+    try:
+        assert calls["n"] >= 1 and second._env._gateway.java_process.pid != proc.pid  # a new JVM
+        second.reset(second.tasks("train")[0])
+        assert second.step("look around") is not None
+    finally:
+        second.close()
+        first.close()
+
+
 def test_bad_call_timeouts_are_named() -> None:
     from divopd.errors import ConfigError
 

@@ -275,5 +275,7 @@ def jvm_call(adapter: Any, fn: Callable[[], Any]) -> Any:
     if not alive:
         adapter.close()
     if fired:
+        with contextlib.suppress(Exception):  # reaped before the crash: the next env must not take it for alive
+            proc.wait(timeout=10)
         raise EnvCrash(f"{name}: the JVM gave no answer within call_timeout_s={timeout:g} s; it was killed")
     raise EnvCrash(f"{name}: JVM call failed (jvm alive={alive}): {failure}") from failure

@@ -116,26 +116,36 @@ def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = 
     a guest with ``make()`` while ``module.launch_gateway`` and ``module.JavaGateway`` return the host's process and
     gateway, so the guest gets its own game object (the package's ``PythonInterface``) on the shared JVM: a second
     instance costs a Java object instead of a JVM start (~1 s). py4j serves each Python thread on its own connection.
-    The release (also run when the guest is collected unclosed) ends the JVM with its last guest. A JVM found dead is
-    replaced at the next call; its guests' calls fail, and :func:`jvm_call` turns that into :class:`EnvCrash`.
+    The release (also run when the guest is collected unclosed) ends the JVM with its last guest. A JVM found dead, or
+    one a new guest cannot reach (killed at a call deadline and still exiting), is replaced at the next call (once); its
+    guests' calls fail, and :func:`jvm_call` turns that into :class:`EnvCrash`.
     """
     opts = opts if opts is not None else os.environ.get("DIVOPD_JAVA_OPTS", DEFAULT_JAVA_OPTS)
     key = (module.__name__, opts, os.getpid())
+    from py4j.protocol import Py4JError
+
     with construction():
-        host = _HOSTS.get(key)
-        if host is not None and not jvm_alive(host.env):
-            _end_host(key, host)
-            host = None
-        if host is None:
-            host = _HOSTS[key] = _Host(own_package_env(make, opts, module, read_timeout)[0])
-        gateway = host.env._gateway
-        saved = module.launch_gateway, module.JavaGateway
-        module.launch_gateway = lambda *args, **kwargs: (None, gateway.java_process)
-        module.JavaGateway = lambda *args, **kwargs: gateway
-        try:
-            guest = make()
-        finally:
-            module.launch_gateway, module.JavaGateway = saved
+        for attempt in (1, 2):
+            host = _HOSTS.get(key)
+            if host is not None and not jvm_alive(host.env):
+                _end_host(key, host)
+                host = None
+            fresh = host is None
+            if host is None:
+                host = _HOSTS[key] = _Host(own_package_env(make, opts, module, read_timeout)[0])
+            gateway = host.env._gateway
+            saved = module.launch_gateway, module.JavaGateway
+            module.launch_gateway = lambda *args, _gw=gateway, **kwargs: (None, _gw.java_process)
+            module.JavaGateway = lambda *args, _gw=gateway, **kwargs: _gw
+            try:
+                guest = make()
+                break
+            except (Py4JError, OSError):  # the host's JVM died under us (e.g. killed at a call deadline, still exiting)
+                if attempt == 2 or fresh:
+                    raise
+                _end_host(key, host)  # its other guests' calls fail as EnvCrash; a new host for this one
+            finally:
+                module.launch_gateway, module.JavaGateway = saved
         host.users += 1
     released = False
 
