@@ -55,8 +55,10 @@ RUN_DIR: list[tuple[str, str]] = [
                       "update N, records with `update > N` are dropped before appending."),
     ("tb/", "TensorBoard events of the same scalars (when `torch.utils.tensorboard` imports)."),
     ("experience/", "The experience log: `part-NNNNNN.parquet` files in arrival order ([format](experience-log.md)), "
-                    "readable by `divopd replay` / `divopd tune-cap`. A part a kill left unfinished is renamed "
-                    "`*.unreadable` on resume."),
+                    "readable by `divopd replay` / `divopd tune-cap`. Each part is written whole (to "
+                    "`part-NNNNNN.parquet.tmp`, then renamed), so a kill leaves every logged turn readable; a "
+                    "`*.tmp` a kill interrupted holds no logged turn and is removed on resume (a part of an older "
+                    "divopd's log left without its footer is renamed `*.unreadable`)."),
     ("checkpoints/", "Every `checkpoint.every` updates, at the end and on Ctrl-C/SIGTERM; the newest "
                      "`checkpoint.keep` are kept."),
     ("checkpoints/update-NNNNNN/", "One atomic checkpoint (written to a temporary sibling, renamed into place): the "
