@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["score_responses", "teacher_scores"]
+__all__ = ["cut_prompt_logprobs", "score_responses", "teacher_scores"]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,32 @@ def score_responses(teacher: Any, prompts: list[list[int]], responses: list[list
     if topk > 0:
         return [(s.logprobs, (s.topk_ids, s.topk_logprobs)) for s in out]
     return [(lp, None) for lp in out]
+
+
+def cut_prompt_logprobs(entries: Sequence[Any] | None, n_prompt: int, response: Sequence[int], topk: int,
+                        read: Callable[[Any], Mapping[int, tuple[float, int | None]]]) -> tuple[np.ndarray, Any]:
+    """Cut an engine's prompt log probs of prompt+response (one entry per position, ``None`` or empty without
+    context) to the response positions: ``(logprobs [L] float32, None)``, or with ``topk`` > 0 ``(logprobs, (ids
+    [L, k] int32, logprobs [L, k] float32))``, ranks 1..k, most likely first (NaN / id 0 where a rank is missing).
+    ``read(entry)`` gives ``{token id: (logprob, rank)}`` of one entry (a vLLM engine's objects, a server's JSON). A
+    response token absent from its entry raises ``ValueError``."""
+    lps = np.full(len(response), np.nan, dtype=np.float32)
+    ids = np.zeros((len(response), topk), dtype=np.int32)
+    tlp = np.full((len(response), topk), np.nan, dtype=np.float32)
+    entries = entries or []
+    for i, tok in enumerate(response):
+        pos = n_prompt + i
+        entry = read(entries[pos]) if pos < len(entries) and entries[pos] else None
+        if not entry:
+            continue  # position 0 of the sequence has no context
+        if int(tok) not in entry:
+            raise ValueError(f"teacher: no log prob for response token {tok} at position {pos}")
+        lps[i] = entry[int(tok)][0]
+        if topk:
+            ranked = sorted((rank, t, lp) for t, (lp, rank) in entry.items() if rank is not None and rank <= topk)
+            for j, (_, t, lp) in enumerate(ranked[:topk]):
+                ids[i, j], tlp[i, j] = t, lp
+    return lps, ((ids, tlp) if topk else None)
 
 
 def teacher_scores(score_call: ScoreCall, prompts: list[list[int]], responses: list[list[int]],

@@ -40,6 +40,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from divopd.errors import UsageError
+from divopd.explore.scoring import cut_prompt_logprobs
 
 if TYPE_CHECKING:
     from divopd.explore.generation import Generation
@@ -180,26 +181,12 @@ def _http_detail(exc: urllib.error.HTTPError) -> str:
 def response_scores(prompt_logprobs: list[Any] | None, n_prompt: int, response: Sequence[int],
                     topk: int) -> tuple[np.ndarray, Any]:
     """Cut one choice's JSON ``prompt_logprobs`` (per position ``{token id: {"logprob", "rank", ...}}`` or null) to
-    its response positions: ``(logprobs [L] float32, None)``, or with ``topk`` > 0 ``(logprobs, (ids [L, k] int32,
-    logprobs [L, k] float32))`` most likely first. A response token absent from its entry raises ``ValueError``."""
-    lps = np.full(len(response), np.nan, dtype=np.float32)
-    ids = np.zeros((len(response), topk), dtype=np.int32)
-    tlp = np.full((len(response), topk), np.nan, dtype=np.float32)
-    entries = prompt_logprobs or []
-    for i, tok in enumerate(response):
-        pos = n_prompt + i
-        entry = entries[pos] if pos < len(entries) else None
-        if not entry:
-            continue  # position 0 of the sequence has no context
-        if str(tok) not in entry:
-            raise ValueError(f"teacher server: no log prob for response token {tok} at position {pos}")
-        lps[i] = entry[str(tok)]["logprob"]
-        if topk:
-            ranked = sorted((int(v["rank"]), int(t), float(v["logprob"])) for t, v in entry.items()
-                            if v.get("rank") is not None and int(v["rank"]) <= topk)[:topk]
-            for j, (_, t, lp) in enumerate(ranked):
-                ids[i, j], tlp[i, j] = t, lp
-    return lps, ((ids, tlp) if topk else None)
+    its response positions (:func:`~divopd.explore.scoring.cut_prompt_logprobs`)."""
+    return cut_prompt_logprobs(prompt_logprobs, n_prompt, response, topk, _read_json_entry)
+
+
+def _read_json_entry(entry: dict[str, Any]) -> dict[int, tuple[float, int | None]]:
+    return {int(t): (float(v["logprob"]), None if v.get("rank") is None else int(v["rank"])) for t, v in entry.items()}
 
 
 class ServerTeacher:

@@ -37,6 +37,7 @@ import numpy as np
 from divopd.errors import UsageError
 from divopd.explore.call_deadline import call_deadline
 from divopd.explore.generation import Generation, stop_token_ids
+from divopd.explore.scoring import cut_prompt_logprobs
 from divopd.explore.vllm_weights import (
     NcclWeightSync,
     VLLMEngineError,
@@ -318,7 +319,7 @@ class VLLMGenerator:
         params = SamplingParams(max_tokens=1, prompt_logprobs=topk, temperature=0.0, detokenize=False)
         outs = self._guarded("score", lambda llm: llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs],
                                                                params, use_tqdm=False))
-        return [_response_scores(out.prompt_logprobs, len(p), list(r), topk)
+        return [cut_prompt_logprobs(out.prompt_logprobs, len(p), list(r), topk, _read_engine_entry)
                 for out, p, r in zip(outs, prompts, responses, strict=True)]
 
     # ------------------------------------------------------------------ weights
@@ -354,22 +355,5 @@ class VLLMGenerator:
         self.close()
 
 
-def _response_scores(prompt_logprobs: list[Any] | None, n_prompt: int, response: list[int],
-                     topk: int) -> tuple[np.ndarray, Any]:
-    """Cut one request's prompt log probs to its response positions (and their top-k, ranks 1..k)."""
-    lps = np.full(len(response), np.nan, dtype=np.float32)
-    ids = np.zeros((len(response), topk), dtype=np.int32)
-    tlp = np.full((len(response), topk), np.nan, dtype=np.float32)
-    entries = prompt_logprobs or []
-    for i, tok in enumerate(response):
-        pos = n_prompt + i
-        entry = entries[pos] if pos < len(entries) else None
-        if not entry:
-            continue  # position 0 of the sequence has no context
-        lps[i] = entry[tok].logprob
-        if topk:
-            ranked = sorted(((lp.rank, t, lp.logprob) for t, lp in entry.items() if lp.rank is not None
-                             and lp.rank <= topk))[:topk]
-            for j, (_, t, lp) in enumerate(ranked):
-                ids[i, j], tlp[i, j] = t, lp
-    return lps, ((ids, tlp) if topk else None)
+def _read_engine_entry(entry: dict[int, Any]) -> dict[int, tuple[float, int | None]]:
+    return {t: (lp.logprob, lp.rank) for t, lp in entry.items()}
