@@ -56,6 +56,14 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _ended_within(pids: list[int], timeout: float = 30.0) -> bool:
+    """Whether every process of ``pids`` has exited within ``timeout`` seconds (it was ended, not left behind)."""
+    deadline = time.monotonic() + timeout
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return all(_gone(pid) for pid in pids)
+
+
 def _ckpts(run_dir: Path) -> list[str]:
     return sorted(p.name for p in (run_dir / "checkpoints").glob("update-*"))
 
@@ -188,10 +196,7 @@ def test_a_stopped_learner_rank_fails_the_update_within_the_collective_deadline(
         with pytest.raises(LearnerRankError, match=r"learner rank \d of 2"):
             run_trainer(trainer, _Hook(3, stop_rank))
         assert time.monotonic() - t0 < 240  # a hang would run into the test's timeout instead
-        deadline = time.monotonic() + 30
-        while not _gone(stopped[0]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _gone(stopped[0])  # the stopped rank was ended, not left behind
+        assert _ended_within(stopped)  # the stopped rank was ended, not left behind
     finally:
         for pid in stopped:
             _resume(pid)
@@ -216,10 +221,7 @@ def test_ranks_that_all_stop_end_at_the_call_deadline(tiny_models: dict[str, str
             _stop(pid)
         with pytest.raises(LearnerRankError, match=r"gave no answer to 'set_state' within runtime.rank_call_timeout_s"):
             learner.ranks.call("set_state", [(1,), (1,)])
-        deadline = time.monotonic() + 30
-        while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert all(_gone(pid) for pid in pids)
+        assert _ended_within(pids)
     finally:
         for pid in pids:
             _resume(pid)
@@ -281,50 +283,41 @@ def _named(ray: Any, prefix: str) -> Any:
     return ray.get_actor(names[0])
 
 
-@pytest.mark.slow
-def test_a_stopped_shared_teacher_actor_is_restarted_and_the_run_goes_on(
-        ray_session: Any, tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
-    ray = ray_session
-    cfg = _ray_cfg(tiny_models, tmp_path / "run", **{"teacher.shared": True, "runtime.teacher_timeout_s": 5})
+def _run_with_an_actor_stopped(ray: Any, cfg: Any, name: str) -> tuple[dict[str, Any], int]:
+    """Run ``cfg`` (4 updates) with the run's first Ray actor named ``name``-PID-... SIGSTOPped after update 1; the
+    run must go on to its end, with the ledger whole. Returns the summary and the stopped actor's pid."""
     trainer, _ = open_run(cfg)
     stopped: list[int] = []
 
-    def stop_teacher(trainer: Any) -> None:
-        stopped.append(ray.get(_named(ray, f"divopd-teacher-{os.getpid()}-").pid.remote(), timeout=60))
+    def stop_actor(trainer: Any) -> None:
+        stopped.append(ray.get(_named(ray, f"{name}-{os.getpid()}-").pid.remote(), timeout=60))
         _stop(stopped[0])
 
     try:
-        summary = run_trainer(trainer, _Hook(1, stop_teacher))
+        summary = run_trainer(trainer, _Hook(1, stop_actor))
     finally:
         for pid in stopped:
             _resume(pid)
     assert summary["updates"] == 4 and "stalled" not in summary
-    assert summary["teacher_restarts"] >= 1 and _gone(stopped[0])
     assert_ledger_identity(summary["ledger"])
     assert summary["ledger"]["received"] == summary["produced_turns"]
+    return summary, stopped[0]
+
+
+@pytest.mark.slow
+def test_a_stopped_shared_teacher_actor_is_restarted_and_the_run_goes_on(
+        ray_session: Any, tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    cfg = _ray_cfg(tiny_models, tmp_path / "run", **{"teacher.shared": True, "runtime.teacher_timeout_s": 5})
+    summary, pid = _run_with_an_actor_stopped(ray_session, cfg, "divopd-teacher")
+    assert summary["teacher_restarts"] >= 1 and _gone(pid)
 
 
 @pytest.mark.slow
 def test_a_stopped_explorer_actor_is_restarted_at_its_deadline(
         ray_session: Any, tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
-    ray = ray_session
     cfg = _ray_cfg(tiny_models, tmp_path / "run", **{"runtime.explorer_timeout_s": 10, "runtime.num_explorers": 1})
-    trainer, _ = open_run(cfg)
-    stopped: list[int] = []
-
-    def stop_explorer(trainer: Any) -> None:
-        stopped.append(ray.get(_named(ray, f"divopd-explorer-{os.getpid()}-").pid.remote(), timeout=60))
-        _stop(stopped[0])
-
-    try:
-        summary = run_trainer(trainer, _Hook(1, stop_explorer))
-    finally:
-        for pid in stopped:
-            _resume(pid)
-    assert summary["updates"] == 4 and "stalled" not in summary
-    assert summary["explorer_stalled_restarts"] >= 1 and _gone(stopped[0])
-    assert_ledger_identity(summary["ledger"])
-    assert summary["ledger"]["received"] == summary["produced_turns"]
+    summary, pid = _run_with_an_actor_stopped(ray_session, cfg, "divopd-explorer")
+    assert summary["explorer_stalled_restarts"] >= 1 and _gone(pid)
 
 
 @pytest.mark.slow
@@ -381,10 +374,7 @@ def test_a_rank_stopped_outside_a_collective_ends_the_ranks_at_the_reply_deadlin
         _stop(pid)
         with pytest.raises(LearnerRankError, match=r"gave no answer to 'set_state' within runtime.collective"):
             learner.ranks.call("set_state", [(1,), (1,)])
-        deadline = time.monotonic() + 30
-        while not _gone(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _gone(pid)  # the stopped rank was ended, not left behind
+        assert _ended_within([pid])  # the stopped rank was ended, not left behind
     finally:
         _resume(pid)
         learner.close()
