@@ -28,7 +28,7 @@ import yaml
 
 pytest.importorskip("vllm")
 
-from vllm_helpers import ROOT, SMOLLM2, hf_logprobs, tiny_llama_folder  # noqa: E402
+from vllm_helpers import ROOT, SMOLLM2, hf_logprobs, tiny_llama_pair  # noqa: E402
 
 from divopd.cli import main  # noqa: E402
 from divopd.experience.log import read_log  # noqa: E402
@@ -36,7 +36,6 @@ from divopd.explore.teacher import HFTeacher  # noqa: E402
 from divopd.explore.teacher_server import ServerSettings, ServerTeacher, check_server  # noqa: E402
 from divopd.models import load_model  # noqa: E402
 from divopd.train import train  # noqa: E402
-from explorer_helpers import env_tokenizer  # noqa: E402
 from test_train import assert_ledger_identity, read_metrics, tiny_config  # noqa: E402
 
 ATOL = 2e-3
@@ -99,8 +98,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def llama_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    out, tok = tmp_path_factory.mktemp("server-models"), env_tokenizer("tiny")
-    return {name: tiny_llama_folder(out / name, tok, seed=seed) for name, seed in (("student", 0), ("teacher", 1))}
+    return tiny_llama_pair(tmp_path_factory.mktemp("server-models"))
 
 
 @pytest.fixture(scope="module")

@@ -9,27 +9,23 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm_helpers import tiny_llama_folder  # noqa: E402
+from vllm_helpers import RUN_ENGINE, tiny_llama_pair  # noqa: E402
 
 from divopd.explore import vllm_engine  # noqa: E402
 from divopd.train import train  # noqa: E402
-from explorer_helpers import env_tokenizer  # noqa: E402
 from test_train import assert_ledger_identity, tiny_config  # noqa: E402
-
-ENGINE = {"max_model_len": 1100, "enforce_eager": True, "kv_cache_memory_bytes": 2**27}
 
 
 @pytest.fixture(scope="module")
 def llama_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    out, tok = tmp_path_factory.mktemp("vllm-faults"), env_tokenizer("tiny")
-    return {name: tiny_llama_folder(out / name, tok, seed=seed) for name, seed in (("student", 0), ("teacher", 1))}
+    return tiny_llama_pair(tmp_path_factory.mktemp("vllm-faults"))
 
 
 @pytest.mark.parametrize("kind", ["lockstep", "threads"])
 def test_a_run_closes_its_teacher_engine(llama_models: dict[str, str], tmp_path: Path, kind: str) -> None:
     assert not vllm_engine._LIVE  # no engine of an earlier test left running
     cfg = tiny_config(llama_models, tmp_path / kind, "divopd", updates=2, **{
-        "teacher.backend": "vllm", "teacher.vllm": ENGINE, "explorer.prompt.max_prompt_tokens": 1000,
+        "teacher.backend": "vllm", "teacher.vllm": RUN_ENGINE, "explorer.prompt.max_prompt_tokens": 1000,
         "runtime.kind": kind, "runtime.lockstep.env_steps_per_update": 6, "eval.every": 100})
     summary = train(cfg)
     assert summary["updates"] == 2

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm_helpers import tiny_llama_folder  # noqa: E402
+from vllm_helpers import RUN_ENGINE, tiny_llama_pair  # noqa: E402
 
 from divopd.experience.log import read_log  # noqa: E402
 from divopd.train import train  # noqa: E402
@@ -17,18 +17,15 @@ from divopd.train.config import load_config  # noqa: E402
 from explorer_helpers import env_tokenizer  # noqa: E402
 from test_train import assert_ledger_identity, read_metrics, tiny_config  # noqa: E402
 
-ENGINE = {"max_model_len": 1100, "enforce_eager": True, "kv_cache_memory_bytes": 2**27}
-
 
 @pytest.fixture(scope="module")
 def llama_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    out, tok = tmp_path_factory.mktemp("vllm-train"), env_tokenizer("tiny")
-    return {name: tiny_llama_folder(out / name, tok, seed=seed) for name, seed in (("student", 0), ("teacher", 1))}
+    return tiny_llama_pair(tmp_path_factory.mktemp("vllm-train"))
 
 
 def _vllm_overrides(**over: object) -> dict[str, object]:
-    return {"explorer.generation.backend": "vllm", "explorer.generation.vllm": ENGINE, "teacher.backend": "vllm",
-            "teacher.vllm": ENGINE, "explorer.prompt.max_prompt_tokens": 1000, **over}
+    return {"explorer.generation.backend": "vllm", "explorer.generation.vllm": RUN_ENGINE, "teacher.backend": "vllm",
+            "teacher.vllm": RUN_ENGINE, "explorer.prompt.max_prompt_tokens": 1000, **over}
 
 
 @pytest.mark.parametrize("kind", ["lockstep", "threads"])

@@ -29,6 +29,19 @@ def tiny_llama_folder(out: Path, tokenizer: Any, seed: int = 0) -> str:
     return str(out)
 
 
+#: Engine options of the `divopd train` runs (room for the env's longer prompts).
+RUN_ENGINE = {"max_model_len": 1100, "enforce_eager": True, "kv_cache_memory_bytes": 2**27}
+
+
+def tiny_llama_pair(out: Path) -> dict[str, str]:
+    """The student (seed 0) and teacher (seed 1) tiny Llamas of the `divopd train` runs, on the tiny env's tokenizer,
+    saved under ``out``: ``{"student": path, "teacher": path}``."""
+    from explorer_helpers import env_tokenizer
+
+    tok = env_tokenizer("tiny")
+    return {name: tiny_llama_folder(out / name, tok, seed=seed) for name, seed in (("student", 0), ("teacher", 1))}
+
+
 def hf_logprobs(model: Any, prompt: list[int], response: list[int]) -> np.ndarray:
     """log π(response_i | prompt, response_<i) from one HF forward (float32)."""
     ids = torch.tensor([list(prompt) + list(response)])
