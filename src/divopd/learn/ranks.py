@@ -15,7 +15,7 @@ import traceback
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
-__all__ = ["LearnerRankError", "ProcessRanks", "Ranks"]
+__all__ = ["LearnerRankError", "ProcessRanks", "Ranks", "ReplyDeadline"]
 
 
 class LearnerRankError(RuntimeError):
@@ -65,6 +65,31 @@ def _rank_main(rank: int, world_size: int, init_method: str, setup: dict[str, An
 REPLY_SLACK_S = 60.0
 
 
+class ReplyDeadline:
+    """The driver's deadlines for the ranks' answers to one call (spawned and Ray ranks): the first answer within
+    ``call_timeout_s`` of the call (``runtime.rank_call_timeout_s``), each other one within ``collective_timeout_s``
+    + :data:`REPLY_SLACK_S` of the first (``runtime.collective_timeout_s``: the ranks' own collectives fail first).
+    ``None``: no deadline."""
+
+    def __init__(self, call_timeout_s: float | None, collective_timeout_s: float | None) -> None:
+        self.call_timeout_s, self.collective_timeout_s = call_timeout_s, collective_timeout_s
+        self._called = time.monotonic()
+        self.first_answer: float | None = None
+
+    def wait_s(self) -> float | None:
+        """Seconds left to wait for the next answer (``None``: no deadline)."""
+        if self.first_answer is None:
+            since, limit = self._called, self.call_timeout_s
+        else:
+            since = self.first_answer
+            limit = None if self.collective_timeout_s is None else self.collective_timeout_s + REPLY_SLACK_S
+        return None if limit is None else max(0.0, since + limit - time.monotonic())
+
+    def answered(self) -> None:
+        if self.first_answer is None:
+            self.first_answer = time.monotonic()
+
+
 class ProcessRanks:
     """N learner ranks as spawned processes with a gloo (CPU) or NCCL (CUDA) process group among them."""
 
@@ -107,23 +132,15 @@ class ProcessRanks:
         return self._gather(method)
 
     def _gather(self, method: str) -> list[Any]:
-        """The replies in rank order. Once one rank has answered, the others must within the collective deadline
-        (``setup["collective_timeout_s"]``, + a minute; the ranks' own collectives fail at that deadline first):
-        a rank that does not (stopped outside a collective) ends them all, as with the Ray ranks."""
+        """The replies in rank order, within the :class:`ReplyDeadline` of the call (``call_timeout_s``, and
+        ``setup["collective_timeout_s"]``): a rank that misses it (stopped outside a collective) ends them all."""
         replies: dict[int, Any] = {}
-        first_reply: float | None = None
-        called = time.monotonic()
+        deadline = ReplyDeadline(self._call_timeout_s, self._timeout_s)
         while len(replies) < self.world_size:
             pending = [r for r in range(self.world_size) if r not in replies]
             handles = {self._conns[r]: r for r in pending} | {self._procs[r].sentinel: r for r in pending}
-            if first_reply is None:
-                wait_s = None if self._call_timeout_s is None else max(0.0, called + self._call_timeout_s
-                                                                       - time.monotonic())
-            else:
-                wait_s = None if self._timeout_s is None else \
-                    max(0.0, first_reply + self._timeout_s + REPLY_SLACK_S - time.monotonic())
-            ready_now = wait(list(handles), timeout=wait_s)
-            if not ready_now and first_reply is None:
+            ready_now = wait(list(handles), timeout=deadline.wait_s())
+            if not ready_now and deadline.first_answer is None:
                 self._fail(pending[0], f"and every other rank gave no answer to {method!r} within "
                            f"runtime.rank_call_timeout_s = {self._call_timeout_s:g} s")
             if not ready_now:
@@ -131,7 +148,7 @@ class ProcessRanks:
                 self._fail(pending[0], f"{others}gave no answer to {method!r} within "
                            f"runtime.collective_timeout_s = {self._timeout_s:g} s (+{REPLY_SLACK_S:g}) of the first "
                            "rank's")
-            first_reply = time.monotonic() if first_reply is None else first_reply
+            deadline.answered()
             for ready in ready_now:
                 rank = handles[ready]
                 if rank in replies:

@@ -11,7 +11,6 @@ and runs a :class:`~divopd.learn.dist_worker.RankWorker`. The driver's
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import ray
@@ -20,7 +19,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from divopd.learn.dist_worker import RankWorker, free_port
-from divopd.learn.ranks import LearnerRankError
+from divopd.learn.ranks import REPLY_SLACK_S, LearnerRankError, ReplyDeadline
 from divopd.train.config import TrainConfig
 from divopd.train.runtime.ray import init_ray
 
@@ -97,13 +96,10 @@ class RayRanks:
         ranks = ranks if ranks is not None else list(range(len(refs)))
         index = {ref: r for ref, r in zip(refs, ranks, strict=True)}
         pending = list(refs)
-        first_reply: float | None = None
-        called = time.monotonic()
+        deadline = ReplyDeadline(self._call_timeout_s, self._timeout_s)
         while pending:
-            due = called + self._call_timeout_s if first_reply is None else first_reply + self._timeout_s + 60
-            wait_s = max(0.0, due - time.monotonic())
-            ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
-            if not ready and first_reply is None:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=deadline.wait_s())
+            if not ready and deadline.first_answer is None:
                 self.close()
                 raise LearnerRankError(f"no learner rank of {self.world_size} (Ray actors) answered {method!r} within "
                                        f"runtime.rank_call_timeout_s = {self._call_timeout_s:g} s; the sharded "
@@ -113,8 +109,8 @@ class RayRanks:
                 late = sorted(index[r] for r in pending)
                 raise LearnerRankError(f"learner ranks {late} of {self.world_size} (Ray actors) gave no answer to "
                                        f"{method!r} within runtime.collective_timeout_s = {self._timeout_s:g} s "
-                                       "(+60) of the first rank's; the sharded learner stopped")
-            first_reply = time.monotonic() if first_reply is None else first_reply
+                                       f"(+{REPLY_SLACK_S:g}) of the first rank's; the sharded learner stopped")
+            deadline.answered()
             try:
                 ray.get(ready[0], timeout=30)
             except (RayActorError, RayTaskError) as exc:
