@@ -39,8 +39,11 @@ LAYERS = [
 #: The only modules outside ``train/runtime/`` that may import a runtime: the one place that assembles a run.
 ASSEMBLY = {"divopd.train.assemble"}
 
-#: What the framework adapters (``integrations/``) may import of divopd: the composer, its records and its errors.
-INTEGRATIONS_MAY_IMPORT = ("divopd.sampling", "divopd.experience", "divopd.errors", "divopd.integrations")
+#: What the framework adapters (``integrations/``) may import of divopd: the composer, its records and its errors, and
+#: (for the per-turn workflows and agent loops that play divopd's environments with its prompts) ``divopd.explore``.
+#: Never the learner, the trainer or a runtime: the framework trains.
+INTEGRATIONS_MAY_IMPORT = ("divopd.sampling", "divopd.experience", "divopd.errors", "divopd.integrations",
+                           "divopd.explore")
 
 #: The public API (issue 45): these names stay exported (``__all__``) from these modules.
 PUBLIC_API = {
@@ -316,7 +319,7 @@ def test_only_the_assembly_imports_a_runtime() -> None:
                      "instead:\n" + "\n".join(bad))
 
 
-def test_integrations_import_only_the_sampler_and_its_records() -> None:
+def test_integrations_import_only_the_sampler_its_records_and_explore() -> None:
     bad = [f"{e.where()} imports {e.target}" for e in integrations_outside(EDGES)]
     assert not bad, f"integrations/ may import only {INTEGRATIONS_MAY_IMPORT} of divopd:\n" + "\n".join(bad)
 
