@@ -30,39 +30,44 @@ from typing import Any
 
 import torch
 
+from divopd.learn.manifest import DCP_DIR, MANIFEST_FILE, OPTIMIZER_FILE, STATE_FILE, verify_checkpoint, write_manifest
+
 __all__ = [
     "DCP_DIR",
+    "MANIFEST_FILE",
+    "OPTIMIZER_FILE",
     "STATE_FILE",
     "WeightHandle",
     "atomic_dir",
     "atomic_write_text",
     "decode_rng_state",
     "encode_rng_state",
+    "checkpoint_dirs",
     "latest_checkpoint",
     "load_dcp_optimizer",
     "read_state",
     "remove_interrupted_writes",
     "to_json_safe",
+    "verify_checkpoint",
 ]
 
-STATE_FILE = "state.json"
-OPTIMIZER_FILE = "optimizer.pt"
-#: A sharded checkpoint's model and optimizer shards (``torch.distributed.checkpoint``), :mod:`divopd.learn.sharded`
-DCP_DIR = "dcp"
 
 
 @contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike, manifest: bool = False) -> Iterator[Path]:
     """Yield a fresh temporary directory next to ``path``; on success it replaces ``path`` by rename.
 
     An existing ``path`` is moved aside first and removed only after the new directory is in place. On an exception
-    the temporary directory is removed and ``path`` is untouched.
+    the temporary directory is removed and ``path`` is untouched. ``manifest``: write ``manifest.json`` (every file,
+    its size and hash: :func:`divopd.learn.manifest.write_manifest`) last, before the rename (checkpoints).
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         yield tmp
+        if manifest:
+            write_manifest(tmp)
         for f in tmp.rglob("*"):
             if f.is_file():
                 with open(f, "rb") as fh:
@@ -171,22 +176,36 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
     return json.loads(f.read_text())
 
 
-def latest_checkpoint(checkpoints_dir: str | os.PathLike) -> Path | None:
-    """The complete checkpoint with the highest learner version under ``checkpoints_dir`` (``None`` if none)."""
+#: The name of a checkpoint divopd writes into a run's ``checkpoints/`` (the learner version, 6 digits or more).
+CHECKPOINT_NAME = re.compile(r"update-(\d{6,})")
+
+
+def checkpoint_dirs(checkpoints_dir: str | os.PathLike) -> list[Path]:
+    """The checkpoints divopd wrote under ``checkpoints_dir``, oldest first (by number): folders named exactly
+    ``update-NNNNNN`` that hold divopd's own ``manifest.json`` or ``state.json``. Anything else there (a user's
+    ``update-000001-mine/``, ``update-notes.txt``) is not a checkpoint: never listed, never pruned."""
     d = Path(checkpoints_dir)
     if not d.is_dir():
-        return None
-    best: tuple[int, Path] | None = None
+        return []
+    found = []
     for sub in d.iterdir():
-        if sub.name.startswith(".") or not (sub / STATE_FILE).is_file():
-            continue
+        m = CHECKPOINT_NAME.fullmatch(sub.name)
+        if m and sub.is_dir() and not sub.is_symlink() and ((sub / MANIFEST_FILE).is_file()
+                                                            or (sub / STATE_FILE).is_file()):
+            found.append((int(m.group(1)), sub))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(checkpoints_dir: str | os.PathLike) -> Path | None:
+    """The newest checkpoint under ``checkpoints_dir`` whose ``state.json`` reads (``None`` if none); a resume
+    verifies it first (:func:`divopd.train.checkpoints.resume_checkpoint`)."""
+    for sub in reversed(checkpoint_dirs(checkpoints_dir)):
         try:
-            version = int(read_state(sub)["learner"]["version"])
-        except (KeyError, ValueError, json.JSONDecodeError):
+            int(read_state(sub)["learner"]["version"])
+        except (KeyError, TypeError, ValueError, OSError):
             continue
-        if best is None or version > best[0]:
-            best = (version, sub)
-    return None if best is None else best[1]
+        return sub
+    return None
 
 
 @dataclass

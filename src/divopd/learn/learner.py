@@ -45,6 +45,7 @@ from divopd.learn.checkpoint import (
     read_state,
     to_json_safe,
 )
+from divopd.learn.manifest import SHARDED_FORMAT as _SHARDED_FORMAT
 from divopd.learn.rows import Rows, _micro_batches, prepare_rows
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import DepthStats, turn_balance_alpha, turn_balance_weights
@@ -58,7 +59,7 @@ __all__ = ["Learner", "LearnerConfig", "Rows", "WeightHandle", "batch_row_weight
 
 CHECKPOINT_FORMAT = 1
 #: :mod:`divopd.learn.sharded`'s checkpoints: model and optimizer shards in ``dcp/`` (torch.distributed.checkpoint)
-SHARDED_FORMAT = 2
+SHARDED_FORMAT = _SHARDED_FORMAT
 
 
 def batch_rows(batch: Batch | Sequence[Turn] | None, config: LearnerConfig, vocab: int) -> tuple[list[Turn], Rows]:
@@ -326,7 +327,7 @@ class Learner:
             "extra_state": to_json_safe(extra_state or {}),
         }
         text = json.dumps(state, allow_nan=True)
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path, manifest=True) as tmp:
             self.model.save_pretrained(tmp, safe_serialization=True)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp)

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
+from divopd.train.checkpoints import CheckpointWriteError, is_disk_full
 from divopd.train.interrupt import StopRequest, fault_point
 from divopd.train.trainer import Trainer
 from divopd.train.watchdog import EXPLORER_TIMES, Watchdog, add_explorer_times, timed
@@ -196,8 +197,9 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
         if not clean:
             _abort(trainer, runtime)
             raise
-    except BaseException:  # a crash: no final evaluation; the state is checkpointed only at a stage boundary
-        _abort(trainer, runtime, checkpoint=clean)
+    except BaseException as exc:  # a crash: no final evaluation; the state is checkpointed only at a stage boundary
+        disk = isinstance(exc, CheckpointWriteError) or is_disk_full(exc)  # never retry the write that failed
+        _abort(trainer, runtime, checkpoint=clean and not disk, report=not disk)
         raise
     interrupted = interrupted or stop.requested
     if stalled is not None:
@@ -230,24 +232,26 @@ def _waited_on(kind: str, explorers: int) -> str:
             "step, generation or teacher call that does not return?)")
 
 
-def _abort(trainer: Trainer, runtime: Runtime, checkpoint: bool = False) -> None:
+def _abort(trainer: Trainer, runtime: Runtime, checkpoint: bool = False, report: bool = True) -> None:
     """After a failure: stop the runtime at once (no final evaluation), keep what finished in the ledger, and
     checkpoint only when ``checkpoint`` (the state is at a stage boundary, e.g. the explorers died while the loop
     waited); else leave the newest checkpoint on disk as it is. A failure while stopping is logged: the original
-    error is the one the caller sees."""
+    error is the one the caller sees. ``report=False``: no line of its own (a failed checkpoint write's error says
+    where to resume from)."""
     try:
         trainer.intake(runtime.shutdown(True))
         runtime.close(True)
     except Exception:  # noqa: BLE001 - the error that stopped the run is the one to report
-        log.exception("stopping the runtime after a failure failed too")
+        (log.exception if report else log.debug)("stopping the runtime after a failure failed too", exc_info=True)
         checkpoint = False  # the intake may be half done: not a boundary any more
     try:
         ckpt = trainer.abort(at_boundary=checkpoint)
-        log.error("the run failed at update %d%s; resume from %s with `divopd train --resume %s`", trainer.version,
-                  "" if checkpoint else " inside a stage: that state is not checkpointed",
-                  ckpt if ckpt is not None else "the start (no checkpoint yet)", trainer.run_dir)
+        if report:
+            log.error("the run failed at update %d%s; resume from %s with `divopd train --resume %s`",
+                      trainer.version, "" if checkpoint else " inside a stage: that state is not checkpointed",
+                      ckpt if ckpt is not None else "the start (no checkpoint yet)", trainer.run_dir)
     except Exception:  # noqa: BLE001 - as above
-        log.exception("closing the run after a failure failed too")
+        (log.exception if report else log.debug)("closing the run after a failure failed too", exc_info=True)
 
 
 def _wait_for_evals(runtime: Runtime, stop: StopRequest, evals: _Evals) -> None:

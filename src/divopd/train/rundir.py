@@ -20,8 +20,17 @@ import pyarrow.parquet as pq
 
 from divopd.errors import RunExistsError, UsageError
 from divopd.experience import Turn
-from divopd.experience.log import ExperienceLogError, log_files, read_log, requeue_at_update, truncate_log
-from divopd.learn.checkpoint import read_state
+from divopd.experience.log import (
+    ExperienceLogError,
+    ExperienceLogWriter,
+    log_files,
+    read_log,
+    requeue_at_update,
+    set_aside_unreadable_parts,
+    truncate_log,
+)
+from divopd.experience.log.parts import missing_arrivals
+from divopd.learn.checkpoint import checkpoint_dirs, read_state
 from divopd.sampling import Sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 
@@ -148,6 +157,31 @@ def recover_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
     return 0
 
 
+def open_log(cfg: Any, log_dir: Path, sampler: Sampler, state: Any, version: int | None, exact: bool
+             ) -> ExperienceLogWriter | None:
+    """The run's experience log at a start: unreadable parts set aside (one warning each) and the received turns they
+    held counted in ``state.log_unreadable`` (``summary.json``: ``log/unreadable_turns``, ``log/unreadable_parts``);
+    on a resume from the checkpoint of update ``version`` without runtime state, the turns logged past it queued
+    again (:func:`recover_logged_turns`). Returns the writer (``None`` when ``exact``: the lockstep runtime cuts the
+    log once its state is back, :meth:`~divopd.train.trainer.Trainer.attach_runtime`)."""
+    moved = set_aside_unreadable_parts(log_dir)
+    received = sampler.ledger["received"]
+    gaps = missing_arrivals(log_dir, received) if moved and received else []
+    lost = sum(b - a + 1 for a, b in gaps)
+    for part in moved:
+        log.warning("experience log: set aside unreadable part %s%s", part.name,
+                    f"; {lost} received turn(s) left the log (summary.json log/unreadable_turns)" if lost else "")
+    if lost:
+        state.log_unreadable = {"turns": state.log_unreadable["turns"] + lost,
+                                "parts": [*state.log_unreadable["parts"], *(p.name for p in moved)],
+                                "arrivals": [*state.log_unreadable.get("arrivals", []), *map(list, gaps)]}
+    if version is not None and not exact:
+        state.turns += recover_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
+                                            log_token_ids=cfg.log_token_ids,
+                                            needs_topk=cfg.learner.estimator == "topk")
+    return None if exact else ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
+
+
 def cut_log_past_checkpoint(log_dir: Path, received: int) -> int:
     """Remove from the log the turns logged after the checkpoint (arrival >= ``received``, the restored sampler's
     count) when the restored runtime produces them again (a lockstep resume); returns how many."""
@@ -182,10 +216,14 @@ def prune_explorer_weights(run_dir: Path, checkpoints: Iterable[Path] | None = N
     if not folder.is_dir():
         return []
     if checkpoints is None:
-        checkpoints = [p for p in (Path(run_dir) / CHECKPOINTS).glob("update-*") if (p / "state.json").is_file()]
+        checkpoints = checkpoint_dirs(Path(run_dir) / CHECKPOINTS)
     named: set[str] = set()
     for ckpt in checkpoints:
-        named |= runtime_weight_files(read_state(ckpt).get("extra_state", {}).get("runtime"))
+        try:
+            state = read_state(ckpt)
+        except (OSError, ValueError):  # a damaged checkpoint names nothing a resume could use
+            continue
+        named |= runtime_weight_files(state.get("extra_state", {}).get("runtime"))
     removed = []
     for f in sorted(folder.iterdir()):
         ours = _WEIGHTS_FILE.fullmatch(f.name) or _WEIGHTS_TMP.fullmatch(f.name)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,13 +30,14 @@ from typing import Any
 
 from divopd.errors import UsageError
 from divopd.experience import Rollout
-from divopd.experience.log import ExperienceLogWriter, set_aside_unreadable_parts
+from divopd.experience.log import ExperienceLogWriter
 from divopd.experience.metrics import MetricsWriter, final_five, peak_sr
 from divopd.learn.checkpoint import WeightHandle, atomic_write_text, latest_checkpoint, remove_interrupted_writes
 from divopd.learn.protocol import LearnerProtocol
 from divopd.sampling import Batch, Sampler, ledger_metrics, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train import rundir
+from divopd.train.checkpoints import checkpoint_write, prune_checkpoints, resume_checkpoint
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
 from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, EXPLORER_WEIGHTS, check_is_run, claim_run_dir
@@ -71,6 +71,8 @@ class RunState:
     diagnostics: dict[str, Any] = field(default_factory=dict)
     #: the counts since the last update that an exact (lockstep) resume continues: turns arrived, intervals counted
     since_update: dict[str, int | None] = field(default_factory=dict)
+    #: received turns that left the experience log with a part set aside as unreadable (rundir.open_log)
+    log_unreadable: dict[str, Any] = field(default_factory=lambda: {"turns": 0, "parts": [], "arrivals": []})
 
 
 class Trainer:
@@ -269,11 +271,12 @@ class Trainer:
             extra["runtime"] = runtime
         path = self.run_dir / CHECKPOINTS / f"update-{self.learner.version:06d}"
         fault_point("checkpoint")
-        self.learner.save_checkpoint(path, extra_state=extra)
-        kept = sorted(p for p in (self.run_dir / CHECKPOINTS).iterdir() if p.name.startswith("update-"))
-        for old in kept[: -self.cfg.checkpoint.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        rundir.prune_explorer_weights(self.run_dir, kept[-self.cfg.checkpoint.keep:])
+        with checkpoint_write(path, self.run_dir):  # disk full: one line, nothing partial, the newest good one kept
+            self.learner.save_checkpoint(path, extra_state=extra)
+        kept = prune_checkpoints(self.run_dir / CHECKPOINTS, self.cfg.checkpoint.keep)
+        rundir.prune_explorer_weights(self.run_dir, kept)
+        if self.log_writer is not None:
+            self.log_writer.compact()  # this interval's parts as one file
         return path
 
     # ------------------------------------------------------------------ 4. evaluation
@@ -305,6 +308,8 @@ class Trainer:
             "arrival_drain_ratio": self.arrival_drain_ratio(),
             "producer_load": self.producer_load(),
             "producer_intervals": self.state.producer_intervals,
+            "log/unreadable_turns": self.state.log_unreadable["turns"],  # received, not in the log (rundir.open_log)
+            "log/unreadable_parts": self.state.log_unreadable["parts"],
             "peak_sr": peak_sr(srs),
             "final_five_sr": five[0] if five else None,
             "final_five_sr_std": five[1] if five else None,
@@ -352,7 +357,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     run_dir = Path(resume) if resume is not None else cfg.resolved_run_dir()
     for line in remove_interrupted_writes(run_dir / CHECKPOINTS) if resume is not None else []:
         log.warning("resume: %s", line)
-    ckpt = latest_checkpoint(run_dir / CHECKPOINTS) if (run_dir / CHECKPOINTS).is_dir() else None
+    ckpt = resume_checkpoint(run_dir)  # the newest that verifies; damaged newer ones set aside, one warning
     if resume is not None and ckpt is None:  # nothing to restore: refuse, and delete nothing
         raise UsageError(f"--resume {run_dir}: no checkpoint there, nothing to resume from (the run stopped before "
                          "its first checkpoint; its experience log and metrics are kept); start a fresh run with "
@@ -374,17 +379,9 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         version = 0
     state.sessions += 1
 
-    log_writer = None
-    if cfg.log_experience:
-        log_dir = run_dir / EXPERIENCE
-        for part in set_aside_unreadable_parts(log_dir):
-            log.warning("experience log: set aside unfinished part %s", part.name)
-        exact = extra.get("runtime") is not None  # the log is cut by Trainer.attach_runtime once the state is back
-        if ckpt is not None and not exact:
-            state.turns += rundir.recover_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
-                                                       log_token_ids=cfg.log_token_ids,
-                                                       needs_topk=cfg.learner.estimator == "topk")
-        log_writer = None if exact else ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
+    # lockstep (runtime state): the log is cut by Trainer.attach_runtime once the state is back; else re-queued
+    log_writer = rundir.open_log(cfg, run_dir / EXPERIENCE, sampler, state, version if ckpt is not None else None,
+                                 exact=extra.get("runtime") is not None) if cfg.log_experience else None
     metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
     trainer = Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state)
