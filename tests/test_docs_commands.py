@@ -344,6 +344,23 @@ MESSAGES: dict[str, tuple[str, ...]] = {
         "the sharded learner stopped", "resume with `divopd train --resume RUN_DIR` (any "),
     "every explorer actor has failed; see the log above": ("every explorer actor has failed; see the log above",),
     "every explorer has stopped; last error:": ("every explorer has stopped; last error:",),
+    "resume: damaged checkpoint update-000006 (model.safetensors: N bytes, M written); set aside as": (
+        "resume: damaged checkpoint %s; set aside as %s; resuming from %s", '{p.name} ({problem})',
+        '{name}: {size} bytes, {entry.get(\'size\')} written'),
+    "no checkpoint verifies (update-000006 (state.json: N bytes, M written); update-000004 (tokenizer.json": (
+        "{flag} {run_dir}: no checkpoint verifies ({what}); nothing was changed (metrics and ",
+        "experience log kept); restore a checkpoint, or start a fresh run with another --run-dir", '{name}: missing'),
+    "checkpoint update-000004 could not be written (disk full: No space left on device on PATH)": (
+        "checkpoint {path.name} could not be written ({cause}: {detail} on {where}); nothing partial is left, ",
+        "the newest good checkpoint is {newest or 'none (the run resumes from its start)'}; free space, then ",
+        "`divopd train --resume {run_dir}`"),
+    "divopd train: error: disk full (No space left on device on PATH)": (
+        "disk full ({getattr(exc, 'strerror', None) or exc} on {getattr(exc, 'filename', None) or run_dir}); ",),
+    "metrics.jsonl: dropping 1 malformed line(s) (not JSON; line 3)": (
+        "{self.path}: dropping {len(malformed)} malformed line(s) (not JSON; line ",),
+    "experience log: set aside unreadable part part-000000-000011.parquet; 96 received turn(s) left the log": (
+        "experience log: set aside unreadable part %s",
+        "; {lost} received turn(s) left the log (summary.json log/unreadable_turns)"),
 }
 
 

@@ -125,8 +125,8 @@ def test_resume_with_no_checkpoint_that_verifies_is_one_line_and_cuts_nothing(re
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert "no checkpoint verifies" in lines[0] and "update-000006: state.json" in lines[0]
-    assert "update-000004: tokenizer.json" in lines[0]
+    assert "no checkpoint verifies" in lines[0] and "update-000006 (state.json" in lines[0]
+    assert "update-000004 (tokenizer.json" in lines[0]
     assert _tree(run) == before  # metrics.jsonl, the log, the checkpoints: byte for byte
 
 

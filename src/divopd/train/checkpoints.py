@@ -113,14 +113,14 @@ def resume_checkpoint(run_dir: Path, flag: str = "--resume") -> Path | None:
             chosen = ckpt
             break
         damaged.append((ckpt, problem))
-    what = "; ".join(f"{p.name}: {problem}" for p, problem in damaged)
+    what = "; ".join(f"{p.name} ({problem})" for p, problem in damaged)
     if chosen is None:
         raise UsageError(f"{flag} {run_dir}: no checkpoint verifies ({what}); nothing was changed (metrics and "
                          "experience log kept); restore a checkpoint, or start a fresh run with another --run-dir")
     if damaged:
         moved = [_set_aside(p).name for p, _ in damaged]
-        log.warning("resume: damaged checkpoint %s (%s); set aside as %s; resuming from %s",
-                    ", ".join(p.name for p, _ in damaged), what, ", ".join(moved), chosen.name)
+        log.warning("resume: damaged checkpoint %s; set aside as %s; resuming from %s", what, ", ".join(moved),
+                    chosen.name)
     return chosen
 
 

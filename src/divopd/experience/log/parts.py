@@ -137,8 +137,12 @@ def compact_parts(path: str | os.PathLike, row_group_size: int = 8192, min_parts
     try:
         with open(tmp, "wb") as fh:
             with pq.ParquetWriter(fh, schemas[0], compression="zstd") as writer:
-                for _, f in tail:
-                    writer.write_table(pq.read_table(f), row_group_size=row_group_size)
+                pending: list[pa.Table] = []  # whole row groups of row_group_size rows, not one per input part
+                for i, (_, f) in enumerate(tail):
+                    pending.append(pq.read_table(f, schema=schemas[0]))
+                    if sum(t.num_rows for t in pending) >= row_group_size or i == len(tail) - 1:
+                        writer.write_table(pa.concat_tables(pending), row_group_size=row_group_size)
+                        pending = []
             fh.flush()
             os.fsync(fh.fileno())
         _kill_point("compact-write")
