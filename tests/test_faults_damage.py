@@ -250,3 +250,29 @@ def _resume_with_enospc(run: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.undo()
     out = capfd.readouterr()
     return subprocess.CompletedProcess([], rc, out.out, out.err)
+
+
+def test_an_unreadable_part_past_the_checkpoint_cuts_the_requeue_there(reference: Path, tmp_path: Path) -> None:
+    """A resume that queues the logged turns again (a checkpoint without runtime state): the turns past the checkpoint
+    are in two parts and the first cannot be read; those after it cannot keep their arrival numbers, so they leave
+    the log with one warning, and the run finishes with the ledger whole."""
+    import pyarrow.parquet as pq
+
+    from divopd.experience.log import part_files
+    from test_faults_resume import without_runtime_state
+
+    run = _copy(reference, tmp_path)
+    shutil.rmtree(run / "checkpoints" / "update-000006")
+    without_runtime_state(run / "checkpoints" / "update-000004")
+    last = part_files(run / "experience")[-1]  # the turns of updates 5 and 6 (compacted at update 6's checkpoint)
+    table = pq.read_table(last)
+    half = table.num_rows // 2
+    n = int(last.name.split("-")[-1].split(".")[0])
+    last.unlink()
+    pq.write_table(table.slice(0, half), run / "experience" / f"part-{n + 1:06d}.parquet")
+    pq.write_table(table.slice(half), run / "experience" / f"part-{n + 2:06d}.parquet")
+    _truncate(run / "experience" / f"part-{n + 1:06d}.parquet")
+    summary = train(resume=run)
+    assert summary["updates"] == UPDATES
+    assert_ledger_identity(summary["ledger"])
+    assert summary["ledger"]["received"] == len(list(read_log(run / "experience")))

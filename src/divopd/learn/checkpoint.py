@@ -5,7 +5,12 @@ A checkpoint directory (the run-dir layout: ``checkpoints/update-NNNNNN/``) hold
 * the model in Hugging Face format (``config.json``, ``model.safetensors``, ...) and the tokenizer when given,
 * ``optimizer.pt`` — the optimizer ``state_dict`` (tensors only; loaded with ``weights_only=True``),
 * ``state.json`` — learner version, counters, the learner config, the torch RNG state, and ``extra_state`` (e.g. the
-  sampler's ``state_dict``) as plain JSON: never pickle.
+  sampler's ``state_dict``) as plain JSON: never pickle,
+* ``manifest.json`` — written last: every file with its size and a cheap hash, which a resume verifies before it
+  trusts the checkpoint (:mod:`divopd.learn.manifest`).
+
+Only folders named exactly ``update-NNNNNN`` holding divopd's files are checkpoints (:func:`checkpoint_dirs`);
+anything else a user puts in ``checkpoints/`` is never listed nor pruned.
 
 It is written to a temporary sibling directory and renamed into place, so a reader never sees a half-written
 checkpoint: a crash leaves either the previous checkpoint or the new one (plus a ``.update-N.tmp-*`` directory, which

@@ -318,7 +318,8 @@ class Learner:
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """Write model (HF safetensors) + tokenizer + ``optimizer.pt`` + ``state.json`` (version, counters, config,
-        torch RNG, ``extra_state`` as JSON) atomically to ``path``. Returns ``path``."""
+        torch RNG, ``extra_state`` as JSON) + ``manifest.json`` (sizes, hashes) atomically to ``path``. Returns
+        ``path``."""
         state = {
             "format": CHECKPOINT_FORMAT,
             "learner": self.state(),

@@ -111,6 +111,12 @@ def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
     re-queued turn enters without its teacher scores (:func:`_without_teacher`): the gate rejects it, counted
     ``invalid`` / ``missing_teacher`` in the ledger, instead of training it with a different loss."""
     start = sampler.ledger["received"]  # arrivals are numbered 0, 1, ... so this is the next one
+    gaps = missing_arrivals(log_dir, None) if Path(log_dir).is_dir() else []
+    gap = next((max(a, start) for a, b in gaps if b >= start), None)
+    if gap is not None:  # an unreadable part past the checkpoint: what follows it cannot keep its arrival numbers
+        dropped = truncate_log(log_dir, gap)
+        log.warning("resume: %d turns logged past the checkpoint after an unreadable part (arrival %d on) cannot be "
+                    "queued again in order; removed from the log", dropped, gap)
     try:
         files = log_files(log_dir)
     except ExperienceLogError:

@@ -202,20 +202,21 @@ def set_aside_unreadable_parts(path: str | os.PathLike) -> list[Path]:
     return moved
 
 
-def missing_arrivals(path: str | os.PathLike, below: int) -> list[tuple[int, int]]:
+def missing_arrivals(path: str | os.PathLike, below: int | None) -> list[tuple[int, int]]:
     """The arrival numbers under ``below`` that no part of the directory log holds, as ``(first, last)`` ranges (the
-    turns of parts set aside as unreadable: a training run logs arrivals 0, 1, 2, ... without a gap)."""
+    turns of parts set aside as unreadable: a training run logs arrivals 0, 1, 2, ... without a gap); ``None``: the
+    gaps up to the last logged arrival."""
     gaps, expected = [], 0
     for part in part_files(path):
         arrivals = pq.read_table(part, columns=["arrival"]).column("arrival").to_numpy()
-        a = arrivals[arrivals < below]
+        a = arrivals if below is None else arrivals[arrivals < below]
         if not len(a):
             continue
         starts = np.concatenate(([expected], a[:-1] + 1))
         jump = a > starts
         gaps += [(int(s), int(e) - 1) for s, e in zip(starts[jump], a[jump], strict=True)]
         expected = int(a[-1]) + 1
-    if expected < below:
+    if below is not None and expected < below:
         gaps.append((expected, below - 1))
     return gaps
 
