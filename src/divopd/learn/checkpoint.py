@@ -35,7 +35,15 @@ from typing import Any
 
 import torch
 
-from divopd.learn.manifest import DCP_DIR, MANIFEST_FILE, OPTIMIZER_FILE, STATE_FILE, verify_checkpoint, write_manifest
+from divopd.learn.manifest import (
+    DCP_DIR,
+    MANIFEST_FILE,
+    OPTIMIZER_FILE,
+    STATE_FILE,
+    checkpoint_dirs,
+    verify_checkpoint,
+    write_manifest,
+)
 
 __all__ = [
     "DCP_DIR",
@@ -179,26 +187,6 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
     if not f.is_file():
         raise FileNotFoundError(f"{path} is not a divopd checkpoint (no {STATE_FILE})")
     return json.loads(f.read_text())
-
-
-#: The name of a checkpoint divopd writes into a run's ``checkpoints/`` (the learner version, 6 digits or more).
-CHECKPOINT_NAME = re.compile(r"update-(\d{6,})")
-
-
-def checkpoint_dirs(checkpoints_dir: str | os.PathLike) -> list[Path]:
-    """The checkpoints divopd wrote under ``checkpoints_dir``, oldest first (by number): folders named exactly
-    ``update-NNNNNN`` that hold divopd's own ``manifest.json`` or ``state.json``. Anything else there (a user's
-    ``update-000001-mine/``, ``update-notes.txt``) is not a checkpoint: never listed, never pruned."""
-    d = Path(checkpoints_dir)
-    if not d.is_dir():
-        return []
-    found = []
-    for sub in d.iterdir():
-        m = CHECKPOINT_NAME.fullmatch(sub.name)
-        if m and sub.is_dir() and not sub.is_symlink() and ((sub / MANIFEST_FILE).is_file()
-                                                            or (sub / STATE_FILE).is_file()):
-            found.append((int(m.group(1)), sub))
-    return [p for _, p in sorted(found)]
 
 
 def latest_checkpoint(checkpoints_dir: str | os.PathLike) -> Path | None:

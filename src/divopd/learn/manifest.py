@@ -11,6 +11,9 @@ line, or ``None``: with a manifest, every file it names must exist with its reco
 written before manifests (none in the folder) is checked as far as its files allow (``state.json`` parses, the
 ``*.safetensors`` files are as long as their headers say, ``optimizer.pt`` is a whole zip archive, a tokenizer saved
 with ``tokenizer_config.json`` has its ``tokenizer.json``, a sharded checkpoint has its ``dcp/.metadata``).
+
+:func:`checkpoint_dirs` says which folders of a run's ``checkpoints/`` are divopd's checkpoints (the exact name
+``update-NNNNNN`` and divopd's files inside); nothing here imports torch, so ``divopd train`` can use it at start.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 import zipfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DCP_DIR", "MANIFEST_FILE", "OPTIMIZER_FILE", "STATE_FILE", "file_digest", "verify_checkpoint",
-           "write_manifest"]
+__all__ = ["CHECKPOINT_NAME", "DCP_DIR", "MANIFEST_FILE", "OPTIMIZER_FILE", "STATE_FILE", "checkpoint_dirs",
+           "file_digest", "verify_checkpoint", "write_manifest"]
 
 STATE_FILE = "state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -35,6 +39,26 @@ MANIFEST_FILE = "manifest.json"
 SHARDED_FORMAT = 2
 MANIFEST_FORMAT = "divopd-checkpoint-manifest-v1"
 _EDGE = 1 << 20  # bytes hashed at each end of a file
+
+
+#: The name of a checkpoint divopd writes into a run's ``checkpoints/`` (the learner version, 6 digits or more).
+CHECKPOINT_NAME = re.compile(r"update-(\d{6,})")
+
+
+def checkpoint_dirs(checkpoints_dir: str | os.PathLike) -> list[Path]:
+    """The checkpoints divopd wrote under ``checkpoints_dir``, oldest first (by number): folders named exactly
+    ``update-NNNNNN`` that hold divopd's own ``manifest.json`` or ``state.json``. Anything else there (a user's
+    ``update-000001-mine/``, ``update-notes.txt``) is not a checkpoint: never listed, never pruned."""
+    d = Path(checkpoints_dir)
+    if not d.is_dir():
+        return []
+    found = []
+    for sub in d.iterdir():
+        m = CHECKPOINT_NAME.fullmatch(sub.name)
+        if m and sub.is_dir() and not sub.is_symlink() and ((sub / MANIFEST_FILE).is_file()
+                                                            or (sub / STATE_FILE).is_file()):
+            found.append((int(m.group(1)), sub))
+    return [p for _, p in sorted(found)]
 
 
 def file_digest(path: str | os.PathLike) -> str:

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from divopd.errors import UsageError
-from divopd.learn.checkpoint import checkpoint_dirs, verify_checkpoint
+from divopd.learn.manifest import checkpoint_dirs, verify_checkpoint  # no torch: divopd train imports it
 
 __all__ = ["DAMAGED_SUFFIX", "EXIT_CHECKPOINT_WRITE", "CheckpointWriteError", "checkpoint_write", "disk_full_line",
            "is_disk_full", "prune_checkpoints", "resume_checkpoint"]
