@@ -41,6 +41,7 @@ from divopd.train import rundir
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
 from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, EXPLORER_WEIGHTS, check_is_run, claim_run_dir
+from divopd.train.runlock import lock_run_dir, release_run_dir
 from divopd.train.watchdog import timed
 
 __all__ = ["LearnerFactory", "Trainer", "open_run", "RunState"]
@@ -330,6 +331,7 @@ class Trainer:
             self.log_writer.close()
         self.metrics.close()
         self.learner.close()
+        release_run_dir(self.run_dir)
 
 
 # ---------------------------------------------------------------------------------------------------- set-up
@@ -345,6 +347,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         if not (run_dir / "config.yaml").is_file():
             raise FileNotFoundError(f"--resume {run_dir}: no config.yaml there; is it a divopd run directory?")
         check_is_run(run_dir)
+        lock_run_dir(run_dir)  # before anything is touched: one writing process per run directory
         saved = load_config(run_dir / "config.yaml")
         cfg = saved if cfg is None else cfg
     if cfg is None:
@@ -355,8 +358,8 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     ckpt = latest_checkpoint(run_dir / CHECKPOINTS) if (run_dir / CHECKPOINTS).is_dir() else None
     if resume is not None and ckpt is None:  # nothing to restore: refuse, and delete nothing
         raise UsageError(f"--resume {run_dir}: no checkpoint there, nothing to resume from (the run stopped before "
-                         "its first checkpoint; its experience log and metrics are kept); start a fresh run with "
-                         "another --run-dir")
+                         f"its first checkpoint); start it afresh with `divopd train {run_dir}/config.yaml --run-dir "
+                         f"{run_dir}`: its old files are kept in {run_dir}/stranded-<time>/")
     before = [] if resume is not None else claim_run_dir(run_dir)  # a fresh run marks its directory first
     atomic_write_text(run_dir / "config.yaml", dump_config(cfg))
 
