@@ -111,17 +111,9 @@ class Trainer:
         rundir.prune_explorer_weights(self.run_dir)  # what a killed session wrote past its newest checkpoint
         if self.resume_runtime is None:
             return
-        if not hasattr(runtime, "load_state_dict"):
-            raise UsageError(f"--resume {self.run_dir}: runtime.kind {self.cfg.runtime.kind} cannot restore the "
-                             "checkpoint's runtime state (a lockstep run's)")
-        runtime.load_state_dict(self.resume_runtime, self.run_dir / EXPLORER_WEIGHTS)  # replays the envs
-        self.resume_runtime = None
-        if self.cfg.log_experience:  # restored: it produces the turns logged past the checkpoint again
-            rundir.cut_log_past_checkpoint(self.run_dir / EXPERIENCE, self.sampler.ledger["received"])
-            self.log_writer = ExperienceLogWriter(self.run_dir / EXPERIENCE, rows_per_file=1 << 16,
-                                                  write_ids=self.cfg.log_token_ids)
-        self._arrived_since_update = int(self.state.since_update.get("arrived") or 0)
-        self._intervals_seen = self.state.since_update.get("intervals_seen")
+        from divopd.train.resume import restore_runtime
+
+        restore_runtime(self, runtime)  # exactly, or (an env that cannot replay) as a threads run resumes
 
     # ------------------------------------------------------------------ 1. intake
     def intake(self, rollouts: list[Rollout]) -> int:
