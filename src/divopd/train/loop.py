@@ -146,9 +146,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
     # True while the trainer's state is at a stage boundary (no batch composed but not yet trained and published):
     # only such a state is checkpointed, so a failure inside a stage never replaces the newest good checkpoint
     clean = True
-    watchdog = Watchdog(cfg.runtime.stall_timeout_s, cfg.sampler.batch_size,
-                        rejected_turns_warning=cfg.runtime.rejected_turns_warning)
-    watchdog.progressed(trainer.sampler.ledger["invalid_by_reason"])
+    watchdog = _watchdog(trainer)
     stalled: str | None = None  # the watchdog's one-line reason to stop
     times = dict.fromkeys(EXPLORER_TIMES, 0.0)  # stage seconds since the previous update (time/wait_s, ...)
     try:
@@ -163,8 +161,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                 rollouts = runtime.poll(timeout=0)
             _intake(trainer, watchdog, rollouts, times)
             clean = True
-            stalled = watchdog.teacher_failed() or watchdog.gate_rejecting(
-                trainer.sampler.ledger["invalid_by_reason"], trainer.version)
+            stalled = watchdog.after_intake(trainer.sampler.ledger["invalid_by_reason"], trainer.version)
             if stalled is not None:
                 break
             clean = False
@@ -194,8 +191,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
             runtime.publish(evals.latest)
             clean = True
             trainer.after_update(metrics, request_eval, progress)
-            # after the schedule: an evaluation the runtime runs in line is not a stall
-            watchdog.progressed(trainer.sampler.ledger["invalid_by_reason"])
+            watchdog.progressed(trainer.sampler.ledger["invalid_by_reason"])  # after the schedule: in-line evals
     except KeyboardInterrupt:  # a second Ctrl-C while a stage (or a poll) was running
         interrupted = True
         if not clean:
@@ -220,6 +216,15 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
     if stalled is not None:
         extra["stalled"] = stalled
     return trainer.close({"interrupted": interrupted or stop.requested, **extra})
+
+
+def _watchdog(trainer: Trainer) -> Watchdog:
+    """The run's stall watchdog, its gate watch counting from the ledger now."""
+    runtime = trainer.cfg.runtime
+    watchdog = Watchdog(runtime.stall_timeout_s, trainer.cfg.sampler.batch_size,
+                        rejected_turns_warning=runtime.rejected_turns_warning)
+    watchdog.progressed(trainer.sampler.ledger["invalid_by_reason"])
+    return watchdog
 
 
 def _intake(trainer: Trainer, watchdog: Watchdog, rollouts: list[Rollout], times: dict[str, float]) -> None:

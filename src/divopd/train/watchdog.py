@@ -137,6 +137,10 @@ class Watchdog:
         self._rejected_at_update = None if invalid_by_reason is None else {k: int(v) for k, v in
                                                                             invalid_by_reason.items()}
 
+    def after_intake(self, invalid_by_reason: Mapping[str, int], version: int) -> str | None:
+        """The rules checked after each intake: :meth:`teacher_failed`, then :meth:`gate_rejecting`."""
+        return self.teacher_failed() or self.gate_rejecting(invalid_by_reason, version)
+
     def gate_rejecting(self, invalid_by_reason: Mapping[str, int], version: int) -> str | None:
         """The gate watch, on the ledger's ``invalid_by_reason`` (cumulative): a warning once
         ``runtime.rejected_turns_warning`` turns were rejected since the last update (learner ``version``), the
