@@ -99,6 +99,11 @@ RUN_DIR: list[tuple[str, str]] = [
                     "claims): divopd writes, replaces and deletes only in a marked directory, or in a run of an "
                     "older divopd (a `config.yaml` beside a `metrics.jsonl`). A non-empty folder that is neither is "
                     "refused (`--run-dir`, `--resume`: one line, exit 2)."),
+    (".divopd-lock", "The OS lock (`flock`) of the process writing the run, taken before anything is written; the "
+                     "file names its pid. A second process (a fresh run into the same folder, a second `--resume`) is "
+                     "refused with one line naming that pid; the lock goes with its process, even after `kill -9`."),
+    ("stranded-<time>/", "Only after a fresh run reused a run directory that held no checkpoint: the old run's files, "
+                         "moved aside (nothing is deleted)."),
 ]
 
 #: Keys of ``summary.json``.

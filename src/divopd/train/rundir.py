@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import re
 import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from divopd.experience.log.parts import missing_arrivals
 from divopd.learn.checkpoint import checkpoint_dirs, read_state
 from divopd.sampling import Sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
+from divopd.train.runlock import LOCK, lock_run_dir, release_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +45,14 @@ EXPLORER_WEIGHTS = "explorer-weights"
 #: The marker file a fresh run writes into the directory it creates or claims.
 MARKER = ".divopd-run"
 #: Everything a run writes into its directory: the resolved config, metrics, summary, TensorBoard events, the
-#: experience log, the checkpoints, the explorer weights of the lockstep runtime's checkpoints and the marker.
+#: experience log, the checkpoints, the explorer weights of the lockstep runtime's checkpoints, the marker and the
+#: lock of the process writing it (:mod:`divopd.train.runlock`).
 RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE, CHECKPOINTS, EXPLORER_WEIGHTS,
-               MARKER)
+               MARKER, LOCK)
+#: The run files (of :data:`RUN_ENTRIES`) a fresh run moves aside from a run directory that holds no checkpoint.
+STRANDED_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE, CHECKPOINTS, EXPLORER_WEIGHTS)
+#: The folder (a UTC time appended) those files go to, inside the run directory: nothing is deleted.
+STRANDED_PREFIX = "stranded-"
 
 
 def is_run_dir(path: Path) -> bool:
@@ -62,28 +69,67 @@ def check_is_run(path: Path, flag: str = "--resume") -> None:
                          "metrics.jsonl); divopd changes nothing there")
 
 
+def _entries(run_dir: Path) -> list[str]:
+    """The names in ``run_dir`` (none if it does not exist), the lock file left out."""
+    return sorted(p.name for p in run_dir.iterdir() if p.name != LOCK) if run_dir.is_dir() else []
+
+
 def claim_run_dir(run_dir: Path) -> list[str] | None:
     """Make ``run_dir`` the directory of a fresh run, before anything is written into it; returns the names of the
     entries it held before, ``None`` when this call created it (a fresh run that is discarded removes only what it
     wrote, :func:`remove_run_files`).
 
-    A missing or empty directory is created and marked; a run directory that already holds a run (its
-    ``metrics.jsonl``) raises :class:`~divopd.errors.RunExistsError`; any other non-empty folder raises
-    :class:`~divopd.errors.UsageError`: divopd never writes into a folder it did not make a run."""
+    A missing or empty directory is created, locked (:func:`~divopd.train.runlock.lock_run_dir`: a second process is
+    refused) and marked; a run directory that holds a checkpoint raises :class:`~divopd.errors.RunExistsError`; one
+    that holds a run without any checkpoint (it failed or was killed before its first) is reused, its run files moved
+    aside (:func:`set_aside_stranded_run`); any other non-empty folder raises :class:`~divopd.errors.UsageError`:
+    divopd never writes into a folder it did not make a run."""
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--run-dir {run_dir}: exists and is not a directory")
     existed = run_dir.is_dir()
-    before = sorted(p.name for p in run_dir.iterdir()) if existed else []
-    if before and (run_dir / "metrics.jsonl").is_file() and is_run_dir(run_dir):
-        raise RunExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose "
-                             "another seed or --run-dir")
-    if before and not is_run_dir(run_dir):
+    if _entries(run_dir) and not is_run_dir(run_dir):
         raise UsageError(f"--run-dir {run_dir}: the folder holds files and is not a divopd run directory (no "
                          f"{MARKER}); choose a new or empty folder: divopd writes only into run directories it made")
     run_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(run_dir)  # before anything is written: two fresh runs never both see an empty directory
+    if _entries(run_dir) and has_checkpoint(run_dir):
+        release_run_dir(run_dir)
+        raise RunExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose "
+                             "another seed or --run-dir")
+    if _entries(run_dir) and is_run_dir(run_dir):
+        aside = set_aside_stranded_run(run_dir)
+        if aside is not None:
+            log.warning("%s held a run that stopped before its first checkpoint; its files are kept in %s; starting "
+                        "a fresh run there", run_dir, aside)
+    before = _entries(run_dir)
     (run_dir / MARKER).write_text("divopd run directory: divopd may write, replace and delete its run files here\n")
     return before if existed else None
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a checkpoint (a ``checkpoints/update-*`` with its ``state.json``) to resume from."""
+    folder = Path(run_dir) / CHECKPOINTS
+    return folder.is_dir() and any((p / "state.json").is_file() for p in folder.glob("update-*"))
+
+
+def set_aside_stranded_run(run_dir: Path) -> Path | None:
+    """Move the run files (:data:`STRANDED_ENTRIES`) of a run directory that holds no checkpoint into a new folder
+    ``stranded-<UTC time>`` inside it; returns that folder, ``None`` when there was nothing to move. Nothing is
+    deleted; entries divopd did not write stay where they are."""
+    names = [n for n in STRANDED_ENTRIES if (Path(run_dir) / n).exists() or (Path(run_dir) / n).is_symlink()]
+    if not names:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = Path(run_dir) / f"{STRANDED_PREFIX}{stamp}"
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = Path(run_dir) / f"{STRANDED_PREFIX}{stamp}-{n}"
+    aside.mkdir()
+    for name in names:
+        (Path(run_dir) / name).rename(aside / name)
+    return aside
 
 
 def remove_run_files(run_dir: Path, names: Iterable[str] = RUN_ENTRIES, keep: Iterable[str] = ()) -> None:

@@ -41,6 +41,7 @@ from divopd.train.checkpoints import checkpoint_write, prune_checkpoints, resume
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
 from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, EXPLORER_WEIGHTS, check_is_run, claim_run_dir
+from divopd.train.runlock import lock_run_dir, release_run_dir
 from divopd.train.watchdog import timed
 
 __all__ = ["LearnerFactory", "Trainer", "open_run", "RunState"]
@@ -112,17 +113,9 @@ class Trainer:
         rundir.prune_explorer_weights(self.run_dir)  # what a killed session wrote past its newest checkpoint
         if self.resume_runtime is None:
             return
-        if not hasattr(runtime, "load_state_dict"):
-            raise UsageError(f"--resume {self.run_dir}: runtime.kind {self.cfg.runtime.kind} cannot restore the "
-                             "checkpoint's runtime state (a lockstep run's)")
-        runtime.load_state_dict(self.resume_runtime, self.run_dir / EXPLORER_WEIGHTS)  # replays the envs
-        self.resume_runtime = None
-        if self.cfg.log_experience:  # restored: it produces the turns logged past the checkpoint again
-            rundir.cut_log_past_checkpoint(self.run_dir / EXPERIENCE, self.sampler.ledger["received"])
-            self.log_writer = ExperienceLogWriter(self.run_dir / EXPERIENCE, rows_per_file=1 << 16,
-                                                  write_ids=self.cfg.log_token_ids)
-        self._arrived_since_update = int(self.state.since_update.get("arrived") or 0)
-        self._intervals_seen = self.state.since_update.get("intervals_seen")
+        from divopd.train.resume import restore_runtime
+
+        restore_runtime(self, runtime)  # exactly, or (an env that cannot replay) as a threads run resumes
 
     # ------------------------------------------------------------------ 1. intake
     def intake(self, rollouts: list[Rollout]) -> int:
@@ -335,6 +328,7 @@ class Trainer:
             self.log_writer.close()
         self.metrics.close()
         self.learner.close()
+        release_run_dir(self.run_dir)
 
 
 # ---------------------------------------------------------------------------------------------------- set-up
@@ -350,6 +344,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         if not (run_dir / "config.yaml").is_file():
             raise FileNotFoundError(f"--resume {run_dir}: no config.yaml there; is it a divopd run directory?")
         check_is_run(run_dir)
+        lock_run_dir(run_dir)  # before anything is touched: one writing process per run directory
         saved = load_config(run_dir / "config.yaml")
         cfg = saved if cfg is None else cfg
     if cfg is None:
@@ -360,8 +355,8 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     ckpt = resume_checkpoint(run_dir)  # the newest that verifies; damaged newer ones set aside, one warning
     if resume is not None and ckpt is None:  # nothing to restore: refuse, and delete nothing
         raise UsageError(f"--resume {run_dir}: no checkpoint there, nothing to resume from (the run stopped before "
-                         "its first checkpoint; its experience log and metrics are kept); start a fresh run with "
-                         "another --run-dir")
+                         f"its first checkpoint); start it afresh with `divopd train {run_dir}/config.yaml --run-dir "
+                         f"{run_dir}`: its old files are kept in {run_dir}/stranded-<time>/")
     before = [] if resume is not None else claim_run_dir(run_dir)  # a fresh run marks its directory first
     atomic_write_text(run_dir / "config.yaml", dump_config(cfg))
 

@@ -36,6 +36,7 @@ import torch
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from divopd.errors import UsageError
+from divopd.explore.children import sigint_blocked
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
@@ -145,8 +146,9 @@ def init_ray(cfg: TrainConfig) -> bool:
         ray.init(address=cfg.runtime.ray_address, log_to_driver=False)
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=cfg.runtime.ray_num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 object_store_memory=512 * 2**20, log_to_driver=False)
+        with sigint_blocked():  # its processes ignore a terminal's Ctrl-C (Ray blocks it too); ray.shutdown ends them
+            ray.init(num_cpus=cfg.runtime.ray_num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                     object_store_memory=512 * 2**20, log_to_driver=False)
     return True
 
 
