@@ -44,7 +44,9 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every file's bytes but the run-dir lock's, which names the process holding the run."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != ".divopd-lock"}
 
 
 @pytest.fixture(scope="module")
@@ -132,13 +134,19 @@ def test_resume_with_no_checkpoint_that_verifies_is_one_line_and_cuts_nothing(re
 
 # --------------------------------------------------------------------------------------- item 5: foreign entries
 def test_pruning_keeps_a_users_entries_in_checkpoints(tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """A user's entries added to a run's ``checkpoints/`` (a name like a checkpoint's, a file) survive pruning."""
+    from divopd.train.interrupt import StopRequest
+
     run = tmp_path / "run"
+    stop = StopRequest()
+    stop.set()  # stopped at once: the run checkpoints at its start and exits
+    train(tiny_config(tiny_models, run, "divopd", updates=UPDATES, **{**OVER, "checkpoint.keep": 1}), stop=stop)
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["update-000000"]
     (run / "checkpoints" / "update-000001-mine").mkdir(parents=True)
     (run / "checkpoints" / "update-000001-mine" / "weights.bin").write_bytes(b"mine")
     (run / "checkpoints" / "update-notes.txt").write_text("my notes\n")
-    (run / ".divopd-run").write_text("made by divopd\n")  # the folder a run made, the user's entries added to it
-    users = _tree(run / "checkpoints")
-    summary = train(tiny_config(tiny_models, run, "divopd", updates=UPDATES, **{**OVER, "checkpoint.keep": 1}))
+    users = {k: v for k, v in _tree(run / "checkpoints").items() if "mine" in k or "notes" in k}
+    summary = train(resume=run)
     assert summary["updates"] == UPDATES
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names == ["update-000001-mine", "update-000006", "update-notes.txt"]
