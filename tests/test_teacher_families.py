@@ -15,13 +15,13 @@ import logging
 import numpy as np
 import pytest
 import torch
-from tokenizer_families import DUMMY_PREFIX, FAMILIES, build_family
 
 from divopd.explore.teacher import HFTeacher
 from divopd.explore.vocab import ExtensionTeacher, adapt_teacher, compare_vocabularies, probe_coverage
 from divopd.explore.vocab_align import CrossTokenizerTeacher, Translator
 from divopd.models.tiny import build_model, build_tokenizer
 from test_teacher_vocab import _texts
+from tokenizer_families import DUMMY_PREFIX, FAMILIES, build_family
 
 PROMPT = "You are in room 2 . The coin is in room 4 . Valid actions: move east west take coin\nAction:"
 RESPONSES = ["move east", " move east", "take coin move west west", " take coin"]

@@ -209,7 +209,8 @@ def test_ray_runtime(tiny_models: dict[str, str], tmp_path: Path, capfd: pytest.
     assert summary["updates"] == 3
     assert_ledger_identity(summary["ledger"])
     assert [r["update"] for r in read_metrics(run_dir) if r["kind"] == "update"] == [1, 2, 3]
-    warned = [line for line in capfd.readouterr().err.splitlines() if "constructor arguments in the object store" in line]
+    err = capfd.readouterr().err
+    warned = [line for line in err.splitlines() if "constructor arguments in the object store" in line]
     assert not warned, warned[0]
 
 

@@ -150,10 +150,10 @@ def bridge_vocabularies(cfg: TrainConfig, teacher: Teacher, teacher_tokenizer: A
 def check_vocabularies(cfg: TrainConfig, teacher_tokenizer: Any) -> VocabMatch:
     """The start-up vocabulary decision (:func:`~divopd.explore.vocab.compare_vocabularies`): ``identical``,
     ``extension`` or ``cross`` (a nested vocabulary takes the cross path only where it scores more of a probe text and
-    the config allows it: ``teacher.cross_tokenizer`` and no top-k). Raises a one-line :class:`~divopd.errors.ConfigError` for a ``cross`` teacher with
-    ``teacher.cross_tokenizer: false``, and for a teacher top-k (``learner.estimator: topk`` or
-    ``explorer.teacher_topk``) that would hold ids the student lacks (a ``cross`` teacher, or an extension with
-    tokens the student lacks)."""
+    the config allows it: ``teacher.cross_tokenizer`` and no top-k). Raises a one-line
+    :class:`~divopd.errors.ConfigError` for a ``cross`` teacher with ``teacher.cross_tokenizer: false``, and for a
+    teacher top-k (``learner.estimator: topk`` or ``explorer.teacher_topk``) that would hold ids the student lacks (a
+    ``cross`` teacher, or an extension with tokens the student lacks)."""
     if cfg.teacher.path == cfg.student.path and not cfg.teacher.tokenizer:
         return VocabMatch("identical")
     topk = cfg.learner.estimator == "topk" or cfg.explorer.teacher_topk > 0
