@@ -1,4 +1,5 @@
-"""Cross-tokenizer teachers of the tokenizer families real models use (tests/tokenizer_families.py: a Llama-2-style
+"""Cross-tokenizer teachers of the tokenizer families real models use (``divopd.models.tiny.build_tokenizer``,
+trained offline with the ``tokenizers`` library, since no package here ships a SentencePiece model file: a Llama-2-style
 SentencePiece BPE with a dummy prefix, a Metaspace Unigram, a word-level vocabulary whose decoder joins words with
 spaces, a byte-level BPE), each as teacher and as student, against an independent HF forward of the teacher: a
 response that starts without a space scores like one that does (nothing masked the text does not force); the
@@ -21,8 +22,12 @@ from divopd.explore.vocab import ExtensionTeacher, adapt_teacher, compare_vocabu
 from divopd.explore.vocab_align import CrossTokenizerTeacher, Translator
 from divopd.models.tiny import build_model, build_tokenizer
 from test_teacher_vocab import _texts
-from tokenizer_families import DUMMY_PREFIX, FAMILIES, build_family
 
+#: family → build_tokenizer kind, and whether it starts every encoded text with a word boundary (a dummy prefix ``▁``,
+#: or a decoder that joins words with spaces)
+KINDS = {"sentencepiece": "sentencepiece", "metaspace": "metaspace", "word": "whitespace", "bpe": "bpe"}
+FAMILIES = tuple(KINDS)
+DUMMY_PREFIX = {"sentencepiece": True, "metaspace": True, "word": True, "bpe": False}
 PROMPT = "You are in room 2 . The coin is in room 4 . Valid actions: move east west take coin\nAction:"
 RESPONSES = ["move east", " move east", "take coin move west west", " take coin"]
 
@@ -30,7 +35,7 @@ RESPONSES = ["move east", " move east", "take coin move west west", " take coin"
 @pytest.fixture(scope="module")
 def fams() -> dict[str, object]:
     texts = _texts() + [PROMPT] * 5
-    return {f: build_family(f, texts) for f in FAMILIES}
+    return {f: build_tokenizer(texts, kind=kind, vocab_size=600) for f, kind in KINDS.items()}
 
 
 @pytest.fixture(scope="module")
