@@ -3,16 +3,22 @@ its own tokenization and its token log probs are mapped onto the student's token
 
 One turn, step by step (:func:`plan_turn`, :func:`map_logprobs`):
 
-1. **Segments.** The student's ids are cut at its special tokens that have a teacher counterpart (the same string in
-   the teacher's vocabulary, or the end/begin-of-sequence token: the student's ``eos`` is the teacher's ``eos``). Such
-   an *anchor* is sent as that one teacher id; every run of other tokens is decoded to text (special tokens without a
-   counterpart included, as their text) and teacher-tokenized (:class:`Translator`).
-2. **Cuts.** Within a text segment, a token *ends cleanly* at character ``c`` when decoding the ids up to it (after a
-   few ids of left context, so tokenizers that drop a leading space do not shift it) gives exactly the segment's text
-   up to ``c``. A token whose text is not recoverable on its own (a byte-fallback or byte-level piece of a multi-byte
-   character, which decodes to ``\\ufffd``) has no clean end: it is glued to the tokens after it until one ends cleanly.
-   The teacher's tokens of the segment's text get their cuts the same way; where the teacher's decoding does not give
-   the text back (an unknown word becoming ``<unk>``), it has no cuts from there on.
+1. **Segments.** The student's ids are cut at its special tokens that have a teacher counterpart
+   (:func:`special_anchors`: ``eos`` and ``bos`` by meaning, the student's ``eos`` being the teacher's ``eos`` even
+   where the teacher has a special token of the same string; every other special token by its string). Such an
+   *anchor* is sent as that one teacher id; every run of other tokens is decoded to text (special tokens without a
+   counterpart included, as their text) and teacher-tokenized as a text of its own (:class:`Translator`). A teacher
+   that starts every text with a word boundary (a dummy prefix ``▁``, or a decoder that joins words with spaces:
+   :func:`adds_dummy_prefix`) gets a segment's leading space as that boundary, so ``move east`` with or without a
+   leading space is the same teacher ids.
+2. **Cuts.** Within a text segment, a student token *ends cleanly* at character ``c`` when decoding the ids up to it
+   (after a few ids of left context, so tokenizers that drop a leading space do not shift it) gives exactly the
+   segment's text up to ``c`` (:func:`clean_ends`). A token whose text is not recoverable on its own (a byte-fallback
+   or byte-level piece of a multi-byte character, which decodes to ``\\ufffd``) has no clean end: it is glued to the
+   tokens after it until one ends cleanly. A teacher token ends where its tokenizer's offsets say, kept where the
+   teacher's ids up to it decode to the text up there, whitespace aside (:func:`offset_ends`: a dummy prefix is no
+   change of text); where the teacher's decoding does not give the text back (an unknown word becoming ``<unk>``),
+   it has no cuts from there on.
 3. **Chunks.** The cuts both sides share split the segment into aligned chunks: maximal spans whose two tokenizations
    start and end at the same characters. A chunk's teacher log prob is the sum of its teacher tokens' log probs, which
    is the teacher's log prob of the chunk's text given everything before it, exactly.
