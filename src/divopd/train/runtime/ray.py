@@ -115,6 +115,8 @@ def actor_incarnation() -> int:
     """How many times Ray has restarted the calling actor (``max_restarts``): 0 for its first start, and outside an
     actor. An actor learns of its restart only from Ray: the public ``was_current_actor_reconstructed`` says whether,
     and the GCS actor table behind it (the same read, Ray 2.60) how many times."""
+    if not ray.is_initialized():  # outside Ray altogether (asking the runtime context would start Ray here)
+        return 0
     context = ray.get_runtime_context()
     if context.get_actor_id() is None or not context.was_current_actor_reconstructed:
         return 0
