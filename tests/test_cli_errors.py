@@ -157,6 +157,10 @@ CASES: list[tuple[str, list[str], str, str]] = [
     ("tune-cap-wrong-columns", ["tune-cap", "{d}/columns.parquet"], "missing required column", ""),
     ("tune-cap-bad-caps", ["tune-cap", "{d}/columns.parquet", "--caps", "2,x"], "--caps", ""),
     ("tune-cap-capless-method", ["tune-cap", "{d}/columns.parquet", "--method", "vanilla"], "vanilla", ""),
+    # doctor
+    ("doctor-set-without-config", ["doctor", "--set", "student.device=cuda"], "need a CONFIG", ""),
+    ("doctor-missing-config", ["doctor", "{d}/no-such.yaml"], "no such config file", ""),
+    ("doctor-bad-import-timeout", ["doctor", "--import-timeout", "-1"], "--import-timeout", ""),
     # bench
     ("bench-malformed-plan", ["bench", "paper", "--plan", "{d}/plan_syntax.yaml", "--dry-run"],
      "plan_syntax.yaml: not valid YAML", SUB),
