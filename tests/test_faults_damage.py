@@ -13,8 +13,10 @@ import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -37,6 +39,29 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
                "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "divopd.cli", "train", *args, "--no-progress"],
                           capture_output=True, text=True, timeout=900, env=environ)
+
+
+def _cli_paused_at_start(*args: str) -> subprocess.Popen[str]:
+    """``divopd train ARGS`` in a subprocess that stops itself (SIGSTOP, fault point ``start``) once its explorers
+    are built: returned when it is stopped."""
+    environ = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "HF_HUB_OFFLINE": "1", "DIVOPD_SIGSTOP_AT": "start"}
+    proc = subprocess.Popen([sys.executable, "-m", "divopd.cli", "train", *args, "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "T":
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"the run never paused at its start: {proc.communicate()[1][-2000:]}")
+
+
+def _resume_paused(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    proc.send_signal(signal.SIGCONT)
+    out, err = proc.communicate(timeout=900)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -165,10 +190,11 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
 def test_disk_full_at_a_checkpoint_write_is_one_line_and_resume_finishes(
         tiny_models: dict[str, str], tmp_path: Path,  # noqa: F811
         monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
-    """A real full filesystem (a 32 MiB tmpfs filled up to less than a checkpoint) when ``mount`` works here, else
-    ENOSPC injected into the checkpoint write (the same error the filesystem raises)."""
+    """A real full filesystem when ``mount`` works here (a 128 MiB tmpfs, room enough for the run's checks before it
+    starts; filled up to less than a checkpoint while the resumed run is paused at its start, as another process
+    fills a disk), else ENOSPC injected into the checkpoint write (the same error the filesystem raises)."""
     disk = tmp_path / "disk"
-    real = _mount_tmpfs(disk, "32m")
+    real = _mount_tmpfs(disk, "128m")
     try:
         run = disk / "run"
         cfg_path = tmp_path / "cfg.yaml"
@@ -186,9 +212,10 @@ def test_disk_full_at_a_checkpoint_write_is_one_line_and_resume_finishes(
             st = os.statvfs(disk)
             free = st.f_bavail * st.f_frsize
             need = sum(len(v) for v in before.values())
+            paused = _cli_paused_at_start("--resume", str(run))  # past the checks made before a run starts
             with open(filler, "wb") as f:
                 f.write(b"\0" * max(0, free - need // 2))
-            proc = _cli("--resume", str(run))
+            proc = _resume_paused(paused)
         else:
             proc = _resume_with_enospc(run, monkeypatch, capfd)
         assert proc.returncode == 3, proc.stderr[-3000:]

@@ -11,12 +11,13 @@ checkpoint stays the one to resume from; inside a JVM call the quit waits for th
 of the group: the children divopd starts are kept out of its way and stopped by divopd (:mod:`divopd.explore.children`).
 
 :func:`fault_point` is the test hook that makes every phase testable: ``DIVOPD_SIGINT_AT=phase[:n]`` sends this
-process SIGINT the n-th time (default 1) the named phase is reached, ``DIVOPD_SIGKILL_AT=phase[:n]`` SIGKILL (a
-``kill -9`` at a known moment), ``DIVOPD_DOUBLE_CTRL_C_AT=phase[:n]`` two SIGINTs 50 ms apart to the whole process
-group (an impatient double Ctrl-C in a terminal). Phases: ``load`` (before the models load), ``start`` (explorers
-built, before the loop), ``compose``, ``update``, ``publish``, ``eval`` (inside an evaluation), ``checkpoint``
-(inside a checkpoint write); and (:data:`KILL_PHASES`) ``poll`` (inside the lockstep runtime's poll, after each
-explorer's round) and ``log`` (turns received, before they are written to the experience log).
+process SIGINT the n-th time (default 1) the named phase is reached, ``DIVOPD_SIGKILL_AT=phase[:n]`` SIGKILL (a ``kill
+-9`` at a known moment), ``DIVOPD_DOUBLE_CTRL_C_AT=phase[:n]`` two SIGINTs 50 ms apart to the whole process group (an
+impatient double Ctrl-C in a terminal), ``DIVOPD_SIGSTOP_AT=phase[:n]`` SIGSTOP (the process pauses there until a
+SIGCONT: a test changes the world, e.g. fills the disk, at a known moment). Phases: ``load`` (before the models load),
+``start`` (explorers built, before the loop), ``compose``, ``update``, ``publish``, ``eval`` (inside an evaluation),
+``checkpoint`` (inside a checkpoint write); and (:data:`KILL_PHASES`) ``poll`` (inside the lockstep runtime's poll,
+after each explorer's round) and ``log`` (turns received, before they are written to the experience log).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ PHASES = ("load", "start", "compose", "update", "publish", "eval", "checkpoint")
 KILL_PHASES = (*PHASES, "poll", "log")
 _ENV = "DIVOPD_SIGINT_AT"
 _KILL_ENV = "DIVOPD_SIGKILL_AT"
+_STOP_ENV = "DIVOPD_SIGSTOP_AT"
 _DOUBLE_ENV = "DIVOPD_DOUBLE_CTRL_C_AT"
 #: Seconds between the two SIGINTs of ``DIVOPD_DOUBLE_CTRL_C_AT``.
 DOUBLE_CTRL_C_GAP_S = 0.05
@@ -93,9 +95,10 @@ class StopRequest:
 
 
 def fault_point(phase: str) -> None:
-    """Test hook: with ``DIVOPD_SIGINT_AT=phase[:n]`` (``DIVOPD_SIGKILL_AT``), send this process SIGINT (SIGKILL) the
-    n-th time ``phase`` is reached."""
-    for env, sig in ((_ENV, signal.SIGINT), (_KILL_ENV, signal.SIGKILL), (_DOUBLE_ENV, signal.SIGINT)):
+    """Test hook: with ``DIVOPD_SIGINT_AT=phase[:n]`` (``DIVOPD_SIGKILL_AT``, ``DIVOPD_SIGSTOP_AT``), send this
+    process SIGINT (SIGKILL, SIGSTOP) the n-th time ``phase`` is reached."""
+    for env, sig in ((_ENV, signal.SIGINT), (_KILL_ENV, signal.SIGKILL), (_DOUBLE_ENV, signal.SIGINT),
+                     (_STOP_ENV, signal.SIGSTOP)):
         spec = os.environ.get(env)
         if not spec:
             continue
