@@ -38,10 +38,10 @@ _WHO = "sample_strategy divopd"
 def _numpy(tensor: Any, dtype: Any) -> np.ndarray | None:
     if tensor is None:
         return None
-    if hasattr(tensor, "detach"):  # a torch tensor (bf16 has no numpy form: go through float32)
-        tensor = tensor.detach().cpu()
-        tensor = tensor.float() if tensor.is_floating_point() else tensor
-        tensor = tensor.numpy()
+    if isinstance(tensor, torch.Tensor):  # bf16 has no numpy form: go through float32
+        if tensor.dtype == torch.bfloat16 or tensor.dtype == torch.float16:
+            tensor = tensor.float()
+        tensor = tensor.detach().cpu().numpy()
     return np.asarray(tensor, dtype=dtype).reshape(-1)
 
 
