@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
-from bench_integrations import Row
 from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY
 from trinity.buffer import get_buffer_writer
 from trinity.common.config import BufferConfig, ExperienceBufferConfig
 from trinity.common.experience import EID, Experience
 
 import divopd.integrations.trinity  # noqa: F401  (registers "divopd")
+from bench_integrations import Row
 
 TURNS = 8
 PROMPT, RESPONSE = 96, 16

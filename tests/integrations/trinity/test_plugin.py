@@ -64,8 +64,9 @@ def test_there_is_an_example_per_paper_environment() -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_an_example_names_a_registered_divopd_workflow_a_teacher_and_the_task_command(path: Path) -> None:
-    import divopd.integrations.trinity_workflow  # noqa: F401  (what --plugin-dir loads)
     from trinity.common.workflows import WORKFLOWS
+
+    import divopd.integrations.trinity_workflow  # noqa: F401  (what --plugin-dir loads)
 
     config = load_config(str(path))
     name = config.buffer.explorer_input.default_workflow_type
