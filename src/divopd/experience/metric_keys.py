@@ -101,6 +101,9 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
     ("sampler/pending", "update", "Unselected valid turns kept pending after this composition."),
     ("sampler/queued", "update", "Turns still in the queue after this composition."),
     ("sampler/candidates", "update", "Pool size the method chose from."),
+    ("sampler/teacher_masked_tokens", "update", "Trinity-RFT plug-in only (its metrics, not metrics.jsonl): action "
+     "positions of the batch the teacher did not score (NaN or infinite log prob), taken out of `action_mask` with a "
+     "finite placeholder before Trinity's advantage sees them."),
     ("sampler/candidate_rollouts", "update", "Distinct rollouts among the valid candidates (the paper's pool regime: "
      "≥ 4·⌈B/k⌉ on average)."),
     # ledger
