@@ -214,3 +214,49 @@ def test_sigkill_of_divopd_leaves_no_jvm(tiny_models: dict[str, str], tmp_path: 
         proc.kill()
         proc.wait()
     assert _wait_gone(jvms) == [], "a JVM outlived divopd"
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (read from /proc: parent links)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+@pytest.mark.slow
+def test_a_terminal_ctrl_c_leaves_the_local_ray_processes_to_divopd(
+        tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """runtime.kind ray on a local Ray instance divopd starts: the group SIGINT reaches Ray's processes (raylet, GCS,
+    workers, started SIGINT-blocked); divopd checkpoints, shuts Ray down, exits 130 without a traceback, and none of
+    the Ray processes it started outlives it."""
+    pytest.importorskip("ray")
+    run_dir = tmp_path / "run"
+    cfg = _config(tiny_models, run_dir, 8, **{"runtime.kind": "ray", "runtime.ray_num_cpus": 2, "eval.every": 100})
+    proc, err = _start(cfg, tmp_path, RAY_AUTH_MODE="disabled")
+    children: list[int] = []
+    try:
+        _wait_for(lambda: _has_checkpoint(run_dir, 2), proc, "checkpoint update-000002")
+        children = _descendants(proc.pid)
+        assert children, "Ray started processes under divopd"
+        os.killpg(proc.pid, signal.SIGINT)
+    finally:
+        rc = _finish(proc)
+    text = err.read_text()
+    assert rc == 130, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    assert_ledger_identity(summary["ledger"])
+    assert latest_checkpoint(run_dir / "checkpoints").name == f"update-{summary['updates']:06d}"
+    assert _wait_gone(children) == [], "Ray processes outlived the run"
