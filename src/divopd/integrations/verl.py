@@ -139,7 +139,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         if batch is None:
             return None, metrics
         keys = [self._keys[a] for a in batch.arrivals]
-        metrics["sampler/unscored_masked"] = float(self.make_safe(partition_id, keys))
+        metrics["sampler/teacher_masked_tokens"] = float(self.make_safe(partition_id, keys))
         for a in batch.arrivals:
             del self._keys[a]
         tags = [{k: v for k, v in self._tags.pop(key).items() if k != SUMMARY_TAG} for key in keys]
