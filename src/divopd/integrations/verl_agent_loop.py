@@ -13,9 +13,13 @@ output:list[AgentLoopOutput]"). Two small pieces close the gap:
   divopd.integrations.verl_agent_loop.DivOPDAgentLoopManagerTQ``): verl's TQ manager whose workers split each output so
   and score every turn with the teacher before verl writes the records.
 
-Every turn carries the session's ``min_global_steps`` (verl records the weights versions per session, not per turn):
-the version of the turn's first token is at least that, so a turn is never kept past its staleness limit, and a
-late turn of a long session may expire early. ``rollout.calculate_log_probs=True`` gives ``response_logprobs``
+A session split by :func:`split_turns` gives every turn the session's ``min_global_steps`` (verl's own loops record
+the weights versions per session): the version of the turn's first token is at least that, so a turn is never kept
+past its staleness limit, and a late turn of a long session may expire early. divopd's own loop
+(:mod:`divopd.integrations.verl_env_agent`, ``divopd_env_agent``) returns one output per turn with that turn's
+version. Before verl writes the records, the worker tags each key (a tag-only put) with divopd's per-turn summary
+(:data:`~divopd.integrations.verl_records.SUMMARY_TAG`, so the replay buffer composes from tags alone) and
+``prompt_truncated``. ``rollout.calculate_log_probs=True`` gives ``response_logprobs``
 (``rollout_log_probs`` in the record), without which divopd's gate rejects the turn (``missing_student_logprobs``).
 ``routed_experts`` (MoE router replay) is not split: it is left out of the per-turn outputs.
 """
@@ -25,8 +29,12 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+import transfer_queue as tq
 from verl.experimental.agent_loop import AgentLoopOutput
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+
+import divopd.integrations.verl_env_agent  # noqa: F401  (registers divopd_env_agent in the worker processes)
+from divopd.integrations.verl_records import SUMMARY_TAG, record_summary
 
 __all__ = ["DivOPDAgentLoopManagerTQ", "DivOPDAgentLoopWorkerTQ", "split_turns", "turn_spans"]
 
@@ -65,15 +73,40 @@ def split_turns(output: AgentLoopOutput) -> list[AgentLoopOutput]:
 
 
 class _DivOPDWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # the class under verl's @ray.remote
-    """verl's TQ worker, writing one record per assistant turn, each scored by the teacher."""
+    """verl's TQ worker, writing one record per assistant turn, each scored by the teacher and tagged with divopd's
+    summary."""
 
     async def _agent_loop_postprocess(self, output: AgentLoopOutput | list[AgentLoopOutput], validate: bool,
                                       **kwargs: Any) -> None:
         outputs = [t for o in (output if isinstance(output, list) else [output]) for t in split_turns(o)]
-        for turn in outputs[:-1]:  # verl scores the last one itself
+        for turn in outputs:  # verl's own call (the last output) then finds it scored
             await self._compute_teacher_logprobs(turn, prompt_ids=turn.prompt_ids, response_ids=turn.response_ids,
                                                  validate=validate, sample_kwargs=kwargs)
+        if outputs:
+            await self._put_summaries(outputs, validate, kwargs)
         await super()._agent_loop_postprocess(outputs, validate, **kwargs)
+
+    async def _compute_teacher_logprobs(self, output: AgentLoopOutput, prompt_ids: list[int],
+                                        response_ids: list[int], validate: bool, sample_kwargs: Any = None) -> None:
+        """verl's teacher path, once per output (an output this worker scored already is left as it is)."""
+        if output.extra_fields.get("teacher_logprobs") is None:
+            await super()._compute_teacher_logprobs(output, prompt_ids=prompt_ids, response_ids=response_ids,
+                                                    validate=validate, sample_kwargs=sample_kwargs)
+
+    async def _put_summaries(self, outputs: list[AgentLoopOutput], validate: bool, kwargs: dict[str, Any]) -> None:
+        """Tag the records-to-be with divopd's summary and ``prompt_truncated`` (a tag-only put *before* verl writes
+        the fields and its ``status``: the replay buffer reads a record only once it has a status)."""
+        keys, tags = [], []
+        for index, output in enumerate(outputs):
+            key = f"{kwargs['uid']}_{kwargs['session_id']}_{index}"
+            extra = output.extra_fields
+            tag: dict[str, Any] = {"prompt_truncated": bool(extra.get("prompt_truncated", False))}
+            if extra.get("min_global_steps") is not None:
+                version = {"min_global_steps": extra["min_global_steps"]}
+                tag[SUMMARY_TAG] = record_summary(key, {**tag, **version}, output.as_dict())[1]
+            keys.append(key)
+            tags.append(tag)
+        await tq.async_kv_batch_put(keys=keys, tags=tags, partition_id="train" if not validate else "val")
 
 
 DivOPDAgentLoopWorkerTQ = ray.remote(_DivOPDWorker)

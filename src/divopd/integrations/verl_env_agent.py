@@ -1,0 +1,107 @@
+"""``divopd_env_agent``: a verl 0.9.1 agent loop that plays a multi-turn divopd environment, one output per turn.
+
+verl's own agent loops return one output per session and its TQ worker scores only the last one with the teacher.
+This loop plays a divopd :class:`~divopd.explore.envs.Env` (a registry name such as ``tiny``, ``twx``,
+``scienceworld``, ``alfworld``, ``webshop``, or an import path ``module:Class``, as ``explorer.env`` takes) turn by
+turn through verl's rollout server and returns a *list* of :class:`AgentLoopOutput`, one per assistant turn:
+
+- each turn's prompt is built the way divopd's explorer builds it (:func:`divopd.explore.prompting.encode_prompt`:
+  system text, the task, the history under the context budget, the valid actions), so ``prompt_ids`` is the turn's
+  whole context and ``response_ids`` the turn's sampled tokens (``response_mask`` all 1);
+- ``response_logprobs`` are the rollout server's log probs of those tokens (set ``rollout.calculate_log_probs=True``);
+- ``extra_fields`` carry ``min_global_steps`` / ``max_global_steps`` of *that turn's* generate call (verl's server
+  client stamps the weights version on every call), ``turn_index``, ``prompt_truncated``, ``env`` and ``task``;
+- the episode's score is the last output's ``reward_score`` (verl copies it to the others).
+
+With :class:`divopd.integrations.verl_agent_loop.DivOPDAgentLoopManagerTQ` as the manager, every one of these outputs
+is scored by verl's teacher path (``AsyncTeacherLLMServerManager.compute_teacher_logprobs_single``) and written as
+its own TransferQueue record ``{uid}_{session_id}_{turn_index}``: the rollout id is ``{uid}_{session_id}``.
+
+The task comes from the dataset row that ``divopd tasks CONFIG --for verl`` writes
+(:mod:`divopd.integrations.verl_tasks`): ``extra_info.divopd_task`` holds the row (env, env_kwargs, task, max_steps
+and the explorer's prompt / generation settings) as JSON text. Register the loop in verl's worker processes either by
+importing this module (the divopd manager does) or with ``rollout.agent.agent_loop_config_path`` pointing at a YAML
+list entry ``{name: divopd_env_agent, _target_: divopd.integrations.verl_env_agent.DivOPDEnvAgentLoop}``
+(examples/verl/agent_loops.yaml). +R (the teacher taking over a turn) is not played here: verl's teacher path only
+scores, it does not generate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from divopd.errors import UsageError
+from divopd.explore.envs import make_env
+from divopd.explore.prompting import PromptConfig, decode_action, encode_prompt
+
+__all__ = ["AGENT_NAME", "DivOPDEnvAgentLoop", "task_row"]
+
+#: The name the loop is registered under (the dataset rows' ``agent_name``).
+AGENT_NAME = "divopd_env_agent"
+
+
+def task_row(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The divopd task row of a dataset row's fields (``extra_info.divopd_task``, JSON text or a dict)."""
+    extra = kwargs.get("extra_info") or {}
+    raw = extra.get("divopd_task") if hasattr(extra, "get") else None
+    if raw is None:
+        raise UsageError(f"{AGENT_NAME}: the dataset row has no extra_info.divopd_task: make the data files with "
+                         "`divopd tasks CONFIG --for verl --split train --out FILE.parquet`")
+    row = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    missing = [k for k in ("env", "task", "max_steps") if k not in row]
+    if missing:
+        raise UsageError(f"{AGENT_NAME}: extra_info.divopd_task has no {missing[0]!r}")
+    return row
+
+
+@register(AGENT_NAME)
+class DivOPDEnvAgentLoop(AgentLoopBase):
+    """Plays one divopd environment episode per session; returns one :class:`AgentLoopOutput` per assistant turn."""
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:  # type: ignore[override]
+        row = task_row(kwargs)
+        explorer = row.get("explorer") or {}
+        prompt_cfg = PromptConfig(**(explorer.get("prompt") or {}))
+        budget = min(prompt_cfg.max_prompt_tokens, int(self.rollout_config.prompt_length))
+        prompt_cfg = prompt_cfg.model_copy(update={"max_prompt_tokens": budget})
+        response_length = int(self.rollout_config.response_length)
+        params = dict(sampling_params)
+        max_new = (explorer.get("generation") or {}).get("max_new_tokens")
+        params["max_tokens"] = min(int(max_new), response_length) if max_new else response_length
+        loop = asyncio.get_running_loop()
+        env = make_env(row["env"], **(row.get("env_kwargs") or {}))
+        outputs: list[AgentLoopOutput] = []
+        score = 0.0
+        try:
+            first = await loop.run_in_executor(None, env.reset, str(row["task"]))
+            history: list[tuple[str, str]] = []
+            for turn_index in range(int(row["max_steps"])):
+                prompt = encode_prompt(self.tokenizer, prompt_cfg, first, history, env.valid_actions())
+                out = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=list(prompt.ids),
+                                                         sampling_params=params)
+                response = list(out.token_ids)[:response_length]
+                logprobs = list(out.log_probs)[:len(response)] if out.log_probs else None
+                action = decode_action(self.tokenizer, response)
+                observation, reward, done, _info = await loop.run_in_executor(None, env.step, action)
+                score += float(reward)
+                outputs.append(AgentLoopOutput(
+                    prompt_ids=list(prompt.ids), response_ids=response, response_mask=[1] * len(response),
+                    response_logprobs=logprobs, num_turns=2, metrics=AgentLoopMetrics(),
+                    extra_fields={
+                        "min_global_steps": out.extra_fields.get("min_global_steps"),
+                        "max_global_steps": out.extra_fields.get("max_global_steps"),
+                        "turn_index": turn_index, "prompt_truncated": bool(prompt.truncated),
+                        "env": str(row["env"]), "task": str(row["task"]), "reward_extra_info": {}}))
+                history.append((action, observation))
+                if done:
+                    break
+        finally:
+            env.close()
+        if outputs:
+            outputs[-1].reward_score = score
+        return outputs
