@@ -110,6 +110,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         self._keys: dict[int, str] = {}  # arrival -> TransferQueue key, for every turn still waiting
         self._tags: dict[str, dict] = {}  # key -> its tag, for every turn still waiting
         self._handed_out: set[str] = set()  # keys returned to verl that it has not cleared yet
+        self.stopped: list[str] = []  # keys of the records that stopped the run (left in TransferQueue)
 
     # ------------------------------------------------------------------ sampling
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
@@ -172,16 +173,37 @@ class DivOPDReplayBuffer(ReplayBuffer):
             elif key not in known and tag.get("status") == "success":  # a record being written has no status yet
                 keys.append(key)
                 tags.append(tag)
+        errors: dict[str, VerlRecordError] = {}
         bare = [i for i, tag in enumerate(tags) if SUMMARY_TAG not in tag]
         for i, values in zip(bare, self._read(partition_id, [keys[i] for i in bare]), strict=True):
-            tags[i] = {**tags[i], SUMMARY_TAG: record_summary(keys[i], tags[i], values)[1]}
-        turns: list[Turn] = [summary_turn(k, t) for k, t in zip(keys, tags, strict=True)]
+            try:
+                tags[i] = {**tags[i], SUMMARY_TAG: record_summary(keys[i], tags[i], values)[1]}
+            except VerlRecordError as exc:
+                errors[keys[i]] = exc
+        turns: list[Turn] = []
+        for key, tag in zip(keys, tags, strict=True):
+            try:
+                turns.append(summary_turn(key, tag))
+            except VerlRecordError as exc:
+                errors.setdefault(key, exc)
+            except KeyError:  # a summary tag without a field it needs
+                errors.setdefault(key, VerlRecordError(f"verl record {key!r}: tag {SUMMARY_TAG!r} is incomplete"))
+        if errors:
+            self._stop(partition_id, errors)
         arrivals = self.sampler.add(turns)
         self._keys.update(zip(arrivals, keys, strict=True))
         self._tags.update(zip(keys, tags, strict=True))
         if done_prompts:  # their trajectories were put before their terminal status: all read above
             tq.kv_clear(keys=done_prompts, partition_id=partition_id)
         return turns
+
+    def _stop(self, partition_id: str, errors: dict[str, VerlRecordError]) -> None:
+        """Count the records that stop the run (:attr:`stopped`) and raise one line; nothing is read out of
+        TransferQueue: they, and the records read with them, stay there (none entered the sampler)."""
+        self.stopped.extend(k for k in errors if k not in self.stopped)
+        first = next(iter(errors.values()))
+        raise VerlRecordError(f"{first} [{len(self.stopped)} record(s) stopped the run, kept in TransferQueue "
+                              f"partition {partition_id!r}: {sorted(errors)[:3]}]")
 
     @staticmethod
     def _read(partition_id: str, keys: list[str]) -> list[dict[str, Any]]:
