@@ -38,12 +38,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from divopd.errors import UsageError
 from divopd.explore.envs import make_env
 from divopd.explore.prompting import PromptConfig, decode_action, encode_prompt
+from divopd.integrations.verl_tasks import AGENT_NAME
 
 __all__ = ["AGENT_NAME", "DivOPDEnvAgentLoop", "task_row"]
-
-#: The name the loop is registered under (the dataset rows' ``agent_name``).
-AGENT_NAME = "divopd_env_agent"
-
 
 def task_row(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The divopd task row of a dataset row's fields (``extra_info.divopd_task``, JSON text or a dict)."""

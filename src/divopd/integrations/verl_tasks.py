@@ -1,0 +1,66 @@
+"""verl's dataset files (``data.train_files`` / ``data.val_files``), written by ``divopd tasks CONFIG --for verl``.
+
+verl's ``RLHFDataset`` reads parquet files, one row per prompt; its agent-loop workers pass the row's fields to the
+agent loop named in its ``agent_name`` column. Each row here names divopd's loop (``divopd_env_agent``,
+:mod:`divopd.integrations.verl_env_agent`) and carries divopd's task row (``divopd.commands.tasks.task_rows``: env,
+env_kwargs, split, task, index, max_steps, and the explorer's prompt / generation settings) as JSON *text* in
+``extra_info.divopd_task`` (Arrow would merge dicts of different shapes into one struct type)::
+
+    divopd tasks scienceworld --for verl --split train --out data/scienceworld/train.parquet
+    divopd tasks scienceworld --for verl --split dev --out data/scienceworld/val.parquet
+
+Columns: ``data_source`` (``divopd/<env>``), ``agent_name``, ``prompt`` (one short user message naming the task: the
+loop builds the real prompts from the environment; verl's dataset filters and tokenizes this column), ``ability``,
+``reward_model`` (the loop scores episodes itself: ``{"style": "divopd_env", "ground_truth": ""}``) and
+``extra_info`` (``index``, ``split``, ``divopd_task``). Needs pyarrow (installed with verl and with divopd).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from divopd.errors import UsageError
+
+__all__ = ["AGENT_NAME", "ROW_KEYS", "verl_row", "write_tasks"]
+
+#: The name divopd's agent loop is registered under in verl (:mod:`divopd.integrations.verl_env_agent`).
+AGENT_NAME = "divopd_env_agent"
+
+#: The keys every divopd task row has (``divopd.commands.tasks.task_rows``).
+ROW_KEYS = ("env", "env_kwargs", "split", "task", "index", "max_steps")
+
+
+def verl_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The verl dataset row of one divopd task row."""
+    missing = [k for k in ROW_KEYS if k not in row]
+    if missing:
+        raise UsageError(f"task row {row.get('index')!r} has no {missing[0]!r}")
+    return {
+        "data_source": f"divopd/{row['env']}",
+        "agent_name": AGENT_NAME,
+        "prompt": [{"role": "user", "content": f"divopd task {row['task']} of environment {row['env']}"}],
+        "ability": "agent",
+        "reward_model": {"style": "divopd_env", "ground_truth": ""},
+        "extra_info": {"index": int(row["index"]), "split": str(row["split"]),
+                       "divopd_task": json.dumps(row, sort_keys=True)},
+    }
+
+
+def write_tasks(rows: list[dict], out: Path) -> None:
+    """Write ``rows`` as verl dataset rows to ``out`` (a ``.parquet`` file; written whole or not at all)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out)
+    if out.suffix != ".parquet":
+        raise UsageError(f"--out {out}: verl's dataset files are parquet (name it train.parquet / val.parquet)")
+    table = pa.Table.from_pylist([verl_row(r) for r in rows])
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
