@@ -13,13 +13,13 @@ import pytest
 pytest.importorskip("verl")
 
 from omegaconf import OmegaConf  # noqa: E402
-from tiny_models import build_tiny_models  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 
 from divopd.commands.tasks import task_rows  # noqa: E402
 from divopd.integrations.verl_env_agent import AGENT_NAME, task_row  # noqa: E402
 from divopd.train.config import load_config  # noqa: E402
+from tiny_models import build_tiny_models  # noqa: E402
 
 ARGS = ["tiny", "--set", "explorer.env=tiny", "--set", "explorer.env_kwargs={}", "--set", "explorer.max_steps=6"]
 
