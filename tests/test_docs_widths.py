@@ -9,9 +9,12 @@ character advances 0.6 em (Roboto Mono; DejaVu Sans Mono, the local fallback, 0.
 Blocks marked ``{.wrap}`` (error lines on the troubleshooting page) wrap in the browser (docs/stylesheets/extra.css)
 and are exempt.
 
-Tables: a code span in a table's first column does not break (extra.css keeps key names whole); material breaks any other code span anywhere (``word-break: break-word``). Table text is 0.64 rem (12.8 px), code 0.85 em of it
-(10.9 px, 6.55 px a character): a 50-character unbreakable span is 328 px, under half the column, so the other columns
-keep room; longer config defaults move to a list under the table (``gen_reference.LONG_DEFAULT``).
+Tables: a code span in a table's first column does not break (extra.css keeps key names whole); material breaks any
+other code span anywhere (``word-break: break-word``). Table text is 0.64 rem (12.8 px), code 0.85 em of it (10.9 px,
+6.55 px a character): a 50-character unbreakable span is 328 px, under half the column, so the other columns keep
+room; longer config defaults move to a list under the table (``gen_reference.LONG_DEFAULT``). A table's narrowest
+layout is the sum over columns of its longest unbreakable word (plain text ~6.6 px a character, code spans outside the
+first column break) plus 11.5 px of cell padding (0.45 em each side); it must fit the 748 px column.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ _spec.loader.exec_module(gen)
 
 CODE_CHARS = gen.CODE_CHARS
 TABLE_SPAN = 50
+COLUMN_PX = 748
 FENCE = re.compile(r"^( *)(```+)([^\n]*)\n(.*?)^\1\2 *$", re.S | re.M)
 
 #: Pages whose code blocks still hold lines past the budget, with how many: the count may only go down (reflow them,
@@ -63,16 +67,44 @@ def unbreakable_spans(text: str) -> list[str]:
     """Spans of table cells the browser cannot break, longer than ``TABLE_SPAN`` characters."""
     out = []
     rows = text.split("\n")
-    for row, after in zip(rows, [*rows[1:], ""]):
-        if not row.startswith("|") or set(row) <= set("|-: ") or (after.startswith("|") and set(after) <= set("|-: ")):
-            continue  # not a body row (a separator, or the header above one: th, not td)
-        cells = [c.strip() for c in re.split(r"(?<!\\)\|", row.strip().strip("|"))]
-        for i, cell in enumerate(cells):
+    for row, after in zip(rows, [*rows[1:], ""], strict=True):
+        header = after.startswith("|") and set(after) <= set("|-: ")  # th above the separator: code there breaks
+        if not row.startswith("|") or set(row) <= set("|-: ") or header:
+            continue
+        for i, cell in enumerate(_cells(row)):
             spans = re.findall(r"`([^`]*)`", cell)
             if i == 0:  # extra.css keeps first-column code whole; material breaks others (word-break: break-word)
                 out += [f"[{len(s)}] {s}" for s in map(html.unescape, spans) if len(s) > TABLE_SPAN]
         plain = html.unescape(re.sub(r"`[^`]*`|\([^)]*\)", " ", row))  # link targets are not shown
         out += [f"[{len(w)}] {w}" for w in plain.split() if len(w) > TABLE_SPAN]
+    return out
+
+
+def _cells(row: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", row.strip().strip("|"))]
+
+
+def narrowest_tables(text: str) -> list[str]:
+    """Tables whose narrowest layout (see the module docstring) is wider than ``COLUMN_PX``."""
+    out, table = [], []
+    for row in [*text.split("\n"), ""]:
+        if row.startswith("|"):
+            table.append(row)
+            continue
+        widths: dict[int, int] = {}
+        for r in table:
+            if set(r) <= set("|-: "):
+                continue
+            for i, cell in enumerate(_cells(re.sub(r"\]\([^)]*\)", "]", r))):  # link targets are not shown
+                if i:
+                    cell = re.sub(r"`[^`]*`", "x", cell)
+                cell = html.unescape(cell.replace("`", "").replace("**", "").replace("<br>", " "))
+                words = re.split(r"[\s/]+", cell)  # Chromium breaks after a slash too
+                widths[i] = max(widths.get(i, 0), max((len(w) for w in words), default=0))
+        px = sum(w * 6.6 + 11.5 for w in widths.values())
+        if px > COLUMN_PX:
+            out.append(f"[{px:.0f} px] {table[0][:90]}")
+        table = []
     return out
 
 
@@ -91,6 +123,11 @@ def test_table_cells_have_no_long_unbreakable_span() -> None:
     assert not problems, "table cells the browser cannot wrap:\n" + "\n".join(problems)
 
 
+def test_tables_fit_the_column_at_their_narrowest() -> None:
+    problems = [f"{p.relative_to(REPO)}: {t}" for p in pages() for t in narrowest_tables(p.read_text())]
+    assert not problems, f"tables wider than the {COLUMN_PX} px column however they wrap:\n" + "\n".join(problems)
+
+
 def test_long_config_defaults_move_under_the_table() -> None:
     page = gen.config_page()
     system = next(r for r in page.split("\n") if r.startswith("| `explorer.prompt.system`"))
@@ -104,3 +141,4 @@ def test_the_checks_catch_what_they_claim() -> None:
     assert not long_code_lines("```text {.wrap}\n" + "x" * 200 + "\n```\n")
     assert unbreakable_spans("| `" + "a" * 60 + "` | x |\n")  # first-column code: nowrap
     assert not unbreakable_spans("| `k` | see `" + "a" * 80 + "` |\n")  # inside prose it breaks
+    assert narrowest_tables("| a | b |\n|---|---|\n| " + " | ".join(["abcdefghij"] * 12) + " |\n")
