@@ -14,7 +14,7 @@ other code span anywhere (``word-break: break-word``). Table text is 0.64 rem (1
 6.55 px a character): a 50-character unbreakable span is 328 px, under half the column, so the other columns keep
 room; longer config defaults move to a list under the table (``gen_reference.LONG_DEFAULT``). A table's narrowest
 layout is the sum over columns of its longest unbreakable word (plain text ~6.6 px a character, code spans outside the
-first column break) plus 11.5 px of cell padding (0.45 em each side); it must fit the 748 px column.
+first column break) plus the cells' side padding (extra.css); it must fit the 748 px column.
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ _spec.loader.exec_module(gen)
 CODE_CHARS = gen.CODE_CHARS
 TABLE_SPAN = 50
 COLUMN_PX = 748
+CSS = (REPO / "docs" / "stylesheets" / "extra.css").read_text()
+#: a cell's side padding in px (extra.css's `padding: V H` for table cells, in em of the 12.8 px table text)
+CELL_PAD_PX = 2 * 12.8 * float(re.search(r"td \{\s*padding: [\d.]+em ([\d.]+)em", CSS).group(1))
+#: extra.css keeps a cell's only code span whole (the rule this check was written against: it widened tables)
+ONLY_CHILD_NOWRAP = "td > code:only-child" in CSS
 FENCE = re.compile(r"^( *)(```+)([^\n]*)\n(.*?)^\1\2 *$", re.S | re.M)
 
 #: Pages whose code blocks still hold lines past the budget, with how many: the count may only go down (reflow them,
@@ -73,7 +78,8 @@ def unbreakable_spans(text: str) -> list[str]:
             continue
         for i, cell in enumerate(_cells(row)):
             spans = re.findall(r"`([^`]*)`", cell)
-            if i == 0:  # extra.css keeps first-column code whole; material breaks others (word-break: break-word)
+            only = len(spans) == 1 and not re.search(r"\[|<br>|\*\*", cell)  # :only-child ignores text nodes
+            if i == 0 or (ONLY_CHILD_NOWRAP and only):  # whole in extra.css; material breaks others anywhere
                 out += [f"[{len(s)}] {s}" for s in map(html.unescape, spans) if len(s) > TABLE_SPAN]
         plain = html.unescape(re.sub(r"`[^`]*`|\([^)]*\)", " ", row))  # link targets are not shown
         out += [f"[{len(w)}] {w}" for w in plain.split() if len(w) > TABLE_SPAN]
@@ -101,7 +107,7 @@ def narrowest_tables(text: str) -> list[str]:
                 cell = html.unescape(cell.replace("`", "").replace("**", "").replace("<br>", " "))
                 words = re.split(r"[\s/]+", cell)  # Chromium breaks after a slash too
                 widths[i] = max(widths.get(i, 0), max((len(w) for w in words), default=0))
-        px = sum(w * 6.6 + 11.5 for w in widths.values())
+        px = sum(w * 6.6 + CELL_PAD_PX for w in widths.values())
         if px > COLUMN_PX:
             out.append(f"[{px:.0f} px] {table[0][:90]}")
         table = []
