@@ -284,6 +284,18 @@ def test_the_own_model_guide_runs_from_a_fresh_clone(tmp_path: Path) -> None:
     assert summary.is_file() and '"updates": 2' in summary.read_text()
 
 
+def test_the_when_does_divopd_help_page_runs_and_quotes_its_output(tmp_path: Path) -> None:
+    """The page's replay / tune-cap commands run as written (a 20-update simulated log), printing what it quotes."""
+    page = "docs/when-does-divopd-help.md"
+    out = run_page(page, fresh_clone(tmp_path / "repo"), slow=False, timeout=600)
+    text = (REPO / page).read_text()
+    for quoted in ("│ vanilla │      20 │       0 │   286 │  171 │", "37.0%", "6.34", "20.92", "recommended k = 8",
+                   "arrival/drain ratio 1.92"):
+        assert quoted in out, quoted
+    for number in ("37.0%", "6.34", "20.92", "k = 8", "1.92", "30.6%"):
+        assert number in text, number
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUN_PAGES)
 def test_every_command_of_the_page_runs(page: str, tmp_path: Path) -> None:
