@@ -13,8 +13,10 @@ import torch  # noqa: E402
 from opd_stream import rollout_ranks, to_experience  # noqa: E402
 from trinity.common.experience import EID, Experience  # noqa: E402
 
+from divopd.errors import UsageError  # noqa: E402
 from divopd.experience.log import read_log  # noqa: E402
 from divopd.integrations.trinity import experience_to_turn  # noqa: E402
+from divopd.integrations.trinity_records import experiences_to_turns  # noqa: E402
 from divopd.sampling import gate  # noqa: E402
 
 
@@ -50,10 +52,8 @@ def test_bfloat16_log_probs_and_unscored_positions() -> None:
 
 def test_a_whole_read_gets_the_same_gate_and_focus_values_as_each_turn_alone() -> None:
     """``experiences_to_turns`` computes the cached per-turn values for a read at once: they equal Turn's own exactly
-    (NaN teacher positions, non-action tokens, a non-finite student log prob, lengths 1..20, a mismatch, a bad record)."""
-    from divopd.errors import UsageError
-    from divopd.integrations.trinity_records import experiences_to_turns
-
+    (NaN teacher positions, non-action tokens, a non-finite student log prob, lengths 1..20, a mismatch, a bad
+    record)."""
     rng = np.random.default_rng(3)
     exps = []
     for i in range(60):
