@@ -150,6 +150,7 @@ class DivOPDSampleStrategy(SampleStrategy):
         # arrival -> (model version, experience, has an unscored teacher position), turns waiting
         self._held: dict[int, tuple[int, Experience, bool]] = {}
         self._closed = False  # the explorer side released the buffer and it is empty
+        self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
         self._keep_dir = buffer_config.cache_dir  # <checkpoint job dir>/buffer, where records that stop a run go
         self.stopped: list[Experience] = []  # records that stopped the run (no rollout id / version), kept
 
@@ -191,7 +192,9 @@ class DivOPDSampleStrategy(SampleStrategy):
             if time.monotonic() > deadline:
                 raise TimeoutError(self._starved(learner_version))
             try:  # too few valid turns: wait for the next experience
-                self._add(await self._reader.read(1))
+                experiences = await self._reader.read(1)
+                self._known = max(self._known - 1, 0)  # it may have been one of those counted
+                self._add(experiences)
             except TimeoutError:
                 raise TimeoutError(self._starved(learner_version)) from None
             except StopAsyncIteration:
@@ -216,16 +219,25 @@ class DivOPDSampleStrategy(SampleStrategy):
 
         Trinity's reader waits for a full read (its ``get_batch`` polls the queue in 1 s steps) and its ``length``
         counts payloads, not experiences: so first ask the queue actor how many experiences it holds (Ray's
-        ``__ray_call__``), then read at most that many with Trinity's reader, which returns without waiting."""
-        available, closed = await self._reader.queue.__ray_call__.remote(self._count)
-        if available == 0:
-            self._closed = self._closed or closed
-            return [], True
+        ``__ray_call__``), then read at most that many with Trinity's reader, which returns without waiting. This
+        strategy is the queue's only reader, so what a count saw and a read left behind is still there: a read that
+        needs no more than that skips the count (one round trip a step once the pool is full, as Trinity's own)."""
+        if limit <= self._known:
+            available = self._known
+        else:
+            available, closed = await self._reader.queue.__ray_call__.remote(self._count)
+            if available == 0:
+                self._closed = self._closed or closed
+                self._known = 0
+                return [], True
+        n = min(available, limit)
         try:
-            return await self._reader.read(min(available, limit)), available <= limit
+            experiences = await self._reader.read(n)
         except StopAsyncIteration:
-            self._closed = True
+            self._closed, self._known = True, 0
             return [], True
+        self._known = available - n
+        return experiences, available <= limit
 
     def _add(self, experiences: list[Experience]) -> None:
         """Queue the turns of ``experiences`` in order; a record without a rollout id or version stops the run: it is
