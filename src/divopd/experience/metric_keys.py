@@ -96,6 +96,8 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
      "Table 16: `scored_tokens_received` ÷ `response_tokens_trained` (cumulative)."),
     ("sampler/disagreement_std_ema", "update",
      "Figure 6: EMA (α = 0.12, first value = the first update's) of `disagreement_std_across_rollouts`."),
+    ("sampler/unscored_masked", "update", "Framework plug-ins (verl): action positions of the batch whose teacher "
+     "value was not finite; they left the framework's loss mask and carry a finite placeholder."),
     ("sampler/expired", "update", "Turns expired during this composition."),
     ("sampler/invalid", "update", "Turns the gate rejected during this composition."),
     ("sampler/pending", "update", "Unselected valid turns kept pending after this composition."),
