@@ -75,3 +75,52 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         assert proc.returncode == 2 and proc.stdout == ""
         assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and needle in proc.stderr
     assert mine.read_text() == "my notes\n"
+
+
+# ---------------------------------------------------------------------------------------------------- the docs table
+def _gen_selfcheck():  # noqa: ANN202 (a module loaded from docs/)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_selfcheck", REPO / "docs" / "gen_selfcheck.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_home_table_is_built_from_the_committed_records() -> None:
+    gen = _gen_selfcheck()
+    home = (REPO / "docs" / "index.md").read_text()
+    assert gen.section() in home, "docs/index.md's table is stale: run `python docs/gen_reference.py` (make docs)"
+    assert home.count("| path | CPU | CUDA GPU |") == 1
+    records = [json.loads(line) for f in sorted((REPO / "docs" / "selfcheck").glob("*.jsonl"))
+               for line in f.read_text().splitlines()]
+    assert records and all({"check", "status", "device_kind", "device", "date"} <= set(r) for r in records)
+    table = gen.table()
+    for path, checks, _ in gen.ROWS:
+        line = next(x for x in table.splitlines() if x.startswith(f"| {path} |"))
+        cpu, cuda = line.split(" | ")[1:3]
+        passed = {r["check"] for r in records if r["device_kind"] == "cpu" and r["status"] == "pass"}
+        assert cpu.startswith("**passed**") == bool(checks and set(checks) <= passed), path
+        if not any(r["device_kind"] == "cuda" and r["status"] != "skip" for r in records):
+            assert cuda == "**never run**", path  # no CUDA record committed: every CUDA cell says so
+
+
+def test_a_row_says_passed_only_when_every_check_of_it_passed_on_that_device() -> None:
+    gen = _gen_selfcheck()
+
+    def rec(check: str, status: str, date: str, kind: str = "cuda") -> dict:
+        return {"check": check, "status": status, "device_kind": kind, "device": f"{kind}: X", "date": date,
+                "file": f"{date}-{kind}.jsonl"}
+
+    row = ("hf_explorer", "hf_teacher")
+    assert gen.cell([], row, "cuda") == "**never run**"
+    assert gen.cell([rec("hf_explorer", "pass", "2027-01-01")], row, "cuda") == "**never run**"
+    assert gen.cell([rec(c, "pass", "2027-01-01", "cpu") for c in row], row, "cuda") == "**never run**"
+    assert gen.cell([rec(c, "skip", "2027-01-01") for c in row], row, "cuda") == "**never run**"
+    both = [rec(c, "pass", "2027-01-01") for c in row]
+    assert gen.cell(both, row, "cuda").startswith("**passed** 2027-01-01 ([2027-01-01-cuda.jsonl]")
+    assert gen.cell([*both, rec("hf_teacher", "fail", "2027-02-01")], row, "cuda").startswith("**failed** 2027-02-01")
+    assert gen.cell([rec("hf_teacher", "fail", "2027-01-01"), *[rec(c, "pass", "2027-02-01") for c in row]], row,
+                    "cuda").startswith("**passed** 2027-02-01")
+    assert gen.cell(both, (), "cuda") == "**never run**"  # a row no self-check covers
