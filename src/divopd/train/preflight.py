@@ -15,6 +15,7 @@ JVM environments, a WebShop server, and the free disk in the run directory's fil
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from divopd.train.probes import (
     reachable,
     vllm_build,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PreflightError", "blockers", "check_before_run", "config_checks", "estimated_run_bytes"]
 
@@ -354,8 +357,12 @@ def check_before_run(cfg: TrainConfig, run_dir: Path | None = None) -> None:
     """Run :func:`config_checks` (without loading tokenizers) before ``divopd train`` makes its run directory: the
     first blocker as one line (its own exception when it is the only one, else :class:`PreflightError` saying how
     many more ``divopd doctor`` lists). Nothing is written."""
-    stops = blockers(config_checks(cfg, run_dir=run_dir))
+    rows = config_checks(cfg, run_dir=run_dir)
+    stops = blockers(rows)
     if not stops:
+        for r in rows:  # what the run will score against is worth a line in its log
+            if r.name == "teacher server" and r.status == OK:
+                log.info("%s", r.detail)
         return
     if len(stops) == 1 and isinstance(stops[0].error, UsageError):
         raise stops[0].error
