@@ -382,6 +382,44 @@ MESSAGES: dict[str, tuple[str, ...]] = {
     "--method, --set and --run-dir need a CONFIG": (
         "--method, --set and --run-dir need a CONFIG (a packaged setting's name or a YAML file)",),
     "--import-timeout: expected seconds >= 0": ("--import-timeout: expected seconds >= 0, got ",),
+    "resume: damaged checkpoint update-000006 (model.safetensors: N bytes, M written); set aside as": (
+        "resume: damaged checkpoint %s; set aside as %s; resuming from %s", '{p.name} ({problem})',
+        '{name}: {size} bytes, {entry.get(\'size\')} written'),
+    "no checkpoint verifies (update-000006 (state.json: N bytes, M written); update-000004 (tokenizer.json": (
+        "{flag} {run_dir}: no checkpoint verifies ({what}); nothing was changed (metrics and ",
+        "experience log kept); restore a checkpoint, or start a fresh run with another --run-dir", '{name}: missing'),
+    "checkpoint update-000004 could not be written (disk full: No space left on device on PATH)": (
+        "checkpoint {path.name} could not be written ({cause}: {detail} on {where}); nothing partial is left, ",
+        "the newest good checkpoint is {newest or 'none (the run resumes from its start)'}; free space, then ",
+        "`divopd train --resume {run_dir}`"),
+    "divopd train: error: disk full (No space left on device on PATH)": (
+        "disk full ({getattr(exc, 'strerror', None) or exc} on {getattr(exc, 'filename', None) or run_dir}); ",),
+    "metrics.jsonl: dropping 1 malformed line(s) (not JSON; line 3)": (
+        "{self.path}: dropping {len(malformed)} malformed line(s) (not JSON; line ",),
+    "experience log: set aside unreadable part part-000000-000011.parquet; 96 received turn(s) left the log": (
+        "experience log: set aside unreadable part %s",
+        "; {lost} received turn(s) left the log (summary.json log/unreadable_turns)"),
+    "turns rejected by the gate since update U and no update; top reason prompt_truncated": (
+        "turns rejected by the gate since update {version} and no update; top reason {top} ({n}), ",
+        '"prompt_truncated": "explorer.prompt.max_prompt_tokens"', "(runtime.rejected_turns_warning = %d)"),
+    "divopd train: error: stalled at the gate:": (
+        "stalled at the gate: {what}; no batch can be composed (runtime.rejected_turns_warning = ",
+        "checkpointed at update {summary['updates']}: resume with "),
+    "divopd train: interrupted": ('print(f"divopd {args.command}: interrupted"',),
+    "is in use by another divopd process (pid N on HOST)": (
+        "is in use by another divopd process ({holder}), which is writing this run; wait for it to end (or stop it "
+        "with Ctrl-C), then run the command again", 'f"pid {os.getpid()} on {socket.gethostname()}'),
+    "no checkpoint there, nothing to resume from (the run stopped before its first checkpoint); start it afresh": (
+        "no checkpoint there, nothing to resume from (the run stopped before its first checkpoint); start it afresh "
+        "with `divopd train {run_dir}/config.yaml --run-dir {run_dir}`: its old files are kept in "
+        "{run_dir}/stranded-<time>/",),
+    "held a run that stopped before its first checkpoint; its files are kept in": (
+        "%s held a run that stopped before its first checkpoint; its files are kept in %s; starting a fresh run there",
+        'STRANDED_PREFIX = "stranded-"'),
+    "resuming as the threads runtime resumes: the turns logged past the checkpoint are queued again": (
+        "resume: %s; resuming as the threads runtime resumes: the turns logged past the checkpoint are queued again "
+        "and the episodes running at it start over (the run is no longer exact)",
+        "is not deterministic under replay: rollout"),
 }
 
 

@@ -38,11 +38,11 @@ from divopd.train.probes import (
     vllm_build,
 )
 
-log = logging.getLogger(__name__)
-
 __all__ = ["PreflightError", "blockers", "check_before_run", "config_checks", "estimated_run_bytes"]
 
 #: Free space a run needs besides its checkpoints (metrics, TensorBoard, the experience log's first parts).
+log = logging.getLogger(__name__)
+
 RUN_FLOOR_BYTES = 64 * 2**20
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
 
@@ -358,11 +358,11 @@ def check_before_run(cfg: TrainConfig, run_dir: Path | None = None) -> None:
     first blocker as one line (its own exception when it is the only one, else :class:`PreflightError` saying how
     many more ``divopd doctor`` lists). Nothing is written."""
     rows = config_checks(cfg, run_dir=run_dir)
+    for row in rows:
+        if row.name == "teacher server" and row.status == OK:
+            log.info("%s", row.detail)  # the run states which model the server serves
     stops = blockers(rows)
     if not stops:
-        for r in rows:  # what the run will score against is worth a line in its log
-            if r.name == "teacher server" and r.status == OK:
-                log.info("%s", r.detail)
         return
     if len(stops) == 1 and isinstance(stops[0].error, UsageError):
         raise stops[0].error

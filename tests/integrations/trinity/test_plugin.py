@@ -60,3 +60,18 @@ def test_an_example_config_switches_to_divopd_with_one_line(path: Path, tmp_path
 
 def test_there_is_an_example_per_paper_environment() -> None:
     assert [p.stem for p in EXAMPLES] == ["alfworld-divopd", "scienceworld-divopd", "webshop-divopd"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_an_example_names_a_registered_divopd_workflow_a_teacher_and_the_task_command(path: Path) -> None:
+    from trinity.common.workflows import WORKFLOWS
+
+    import divopd.integrations.trinity_workflow  # noqa: F401  (what --plugin-dir loads)
+
+    config = load_config(str(path))
+    name = config.buffer.explorer_input.default_workflow_type
+    assert name.startswith("divopd_") and WORKFLOWS.get(name) is not None
+    assert config.mode == "both" and config.explorer.auxiliary_models[0].model_path
+    env = path.stem.split("-")[0]
+    command = f"divopd tasks {env} --for trinity --split train --out tasks/{env}/train.jsonl"
+    assert command in path.read_text() and config.buffer.explorer_input.taskset.path == f"tasks/{env}"

@@ -147,13 +147,16 @@ def bridge_vocabularies(cfg: TrainConfig, teacher: Teacher, teacher_tokenizer: A
 
 def check_vocabularies(cfg: TrainConfig, teacher_tokenizer: Any) -> VocabMatch:
     """The start-up vocabulary decision (:func:`~divopd.explore.vocab.compare_vocabularies`): ``identical``,
-    ``extension`` or ``cross``. Raises a one-line :class:`~divopd.errors.ConfigError` for a ``cross`` teacher with
-    ``teacher.cross_tokenizer: false``, and for a teacher top-k (``learner.estimator: topk`` or
-    ``explorer.teacher_topk``) that would hold ids the student lacks (a ``cross`` teacher, or an extension with
-    tokens the student lacks)."""
+    ``extension`` or ``cross`` (a nested vocabulary takes the cross path only where it scores more of a probe text and
+    the config allows it: ``teacher.cross_tokenizer`` and no top-k). Raises a one-line
+    :class:`~divopd.errors.ConfigError` for a ``cross`` teacher with ``teacher.cross_tokenizer: false``, and for a
+    teacher top-k (``learner.estimator: topk`` or ``explorer.teacher_topk``) that would hold ids the student lacks (a
+    ``cross`` teacher, or an extension with tokens the student lacks)."""
     if cfg.teacher.path == cfg.student.path and not cfg.teacher.tokenizer:
         return VocabMatch("identical")
-    match = compare_vocabularies(load_tokenizer(cfg.student.path), teacher_tokenizer)
+    topk = cfg.learner.estimator == "topk" or cfg.explorer.teacher_topk > 0
+    match = compare_vocabularies(load_tokenizer(cfg.student.path), teacher_tokenizer,
+                                 allow_cross=cfg.teacher.cross_tokenizer and not topk)
     source = f"teacher.tokenizer: {cfg.teacher.tokenizer}" if cfg.teacher.tokenizer else \
         f"teacher.path: {cfg.teacher.path}"
     sizes = f"{match.teacher_size} vs {match.student_size} tokens"
@@ -161,7 +164,6 @@ def check_vocabularies(cfg: TrainConfig, teacher_tokenizer: Any) -> VocabMatch:
         raise ConfigError(f"{source} has a different vocabulary from student.path {cfg.student.path} ({sizes}, not "
                           "an extension) and teacher.cross_tokenizer is false; set it true to map the teacher's log "
                           "probs onto the student's tokens (docs/concepts/teacher-vocabularies.md)")
-    topk = cfg.learner.estimator == "topk" or cfg.explorer.teacher_topk > 0
     if topk and (match.kind == "cross" or match.teacher_only):
         raise ConfigError(f"learner.estimator: topk (explorer.teacher_topk) needs the teacher's top-k ids in the "
                           f"student's vocabulary, but {source} is {match.describe()}; use learner.estimator: sampled")
