@@ -4,9 +4,11 @@
 
 Pages: ``cli.md`` (every verb's ``--help``), ``config.md`` (every key of the config schema), ``metrics.md`` (the keys
 of ``metrics.jsonl``), ``experience-log.md`` (the Parquet columns of the experience log) and ``run-dir.md`` (the run
-directory layout). The tables of log columns and run-directory entries are kept here, next to the code that renders
-them; the metrics keys' registry is :mod:`divopd.experience.metric_keys`. ``tests/test_readme.py`` checks them against a
-real training run, the log ``SCHEMA`` and the CLI, and that the committed pages equal a fresh generation.
+directory layout); with the default OUT_DIR also the "What has run where" table of ``index.md`` from the committed
+self-check records (``docs/gen_selfcheck.py``). The tables of log columns and run-directory entries are kept here,
+next to the code that renders them; the metrics keys' registry is :mod:`divopd.experience.metric_keys`.
+``tests/test_readme.py`` checks them against a real training run, the log ``SCHEMA`` and the CLI, and that the
+committed pages equal a fresh generation.
 """
 
 from __future__ import annotations
@@ -52,19 +54,38 @@ RUN_DIR: list[tuple[str, str]] = [
                     "identify the run. `divopd train --resume RUN_DIR` reads it back."),
     ("metrics.jsonl", "One JSON object per line, flushed at once: `update` and `eval` records ([metrics](metrics.md)). "
                       "NaN/inf are written as `null`; a cut-off last line is dropped on reopen; on `--resume` from "
-                      "update N, records with `update > N` are dropped before appending."),
+                      "update N, records with `update > N` are dropped before appending, and so are lines that are "
+                      "not JSON (one warning counts them)."),
     ("tb/", "TensorBoard events of the same scalars (when `torch.utils.tensorboard` imports)."),
-    ("experience/", "The experience log: `part-NNNNNN.parquet` files in arrival order ([format](experience-log.md)), "
-                    "readable by `divopd replay` / `divopd tune-cap`. Each part is written whole (to "
-                    "`part-NNNNNN.parquet.tmp`, then renamed), so a kill leaves every logged turn readable; a "
-                    "`*.tmp` a kill interrupted holds no logged turn and is removed on resume (a part of an older "
-                    "divopd's log left without its footer is renamed `*.unreadable`)."),
+    ("experience/", "The experience log: `part-NNNNNN.parquet` files in arrival order, numbered in numeric order at "
+                    "any count (`part-1000000` follows `part-999999`) ([format](experience-log.md)), readable by "
+                    "`divopd replay` / `divopd tune-cap`. Each part is written whole (to `part-NNNNNN.parquet.tmp`, "
+                    "then renamed), so a kill leaves every logged turn readable; a `*.tmp` a kill interrupted holds "
+                    "no logged turn and is removed on resume. At each checkpoint the parts written since the last "
+                    "one (one per queued rollout) are compacted into one `part-A-B.parquet` (parts A to B), whole or "
+                    "not at all: it is written and renamed into place before its inputs are removed, and readers "
+                    "leave out an input inside a compacted part's range, so a kill never counts a row twice or "
+                    "loses one. A part that cannot be opened (an older divopd's part left without its footer, a "
+                    "damaged disk) is renamed `*.unreadable` and kept; the received turns it held are counted in "
+                    "`summary.json` (`log/unreadable_turns`)."),
     ("checkpoints/", "Every `checkpoint.every` updates, at the end and on Ctrl-C/SIGTERM; the newest "
-                     "`checkpoint.keep` are kept."),
+                     "`checkpoint.keep` are kept. Pruning touches only divopd's own checkpoints (a folder named "
+                     "exactly `update-NNNNNN` holding divopd's `manifest.json` or `state.json`): anything else you "
+                     "put there (`update-000001-mine/`, `notes.txt`) is never deleted. A write that fails (disk "
+                     "full) leaves nothing partial and the newest good checkpoint as it was: one line, exit 3."),
     ("checkpoints/update-NNNNNN/", "One atomic checkpoint (written to a temporary sibling, renamed into place): the "
                                    "HF model (`config.json`, `model.safetensors`, `generation_config.json`), the "
                                    "tokenizer (`tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`), "
-                                   "`optimizer.pt` and `state.json`. `divopd eval` takes this folder."),
+                                   "`optimizer.pt`, `state.json` and `manifest.json`. `divopd eval` takes this "
+                                   "folder. `--resume` trusts the newest one that verifies; a newer damaged one is "
+                                   "renamed `update-NNNNNN.damaged` (kept) with one warning line."),
+    ("checkpoints/update-NNNNNN/manifest.json", "Written last, before the rename: every file of the checkpoint with "
+                                                "its size and a cheap hash (BLAKE2b of the size, the first and the "
+                                                "last MiB). `--resume` checks it before loading anything: a missing, "
+                                                "truncated or replaced file makes the checkpoint damaged. A "
+                                                "checkpoint of an older divopd (no manifest) is checked as far as "
+                                                "its files allow (JSON parses, safetensors as long as their header "
+                                                "says, `optimizer.pt` a whole archive, `tokenizer.json` present)."),
     ("checkpoints/update-NNNNNN/optimizer.pt", "AdamW state, tensors only (loaded with `weights_only=True`)."),
     ("checkpoints/update-NNNNNN/state.json", "Learner version, `tokens_total`, `compute_s_total`, the learner config, "
                                              "the torch RNG state and the extra state (the sampler's full "
@@ -80,6 +101,11 @@ RUN_DIR: list[tuple[str, str]] = [
                     "claims): divopd writes, replaces and deletes only in a marked directory, or in a run of an "
                     "older divopd (a `config.yaml` beside a `metrics.jsonl`). A non-empty folder that is neither is "
                     "refused (`--run-dir`, `--resume`: one line, exit 2)."),
+    (".divopd-lock", "The OS lock (`flock`) of the process writing the run, taken before anything is written; the "
+                     "file names its pid. A second process (a fresh run into the same folder, a second `--resume`) is "
+                     "refused with one line naming that pid; the lock goes with its process, even after `kill -9`."),
+    ("stranded-<time>/", "Only after a fresh run reused a run directory that held no checkpoint: the old run's files, "
+                         "moved aside (nothing is deleted)."),
 ]
 
 #: Keys of ``summary.json``.
@@ -104,6 +130,9 @@ SUMMARY: list[tuple[str, str]] = [
     ("env_steps", "Environment steps taken by the explorers (runtime-reported)."),
     ("producer_intervals", "Lockstep: polls of `env_steps_per_update` env steps up to the last update, across "
      "resumes (the denominator of `producer_load`); 0 under the other runtimes."),
+    ("log/unreadable_turns", "Received turns that are not in the experience log because the part holding them was "
+     "set aside as unreadable (`received` = log rows + this); 0 normally."),
+    ("log/unreadable_parts", "The parts set aside (`*.unreadable` in `experience/`), across resumes."),
     ("produced_turns", "Threads runtime: turns of the rollouts the explorer threads finished in this session; every "
      "one is received, also at a stop (in a fresh run it equals `ledger.received`)."),
 ]
@@ -232,8 +261,10 @@ def experience_log_page() -> str:
         HEADER, "# Experience log format\n\n",
         "One Parquet row per student response turn (`divopd.experience.log.SCHEMA`), written when the turn enters "
         "the queue, rows in arrival order. A log is one `.parquet` file or a directory of `part-NNNNNN.parquet` files "
-        "read in name order (a training run writes `experience/part-*.parquet`). Readers accept logs without the "
-        "optional columns, any integer width and float16/32/64 log probabilities; unknown extra columns are ignored. "
+        "read in numeric order (a training run writes `experience/part-*.parquet`, and at each checkpoint compacts "
+        "the parts since the previous one into one `part-A-B.parquet`: [run directory](run-dir.md)). Readers "
+        "accept logs without the optional columns, any integer width and float16/32/64 log probabilities; "
+        "unknown extra columns are ignored. "
         "A malformed log raises `ExperienceLogError` naming the file, the column and the first bad row (exit 2 in "
         "the CLI). Details: [replay and simulate](../guides/replay.md).\n\n",
         _table(("column", "type", "status", "nullable", "meaning"), rows),
@@ -246,7 +277,7 @@ def run_dir_page() -> str:
         "Every `divopd train` run writes one directory: `out_dir/<setting>/<method>/seed<seed>` (or `run_dir`).\n\n",
         "```text\n<run>/\n  .divopd-run\n  config.yaml\n  metrics.jsonl\n  tb/\n  experience/part-000000.parquet ...\n"
         "  checkpoints/update-000025/{config.json, model.safetensors, optimizer.pt, state.json,\n"
-        "                             tokenizer.json, ...}\n"
+        "                             manifest.json, tokenizer.json, ...}\n"
         "  summary.json\n```\n\n",
         _table(("path", "what"), [(f"`{p}`", m) for p, m in RUN_DIR]),
         "\n## summary.json\n\n",
@@ -273,6 +304,11 @@ def generate(out_dir: str | Path = HERE / "reference") -> list[Path]:
         path = out / name
         path.write_text(page())
         written.append(path)
+    if out == HERE / "reference":  # the site's own pages: also Home's "What has run where" (docs/gen_selfcheck.py)
+        sys.path.insert(0, str(HERE))
+        from gen_selfcheck import write_home
+
+        written.append(write_home())
     return written
 
 

@@ -157,6 +157,17 @@ CASES: list[tuple[str, list[str], str, str]] = [
     ("tune-cap-wrong-columns", ["tune-cap", "{d}/columns.parquet"], "missing required column", ""),
     ("tune-cap-bad-caps", ["tune-cap", "{d}/columns.parquet", "--caps", "2,x"], "--caps", ""),
     ("tune-cap-capless-method", ["tune-cap", "{d}/columns.parquet", "--method", "vanilla"], "vanilla", ""),
+    # doctor
+    ("doctor-set-without-config", ["doctor", "--set", "student.device=cuda"], "need a CONFIG", ""),
+    ("doctor-missing-config", ["doctor", "{d}/no-such.yaml"], "no such config file", ""),
+    ("doctor-bad-import-timeout", ["doctor", "--import-timeout", "-1"], "--import-timeout", ""),
+    # tasks
+    ("tasks-bad-limit", ["tasks", "tiny", "--for", "trinity", "--split", "train", "--out", "{d}/t.jsonl", "--limit",
+                         "0"], "--limit must be >= 1", ""),
+    ("tasks-out-dir-missing", ["tasks", "tiny", "--for", "trinity", "--split", "train", "--out",
+                               "{d}/no-dir/t.jsonl"], "no such directory", ""),
+    ("tasks-missing-config", ["tasks", "{d}/no-such.yaml", "--for", "trinity", "--split", "train", "--out",
+                              "{d}/t.parquet"], "no such config file", ""),
     # bench
     ("bench-malformed-plan", ["bench", "paper", "--plan", "{d}/plan_syntax.yaml", "--dry-run"],
      "plan_syntax.yaml: not valid YAML", SUB),

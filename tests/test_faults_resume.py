@@ -121,6 +121,7 @@ def without_runtime_state(ckpt: Path) -> None:
     state = json.loads(path.read_text())
     state["extra_state"].pop("runtime", None)
     path.write_text(json.dumps(state))
+    (ckpt / "manifest.json").unlink(missing_ok=True)  # an older divopd's checkpoint has no manifest
 
 
 def _check_resumed_equals(run_dir: Path, ref: dict) -> dict:
@@ -226,12 +227,15 @@ def test_an_episode_state_survives_json_exactly() -> None:
     assert back == e
 
 
-def test_an_env_that_does_not_replay_stops_the_resume_with_one_line_and_cuts_nothing(
-        tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
-    """A checkpoint whose recorded observation the env does not give back on replay (as a non-deterministic env
-    would): the resume is refused (a UsageError: one line, exit 2) before the log is touched."""
-    from divopd.errors import UsageError
-    from divopd.explore.explorer_state import ReplayError
+@pytest.mark.parametrize("how", ["observation", "replayable"])
+def test_an_env_that_does_not_replay_resumes_as_threads_with_one_warning(
+        how: str, tiny_models: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A lockstep checkpoint whose env cannot replay — a recorded observation the env does not give back (as a
+    non-deterministic env would), or an env that says ``replayable = False`` now — is still resumed (issue 50, item
+    8): one warning that the run is no longer exact, the turns logged past the checkpoint queued again (the threads
+    runtime's resume), the ledger whole, every received turn logged once, each update recorded once."""
+    from divopd.explore.envs import tiny
     from divopd.train import train
 
     run = tmp_path / "run"
@@ -240,14 +244,30 @@ def test_an_env_that_does_not_replay_stops_the_resume_with_one_line_and_cuts_not
     shutil.rmtree(run / "checkpoints" / "update-000004")
     state_path = run / "checkpoints" / "update-000002" / "state.json"
     state = json.loads(state_path.read_text())
-    slot = next(s for e in state["extra_state"]["runtime"]["explorers"] for s in e["slots"] if s is not None)
-    slot["first_observation"] += " (not what the env says)"
-    state_path.write_text(json.dumps(state))
-    logged = [t.arrival for t in read_log(run / "experience")]
-    with pytest.raises(ReplayError, match="not deterministic under replay") as err:
-        train(resume=run)
-    assert isinstance(err.value, UsageError) and "\n" not in str(err.value)
-    assert [t.arrival for t in read_log(run / "experience")] == logged, "nothing cut from the log"
+    past = len(list(read_log(run / "experience"))) - int(state["extra_state"]["sampler"]["next_arrival"])
+    assert past > 0, "turns logged past the checkpoint"
+    if how == "observation":
+        slot = next(s for e in state["extra_state"]["runtime"]["explorers"] for s in e["slots"] if s is not None)
+        slot["first_observation"] += " (not what the env says)"
+        state_path.write_text(json.dumps(state))
+        (state_path.parent / "manifest.json").unlink()  # edited by hand: checked as an older divopd's checkpoint
+    else:
+        real_init = tiny.TinyEnv.__init__
+
+        def not_replayable(self: object, *args: object, **kwargs: object) -> None:
+            real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+            self.replayable = False  # type: ignore[attr-defined]
+
+        monkeypatch.setattr(tiny.TinyEnv, "__init__", not_replayable)
+    with caplog.at_level("WARNING", logger="divopd.train.resume"):
+        summary = train(resume=run)
+    lines = [r.getMessage() for r in caplog.records if r.name == "divopd.train.resume"]
+    assert len(lines) == 1 and "no longer exact" in lines[0] and "queued again" in lines[0], lines
+    assert ("not deterministic under replay" if how == "observation" else "Env.replayable is False") in lines[0]
+    assert summary["resumed"] and summary["updates"] == 4
+    assert_ledger_identity(summary["ledger"])
+    assert [t.arrival for t in read_log(run / "experience")] == list(range(summary["ledger"]["received"]))
+    assert [r["update"] for r in read_metrics(run) if r["kind"] == "update"] == [1, 2, 3, 4]
 
 
 def test_an_env_with_randomness_of_its_own_is_not_resumed_exactly(tiny_models: dict[str, str],  # noqa: F811

@@ -103,7 +103,7 @@ def test_a_restarted_ray_explorer_actor_takes_new_ids_and_seed(tiny_models: dict
     try:
         handle = ray.put(WeightHandle(0, state_dict=copy_state_dict(load_model(cfg.student.path)[0])))
         actor = ray.remote(ExplorerActor).options(num_cpus=0, max_restarts=2, max_task_retries=0).remote(
-            data, 0, 1, handle, False)
+            data, 0, 1, False)
         before = ray.get(actor.identity.remote(), timeout=120)
         ids_before = {r.info.rollout_id for r in ray.get(actor.collect.remote(3, handle), timeout=300)}
         pid = ray.get(actor.pid.remote(), timeout=60)

@@ -5,6 +5,7 @@ restore; a resumed ``learner.estimator: topk`` run handles the re-queued turns (
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import yaml
 
 from divopd.experience.log import read_log
 from divopd.train import train
+from divopd.train.runlock import LOCK
 from test_faults_resume import without_runtime_state
 from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 
@@ -71,6 +73,8 @@ def test_claim_marks_new_and_empty_folders_and_refuses_foreign_ones(tmp_path: Pa
     old.mkdir()
     (old / "config.yaml").write_text("x: 1\n")
     (old / "metrics.jsonl").write_text("{}\n")
+    (old / "checkpoints" / "update-000002").mkdir(parents=True)
+    (old / "checkpoints" / "update-000002" / "state.json").write_text("{}")
     assert is_run_dir(old)
     with pytest.raises(RunExistsError, match="--resume"):
         claim_run_dir(old)
@@ -131,8 +135,22 @@ def test_resume_without_a_checkpoint_refuses_and_keeps_log_and_metrics(tiny_mode
     proc = subprocess.run([sys.executable, "-m", "divopd.cli", "train", "--resume", str(run), "--no-progress"],
                           capture_output=True, text=True, timeout=600, env=env)
     line = _one_error_line(proc)
-    assert "nothing to resume from" in line
-    assert _tree(run) == before
+    assert "nothing to resume from" in line and f"divopd train {run}/config.yaml --run-dir {run}" in line
+    assert _without_lock(_tree(run)) == _without_lock(before)
+    # what the line says (issue 50, item 8): a fresh run there, its old files moved aside, nothing deleted
+    proc = subprocess.run([sys.executable, "-m", "divopd.cli", "train", str(run / "config.yaml"), "--run-dir", str(run),
+                           "--no-progress"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (aside,) = run.glob("stranded-*")
+    assert "held a run that stopped before its first checkpoint; its files are kept in" in proc.stderr
+    assert _tree(aside) == {k: v for k, v in _without_lock(before).items() if k != MARKER}, "every old run file"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["updates"] == 2 and summary["ledger"]["received"] == sum(
+        1 for _ in read_log(run / "experience")), "the fresh run's own log, not the old one's"
+
+
+def _without_lock(tree: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in tree.items() if k != LOCK}
 
 
 def test_resume_of_a_foreign_folder_is_refused(tmp_path: Path) -> None:

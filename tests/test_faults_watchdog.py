@@ -150,3 +150,35 @@ def test_a_rollout_reports_its_explorers_stage_seconds_since_the_previous_one() 
     second.set_stage_times({"time/generate": 3.5, "time/env": 1.0, "time/teacher_score": 0.75}, handed)
     assert (first.generate_s, first.env_s, first.score_s) == (2.0, 1.0, 0.5)
     assert (second.generate_s, second.env_s, second.score_s) == (1.5, 0.0, 0.25)
+
+
+def test_a_run_whose_every_turn_the_gate_rejects_warns_then_stops_as_a_stall(
+        tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """Issue 50, item 7: every prompt longer than explorer.prompt.max_prompt_tokens (every turn prompt_truncated): one
+    warning naming the reason and its key after runtime.rejected_turns_warning turns, then at 4x a stall: one line,
+    a checkpoint, exit 3 (today: the run spins without a word). A real ``divopd train`` child process."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(tiny_models, run_dir, "divopd", updates=4, **{
+        "explorer.prompt.max_prompt_tokens": 8, "runtime.rejected_turns_warning": 20, "eval.every": 100})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    proc = subprocess.run([sys.executable, "-m", "divopd", "train", str(path), "--no-progress"], capture_output=True,
+                          text=True, timeout=600)
+    err = proc.stderr
+    assert proc.returncode == EXIT_STALLED and "Traceback" not in err, err[-3000:]
+    warnings = [line for line in err.splitlines() if "rejected by the gate since update 0 and no update" in line
+                and "WARNING" in line]
+    assert len(warnings) == 1, err[-3000:]
+    assert "top reason prompt_truncated" in warnings[0]
+    assert "governed by explorer.prompt.max_prompt_tokens" in warnings[0]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("divopd train: error: stalled at the gate:") and "checkpointed at update 0" in last
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stalled"].startswith("stalled at the gate") and summary["updates"] == 0
+    ledger = summary["ledger"]
+    assert_ledger_identity(ledger)
+    assert ledger["invalid_by_reason"]["prompt_truncated"] >= 80 and ledger["selected"] == 0
+    assert (run_dir / "checkpoints" / "update-000000" / "state.json").is_file()

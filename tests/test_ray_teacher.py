@@ -49,7 +49,7 @@ def test_two_explorer_actors_are_scored_by_the_one_teacher_actor(tiny_models: di
     try:
         teacher = start_shared_teacher(cfg, data)
         handle = ray.put(WeightHandle(0, state_dict=copy_state_dict(load_model(cfg.student.path)[0])))
-        actors = [ray.remote(ExplorerActor).options(num_cpus=0).remote(data, i, 0, handle, True, teacher)
+        actors = [ray.remote(ExplorerActor).options(num_cpus=0).remote(data, i, 0, True, teacher)
                   for i in range(2)]
         per_explorer = ray.get([a.collect.remote(2, handle) for a in actors])
         assert [len(r) for r in per_explorer] == [2, 2]

@@ -29,6 +29,7 @@ from divopd.explore.teacher_server import (
 from divopd.models.tiny import build_tokenizer
 
 Reply = tuple[int, Any]
+DROP, CLOSE = -1, -2  # stand-in statuses: answer half the body then close (IncompleteRead); close at once
 
 
 class StandIn:
@@ -46,12 +47,18 @@ class StandIn:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 stand_in.seen.append((self.command, self.path, body, headers))
                 status, payload = stand_in.reply(self.command, self.path, body, headers)
+                if status == CLOSE:  # the connection closed before any answer (RemoteDisconnected)
+                    self.close_connection = True
+                    return
                 data = json.dumps(payload).encode()
-                self.send_response(status)
+                self.send_response(200 if status == DROP else status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                self.wfile.write(data[: len(data) // 2] if status == DROP else data)  # DROP: cut mid-body
+                if status == DROP:
+                    self.wfile.flush()
+                    self.close_connection = True
 
             do_GET = do_POST = _answer
 
@@ -112,20 +119,35 @@ def test_a_failed_request_is_retried_with_doubling_backoff(stand_in: StandIn) ->
 def test_retries_stop_at_the_deadline_and_the_server_counts_as_down(stand_in: StandIn) -> None:
     stand_in.reply = lambda *a: (503, {"error": {"message": "engine restarting"}})
     slept, sleep, clock = fake_time()
-    client = ServerClient(ServerSettings(url=stand_in.url, backoff_s=1.0, retries=10, deadline_s=6.0),
-                          sleep=sleep, clock=clock)
-    with pytest.raises(ServerTeacherError, match=r"HTTP 503: engine restarting \(after 3 attempts in 3.0 s\)"):
+    client = ServerClient(ServerSettings(url=stand_in.url, backoff_s=1.0, deadline_s=6.0), sleep=sleep, clock=clock)
+    with pytest.raises(ServerTeacherError, match=r"HTTP 503: engine restarting \(after 4 attempts in 6.0 s\)"):
         client.call("GET", "/v1/models")
-    assert slept == [1.0, 2.0]  # a third wait (4 s) would pass the 6 s deadline
+    assert slept == [1.0, 2.0, 3.0]  # the third wait (4 s) is cut to end at the 6 s deadline: one last attempt there
     stand_in.seen.clear()
     with pytest.raises(ServerTeacherError, match="after 1 attempt "):  # down: one attempt, no backoff
         client.call("GET", "/v1/models")
-    assert len(stand_in.seen) == 1 and slept == [1.0, 2.0]
+    assert len(stand_in.seen) == 1 and slept == [1.0, 2.0, 3.0]
     stand_in.reply = lambda *a: (200, models())
     assert client.models()[0]["id"] == "teacher"  # a success clears the down state
     stand_in.reply = lambda *a: (503, {})
-    with pytest.raises(ServerTeacherError, match="after 3 attempts"):
+    with pytest.raises(ServerTeacherError, match="after 4 attempts"):
         client.call("GET", "/v1/models")
+
+
+def test_by_default_a_request_is_retried_until_the_deadline(stand_in: StandIn) -> None:
+    """``retries`` unset: a server restarting for minutes is retried for the whole ``deadline_s`` (default 300 s),
+    waits doubling up to MAX_BACKOFF_S, the last one cut to end at the deadline."""
+    from divopd.explore.teacher_server import MAX_BACKOFF_S
+
+    stand_in.reply = lambda *a: (503, {})
+    slept, sleep, clock = fake_time()
+    settings = ServerSettings(url=stand_in.url)
+    assert settings.retries is None and settings.deadline_s == 300.0
+    client = ServerClient(settings, sleep=sleep, clock=clock)
+    with pytest.raises(ServerTeacherError, match=r"after \d+ attempts in 300.0 s"):
+        client.call("GET", "/v1/models")
+    assert slept[:6] == [1.0, 2.0, 4.0, 8.0, 16.0, MAX_BACKOFF_S] and max(slept) == MAX_BACKOFF_S
+    assert sum(slept) == pytest.approx(300.0) and len(stand_in.seen) == len(slept) + 1
 
 
 def test_the_retry_count_bounds_the_attempts(stand_in: StandIn) -> None:
@@ -300,3 +322,15 @@ def test_the_start_check(stand_in: StandIn, tokenizer: Any) -> None:
     assert isinstance(down.value, UsageError) and "\n" not in str(down.value) and "after 1 attempt " in str(down.value)
     with pytest.raises(ServerCheckError, match="teacher.server.url: teacher server http://no-such-host.invalid"):
         check_server(ServerSettings(url="http://no-such-host.invalid:8000", timeout_s=5), tokenizer, "folder")
+
+
+@pytest.mark.parametrize("fault", [DROP, CLOSE], ids=["dropped-mid-body", "closed-before-answering"])
+def test_a_connection_dropped_mid_answer_is_retried(stand_in: StandIn, fault: int) -> None:
+    """``http.client.IncompleteRead`` (the body cut short) and ``RemoteDisconnected`` (closed before the status line)
+    are transient like a refused connection: retried, and the call gets the answer."""
+    answers = iter([(fault, models()), (200, models())])
+    stand_in.reply = lambda *a: next(answers)
+    slept, sleep, clock = fake_time()
+    client = ServerClient(ServerSettings(url=stand_in.url, backoff_s=0.5), sleep=sleep, clock=clock)
+    assert client.models()[0]["id"] == "teacher"
+    assert client.retried == 1 and slept == [0.5] and len(stand_in.seen) == 2

@@ -41,3 +41,20 @@ def test_sft_trains_a_tiny_model_that_beats_random_on_held_out_tasks(tmp_path, c
     assert "held-out dev: success rate" in capsys.readouterr().out
     model, tok = load_model(str(out))
     assert tok.chat_template and model.config.vocab_size == len(tok)
+
+
+def test_sft_takes_an_environment_by_import_path(tmp_path, monkeypatch, capsys):
+    """``--env module:Class``: an environment of the user's own, not registered anywhere (was "unknown environment")."""
+    pkg = tmp_path / "userpkg"
+    pkg.mkdir()
+    (pkg / "divopd_user_sft_env.py").write_text(
+        "from divopd.explore.envs.tiny import TinyEnv\n\n\nclass MyCorridor(TinyEnv):\n    name = 'my-corridor'\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    torch.set_num_threads(1)
+    out = tmp_path / "teacher"
+    rc = main(["sft", "--env", "divopd_user_sft_env:MyCorridor", "--out", str(out), "--size", "0.2m",
+               "--train-tasks", "10", "--epochs", "1", "--eval-tasks", "4", "--max-steps", "4"])
+    assert rc == 0
+    assert json.loads((out / "sft.json").read_text())["env"] == "divopd_user_sft_env:MyCorridor"
+    assert main(["sft", "--env", "no_such_module_x:Env", "--out", str(tmp_path / "t2")]) == 2
+    assert "--env: cannot import 'no_such_module_x'" in capsys.readouterr().err

@@ -29,6 +29,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("divopd.commands.replay", "replay selection rules over an experience log"),
     "tune-cap": ("divopd.commands.tune_cap", "choose the cap k from an experience log"),
     "bench": ("divopd.commands.bench", "run the paper benchmark suite (resumable; --dry-run, --only, --report)"),
+    "doctor": ("divopd.commands.doctor", "what this machine offers and what a config needs (a table; exit 2 on a "
+               "blocker)"),
+    "tasks": ("divopd.commands.tasks", "write a setting's task file for Trinity-RFT's or verl's per-turn OPD"),
 }
 
 #: Loggers of libraries that chat at INFO (py4j's "Callback Server Starting" per TextWorld-Express JVM, Ray's start-up

@@ -9,7 +9,9 @@ students' warm start.
 3. Train with ``train_sft``, save an HF folder (model + tokenizer + ``sft.json`` with the prompt config
    and the numbers), and report the held-out success rate of greedy student-only episodes on ``--eval-split``.
 
-Example (a CPU teacher, then a weaker student warm start sharing its vocabulary)::
+``--env`` is a registry name or the import path ``module:Class`` of an environment of your own (imported in this
+process, as ``explorer.env`` is by a training run). Example (a CPU teacher, then a weaker student warm start sharing
+its vocabulary)::
 
     divopd sft --env twx --out runs/sft/teacher --size 0.2m --train-tasks 400 --epochs 6 \
         --prompt '{"past_observation_max_words": 8}'
@@ -36,7 +38,9 @@ EXPERTS = ("gold", "explore")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default="twx",
-                        help="environment registry name (twx, scienceworld, tiny, webshop-offline, ...)")
+                        help="environment: a registry name (twx, scienceworld, tiny, webshop-offline, ...) or the "
+                        "import path module:Class of an Env subclass of your own (e.g. mypkg.envs:MyEnv; the module "
+                        "must be importable: installed, or on PYTHONPATH)")
     parser.add_argument("--env-kwargs", default="{}", help='JSON constructor arguments, e.g. \'{"game": "coin"}\'')
     parser.add_argument("--out", required=True, help="output folder (HF model + tokenizer + sft.json)")
     parser.add_argument("--init", default=None, help="start from this HF model folder instead of a fresh tiny model")
@@ -213,12 +217,20 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     Raises :class:`~divopd.errors.UsageError` naming the flag."""
     from pydantic import ValidationError
 
-    from divopd.errors import UsageError, check_model_folder, check_tokenizer_folder, describe_validation_error
-    from divopd.explore.envs import ENVS, SPLITS
+    from divopd.errors import (
+        ConfigError,
+        UsageError,
+        check_model_folder,
+        check_tokenizer_folder,
+        describe_validation_error,
+    )
+    from divopd.explore.envs import SPLITS, env_class
     from divopd.explore.prompting import PromptConfig
 
-    if args.env not in ENVS:
-        raise UsageError(f"--env: unknown environment {args.env!r}; known: {', '.join(ENVS)}")
+    try:  # a registry name or an import path module:Class, imported here (one line on failure)
+        env_class(args.env)
+    except ConfigError as exc:
+        raise UsageError(f"--env: {str(exc).removeprefix('explorer.env: ')}") from exc
     env_kwargs = _json_object("--env-kwargs", args.env_kwargs)
     try:
         prompt_config = PromptConfig(**_json_object("--prompt", args.prompt))

@@ -11,6 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
+from divopd.train.checkpoints import EXIT_CHECKPOINT_WRITE, CheckpointWriteError, disk_full_line, is_disk_full
 from divopd.train.config import load_config
 from divopd.train.interrupt import EXIT_INTERRUPTED, StopRequest
 from divopd.train.run import quiet_hf_progress, train
@@ -85,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"divopd train: error: {exc}; resume with `divopd train --resume RUN_DIR` (any "
                   "learner.world_size, via --set)", file=sys.stderr)
             return 1
+        except (CheckpointWriteError, OSError) as exc:  # disk full: one line, the newest good checkpoint intact
+            if not isinstance(exc, CheckpointWriteError) and not is_disk_full(exc):
+                raise
+            print(f"divopd train: error: {disk_full_line(exc, args.resume or cfg.resolved_run_dir())}",
+                  file=sys.stderr)
+            return EXIT_CHECKPOINT_WRITE
     print(json.dumps(summary, indent=2, default=str))
     if summary.get("stalled"):  # the loop watchdog stopped the run (checkpointed): one line, exit 3
         print(f"divopd train: error: {summary['stalled']}; checkpointed at update {summary['updates']}: resume with "

@@ -96,11 +96,16 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
      "Table 16: `scored_tokens_received` ÷ `response_tokens_trained` (cumulative)."),
     ("sampler/disagreement_std_ema", "update",
      "Figure 6: EMA (α = 0.12, first value = the first update's) of `disagreement_std_across_rollouts`."),
+    ("sampler/unscored_masked", "update", "Framework plug-ins (verl): action positions of the batch whose teacher "
+     "value was not finite; they left the framework's loss mask and carry a finite placeholder."),
     ("sampler/expired", "update", "Turns expired during this composition."),
     ("sampler/invalid", "update", "Turns the gate rejected during this composition."),
     ("sampler/pending", "update", "Unselected valid turns kept pending after this composition."),
     ("sampler/queued", "update", "Turns still in the queue after this composition."),
     ("sampler/candidates", "update", "Pool size the method chose from."),
+    ("sampler/teacher_masked_tokens", "update", "Trinity-RFT plug-in only (its metrics, not metrics.jsonl): action "
+     "positions of the batch the teacher did not score (NaN or infinite log prob), taken out of `action_mask` with a "
+     "finite placeholder before Trinity's advantage sees them."),
     ("sampler/candidate_rollouts", "update", "Distinct rollouts among the valid candidates (the paper's pool regime: "
      "≥ 4·⌈B/k⌉ on average)."),
     # ledger

@@ -209,7 +209,8 @@ class MetricsWriter:
     loses at most the line being written. ``time`` defaults to seconds since the writer was created plus
     ``time_offset`` (pass the previous run's elapsed time when resuming). On opening, a final line without a newline
     (a write cut off by a kill) is dropped with a warning; with ``truncate_after=N`` (resume from the checkpoint of
-    update N), records with ``update > N`` are dropped too, so redone updates are not counted twice. Thread-safe.
+    update N), records with ``update > N`` are dropped too, so redone updates are not counted twice, and so are lines
+    that are not JSON (one warning counts them and names their line numbers). Thread-safe.
     """
 
     KINDS = ("update", "eval")
@@ -250,16 +251,21 @@ class MetricsWriter:
             warnings.warn(f"{self.path}: dropping a cut-off final line ({len(tail)} chars)", stacklevel=3)
             changed = True
         if truncate_after is not None:
-            kept = []
+            kept, malformed = [], []
             for lineno, line in enumerate(lines, 1):
                 try:
                     rec = json.loads(line) if line.strip() else None
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{self.path}:{lineno}: malformed JSON line: {exc.msg}") from exc
+                except json.JSONDecodeError:
+                    malformed.append(lineno)
+                    continue
                 if isinstance(rec, dict) and isinstance(rec.get("update"), int) and rec["update"] > truncate_after:
-                    changed = True
                     continue
                 kept.append(line)
+            changed = changed or len(kept) != len(lines)
+            if malformed:  # skipped and counted, as the cut-off final line is
+                warnings.warn(f"{self.path}: dropping {len(malformed)} malformed line(s) (not JSON; line "
+                              f"{', '.join(map(str, malformed[:5]))}{', ...' if len(malformed) > 5 else ''})",
+                              stacklevel=3)
             lines = kept
         if changed:
             tmp = self.path.with_suffix(".jsonl.tmp")

@@ -172,6 +172,13 @@ class Turn:
         diff = np.subtract(self.student_logprobs, self.teacher_logprobs, out=None, dtype=np.float64, where=mask)
         return float(diff[mask].sum())
 
+    @cached_property
+    def kl_tokens(self) -> int:
+        """Tokens :attr:`disagreement` sums over: valid tokens whose student log probability is finite."""
+        if self.student_logprobs is None or self.n_valid == 0:
+            return 0
+        return int(np.count_nonzero(self.valid_mask & np.isfinite(self.student_logprobs)))
+
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (lists, ints, floats, NaN kept), for state dicts and JSON."""

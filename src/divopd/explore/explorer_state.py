@@ -103,6 +103,9 @@ def restore_explorer(explorer: Explorer, state: dict[str, Any], weights: WeightH
         e._tasks_drawn = 0
         return
     e._envs = e._envs or [e._new_env() for _ in range(e.config.num_envs)]
+    if not replayable(e):
+        raise ReplayError(f"env {e.config.env!r} does not replay (Env.replayable is False); this run cannot resume "
+                          "exactly")
     e._tasks_drawn = 0
     tasks = e._train_task_stream()
     for _ in range(int(state["tasks_drawn"])):

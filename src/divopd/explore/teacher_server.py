@@ -10,10 +10,12 @@ One server (``vllm serve``, SGLang) started once and shared by any number of run
   tokens as the in-process backends and one seed per row.
 
 Turns go ``max_turns_per_request`` to a request, at most ``max_concurrency`` requests at a time (a thread pool).
-Every request has a ``timeout_s``; a failure (refused connection, timeout, HTTP 5xx / 429) is retried with
-exponential backoff (``backoff_s``, doubled each time, at most ``retries`` times) while the call is within
-``deadline_s``; then the call raises :class:`ServerTeacherError` and the explorer leaves the turns unscored (the
-run's watchdog stops the run with a checkpoint when no turn can be scored any more). After a call has failed, the
+Every request has a ``timeout_s``; a failure (refused connection, timeout, a connection dropped mid-answer, HTTP 5xx
+/ 429) is retried with exponential backoff (``backoff_s``, doubled each time up to :data:`MAX_BACKOFF_S`) until
+``deadline_s`` has passed since the call began (the last wait is cut to end at the deadline, where one last attempt is
+made); ``retries``, when set, also caps the number of retries. Then the call raises :class:`ServerTeacherError` and the
+explorer leaves the turns unscored (the run's watchdog stops the run with a checkpoint when no turn can be scored any
+more). After a call has failed, the
 client counts the server as down: later requests get one attempt each (no backoff) until one succeeds, so a dead
 server costs one ``deadline_s``, not one per turn. The API key, if any, is read from the environment variable
 ``api_key_env`` names (sent as ``Authorization: Bearer``; never logged, never in the config).
@@ -25,6 +27,7 @@ Standard library only (``urllib``, ``json``, ``concurrent.futures``).
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -45,7 +48,7 @@ from divopd.explore.scoring import cut_prompt_logprobs
 if TYPE_CHECKING:
     from divopd.explore.generation import Generation
 
-__all__ = ["ServerClient", "ServerCheckError", "ServerSettings", "ServerTeacher", "ServerTeacherError",
+__all__ = ["MAX_BACKOFF_S", "ServerClient", "ServerCheckError", "ServerSettings", "ServerTeacher", "ServerTeacherError",
            "check_server", "served_model",
            "response_scores"]
 
@@ -68,12 +71,15 @@ class ServerSettings(BaseModel):
     max_turns_per_request: int = Field(16, ge=1, description="Turns scored in one completions request (the "
                                        "prompt list of one request).")
     timeout_s: float = Field(120.0, gt=0, description="Socket timeout of one request (connect and each read).")
-    retries: int = Field(5, ge=0, description="Retries of a failed request (refused, timed out, HTTP 5xx or "
-                         "429), with exponential backoff, while within deadline_s.")
-    backoff_s: float = Field(1.0, ge=0, description="First backoff before a retry; doubled after each retry.")
-    deadline_s: float = Field(300.0, gt=0, description="A scoring or generate call gives up after this many "
-                              "seconds of retries; its turns are then left unscored (the loop watchdog stops a run "
-                              "whose teacher cannot score: runtime.stall_timeout_s).")
+    retries: int | None = Field(None, ge=0, description="At most this many retries of a failed request (refused, "
+                                "timed out, dropped mid-answer, HTTP 5xx or 429); None = as many as fit in "
+                                "deadline_s. Either way no retry starts past deadline_s.")
+    backoff_s: float = Field(1.0, ge=0, description="First backoff before a retry; doubled after each retry, at "
+                             "most 30 s.")
+    deadline_s: float = Field(300.0, gt=0, description="A failed request is retried until this many seconds have "
+                              "passed since its scoring or generate call began; then the call gives up and its turns "
+                              "are left unscored (the loop watchdog stops a run whose teacher cannot score: "
+                              "runtime.stall_timeout_s).")
 
 
 class ServerTeacherError(RuntimeError):
@@ -83,6 +89,9 @@ class ServerTeacherError(RuntimeError):
 class ServerCheckError(UsageError):
     """The start check failed (server down, bad URL, model not served, another tokenizer): one line, exit 2."""
 
+
+#: The longest wait between two attempts: a server restarting for minutes is asked at least this often.
+MAX_BACKOFF_S = 30.0
 
 #: HTTP statuses worth retrying (the server is busy or restarting); any other 4xx is the request's fault.
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -120,8 +129,8 @@ class ServerClient:
             return json.loads(resp.read().decode())
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None, *, retry: bool = True) -> Any:
-        """The decoded JSON answer of ``method path``; :class:`ServerTeacherError` once retries or the deadline
-        are spent, or at once on a status not worth retrying (the error line names the status and the server's
+        """The decoded JSON answer of ``method path``; :class:`ServerTeacherError` once the deadline (or ``retries``)
+        is spent, or at once on a status not worth retrying (the error line names the status and the server's
         message)."""
         s = self.settings
         start = self._clock()
@@ -137,19 +146,23 @@ class ServerClient:
                 if exc.code not in _RETRY_STATUS:
                     raise ServerTeacherError(f"teacher server {self.base}{path}: HTTP {exc.code}: {detail}") from None
                 problem = f"HTTP {exc.code}: {detail}"
-            except (TimeoutError, urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
+            except (TimeoutError, urllib.error.URLError, http.client.HTTPException, OSError,
+                    json.JSONDecodeError) as exc:  # HTTPException: IncompleteRead, a connection dropped mid-answer
                 problem = _reason(exc)
             elapsed = self._clock() - start
-            if not retry or self._down.is_set() or attempt >= s.retries or elapsed + wait > s.deadline_s:
+            left = s.deadline_s - elapsed
+            spent = s.retries is not None and attempt >= s.retries
+            if not retry or self._down.is_set() or spent or left <= 0:
                 self._down.set()
                 raise ServerTeacherError(f"teacher server {self.base}{path}: {problem} (after {attempt + 1} "
                                          f"attempt{'s' if attempt else ''} in {elapsed:.1f} s)")
             attempt += 1
             self.retried += 1
-            log.warning("teacher server %s%s: %s; retry %d/%d in %.1f s", self.base, path, problem, attempt,
-                        s.retries, wait)
-            self._sleep(wait)
-            wait *= 2
+            pause = min(wait, left)  # the last attempt is made at the deadline, not skipped
+            log.warning("teacher server %s%s: %s; retry %d in %.1f s (%.0f s left of deadline_s)", self.base, path,
+                        problem, attempt, pause, left)
+            self._sleep(pause)
+            wait = min(wait * 2, MAX_BACKOFF_S)
 
     def models(self, *, retry: bool = True) -> list[dict[str, Any]]:
         """The ``data`` list of ``/v1/models``."""

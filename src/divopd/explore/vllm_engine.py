@@ -36,6 +36,7 @@ import numpy as np
 
 from divopd.errors import UsageError
 from divopd.explore.call_deadline import call_deadline
+from divopd.explore.children import sigint_blocked
 from divopd.explore.generation import Generation, stop_token_ids
 from divopd.explore.scoring import cut_prompt_logprobs
 from divopd.explore.vllm_weights import (
@@ -199,7 +200,9 @@ class VLLMGenerator:
     def _start_engine(self) -> Any:
         _share_teardown()
         try:
-            llm = self._vllm.LLM(model=self.model_path, **self._engine_kwargs)
+            # an engine process it spawns keeps SIGINT blocked: divopd closes it at the stop
+            with sigint_blocked(multiprocessing=True):
+                llm = self._vllm.LLM(model=self.model_path, **self._engine_kwargs)
             _LIVE.add(id(llm))
             return llm
         except (KeyboardInterrupt, UsageError):

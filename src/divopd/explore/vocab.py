@@ -13,6 +13,11 @@ server and shared Ray teachers all get the same treatment. The explorer always s
 * ``cross`` — anything else: :class:`~divopd.explore.vocab_align.CrossTokenizerTeacher` scores the student's text
   under the teacher's own tokenization and maps the log probs back by character spans
   (``docs/concepts/teacher-vocabularies.md``).
+
+An extension that would mask student tokens (the student has tokens the teacher lacks) is scored both ways on a probe
+text first (:func:`probe_coverage`): the path that scores more of the probe's tokens is taken (the extension on a
+tie), so a vocabulary that is a same-id subset of the other (a BPE with fewer merges) takes the cross-tokenizer path
+where the extension path would mask every merge the teacher lacks.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ import numpy as np
 from divopd.explore.generation import Generation
 from divopd.explore.teacher import Teacher
 
-__all__ = ["ExtensionTeacher", "VocabMatch", "adapt_teacher", "compare_vocabularies", "expand_ids",
-           "student_ids_teacher"]
+__all__ = ["ExtensionTeacher", "PROBE_PROMPT", "VocabMatch", "adapt_teacher", "compare_vocabularies", "expand_ids",
+           "probe_coverage", "probe_response", "student_ids_teacher"]
 
 VocabKind = Literal["identical", "extension", "cross"]
 
@@ -41,6 +46,10 @@ class VocabMatch:
         student_only: (``extension``) ids of student tokens the teacher lacks (masked where they are responses).
         teacher_only: (``extension``) ids of teacher tokens the student lacks.
         student_size, teacher_size: the two vocabularies' sizes.
+        coverage: where both paths were measured (:func:`probe_coverage`), the fraction of a probe text's student
+            tokens each scores: ``{"extension": ..., "cross": ...}``; empty otherwise.
+        nested: one vocabulary holds the other at equal ids (``kind`` is ``extension``, or ``cross`` chosen by
+            coverage).
     """
 
     kind: VocabKind
@@ -48,28 +57,79 @@ class VocabMatch:
     teacher_only: frozenset[int] = field(default_factory=frozenset)
     student_size: int = 0
     teacher_size: int = 0
+    coverage: dict[str, float] = field(default_factory=dict)
+    nested: bool = False
 
     def describe(self) -> str:
         """One phrase for logs and error messages."""
-        if self.kind == "extension":
-            return (f"an extension ({self.teacher_size} teacher vs {self.student_size} student tokens; "
-                    f"{len(self.student_only)} student-only, {len(self.teacher_only)} teacher-only, shared ids equal)")
+        measured = ""
+        if self.coverage:
+            measured = ("; on a probe text the extension path scores {:.1%} of the student's tokens, the "
+                        "cross-tokenizer path {:.1%}").format(self.coverage["extension"], self.coverage["cross"])
+        if self.nested:
+            return (f"{'an extension' if self.kind == 'extension' else 'cross'} ({self.teacher_size} teacher vs "
+                    f"{self.student_size} student tokens; {len(self.student_only)} student-only, "
+                    f"{len(self.teacher_only)} teacher-only, shared ids equal{measured})")
         return f"{self.kind} ({self.teacher_size} teacher vs {self.student_size} student tokens)"
 
+    def as_extension(self) -> VocabMatch:
+        """This match on the extension path (a nested vocabulary whose cross path is not allowed)."""
+        return VocabMatch("extension", self.student_only, self.teacher_only, self.student_size, self.teacher_size,
+                          self.coverage, True) if self.nested else self
 
-def compare_vocabularies(student_tokenizer: Any, teacher_tokenizer: Any) -> VocabMatch:
+
+def compare_vocabularies(student_tokenizer: Any, teacher_tokenizer: Any, *, allow_cross: bool = True) -> VocabMatch:
     """The start-up decision: ``identical`` when both map every token to the same id; ``extension`` when one token
-    set contains the other and every shared token has the same id; else ``cross``."""
+    set contains the other and every shared token has the same id, unless the student has tokens the teacher lacks
+    and the cross-tokenizer path scores more of a probe text (:func:`probe_coverage`; only with ``allow_cross``);
+    else ``cross``."""
     student, teacher = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     sizes = {"student_size": len(student), "teacher_size": len(teacher)}
     if student_tokenizer is teacher_tokenizer or student == teacher:
         return VocabMatch("identical", **sizes)
     s_keys, t_keys = student.keys(), teacher.keys()
     nested = s_keys <= t_keys or t_keys <= s_keys
-    if nested and all(student[k] == teacher[k] for k in s_keys & t_keys):
-        return VocabMatch("extension", frozenset(student[k] for k in s_keys - t_keys),
-                          frozenset(teacher[k] for k in t_keys - s_keys), **sizes)
-    return VocabMatch("cross", **sizes)
+    if not (nested and all(student[k] == teacher[k] for k in s_keys & t_keys)):
+        return VocabMatch("cross", **sizes)
+    match = VocabMatch("extension", frozenset(student[k] for k in s_keys - t_keys),
+                       frozenset(teacher[k] for k in t_keys - s_keys), nested=True, **sizes)
+    if not match.student_only or not allow_cross:
+        return match  # nothing the extension path would mask (or no other path allowed)
+    coverage = probe_coverage(student_tokenizer, teacher_tokenizer, match.student_only)
+    kind: VocabKind = "cross" if coverage["cross"] > coverage["extension"] else "extension"
+    return VocabMatch(kind, match.student_only, match.teacher_only, coverage=coverage, nested=True, **sizes)
+
+
+#: The turn the start-up probe scores: an observation as prompt, :func:`probe_response` as the response.
+PROBE_PROMPT = "You see a coin and a door to the east.\nAction:"
+
+
+def probe_response(tokenizer: Any, n: int = 256) -> str:
+    """The probe's response text: a fixed sentence, then the decoded text of ``n`` ids spread over ``tokenizer``'s
+    own vocabulary, added tokens left out (a chat model's ``<think>`` is markup, not text a probe should hold)."""
+    from divopd.explore.teacher_server import PROBE_TEXT
+
+    added = set(getattr(tokenizer, "get_added_vocab", dict)().values())
+    added |= set(getattr(tokenizer, "all_special_ids", []) or [])
+    size = len(tokenizer)
+    ids = [i for i in sorted({int(i) for i in np.linspace(0, size - 1, num=min(n, size))}) if i not in added]
+    return PROBE_TEXT + " " + tokenizer.decode(ids)
+
+
+def probe_coverage(student_tokenizer: Any, teacher_tokenizer: Any, student_only: frozenset[int]) -> dict[str, float]:
+    """The fraction of the probe response's student tokens (:data:`PROBE_PROMPT`, :func:`probe_response` of the
+    student's vocabulary, the student's own tokenization) each path scores: ``extension`` (every token but the
+    ``student_only`` ones) and ``cross`` (those the character-span mapping can map; no teacher forward needed)."""
+    from divopd.explore.vocab_align import Translator, plan_coverage, plan_turn
+
+    prompt = [int(t) for t in student_tokenizer.encode(PROBE_PROMPT, add_special_tokens=False)]
+    response = [int(t) for t in student_tokenizer.encode(" " + probe_response(student_tokenizer),
+                                                         add_special_tokens=False)]
+    if not response:
+        return {"extension": 1.0, "cross": 1.0}
+    extension = sum(t not in student_only for t in response) / len(response)
+    mapped, total = plan_coverage(plan_turn(Translator(student_tokenizer, teacher_tokenizer), prompt, response))
+    return {"extension": extension, "cross": mapped / total}
 
 
 def adapt_teacher(teacher: Teacher, student_tokenizer: Any, teacher_tokenizer: Any,
@@ -96,7 +156,7 @@ def student_ids_teacher(teacher: Teacher, student_tokenizer: Any, teacher_tokeni
     teacher takes and gives the student's ids). A top-k (``topk`` > 0) needs the teacher's ids in the student's
     vocabulary: a ``ValueError`` for a cross-tokenizer teacher or an extension with tokens the student lacks."""
     match = None if getattr(teacher, "speaks_student_ids", False) else \
-        compare_vocabularies(student_tokenizer, teacher_tokenizer)
+        compare_vocabularies(student_tokenizer, teacher_tokenizer, allow_cross=topk <= 0)
     if match is not None and match.kind == "identical":
         return teacher, teacher_tokenizer
     if topk > 0 and match is not None and (match.kind == "cross" or match.teacher_only):

@@ -3,16 +3,22 @@ its own tokenization and its token log probs are mapped onto the student's token
 
 One turn, step by step (:func:`plan_turn`, :func:`map_logprobs`):
 
-1. **Segments.** The student's ids are cut at its special tokens that have a teacher counterpart (the same string in
-   the teacher's vocabulary, or the end/begin-of-sequence token: the student's ``eos`` is the teacher's ``eos``). Such
-   an *anchor* is sent as that one teacher id; every run of other tokens is decoded to text (special tokens without a
-   counterpart included, as their text) and teacher-tokenized (:class:`Translator`).
-2. **Cuts.** Within a text segment, a token *ends cleanly* at character ``c`` when decoding the ids up to it (after a
-   few ids of left context, so tokenizers that drop a leading space do not shift it) gives exactly the segment's text
-   up to ``c``. A token whose text is not recoverable on its own (a byte-fallback or byte-level piece of a multi-byte
-   character, which decodes to ``\\ufffd``) has no clean end: it is glued to the tokens after it until one ends cleanly.
-   The teacher's tokens of the segment's text get their cuts the same way; where the teacher's decoding does not give
-   the text back (an unknown word becoming ``<unk>``), it has no cuts from there on.
+1. **Segments.** The student's ids are cut at its special tokens that have a teacher counterpart
+   (:func:`special_anchors`: ``eos`` and ``bos`` by meaning, the student's ``eos`` being the teacher's ``eos`` even
+   where the teacher has a special token of the same string; every other special token by its string). Such an
+   *anchor* is sent as that one teacher id; every run of other tokens is decoded to text (special tokens without a
+   counterpart included, as their text) and teacher-tokenized as a text of its own (:class:`Translator`). A teacher
+   that starts every text with a word boundary (a dummy prefix ``▁``, or a decoder that joins words with spaces:
+   :func:`adds_dummy_prefix`) gets a segment's leading space as that boundary, so ``move east`` with or without a
+   leading space is the same teacher ids.
+2. **Cuts.** Within a text segment, a student token *ends cleanly* at character ``c`` when decoding the ids up to it
+   (after a few ids of left context, so tokenizers that drop a leading space do not shift it) gives exactly the
+   segment's text up to ``c`` (:func:`clean_ends`). A token whose text is not recoverable on its own (a byte-fallback
+   or byte-level piece of a multi-byte character, which decodes to ``\\ufffd``) has no clean end: it is glued to the
+   tokens after it until one ends cleanly. A teacher token ends where its tokenizer's offsets say, kept where the
+   teacher's ids up to it decode to the text up there, whitespace aside (:func:`offset_ends`: a dummy prefix is no
+   change of text); where the teacher's decoding does not give the text back (an unknown word becoming ``<unk>``),
+   it has no cuts from there on.
 3. **Chunks.** The cuts both sides share split the segment into aligned chunks: maximal spans whose two tokenizations
    start and end at the same characters. A chunk's teacher log prob is the sum of its teacher tokens' log probs, which
    is the teacher's log prob of the chunk's text given everything before it, exactly.
@@ -43,7 +49,8 @@ import numpy as np
 from divopd.explore.generation import Generation
 from divopd.explore.teacher import Teacher
 
-__all__ = ["CrossTokenizerTeacher", "TurnPlan", "Translator", "clean_ends", "map_logprobs", "plan_turn"]
+__all__ = ["CrossTokenizerTeacher", "TurnPlan", "Translator", "adds_dummy_prefix", "clean_ends", "map_logprobs",
+           "offset_ends", "plan_coverage", "plan_turn", "special_anchors"]
 
 _CONTEXT = 4  # ids of left context when decoding a prefix (a leading space must not depend on the cut)
 
@@ -63,6 +70,51 @@ def clean_ends(tokenizer: Any, ids: Sequence[int], text: str, context: Sequence[
         piece = full[len(head):] if full.startswith(head) else _decode(tokenizer, ids[:k])
         ends.append(len(piece) if text.startswith(piece) else None)
     return ends
+
+
+def _squeeze(text: str) -> str:
+    return "".join(text.split())
+
+
+def offset_ends(tokenizer: Any, ids: Sequence[int], ends: Sequence[int], text: str) -> list[int | None]:
+    """Per token of ``tokenizer``'s encoding of ``text``, the character where it ends (``ends``: its offsets),
+    kept where the ids up to it decode to ``text`` up there, whitespace aside (so a dummy prefix, or a decoder that
+    joins words with spaces, does not count as a change of text), else ``None``: a piece of a character not
+    recoverable on its own, and every token from a lost piece of text on (an ``<unk>``, a normalizer's change)."""
+    out: list[int | None] = []
+    for k, end in enumerate(ends):
+        same = _squeeze(_decode(tokenizer, ids[:k + 1])) == _squeeze(text[:end])
+        out.append(end if same and end > 0 else None)
+    return out
+
+
+def adds_dummy_prefix(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` starts every text it encodes with a word boundary (SentencePiece's dummy prefix ``▁``,
+    as Llama-2, Mistral and T5-style tokenizers do; or a decoder that joins words with spaces): two texts encoded
+    apart decode, joined, with a space between them."""
+    try:
+        a, b = (tokenizer.encode(t, add_special_tokens=False) for t in ("a", "b"))
+        return _decode(tokenizer, list(a) + list(b)) == _decode(tokenizer, a) + " " + _decode(tokenizer, b)
+    except Exception:  # noqa: BLE001 (a tokenizer that cannot encode the probe: no prefix assumed)
+        return False
+
+
+def special_anchors(source: Any, target: Any) -> dict[int, int]:
+    """The source's special token ids that have a target counterpart, and that counterpart: the end- and
+    begin-of-sequence tokens map by meaning (the source's ``eos`` is the target's ``eos``, its end of turn, even where
+    the target has a special token of the same string as the source's ``eos``), every other special token by its
+    string."""
+    vocab = target.get_vocab()
+    anchors: dict[int, int] = {}
+    for sid in getattr(source, "all_special_ids", []):
+        token = source.convert_ids_to_tokens(int(sid))
+        if token in vocab:
+            anchors[int(sid)] = int(vocab[token])
+    for name in ("eos_token_id", "bos_token_id"):
+        s, t = getattr(source, name, None), getattr(target, name, None)
+        if s is not None and t is not None:
+            anchors[int(s)] = int(t)
+    return anchors
 
 
 def _chunks(student_ends: list[int | None], teacher_ends: list[int | None],
@@ -104,20 +156,11 @@ class Translator:
 
     def __init__(self, source: Any, target: Any) -> None:
         self.source, self.target = source, target
-        vocab = target.get_vocab()
-        anchors: dict[int, int] = {}
-        for sid in getattr(source, "all_special_ids", []):
-            token = source.convert_ids_to_tokens(int(sid))
-            if token in vocab:
-                anchors[int(sid)] = int(vocab[token])
-        for name in ("eos_token_id", "bos_token_id"):
-            s, t = getattr(source, name, None), getattr(target, name, None)
-            if s is not None and t is not None:
-                anchors.setdefault(int(s), int(t))
-        self.anchors = anchors
+        self.anchors = special_anchors(source, target)
         bos = getattr(target, "bos_token_id", None)
         lead = target("", add_special_tokens=True)["input_ids"] if bos is not None else []
         self.lead = [int(bos)] if bos is not None and list(lead)[:1] == [bos] else []
+        self.dummy_prefix = adds_dummy_prefix(target)
 
     def split(self, ids: Sequence[int]) -> list[tuple[bool, list[int]]]:
         """``ids`` as ``(is_anchor, ids)`` runs: each anchor alone, other ids in maximal runs."""
@@ -138,7 +181,26 @@ class Translator:
         return full[len(head):] if full.startswith(head) else _decode(self.source, ids)
 
     def encode(self, text: str) -> list[int]:
-        return [int(t) for t in self.target.encode(text, add_special_tokens=False)] if text else []
+        """The target's ids of ``text`` as a text of its own (a leading space is the dummy prefix where the target
+        adds one: :func:`adds_dummy_prefix`)."""
+        return self.encode_ends(text)[0]
+
+    def encode_ends(self, text: str) -> tuple[list[int], list[int | None] | None]:
+        """:meth:`encode` and, per target token, the character of ``text`` where it ends cleanly (``None``: not
+        recoverable on its own), from the tokenizer's offsets; ``None`` for the whole list where the tokenizer gives
+        no offsets (a slow tokenizer: the caller falls back to :func:`clean_ends`)."""
+        if not text:
+            return [], []
+        cut = 1 if self.dummy_prefix and text[0] == " " else 0  # the prefix the target adds stands for this space
+        body = text[cut:]
+        if not body:  # a lone space: no word for a prefix to start
+            cut, body = 0, text
+        try:
+            enc = self.target(body, add_special_tokens=False, return_offsets_mapping=True)
+        except (NotImplementedError, TypeError, ValueError):
+            return [int(t) for t in self.target.encode(body, add_special_tokens=False)], None
+        ids = [int(t) for t in enc["input_ids"]]
+        return ids, offset_ends(self.target, ids, [int(e) + cut for _, e in enc["offset_mapping"]], text)
 
     def translate(self, ids: Sequence[int], *, lead: bool = True) -> list[int]:
         """All of ``ids`` in the target's ids (with the target's leading ``bos`` when it adds one and ``lead``)."""
@@ -163,9 +225,10 @@ def plan_turn(tr: Translator, prompt: Sequence[int], response: Sequence[int]) ->
             seg = _Segment(run, t_ids, [0], [0], 1)
         else:
             text = tr.text(run, done)
-            t_ids = tr.encode(text)
+            t_ids, t_ends = tr.encode_ends(text)
             s_ends = clean_ends(tr.source, run, text, done)
-            t_ends = clean_ends(tr.target, t_ids, text, t_done)
+            if t_ends is None:
+                t_ends = clean_ends(tr.target, t_ids, text, t_done)
             s_chunk, t_chunk, n = _chunks(s_ends, t_ends, len(text))
             seg = _Segment(run, t_ids, s_chunk, t_chunk, n)
         segments.append(seg)
@@ -194,6 +257,13 @@ def map_logprobs(plan: TurnPlan, teacher_logprobs: np.ndarray) -> np.ndarray:
         share[seg.n_chunks] = np.nan  # past the teacher's last clean cut: not mappable
         out.append(share[s_chunk])
     return (np.concatenate(out) if out else np.zeros(0)).astype(np.float32)
+
+
+def plan_coverage(plan: TurnPlan) -> tuple[int, int]:
+    """``(mappable, total)`` student response tokens of ``plan``: those that get a teacher log prob (no teacher
+    forward needed: whether a token is mappable depends on the two tokenizations only)."""
+    mapped = map_logprobs(plan, np.zeros(len(plan.teacher_response), dtype=np.float32))
+    return int(np.isfinite(mapped).sum()), len(mapped)
 
 
 class CrossTokenizerTeacher:

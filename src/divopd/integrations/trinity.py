@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import base64
 import time
-from dataclasses import fields, replace
+from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY, SampleStrategy
 from trinity.algorithm.sample_strategy.utils import representative_sample
 from trinity.buffer import get_buffer_reader
@@ -42,7 +44,13 @@ from trinity.common.experience import Experience
 from trinity.utils.timer import Timer
 
 from divopd.errors import UsageError, one_line
-from divopd.experience import Turn
+from divopd.integrations.trinity_records import (
+    experience_to_turn,
+    experiences_to_turns,
+    mask_unscored,
+    policy_version,
+    restore_model_version,
+)
 from divopd.sampling import Batch, Sampler, SamplerConfig, is_stale, ledger_metrics, make_sampler
 
 __all__ = ["STRATEGY_NAME", "DivOPDSampleStrategy", "default_sample_args", "experience_to_turn", "sampler_config"]
@@ -78,58 +86,12 @@ def sampler_config(args: dict[str, Any], train_batch_size: int) -> SamplerConfig
         raise UsageError(f"algorithm.sample_strategy_args: {exc}") from None
 
 
-# ---------------------------------------------------------------------------------------------------- records
-def _numpy(tensor: Any, dtype: Any) -> np.ndarray | None:
-    if tensor is None:
-        return None
-    if hasattr(tensor, "detach"):  # a torch tensor (bf16 has no numpy form: go through float32)
-        tensor = tensor.detach().cpu()
-        tensor = tensor.float() if tensor.is_floating_point() else tensor
-        tensor = tensor.numpy()
-    return np.asarray(tensor, dtype=dtype).reshape(-1)
+def _has_unscored(exp: Experience) -> bool:
+    """Whether ``exp`` has a teacher log prob that is not finite (a checkpoint's records, flagged on resume)."""
+    return exp.teacher_logprobs is not None and not bool(torch.isfinite(torch.as_tensor(exp.teacher_logprobs)).all())
 
 
-def _field_error(exp: Experience, what: str) -> UsageError:
-    return UsageError(f"{_WHO}: experience {exp.eid} {what}; DivOPD selects per turn and needs the rollout id "
-                      "(eid.batch/eid.task/eid.run), the turn index (eid.step) and info['model_version'] on every "
-                      "experience (docs/integrations/trinity.md)")
-
-
-def experience_to_turn(exp: Experience) -> Turn:
-    """The :class:`divopd.Turn` of one Trinity experience (one student turn); its content is judged by the gate.
-
-    Raises :class:`UsageError` (one line naming the field) when the record has no rollout id or no model version.
-    """
-    eid = exp.eid
-    if eid is None or (eid.batch in ("", None) and eid.task in ("", None)):
-        raise _field_error(exp, "has no rollout id (eid.batch and eid.task are empty)")
-    version = (exp.info or {}).get("model_version")
-    if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
-        raise _field_error(exp, f"has no usable info['model_version'] (got {version!r})")
-    tokens = _numpy(exp.tokens, np.int64)
-    if tokens is None:
-        raise _field_error(exp, "has no tokens")
-    prompt_length = int(exp.prompt_length)
-    info = {"task": (exp.info or {}).get("task", eid.tid)}
-    if (exp.info or {}).get("success") is not None:
-        info["success"] = bool(exp.info["success"])
-    try:
-        return Turn(
-            rollout_id=eid.rid,
-            turn_index=eid.step,
-            policy_version=int(version),
-            prompt_ids=tokens[:prompt_length],
-            response_ids=tokens[prompt_length:],
-            action_mask=_numpy(exp.action_mask, bool),
-            student_logprobs=_numpy(exp.logprobs, np.float32),
-            teacher_logprobs=_numpy(exp.teacher_logprobs, np.float32),
-            prompt_truncated=exp.truncate_status == "prompt_truncated",
-            info=info,
-        )
-    except ValueError as exc:  # a negative eid.step, a field that is not a 1-d sequence
-        raise _field_error(exp, f"cannot be read as a turn ({exc})") from None
-
-
+# ---------------------------------------------------------------------------------------------------- buffer
 def _queue_storage(buffer_config: BufferConfig) -> StorageConfig:
     """The trainer's experience buffer as a storage config; it must be a queue without Trinity's replay buffer."""
     exp_buffer = buffer_config.trainer_input.experience_buffer
@@ -143,6 +105,27 @@ def _queue_storage(buffer_config: BufferConfig) -> StorageConfig:
         raise UsageError(f"{_WHO}: set buffer.trainer_input.experience_buffer.replay_buffer.enable to false "
                          "(DivOPD keeps its own pending pool; a replayed experience would be counted twice)")
     return storage
+
+
+def _count_function() -> Any:
+    """A function for Ray's ``__ray_call__`` on Trinity's ``QueueStorage`` actor: ``count(storage)`` returns
+    ``(experiences readable now, closed and empty)``: the unread rest of a payload in ``exp_pool`` plus the experiences
+    of the payloads in the queue. It only reads (``__ray_call__`` runs in a thread beside the actor's event loop, so
+    the read itself goes through Trinity's ``get_batch``, which then finds them all and does not wait). Built here as
+    a closure so that Ray ships its code by value: the queue actor need not import divopd."""
+
+    def count(storage: Any) -> tuple[int, bool]:
+        queue = storage.queue
+        items = queue.qsize()  # payloads: a lower bound (a payload holds >= 1 experience)
+        for _ in range(8):  # a writer may append while we look: look again
+            try:
+                items = sum(len(p) for p in list(getattr(queue, "_queue", ())))
+                break
+            except RuntimeError:
+                continue
+        return len(storage.exp_pool) + max(items, queue.qsize()), queue.stopped()
+
+    return count
 
 
 # ---------------------------------------------------------------------------------------------------- strategy
@@ -162,10 +145,14 @@ class DivOPDSampleStrategy(SampleStrategy):
         self.sampler: Sampler = make_sampler(self.config)
         storage = _queue_storage(buffer_config)
         self._reader = get_buffer_reader(storage)  # blocking reads: waits up to max_read_timeout
-        self._probe = get_buffer_reader(replace(storage, max_read_timeout=0.0))  # answers within about 1 s
+        self._count = _count_function()  # what the queue holds now, asked inside Trinity's queue actor
         self._wait_s = float(storage.max_read_timeout)
-        self._held: dict[int, tuple[int, Experience]] = {}  # arrival -> (model version, experience), turns waiting
+        # arrival -> (model version, experience, has an unscored teacher position), turns waiting
+        self._held: dict[int, tuple[int, Experience, bool]] = {}
         self._closed = False  # the explorer side released the buffer and it is empty
+        self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
+        self._keep_dir = buffer_config.cache_dir  # <checkpoint job dir>/buffer, where records that stop a run go
+        self.stopped: list[Experience] = []  # records that stopped the run (no rollout id / version), kept
 
     @classmethod
     def default_args(cls) -> dict:
@@ -183,9 +170,13 @@ class DivOPDSampleStrategy(SampleStrategy):
         metrics: dict[str, Any] = {}
         with Timer(metrics, "time/read_experience"):
             batch = await self._compose(learner_version)
-        experiences = [self._held.pop(arrival)[1] for arrival in batch.arrivals]
+        held = [self._held.pop(arrival) for arrival in batch.arrivals]
+        experiences = [exp for _, exp, _ in held]
         self._forget_departed()
+        # finite for Trinity's stock OPD advantage: only records with an unscored position (flagged on arrival) change
+        masked = sum(mask_unscored(exp) for _, exp, unscored in held if unscored)
         metrics.update(self._metrics(batch))
+        metrics["sampler/teacher_masked_tokens"] = float(masked)
         self.set_model_version_metric(experiences, metrics)
         return experiences, metrics, representative_sample(experiences)
 
@@ -201,7 +192,9 @@ class DivOPDSampleStrategy(SampleStrategy):
             if time.monotonic() > deadline:
                 raise TimeoutError(self._starved(learner_version))
             try:  # too few valid turns: wait for the next experience
-                self._add(await self._reader.read(1))
+                experiences = await self._reader.read(1)
+                self._known = max(self._known - 1, 0)  # it may have been one of those counted
+                self._add(experiences)
             except TimeoutError:
                 raise TimeoutError(self._starved(learner_version)) from None
             except StopAsyncIteration:
@@ -211,31 +204,72 @@ class DivOPDSampleStrategy(SampleStrategy):
         """Read without waiting until the sampler can fill its pool with non-stale turns or the buffer is empty."""
         target = self.config.pool_size if self.sampler.method.pooled else self.config.batch_size
         while not self._closed:
-            fresh = sum(not is_stale(v, learner_version, self.config.max_staleness) for v, _ in self._held.values())
+            fresh = sum(not is_stale(v, learner_version, self.config.max_staleness) for v, _, _ in self._held.values())
             if fresh >= target:
                 return
-            experiences = await self._read_now(target - fresh)
-            if not experiences:
+            experiences, drained = await self._read_now(target - fresh)
+            if experiences:
+                self._add(experiences)
+            if drained:  # the buffer held no more when asked: no second round trip to find it empty
                 return
-            self._add(experiences)
 
-    async def _read_now(self, limit: int) -> list[Experience]:
-        """Up to ``limit`` experiences the buffer holds now; ``[]`` when it is empty (or closed)."""
+    async def _read_now(self, limit: int) -> tuple[list[Experience], bool]:
+        """Up to ``limit`` experiences the buffer holds now, without waiting, and whether that was all it held
+        (``[]`` when it is empty or closed).
+
+        Trinity's reader waits for a full read (its ``get_batch`` polls the queue in 1 s steps) and its ``length``
+        counts payloads, not experiences: so first ask the queue actor how many experiences it holds (Ray's
+        ``__ray_call__``), then read at most that many with Trinity's reader, which returns without waiting. This
+        strategy is the queue's only reader, so what a count saw and a read left behind is still there: a read that
+        needs no more than that skips the count (one round trip a step once the pool is full, as Trinity's own)."""
+        if limit <= self._known:
+            available = self._known
+        else:
+            available, closed = await self._reader.queue.__ray_call__.remote(self._count)
+            if available == 0:
+                self._closed = self._closed or closed
+                self._known = 0
+                return [], True
+        n = min(available, limit)
         try:
-            payloads = await self._reader.queue.length.remote()  # written, unread payloads: >= 1 experience each
-            if payloads > 0:
-                return await self._reader.read(min(payloads, limit))
-            return await self._probe.read(1)  # the rest of a payload read in part, or nothing within ~1 s
-        except TimeoutError:  # the probe found the buffer empty (Trinity's reader loses nothing on 0 of 1)
-            return []
+            experiences = await self._reader.read(n)
         except StopAsyncIteration:
-            self._closed = True
-            return []
+            self._closed, self._known = True, 0
+            return [], True
+        self._known = available - n
+        return experiences, available <= limit
 
     def _add(self, experiences: list[Experience]) -> None:
-        turns = [experience_to_turn(e) for e in experiences]  # all first: a bad record stops before any is queued
-        for arrival, turn, exp in zip(self.sampler.add(turns), turns, experiences, strict=True):
-            self._held[arrival] = (turn.policy_version, exp)
+        """Queue the turns of ``experiences`` in order; a record without a rollout id or version stops the run: it is
+        counted and kept (:attr:`stopped`, and a file under Trinity's ``buffer.cache_dir``), the records read with it
+        are queued as usual, and the one-line :class:`UsageError` names the first bad record and the file."""
+        turns, bad, error = [], [], None
+        for exp, turn in zip(experiences, experiences_to_turns(experiences), strict=True):
+            if isinstance(turn, UsageError):
+                bad.append(exp)
+                error = error or turn
+            else:
+                turns.append((turn, exp))
+        for arrival, (turn, exp) in zip(self.sampler.add([t for t, _ in turns]), turns, strict=True):
+            restore_model_version(exp)
+            teacher = turn.teacher_logprobs  # a position the teacher did not score is masked at hand-over
+            unscored = teacher is not None and not bool(np.isfinite(teacher).all())
+            self._held[arrival] = (turn.policy_version, exp, unscored)
+        if bad:
+            self.stopped += bad
+            raise UsageError(f"{error} [{len(self.stopped)} record(s) stopped the run; {self._keep(bad)}]")
+
+    def _keep(self, bad: list[Experience]) -> str:
+        """Write the records that stop the run beside Trinity's buffer; where they went, for the error line."""
+        if not self._keep_dir:
+            return "kept in memory (DivOPDSampleStrategy.stopped): Trinity set no buffer.cache_dir"
+        path = Path(self._keep_dir) / f"divopd-stopped-records-{time.strftime('%Y%m%d-%H%M%S')}-{len(self.stopped)}.bin"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(Experience.serialize_many(bad))
+        except OSError as exc:
+            return f"kept in memory only (DivOPDSampleStrategy.stopped): cannot write {path}: {exc.strerror}"
+        return f"kept in {path} (Experience.deserialize_many)"
 
     def _forget_departed(self) -> None:
         """Drop the experiences of turns that left the sampler unselected (expired, or rejected by the gate)."""
@@ -292,7 +326,8 @@ class DivOPDSampleStrategy(SampleStrategy):
         if len(experiences) != len(arrivals) or len(arrivals) != self.sampler.waiting:
             raise UsageError(f"{_WHO}: the checkpoint holds {len(experiences)} experiences for {len(arrivals)} "
                              f"arrivals and {self.sampler.waiting} waiting turns")
-        self._held = {a: (int(e.info["model_version"]), e) for a, e in zip(arrivals, experiences, strict=True)}
+        self._held = {a: (int(policy_version(e)), e, _has_unscored(e)) for a, e in zip(arrivals, experiences,
+                                                                                      strict=True)}
 
 
 if STRATEGY_NAME not in SAMPLE_STRATEGY.modules:  # a plug-in directory may load this module a second time

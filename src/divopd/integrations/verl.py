@@ -36,7 +36,15 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from divopd.errors import UsageError
 from divopd.experience import Turn
-from divopd.integrations.verl_records import RECORD_FIELDS, VerlRecordError, record_to_turn
+from divopd.integrations.verl_records import (
+    RECORD_FIELDS,
+    SUMMARY_TAG,
+    VerlRecordError,
+    record_summary,
+    safe_fields,
+    summary_turn,
+    turn_from_dict,
+)
 from divopd.sampling import Batch, Sampler, SamplerConfig, ledger_metrics, make_sampler
 
 __all__ = ["DivOPDReplayBuffer", "DEFAULTS", "VerlRecordError", "batch_metrics", "divopd_config"]
@@ -75,6 +83,11 @@ def batch_metrics(batch: Batch | None, ledger: dict[str, Any]) -> dict[str, floa
     """divopd's metric names (docs/reference/metrics.md): ``sampler/<stat>`` of the batch and ``ledger/...``."""
     metrics = {} if batch is None else {f"sampler/{k}": float(v) for k, v in batch.stats.items()}
     return metrics | ledger_metrics(ledger)
+
+
+def _rows(value: Any) -> list[Any]:
+    """The rows of a field TransferQueue returned: a (nested) tensor, or a list where the records' ranks differ."""
+    return list(value.unbind(0)) if hasattr(value, "unbind") else list(value)
 
 
 class DivOPDReplayBuffer(ReplayBuffer):
@@ -125,21 +138,29 @@ class DivOPDReplayBuffer(ReplayBuffer):
         metrics = batch_metrics(batch, sampler.ledger)
         if batch is None:
             return None, metrics
-        keys = [self._keys.pop(a) for a in batch.arrivals]
-        tags = [self._tags.pop(k) for k in keys]
+        keys = [self._keys[a] for a in batch.arrivals]
+        metrics["sampler/unscored_masked"] = float(self.make_safe(partition_id, keys))
+        for a in batch.arrivals:
+            del self._keys[a]
+        tags = [{k: v for k, v in self._tags.pop(key).items() if k != SUMMARY_TAG} for key in keys]
         self._handed_out.update(keys)
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
 
     def _ensure_sampler(self, batch_size: int) -> Sampler:
         if self.sampler is None:
             self.sampler = make_sampler(divopd_config(self._settings, self.max_off_policy_threshold, batch_size))
+            self.sampler.turn_from_dict = turn_from_dict
         elif self.sampler.config.batch_size != batch_size:
             raise UsageError(f"DivOPDReplayBuffer: verl asked for {batch_size} rows, the sampler composes "
                              f"{self.sampler.config.batch_size} (keep data.train_batch_size fixed)")
         return self.sampler
 
     def ingest(self, partition_id: str) -> list[Turn]:
-        """Add the records put since the last poll (in TransferQueue's order) to the sampler; clear finished prompts."""
+        """Add the records put since the last poll (in TransferQueue's order) to the sampler; clear finished prompts.
+
+        A record whose tag carries divopd's summary (:data:`~divopd.integrations.verl_records.SUMMARY_TAG`) is read
+        from its tag alone, like verl's own buffer reads; the fields of one without it are fetched once to summarise it.
+        """
         listing = (tq.kv_list(partition_id=partition_id) or {}).get(partition_id, {})
         self._handed_out &= listing.keys()
         known = set(self._tags) | self._handed_out
@@ -150,8 +171,11 @@ class DivOPDReplayBuffer(ReplayBuffer):
                     done_prompts.append(key)
             elif key not in known and tag.get("status") == "success":  # a record being written has no status yet
                 keys.append(key)
-                tags.append(dict(tag))
-        turns = [record_to_turn(k, t, v) for k, t, v in zip(keys, tags, self._read(partition_id, keys), strict=True)]
+                tags.append(tag)
+        bare = [i for i, tag in enumerate(tags) if SUMMARY_TAG not in tag]
+        for i, values in zip(bare, self._read(partition_id, [keys[i] for i in bare]), strict=True):
+            tags[i] = {**tags[i], SUMMARY_TAG: record_summary(keys[i], tags[i], values)[1]}
+        turns: list[Turn] = [summary_turn(k, t) for k, t in zip(keys, tags, strict=True)]
         arrivals = self.sampler.add(turns)
         self._keys.update(zip(arrivals, keys, strict=True))
         self._tags.update(zip(keys, tags, strict=True))
@@ -161,19 +185,34 @@ class DivOPDReplayBuffer(ReplayBuffer):
 
     @staticmethod
     def _read(partition_id: str, keys: list[str]) -> list[dict[str, Any]]:
-        """The fields of ``keys`` that the composer reads (one batched get; per key where fields differ)."""
+        """The fields of ``keys`` that the composer reads (one batched get; per key where fields differ).
+
+        A field whose records differ in rank (e.g. the two teacher layouts in one read) comes back from TransferQueue
+        as a list rather than a (nested) tensor: both are read row by row.
+        """
         if not keys:
             return []
         try:
             data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=list(RECORD_FIELDS))
-            columns = {f: list(data[f].unbind(0)) for f in RECORD_FIELDS}
+            columns = {f: _rows(data[f]) for f in RECORD_FIELDS}
             return [{f: columns[f][i] for f in RECORD_FIELDS} for i in range(len(keys))]
         except (ValueError, KeyError, RuntimeError):  # some record lacks a field: read each on its own
             out = []
             for key in keys:
                 data = tq.kv_batch_get(keys=[key], partition_id=partition_id)
-                out.append({f: data[f].unbind(0)[0] for f in RECORD_FIELDS if f in data.keys()})
+                out.append({f: _rows(data[f])[0] for f in RECORD_FIELDS if f in data.keys()})
             return out
+
+    def make_safe(self, partition_id: str, keys: list[str]) -> int:
+        """Rewrite the selected records verl could not train on as they are (:func:`safe_fields`: a teacher value
+        that is not finite, a teacher in the one-value-per-token layout); returns the positions that left the mask."""
+        rewrite = [k for k in keys if self._tags[k][SUMMARY_TAG]["rewrite"]]
+        dropped = 0
+        for key, values in zip(rewrite, self._read(partition_id, rewrite), strict=True):
+            fields, n = safe_fields(values, key)
+            tq.kv_put(key=key, partition_id=partition_id, fields=fields)
+            dropped += n
+        return dropped
 
     def _clear_decided(self, partition_id: str, batch: Batch | None) -> None:
         """Forget and clear from TransferQueue the turns the sampler expired or rejected during this composition."""
@@ -204,6 +243,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         if state["sampler"] is not None:
             config = SamplerConfig(**state["sampler"]["config"])
             self.sampler = make_sampler(config)
+            self.sampler.turn_from_dict = turn_from_dict
             self.sampler.load_state_dict(state["sampler"])
         self._keys = {int(a): str(k) for a, k in state["keys"]}
         self._tags = {str(k): dict(t) for k, t in state["tags"].items()}

@@ -7,22 +7,28 @@ at its last ``_``. A record becomes a :class:`~divopd.experience.Turn` from:
 
 - fields ``prompts`` and ``responses`` (token ids), ``response_mask`` (1 = a token the student generated: the action
   mask), ``rollout_log_probs`` (the generating policy's log probs, verl's name for ``response_logprobs``),
-  ``teacher_logprobs`` with optional ``teacher_ids`` (verl's teacher loop: ``[prompt + response, K]`` rows and ids;
-  also accepted: one value per response token, ``[response]`` or ``[response, 1]``);
-- tags ``min_global_steps`` (the weights version that started the turn; a ``policy_version`` tag wins when both are
-  there), optional ``prompt_truncated``, ``task``, ``env``, ``success``.
+  ``teacher_logprobs`` with optional ``teacher_ids`` in one of two layouts: verl's teacher manager writes
+  ``[prompt + response, K]`` rows where row ``i`` scores token ``i + 1`` of the sequence (vLLM's prompt log probs,
+  the last row a dummy), so response token ``j`` is row ``P − 1 + j`` (verl's losses slice them so); or one value per
+  response token, ``[response]`` or ``[response, 1]`` (a user's own agent loop);
+- tags ``min_global_steps`` (the weights version that generated the turn; a ``policy_version`` tag wins when both are
+  there), optional ``prompt_truncated``, ``task``, ``env``, ``success``, and divopd's per-turn summary
+  (:data:`SUMMARY_TAG`, written by :class:`divopd.integrations.verl_agent_loop.DivOPDAgentLoopWorkerTQ` and by
+  :func:`turn_to_record`): the scalars the composer reads, so that a record carrying it is composed from its tag alone
+  (:class:`SummaryTurn`) and its fields are fetched only when verl needs them rewritten (:func:`safe_fields`).
 
 What the composer needs but a record may lack: a record without a parsable key or without a version cannot become a
 turn and raises :class:`VerlRecordError` (one line naming the key and the field); a record without teacher or student
 log probs, or with a per-token field of another length than ``responses``, becomes a turn that divopd's gate rejects
 with its reason (``missing_teacher``, ``missing_student_logprobs``, ``length_mismatch``), counted in the ledger.
 The teacher log prob of a response token is the one whose ``teacher_ids`` entry is that token; a position where no
-column holds the token is unscored (NaN), as divopd's gate reads it.
+column holds the token, or whose value is not finite, is unscored (NaN), as divopd's gate reads it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,11 +36,14 @@ import numpy as np
 from divopd.errors import UsageError
 from divopd.experience import Turn
 
-__all__ = ["RECORD_FIELDS", "VerlRecordError", "parse_key", "record_to_turn", "turn_to_record"]
+__all__ = ["RECORD_FIELDS", "SUMMARY_TAG", "SummaryTurn", "VerlRecordError", "parse_key", "record_summary",
+           "record_to_turn", "safe_fields", "summary_turn", "turn_from_dict", "turn_to_record"]
 
 #: The value fields the plug-in reads from a record (others, e.g. ``input_ids``, are left to verl).
 RECORD_FIELDS: tuple[str, ...] = (
     "prompts", "responses", "response_mask", "rollout_log_probs", "teacher_logprobs", "teacher_ids")
+#: The tag holding divopd's per-turn summary (see :func:`record_summary`).
+SUMMARY_TAG = "divopd"
 _INFO_TAGS = ("task", "env", "success")
 
 
@@ -72,69 +81,213 @@ def _array(value: Any, dtype: Any) -> np.ndarray | None:
     return np.asarray(value, dtype=dtype)
 
 
-def _teacher_per_token(logprobs: np.ndarray | None, ids: np.ndarray | None, prompt_len: int,
-                       responses: np.ndarray) -> np.ndarray | None:
-    """One teacher log prob per response token (NaN where the token is not among the scored ids)."""
+def _teacher_rows(logprobs: np.ndarray | None, ids: np.ndarray | None, prompt_len: int, n: int
+                  ) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+    """The teacher rows of the ``n`` response tokens, ``[n, K]`` values and ids (ids ``None`` when absent), and the
+    layout: ``sequence`` (verl's ``[P + R, K]``), ``response`` (one row per response token) or ``other``."""
     if logprobs is None:
-        return None
+        return None, None, "none"
     lp = logprobs.reshape(len(logprobs), -1) if logprobs.ndim != 2 else logprobs
     ids2 = None if ids is None else ids.reshape(len(ids), -1)
-    n = len(responses)
-    if lp.shape[0] == prompt_len + n:
-        lp = lp[prompt_len:]
-        ids2 = None if ids2 is None or ids2.shape[0] != prompt_len + n else ids2[prompt_len:]
-    elif lp.shape[0] != n:
-        return lp[:, 0]  # another length: the gate names it (length_mismatch)
-    if ids2 is None or ids2.shape != lp.shape:
-        return lp[:, 0]
-    hit = ids2 == responses[:, None]
-    first = hit.argmax(axis=1)
-    out = lp[np.arange(n), first].astype(np.float32)
+    if ids2 is not None and ids2.shape != lp.shape:
+        ids2 = None
+    if lp.shape[0] == prompt_len + n and prompt_len > 0:
+        rows = slice(prompt_len - 1, prompt_len - 1 + n)
+        return lp[rows], None if ids2 is None else ids2[rows], "sequence"
+    if lp.shape[0] == n:
+        return lp, ids2, "response"
+    return lp, ids2, "other"
+
+
+def _per_token(rows: np.ndarray, ids: np.ndarray | None, responses: np.ndarray) -> np.ndarray:
+    """One teacher log prob per response token: the column whose id is the token (NaN where none is)."""
+    if ids is None or rows.shape[0] != len(responses):
+        return rows[:, 0].astype(np.float32)
+    hit = ids == responses[:, None]
+    out = rows[np.arange(len(responses)), hit.argmax(axis=1)].astype(np.float32)
     out[~hit.any(axis=1)] = np.nan
     return out
 
 
+def _fields(values: Mapping[str, Any], key: str) -> dict[str, Any]:
+    arrays = {
+        "prompts": _array(values.get("prompts"), np.int64), "responses": _array(values.get("responses"), np.int64),
+        "response_mask": _array(values.get("response_mask"), np.int64),
+        "rollout_log_probs": _array(values.get("rollout_log_probs"), np.float32),
+        "teacher_logprobs": _array(values.get("teacher_logprobs"), np.float32),
+        "teacher_ids": _array(values.get("teacher_ids"), np.int64)}
+    for name in ("responses", "prompts"):
+        if arrays[name] is None or arrays[name].ndim != 1:
+            raise VerlRecordError(f"verl record {key!r}: field {name!r} missing or not 1-d token ids")
+    return arrays
+
+
 def record_to_turn(key: str, tag: Mapping[str, Any], values: Mapping[str, Any]) -> Turn:
     """The turn of one TransferQueue record (``values``: its fields, absent ones missing or ``None``)."""
+    return record_summary(key, tag, values)[0]
+
+
+def record_summary(key: str, tag: Mapping[str, Any], values: Mapping[str, Any]) -> tuple[Turn, dict[str, Any]]:
+    """The record's turn and divopd's summary of it (the :data:`SUMMARY_TAG` tag).
+
+    The summary holds what the composer reads (``response_len``, ``length_mismatch``, ``teacher``, ``student``,
+    ``n_valid``, ``disagreement``, ``kl_tokens``, ``teacher_masked``) and what verl's trainer needs done to the record
+    before it trains on it: ``unscored`` (action positions whose teacher row is not finite: they leave verl's
+    response mask) and ``rewrite`` (the record needs :func:`safe_fields`: such positions, a non-finite value in any
+    teacher row, or a teacher in the one-value-per-token layout, which verl's losses cannot read).
+    """
     rollout_id, turn_index = parse_key(key)
     version = _policy_version(key, tag)
-    responses = _array(values.get("responses"), np.int64)
-    prompts = _array(values.get("prompts"), np.int64)
-    for name, arr in (("responses", responses), ("prompts", prompts)):
-        if arr is None or arr.ndim != 1:
-            raise VerlRecordError(f"verl record {key!r}: field {name!r} missing or not 1-d token ids")
-    teacher = _teacher_per_token(_array(values.get("teacher_logprobs"), np.float32),
-                                 _array(values.get("teacher_ids"), np.int64), len(prompts), responses)
+    a = _fields(values, key)
+    prompts, responses = a["prompts"], a["responses"]
+    rows, ids, layout = _teacher_rows(a["teacher_logprobs"], a["teacher_ids"], len(prompts), len(responses))
+    teacher = None if rows is None else _per_token(rows, ids, responses)
+    mask = a["response_mask"]
     info = {name: tag[name] for name in _INFO_TAGS if tag.get(name) is not None}
     info["verl_key"] = key
-    return Turn(
-        rollout_id=rollout_id,
-        turn_index=turn_index,
-        policy_version=version,
-        prompt_ids=prompts,
-        response_ids=responses,
-        action_mask=_array(values.get("response_mask"), bool),
-        student_logprobs=_array(values.get("rollout_log_probs"), np.float32),
-        teacher_logprobs=teacher,
-        prompt_truncated=bool(tag.get("prompt_truncated", False)),
-        info=info,
-    )
+    turn = Turn(
+        rollout_id=rollout_id, turn_index=turn_index, policy_version=version, prompt_ids=prompts,
+        response_ids=responses, action_mask=None if mask is None else mask.astype(bool),
+        student_logprobs=a["rollout_log_probs"], teacher_logprobs=teacher,
+        prompt_truncated=bool(tag.get("prompt_truncated", False)), info=info)
+    unscored, nonfinite = 0, False
+    if rows is not None and layout in ("sequence", "response") and turn.length_mismatch is None:
+        bad = ~np.isfinite(rows).all(axis=1)
+        acting = np.ones(len(responses), dtype=bool) if mask is None else mask.astype(bool)
+        unscored = int(np.count_nonzero(bad & acting))
+        nonfinite = not np.isfinite(a["teacher_logprobs"]).all()
+    summary = {
+        "response_len": turn.response_len, "length_mismatch": turn.length_mismatch,
+        "teacher": turn.teacher_logprobs is not None, "student": turn.student_logprobs is not None,
+        "n_valid": turn.n_valid, "disagreement": turn.disagreement, "kl_tokens": turn.kl_tokens,
+        "teacher_masked": turn.teacher_masked_tokens, "unscored": unscored,
+        "rewrite": bool(rows is not None and (nonfinite or unscored > 0 or layout == "response")),
+    }
+    return turn, summary
 
 
-def turn_to_record(turn: Turn) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """``(key, fields, tag)`` of a divopd turn in verl's layout (torch tensors), as an agent loop would put it.
+@dataclass(eq=False)
+class SummaryTurn(Turn):
+    """A turn known by its record's key, tags and divopd summary; its per-token arrays stay in TransferQueue.
 
-    The teacher row is ``[prompt + response, 1]`` with ``teacher_ids`` = the sequence, like verl's teacher loop; a
-    position the turn's ``teacher_valid_mask`` excludes is NaN. Absent arrays stay absent fields.
+    It answers what the sampler reads (the gate's checks, ``response_len``, ``n_valid``, ``disagreement``,
+    ``kl_tokens``) from the summary, with the same values the full turn gives (the writer computed them from it).
+    """
+
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def response_len(self) -> int:  # type: ignore[override]
+        return int(self.summary["response_len"])
+
+    @property
+    def length_mismatch(self) -> str | None:  # type: ignore[override]
+        return self.summary["length_mismatch"]
+
+    @property
+    def n_valid(self) -> int:  # type: ignore[override]
+        return int(self.summary["n_valid"])
+
+    @property
+    def disagreement(self) -> float:  # type: ignore[override]
+        return float(self.summary["disagreement"])
+
+    @property
+    def kl_tokens(self) -> int:  # type: ignore[override]
+        return int(self.summary["kl_tokens"])
+
+    @property
+    def teacher_masked_tokens(self) -> int:  # type: ignore[override]
+        return int(self.summary["teacher_masked"])
+
+    @property
+    def valid_mask(self) -> np.ndarray:  # type: ignore[override]
+        raise AttributeError("SummaryTurn: the per-token arrays are in TransferQueue (read the record)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "summary": dict(self.summary)}
+
+
+def summary_turn(key: str, tag: Mapping[str, Any]) -> SummaryTurn:
+    """The turn of a record whose tag carries divopd's summary (no field is read)."""
+    rollout_id, turn_index = parse_key(key)
+    summary = dict(tag[SUMMARY_TAG])
+    info = {name: tag[name] for name in _INFO_TAGS if tag.get(name) is not None}
+    info["verl_key"] = key
+    empty = np.zeros(0, dtype=np.float32)
+    return SummaryTurn(
+        rollout_id=rollout_id, turn_index=turn_index, policy_version=_policy_version(key, tag), prompt_ids=[],
+        response_ids=[], student_logprobs=empty if summary["student"] else None,
+        teacher_logprobs=empty if summary["teacher"] else None,
+        prompt_truncated=bool(tag.get("prompt_truncated", False)), info=info, summary=summary)
+
+
+def turn_from_dict(data: dict[str, Any]) -> Turn:
+    """:meth:`Turn.from_dict` that restores a :class:`SummaryTurn` (the sampler's ``turn_from_dict`` reader)."""
+    return SummaryTurn(**data) if "summary" in data else Turn.from_dict(data)
+
+
+def safe_fields(values: Mapping[str, Any], key: str) -> tuple[dict[str, Any], int]:
+    """The fields to put back into a record before verl trains on it, and how many positions left its mask.
+
+    The teacher goes into verl's ``[P + R, K]`` layout (a one-value-per-token teacher becomes ``K = 1`` rows with
+    ``teacher_ids`` = the scored tokens); every non-finite teacher value becomes finite (the student's generating log
+    prob at that response position, so the estimator losses see no disagreement there; 0 elsewhere); the action
+    positions whose row was not finite leave ``response_mask`` (and ``loss_mask``, which verl keeps equal to it).
+    """
+    import torch
+
+    a = _fields(values, key)
+    prompts, responses = a["prompts"], a["responses"]
+    p, n = len(prompts), len(responses)
+    rows, ids, layout = _teacher_rows(a["teacher_logprobs"], a["teacher_ids"], p, n)
+    if rows is None or layout not in ("sequence", "response") or p == 0:
+        raise VerlRecordError(f"verl record {key!r}: teacher_logprobs of shape "
+                              f"{None if a['teacher_logprobs'] is None else a['teacher_logprobs'].shape} cannot be "
+                              f"put in verl's [prompt + response, K] layout ({p} + {n} tokens)")
+    sequence = np.concatenate([prompts, responses])
+    if layout == "sequence":
+        table = a["teacher_logprobs"].reshape(p + n, -1).copy()
+        id_table = a["teacher_ids"].reshape(p + n, -1) if a["teacher_ids"] is not None and \
+            a["teacher_ids"].size == table.size else np.concatenate([sequence[1:], [0]])[:, None]
+    else:
+        table = np.zeros((p + n, 1), dtype=np.float32)
+        table[p - 1:p - 1 + n, 0] = _per_token(rows, ids, responses)
+        id_table = np.concatenate([sequence[1:], [0]])[:, None]
+    student = a["rollout_log_probs"]
+    fill = np.zeros(p + n, dtype=np.float32)
+    if student is not None and len(student) == n:
+        fill[p - 1:p - 1 + n] = np.where(np.isfinite(student), student, 0.0)
+    bad_rows = ~np.isfinite(table).all(axis=1)
+    table = np.where(np.isfinite(table), table, fill[:, None])
+    mask = np.ones(n, dtype=np.int64) if a["response_mask"] is None else a["response_mask"].copy()
+    dropped = bad_rows[p - 1:p - 1 + n] & (mask != 0)
+    mask[dropped] = 0
+    out = {
+        "teacher_logprobs": torch.tensor(table, dtype=torch.float32),
+        "teacher_ids": torch.tensor(id_table, dtype=torch.int32),
+        "response_mask": torch.tensor(mask, dtype=torch.int64),
+        "loss_mask": torch.tensor(mask, dtype=torch.int64),
+    }
+    return out, int(np.count_nonzero(dropped))
+
+
+def turn_to_record(turn: Turn, summary: bool = True) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``(key, fields, tag)`` of a divopd turn in verl's layout (torch tensors), as divopd's agent loop puts it.
+
+    The teacher is verl's ``[prompt + response, 1]`` rows (row ``P − 1 + j`` scores response token ``j``, ids = the
+    scored tokens, a dummy last row); a position the turn's ``teacher_valid_mask`` excludes is NaN; a turn without a
+    prompt gets one value per response token. Absent arrays stay absent fields. ``summary``: add divopd's summary tag.
     """
     import torch
 
     prompt, response = np.asarray(turn.prompt_ids), np.asarray(turn.response_ids)
+    p, n = len(prompt), len(response)
     fields: dict[str, Any] = {
         "prompts": torch.tensor(prompt, dtype=torch.int64),
         "responses": torch.tensor(response, dtype=torch.int64),
         "response_mask": torch.tensor(
-            np.ones(len(response), dtype=np.int64) if turn.action_mask is None else turn.action_mask.astype(np.int64)),
+            np.ones(n, dtype=np.int64) if turn.action_mask is None else turn.action_mask.astype(np.int64)),
     }
     if turn.student_logprobs is not None:
         fields["rollout_log_probs"] = torch.tensor(turn.student_logprobs, dtype=torch.float32)
@@ -142,14 +295,21 @@ def turn_to_record(turn: Turn) -> tuple[str, dict[str, Any], dict[str, Any]]:
         teacher = np.array(turn.teacher_logprobs, dtype=np.float32)
         if turn.teacher_valid_mask is not None and len(turn.teacher_valid_mask) == len(teacher):
             teacher[~turn.teacher_valid_mask] = np.nan
-        rows = np.concatenate([np.zeros(len(prompt), dtype=np.float32), teacher])
-        fields["teacher_logprobs"] = torch.tensor(rows[:, None])
-        fields["teacher_ids"] = torch.tensor(np.concatenate([prompt, response])[:len(rows), None], dtype=torch.int64)
+        if p == 0 or len(teacher) != n:
+            fields["teacher_logprobs"] = torch.tensor(teacher)
+        else:
+            rows = np.zeros(p + n, dtype=np.float32)
+            rows[p - 1:p - 1 + n] = teacher
+            ids = np.concatenate([prompt[1:], response, [0]])
+            fields["teacher_logprobs"] = torch.tensor(rows[:, None])
+            fields["teacher_ids"] = torch.tensor(ids[:, None], dtype=torch.int32)
     tag: dict[str, Any] = {
-        "status": "success", "prompt_len": len(prompt), "response_len": len(response),
-        "seq_len": len(prompt) + len(response), "global_steps": turn.policy_version,
-        "min_global_steps": turn.policy_version, "max_global_steps": turn.policy_version,
-        "prompt_truncated": turn.prompt_truncated,
+        "status": "success", "prompt_len": p, "response_len": n, "seq_len": p + n,
+        "global_steps": turn.policy_version, "min_global_steps": turn.policy_version,
+        "max_global_steps": turn.policy_version, "prompt_truncated": turn.prompt_truncated,
         **{name: turn.info[name] for name in _INFO_TAGS if turn.info.get(name) is not None},
     }
-    return f"{turn.rollout_id}_{turn.turn_index}", fields, tag
+    key = f"{turn.rollout_id}_{turn.turn_index}"
+    if summary:
+        tag[SUMMARY_TAG] = record_summary(key, tag, fields)[1]
+    return key, fields, tag

@@ -5,7 +5,12 @@ A checkpoint directory (the run-dir layout: ``checkpoints/update-NNNNNN/``) hold
 * the model in Hugging Face format (``config.json``, ``model.safetensors``, ...) and the tokenizer when given,
 * ``optimizer.pt`` — the optimizer ``state_dict`` (tensors only; loaded with ``weights_only=True``),
 * ``state.json`` — learner version, counters, the learner config, the torch RNG state, and ``extra_state`` (e.g. the
-  sampler's ``state_dict``) as plain JSON: never pickle.
+  sampler's ``state_dict``) as plain JSON: never pickle,
+* ``manifest.json`` — written last: every file with its size and a cheap hash, which a resume verifies before it
+  trusts the checkpoint (:mod:`divopd.learn.manifest`).
+
+Only folders named exactly ``update-NNNNNN`` holding divopd's files are checkpoints (:func:`checkpoint_dirs`);
+anything else a user puts in ``checkpoints/`` is never listed nor pruned.
 
 It is written to a temporary sibling directory and renamed into place, so a reader never sees a half-written
 checkpoint: a crash leaves either the previous checkpoint or the new one (plus a ``.update-N.tmp-*`` directory, which
@@ -30,39 +35,52 @@ from typing import Any
 
 import torch
 
+from divopd.learn.manifest import (
+    DCP_DIR,
+    MANIFEST_FILE,
+    OPTIMIZER_FILE,
+    STATE_FILE,
+    checkpoint_dirs,
+    verify_checkpoint,
+    write_manifest,
+)
+
 __all__ = [
     "DCP_DIR",
+    "MANIFEST_FILE",
+    "OPTIMIZER_FILE",
     "STATE_FILE",
     "WeightHandle",
     "atomic_dir",
     "atomic_write_text",
     "decode_rng_state",
     "encode_rng_state",
+    "checkpoint_dirs",
     "latest_checkpoint",
     "load_dcp_optimizer",
     "read_state",
     "remove_interrupted_writes",
     "to_json_safe",
+    "verify_checkpoint",
 ]
 
-STATE_FILE = "state.json"
-OPTIMIZER_FILE = "optimizer.pt"
-#: A sharded checkpoint's model and optimizer shards (``torch.distributed.checkpoint``), :mod:`divopd.learn.sharded`
-DCP_DIR = "dcp"
 
 
 @contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike, manifest: bool = False) -> Iterator[Path]:
     """Yield a fresh temporary directory next to ``path``; on success it replaces ``path`` by rename.
 
     An existing ``path`` is moved aside first and removed only after the new directory is in place. On an exception
-    the temporary directory is removed and ``path`` is untouched.
+    the temporary directory is removed and ``path`` is untouched. ``manifest``: write ``manifest.json`` (every file,
+    its size and hash: :func:`divopd.learn.manifest.write_manifest`) last, before the rename (checkpoints).
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         yield tmp
+        if manifest:
+            write_manifest(tmp)
         for f in tmp.rglob("*"):
             if f.is_file():
                 with open(f, "rb") as fh:
@@ -172,21 +190,15 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def latest_checkpoint(checkpoints_dir: str | os.PathLike) -> Path | None:
-    """The complete checkpoint with the highest learner version under ``checkpoints_dir`` (``None`` if none)."""
-    d = Path(checkpoints_dir)
-    if not d.is_dir():
-        return None
-    best: tuple[int, Path] | None = None
-    for sub in d.iterdir():
-        if sub.name.startswith(".") or not (sub / STATE_FILE).is_file():
-            continue
+    """The newest checkpoint under ``checkpoints_dir`` whose ``state.json`` reads (``None`` if none); a resume
+    verifies it first (:func:`divopd.train.checkpoints.resume_checkpoint`)."""
+    for sub in reversed(checkpoint_dirs(checkpoints_dir)):
         try:
-            version = int(read_state(sub)["learner"]["version"])
-        except (KeyError, ValueError, json.JSONDecodeError):
+            int(read_state(sub)["learner"]["version"])
+        except (KeyError, TypeError, ValueError, OSError):
             continue
-        if best is None or version > best[0]:
-            best = (version, sub)
-    return None if best is None else best[1]
+        return sub
+    return None
 
 
 @dataclass

@@ -45,6 +45,7 @@ from divopd.learn.checkpoint import (
     read_state,
     to_json_safe,
 )
+from divopd.learn.manifest import SHARDED_FORMAT as _SHARDED_FORMAT
 from divopd.learn.rows import Rows, _micro_batches, prepare_rows
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import DepthStats, turn_balance_alpha, turn_balance_weights
@@ -58,7 +59,7 @@ __all__ = ["Learner", "LearnerConfig", "Rows", "WeightHandle", "batch_row_weight
 
 CHECKPOINT_FORMAT = 1
 #: :mod:`divopd.learn.sharded`'s checkpoints: model and optimizer shards in ``dcp/`` (torch.distributed.checkpoint)
-SHARDED_FORMAT = 2
+SHARDED_FORMAT = _SHARDED_FORMAT
 
 
 def batch_rows(batch: Batch | Sequence[Turn] | None, config: LearnerConfig, vocab: int) -> tuple[list[Turn], Rows]:
@@ -317,7 +318,8 @@ class Learner:
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """Write model (HF safetensors) + tokenizer + ``optimizer.pt`` + ``state.json`` (version, counters, config,
-        torch RNG, ``extra_state`` as JSON) atomically to ``path``. Returns ``path``."""
+        torch RNG, ``extra_state`` as JSON) + ``manifest.json`` (sizes, hashes) atomically to ``path``. Returns
+        ``path``."""
         state = {
             "format": CHECKPOINT_FORMAT,
             "learner": self.state(),
@@ -326,7 +328,7 @@ class Learner:
             "extra_state": to_json_safe(extra_state or {}),
         }
         text = json.dumps(state, allow_nan=True)
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path, manifest=True) as tmp:
             self.model.save_pretrained(tmp, safe_serialization=True)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp)

@@ -5,11 +5,14 @@
 replies it also watches the processes: a rank that exits (killed, out of memory) or raises ends the others at once
 and raises :class:`LearnerRankError` naming the rank, its pid and its exit code — a sharded learner cannot go on
 without one of its shards. The ranks are daemon processes and also exit when the pipe to the driver closes, so they
-never outlive it.
+never outlive it (and the kernel kills them when the driver dies: :func:`~divopd.explore.children.die_with_parent`).
+A terminal's Ctrl-C does not reach them (SIGINT blocked, :func:`~divopd.explore.children.sigint_blocked`): the driver
+checkpoints through them, then closes them.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
@@ -35,8 +38,13 @@ class Ranks(Protocol):
         """End every rank."""
 
 
-def _rank_main(rank: int, world_size: int, init_method: str, setup: dict[str, Any], conn: Connection) -> None:
+def _rank_main(rank: int, world_size: int, init_method: str, setup: dict[str, Any], conn: Connection,
+               parent_pid: int | None = None) -> None:
+    from divopd.explore.children import die_with_parent
     from divopd.learn.dist_worker import RankWorker
+
+    if parent_pid is not None:
+        die_with_parent(parent_pid)  # SIGINT is blocked here (ProcessRanks starts it so): the driver stops the rank
 
     worker = RankWorker()
     try:
@@ -96,6 +104,7 @@ class ProcessRanks:
     def __init__(self, world_size: int, setup: dict[str, Any], call_timeout_s: float | None = None) -> None:
         import torch.multiprocessing as mp
 
+        from divopd.explore.children import sigint_blocked
         from divopd.learn.dist_worker import free_port
 
         ctx = mp.get_context("spawn")
@@ -109,9 +118,11 @@ class ProcessRanks:
         self._call_timeout_s = call_timeout_s  # the first rank's answer to one call (None: no deadline)
         for rank in range(world_size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, args=(rank, world_size, init_method, setup, child), daemon=True,
-                               name=f"divopd-learner-rank{rank}")
-            proc.start()
+            proc = ctx.Process(target=_rank_main, args=(rank, world_size, init_method, setup, child, os.getpid()),
+                               daemon=True, name=f"divopd-learner-rank{rank}")
+            # a terminal's Ctrl-C is for the driver, which checkpoints, then closes the ranks
+            with sigint_blocked(multiprocessing=True):
+                proc.start()
             child.close()
             self._procs.append(proc)
             self._conns.append(parent)

@@ -217,7 +217,7 @@ class ShardedLearner:
         }
         text = json.dumps(state, allow_nan=True)
         model = self.model
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path, manifest=True) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp)

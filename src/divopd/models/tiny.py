@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -26,7 +26,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-__all__ = ["CHAT_TEMPLATE", "ROLES", "SIZES", "SPECIAL_TOKENS", "build_model", "build_tokenizer"]
+__all__ = ["CHAT_TEMPLATE", "ROLES", "SIZES", "SPECIAL_TOKENS", "TOKENIZER_KINDS", "build_model", "build_tokenizer"]
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 ROLES: tuple[str, ...] = ("system", "user", "assistant")
@@ -52,19 +52,66 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
 }
 
 
-def build_tokenizer(texts: Iterable[str], kind: str = "word", vocab_size: int = 4096) -> PreTrainedTokenizerFast:
-    """Train a word-level or byte-level BPE tokenizer on ``texts`` (an environment's observations, actions, prompts).
+#: build_tokenizer's kinds: the two byte-level ones the tiny models use, and three more tokenizer families of real
+#: models (for cross-tokenizer teachers: docs/concepts/teacher-vocabularies.md).
+TOKENIZER_KINDS: tuple[str, ...] = ("word", "bpe", "sentencepiece", "metaspace", "whitespace")
 
-    Both kinds use byte-level pre-tokenisation and decoding, so ``decode(encode(text)) == text`` for every text made of
-    known words (``word``: unknown words become ``<unk>``; ``bpe``: every text round-trips, the byte alphabet is
-    included). Special tokens: ``<pad>``, ``<eos>``, ``<unk>``, ``<|system|>``, ``<|user|>``, ``<|assistant|>``; the
-    returned tokenizer carries the chat template of this module.
+
+def build_tokenizer(texts: Iterable[str], kind: str = "word", vocab_size: int = 4096) -> PreTrainedTokenizerFast:
+    """Train a tokenizer of ``kind`` on ``texts`` (an environment's observations, actions, prompts):
+
+    * ``word`` / ``bpe``: word-level / byte-level BPE with byte-level pre-tokenisation and decoding, so
+      ``decode(encode(text)) == text`` for every text made of known words (``word``: unknown words become ``<unk>``;
+      ``bpe``: every text round-trips, the byte alphabet is included). The tiny models' tokenizers.
+    * ``sentencepiece``: the layout of Llama-2's and Mistral's ``tokenizer.json`` (a SentencePiece BPE): byte
+      fallback, a normalizer that prepends the dummy prefix ``▁`` and turns spaces into ``▁``, a decoder that undoes
+      both (``vocab_size`` counts the 256 byte pieces on top).
+    * ``metaspace``: a SentencePiece Unigram with the ``Metaspace`` pre-tokenizer and decoder (dummy prefix
+      ``always``: T5- and ALBERT-style); characters it never saw become ``<unk>``.
+    * ``whitespace``: word-level, split on whitespace and punctuation, no decoder: decoding joins the words with
+      spaces (BERT-era word-level tokenizers).
+
+    Special tokens: ``<pad>``, ``<eos>``, ``<unk>``, ``<|system|>``, ``<|user|>``, ``<|assistant|>``; the returned
+    tokenizer carries the chat template of this module.
     """
-    if kind not in ("word", "bpe"):
-        raise ValueError(f"build_tokenizer: kind must be 'word' or 'bpe', got {kind!r}")
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"build_tokenizer: kind must be one of {', '.join(TOKENIZER_KINDS)}, got {kind!r}")
     texts = list(texts)
     if not texts:
         raise ValueError("build_tokenizer: no texts given")
+    if kind in ("word", "bpe"):
+        tok = _byte_level(texts, kind, vocab_size)
+    elif kind == "sentencepiece":
+        tok = Tokenizer(models.BPE(unk_token=UNK, byte_fallback=True, fuse_unk=True))
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")  # training only
+        byte_pieces = [f"<0x{i:02X}>" for i in range(256)]
+        tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(
+            vocab_size=vocab_size + 256, special_tokens=SPECIAL_TOKENS + byte_pieces, show_progress=False))
+        tok.pre_tokenizer = None  # as in Llama-2's tokenizer.json: the normalizer alone marks the words
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    elif kind == "metaspace":
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+        tok.train_from_iterator(texts, trainer=trainers.UnigramTrainer(
+            vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, unk_token=UNK, show_progress=False))
+    else:
+        tok = Tokenizer(models.WordLevel(unk_token=UNK))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.train_from_iterator(texts, trainer=trainers.WordLevelTrainer(
+            vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK,
+        additional_special_tokens=[f"<|{r}|>" for r in ROLES], clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "right"
+    return fast
+
+
+def _byte_level(texts: list[str], kind: str, vocab_size: int) -> Tokenizer:
     if kind == "word":
         tok = Tokenizer(models.WordLevel(unk_token=UNK))
         trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
@@ -77,13 +124,7 @@ def build_tokenizer(texts: Iterable[str], kind: str = "word", vocab_size: int = 
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK,
-        additional_special_tokens=[f"<|{r}|>" for r in ROLES], clean_up_tokenization_spaces=False,
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.padding_side = "right"
-    return fast
+    return tok
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, size: str = "1m", arch: str = "llama", seed: int = 0,

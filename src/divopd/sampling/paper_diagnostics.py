@@ -76,9 +76,7 @@ def turns_per_rollout(turns: Sequence[Turn]) -> float:
 
 def kl_tokens(turn: Turn) -> int:
     """Tokens :attr:`Turn.disagreement` sums over: valid tokens whose student log probability is finite."""
-    if turn.student_logprobs is None or turn.n_valid == 0:
-        return 0
-    return int(np.count_nonzero(turn.valid_mask & np.isfinite(turn.student_logprobs)))
+    return turn.kl_tokens
 
 
 def kl_per_token(turns: Iterable[Turn]) -> float:

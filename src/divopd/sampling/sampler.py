@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -86,6 +86,9 @@ class Sampler:
         self._counts = {"received": 0, "selected": 0, "expired": 0, "invalid": 0}
         self._invalid_by_reason: dict[str, int] = dict.fromkeys(gate.REASONS, 0)
         self._expired_by_reason: dict[str, int] = {"stale": 0, "pending_age": 0, "pending_overflow": 0}
+        #: how :meth:`load_state_dict` rebuilds a saved turn (a caller whose turns are a :class:`Turn` subclass, e.g.
+        #: a framework plug-in's summary turns, sets its own reader)
+        self.turn_from_dict: Callable[[dict[str, Any]], Turn] = Turn.from_dict
 
     # ------------------------------------------------------------------ intake
     def add(self, turns: Turn | Iterable[Turn]) -> list[int]:
@@ -363,12 +366,12 @@ class Sampler:
         self._codes = {}
         self._pending, self._seen = {}, {}
         for a, d, *stamp in state["pending"]:  # version 1 states carry no first-seen stamp: use the turn's version
-            turn = Turn.from_dict(d)
+            turn = self.turn_from_dict(d)
             self._pending[int(a)] = turn
             self._seen[int(a)] = int(stamp[0]) if stamp else turn.policy_version
         self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending.items()])
         for a, d in state["queue"]:
-            self._enqueue(int(a), Turn.from_dict(d))
+            self._enqueue(int(a), self.turn_from_dict(d))
 
 
 def make_sampler(config: SamplerConfig) -> Sampler:

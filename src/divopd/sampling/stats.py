@@ -70,7 +70,7 @@ def batch_stats(turns: Sequence[Turn], learner_version: int) -> BatchStats:
     n_valid = [t.n_valid for t in turns]
     for t in turns:
         rid = t.rollout_id
-        tokens[rid] = tokens.get(rid, 0) + len(t.response_ids)
+        tokens[rid] = tokens.get(rid, 0) + t.response_len
         disagreement[rid] = disagreement.get(rid, 0.0) + t.disagreement
     dead = n_valid.count(0)
     valid_tokens = sum(n_valid)

@@ -31,11 +31,11 @@ from divopd.train.config import TrainConfig
 from divopd.train.interrupt import StopRequest
 from divopd.train.loop import Runtime, run_loop
 from divopd.train.rundir import EXPERIENCE
-from divopd.train.runtime.common import build_explorer, check_engines, fresh_session, logged_rollout_ids
+from divopd.train.runtime.common import build_explorer, check_vocabularies, fresh_session, logged_rollout_ids
 from divopd.train.trainer import Trainer
 from divopd.train.trainer import open_run as open_trainer_run
 
-__all__ = ["RUNTIMES", "RuntimeEntry", "build_explorer", "check_engines", "make_learner", "open_run",
+__all__ = ["RUNTIMES", "RuntimeEntry", "build_explorer", "check_vocabularies", "make_learner", "open_run",
            "run_trainer"]
 
 

@@ -154,6 +154,11 @@ class RuntimeSettings(_Strict):
         1800.0, ge=0, description="Loop watchdog: stop the run (checkpoint, summary.json `stalled`, exit 3) when no "
         "rollout arrived and no update completed for this many seconds, or when the last 4·sampler.batch_size turns "
         "received all lack teacher scores (a teacher that cannot score); 0 = off.")
+    rejected_turns_warning: int = Field(
+        1000, ge=1, description="Gate watch: warn (one line naming the top rejection reason and the config key that "
+        "governs it) once this many turns were rejected by the validity gate since the last update (or the start) "
+        "with no update; at 4× as many the loop watchdog stops the run as a stall (checkpoint, summary.json "
+        "`stalled`, exit 3; off with runtime.stall_timeout_s 0).")
     teacher_timeout_s: float = Field(
         600.0, gt=0, description="Ray, teacher.shared: deadline of one call to the shared teacher actor (score or "
         "generate). Past it the explorer kills the actor for a restart (runtime.max_teacher_restarts) and that call's "

@@ -13,10 +13,11 @@ SIGTERM) seen at a stage boundary. Then (1) the runtime stops its explorers and 
 finished but was not taken yet (it enters the ledger as queued: received, never lost); (2) the final snapshot is
 evaluated (not after a stop request); (3) the trainer checkpoints; (4) ``summary.json`` is written.
 
-Failing: an exception (or a second Ctrl-C) inside a stage — from composing a batch to publishing its update — stops
-the runtime at once, without a final evaluation, checkpoint or ``summary.json``, and re-raises: the newest checkpoint
-on disk stays the last good one (its sampler state never counts an untrained batch ``selected``), and ``--resume``
-trains from it again. A failure at a stage boundary (the explorers died while the loop waited) checkpoints first.
+Failing: an exception (or a second Ctrl-C) inside a stage — a poll, composing a batch, up to publishing its update —
+stops the runtime at once, without a final evaluation, checkpoint or ``summary.json``, and re-raises: the newest
+checkpoint on disk stays the last good one (its sampler state never counts an untrained batch ``selected``), and
+``--resume`` trains from it again. A failure at a stage boundary (the explorers died while the loop waited)
+checkpoints first.
 
 Stalling (:mod:`divopd.train.watchdog`, ``runtime.stall_timeout_s``; 0 = off): no rollout and no completed update for
 that long while the loop waits for rollouts, or a teacher that cannot score (the last 4·B turns received all without
@@ -38,6 +39,7 @@ from typing import Any, Protocol
 
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
+from divopd.train.checkpoints import CheckpointWriteError, is_disk_full
 from divopd.train.interrupt import StopRequest, fault_point
 from divopd.train.trainer import Trainer
 from divopd.train.watchdog import EXPLORER_TIMES, Watchdog, add_explorer_times, timed
@@ -145,7 +147,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
     # True while the trainer's state is at a stage boundary (no batch composed but not yet trained and published):
     # only such a state is checkpointed, so a failure inside a stage never replaces the newest good checkpoint
     clean = True
-    watchdog = Watchdog(cfg.runtime.stall_timeout_s, cfg.sampler.batch_size)
+    watchdog = _watchdog(trainer)
     stalled: str | None = None  # the watchdog's one-line reason to stop
     times = dict.fromkeys(EXPLORER_TIMES, 0.0)  # stage seconds since the previous update (time/wait_s, ...)
     try:
@@ -155,12 +157,12 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                 break
             # explore → enqueue: each turn is tagged with the learner version at its arrival (staleness counts
             # from the policy version that generated it, which the explorer stamped)
+            clean = False  # a poll cut short (a lockstep round half done, rollouts taken but not queued) is no boundary
             with timed("time/wait_s", times):
                 rollouts = runtime.poll(timeout=0)
-            clean = False
             _intake(trainer, watchdog, rollouts, times)
             clean = True
-            stalled = watchdog.teacher_failed()
+            stalled = watchdog.after_intake(trainer.sampler.ledger["invalid_by_reason"], trainer.version)
             if stalled is not None:
                 break
             clean = False
@@ -174,8 +176,8 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                     stalled = watchdog.stalled_waiting(_waited_on(cfg.runtime.kind, cfg.runtime.num_explorers))
                     if stalled is not None:
                         break
-                    rollouts = runtime.poll(timeout=0.5)
                     clean = False
+                    rollouts = runtime.poll(timeout=0.5)
                     _intake(trainer, watchdog, rollouts, times)
                     clean = True
                 continue
@@ -190,14 +192,15 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
             runtime.publish(evals.latest)
             clean = True
             trainer.after_update(metrics, request_eval, progress)
-            watchdog.progressed()  # after the schedule: an evaluation the runtime runs in line is not a stall
-    except KeyboardInterrupt:  # a second Ctrl-C while a stage was running
+            watchdog.progressed(trainer.sampler.ledger["invalid_by_reason"])  # after the schedule: in-line evals
+    except KeyboardInterrupt:  # a second Ctrl-C while a stage (or a poll) was running
         interrupted = True
         if not clean:
-            _abort(trainer, runtime)
+            _abort(trainer, runtime, why="was quit (Ctrl-C again)")
             raise
-    except BaseException:  # a crash: no final evaluation; the state is checkpointed only at a stage boundary
-        _abort(trainer, runtime, checkpoint=clean)
+    except BaseException as exc:  # a crash: no final evaluation; the state is checkpointed only at a stage boundary
+        disk = isinstance(exc, CheckpointWriteError) or is_disk_full(exc)  # never retry the write that failed
+        _abort(trainer, runtime, checkpoint=clean and not disk, report=not disk)
         raise
     interrupted = interrupted or stop.requested
     if stalled is not None:
@@ -217,6 +220,15 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
     return trainer.close({"interrupted": interrupted or stop.requested, **extra})
 
 
+def _watchdog(trainer: Trainer) -> Watchdog:
+    """The run's stall watchdog, its gate watch counting from the ledger now."""
+    runtime = trainer.cfg.runtime
+    watchdog = Watchdog(runtime.stall_timeout_s, trainer.cfg.sampler.batch_size,
+                        rejected_turns_warning=runtime.rejected_turns_warning)
+    watchdog.progressed(trainer.sampler.ledger["invalid_by_reason"])
+    return watchdog
+
+
 def _intake(trainer: Trainer, watchdog: Watchdog, rollouts: list[Rollout], times: dict[str, float]) -> None:
     """Finished rollouts enter the queue (and the experience log); the watchdog and the stage times see them."""
     trainer.intake(rollouts)
@@ -230,24 +242,27 @@ def _waited_on(kind: str, explorers: int) -> str:
             "step, generation or teacher call that does not return?)")
 
 
-def _abort(trainer: Trainer, runtime: Runtime, checkpoint: bool = False) -> None:
+def _abort(trainer: Trainer, runtime: Runtime, checkpoint: bool = False, why: str = "failed",
+           report: bool = True) -> None:
     """After a failure: stop the runtime at once (no final evaluation), keep what finished in the ledger, and
     checkpoint only when ``checkpoint`` (the state is at a stage boundary, e.g. the explorers died while the loop
     waited); else leave the newest checkpoint on disk as it is. A failure while stopping is logged: the original
-    error is the one the caller sees."""
+    error is the one the caller sees. ``report=False``: no line of its own (a failed checkpoint write's error says
+    where to resume from)."""
     try:
         trainer.intake(runtime.shutdown(True))
         runtime.close(True)
     except Exception:  # noqa: BLE001 - the error that stopped the run is the one to report
-        log.exception("stopping the runtime after a failure failed too")
+        (log.exception if report else log.debug)("stopping the runtime after a failure failed too", exc_info=True)
         checkpoint = False  # the intake may be half done: not a boundary any more
     try:
         ckpt = trainer.abort(at_boundary=checkpoint)
-        log.error("the run failed at update %d%s; resume from %s with `divopd train --resume %s`", trainer.version,
-                  "" if checkpoint else " inside a stage: that state is not checkpointed",
-                  ckpt if ckpt is not None else "the start (no checkpoint yet)", trainer.run_dir)
+        if report:
+            log.error("the run %s at update %d%s; resume from %s with `divopd train --resume %s`", why,
+                      trainer.version, "" if checkpoint else " inside a stage: that state is not checkpointed",
+                      ckpt if ckpt is not None else "the start (no checkpoint yet)", trainer.run_dir)
     except Exception:  # noqa: BLE001 - as above
-        log.exception("closing the run after a failure failed too")
+        (log.exception if report else log.debug)("closing the run after a failure failed too", exc_info=True)
 
 
 def _wait_for_evals(runtime: Runtime, stop: StopRequest, evals: _Evals) -> None:

@@ -63,23 +63,29 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
     requested while the models load or the explorers start is honoured once the loop starts: it checkpoints at
     once."""
     from divopd.errors import UsageError
-    from divopd.train.assemble import check_engines, open_run, run_trainer
+    from divopd.train.assemble import open_run, run_trainer
+    from divopd.train.preflight import check_before_run
+    from divopd.train.runlock import release_run_dir
 
     if cfg is not None:
-        check_engines(cfg)  # before the run directory is made
-    trainer, resumed = open_run(cfg, resume=resume)
-    cfg = trainer.cfg
-    if resume is not None:
-        check_engines(cfg)
-    bar = Progress(cfg.updates, trainer.version, progress)
-    try:
-        summary = run_trainer(trainer, bar, stop=stop)
-    except UsageError:
-        if resume is None and trainer.version == 0:
-            discard_fresh_run(trainer)
-        raise
+        check_before_run(cfg)  # devices, models, engines, teacher server, env, disk: before the run directory is made
+    run_dir = Path(resume) if resume is not None else cfg.resolved_run_dir()  # type: ignore[union-attr]
+    try:  # the run directory's lock (divopd.train.runlock) is let go however this ends
+        trainer, resumed = open_run(cfg, resume=resume)
+        cfg = trainer.cfg
+        if resume is not None:
+            check_before_run(cfg, trainer.run_dir)
+        bar = Progress(cfg.updates, trainer.version, progress)
+        try:
+            summary = run_trainer(trainer, bar, stop=stop)
+        except UsageError:
+            if resume is None and trainer.version == 0:
+                discard_fresh_run(trainer)
+            raise
+        finally:
+            bar.close()
     finally:
-        bar.close()
+        release_run_dir(run_dir)
     summary["resumed"] = resumed
     summary["run_dir"] = str(trainer.run_dir)
     return summary

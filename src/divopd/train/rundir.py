@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import re
 import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,20 @@ import pyarrow.parquet as pq
 
 from divopd.errors import RunExistsError, UsageError
 from divopd.experience import Turn
-from divopd.experience.log import ExperienceLogError, log_files, read_log, requeue_at_update, truncate_log
-from divopd.learn.checkpoint import read_state
+from divopd.experience.log import (
+    ExperienceLogError,
+    ExperienceLogWriter,
+    log_files,
+    read_log,
+    requeue_at_update,
+    set_aside_unreadable_parts,
+    truncate_log,
+)
+from divopd.experience.log.parts import missing_arrivals
+from divopd.learn.checkpoint import checkpoint_dirs, read_state
 from divopd.sampling import Sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
+from divopd.train.runlock import LOCK, lock_run_dir, release_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +45,14 @@ EXPLORER_WEIGHTS = "explorer-weights"
 #: The marker file a fresh run writes into the directory it creates or claims.
 MARKER = ".divopd-run"
 #: Everything a run writes into its directory: the resolved config, metrics, summary, TensorBoard events, the
-#: experience log, the checkpoints, the explorer weights of the lockstep runtime's checkpoints and the marker.
+#: experience log, the checkpoints, the explorer weights of the lockstep runtime's checkpoints, the marker and the
+#: lock of the process writing it (:mod:`divopd.train.runlock`).
 RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE, CHECKPOINTS, EXPLORER_WEIGHTS,
-               MARKER)
+               MARKER, LOCK)
+#: The run files (of :data:`RUN_ENTRIES`) a fresh run moves aside from a run directory that holds no checkpoint.
+STRANDED_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE, CHECKPOINTS, EXPLORER_WEIGHTS)
+#: The folder (a UTC time appended) those files go to, inside the run directory: nothing is deleted.
+STRANDED_PREFIX = "stranded-"
 
 
 def is_run_dir(path: Path) -> bool:
@@ -53,28 +69,67 @@ def check_is_run(path: Path, flag: str = "--resume") -> None:
                          "metrics.jsonl); divopd changes nothing there")
 
 
+def _entries(run_dir: Path) -> list[str]:
+    """The names in ``run_dir`` (none if it does not exist), the lock file left out."""
+    return sorted(p.name for p in run_dir.iterdir() if p.name != LOCK) if run_dir.is_dir() else []
+
+
 def claim_run_dir(run_dir: Path) -> list[str] | None:
     """Make ``run_dir`` the directory of a fresh run, before anything is written into it; returns the names of the
     entries it held before, ``None`` when this call created it (a fresh run that is discarded removes only what it
     wrote, :func:`remove_run_files`).
 
-    A missing or empty directory is created and marked; a run directory that already holds a run (its
-    ``metrics.jsonl``) raises :class:`~divopd.errors.RunExistsError`; any other non-empty folder raises
-    :class:`~divopd.errors.UsageError`: divopd never writes into a folder it did not make a run."""
+    A missing or empty directory is created, locked (:func:`~divopd.train.runlock.lock_run_dir`: a second process is
+    refused) and marked; a run directory that holds a checkpoint raises :class:`~divopd.errors.RunExistsError`; one
+    that holds a run without any checkpoint (it failed or was killed before its first) is reused, its run files moved
+    aside (:func:`set_aside_stranded_run`); any other non-empty folder raises :class:`~divopd.errors.UsageError`:
+    divopd never writes into a folder it did not make a run."""
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--run-dir {run_dir}: exists and is not a directory")
     existed = run_dir.is_dir()
-    before = sorted(p.name for p in run_dir.iterdir()) if existed else []
-    if before and (run_dir / "metrics.jsonl").is_file() and is_run_dir(run_dir):
-        raise RunExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose "
-                             "another seed or --run-dir")
-    if before and not is_run_dir(run_dir):
+    if _entries(run_dir) and not is_run_dir(run_dir):
         raise UsageError(f"--run-dir {run_dir}: the folder holds files and is not a divopd run directory (no "
                          f"{MARKER}); choose a new or empty folder: divopd writes only into run directories it made")
     run_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(run_dir)  # before anything is written: two fresh runs never both see an empty directory
+    if _entries(run_dir) and has_checkpoint(run_dir):
+        release_run_dir(run_dir)
+        raise RunExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose "
+                             "another seed or --run-dir")
+    if _entries(run_dir) and is_run_dir(run_dir):
+        aside = set_aside_stranded_run(run_dir)
+        if aside is not None:
+            log.warning("%s held a run that stopped before its first checkpoint; its files are kept in %s; starting "
+                        "a fresh run there", run_dir, aside)
+    before = _entries(run_dir)
     (run_dir / MARKER).write_text("divopd run directory: divopd may write, replace and delete its run files here\n")
     return before if existed else None
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a checkpoint (a ``checkpoints/update-*`` with its ``state.json``) to resume from."""
+    folder = Path(run_dir) / CHECKPOINTS
+    return folder.is_dir() and any((p / "state.json").is_file() for p in folder.glob("update-*"))
+
+
+def set_aside_stranded_run(run_dir: Path) -> Path | None:
+    """Move the run files (:data:`STRANDED_ENTRIES`) of a run directory that holds no checkpoint into a new folder
+    ``stranded-<UTC time>`` inside it; returns that folder, ``None`` when there was nothing to move. Nothing is
+    deleted; entries divopd did not write stay where they are."""
+    names = [n for n in STRANDED_ENTRIES if (Path(run_dir) / n).exists() or (Path(run_dir) / n).is_symlink()]
+    if not names:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = Path(run_dir) / f"{STRANDED_PREFIX}{stamp}"
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = Path(run_dir) / f"{STRANDED_PREFIX}{stamp}-{n}"
+    aside.mkdir()
+    for name in names:
+        (Path(run_dir) / name).rename(aside / name)
+    return aside
 
 
 def remove_run_files(run_dir: Path, names: Iterable[str] = RUN_ENTRIES, keep: Iterable[str] = ()) -> None:
@@ -102,6 +157,12 @@ def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
     re-queued turn enters without its teacher scores (:func:`_without_teacher`): the gate rejects it, counted
     ``invalid`` / ``missing_teacher`` in the ledger, instead of training it with a different loss."""
     start = sampler.ledger["received"]  # arrivals are numbered 0, 1, ... so this is the next one
+    gaps = missing_arrivals(log_dir, None) if Path(log_dir).is_dir() else []
+    gap = next((max(a, start) for a, b in gaps if b >= start), None)
+    if gap is not None:  # an unreadable part past the checkpoint: what follows it cannot keep its arrival numbers
+        dropped = truncate_log(log_dir, gap)
+        log.warning("resume: %d turns logged past the checkpoint after an unreadable part (arrival %d on) cannot be "
+                    "queued again in order; removed from the log", dropped, gap)
     try:
         files = log_files(log_dir)
     except ExperienceLogError:
@@ -148,6 +209,31 @@ def recover_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
     return 0
 
 
+def open_log(cfg: Any, log_dir: Path, sampler: Sampler, state: Any, version: int | None, exact: bool
+             ) -> ExperienceLogWriter | None:
+    """The run's experience log at a start: unreadable parts set aside (one warning each) and the received turns they
+    held counted in ``state.log_unreadable`` (``summary.json``: ``log/unreadable_turns``, ``log/unreadable_parts``);
+    on a resume from the checkpoint of update ``version`` without runtime state, the turns logged past it queued
+    again (:func:`recover_logged_turns`). Returns the writer (``None`` when ``exact``: the lockstep runtime cuts the
+    log once its state is back, :meth:`~divopd.train.trainer.Trainer.attach_runtime`)."""
+    moved = set_aside_unreadable_parts(log_dir)
+    received = sampler.ledger["received"]
+    gaps = missing_arrivals(log_dir, received) if moved and received else []
+    lost = sum(b - a + 1 for a, b in gaps)
+    for part in moved:
+        log.warning("experience log: set aside unreadable part %s%s", part.name,
+                    f"; {lost} received turn(s) left the log (summary.json log/unreadable_turns)" if lost else "")
+    if lost:
+        state.log_unreadable = {"turns": state.log_unreadable["turns"] + lost,
+                                "parts": [*state.log_unreadable["parts"], *(p.name for p in moved)],
+                                "arrivals": [*state.log_unreadable.get("arrivals", []), *map(list, gaps)]}
+    if version is not None and not exact:
+        state.turns += recover_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
+                                            log_token_ids=cfg.log_token_ids,
+                                            needs_topk=cfg.learner.estimator == "topk")
+    return None if exact else ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
+
+
 def cut_log_past_checkpoint(log_dir: Path, received: int) -> int:
     """Remove from the log the turns logged after the checkpoint (arrival >= ``received``, the restored sampler's
     count) when the restored runtime produces them again (a lockstep resume); returns how many."""
@@ -182,10 +268,14 @@ def prune_explorer_weights(run_dir: Path, checkpoints: Iterable[Path] | None = N
     if not folder.is_dir():
         return []
     if checkpoints is None:
-        checkpoints = [p for p in (Path(run_dir) / CHECKPOINTS).glob("update-*") if (p / "state.json").is_file()]
+        checkpoints = checkpoint_dirs(Path(run_dir) / CHECKPOINTS)
     named: set[str] = set()
     for ckpt in checkpoints:
-        named |= runtime_weight_files(read_state(ckpt).get("extra_state", {}).get("runtime"))
+        try:
+            state = read_state(ckpt)
+        except (OSError, ValueError):  # a damaged checkpoint names nothing a resume could use
+            continue
+        named |= runtime_weight_files(state.get("extra_state", {}).get("runtime"))
     removed = []
     for f in sorted(folder.iterdir()):
         ours = _WEIGHTS_FILE.fullmatch(f.name) or _WEIGHTS_TMP.fullmatch(f.name)

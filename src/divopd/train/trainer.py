@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,16 +30,18 @@ from typing import Any
 
 from divopd.errors import UsageError
 from divopd.experience import Rollout
-from divopd.experience.log import ExperienceLogWriter, set_aside_unreadable_parts
+from divopd.experience.log import ExperienceLogWriter
 from divopd.experience.metrics import MetricsWriter, final_five, peak_sr
 from divopd.learn.checkpoint import WeightHandle, atomic_write_text, latest_checkpoint, remove_interrupted_writes
 from divopd.learn.protocol import LearnerProtocol
 from divopd.sampling import Batch, Sampler, ledger_metrics, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train import rundir
+from divopd.train.checkpoints import checkpoint_write, prune_checkpoints, resume_checkpoint
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.interrupt import fault_point
 from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, EXPLORER_WEIGHTS, check_is_run, claim_run_dir
+from divopd.train.runlock import lock_run_dir, release_run_dir
 from divopd.train.watchdog import timed
 
 __all__ = ["LearnerFactory", "Trainer", "open_run", "RunState"]
@@ -71,6 +72,8 @@ class RunState:
     diagnostics: dict[str, Any] = field(default_factory=dict)
     #: the counts since the last update that an exact (lockstep) resume continues: turns arrived, intervals counted
     since_update: dict[str, int | None] = field(default_factory=dict)
+    #: received turns that left the experience log with a part set aside as unreadable (rundir.open_log)
+    log_unreadable: dict[str, Any] = field(default_factory=lambda: {"turns": 0, "parts": [], "arrivals": []})
 
 
 class Trainer:
@@ -110,17 +113,9 @@ class Trainer:
         rundir.prune_explorer_weights(self.run_dir)  # what a killed session wrote past its newest checkpoint
         if self.resume_runtime is None:
             return
-        if not hasattr(runtime, "load_state_dict"):
-            raise UsageError(f"--resume {self.run_dir}: runtime.kind {self.cfg.runtime.kind} cannot restore the "
-                             "checkpoint's runtime state (a lockstep run's)")
-        runtime.load_state_dict(self.resume_runtime, self.run_dir / EXPLORER_WEIGHTS)  # replays the envs
-        self.resume_runtime = None
-        if self.cfg.log_experience:  # restored: it produces the turns logged past the checkpoint again
-            rundir.cut_log_past_checkpoint(self.run_dir / EXPERIENCE, self.sampler.ledger["received"])
-            self.log_writer = ExperienceLogWriter(self.run_dir / EXPERIENCE, rows_per_file=1 << 16,
-                                                  write_ids=self.cfg.log_token_ids)
-        self._arrived_since_update = int(self.state.since_update.get("arrived") or 0)
-        self._intervals_seen = self.state.since_update.get("intervals_seen")
+        from divopd.train.resume import restore_runtime
+
+        restore_runtime(self, runtime)  # exactly, or (an env that cannot replay) as a threads run resumes
 
     # ------------------------------------------------------------------ 1. intake
     def intake(self, rollouts: list[Rollout]) -> int:
@@ -269,11 +264,12 @@ class Trainer:
             extra["runtime"] = runtime
         path = self.run_dir / CHECKPOINTS / f"update-{self.learner.version:06d}"
         fault_point("checkpoint")
-        self.learner.save_checkpoint(path, extra_state=extra)
-        kept = sorted(p for p in (self.run_dir / CHECKPOINTS).iterdir() if p.name.startswith("update-"))
-        for old in kept[: -self.cfg.checkpoint.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        rundir.prune_explorer_weights(self.run_dir, kept[-self.cfg.checkpoint.keep:])
+        with checkpoint_write(path, self.run_dir):  # disk full: one line, nothing partial, the newest good one kept
+            self.learner.save_checkpoint(path, extra_state=extra)
+        kept = prune_checkpoints(self.run_dir / CHECKPOINTS, self.cfg.checkpoint.keep)
+        rundir.prune_explorer_weights(self.run_dir, kept)
+        if self.log_writer is not None:
+            self.log_writer.compact()  # this interval's parts as one file
         return path
 
     # ------------------------------------------------------------------ 4. evaluation
@@ -305,6 +301,8 @@ class Trainer:
             "arrival_drain_ratio": self.arrival_drain_ratio(),
             "producer_load": self.producer_load(),
             "producer_intervals": self.state.producer_intervals,
+            "log/unreadable_turns": self.state.log_unreadable["turns"],  # received, not in the log (rundir.open_log)
+            "log/unreadable_parts": self.state.log_unreadable["parts"],
             "peak_sr": peak_sr(srs),
             "final_five_sr": five[0] if five else None,
             "final_five_sr_std": five[1] if five else None,
@@ -330,6 +328,7 @@ class Trainer:
             self.log_writer.close()
         self.metrics.close()
         self.learner.close()
+        release_run_dir(self.run_dir)
 
 
 # ---------------------------------------------------------------------------------------------------- set-up
@@ -345,6 +344,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         if not (run_dir / "config.yaml").is_file():
             raise FileNotFoundError(f"--resume {run_dir}: no config.yaml there; is it a divopd run directory?")
         check_is_run(run_dir)
+        lock_run_dir(run_dir)  # before anything is touched: one writing process per run directory
         saved = load_config(run_dir / "config.yaml")
         cfg = saved if cfg is None else cfg
     if cfg is None:
@@ -352,11 +352,11 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
     run_dir = Path(resume) if resume is not None else cfg.resolved_run_dir()
     for line in remove_interrupted_writes(run_dir / CHECKPOINTS) if resume is not None else []:
         log.warning("resume: %s", line)
-    ckpt = latest_checkpoint(run_dir / CHECKPOINTS) if (run_dir / CHECKPOINTS).is_dir() else None
+    ckpt = resume_checkpoint(run_dir)  # the newest that verifies; damaged newer ones set aside, one warning
     if resume is not None and ckpt is None:  # nothing to restore: refuse, and delete nothing
         raise UsageError(f"--resume {run_dir}: no checkpoint there, nothing to resume from (the run stopped before "
-                         "its first checkpoint; its experience log and metrics are kept); start a fresh run with "
-                         "another --run-dir")
+                         f"its first checkpoint); start it afresh with `divopd train {run_dir}/config.yaml --run-dir "
+                         f"{run_dir}`: its old files are kept in {run_dir}/stranded-<time>/")
     before = [] if resume is not None else claim_run_dir(run_dir)  # a fresh run marks its directory first
     atomic_write_text(run_dir / "config.yaml", dump_config(cfg))
 
@@ -374,17 +374,9 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
         version = 0
     state.sessions += 1
 
-    log_writer = None
-    if cfg.log_experience:
-        log_dir = run_dir / EXPERIENCE
-        for part in set_aside_unreadable_parts(log_dir):
-            log.warning("experience log: set aside unfinished part %s", part.name)
-        exact = extra.get("runtime") is not None  # the log is cut by Trainer.attach_runtime once the state is back
-        if ckpt is not None and not exact:
-            state.turns += rundir.recover_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
-                                                       log_token_ids=cfg.log_token_ids,
-                                                       needs_topk=cfg.learner.estimator == "topk")
-        log_writer = None if exact else ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
+    # lockstep (runtime state): the log is cut by Trainer.attach_runtime once the state is back; else re-queued
+    log_writer = rundir.open_log(cfg, run_dir / EXPERIENCE, sampler, state, version if ckpt is not None else None,
+                                 exact=extra.get("runtime") is not None) if cfg.log_experience else None
     metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
     state.eval_history = [e for e in state.eval_history if e["update"] <= version]
     trainer = Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state)

@@ -5,13 +5,17 @@
 seconds the arriving rollouts report (:func:`add_explorer_times`: ``time/generate_s``, ``time/env_s``,
 ``time/score_s``).
 
-:class:`Watchdog` watches for two ways a run can wait forever (both off with ``runtime.stall_timeout_s: 0``):
+:class:`Watchdog` watches for three ways a run can wait forever (all off with ``runtime.stall_timeout_s: 0``):
 
 * **no progress**: no rollout arrived and no update completed for ``runtime.stall_timeout_s`` seconds while the loop
   waited for rollouts (explorers hung in an environment, an engine or a teacher call that never returns);
 * **a teacher that cannot score**: the last ``4·B`` turns received (``B`` = ``sampler.batch_size``) all arrived
   without teacher log probs (the gate's ``missing_teacher``): the explorers keep producing, but no turn can ever be
-  trained, so the loop would spin.
+  trained, so the loop would spin;
+* **a gate that rejects every turn** (:meth:`Watchdog.gate_rejecting`): ``runtime.rejected_turns_warning`` turns
+  rejected by the validity gate with no update since the last one give one warning line naming the top reason and
+  the config key that governs it (:data:`REASON_KEYS`; e.g. ``prompt_truncated``:
+  ``explorer.prompt.max_prompt_tokens``); 4× as many stop the run.
 
 Either stops the run at that stage boundary: the loop checkpoints, writes ``summary.json`` with ``stalled`` (the
 one-line reason) and ``divopd train`` prints that line and exits :data:`EXIT_STALLED`.
@@ -26,14 +30,17 @@ is named by the engine's own error line, :mod:`divopd.explore.call_deadline`: ``
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from divopd.experience import Rollout
+
+log = logging.getLogger(__name__)
 
 __all__ = ["EXIT_STALLED", "EXPLORER_TIMES", "TEACHER_WINDOW_BATCHES", "Watchdog", "add_explorer_times",
            "note_stall", "stall_notes", "timed"]
@@ -44,6 +51,19 @@ EXIT_STALLED = 3
 #: in a row without teacher log probs.
 TEACHER_WINDOW_BATCHES = 4
 
+
+#: The config key (or part of the setup) that governs each of the gate's rejection reasons.
+REASON_KEYS = {
+    "prompt_truncated": "explorer.prompt.max_prompt_tokens",
+    "empty_response": "explorer.generation.max_new_tokens",
+    "missing_teacher": "teacher.* (the teacher cannot score)",
+    "missing_student_logprobs": "the student's generation backend (student.*)",
+    "length_mismatch": "student.path / teacher.path (their tokenizers)",
+    "no_valid_token": "teacher.path (its vocabulary; see divopd's teacher vocabulary checks)",
+}
+#: The gate watch stops the run once this many times ``runtime.rejected_turns_warning`` turns were rejected with no
+#: update.
+REJECTED_STOP_FACTOR = 4
 
 _NOTES: list[tuple[float, str]] = []  # (monotonic time, "stage: component — what happened"), newest last
 _NOTES_LOCK = threading.Lock()
@@ -90,8 +110,12 @@ class Watchdog:
 
     ``clock`` is the monotonic time source (a test may pass its own)."""
 
-    def __init__(self, stall_timeout_s: float, batch_size: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, stall_timeout_s: float, batch_size: int, clock: Callable[[], float] = time.monotonic,
+                 rejected_turns_warning: int = 1000) -> None:
         self.stall_timeout_s = float(stall_timeout_s)
+        self.rejected_turns_warning = int(rejected_turns_warning)
+        self._rejected_at_update: dict[str, int] | None = None  # the gate's counts by reason at the last update
+        self._warned = False  # the gate watch's warning was given since the last update
         self.teacher_window = TEACHER_WINDOW_BATCHES * batch_size
         self._clock = clock
         self._last_progress = self._now()
@@ -105,9 +129,40 @@ class Watchdog:
     def enabled(self) -> bool:
         return self.stall_timeout_s > 0
 
-    def progressed(self) -> None:
-        """An update completed (or the loop (re)started): the stall clock starts again."""
+    def progressed(self, invalid_by_reason: Mapping[str, int] | None = None) -> None:
+        """An update completed (or the loop (re)started): the stall clock starts again; the gate watch counts from
+        the ledger's ``invalid_by_reason`` now."""
         self._last_progress = self._now()
+        self._warned = False
+        self._rejected_at_update = None if invalid_by_reason is None else {k: int(v) for k, v in
+                                                                            invalid_by_reason.items()}
+
+    def after_intake(self, invalid_by_reason: Mapping[str, int], version: int) -> str | None:
+        """The rules checked after each intake: :meth:`teacher_failed`, then :meth:`gate_rejecting`."""
+        return self.teacher_failed() or self.gate_rejecting(invalid_by_reason, version)
+
+    def gate_rejecting(self, invalid_by_reason: Mapping[str, int], version: int) -> str | None:
+        """The gate watch, on the ledger's ``invalid_by_reason`` (cumulative): a warning once
+        ``runtime.rejected_turns_warning`` turns were rejected since the last update (learner ``version``), the
+        one-line reason to stop at :data:`REJECTED_STOP_FACTOR` × as many (watchdog enabled), else ``None``."""
+        counts = {k: int(v) for k, v in invalid_by_reason.items()}
+        if self._rejected_at_update is None:
+            self._rejected_at_update = counts
+            return None
+        since = {k: v - self._rejected_at_update.get(k, 0) for k, v in counts.items()}
+        total = sum(since.values())
+        if total < self.rejected_turns_warning:
+            return None
+        top, n = max(since.items(), key=lambda kv: kv[1])
+        what = (f"{total} turns rejected by the gate since update {version} and no update; top reason {top} ({n}), "
+                f"governed by {REASON_KEYS.get(top, top)}")
+        if not self._warned:
+            self._warned = True
+            log.warning("%s (runtime.rejected_turns_warning = %d)", what, self.rejected_turns_warning)
+        if self.enabled and total >= REJECTED_STOP_FACTOR * self.rejected_turns_warning:
+            return (f"stalled at the gate: {what}; no batch can be composed (runtime.rejected_turns_warning = "
+                    f"{self.rejected_turns_warning}, stopped at {REJECTED_STOP_FACTOR}x)")
+        return None
 
     def received(self, rollouts: Sequence[Rollout]) -> None:
         """Rollouts (or chunks) that entered the queue: any arrival is progress; count unscored turns in a row."""

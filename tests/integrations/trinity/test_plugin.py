@@ -4,6 +4,7 @@ from the example configs, which switch Trinity's on-policy distillation to DivOP
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,34 @@ def test_an_example_config_switches_to_divopd_with_one_line(path: Path, tmp_path
 
 def test_there_is_an_example_per_paper_environment() -> None:
     assert [p.stem for p in EXAMPLES] == ["alfworld-divopd", "scienceworld-divopd", "webshop-divopd"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_an_example_names_a_registered_divopd_workflow_a_teacher_and_the_task_command(path: Path) -> None:
+    from trinity.common.workflows import WORKFLOWS
+
+    import divopd.integrations.trinity_workflow  # noqa: F401  (what --plugin-dir loads)
+
+    config = load_config(str(path))
+    name = config.buffer.explorer_input.default_workflow_type
+    assert name.startswith("divopd_") and WORKFLOWS.get(name) is not None
+    assert config.mode == "both" and config.explorer.auxiliary_models[0].model_path
+    env = path.stem.split("-")[0]
+    command = f"divopd tasks {env} --for trinity --split train --out tasks/{env}/train.jsonl"
+    assert command in path.read_text() and config.buffer.explorer_input.taskset.path == f"tasks/{env}"
+
+
+#: What a template leaves for the user to fill in: none of it may stay in an example that "runs as is".
+PLACEHOLDERS = re.compile(r"path/to|/path/|<[a-z_ -]+>|\bTODO\b|\bFIXME\b|CHANGEME|\byour[-_ ]|\.\.\./|xxx", re.I)
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_an_example_has_no_placeholder_and_every_model_is_a_hub_id_the_page_names(path: Path) -> None:
+    text = path.read_text()
+    assert PLACEHOLDERS.search(text) is None, f"{path.name}: placeholder {PLACEHOLDERS.search(text).group()!r}"
+    config = load_config(str(path))
+    page = (Path(__file__).resolve().parents[3] / "docs" / "integrations" / "trinity.md").read_text()
+    for model_path in [config.model.model_path] + [m.model_path for m in config.explorer.auxiliary_models]:
+        assert HUB_ID.match(model_path) and not model_path.startswith(("path/", "./", "../")), model_path
+        assert f"`{model_path}`" in page, f"docs/integrations/trinity.md does not name {model_path}"

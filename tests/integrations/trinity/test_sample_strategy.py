@@ -125,12 +125,20 @@ def test_a_record_without_identity_or_version_stops_with_one_line(ray_local, tmp
                                                                    field: str) -> None:
     async def run() -> None:
         buffer = buffer_config(tmp_path, 2)
+        buffer.cache_dir = str(tmp_path / "cache")  # Trinity sets it to <checkpoint job dir>/buffer
         async with queue_writer(buffer) as writer:
             plugin = strategy(buffer, method="divopd")
             await writer.write([_experience(0, 0, 0), _experience(0, 1, 0, **record)])
             with pytest.raises(UsageError, match=field) as err:
                 await plugin.sample(1)
             assert "\n" not in str(err.value) and plugin.sampler.ledger["received"] < 2  # the bad record is not queued
+            # ... but counted and kept: in the strategy, and in a file beside Trinity's buffer
+            assert "1 record(s) stopped the run" in str(err.value) and len(plugin.stopped) == 1
+            assert plugin.sampler.ledger["received"] == 1  # the valid record read with it is queued, not lost
+            kept = list(tmp_path.glob("cache/divopd-stopped-records-*.bin"))
+            assert len(kept) == 1 and str(kept[0]) in str(err.value)
+            written = Experience.deserialize_many(kept[0].read_bytes())
+            assert [str(e.eid) for e in written] == [str(plugin.stopped[0].eid)]
 
     asyncio.run(run())
 

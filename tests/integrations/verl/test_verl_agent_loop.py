@@ -64,7 +64,8 @@ class _Host:
         outputs[-1].extra_fields.setdefault("reward_extra_info", {})
 
     async def _compute_teacher_logprobs(self, output, prompt_ids, response_ids, validate, sample_kwargs=None) -> None:
-        ids = torch.tensor(prompt_ids + response_ids).unsqueeze(1)
+        # verl's layout (vLLM prompt log probs): row i scores sequence token i + 1, the last row a dummy
+        ids = torch.tensor((prompt_ids + response_ids)[1:] + [0], dtype=torch.int32).unsqueeze(1)
         output.extra_fields["teacher_ids"] = ids
         output.extra_fields["teacher_logprobs"] = torch.full(ids.shape, -1.0)
 

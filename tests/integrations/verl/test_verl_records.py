@@ -38,9 +38,10 @@ def test_every_logged_turn_survives_the_record_round_trip() -> None:
 
 def test_teacher_rows_are_matched_to_the_response_tokens_by_id() -> None:
     prompts, responses = torch.tensor([7, 8]), torch.tensor([3, 4, 5])
-    # verl's teacher loop: [prompt + response, K] log probs of the ids in teacher_ids (top-2 here)
-    ids = torch.tensor([[7, 0], [8, 0], [3, 9], [9, 4], [1, 2]])
-    lps = torch.tensor([[0.0, 0.0], [0.0, 0.0], [-0.1, -2.0], [-0.3, -0.7], [-1.0, -1.5]])
+    # verl's teacher manager: [prompt + response, K] rows, row i scores sequence token i + 1 (vLLM's prompt log
+    # probs; the last row a dummy), so response token j is row P - 1 + j = 1 + j (top-2 here)
+    ids = torch.tensor([[8, 0], [3, 9], [9, 4], [1, 2], [0, 0]])
+    lps = torch.tensor([[-0.9, -2.0], [-0.1, -2.0], [-0.3, -0.7], [-1.0, -1.5], [0.0, 0.0]])
     values = {"prompts": prompts, "responses": responses, "response_mask": torch.ones(3, dtype=torch.int64),
               "rollout_log_probs": torch.tensor([-0.5, -0.5, -0.5]), "teacher_logprobs": lps, "teacher_ids": ids}
     turn = record_to_turn("u_0_2", {"min_global_steps": 3}, values)

@@ -21,7 +21,8 @@ Columns (``SCHEMA``; *optional* columns may be absent from a log):
 - optional ``success`` bool (nullable, rollout outcome), ``env`` string (nullable), ``teacher_acted`` bool.
 
 Rows are in arrival order. A log is a single ``.parquet`` file or a directory of ``part-*.parquet`` files read in
-name order (what a training run appends). Readers stream record batches and never hold the whole log; they reject a
+numeric order (what a training run appends; compacted at each checkpoint into ``part-A-B.parquet`` files). Readers
+stream record batches and never hold the whole log; they reject a
 malformed log with :class:`ExperienceLogError` naming the file, the column and the first bad row. Readers accept any
 integer width for integer columns and float16/32/64 for log probabilities (cast to the types above); everything else
 must match. Nothing is pickled: the files are plain Parquet.
@@ -37,7 +38,9 @@ The package: :mod:`~divopd.experience.log.schema` (columns, :class:`ExperienceLo
 
 from __future__ import annotations
 
+from divopd.experience.log.parts import compact_parts as compact_parts
 from divopd.experience.log.parts import log_files, requeue_at_update, truncate_log
+from divopd.experience.log.parts import part_files as part_files
 from divopd.experience.log.parts import set_aside_unreadable_parts as set_aside_unreadable_parts
 from divopd.experience.log.reader import batch_to_turns as batch_to_turns
 from divopd.experience.log.reader import iter_record_batches, read_log, row_to_turn

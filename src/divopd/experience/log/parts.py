@@ -1,7 +1,14 @@
-"""The files of a directory log: listing its ``part-*.parquet`` files in order, writing a part whole or not at all
-(:func:`write_part`), removing the temporary files a kill left and setting aside unreadable parts (logs written before
-parts were written whole), and, on a resume from a checkpoint, truncating the log at an arrival number or logging the
-turns queued again as arriving at the checkpoint's update."""
+"""The files of a directory log: listing its ``part-*.parquet`` files in numeric order (:func:`part_files`), writing a
+part whole or not at all (:func:`write_part`), compacting the parts of a checkpoint interval into one file
+(:func:`compact_parts`), removing the temporary files a kill left and setting aside unreadable parts (logs written
+before parts were written whole), and, on a resume from a checkpoint, truncating the log at an arrival number or
+logging the turns queued again as arriving at the checkpoint's update.
+
+Compaction is whole or not at all: parts ``A..B`` are streamed into ``part-A-B.parquet.tmp``, flushed to disk and
+renamed to ``part-A-B.parquet``; only then are the inputs removed. An input whose numbers lie inside a compacted
+part's range is *covered*: readers leave it out (:func:`part_files`) and the next writer removes it
+(:func:`remove_covered_parts`), so a kill at any moment leaves the rows either in the inputs or in the merged file,
+never in both and never in neither."""
 
 from __future__ import annotations
 
@@ -58,11 +65,115 @@ def remove_unfinished_writes(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def part_span(name: str) -> tuple[int, int]:
+    """The part numbers a part file holds: ``(N, N)`` for ``part-N.parquet``, ``(A, B)`` for ``part-A-B.parquet``."""
+    m = PART_PATTERN.match(name)
+    if m is None:
+        raise ValueError(f"{name}: not a part file name")
+    return int(m.group(1)), int(m.group(2) or m.group(1))
+
+
+def _all_parts(d: Path) -> list[tuple[tuple[int, int], Path]]:
+    return sorted(((part_span(f.name), f) for f in d.iterdir() if PART_PATTERN.match(f.name)),
+                  key=lambda x: (x[0][0], -x[0][1]))
+
+
+def _split_covered(d: Path) -> tuple[list[Path], list[Path]]:
+    """(the parts of the log in order, the parts covered by a compacted part's range)."""
+    live: list[Path] = []
+    covered: list[Path] = []
+    end = -1
+    for (_, last), f in _all_parts(d):
+        if last <= end:  # inside the range of a compacted part before it (sorted by first, widest first)
+            covered.append(f)
+        else:
+            live.append(f)
+            end = last
+    return live, covered
+
+
+def part_files(path: str | os.PathLike) -> list[Path]:
+    """The part files of a directory log in numeric order (``part-1000000`` after ``part-999999``), leaving out the
+    inputs of a compaction that a kill stopped before it removed them (their rows are in the compacted part)."""
+    return _split_covered(Path(path))[0]
+
+
+def next_part_number(path: str | os.PathLike) -> int:
+    """The number a new part of the directory log takes: one past the highest in use."""
+    spans = [span for span, _ in _all_parts(Path(path))]
+    return max((last for _, last in spans), default=-1) + 1
+
+
+def remove_covered_parts(path: str | os.PathLike) -> list[Path]:
+    """Delete the inputs of a finished compaction still on disk (a kill after the compacted part was renamed into
+    place, before its inputs were removed); returns them. Only divopd's own part names are touched."""
+    d = Path(path)
+    if not d.is_dir():
+        return []
+    covered = _split_covered(d)[1]
+    for f in covered:
+        f.unlink()
+    return covered
+
+
+def compact_parts(path: str | os.PathLike, row_group_size: int = 8192, min_parts: int = 2) -> Path | None:
+    """Merge the parts written since the last compaction (the trailing ``part-N`` files after the newest
+    ``part-A-B``) into one ``part-A-B.parquet``, whole or not at all (see the module docstring); returns it, or
+    ``None`` when fewer than ``min_parts`` would merge or their columns differ (left as they are)."""
+    d = Path(path)
+    if not d.is_dir():
+        return None
+    remove_covered_parts(d)
+    tail: list[tuple[tuple[int, int], Path]] = []
+    for span, f in _all_parts(d):
+        tail = [] if span[0] != span[1] else [*tail, (span, f)]
+    if len(tail) < min_parts:
+        return None
+    schemas = [pq.read_schema(f) for _, f in tail]
+    if any(not sc.equals(schemas[0]) for sc in schemas[1:]):
+        return None
+    target = d / f"part-{tail[0][0][0]:06d}-{tail[-1][0][1]:06d}.parquet"
+    tmp = target.with_name(target.name + TMP_SUFFIX)
+    try:
+        with open(tmp, "wb") as fh:
+            with pq.ParquetWriter(fh, schemas[0], compression="zstd") as writer:
+                pending: list[pa.Table] = []  # whole row groups of row_group_size rows, not one per input part
+                for i, (_, f) in enumerate(tail):
+                    pending.append(pq.read_table(f, schema=schemas[0]))
+                    if sum(t.num_rows for t in pending) >= row_group_size or i == len(tail) - 1:
+                        writer.write_table(pa.concat_tables(pending), row_group_size=row_group_size)
+                        pending = []
+            fh.flush()
+            os.fsync(fh.fileno())
+        _kill_point("compact-write")
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(d)
+    _kill_point("compact-remove")
+    for _, f in tail:  # covered from here on: a kill now leaves them to remove_covered_parts
+        f.unlink()
+    _fsync_dir(d)
+    return target
+
+
+def _kill_point(phase: str) -> None:
+    """Test hook of a compaction's two steps, ``DIVOPD_SIGKILL_AT=compact-write`` (merged file written, not renamed)
+    or ``compact-remove`` (renamed, inputs not removed): SIGKILL this process there (the experience log cannot
+    import :func:`divopd.train.interrupt.fault_point`, whose variable it shares)."""
+    if os.environ.get("DIVOPD_SIGKILL_AT", "").split(":")[0] == phase:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def log_files(path: str | os.PathLike) -> list[Path]:
-    """The Parquet files of a log: ``path`` itself, or a directory's ``part-*.parquet`` files in name order."""
+    """The Parquet files of a log: ``path`` itself, or a directory's part files in numeric order
+    (:func:`part_files`)."""
     p = Path(path)
     if p.is_dir():
-        parts = sorted(f for f in p.iterdir() if PART_PATTERN.match(f.name))
+        parts = part_files(p)
         if not parts:
             raise ExperienceLogError(f"{p}: directory holds no part-*.parquet files")
         return parts
@@ -80,7 +191,8 @@ def set_aside_unreadable_parts(path: str | os.PathLike) -> list[Path]:
     moved: list[Path] = []
     if not d.is_dir():
         return moved
-    for part in sorted(f for f in d.iterdir() if PART_PATTERN.match(f.name)):
+    remove_covered_parts(d)
+    for part in part_files(d):
         try:
             pq.ParquetFile(part)
         except (pa.ArrowInvalid, OSError):
@@ -88,6 +200,25 @@ def set_aside_unreadable_parts(path: str | os.PathLike) -> list[Path]:
             part.rename(target)
             moved.append(target)
     return moved
+
+
+def missing_arrivals(path: str | os.PathLike, below: int | None) -> list[tuple[int, int]]:
+    """The arrival numbers under ``below`` that no part of the directory log holds, as ``(first, last)`` ranges (the
+    turns of parts set aside as unreadable: a training run logs arrivals 0, 1, 2, ... without a gap); ``None``: the
+    gaps up to the last logged arrival."""
+    gaps, expected = [], 0
+    for part in part_files(path):
+        arrivals = pq.read_table(part, columns=["arrival"]).column("arrival").to_numpy()
+        a = arrivals if below is None else arrivals[arrivals < below]
+        if not len(a):
+            continue
+        starts = np.concatenate(([expected], a[:-1] + 1))
+        jump = a > starts
+        gaps += [(int(s), int(e) - 1) for s, e in zip(starts[jump], a[jump], strict=True)]
+        expected = int(a[-1]) + 1
+    if below is not None and expected < below:
+        gaps.append((expected, below - 1))
+    return gaps
 
 
 def truncate_log(path: str | os.PathLike, first_dropped_arrival: int) -> int:
@@ -101,7 +232,7 @@ def truncate_log(path: str | os.PathLike, first_dropped_arrival: int) -> int:
         raise ExperienceLogError(f"{d}: truncate_log works on a directory of part files")
     set_aside_unreadable_parts(d)
     dropped = 0
-    for part in sorted(f for f in d.iterdir() if PART_PATTERN.match(f.name)):
+    for part in part_files(d):
         arrivals = pq.read_table(part, columns=["arrival"]).column("arrival").to_numpy()
         keep = arrivals < first_dropped_arrival
         if keep.all():
@@ -125,8 +256,9 @@ def requeue_at_update(path: str | os.PathLike, first_arrival: int, update: int) 
     d = Path(path)
     if not d.is_dir():
         raise ExperienceLogError(f"{d}: requeue_at_update works on a directory of part files")
+    remove_covered_parts(d)
     changed = 0
-    for part in sorted(f for f in d.iterdir() if PART_PATTERN.match(f.name)):
+    for part in part_files(d):
         cols = pq.read_table(part, columns=["arrival", "arrival_update"])
         arrivals = cols.column("arrival").to_numpy()
         updates = cols.column("arrival_update").to_numpy()

@@ -64,7 +64,10 @@ NON_NEGATIVE: tuple[str, ...] = (
 )
 _INFO_KEYS = ("env", "success", "teacher_acted", "task")  # task: divopd-focus groups by it
 _TOKEN_ARRAYS = ("action_mask", "student_logprobs", "teacher_logprobs", "teacher_valid_mask")
-PART_PATTERN = re.compile(r"^part-(\d+)\.parquet$")
+#: A part file of a directory log: ``part-N.parquet`` (one write) or ``part-A-B.parquet`` (parts A..B compacted into
+#: one file, :func:`~divopd.experience.log.parts.compact_parts`); numbers are zero-padded to 6 digits and ordered as
+#: numbers at any count.
+PART_PATTERN = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
 
 
 class ExperienceLogError(UsageError, ValueError):

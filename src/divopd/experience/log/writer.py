@@ -12,10 +12,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from divopd.experience.log.parts import remove_unfinished_writes, truncate_log, write_part
+from divopd.experience.log.parts import (
+    compact_parts,
+    next_part_number,
+    part_files,
+    remove_covered_parts,
+    remove_unfinished_writes,
+    truncate_log,
+    write_part,
+)
 from divopd.experience.log.schema import (
     _TOKEN_ARRAYS,
-    PART_PATTERN,
     SCHEMA,
     ExperienceLogError,
     LoggedTurn,
@@ -113,7 +120,8 @@ class ExperienceLogWriter:
     buffered, at the end of each :meth:`extend` (one intake: a training run's turns are on disk as they enter the
     queue), on :meth:`roll` and on :meth:`close`. The cost is a file and an fsync per flush: a training run writes one
     part per queued rollout (per turn under ``explorer.enqueue: turn``), about 7 KiB for a tiny-environment rollout
-    with token ids, mostly the Parquet footer.
+    with token ids, mostly the Parquet footer; :meth:`compact` (at each checkpoint) merges them into one file per
+    checkpoint interval. Part numbers are ordered as numbers at any count (``part-1000000`` follows ``part-999999``).
 
     Rows are validated on the way in (types, lengths, non-negative integers, arrival order).
 
@@ -158,9 +166,9 @@ class ExperienceLogWriter:
             remove_unfinished_writes(self.path)
             if truncate_from is not None:
                 truncate_log(self.path, truncate_from)
-            parts = sorted(f for f in self.path.iterdir() if PART_PATTERN.match(f.name))
-            if parts:
-                self._next_part = int(PART_PATTERN.match(parts[-1].name).group(1)) + 1
+            remove_covered_parts(self.path)
+            parts = part_files(self.path)
+            self._next_part = next_part_number(self.path)
             for part in reversed(parts):  # the last non-empty part holds the last arrival
                 try:
                     tail = pq.read_table(part, columns=["arrival", "arrival_update"])
@@ -264,6 +272,13 @@ class ExperienceLogWriter:
         """Write what is buffered: a directory log's rows are then in whole parts on disk (each flush writes whole
         parts, so nothing else is open); a single file keeps streaming."""
         self.flush()
+
+    def compact(self) -> Path | None:
+        """Write what is buffered, then merge the parts written since the last compaction into one file, whole or
+        not at all (:func:`~divopd.experience.log.parts.compact_parts`); a training run calls it at each checkpoint,
+        so its log holds about one file per checkpoint interval. Returns the merged part (``None``: nothing merged)."""
+        self.flush()
+        return None if self.single_file else compact_parts(self.path, self.row_group_size)
 
     def close(self) -> None:
         """Flush and finalise. A single-file log with no rows is still written (empty, with the schema)."""

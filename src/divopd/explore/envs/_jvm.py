@@ -9,7 +9,10 @@ hangs the explorer. A round trip outside :func:`jvm_call` (py4j's finalizers rel
 thread the garbage collector runs in) is bounded too: the gateway's sockets get a read timeout
 (:func:`read_timeout_for`, above the call deadline so that the watchdog normally acts first). Authentication: the
 packages launch their gateway with py4j's defaults (loopback, no token); :func:`guarded_gateway` makes them launch it
-with ``enable_auth`` and connect with the token it prints, so another local user cannot drive the JVM.
+with ``enable_auth`` and connect with the token it prints, so another local user cannot drive the JVM. Signals: the
+JVM runs in a process group of its own, so a terminal's Ctrl-C does not reach it (divopd closes it at the stop), and
+dies with divopd (py4j's ``die_on_exit``, which both packages pass); a force quit waits for a call into it to return
+(:func:`divopd.explore.children.no_quit`: an interrupt inside py4j breaks its connection with a traceback).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from divopd.explore.children import no_quit
 from divopd.explore.envs.base import EnvCrash
 
 #: JVM options applied while an adapter starts its server: a capped heap and the serial collector keep each JVM at
@@ -117,8 +121,9 @@ def _java_process(package_env: Any) -> Any:
 
 @contextlib.contextmanager
 def guarded_gateway(module: Any, read_timeout: float | None = None) -> Iterator[None]:
-    """While a package env is built, make its module launch the JVM with py4j's ``enable_auth`` and connect (gateway
-    and callback server) with the token the JVM prints, the gateway's sockets with ``read_timeout`` (s). ``module``
+    """While a package env is built, make its module launch the JVM with py4j's ``enable_auth``, in a process group of
+    its own (a terminal's Ctrl-C is not for it: divopd closes it), and connect (gateway and callback server) with the
+    token the JVM prints, the gateway's sockets with ``read_timeout`` (s). ``module``
     is the package module that calls ``launch_gateway(..., return_proc=True)`` and
     ``JavaGateway(gateway_parameters=..., ...)`` (both packages do)."""
     from py4j.protocol import escape_new_line
@@ -127,7 +132,8 @@ def guarded_gateway(module: Any, read_timeout: float | None = None) -> Iterator[
     token: list[str] = []
 
     def launch_with_auth(*args: Any, **kwargs: Any) -> Any:
-        port, auth_token, proc = launch(*args, **{**kwargs, "enable_auth": True, "return_proc": True})
+        port, auth_token, proc = launch(*args, **{**kwargs, "enable_auth": True, "return_proc": True,
+                                                  "create_new_process_group": True})
         token.append(escape_new_line(auth_token))  # as GatewayParameters(auth_token=...) stores it
         return port, proc
 
@@ -203,13 +209,14 @@ def _close_quietly(package_env: Any) -> None:
     referenced somewhere (an exception's traceback, say) would later try, from its finalizer, to reconnect to the dead
     JVM and log the failure with a traceback. A disconnected client makes those finalizers no-ops.
     """
-    with contextlib.suppress(Exception), _py4j_quiet():
-        type(package_env).close(package_env)
-    client = getattr(getattr(package_env, "_gateway", None), "_gateway_client", None)
-    if client is not None:
+    with no_quit():
         with contextlib.suppress(Exception), _py4j_quiet():
-            client.close()
-        client.is_connected = False
+            type(package_env).close(package_env)
+        client = getattr(getattr(package_env, "_gateway", None), "_gateway_client", None)
+        if client is not None:
+            with contextlib.suppress(Exception), _py4j_quiet():
+                client.close()
+            client.is_connected = False
 
 
 def shutdown_gateway(package_env: Any, timeout: float = 5.0) -> None:
@@ -255,7 +262,7 @@ def jvm_call(adapter: Any, fn: Callable[[], Any]) -> Any:
 
     timeout = getattr(adapter, "call_timeout_s", DEFAULT_CALL_TIMEOUT_S)
     proc = _java_process(adapter._env)
-    with contextlib.nullcontext(None) if proc is None else WATCHDOG.watching(proc, timeout) as watch:
+    with contextlib.nullcontext(None) if proc is None else WATCHDOG.watching(proc, timeout) as watch, no_quit():
         try:
             result = fn()
         except Exception as exc:  # noqa: BLE001 — a backend error, or whatever a call cut off by the watchdog raised

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from divopd.errors import UsageError
+from divopd.explore.children import no_quit
 from divopd.explore.envs._jvm import (
     DEFAULT_JAVA_OPTS,
     guard_finalizer,
@@ -89,8 +90,8 @@ def own_package_env(make: Callable[[], Any], opts: str | None = None, module: An
     ends that JVM (:func:`shutdown_gateway`). No ``java`` to start is :class:`JavaNotFoundError`."""
     what = f"{getattr(module, '__name__', 'this environment').split('.')[0]}"
     check_java(what)
-    with construction(), java_opts(opts), (contextlib.nullcontext() if module is None
-                                              else guarded_gateway(module, read_timeout)):
+    with construction(), no_quit(), java_opts(opts), (contextlib.nullcontext() if module is None
+                                                         else guarded_gateway(module, read_timeout)):
         try:
             env = make()
         except FileNotFoundError as exc:  # java went missing between the check and the start
@@ -124,7 +125,7 @@ def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = 
     key = (module.__name__, opts, os.getpid())
     from py4j.protocol import Py4JError
 
-    with construction():
+    with construction(), no_quit():
         for attempt in (1, 2):
             host = _HOSTS.get(key)
             if host is not None and not jvm_alive(host.env):

@@ -27,10 +27,8 @@ from divopd.learn.checkpoint import WeightHandle
 from divopd.models import load_model, load_tokenizer
 from divopd.train.config import TrainConfig
 
-__all__ = ["LatestWeights", "bridge_vocabularies", "build_explorer", "check_engines", "check_vocabularies",
-           "check_vocabularies_at_start",
-           "load_teacher", "explorer_seed", "fresh_session", "logged_rollout_ids", "rollout_id_prefix", "step_limit",
-           "vllm_generator"]
+__all__ = ["LatestWeights", "bridge_vocabularies", "build_explorer", "check_vocabularies", "load_teacher",
+           "explorer_seed", "fresh_session", "logged_rollout_ids", "rollout_id_prefix", "step_limit", "vllm_generator"]
 
 # transformers' from_pretrained swaps process-global state (meta-device init); loading in two threads at once races.
 _LOAD_LOCK = threading.Lock()
@@ -149,13 +147,16 @@ def bridge_vocabularies(cfg: TrainConfig, teacher: Teacher, teacher_tokenizer: A
 
 def check_vocabularies(cfg: TrainConfig, teacher_tokenizer: Any) -> VocabMatch:
     """The start-up vocabulary decision (:func:`~divopd.explore.vocab.compare_vocabularies`): ``identical``,
-    ``extension`` or ``cross``. Raises a one-line :class:`~divopd.errors.ConfigError` for a ``cross`` teacher with
-    ``teacher.cross_tokenizer: false``, and for a teacher top-k (``learner.estimator: topk`` or
-    ``explorer.teacher_topk``) that would hold ids the student lacks (a ``cross`` teacher, or an extension with
-    tokens the student lacks)."""
+    ``extension`` or ``cross`` (a nested vocabulary takes the cross path only where it scores more of a probe text and
+    the config allows it: ``teacher.cross_tokenizer`` and no top-k). Raises a one-line
+    :class:`~divopd.errors.ConfigError` for a ``cross`` teacher with ``teacher.cross_tokenizer: false``, and for a
+    teacher top-k (``learner.estimator: topk`` or ``explorer.teacher_topk``) that would hold ids the student lacks (a
+    ``cross`` teacher, or an extension with tokens the student lacks)."""
     if cfg.teacher.path == cfg.student.path and not cfg.teacher.tokenizer:
         return VocabMatch("identical")
-    match = compare_vocabularies(load_tokenizer(cfg.student.path), teacher_tokenizer)
+    topk = cfg.learner.estimator == "topk" or cfg.explorer.teacher_topk > 0
+    match = compare_vocabularies(load_tokenizer(cfg.student.path), teacher_tokenizer,
+                                 allow_cross=cfg.teacher.cross_tokenizer and not topk)
     source = f"teacher.tokenizer: {cfg.teacher.tokenizer}" if cfg.teacher.tokenizer else \
         f"teacher.path: {cfg.teacher.path}"
     sizes = f"{match.teacher_size} vs {match.student_size} tokens"
@@ -163,7 +164,6 @@ def check_vocabularies(cfg: TrainConfig, teacher_tokenizer: Any) -> VocabMatch:
         raise ConfigError(f"{source} has a different vocabulary from student.path {cfg.student.path} ({sizes}, not "
                           "an extension) and teacher.cross_tokenizer is false; set it true to map the teacher's log "
                           "probs onto the student's tokens (docs/concepts/teacher-vocabularies.md)")
-    topk = cfg.learner.estimator == "topk" or cfg.explorer.teacher_topk > 0
     if topk and (match.kind == "cross" or match.teacher_only):
         raise ConfigError(f"learner.estimator: topk (explorer.teacher_topk) needs the teacher's top-k ids in the "
                           f"student's vocabulary, but {source} is {match.describe()}; use learner.estimator: sampled")
@@ -221,42 +221,6 @@ def build_explorer(
         step_limit=None if evaluation else partial(step_limit, cfg),
         weights=handle,
     )
-
-
-def check_engines(cfg: TrainConfig) -> None:
-    """One clear line now, not an explorer failure later, when a vLLM backend cannot serve its model, the teacher
-    server is down, does not serve ``teacher.server.model`` or tokenizes unlike ``teacher.path``
-    (:func:`~divopd.explore.teacher_server.check_server`; the server's model is logged), or the teacher's vocabulary
-    is refused (:func:`check_vocabularies_at_start`)."""
-    from divopd.explore.vllm_engine import check_model
-
-    if cfg.explorer.generation.backend == "vllm":
-        check_model(cfg.student.path)
-    if cfg.teacher.backend == "vllm":
-        check_model(cfg.teacher.path)
-    if cfg.teacher.backend == "server":
-        from divopd.explore.teacher_server import check_server
-
-        try:
-            tokenizer = load_tokenizer(cfg.teacher.path)
-        except Exception as exc:  # noqa: BLE001 (transformers raises OSError or ValueError for a bad folder)
-            raise ConfigError(f"teacher.path: {cfg.teacher.path}: cannot load the served model's tokenizer "
-                              f"({type(exc).__name__})") from None
-        log.info("%s", check_server(cfg.teacher.server, tokenizer, cfg.teacher.path))
-    check_vocabularies_at_start(cfg)
-
-
-def check_vocabularies_at_start(cfg: TrainConfig) -> None:
-    """:func:`check_vocabularies` before the run directory is made, from the teacher's tokenizer alone
-    (``teacher.tokenizer``, else ``teacher.path``'s); a tokenizer that cannot be loaded here is left to the
-    teacher's own load, which names it."""
-    if cfg.teacher.path == cfg.student.path and not cfg.teacher.tokenizer:
-        return
-    try:
-        tokenizer = load_tokenizer(cfg.teacher.tokenizer or cfg.teacher.path)
-    except Exception:  # noqa: BLE001 (reported by the teacher's load, with the backend's own message)
-        return
-    check_vocabularies(cfg, tokenizer)
 
 
 def vllm_generator(path: str, dtype: str, seed: int, engine: VLLMSettings, cfg: TrainConfig) -> Any:

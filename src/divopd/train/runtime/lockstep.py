@@ -36,7 +36,7 @@ import torch
 
 from divopd.explore.engines import close_backend
 from divopd.explore.explorer import Explorer, Rollout
-from divopd.explore.explorer_state import explorer_state, replayable, restore_explorer, save_student
+from divopd.explore.explorer_state import ReplayError, explorer_state, replayable, restore_explorer, save_student
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import fault_point
@@ -60,6 +60,7 @@ class LockstepRuntime:
         self._session = session
         self._latest = weights  # the newest weights published (a checkpoint holds them)
         teacher, _ = load_teacher(cfg)
+        self._teacher = teacher
         self._explorers: list[Explorer] = [build_explorer(cfg, i, session, weights, teacher)
                                            for i in range(cfg.runtime.num_explorers)]
         self._evaluator: Explorer | None = None
@@ -152,19 +153,30 @@ class LockstepRuntime:
                 "explorers": explorers}
 
     def load_state_dict(self, state: dict[str, Any], weights_dir: Path) -> None:
-        """Put this runtime, built on the checkpoint's weights, in the :meth:`state_dict` ``state`` saved with it."""
+        """Put this runtime, built on the checkpoint's weights, in the :meth:`state_dict` ``state`` saved with it.
+        An env that cannot replay raises :class:`~divopd.explore.explorer_state.ReplayError` and leaves the runtime
+        with fresh explorers (the resume then queues the logged turns again: :mod:`divopd.train.resume`)."""
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"lockstep runtime state format {state.get('format')!r}, expected {STATE_FORMAT}")
         if len(state["explorers"]) != len(self._explorers) or int(state["weights_version"]) != self._latest.version:
             raise ValueError(f"the checkpoint's lockstep state has {len(state['explorers'])} explorers at weights "
                              f"version {state['weights_version']}; this run has {len(self._explorers)} at "
                              f"{self._latest.version}")
+        fresh_session = self._session
         self._session = int(state["session"])
         self._next, self._budget = int(state["next"]), int(state["budget"])
         self.env_steps, self._polls = int(state["env_steps"]), int(state["polls"])
-        for explorer, saved in zip(self._explorers, state["explorers"], strict=True):
-            name = saved.get("weights_file")
-            restore_explorer(explorer, saved, self._latest, None if name is None else weights_dir / name)
+        try:
+            for explorer, saved in zip(self._explorers, state["explorers"], strict=True):
+                name = saved.get("weights_file")
+                restore_explorer(explorer, saved, self._latest, None if name is None else weights_dir / name)
+        except ReplayError:  # an env that cannot replay: fresh explorers in a fresh session (the caller resumes so)
+            for explorer in self._explorers:
+                explorer.close()
+            self._session, self._next, self._budget = fresh_session, 0, 0
+            self._explorers = [build_explorer(self.cfg, i, fresh_session, self._latest, self._teacher)
+                               for i in range(self.cfg.runtime.num_explorers)]
+            raise
 
 
 @contextmanager

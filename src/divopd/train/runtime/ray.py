@@ -36,6 +36,7 @@ import torch
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from divopd.errors import UsageError
+from divopd.explore.children import sigint_blocked
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
@@ -53,9 +54,14 @@ SHUTDOWN_COLLECT_S = 30.0
 
 
 class ExplorerActor:
-    """An Explorer inside a Ray actor (wrapped with ``ray.remote`` at the edge, in :class:`RayRuntime`)."""
+    """An Explorer inside a Ray actor (wrapped with ``ray.remote`` at the edge, in :class:`RayRuntime`).
 
-    def __init__(self, cfg_data: dict[str, Any], idx: int, session: int, handle: Any, with_teacher: bool,
+    Its constructor takes only small values (the config as data, ids, the shared teacher's actor handle), never a
+    weight handle: Ray keeps nothing in the object store for a restart to fetch again (nothing to warn about with
+    ``max_restarts`` > 0); the published weights come with each ``collect`` / ``evaluate`` call and are loaded before
+    the first rollout, so a restarted actor takes the newest ones."""
+
+    def __init__(self, cfg_data: dict[str, Any], idx: int, session: int, with_teacher: bool,
                  teacher_actor: Any = None) -> None:
         cfg = TrainConfig.model_validate(cfg_data)
         torch.set_num_threads(cfg.runtime.torch_threads)
@@ -67,7 +73,7 @@ class ExplorerActor:
             if with_teacher:
                 teacher = (RemoteTeacher(teacher_actor, cfg.runtime.teacher_timeout_s) if teacher_actor is not None
                            else load_teacher(cfg)[0])
-            self.explorer = build_explorer(cfg, idx, session, handle, teacher, evaluation=not with_teacher,
+            self.explorer = build_explorer(cfg, idx, session, None, teacher, evaluation=not with_teacher,
                                            incarnation=self.incarnation)
         except UsageError as exc:
             self.input_error = exc
@@ -109,6 +115,8 @@ def actor_incarnation() -> int:
     """How many times Ray has restarted the calling actor (``max_restarts``): 0 for its first start, and outside an
     actor. An actor learns of its restart only from Ray: the public ``was_current_actor_reconstructed`` says whether,
     and the GCS actor table behind it (the same read, Ray 2.60) how many times."""
+    if not ray.is_initialized():  # outside Ray altogether (asking the runtime context would start Ray here)
+        return 0
     context = ray.get_runtime_context()
     if context.get_actor_id() is None or not context.was_current_actor_reconstructed:
         return 0
@@ -145,8 +153,9 @@ def init_ray(cfg: TrainConfig) -> bool:
         ray.init(address=cfg.runtime.ray_address, log_to_driver=False)
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=cfg.runtime.ray_num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 object_store_memory=512 * 2**20, log_to_driver=False)
+        with sigint_blocked():  # its processes ignore a terminal's Ctrl-C (Ray blocks it too); ray.shutdown ends them
+            ray.init(num_cpus=cfg.runtime.ray_num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                     object_store_memory=512 * 2**20, log_to_driver=False)
     return True
 
 
@@ -170,7 +179,6 @@ class RayRuntime:
         self._session = session
         self._actor_cls = ray.remote(ExplorerActor)
         self._weights_ref = ray.put(weights)
-        self._start_ref = self._weights_ref  # the actors' constructor argument: a restarted actor fetches it again
         self._weights_version = weights.version
         self._teacher = start_shared_teacher(cfg, self._cfg_data, teacher_name(self._run))
         rt = cfg.runtime
@@ -178,8 +186,7 @@ class RayRuntime:
                                else TeacherWatch(self._teacher, rt.teacher_timeout_s, rt.max_teacher_restarts))
         self._explorers = [self._new_explorer(i) for i in range(cfg.runtime.num_explorers)]
         self._node_refs = [e.node_id.remote() for e in self._explorers]  # runs before each actor's first collect
-        self._evaluator = self._actor_cls.options(num_cpus=0).remote(self._cfg_data, 999, session,
-                                                                     self._weights_ref, False)
+        self._evaluator = self._actor_cls.options(num_cpus=0).remote(self._cfg_data, 999, session, False)
         self._inflight: dict[Any, int] = {}
         self._submitted: dict[Any, float] = {}  # each collect call in flight → when it was submitted (its deadline)
         self._overdue: set[Any] = set()  # collect calls past runtime.explorer_timeout_s whose actor was killed
@@ -197,8 +204,8 @@ class RayRuntime:
         return self._actor_cls.options(num_cpus=rt.explorer_cpus, num_gpus=rt.explorer_gpus,
                                        resources=dict(rt.explorer_resources),
                                        max_restarts=rt.max_explorer_restarts, max_task_retries=0,
-                                       name=explorer_name(self._run, i)).remote(self._cfg_data, i, self._session,
-                                                                     self._weights_ref, True, self._teacher)
+                                       name=explorer_name(self._run, i)).remote(self._cfg_data, i, self._session, True,
+                                                                        self._teacher)
 
     def _submit(self, i: int) -> None:
         ref = self._explorers[i].collect.remote(1, self._weights_ref)

@@ -1,0 +1,114 @@
+"""Trinity-RFT's default sample strategy against divopd's, side by side on one turn stream through Trinity's real queue
+(a local Ray, Trinity's writer and reader). Loaded by ``bench_integrations.py --framework trinity``; run it with the
+Trinity venv's python.
+
+The stream: rollouts of 8 turns (prompt 96 tokens, response 16), ``arrival`` x B turns arriving per step (whole
+rollouts), versions lagging 0-2 behind the learner. ``arrival`` 1.0 (the default) is an explorer matched to the trainer:
+in steady state both strategies take B experiences out of the queue per step (divopd more only for the turns that
+expire in its pool); above 1.0 divopd reads the surplus into its pool (that is what the pool is for) while the
+default leaves it queued. ``preloaded``: every step's arrivals written before the first
+``sample()``; ``ticks``: each step's arrivals written just before that step's ``sample()``. Each sampler reads its
+own queue holding the same stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY
+from trinity.buffer import get_buffer_writer
+from trinity.common.config import BufferConfig, ExperienceBufferConfig
+from trinity.common.experience import EID, Experience
+
+import divopd.integrations.trinity  # noqa: F401  (registers "divopd")
+from bench_integrations import Row
+
+TURNS = 8
+PROMPT, RESPONSE = 96, 16
+
+
+def _stream(batch_size: int, steps: int, seed: int, arrival: float) -> list[list[Experience]]:
+    """Per step, the experiences that arrive before it (``arrival`` x B turns, whole rollouts, in arrival order)."""
+    rng = np.random.default_rng(seed)
+    per_step = -(-round(batch_size * arrival) // TURNS)
+    out, rollout = [], 0
+    for step in range(steps + 4):
+        arrivals = []
+        for _ in range(per_step):
+            version = max(0, step - int(rng.integers(0, 3)))
+            for t in range(TURNS):
+                student = -rng.exponential(1.0, RESPONSE).astype(np.float32)
+                arrivals.append(Experience(
+                    eid=EID(batch=0, task=rollout, run=0, step=t),
+                    tokens=torch.from_numpy(rng.integers(0, 30000, PROMPT + RESPONSE)), prompt_length=PROMPT,
+                    logprobs=torch.from_numpy(student), reward=0.0,
+                    teacher_logprobs=torch.from_numpy(student - rng.exponential(0.5, RESPONSE).astype(np.float32)),
+                    action_mask=torch.ones(RESPONSE, dtype=torch.bool), info={"model_version": version}))
+            rollout += 1
+        out.append(arrivals)
+    return out
+
+
+def _buffer(folder: Path, batch_size: int) -> BufferConfig:
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    config = BufferConfig(train_batch_size=batch_size)
+    config.trainer_input.experience_buffer = ExperienceBufferConfig(
+        name=name, storage_type="queue", path=str(folder / f"{name}.jsonl"), max_read_timeout=60.0)
+    config.trainer_input.experience_buffer.batch_size = batch_size  # what Trinity's config checker sets
+    return config
+
+
+async def _time(kind: str, stream: list[list[Experience]], batch_size: int, feed: str, steps: int,
+                folder: Path) -> tuple[list[float], float]:
+    """``sample()`` wall times (ms) and the experiences the strategy took out of the queue per step (mean)."""
+    buffer = _buffer(folder, batch_size)
+    writer = get_buffer_writer(buffer.trainer_input.experience_buffer)
+    await writer.acquire()
+    args = {} if kind == "default" else {"method": "divopd", "pool_factor": 4, "cap": 4, "max_staleness": 2}
+    strategy = SAMPLE_STRATEGY.get(kind)(buffer_config=buffer, **args)
+    if feed == "preloaded":
+        for arrivals in stream:
+            await writer.write(arrivals)
+    times = []
+    try:
+        for step in range(steps):
+            if feed == "ticks":
+                await writer.write(stream[step])
+            t0 = time.perf_counter()
+            batch, _, _ = await strategy.sample(step + 1)
+            times.append((time.perf_counter() - t0) * 1000)
+            assert len(batch) == batch_size
+    finally:
+        await writer.release()
+        ray.kill(writer.queue)
+    read = float(batch_size) if kind == "default" else strategy.sampler.ledger["received"] / steps
+    return times, read
+
+
+def measure(batch_sizes: list[int], feeds: list[str], steps: int, seed: int, arrival: float = 1.0) -> list[Row]:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=512 * 2**20, log_to_driver=False)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for b in batch_sizes:
+                stream = _stream(b, steps, seed, arrival)
+                for feed in feeds:
+                    res, read = {}, {}
+                    for kind in ("default", "divopd"):  # same stream, same machine, one after the other
+                        ms, read[kind] = asyncio.run(_time(kind, stream, b, feed, steps, Path(tmp)))
+                        res[kind] = (statistics.median(ms), float(np.percentile(ms, 90)))
+                    rows.append(Row("trinity", b, feed, steps, *res["default"], *res["divopd"],
+                                    default_read=read["default"], divopd_read=read["divopd"]))
+    finally:
+        ray.shutdown()
+    return rows

@@ -1,0 +1,98 @@
+"""The child processes divopd starts, and a terminal's Ctrl-C: children outlive it and divopd stops them itself.
+
+A Ctrl-C in a terminal sends SIGINT to every process of the foreground process group, and a child stays in its
+parent's group unless told otherwise: a JVM of the JVM-backed envs, a spawned learner rank or a vLLM engine process
+would die at once, before divopd has checkpointed (their state is what it checkpoints). So every child divopd starts
+is kept out of the signal's way and ended by divopd at the stop, after the checkpoint:
+
+* :func:`sigint_blocked` blocks SIGINT in the calling thread while a child is started: the child inherits the blocked
+  mask (it survives ``fork`` and ``exec``), so the group's SIGINT stays pending in it and never acts (spawned learner
+  ranks, a vLLM engine process; Ray does the same for the processes of a local Ray it starts);
+* a JVM unblocks SIGINT for its own shutdown hooks, so it is started in a process group of its own instead
+  (py4j's ``create_new_process_group``, :func:`divopd.explore.envs._jvm.guarded_gateway`);
+* :func:`die_with_parent` (in the child) has the kernel kill it when divopd dies, SIGKILL included
+  (``PR_SET_PDEATHSIG``); a JVM dies with divopd by py4j's ``die_on_exit`` (it exits when its stdin pipe closes).
+
+:func:`no_quit`: a second Ctrl-C quits at once (``KeyboardInterrupt`` from :class:`~divopd.train.interrupt.StopRequest`)
+— except inside a call that an interrupt at a random bytecode leaves broken (py4j's connection handling raises
+``AttributeError`` from its ``KeyboardInterrupt`` branch): there the quit waits until the call returns (every such call
+has a deadline); a third Ctrl-C quits at once even there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+
+__all__ = ["die_with_parent", "no_quit", "quit_deferred", "sigint_blocked"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+@contextlib.contextmanager
+def sigint_blocked(multiprocessing: bool = False) -> Iterator[None]:
+    """Block SIGINT in this thread while the body starts child processes (they inherit the mask); a SIGINT that
+    arrives meanwhile is delivered when the block ends. ``multiprocessing``: the body spawns with
+    :mod:`multiprocessing`, whose first spawn starts its resource tracker and then unblocks SIGINT in the caller
+    (``resource_tracker.ensure_running``): the tracker is started before the block."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    if multiprocessing:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child: be killed (SIGKILL) when the parent thread that started it dies; exit at once if the parent
+    ``parent_pid`` is already gone. Linux only (elsewhere a no-op: the child's own pipe to the parent ends it)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the request was in place
+        os._exit(1)
+
+
+_depth = 0  # main-thread calls under no_quit, nested
+_deferred = False  # a force quit arrived during one of them
+
+
+@contextlib.contextmanager
+def no_quit() -> Iterator[None]:
+    """In the main thread: a force quit (:func:`quit_deferred`) that arrives inside the body is raised as
+    ``KeyboardInterrupt`` when the body ends, not inside it. Other threads never receive signals: a no-op there."""
+    global _depth, _deferred
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if _depth == 0 and _deferred:
+            _deferred = False
+            raise KeyboardInterrupt
+
+
+def quit_deferred() -> bool:
+    """Called by the signal handler (main thread) for a force quit: ``True`` when it is deferred to the end of a
+    :func:`no_quit` body (the first time), ``False`` when it must be raised now."""
+    global _deferred
+    if _depth == 0 or _deferred:
+        return False
+    _deferred = True
+    return True

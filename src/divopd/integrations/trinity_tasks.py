@@ -1,0 +1,65 @@
+"""Task files for Trinity-RFT's taskset (``buffer.explorer_input.taskset``), written by ``divopd tasks --for trinity``.
+
+Trinity reads a taskset with ``datasets.load_dataset(path, split=split)``: ``path`` is a *folder* and the file names
+in it name the splits (``train.jsonl`` -> ``train``, ``test.jsonl`` -> ``test``, ``dev.jsonl`` -> ``validation``).
+So write one file per split into one folder::
+
+    divopd tasks alfworld --for trinity --split train --out tasks/alfworld/train.jsonl
+    divopd tasks alfworld --for trinity --split dev --out tasks/alfworld/test.jsonl   # the evaluation taskset
+
+One JSON object per line. The dict-valued fields (``env_kwargs``, ``explorer``) are written as JSON *text*: Arrow
+(which ``datasets`` reads the file into) would merge dicts of different shapes into one struct type, filling
+missing keys with nulls; :func:`read_row` decodes them again. This module imports no framework.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from divopd.errors import UsageError
+
+__all__ = ["JSON_FIELDS", "ROW_KEYS", "read_row", "write_tasks"]
+
+#: The keys every row has (``divopd.commands.tasks.task_rows``).
+ROW_KEYS = ("env", "env_kwargs", "split", "task", "index", "max_steps")
+#: Row fields holding a dict, written as JSON text.
+JSON_FIELDS = ("env_kwargs", "explorer")
+
+
+def write_tasks(rows: list[dict], out: Path) -> None:
+    """Write ``rows`` as JSON lines to ``out`` (a ``.jsonl`` file; written whole or not at all)."""
+    out = Path(out)
+    if out.suffix != ".jsonl":
+        raise UsageError(f"--out {out}: a Trinity taskset file ends in .jsonl (name it after its split: "
+                         "train.jsonl, test.jsonl)")
+    for row in rows:
+        missing = [k for k in ROW_KEYS if k not in row]
+        if missing:
+            raise UsageError(f"task row {row.get('index')!r} has no {missing[0]!r}")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w") as f:
+            for row in rows:
+                line = {k: (json.dumps(v, sort_keys=True) if k in JSON_FIELDS else v) for k, v in row.items()}
+                f.write(json.dumps(line, sort_keys=True) + "\n")
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_row(raw: dict[str, Any]) -> dict[str, Any]:
+    """A task row as :func:`write_tasks` wrote it (its JSON-text fields decoded); a dict given as a dict is kept."""
+    row = dict(raw)
+    for key in JSON_FIELDS:
+        value = row.get(key)
+        if isinstance(value, str):
+            try:
+                row[key] = json.loads(value)
+            except json.JSONDecodeError:
+                raise UsageError(f"task row {row.get('index')!r}: {key} is not JSON ({value[:80]!r})") from None
+        elif value is None:
+            row.pop(key, None)
+    return row

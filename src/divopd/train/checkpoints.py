@@ -1,0 +1,134 @@
+"""A run's ``checkpoints/`` folder: which checkpoint a resume trusts, which ones pruning removes, and a checkpoint
+write that fails (a full disk) as one line.
+
+* :func:`resume_checkpoint` — the newest checkpoint that verifies (:func:`divopd.learn.manifest.verify_checkpoint`:
+  every file its manifest names, with its size and hash). Newer damaged ones are set aside as
+  ``update-NNNNNN.damaged`` (kept for inspection, never listed or pruned again) with one warning naming what was
+  damaged; none that verifies is one line (exit 2) and changes nothing. Nothing else is touched before the
+  checkpoint is chosen, so no record is cut on the way to a refusal.
+* :func:`prune_checkpoints` — keeps the newest ``checkpoint.keep`` of divopd's own checkpoints
+  (:func:`divopd.learn.checkpoint.checkpoint_dirs`: the exact name ``update-NNNNNN`` and divopd's files inside); a
+  user's ``update-000001-mine/`` or ``update-notes.txt`` is never deleted and never counted.
+* :class:`CheckpointWriteError` — a checkpoint write that failed with an ``OSError`` (``ENOSPC``: disk full). The
+  partial write is never visible (:func:`~divopd.learn.checkpoint.atomic_dir` removes it), the newest good checkpoint
+  stays as it was, the loop stops without trying to write it again, and ``divopd train`` prints one line and exits
+  :data:`EXIT_CHECKPOINT_WRITE`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from divopd.errors import UsageError
+from divopd.learn.manifest import checkpoint_dirs, verify_checkpoint  # no torch: divopd train imports it
+
+__all__ = ["DAMAGED_SUFFIX", "EXIT_CHECKPOINT_WRITE", "CheckpointWriteError", "checkpoint_write", "disk_full_line",
+           "is_disk_full", "prune_checkpoints", "resume_checkpoint"]
+
+log = logging.getLogger(__name__)
+
+#: Exit code of ``divopd train`` when a checkpoint could not be written (disk full): the run stopped, its newest
+#: good checkpoint is intact and ``--resume`` continues once the cause is fixed (the stall watchdog's code, 3).
+EXIT_CHECKPOINT_WRITE = 3
+#: What a damaged checkpoint is renamed to when a resume falls back past it.
+DAMAGED_SUFFIX = ".damaged"
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (``OSError``: disk full, quota, I/O); the message is one line."""
+
+
+_FULL_TEXT = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), f"os error {errno.ENOSPC}")
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """``exc`` (or its cause) says the disk or the quota is full: an ``OSError`` with ``ENOSPC`` / ``EDQUOT``, or a
+    library's own error carrying that text (safetensors' ``SafetensorError: ... (os error 28)``)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(exc) for text in _FULL_TEXT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+@contextmanager
+def checkpoint_write(path: Path, run_dir: Path) -> Iterator[None]:
+    """Around the write of checkpoint ``path``: an ``OSError`` or a full disk becomes a :class:`CheckpointWriteError`
+    (one line naming the newest good checkpoint); the write itself (:func:`~divopd.learn.checkpoint.atomic_dir`)
+    has already removed what it wrote."""
+    try:
+        yield
+    except Exception as exc:
+        if not (isinstance(exc, OSError) or is_disk_full(exc)):
+            raise
+        kept = checkpoint_dirs(path.parent)
+        newest = next((p.name for p in reversed(kept) if p.name != path.name), None)
+        cause = "disk full" if is_disk_full(exc) else "write failed"
+        where = getattr(exc, "filename", None) or path.parent
+        detail = getattr(exc, "strerror", None) or os.strerror(errno.ENOSPC) if cause == "disk full" else exc
+        raise CheckpointWriteError(
+            f"checkpoint {path.name} could not be written ({cause}: {detail} on {where}); nothing partial is left, "
+            f"the newest good checkpoint is {newest or 'none (the run resumes from its start)'}; free space, then "
+            f"`divopd train --resume {run_dir}`") from exc
+
+
+def disk_full_line(exc: BaseException, run_dir: str | Path) -> str:
+    """The one line ``divopd train`` prints for a failed checkpoint write or a full disk anywhere in the run."""
+    if isinstance(exc, CheckpointWriteError):
+        return str(exc)
+    kept = checkpoint_dirs(Path(run_dir) / "checkpoints")
+    return (f"disk full ({getattr(exc, 'strerror', None) or exc} on {getattr(exc, 'filename', None) or run_dir}); "
+            f"the newest good checkpoint is {kept[-1].name if kept else 'none (the run resumes from its start)'}; "
+            f"free space, then `divopd train --resume {run_dir}`")
+
+
+def prune_checkpoints(checkpoints_dir: Path, keep: int) -> list[Path]:
+    """Remove all but the newest ``keep`` of divopd's checkpoints in ``checkpoints_dir``; returns the kept ones."""
+    ours = checkpoint_dirs(checkpoints_dir)
+    for old in ours[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return ours[-keep:]
+
+
+def resume_checkpoint(run_dir: Path, flag: str = "--resume") -> Path | None:
+    """The newest checkpoint of ``run_dir`` that verifies (``None``: the run has no checkpoint at all). Newer ones
+    that do not verify are set aside with one warning; when none verifies, raise :class:`UsageError` (one line) and
+    change nothing."""
+    ours = checkpoint_dirs(Path(run_dir) / "checkpoints")
+    if not ours:
+        return None
+    damaged: list[tuple[Path, str]] = []
+    chosen = None
+    for ckpt in reversed(ours):
+        problem = verify_checkpoint(ckpt)
+        if problem is None:
+            chosen = ckpt
+            break
+        damaged.append((ckpt, problem))
+    what = "; ".join(f"{p.name} ({problem})" for p, problem in damaged)
+    if chosen is None:
+        raise UsageError(f"{flag} {run_dir}: no checkpoint verifies ({what}); nothing was changed (metrics and "
+                         "experience log kept); restore a checkpoint, or start a fresh run with another --run-dir")
+    if damaged:
+        moved = [_set_aside(p).name for p, _ in damaged]
+        log.warning("resume: damaged checkpoint %s; set aside as %s; resuming from %s", what, ", ".join(moved),
+                    chosen.name)
+    return chosen
+
+
+def _set_aside(ckpt: Path) -> Path:
+    target = ckpt.with_name(ckpt.name + DAMAGED_SUFFIX)
+    n = 1
+    while target.exists():
+        n += 1
+        target = ckpt.with_name(f"{ckpt.name}{DAMAGED_SUFFIX}-{n}")
+    os.rename(ckpt, target)
+    return target

@@ -1,0 +1,52 @@
+"""A resume puts the checkpoint's runtime state back (:meth:`Trainer.attach_runtime
+<divopd.train.trainer.Trainer.attach_runtime>`): exactly when it can, else as the threads runtime resumes.
+
+Exact (a lockstep checkpoint): the runtime replays each running episode on its env and produces again the turns
+logged past the checkpoint, which are cut from the log. When an env cannot replay — ``Env.replayable`` is ``False``
+now, or a replay finds another observation than the one recorded (:class:`~divopd.explore.explorer_state.ReplayError`)
+— the checkpoint is still used: the runtime starts its explorers afresh, the turns logged past the checkpoint are
+queued again (received, never lost) and one warning says the run is no longer exact."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from divopd.errors import UsageError
+from divopd.experience.log import ExperienceLogWriter
+from divopd.explore.explorer_state import ReplayError
+from divopd.train import rundir
+from divopd.train.rundir import EXPERIENCE, EXPLORER_WEIGHTS
+
+__all__ = ["restore_runtime"]
+
+log = logging.getLogger(__name__)
+
+
+def restore_runtime(trainer: Any, runtime: Any) -> bool:
+    """Put ``trainer.resume_runtime`` (the checkpoint's runtime state) into ``runtime``; returns whether the resume
+    is exact. ``runtime`` without ``load_state_dict`` (threads, Ray) cannot take a lockstep state: one line."""
+    cfg, run_dir = trainer.cfg, trainer.run_dir
+    if not hasattr(runtime, "load_state_dict"):
+        raise UsageError(f"--resume {run_dir}: runtime.kind {cfg.runtime.kind} cannot restore the checkpoint's "
+                         "runtime state (a lockstep run's)")
+    state, trainer.resume_runtime = trainer.resume_runtime, None
+    try:
+        runtime.load_state_dict(state, run_dir / EXPLORER_WEIGHTS)  # replays the envs
+    except ReplayError as exc:  # the runtime is left as built (fresh explorers)
+        log.warning("resume: %s; resuming as the threads runtime resumes: the turns logged past the checkpoint are "
+                    "queued again and the episodes running at it start over (the run is no longer exact)", exc)
+        if cfg.log_experience:
+            trainer.state.turns += rundir.recover_logged_turns(
+                run_dir / EXPERIENCE, trainer.sampler, trainer.version, trainer.paper,
+                log_token_ids=cfg.log_token_ids, needs_topk=cfg.learner.estimator == "topk")
+            trainer.log_writer = ExperienceLogWriter(run_dir / EXPERIENCE, rows_per_file=1 << 16,
+                                                     write_ids=cfg.log_token_ids)
+        return False
+    if cfg.log_experience:  # restored: it produces the turns logged past the checkpoint again
+        rundir.cut_log_past_checkpoint(run_dir / EXPERIENCE, trainer.sampler.ledger["received"])
+        trainer.log_writer = ExperienceLogWriter(run_dir / EXPERIENCE, rows_per_file=1 << 16,
+                                                 write_ids=cfg.log_token_ids)
+    trainer._arrived_since_update = int(trainer.state.since_update.get("arrived") or 0)
+    trainer._intervals_seen = trainer.state.since_update.get("intervals_seen")
+    return True

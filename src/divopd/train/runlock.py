@@ -1,0 +1,76 @@
+"""One process writes a run directory at a time: an OS lock on ``RUN_DIR/.divopd-lock`` (:data:`LOCK`).
+
+A fresh run takes it right after it creates (or finds) its directory and before it writes anything there
+(:func:`divopd.train.rundir.claim_run_dir`); ``--resume`` takes it before it touches the run's files. It is held until
+the run's files are closed (:func:`release_run_dir`) or the process ends: ``fcntl.flock`` locks belong to an open
+file, which the kernel closes when the process dies, SIGKILL included, so a lock is never left stale and nothing
+needs cleaning by hand. The file itself holds the holder's pid and host, for the message. A second process — a second
+``--resume``, a fresh run into the same ``--run-dir`` — is refused with one line naming that pid
+(:class:`RunLockedError`, exit 2), before it writes anything.
+
+Within one process the lock is re-entrant (the same open file): an in-process ``train()`` after another on the same
+directory takes it again. Where ``flock`` is missing (not POSIX) there is no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from pathlib import Path
+
+from divopd.errors import UsageError
+
+__all__ = ["LOCK", "RunLockedError", "lock_run_dir", "release_run_dir"]
+
+#: The lock file a writing process holds inside its run directory.
+LOCK = ".divopd-lock"
+
+_HELD: dict[str, int] = {}  # resolved run directory -> the open lock file of this process
+
+
+class RunLockedError(UsageError):
+    """Another process holds the run directory's lock (a run or a resume writing it)."""
+
+
+def _key(run_dir: Path) -> str:
+    return str(Path(run_dir).resolve())
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Take ``run_dir``'s lock for this process (the directory must exist), or raise :class:`RunLockedError`
+    naming the holder's pid. Taking it again in the same process is a no-op."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no OS lock to take
+        return
+    key = _key(run_dir)
+    if key in _HELD:
+        return
+    fd = os.open(Path(run_dir) / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise RunLockedError(f"{run_dir} is in use by another divopd process ({holder}), which is writing this run; "
+                             "wait for it to end (or stop it with Ctrl-C), then run the command again") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+    _HELD[key] = fd
+
+
+def _holder(fd: int) -> str:
+    """The holder the lock file names (``pid N on HOST``), or a placeholder while it has not written it yet."""
+    with contextlib.suppress(OSError):
+        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if text:
+            return text
+    return "pid unknown: it is starting"
+
+
+def release_run_dir(run_dir: Path) -> None:
+    """Let ``run_dir``'s lock go (its run's files are closed); a no-op if this process does not hold it."""
+    fd = _HELD.pop(_key(run_dir), None)
+    if fd is not None:
+        os.close(fd)  # closing the file releases the flock

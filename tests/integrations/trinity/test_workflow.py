@@ -1,0 +1,180 @@
+"""divopd's per-turn OPD workflow inside Trinity-RFT's real ``WorkflowRunner``: a real divopd env (``tiny``), task
+rows written by ``divopd tasks --for trinity`` and read by Trinity's own task reader, the rollout model and the
+teacher behind Trinity's real ``ModelWrapper`` (an HF transformers model behind Trinity's engine interface: its vLLM
+engines need a GPU), experiences into Trinity's real queue, batches from DivOPDSampleStrategy, then Trinity's real
+``to_data_proto`` and its stock ``on_policy_distill`` advantage: finite, unscored positions masked."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trinity.common.workflows")
+#: Trinity's ModelWrapper imports vLLM at import time; without vLLM (this CPU venv) an import-only stand-in
+STUB = str(Path(__file__).resolve().parent / "vllm_stub")
+if importlib.util.find_spec("vllm") is None:
+    sys.path.insert(0, STUB)
+
+import hf_engine  # noqa: E402
+import ray  # noqa: E402
+import torch  # noqa: E402
+from datasets import load_dataset  # noqa: E402
+from queue_helpers import assert_ledger_identity, buffer_config, queue_writer, strategy  # noqa: E402
+from trinity.algorithm.advantage_fn.on_policy_distill_advantage import OnPolicyDistillAdvantage  # noqa: E402
+from trinity.common.config import Config, InferenceModelConfig  # noqa: E402
+from trinity.common.experience import Experience  # noqa: E402
+from trinity.common.workflows import WORKFLOWS, Task  # noqa: E402
+from trinity.explorer.workflow_runner import WorkflowRunner  # noqa: E402
+from trinity.trainer.verl.utils import to_data_proto  # noqa: E402
+
+import divopd.integrations.trinity_workflow  # noqa: E402,F401  (registers the divopd_* workflows)
+from divopd.commands.tasks import task_rows  # noqa: E402
+from divopd.integrations.trinity_tasks import write_tasks  # noqa: E402
+from divopd.train.config import load_config  # noqa: E402
+from tiny_models import build_tiny_models  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(hf_engine)
+RUNS = 2  # repeat_times: runs per task (eid.run)
+
+
+def _config(models: dict[str, str]) -> Config:
+    config = Config()
+    config.explorer.rollout_model = InferenceModelConfig(model_path=models["student"])
+    config.explorer.auxiliary_models = [InferenceModelConfig(model_path=models["teacher"])]
+    return config
+
+
+def _engines(config: Config, models: dict[str, str]) -> list:
+    """The named actors Trinity's Allocator looks up: ``<explorer>_rollout_model_0_0``, ``..._auxiliary_0_...``."""
+    name = config.explorer.name
+    path = os.pathsep.join([STUB, *sys.path[1:], os.environ.get("PYTHONPATH", "")])
+    engine = ray.remote(num_cpus=0)(hf_engine.HFInferenceModel)
+    env = {"env_vars": {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}}
+    return [engine.options(name=f"{name}_{role}_model_0_0", runtime_env=env).remote(model_config, models[key])
+            for role, model_config, key in (("rollout", config.explorer.rollout_model, "student"),
+                                             ("auxiliary_0", config.explorer.auxiliary_models[0], "teacher"))]
+
+
+def test_trinity_runs_the_divopd_workflow_and_its_batches_train_finite(ray_local, tmp_path: Path) -> None:
+    models = build_tiny_models(tmp_path / "models")
+    cfg = load_config("tiny", ["explorer.env=tiny", "explorer.env_kwargs={}", "explorer.max_steps=4",
+                               "explorer.generation.max_new_tokens=4"])
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    write_tasks(task_rows(cfg, "train", limit=4), folder / "train.jsonl")
+    # what Trinity's TaskFileReader does (load_dataset(path, split=...) + TaskFormatter); its module needs
+    # sqlalchemy's asyncio extra (greenlet), which this venv lacks
+    rows = load_dataset(str(folder), split="train")
+    tasks = [Task(workflow=WORKFLOWS.get("divopd_opd_workflow"), raw_task=row) for row in rows]
+    config = _config(models)
+    engines = _engines(config, models)
+    try:
+        asyncio.run(_run(config, engines, tasks, tmp_path))
+    finally:
+        for actor in engines:
+            ray.kill(actor)
+
+
+async def _run(config: Config, engines: list, tasks: list, tmp_path: Path) -> None:
+    runner = WorkflowRunner(config, rollout_model_id=0, auxiliary_model_ids=[0], runner_id=0)
+    experiences: list[Experience] = []
+    for i, task in enumerate(tasks):
+        task.batch_id, task.task_id = "b0", i
+        await engines[0].sync_model_weights.remote(i // 2)  # the weight sync between tasks: versions 0, 0, 1, 1
+        status, payload = await runner.run_task(task, batch_id="b0", repeat_times=RUNS)
+        assert status.ok, status.message
+        experiences += Experience.deserialize_many(payload)
+    keys = {(e.eid.rid, e.eid.step) for e in experiences}
+    assert len(keys) == len(experiences) and len({e.eid.rid for e in experiences}) == 4 * RUNS
+    for e in experiences:
+        n = len(e.tokens) - e.prompt_length
+        assert len(e.logprobs) == len(e.teacher_logprobs) == len(e.action_mask) == n
+        assert torch.isfinite(e.teacher_logprobs).all() and e.info["divopd_policy_version"] in (0, 1)
+    # the teacher could not score the first position of every turn (as a NaN from another workflow would arrive)
+    for e in experiences:
+        e.teacher_logprobs[0] = float("nan")
+    batch_size = 8
+    buffer = buffer_config(tmp_path, batch_size)
+    async with queue_writer(buffer) as writer:
+        await writer.write(experiences)
+        plugin = strategy(buffer, method="divopd", pool_factor=2, cap=2, max_staleness=2)
+        batch, metrics, _ = await plugin.sample(2)
+        assert len(batch) == batch_size
+        assert metrics["sampler/teacher_masked_tokens"] == sum(1 for e in batch if not e.truncate_status) > 0
+        assert_ledger_identity(plugin.sampler.ledger)
+        for e in batch:  # Trinity's runner wrote the task's start version: the turn's own is back
+            assert e.info["model_version"] == e.info["divopd_policy_version"]
+        proto = to_data_proto(batch, pad_token_id=0, model=None, logger=None)
+        proto.batch["old_log_probs"] = proto.batch["rollout_log_probs"]  # the trainer's recompute, same weights
+        proto, adv_metrics = OnPolicyDistillAdvantage()(proto)
+        assert torch.isfinite(proto.batch["advantages"]).all(), "a NaN reached Trinity's advantage"
+        assert all(torch.isfinite(torch.tensor(v)) for v in adv_metrics.values())
+        masked = ~proto.batch["response_mask"].bool()
+        assert (proto.batch["advantages"][masked] == 0).all()
+
+
+def test_the_finite_hand_over_masks_unscored_positions() -> None:
+    """A NaN teacher position leaves the action mask and carries the student's log prob (what the strategy does)."""
+    from trinity.common.experience import EID
+
+    from divopd.integrations.trinity_records import mask_unscored
+
+    exp = Experience(eid=EID(batch=0, task=1, run=0, step=0), tokens=torch.arange(7), prompt_length=3,
+                     logprobs=torch.tensor([-1.0, -2.0, -3.0, -4.0]),
+                     teacher_logprobs=torch.tensor([-1.5, float("nan"), float("-inf"), -0.5]),
+                     action_mask=torch.tensor([True, True, False, True]), reward=0.0, info={"model_version": 0})
+    assert mask_unscored(exp) == 1  # one *action* position was unscored; the -inf one was not an action anyway
+    assert exp.action_mask.tolist() == [True, False, False, True]
+    assert exp.teacher_logprobs.tolist() == [-1.5, -2.0, -3.0, -0.5]
+    assert sys.modules["divopd.integrations.trinity_records"].mask_unscored(exp) == 0
+
+
+def test_under_plus_r_the_teacher_generates_the_takeover_turns_through_its_trinity_engine(ray_local,
+                                                                                          tmp_path: Path) -> None:
+    """+R in Trinity: after p = 1 no-progress student turn the teacher's own engine (``auxiliary_model_wrappers[0]``,
+    ``generate_async``) plays the takeover turn (m = 1 per rollout); takeover turns are played but not emitted."""
+    models = build_tiny_models(tmp_path / "models")
+    cfg = load_config("tiny", ["explorer.env=tiny", "explorer.env_kwargs={}", "explorer.max_steps=6",
+                               "explorer.generation.max_new_tokens=4"])
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    write_tasks(task_rows(cfg, "train", limit=3), folder / "train.jsonl")
+    recovery = {"enabled": True, "patience": 1, "max_takeover": 1, "warmup": 0}
+    tasks = [Task(workflow=WORKFLOWS.get("divopd_opd_workflow"), raw_task=row,
+                  workflow_args={"explorer": {"recovery": recovery}})
+             for row in load_dataset(str(folder), split="train")]
+    config = _config(models)
+    engines = _engines(config, models)
+    try:
+        experiences = asyncio.run(_run_plain(config, tasks))
+        teacher_calls = ray.get(engines[1].__ray_call__.remote(lambda engine: engine.calls))
+    finally:
+        for actor in engines:
+            ray.kill(actor)
+    by_rollout: dict[str, list[Experience]] = {}
+    for e in experiences:
+        by_rollout.setdefault(e.eid.rid, []).append(e)
+    took_over = [exps for exps in by_rollout.values() if exps[0].info["teacher_turns"] > 0]
+    assert took_over, "no rollout reached the +R trigger"
+    assert teacher_calls == sum(exps[0].info["teacher_turns"] for exps in by_rollout.values())
+    for exps in by_rollout.values():  # every env step was a student turn (emitted) or a teacher turn (not emitted)
+        info = exps[0].info
+        assert info["teacher_turns"] <= 1 and len(exps) + info["teacher_turns"] == info["horizon"]
+    for exps in took_over:  # the teacher's step is missing from the emitted turn indices (eid.step = env step)
+        assert {e.eid.step for e in exps} < set(range(exps[0].info["horizon"]))
+
+
+async def _run_plain(config: Config, tasks: list) -> list[Experience]:
+    runner = WorkflowRunner(config, rollout_model_id=0, auxiliary_model_ids=[0], runner_id=0)
+    experiences: list[Experience] = []
+    for i, task in enumerate(tasks):
+        task.batch_id, task.task_id = "b0", i
+        status, payload = await runner.run_task(task, batch_id="b0", repeat_times=1)
+        assert status.ok, status.message
+        experiences += Experience.deserialize_many(payload)
+    return experiences
