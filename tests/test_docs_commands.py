@@ -432,6 +432,20 @@ MESSAGES: dict[str, tuple[str, ...]] = {
         "resume: %s; resuming as the threads runtime resumes: the turns logged past the checkpoint are queued again "
         "and the episodes running at it start over (the run is no longer exact)",
         "is not deterministic under replay: rollout"),
+    "divopd sft: error: --env: cannot import": (
+        "raise UsageError(f\"--env: {str(exc).removeprefix('explorer.env: ')}\")",),
+    "start the teacher server first (concepts/teacher.md)": (
+        'hint = "" if "teacher.server.model" in str(exc) else "; start the teacher server first (concepts/teacher.md)"',
+        'raise ServerCheckError(f"teacher.server.url: {exc}{hint}")'),
+    "is not served by http": ('f"teacher.server.model: {name!r} is not served by {client.base} (it serves {',),
+    "teacher.server.api_key_env: the environment variable": (
+        'f"teacher.server.api_key_env: the environment variable {settings.api_key_env} is not set"',),
+    "does not tokenize like the model": (
+        "does not tokenize like the model {name} served at ",
+        "difference at token {first}); point teacher.path at the served model's folder"),
+    "/v1/completions: [Errno 111] Connection refused (after": (
+        'f"teacher server {self.base}{path}: {problem} (after {attempt + 1} attempt',),
+    "/v1/completions: HTTP 400:": ('f"teacher server {self.base}{path}: HTTP {exc.code}: {detail}"',),
 }
 
 
