@@ -4,9 +4,11 @@
 
 Pages: ``cli.md`` (every verb's ``--help``), ``config.md`` (every key of the config schema), ``metrics.md`` (the keys
 of ``metrics.jsonl``), ``experience-log.md`` (the Parquet columns of the experience log) and ``run-dir.md`` (the run
-directory layout). The tables of log columns and run-directory entries are kept here, next to the code that renders
-them; the metrics keys' registry is :mod:`divopd.experience.metric_keys`. ``tests/test_readme.py`` checks them against a
-real training run, the log ``SCHEMA`` and the CLI, and that the committed pages equal a fresh generation.
+directory layout); with the default OUT_DIR also the "What has run where" table of ``index.md`` from the committed
+self-check records (``docs/gen_selfcheck.py``). The tables of log columns and run-directory entries are kept here,
+next to the code that renders them; the metrics keys' registry is :mod:`divopd.experience.metric_keys`.
+``tests/test_readme.py`` checks them against a real training run, the log ``SCHEMA`` and the CLI, and that the
+committed pages equal a fresh generation.
 """
 
 from __future__ import annotations
@@ -145,6 +147,13 @@ def escape_cell(text: str) -> str:
     return "`".join(parts)
 
 
+#: Characters of a code block line that fit the docs' content column (tests/test_docs_widths.py derives it).
+CODE_CHARS = 87
+
+#: Longest default shown inside a config table cell; a longer one moves to a list under the table, where it wraps.
+LONG_DEFAULT = 40
+
+
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(escape_cell(c) for c in r) + " |" for r in rows]
@@ -156,6 +165,7 @@ def cli_page() -> str:
     """Every CLI verb's ``--help``, from ``divopd.cli.build_parser`` and each command module's ``add_arguments``."""
     from divopd.cli import COMMANDS, build_parser
 
+    os.environ["COLUMNS"] = str(CODE_CHARS + 2)  # argparse wraps help at COLUMNS - 2: the code blocks then fit
     parser, subparsers = build_parser()
     out = [HEADER, "# CLI reference\n\n",
            "`divopd COMMAND --help` prints the same text; `python -m divopd ...` works the same. Bad input is one "
@@ -176,9 +186,14 @@ def config_page() -> str:
     from divopd.train.config import config_reference
 
     sections: dict[str, list[tuple[str, ...]]] = {}
+    long_defaults: dict[str, list[str]] = {}
     for key, type_name, default, desc in config_reference():
         top = key.split(".")[0] if "." in key else "(top level)"
-        sections.setdefault(top, []).append((f"`{key}`", type_name.replace("|", "or"), f"`{default}`", desc))
+        cell = f"`{default}`"
+        if len(str(default)) > LONG_DEFAULT:  # one code span this long would push the meaning column off-screen
+            cell = "long: see below the table"
+            long_defaults.setdefault(top, []).append(f"- `{key}` defaults to `{default}`\n")
+        sections.setdefault(top, []).append((f"`{key}`", type_name.replace("|", "or"), cell, desc))
     out = [HEADER, "# Config keys\n\n",
            "Every key of `divopd.train.config.TrainConfig` (YAML; unknown keys are errors). CONFIG is a packaged "
            "setting's name (`divopd train coin6-dart`) or a YAML file; a file may name a `base:` file whose keys it "
@@ -189,6 +204,8 @@ def config_page() -> str:
            "[training guide](../guides/training.md).\n"]
     for top, rows in sections.items():
         out += [f"\n## {top}\n\n", _table(("key", "type", "default", "meaning"), rows)]
+        if top in long_defaults:
+            out += ["\nLong defaults (they wrap here instead of widening the table):\n\n", *long_defaults[top]]
     return "".join(out) + method_rows_section()
 
 
@@ -259,8 +276,8 @@ def run_dir_page() -> str:
         HEADER, "# Run directory\n\n",
         "Every `divopd train` run writes one directory: `out_dir/<setting>/<method>/seed<seed>` (or `run_dir`).\n\n",
         "```text\n<run>/\n  .divopd-run\n  config.yaml\n  metrics.jsonl\n  tb/\n  experience/part-000000.parquet ...\n"
-        "  checkpoints/update-000025/{config.json, model.safetensors, optimizer.pt, state.json, manifest.json, "
-        "tokenizer.json, ...}\n"
+        "  checkpoints/update-000025/{config.json, model.safetensors, optimizer.pt, state.json,\n"
+        "                             manifest.json, tokenizer.json, ...}\n"
         "  summary.json\n```\n\n",
         _table(("path", "what"), [(f"`{p}`", m) for p, m in RUN_DIR]),
         "\n## summary.json\n\n",
@@ -279,7 +296,7 @@ PAGES = {
 
 def generate(out_dir: str | Path = HERE / "reference") -> list[Path]:
     """Write every reference page into ``out_dir``; returns the paths written."""
-    os.environ["COLUMNS"] = "100"  # argparse wraps help to the terminal width: fix it so the pages are stable
+    os.environ["COLUMNS"] = str(CODE_CHARS + 2)  # argparse wraps help to COLUMNS - 2: the docs' code block budget
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -287,6 +304,11 @@ def generate(out_dir: str | Path = HERE / "reference") -> list[Path]:
         path = out / name
         path.write_text(page())
         written.append(path)
+    if out == HERE / "reference":  # the site's own pages: also Home's "What has run where" (docs/gen_selfcheck.py)
+        sys.path.insert(0, str(HERE))
+        from gen_selfcheck import write_home
+
+        written.append(write_home())
     return written
 
 

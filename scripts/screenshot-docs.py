@@ -30,9 +30,11 @@ MEASURE = """
 window.addEventListener("load", () => {
   const rows = [];
   const article = document.querySelector("article.md-content__inner");
-  for (const el of document.querySelectorAll("article .md-typeset__scrollwrap, article pre > code")) {
+  // material's table is itself display:inline-block with overflow:auto and max-width:100%, so a wide table scrolls
+  // inside the <table> (its wrapper then measures no overflow): measure the table, its wrapper, and each code block
+  for (const el of document.querySelectorAll("article .md-typeset__scrollwrap, article table, article pre > code")) {
     if (el.scrollWidth > el.clientWidth + 1) {
-      const what = el.tagName === "CODE" ? "code" : "table";
+      const what = el.tagName === "CODE" ? "code" : el.tagName === "TABLE" ? "table" : "table wrapper";
       const text = (el.innerText || "").trim().split("\\n")[0].slice(0, 70);
       rows.push({what, need: el.scrollWidth, box: el.clientWidth, text});
     }

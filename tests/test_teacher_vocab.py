@@ -246,7 +246,7 @@ def cross_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str],
         "student": {"path": models["student"]}, "teacher": {"path": str(root / "bpe-teacher")},
         "sampler": {"batch_size": 6, "pool_factor": 4, "cap": 2, "max_staleness": 2},
         "learner": {"lr": 1e-3}, "runtime": {"kind": "lockstep"},
-        "explorer": {"env": "tiny", "num_envs": 3, "max_steps": 5, "eval_tasks": 3},
+        "explorer": {"env": "tiny", "num_envs": 3, "max_steps": 5},
         "eval": {"every": 3, "tasks": 3, "at_start": False}, "checkpoint": {"every": 3, "keep": 1},
     }
     return data, root

@@ -42,7 +42,7 @@ def tiny_config(models: dict[str, str], run_dir: Path, method: str, **over: obje
         "sampler": {"batch_size": 6, "pool_factor": 4, "cap": 2, "max_staleness": 2},
         "learner": {"lr": 1e-3, **({"depth_stats": True, "turn_balance_updates": 3} if method == "turnopd" else {})},
         "turnopd": {"enabled": method == "turnopd", "rho": 0.5, "min_depth": 1},
-        "explorer": {"env": "tiny", "num_envs": 3, "max_steps": 5, "eval_tasks": 3,
+        "explorer": {"env": "tiny", "num_envs": 3, "max_steps": 5,
                      "recovery": {"enabled": method == "divopd-r", "patience": 1, "max_takeover": 1}},
         "tcod": {"enabled": method == "tcod-f2b", "start_depth": 2},
         "eval": {"every": 3, "tasks": 3, "at_start": False},

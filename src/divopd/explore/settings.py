@@ -85,7 +85,8 @@ class ExplorerConfig(BaseModel):
         "pass) or `cycle` (the split's own order, over and over; the ScienceWorld paper split is shuffled once "
         "with seed 42 and cycled, Appendix Table 6). Explorer i starts i tasks in.")
     eval_split: str = Field("dev", description="Held-out task split for evaluation.")
-    eval_tasks: int = Field(50, ge=1, description="Evaluation uses the first N tasks of eval_split by default.")
+    eval_tasks: int = Field(50, ge=1, description="Deprecated in a run config: use eval.tasks (a config that sets this "
+                            "still loads, with one warning). The explorer's default for evaluate().")
     max_steps: int = Field(20, ge=1, description="Step limit per rollout (student and teacher steps together).")
     enqueue: Literal["rollout", "turn"] = Field(
         "rollout", description="When student turns enter the queue: `rollout` (all of a rollout's turns together, "

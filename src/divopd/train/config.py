@@ -37,6 +37,7 @@ from divopd.learn.turnopd import TurnOPDConfig
 from divopd.sampling import METHODS, ROWS, SamplerConfig, method_names
 from divopd.sampling.registry import check_row, row_switches
 from divopd.sampling.settings import sampler_kwargs, settings_model
+from divopd.train.deprecated import one_eval_tasks_key
 from divopd.train.packaged import config_path
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "with_method", "METHOD_ROWS", "sampler_method_for"]
@@ -231,6 +232,11 @@ class TrainConfig(_Strict):
             if getattr(self.explorer, key) not in SPLITS:
                 raise ValueError(f"explorer.{key}: unknown split {getattr(self.explorer, key)!r}; "
                                  f"expected one of {', '.join(SPLITS)}")
+        return self
+
+    @model_validator(mode="after")
+    def _one_eval_tasks_key(self) -> TrainConfig:
+        one_eval_tasks_key(self.explorer, self.eval)
         return self
 
     @model_validator(mode="after")

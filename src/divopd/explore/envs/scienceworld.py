@@ -6,7 +6,7 @@
 - ``"package"`` (default): the package's own train/dev/test variations of every task;
 - ``"paper"``: the paper's protocol (Appendix Table 6, :func:`scienceworld_paper_split`): ``tasks("train")`` is the
   shuffled list of 2,294 training instances (17 task types), ``tasks("test")`` the shuffled list of 1,308 held-out
-  instances (13 other types), so ``explorer.eval_tasks: 256`` evaluates on the first 256 held-out instances; there is
+  instances (13 other types), so ``eval.tasks: 256`` evaluates on the first 256 held-out instances; there is
   no ``"dev"`` split.
 
  Score-based progress (the package's 0-1 score; a negative score is a failure and ends
