@@ -15,7 +15,7 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``divopd bench``."""
-    parser.add_argument("suite", choices=("paper",), 
+    parser.add_argument("suite", choices=("paper",),
                         help="benchmark suite (paper: the plan of the paper's tables, or a plan of your own with "
                         "--plan)")
     parser.add_argument("--plan", default=str(DEFAULT_PLAN),
