@@ -60,7 +60,7 @@ DIAGNOSTICS: tuple[tuple[str, str, str, str, str], ...] = (
      "teacher tok/trained tok", "Table 16"),
     ("disagreement_std_ema", "sampler/disagreement_std_ema", "last", "disagr. std EMA (final)", "Figure 6"),
 )
-#: The paired comparisons of the report (issue 17): (method, against, what the difference isolates). ``None`` as the
+#: The paired comparisons of the report: (method, against, what the difference isolates). ``None`` as the
 #: comparison stands for the report's baseline. Each is a Wilcoxon signed-rank test over the seeds both ran, on the
 #: per-seed nAUC and, over the seeds where both reached τ, on tokens-to-τ.
 PAIRED_TESTS: tuple[tuple[str, str | None, str], ...] = (
