@@ -54,13 +54,13 @@ PID=$!
 set +m
 METRICS=runs/coin6-dart/vanilla/seed0/metrics.jsonl
 for _ in $(seq 600); do
-    grep -qs '"kind": "update"' "$METRICS" && break
+    grep -qsE '"kind": ?"update"' "$METRICS" && break
     kill -0 "$PID" 2>/dev/null || break
     sleep 1
 done
 kill -INT -- -"$PID" 2>/dev/null || true
 rc=0; wait "$PID" || rc=$?
-grep -qs '"kind": "update"' "$METRICS" || { tail -20 "$WORK/readme-train.log"; exit 1; }
+grep -qsE '"kind": ?"update"' "$METRICS" || { tail -20 "$WORK/readme-train.log"; exit 1; }
 [ "$rc" = 130 ] || { echo "test-wheel: the README's run ended with exit $rc, not 130"; tail -20 "$WORK/readme-train.log"; exit 1; }
 [ "$(grep -c '^models: ' "$WORK/readme-train.log")" = 1 ] || { echo "test-wheel: not one line about the models"; exit 1; }
 grep '^models: ' "$WORK/readme-train.log"
