@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ class Row:
     default_p90_ms: float
     divopd_median_ms: float
     divopd_p90_ms: float
+    default_read: float | None = None  # experiences taken out of the framework's buffer per timed step (mean)
+    divopd_read: float | None = None
 
     @property
     def target_ms(self) -> float:
@@ -49,12 +52,14 @@ class Row:
 
 def print_table(rows: list[Row]) -> None:
     """The markdown table docs/performance.md quotes."""
-    print("| framework | B | feed | steps | default median (p90) ms | divopd median (p90) ms | target ms | ok |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| framework | B | feed | steps | default median (p90) ms | divopd median (p90) ms | target ms | ok "
+          "| read/step default, divopd |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        reads = "–" if r.default_read is None else f"{r.default_read:.0f}, {r.divopd_read:.0f}"
         print(f"| {r.framework} | {r.batch_size} | {r.feed} | {r.steps} | {r.default_median_ms:.1f} "
               f"({r.default_p90_ms:.1f}) | {r.divopd_median_ms:.1f} ({r.divopd_p90_ms:.1f}) | {r.target_ms:.1f} | "
-              f"{'yes' if r.meets_target else 'NO'} |")
+              f"{'yes' if r.meets_target else 'NO'} | {reads} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,11 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--feeds", nargs="+", choices=FEEDS, default=list(FEEDS))
     parser.add_argument("--steps", type=int, default=40, help="timed sample() calls per row and sampler")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arrival", type=float, default=1.0,
+                        help="turns arriving per step as a multiple of B (1.0: explorer matched to the trainer)")
     parser.add_argument("--json", action="store_true", help="one JSON line per row after the table")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     module = importlib.import_module(FRAMEWORKS[args.framework])
-    rows: list[Row] = module.measure(args.batch_sizes, args.feeds, args.steps, args.seed)
+    extra = {}
+    if args.arrival != 1.0:
+        if "arrival" not in inspect.signature(module.measure).parameters:
+            parser.error(f"--arrival is not supported for --framework {args.framework}")
+        extra["arrival"] = args.arrival
+    rows: list[Row] = module.measure(args.batch_sizes, args.feeds, args.steps, args.seed, **extra)
     print_table(rows)
     if args.json:
         import json

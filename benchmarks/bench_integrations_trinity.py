@@ -2,8 +2,11 @@
 (a local Ray, Trinity's writer and reader). Loaded by ``bench_integrations.py --framework trinity``; run it with the
 Trinity venv's python.
 
-The stream: rollouts of 8 turns (prompt 96 tokens, response 16), 3 rollouts' worth of turns per batch row arriving
-per step, versions lagging 0-2 behind the learner. ``preloaded``: every step's arrivals written before the first
+The stream: rollouts of 8 turns (prompt 96 tokens, response 16), ``arrival`` x B turns arriving per step (whole
+rollouts), versions lagging 0-2 behind the learner. ``arrival`` 1.0 (the default) is an explorer matched to the trainer:
+in steady state both strategies take B experiences out of the queue per step (divopd more only for the turns that
+expire in its pool); above 1.0 divopd reads the surplus into its pool (that is what the pool is for) while the
+default leaves it queued. ``preloaded``: every step's arrivals written before the first
 ``sample()``; ``ticks``: each step's arrivals written just before that step's ``sample()``. Each sampler reads its
 own queue holding the same stream.
 """
@@ -33,10 +36,10 @@ TURNS = 8
 PROMPT, RESPONSE = 96, 16
 
 
-def _stream(batch_size: int, steps: int, seed: int) -> list[list[Experience]]:
-    """Per step, the experiences that arrive before it (1.25 x B turns, whole rollouts, in arrival order)."""
+def _stream(batch_size: int, steps: int, seed: int, arrival: float) -> list[list[Experience]]:
+    """Per step, the experiences that arrive before it (``arrival`` x B turns, whole rollouts, in arrival order)."""
     rng = np.random.default_rng(seed)
-    per_step = -(-(batch_size * 5 // 4) // TURNS)
+    per_step = -(-round(batch_size * arrival) // TURNS)
     out, rollout = [], 0
     for step in range(steps + 4):
         arrivals = []
@@ -65,7 +68,8 @@ def _buffer(folder: Path, batch_size: int) -> BufferConfig:
 
 
 async def _time(kind: str, stream: list[list[Experience]], batch_size: int, feed: str, steps: int,
-                folder: Path) -> list[float]:
+                folder: Path) -> tuple[list[float], float]:
+    """``sample()`` wall times (ms) and the experiences the strategy took out of the queue per step (mean)."""
     buffer = _buffer(folder, batch_size)
     writer = get_buffer_writer(buffer.trainer_input.experience_buffer)
     await writer.acquire()
@@ -86,23 +90,25 @@ async def _time(kind: str, stream: list[list[Experience]], batch_size: int, feed
     finally:
         await writer.release()
         ray.kill(writer.queue)
-    return times
+    read = float(batch_size) if kind == "default" else strategy.sampler.ledger["received"] / steps
+    return times, read
 
 
-def measure(batch_sizes: list[int], feeds: list[str], steps: int, seed: int) -> list[Row]:
+def measure(batch_sizes: list[int], feeds: list[str], steps: int, seed: int, arrival: float = 1.0) -> list[Row]:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=512 * 2**20, log_to_driver=False)
     rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for b in batch_sizes:
-                stream = _stream(b, steps, seed)
+                stream = _stream(b, steps, seed, arrival)
                 for feed in feeds:
-                    res = {}
+                    res, read = {}, {}
                     for kind in ("default", "divopd"):  # same stream, same machine, one after the other
-                        ms = asyncio.run(_time(kind, stream, b, feed, steps, Path(tmp)))
+                        ms, read[kind] = asyncio.run(_time(kind, stream, b, feed, steps, Path(tmp)))
                         res[kind] = (statistics.median(ms), float(np.percentile(ms, 90)))
-                    rows.append(Row("trinity", b, feed, steps, *res["default"], *res["divopd"]))
+                    rows.append(Row("trinity", b, feed, steps, *res["default"], *res["divopd"],
+                                    default_read=read["default"], divopd_read=read["divopd"]))
     finally:
         ray.shutdown()
     return rows

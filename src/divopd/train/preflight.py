@@ -15,6 +15,7 @@ JVM environments, a WebShop server, and the free disk in the run directory's fil
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ from divopd.train.probes import (
 __all__ = ["PreflightError", "blockers", "check_before_run", "config_checks", "estimated_run_bytes"]
 
 #: Free space a run needs besides its checkpoints (metrics, TensorBoard, the experience log's first parts).
+log = logging.getLogger(__name__)
+
 RUN_FLOOR_BYTES = 64 * 2**20
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
 
@@ -354,7 +357,11 @@ def check_before_run(cfg: TrainConfig, run_dir: Path | None = None) -> None:
     """Run :func:`config_checks` (without loading tokenizers) before ``divopd train`` makes its run directory: the
     first blocker as one line (its own exception when it is the only one, else :class:`PreflightError` saying how
     many more ``divopd doctor`` lists). Nothing is written."""
-    stops = blockers(config_checks(cfg, run_dir=run_dir))
+    rows = config_checks(cfg, run_dir=run_dir)
+    for row in rows:
+        if row.name == "teacher server" and row.status == OK:
+            log.info("%s", row.detail)  # the run states which model the server serves
+    stops = blockers(rows)
     if not stops:
         return
     if len(stops) == 1 and isinstance(stops[0].error, UsageError):

@@ -4,6 +4,7 @@ from the example configs, which switch Trinity's on-policy distillation to DivOP
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,19 @@ def test_an_example_names_a_registered_divopd_workflow_a_teacher_and_the_task_co
     env = path.stem.split("-")[0]
     command = f"divopd tasks {env} --for trinity --split train --out tasks/{env}/train.jsonl"
     assert command in path.read_text() and config.buffer.explorer_input.taskset.path == f"tasks/{env}"
+
+
+#: What a template leaves for the user to fill in: none of it may stay in an example that "runs as is".
+PLACEHOLDERS = re.compile(r"path/to|/path/|<[a-z_ -]+>|\bTODO\b|\bFIXME\b|CHANGEME|\byour[-_ ]|\.\.\./|xxx", re.I)
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_an_example_has_no_placeholder_and_every_model_is_a_hub_id_the_page_names(path: Path) -> None:
+    text = path.read_text()
+    assert PLACEHOLDERS.search(text) is None, f"{path.name}: placeholder {PLACEHOLDERS.search(text).group()!r}"
+    config = load_config(str(path))
+    page = (Path(__file__).resolve().parents[3] / "docs" / "integrations" / "trinity.md").read_text()
+    for model_path in [config.model.model_path] + [m.model_path for m in config.explorer.auxiliary_models]:
+        assert HUB_ID.match(model_path) and not model_path.startswith(("path/", "./", "../")), model_path
+        assert f"`{model_path}`" in page, f"docs/integrations/trinity.md does not name {model_path}"

@@ -13,8 +13,10 @@ import torch  # noqa: E402
 from opd_stream import rollout_ranks, to_experience  # noqa: E402
 from trinity.common.experience import EID, Experience  # noqa: E402
 
+from divopd.errors import UsageError  # noqa: E402
 from divopd.experience.log import read_log  # noqa: E402
 from divopd.integrations.trinity import experience_to_turn  # noqa: E402
+from divopd.integrations.trinity_records import experiences_to_turns  # noqa: E402
 from divopd.sampling import gate  # noqa: E402
 
 
@@ -46,3 +48,34 @@ def test_bfloat16_log_probs_and_unscored_positions() -> None:
     assert (turn.rollout_id, turn.turn_index, turn.policy_version, turn.info["task"]) == ("3/7/1", 2, 4, "3/7")
     assert turn.student_logprobs.dtype == np.float32 and turn.n_valid == 1  # NaN: not scored; mask: not an action
     assert turn.disagreement == pytest.approx(0.5)
+
+
+def test_a_whole_read_gets_the_same_gate_and_focus_values_as_each_turn_alone() -> None:
+    """``experiences_to_turns`` computes the cached per-turn values for a read at once: they equal Turn's own exactly
+    (NaN teacher positions, non-action tokens, a non-finite student log prob, lengths 1..20, a mismatch, a bad
+    record)."""
+    rng = np.random.default_rng(3)
+    exps = []
+    for i in range(60):
+        n = int(rng.integers(1, 21))
+        student = -rng.exponential(1.0, n).astype(np.float32)
+        teacher = student - rng.exponential(0.5, n).astype(np.float32)
+        teacher[rng.random(n) < 0.2] = np.nan
+        student[rng.random(n) < 0.05] = -np.inf
+        mask = rng.random(n) < 0.8
+        if i == 7:
+            teacher = teacher[:-1] if n > 1 else np.zeros(2, np.float32)  # length mismatch: Turn's own path
+        exps.append(Experience(eid=EID(batch=0, task=i, run=0, step=0), tokens=torch.arange(5 + n), prompt_length=5,
+                               logprobs=torch.from_numpy(student), teacher_logprobs=torch.from_numpy(teacher),
+                               action_mask=torch.from_numpy(mask), info={"model_version": 1}))
+    exps.append(Experience(eid=EID(batch=0, task=99, run=0, step=0), tokens=torch.arange(8), prompt_length=5,
+                           info={}))  # no version: stops the run
+    fast = experiences_to_turns(exps)
+    assert isinstance(fast[-1], UsageError)
+    for exp, turn in zip(exps[:-1], fast[:-1], strict=True):
+        alone = experience_to_turn(exp)
+        assert (turn.length_mismatch, turn.n_valid, gate.check(turn)) == (alone.length_mismatch, alone.n_valid,
+                                                                          gate.check(alone))
+        np.testing.assert_array_equal(turn.valid_mask, alone.valid_mask)
+        assert turn.disagreement == alone.disagreement  # exactly: the rules rank by it
+    assert sum(t.n_valid > 0 for t in fast[:-1]) > 40

@@ -132,3 +132,49 @@ def test_the_finite_hand_over_masks_unscored_positions() -> None:
     assert exp.action_mask.tolist() == [True, False, False, True]
     assert exp.teacher_logprobs.tolist() == [-1.5, -2.0, -3.0, -0.5]
     assert sys.modules["divopd.integrations.trinity_records"].mask_unscored(exp) == 0
+
+
+def test_under_plus_r_the_teacher_generates_the_takeover_turns_through_its_trinity_engine(ray_local,
+                                                                                          tmp_path: Path) -> None:
+    """+R in Trinity: after p = 1 no-progress student turn the teacher's own engine (``auxiliary_model_wrappers[0]``,
+    ``generate_async``) plays the takeover turn (m = 1 per rollout); takeover turns are played but not emitted."""
+    models = build_tiny_models(tmp_path / "models")
+    cfg = load_config("tiny", ["explorer.env=tiny", "explorer.env_kwargs={}", "explorer.max_steps=6",
+                               "explorer.generation.max_new_tokens=4"])
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    write_tasks(task_rows(cfg, "train", limit=3), folder / "train.jsonl")
+    recovery = {"enabled": True, "patience": 1, "max_takeover": 1, "warmup": 0}
+    tasks = [Task(workflow=WORKFLOWS.get("divopd_opd_workflow"), raw_task=row,
+                  workflow_args={"explorer": {"recovery": recovery}})
+             for row in load_dataset(str(folder), split="train")]
+    config = _config(models)
+    engines = _engines(config, models)
+    try:
+        experiences = asyncio.run(_run_plain(config, tasks))
+        teacher_calls = ray.get(engines[1].__ray_call__.remote(lambda engine: engine.calls))
+    finally:
+        for actor in engines:
+            ray.kill(actor)
+    by_rollout: dict[str, list[Experience]] = {}
+    for e in experiences:
+        by_rollout.setdefault(e.eid.rid, []).append(e)
+    took_over = [exps for exps in by_rollout.values() if exps[0].info["teacher_turns"] > 0]
+    assert took_over, "no rollout reached the +R trigger"
+    assert teacher_calls == sum(exps[0].info["teacher_turns"] for exps in by_rollout.values())
+    for exps in by_rollout.values():  # every env step was a student turn (emitted) or a teacher turn (not emitted)
+        info = exps[0].info
+        assert info["teacher_turns"] <= 1 and len(exps) + info["teacher_turns"] == info["horizon"]
+    for exps in took_over:  # the teacher's step is missing from the emitted turn indices (eid.step = env step)
+        assert {e.eid.step for e in exps} < set(range(exps[0].info["horizon"]))
+
+
+async def _run_plain(config: Config, tasks: list) -> list[Experience]:
+    runner = WorkflowRunner(config, rollout_model_id=0, auxiliary_model_ids=[0], runner_id=0)
+    experiences: list[Experience] = []
+    for i, task in enumerate(tasks):
+        task.batch_id, task.task_id = "b0", i
+        status, payload = await runner.run_task(task, batch_id="b0", repeat_times=1)
+        assert status.ok, status.message
+        experiences += Experience.deserialize_many(payload)
+    return experiences
