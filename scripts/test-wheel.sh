@@ -49,7 +49,7 @@ grep -q "settings: alfworld, coin4" "$WORK/err.txt"
 # Ctrl-C (SIGINT to its process group): exit 130 with a checkpoint is the run working.
 echo "test-wheel: \$ ${LINES[1]}"
 set -m
-eval "${LINES[1]}" >"$WORK/readme-train.log" 2>&1 &
+eval "exec ${LINES[1]}" >"$WORK/readme-train.log" 2>&1 &  # exec: the job is divopd itself, as in a terminal
 PID=$!
 set +m
 METRICS=runs/coin6-dart/vanilla/seed0/metrics.jsonl
@@ -61,7 +61,7 @@ done
 kill -INT -- -"$PID" 2>/dev/null || true
 rc=0; wait "$PID" || rc=$?
 grep -qsE '"kind": ?"update"' "$METRICS" || { tail -20 "$WORK/readme-train.log"; exit 1; }
-[ "$rc" = 130 ] || { echo "test-wheel: the README's run ended with exit $rc, not 130"; tail -20 "$WORK/readme-train.log"; exit 1; }
+[ "$rc" = 130 ] || { echo "test-wheel: the README's run ended with exit $rc, not 130"; grep -v ' INFO ' "$WORK/readme-train.log" | tail -40; exit 1; }
 [ "$(grep -c '^models: ' "$WORK/readme-train.log")" = 1 ] || { echo "test-wheel: not one line about the models"; exit 1; }
 grep '^models: ' "$WORK/readme-train.log"
 test -f cache/coin6-dart/teacher/model.safetensors && test -f cache/coin6-dart/student/sft.json
