@@ -6,11 +6,10 @@ The stream: prompts of ``SESSIONS`` sessions x ``TURNS`` turns (prompt 96 tokens
 record per turn, keyed ``{uid}_{session}_{turn}`` and tagged as divopd's agent loop writes it (``status``,
 ``min_global_steps``, divopd's summary tag), the teacher in verl's ``[prompt + response, 1]`` layout with
 ``teacher_ids``; after a prompt's records, its marker (``is_prompt``, ``status=finished``, ``global_steps``), as
-verl's rollout side writes it. ``arrival`` x B turns arrive per step (whole prompts), versions lagging 0-1 behind
-the learner's version (``global_steps`` - 1). The default is verl's async-trainer buffer (``ReplayBufferAsync``,
-staleness ``drop``, ``max_off_policy_threshold`` 3); divopd's runs with the plug-in's derived ``max_staleness`` 2.
-verl's span rule (``global_steps - min_global_steps + 1 > 3``) drops a prompt 2 behind, divopd's keeps it, so lags
-stay at 0-1, where both keep every turn and hand over the same amount. verl's buffer counts prompts: it is asked for
+verl's rollout side writes it (its ``global_steps`` the dispatch step, version + 1). ``arrival`` x B turns arrive
+per step (whole prompts), versions lagging 0-2 behind the learner's version (``global_steps`` - 1). The default is
+verl's async-trainer buffer (``ReplayBufferAsync``, staleness ``drop``, ``max_off_policy_threshold`` 3), divopd's the
+plug-in with its derived ``max_staleness`` 2 (the same span). verl's buffer counts prompts: it is asked for
 B / (SESSIONS x TURNS) prompts, which are B records; divopd's for B turns. ``preloaded``: every step's
 arrivals put before the first ``sample()``; ``ticks``: each step's arrivals put just before that step's
 ``sample()``. After each step the batch's records are cleared, as verl's trainer does after its update (not timed).
@@ -61,7 +60,7 @@ def _stream(batch_size: int, steps: int, seed: int, arrival: float) -> list[Tick
         for _ in range(prompts_per_step):
             uid = f"p{uid_n:07d}"  # verl takes a prompt's uid as key.split("_")[0]: no underscore in it
             uid_n += 1
-            version = max(0, step - int(rng.integers(0, 2)))  # fresh for both rules (see above)
+            version = max(0, step - int(rng.integers(0, 3)))
             for s in range(SESSIONS):
                 for t in range(TURNS):
                     prompt = rng.integers(1, 30000, PROMPT)
@@ -87,7 +86,8 @@ def _stream(batch_size: int, steps: int, seed: int, arrival: float) -> list[Tick
                     rows.append(fields)
                     tags.append(tag)
             markers.append(uid)
-            marker_tags.append({"is_prompt": True, "status": "finished", "global_steps": version})
+            # the prompt's dispatch step: verl dispatches at global step v + 1 with weights version v
+            marker_tags.append({"is_prompt": True, "status": "finished", "global_steps": version + 1})
         stacked = {name: torch.stack([r[name] for r in rows]) for name in rows[0]}
         out.append((keys, stacked, tags, markers, marker_tags))
     return out
