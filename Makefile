@@ -139,7 +139,7 @@ bench: setup
 	$(PY) benchmarks/bench_learner.py
 	$(PY) benchmarks/bench_explorer.py
 
-# Paper benchmark suite (issue 8): resumable, a finished run is skipped; PAPER_ARGS="--dry-run" lists the plan.
+# Paper benchmark suite (the paper's method rows, load and cap sweeps): resumable, a finished run is skipped; PAPER_ARGS="--dry-run" lists the plan.
 paper: setup
 	$(PY) -m divopd.cli bench paper $(PAPER_ARGS)
 

@@ -7,7 +7,7 @@ Each framework runs in its own venv, so the benchmark runs once per framework:
 
 Rows: B in {64, 256}, the buffer preloaded (every turn in the framework's buffer before the first step) or fed tick by
 tick (each step's arrivals written just before that step's ``sample()``), median and p90 wall time of one ``sample()``
-per step for the framework's default sampler and for divopd's, on the same stream. Target (issue 49): divopd's median
+per step for the framework's default sampler and for divopd's, on the same stream. Target: divopd's median
 <= 1.05 x the default's + 5 ms in every row. The measuring code for each framework lives beside this file
 (``bench_integrations_trinity.py``, ``bench_integrations_verl.py``), each exposing ``measure(batch_sizes, feeds,
 steps, seed) -> list[Row]``.

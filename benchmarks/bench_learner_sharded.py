@@ -1,4 +1,4 @@
-"""The sharded learner (``learner.world_size``) vs the single-process learner on the same batch (issue 16).
+"""The sharded learner (``learner.world_size``) vs the single-process learner on the same batch.
 
 For each world size, the same synthetic batch (``bench_learner.synthetic_turns``: 8-turn rollouts, growing prompts)
 is trained for ``--steps`` updates after one warm-up update; reported per world size:

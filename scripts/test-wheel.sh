@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The installable product (issue 45): build divopd's wheel, install it NOT editable into a fresh venv (torch pinned to
-# the CPU build), and from a folder outside the repository train a short lockstep run from a packaged setting with the
-# package's shipped models; check the run's outputs. Everything it makes lives in one temporary folder, removed at exit.
+# The installable product: build divopd's wheel, install it NOT editable into a fresh venv (torch pinned to
+# the CPU build) by the README's install line, and from a folder outside the repository run the README's training line
+# (the packaged setting copies the package's shipped models on first use), then a short run whose outputs are checked. Everything it makes lives in one temporary folder, removed at exit.
 #   scripts/test-wheel.sh            (make test-wheel)
 #   KEEP=1 scripts/test-wheel.sh     keeps the temporary folder and prints it
 set -euo pipefail
@@ -28,27 +28,46 @@ assert not missing, f"the wheel lacks {missing}"
 print(f"test-wheel: {sys.argv[1].rsplit('/', 1)[-1]}: {len(names)} files, the configs and shipped models among them")
 EOF
 
-# 2. A fresh venv: the CPU torch first, then the wheel (not editable) with the game the packaged CPU settings play.
+# 2. The README's two install lines, literally: the first in a copy of the clone, the second from a folder outside it.
+#    Only the CPU torch is put in first (an unpinned torch would pull a CUDA build) and pip reads the constraints file
+#    from PIP_CONSTRAINT, so the lines stay as the README writes them.
+mapfile -t LINES < <(awk '/^## Install/{s=1} s&&/^```bash/{b=1;next} b&&/^```/{exit} b' "$REPO/README.md")
+[ "${#LINES[@]}" = 2 ] || { echo "test-wheel: README's install block is not two lines: ${LINES[*]}"; exit 1; }
 "$PYTHON" -m venv "$WORK/venv"
 VPY=$WORK/venv/bin/python
-"$VPY" -m pip install -q -c "$REPO/constraints.txt" torch==2.13.0
-"$VPY" -m pip install -q -c "$REPO/constraints.txt" "$WHEEL" textworld-express
+export PATH="$WORK/venv/bin:$PATH" PIP_CONSTRAINT="$REPO/constraints.txt"
+"$VPY" -m pip install -q torch==2.13.0
+(cd "$WORK/tree" && echo "test-wheel: \$ ${LINES[0]}" && eval "${LINES[0]}" -q)
 echo "test-wheel: installed in $((SECONDS - t0))s"
 
 # 3. From a folder outside the repository: nothing may come from the checkout.
 mkdir -p "$WORK/run" && cd "$WORK/run"
-"$VPY" - <<'EOF'
-from pathlib import Path
-
-import divopd
-from divopd.suite.models import SHIPPED, prepare_models
-
-assert "site-packages" in divopd.__file__, divopd.__file__  # the installed wheel, not the checkout
-# the shipped models of coin6-dart, copied where the packaged setting reads them (cache/coin6-dart, relative to here)
-prepare_models(Path("cache/coin6-dart"), "coin6-dart", shipped=SHIPPED / "coin6-dart")
-EOF
+"$VPY" -c 'import divopd; assert "site-packages" in divopd.__file__, divopd.__file__'  # not the checkout
 "$WORK/venv/bin/divopd" train nosuch-setting 2>"$WORK/err.txt" && exit 1 || test $? = 2
 grep -q "settings: alfworld, coin4" "$WORK/err.txt"
+# The README's second line as written; it trains 150 updates, so once its first update is logged it gets a terminal's
+# Ctrl-C (SIGINT to its process group): exit 130 with a checkpoint is the run working.
+echo "test-wheel: \$ ${LINES[1]}"
+set -m
+eval "exec ${LINES[1]}" >"$WORK/readme-train.log" 2>&1 &  # exec: the job is divopd itself, as in a terminal
+PID=$!
+set +m
+METRICS=runs/coin6-dart/vanilla/seed0/metrics.jsonl
+for _ in $(seq 600); do
+    grep -qsE '"kind": ?"update"' "$METRICS" && break
+    kill -0 "$PID" 2>/dev/null || break
+    sleep 1
+done
+kill -INT -- -"$PID" 2>/dev/null || true
+rc=0; wait "$PID" || rc=$?
+grep -qsE '"kind": ?"update"' "$METRICS" || { tail -20 "$WORK/readme-train.log"; exit 1; }
+[ "$rc" = 130 ] || { echo "test-wheel: the README's run ended with exit $rc, not 130"; grep -v ' INFO ' "$WORK/readme-train.log" | tail -40; exit 1; }
+[ "$(grep -c '^models: ' "$WORK/readme-train.log")" = 1 ] || { echo "test-wheel: not one line about the models"; exit 1; }
+grep '^models: ' "$WORK/readme-train.log"
+test -f cache/coin6-dart/teacher/model.safetensors && test -f cache/coin6-dart/student/sft.json
+echo "test-wheel: ${LINES[1]}: trained, interrupted after its first update (exit 130), models copied once"
+
+# 4. A short run with the experience log, its outputs checked.
 "$WORK/venv/bin/divopd" train coin6-dart --method divopd --set updates=2 --set eval.at_start=false \
     --set eval.every=100 --set log_experience=true --run-dir run-divopd --no-progress >"$WORK/train.log" 2>&1 \
     || { tail -20 "$WORK/train.log"; exit 1; }

@@ -139,3 +139,34 @@ def test_prepare_models_rebuilds_what_a_changed_recipe_built(tmp_path: Path, cap
     prepare_models(tmp_path, recipe("2", "6"))
     assert stamps(models)[1] != third[1] and stamps(models)[0] == third[0]
     assert "built from other recipe arguments: rebuilding it" in capsys.readouterr().out
+
+
+def test_a_packaged_setting_copies_its_shipped_models_on_first_use_in_one_line(tmp_path: Path, monkeypatch,
+                                                                               capsys) -> None:
+    """``divopd train coin6-dart`` from an empty folder: the shipped models are copied to ./cache/coin6-dart with one
+    line saying where (the README's install lines; scripts/test-wheel.sh runs them from a wheel)."""
+    from divopd.suite.models import use_shipped_models
+
+    monkeypatch.chdir(tmp_path)
+    assert use_shipped_models("coin6-dart", "cache/coin6-dart/student", "cache/coin6-dart/teacher") == [
+        "teacher", "student"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("models:")]
+    assert len(lines) == 1 and "cache/coin6-dart" in lines[0]
+    assert (tmp_path / "cache/coin6-dart/student/sft.json").is_file()
+    assert use_shipped_models("coin6-dart", "cache/coin6-dart/student", "cache/coin6-dart/teacher") == []
+    assert use_shipped_models("coin6-dart", "my/student", "my/teacher") == [] and not Path("my").exists()
+
+
+def test_copying_the_shipped_models_never_deletes_a_folder_divopd_did_not_write(tmp_path: Path, monkeypatch) -> None:
+    """A user's own folder where the cache's model would go (no recipe-args.json stamp) is left byte for byte."""
+    import divopd.suite.models as models_mod
+
+    monkeypatch.chdir(tmp_path)
+    mine = Path("cache/coin6-dart/student")
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("my own files")
+    (mine / "sft.json").write_text("{}")
+    copied = models_mod.copy_shipped(Path("cache/coin6-dart"), RECIPES["coin6-dart"], SHIPPED)
+    assert copied == ["teacher"]
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "sft.json"]
+    assert (mine / "notes.txt").read_text() == "my own files"

@@ -195,9 +195,13 @@ STAND_INS: dict[tuple[str, str], tuple[str | None, str | None, str]] = {
     ("docs/getting-started.md", "python -m divopd.suite.demo --configs coin4"): (
         None, "python -m divopd.suite.demo --configs coin4 --updates 2 --methods vanilla --set eval.tasks=4",
         "builds the setting coin4's models with divopd sft (4-7 min): under -m slow, with one method at 2 updates"),
-    ("docs/guides/own-model.md", "make demo"): (
-        COPY_MODELS, COPY_MODELS, "the page needs only the models the demo copies"),
+    ("docs/guides/own-model.md", "divopd eval runs/number-line/divopd/seed0/checkpoints/update-000020"): (
+        "divopd eval runs/number-line/divopd/seed0/checkpoints/update-000002 --tasks 4",
+        "divopd eval runs/number-line/divopd/seed0/checkpoints/update-000002 --tasks 4",
+        "the test's runs stop at 2 updates: their last checkpoint is update-000002"),
 }
+#: appended to every ``divopd sft`` the run test executes (argparse keeps the last value): a small SFT, same flags
+SFT_SMALL = "--train-tasks 8 --epochs 1 --eval-tasks 4"
 
 
 def _is_training(argv: list[str] | None) -> bool:
@@ -227,11 +231,16 @@ def page_script(page: str, slow: bool) -> tuple[str, dict[str, str]]:
             if argv and not slow and (_is_training(argv) or argv[0] == "report") and page == RUN_PAGES[0]:
                 lines.append(f"echo {shlex.quote(f'+ (slow only) {key[1]}')}")
                 continue
-            if argv and not slow and page == RUN_PAGES[1] and ("runtime.kind=ray" in argv or argv[0] == "report"):
+            if argv and not slow and page == RUN_PAGES[1] and "runtime.kind=ray" in argv:
                 lines.append(f"echo {shlex.quote(f'+ (slow only) {key[1]}')}")
                 continue
             lines.append(f"echo {shlex.quote('+ ' + line.splitlines()[0])}")
-            lines.append(f"{shlex.join(['divopd', *argv])} {SMALL}" if _is_training(argv) else line)
+            if _is_training(argv):
+                lines.append(f"{shlex.join(['divopd', *argv])} {SMALL}")
+            elif argv and argv[0] == "sft":
+                lines.append(f"{shlex.join(['divopd', *argv])} {SFT_SMALL}")
+            else:
+                lines.append(line)
     return "\n".join(lines) + "\n", files
 
 
@@ -279,9 +288,15 @@ def test_getting_started_runs_from_a_fresh_clone(tmp_path: Path) -> None:
 
 def test_the_own_model_guide_runs_from_a_fresh_clone(tmp_path: Path) -> None:
     clone = fresh_clone(tmp_path / "repo")
-    run_page(RUN_PAGES[1], clone, slow=False, timeout=900)
-    summary = clone / "runs/number-line/divopd/seed0/summary.json"
-    assert summary.is_file() and '"updates": 2' in summary.read_text()
+    out = run_page(RUN_PAGES[1], clone, slow=False, timeout=900)
+    for method in ("vanilla", "divopd"):  # sft a teacher and a warm start, then train both methods on them
+        summary = clone / f"runs/number-line/{method}/seed0/summary.json"
+        assert summary.is_file() and '"updates": 2' in summary.read_text()
+    assert (clone / "cache/number-line/teacher/sft.json").is_file()
+    assert (clone / "cache/number-line/student/sft.json").is_file()
+    report = (clone / "report/report.md").read_text()
+    assert "vanilla" in report and "divopd" in report  # two methods compared, not two seeds of one pooled
+    assert '"eval/success_rate"' in out
 
 
 def test_the_when_does_divopd_help_page_runs_and_quotes_its_output(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ KNOWN_WIDE: dict[str, int] = {
     "docs/concepts/explorers.md": 12, "docs/concepts/learner.md": 5, "docs/concepts/runtimes.md": 3,
     "docs/concepts/sampler.md": 8, "docs/concepts/teacher-vocabularies.md": 2, "docs/concepts/teacher.md": 7,
     "docs/concepts/vllm.md": 9, "docs/guides/extending.md": 4, "docs/guides/doctor.md": 11,
-    "docs/guides/own-model.md": 7,
+    "docs/guides/own-model.md": 13,
     "docs/guides/paper-suite.md": 5, "docs/guides/replay.md": 10, "docs/guides/report.md": 7,
     "docs/guides/reproduce.md": 1, "docs/guides/training.md": 8, "docs/guides/tune-cap.md": 4,
 }

@@ -321,3 +321,21 @@ def test_settings_are_ordered_with_numbers_as_numbers(tmp_path):
         make_run(tmp_path, f"load-num_envs{n}", "vanilla", 0, [0, 10], 10, 100, 1.0)
     rep = build_report([load_run(d) for d in sorted(tmp_path.iterdir())])
     assert list(rep["settings"]) == ["load-num_envs4", "load-num_envs8", "load-num_envs16"]
+
+
+def test_one_seed_per_method_is_said_to_decide_nothing(tmp_path, capsys):
+    """A geometric-mean speedup from one seed of each method carries the note that n = 1 decides nothing; a setting
+    with runs of one method only (two seeds of it) is said to compare nothing, not reported as a comparison."""
+    root = tmp_path / "runs"
+    make_run(root, "one", "vanilla", 0, [10, 30, 50, 70], 10, 100, 1.0)
+    make_run(root, "one", "divopd", 0, [10, 50, 70, 80], 10, 50, 0.6)
+    make_run(root, "same", "divopd", 0, [10, 30, 50], 10, 100, 1.0)
+    make_run(root, "same", "divopd", 1, [10, 40, 60], 10, 100, 1.0)
+    out = tmp_path / "out"
+    assert main(["report", str(root), "--out", str(out), "--no-plots"]) == 0
+    md = (out / "report.md").read_text()
+    assert "(1/2 settings) from n = 1 seed: decides nothing" in md
+    assert "one: n = 1 seed for vanilla, divopd: one seed decides nothing" in md
+    assert "same: only method divopd (2 run(s)): nothing is compared" in md
+    printed = capsys.readouterr().out
+    assert "note: one: n = 1 seed" in printed and "note: same: only method divopd" in printed

@@ -15,7 +15,9 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``divopd bench``."""
-    parser.add_argument("suite", choices=("paper",), help="benchmark suite (paper: issue 8's plan)")
+    parser.add_argument("suite", choices=("paper",),
+                        help="benchmark suite (paper: the plan of the paper's tables, or a plan of your own with "
+                        "--plan)")
     parser.add_argument("--plan", default=str(DEFAULT_PLAN),
                         help="plan file (default: benchmarks/paper/plan.yaml, in the working directory)")
     parser.add_argument("--out", default=None, help="runs folder (default: the plan's out, runs/paper)")
@@ -44,7 +46,13 @@ def run(args: argparse.Namespace) -> int:
 
         quiet_hf_progress()
         torch.set_num_threads(1)
-        models = prepare_models(Path(plan.cache), recipe_for(plan.configs), shipped=SHIPPED / plan.configs)
+        if plan.own_config:  # a config of the user's own: its models as they are
+            from divopd.train.config import load_config
+
+            cfg = load_config(plan.config_file)
+            models = {"student": Path(cfg.student.path), "teacher": Path(cfg.teacher.path)}
+        else:
+            models = prepare_models(Path(plan.cache), recipe_for(plan.configs), shipped=SHIPPED / plan.configs)
         train_runs(runs, plan, out, models)
         if args.only or args.seeds:  # a piece of the plan: its report would hide every other run of it
             again = f"divopd bench paper --plan {args.plan}" + (f" --out {args.out}" if args.out else "")

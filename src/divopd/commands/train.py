@@ -57,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
         extra = {"run_dir": args.run_dir} if args.run_dir else None
         method = [f"method={args.method}"] if args.method else []
         cfg = load_config(args.config, [*method, *args.overrides], data=extra)
+        if not args.print_config and not Path(args.config).is_file():  # a packaged setting: its shipped models
+            from divopd.suite.models import use_shipped_models
+
+            use_shipped_models(str(args.config), cfg.student.path, cfg.teacher.path)
     else:
         cfg = None
         saved = Path(args.resume, "config.yaml")

@@ -1,4 +1,4 @@
-"""A lockstep explorer's state as JSON, and the explorer rebuilt from it (a resumed lockstep run, issue 42).
+"""A lockstep explorer's state as JSON, and the explorer rebuilt from it (an exact resume of a lockstep run).
 
 What a :class:`~divopd.explore.explorer.Explorer` driven by ``step_round`` holds between two rounds, and what
 :func:`explorer_state` saves: per env slot the running episode (task, first observation, the actions taken and the

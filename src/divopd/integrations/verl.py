@@ -91,7 +91,20 @@ def _rows(value: Any) -> list[Any]:
 
 
 class DivOPDReplayBuffer(ReplayBuffer):
-    """verl v1 ``ReplayBuffer`` whose training batches are composed by a divopd method (see the module docstring)."""
+    """verl v1 ``ReplayBuffer`` whose training batches are composed by a divopd method.
+
+    Load it with ``trainer.v1.sampler.custom_sampler.path=pkg://divopd.integrations.verl`` and
+    ``custom_sampler.name=DivOPDReplayBuffer``; ``sampler_kwargs`` take the :class:`~divopd.sampling.SamplerConfig`
+    fields (``method``, ``pool_factor``, ``cap``, ...). Each ``sample(global_steps, "train", batch_size)`` reads the
+    per-turn records the rollout side put into TransferQueue since the last call, adds them to one divopd
+    :class:`~divopd.sampling.Sampler` kept across steps, and returns the keys of exactly ``batch_size`` turns composed
+    for learner version ``global_steps - 1``. Expired and gate-rejected turns are cleared from TransferQueue at once
+    and counted in the ledger; a step short of eligible turns polls every ``poll_interval`` seconds up to
+    ``sample_timeout_s``, then stops with one line. A turn expires when ``(global_steps - 1) - min_global_steps >
+    max_staleness`` (verl's ``max_off_policy_threshold`` span rule with ``max_staleness = threshold - 1``).
+    Validation batches keep verl's own rule. :meth:`state_dict` / :meth:`load_state_dict` save the pool for a trainer
+    that checkpoints them (verl 0.9.1 has no such hook: a resumed run re-reads what TransferQueue restored).
+    """
 
     def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None,
                  max_off_policy_strategy: str, sampler_kwargs: Any, poll_interval: float = 2.0, refill_fn: Any = None,

@@ -1,4 +1,5 @@
-"""``divopd bench paper`` / ``make paper``: the runner of the paper benchmark suite (issue 8) on the demo's CPU setting.
+"""``divopd bench paper`` / ``make paper``: the runner of the paper benchmark suite (the paper's method rows, its
+producer-load and cap sweeps) on the demo's CPU setting.
 
 The suite is a declarative plan (``benchmarks/paper/plan.yaml``, schema :class:`~divopd.suite.plan.Plan`): settings
 (each = the packaged setting ``tiny``, or the plan's ``configs``, with the run's ``method``, plus the setting's

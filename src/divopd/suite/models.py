@@ -8,20 +8,20 @@ the same game and prompt (a test checks).
 
 * ``tiny`` (the 2-room cold start of the first demo): a teacher cloned from the game's gold paths, a random-init
   student.
-* ``coin4`` (issue 17's warm start): *coin* with 4 rooms; the teacher clones the observable-state search of
+* ``coin4`` (a warm-started student): *coin* with 4 rooms; the teacher clones the observable-state search of
   :mod:`divopd.explore.envs.coin_expert` (600 tasks × 8 epochs; held-out SR ~97% at T = 0.4); the student is a short
   SFT of the same search (150 tasks, one epoch, ~23%) on the teacher's tokenizer.
-* ``coin6`` (issue 17's second setting): *coin* with 6 rooms and a 14-step limit, a longer horizon; the same kind of
+* ``coin6`` (a longer horizon): *coin* with 6 rooms and a 14-step limit, a longer horizon; the same kind of
   search-expert teacher and short-SFT student as ``coin4``.
-* ``coin4-dart`` (issue 17's student that climbs toward its teacher): *coin* with 4 rooms; the teacher clones the same
+* ``coin4-dart`` (a student that climbs toward its teacher): *coin* with 4 rooms; the teacher clones the same
   search from DART-style data (``--expert-noise 0.2``: it has seen "Unknown action" replies and recovers from them;
   ~90% at T = 0.4), the student an epsilon-greedy searcher (``--expert-epsilon 0.8``: well-formed actions, takes the
   coin whenever it sees it, searches at random; ~55% at T = 0.4) on the teacher's tokenizer.
-* ``coin6-dart`` (issue 17's student inside the 10-35% band): *coin* with 6 rooms and a 14-step limit (the game of
+* ``coin6-dart`` (a student that starts at 10-35% held-out SR): *coin* with 6 rooms and a 14-step limit (the game of
   ``coin6``); the DART-style teacher of ``coin4-dart`` (~82% at T = 0.4), a student that clones an epsilon-greedy
   searcher which also walks past half the coins it sees (``--expert-epsilon 0.8 --expert-miss 0.5``: well-formed
   actions, ~20% at T = 0.4) on the teacher's tokenizer.
-* ``twc`` (issue 17's second game): TextWorld Commonsense, one room, one object; held-out tasks are the train fold's
+* ``twc`` (a second game): TextWorld Commonsense, one room, one object; held-out tasks are the train fold's
   last 200 seeds (``dev_from_train``). Teacher and student both clone the gold paths, the student with less training.
 """
 
@@ -36,7 +36,7 @@ from typing import Any
 
 from divopd.train.packaged import SHIPPED as PACKAGED_MODELS
 
-__all__ = ["RECIPES", "SHIPPED", "ModelRecipe", "copy_shipped", "prepare_models", "recipe_for"]
+__all__ = ["RECIPES", "SHIPPED", "ModelRecipe", "copy_shipped", "prepare_models", "recipe_for", "use_shipped_models"]
 
 #: Prebuilt models that the package ships (package data, :data:`divopd.train.packaged.SHIPPED`),
 #: ``divopd/shipped/<setting>/{teacher,student}``: the recipe's build into ``cache/<setting>`` (their
@@ -180,8 +180,11 @@ def _sft_argvs(cache: Path, recipe: ModelRecipe) -> dict[str, list[str]]:
 def copy_shipped(cache: Path, recipe: ModelRecipe, shipped: Path) -> list[str]:
     """Copy ``shipped/teacher`` and ``shipped/student`` into ``cache`` where the shipped model was built from exactly
     the arguments the recipe gives for ``cache`` (its ``recipe-args.json``) and ``cache`` has no complete model of that
-    name built from them: a missing, partial or stale one (built from other arguments, e.g. an older recipe) is
-    replaced. Returns the names copied. Anything else is left to :func:`prepare_models` to build."""
+    name built from them: a missing, partial or stale one that divopd built (its ``recipe-args.json`` names other
+    arguments, e.g. an older recipe) is replaced. A folder without that stamp is not divopd's and is never deleted
+    or written into: it is left as it is. Each copy lands in a ``<name>.partial-copy`` folder first and is renamed
+    into place, so an interrupted copy leaves no half model. Prints one line naming what was copied where; returns the
+    names copied. Anything else is left to :func:`prepare_models` to build."""
     copied = []
     for name, argv in _sft_argvs(cache, recipe).items():
         src, dst = shipped / name, cache / name
@@ -189,12 +192,36 @@ def copy_shipped(cache: Path, recipe: ModelRecipe, shipped: Path) -> list[str]:
             continue
         if json.loads((src / BUILT_WITH).read_text()) != argv or _stamped_with(dst, argv, "sft.json"):
             continue
+        if dst.exists() and not (dst / BUILT_WITH).is_file():
+            print(f"models: {dst} exists and was not written by divopd (no {BUILT_WITH}): left as it is, the shipped "
+                  "model not copied", flush=True)
+            continue
+        partial = dst.with_name(f"{name}.partial-copy")  # only divopd writes this name
+        if partial.exists():
+            shutil.rmtree(partial)
+        shutil.copytree(src, partial)
         if dst.exists():
-            shutil.rmtree(dst)
-        shutil.copytree(src, dst)
-        print(f"models: {dst} copied from the shipped {src} (built by this recipe; not trained again)", flush=True)
+            shutil.rmtree(dst)  # a stale or partial build of divopd's own (stamped above)
+        partial.rename(dst)
         copied.append(name)
+    if copied:
+        print(f"models: copied the shipped {' and '.join(copied)} into {cache} (from {shipped}; not trained again)",
+              flush=True)
     return copied
+
+
+def use_shipped_models(setting: str, student_path: str, teacher_path: str) -> list[str]:
+    """On the first ``divopd train <setting>`` of a packaged setting whose prebuilt models the package ships, copy them
+    to where the setting reads them (``cache/<setting>``, relative to the working directory) unless they are there
+    already; one line says where. Does nothing when the config points its models elsewhere (``--set student.path``)
+    or the setting ships no models. Returns the names copied."""
+    cache = Path("cache") / setting
+    shipped = SHIPPED / setting
+    if setting not in RECIPES or not shipped.is_dir():
+        return []
+    if Path(student_path) != cache / "student" or Path(teacher_path) != cache / "teacher":
+        return []
+    return copy_shipped(cache, RECIPES[setting], shipped)
 
 
 def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny", shipped: Path | None = None) -> dict[str, Path]:

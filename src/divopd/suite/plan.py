@@ -105,10 +105,13 @@ class Plan(_Strict):
     """The benchmark plan (``benchmarks/paper/plan.yaml``)."""
 
     out: str = "runs/paper"
-    configs: str = Field("tiny", description="the packaged setting (divopd/configs/<name>.yaml) every run starts "
-                         "from, with `method` set to the run's row (tiny: the 2-room cold start; coin4: issue 17's "
-                         "warm start; coin6, twc: its second settings); its models come from the recipe of the same "
-                         "name in divopd.suite.models")
+    configs: str = Field("tiny", description="what every run starts from, with `method` set to the run's row: a "
+                         "packaged setting's name (divopd/configs/<name>.yaml; tiny: the 2-room cold start; coin4: "
+                         "the 4-room warm start; coin6, twc: a longer horizon and a second game), whose models come "
+                         "from the recipe of the same name in divopd.suite.models and are built into `cache`; or the "
+                         "path of a training config of your own (.yaml, relative to the working directory, e.g. an "
+                         "own environment `explorer.env: mypkg.envs:MyEnv`), whose student.path and teacher.path are "
+                         "used as they are")
     cache: str = "cache/demo"
     updates: int = Field(150, ge=1)
     seeds: list[int] = Field(min_length=1)
@@ -117,19 +120,29 @@ class Plan(_Strict):
     sweeps: Sweeps = Field(default_factory=Sweeps)
 
     @property
+    def own_config(self) -> bool:
+        """Whether ``configs`` is the path of a config file of the user's own (not a packaged setting's name)."""
+        return self.configs.endswith((".yaml", ".yml"))
+
+    @property
     def config_file(self) -> Path:
-        """The packaged setting file of ``configs``."""
-        return PACKAGED_CONFIGS / f"{self.configs}.yaml"
+        """The config file every run starts from: the packaged setting file of ``configs``, or ``configs`` itself."""
+        return Path(self.configs) if self.own_config else PACKAGED_CONFIGS / f"{self.configs}.yaml"
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
-        _check_name(self.configs, "configs")
-        if not self.config_file.is_file():
+        if self.own_config:
+            if not self.config_file.is_file():
+                raise ValueError(f"configs {self.configs!r}: no such config file (a path is relative to the working "
+                                 "directory)")
+        else:
+            _check_name(self.configs, "configs")
+        if not self.own_config and not self.config_file.is_file():
             raise ValueError(f"configs {self.configs!r}: no packaged setting of that name; settings: "
                              f"{', '.join(setting_names())}")
         from divopd.suite.models import RECIPES
 
-        if self.configs not in RECIPES:
+        if not self.own_config and self.configs not in RECIPES:
             raise ValueError(f"configs {self.configs!r}: its models have no recipe in divopd.suite.models "
                              f"(known: {', '.join(RECIPES)})")
         for method in [m.method for m in self.methods] + ([self.sweeps.cap.method] if self.sweeps.cap else []):

@@ -60,7 +60,7 @@ DIAGNOSTICS: tuple[tuple[str, str, str, str, str], ...] = (
      "teacher tok/trained tok", "Table 16"),
     ("disagreement_std_ema", "sampler/disagreement_std_ema", "last", "disagr. std EMA (final)", "Figure 6"),
 )
-#: The paired comparisons of the report (issue 17): (method, against, what the difference isolates). ``None`` as the
+#: The paired comparisons of the report: (method, against, what the difference isolates). ``None`` as the
 #: comparison stands for the report's baseline. Each is a Wilcoxon signed-rank test over the seeds both ran, on the
 #: per-seed nAUC and, over the seeds where both reached τ, on tokens-to-τ.
 PAIRED_TESTS: tuple[tuple[str, str | None, str], ...] = (
@@ -314,8 +314,27 @@ def _geometric_means(settings: dict[str, Any], baseline: str) -> dict[str, Any]:
             ]
             finite = [v for v in vals if math.isfinite(v)]
             entry[kind] = {"geomean": geometric_mean(finite), "n_settings": len(finite), "of": len(present)}
+        entry["min_seeds"] = min((len(s["methods"][m]["seeds"]) for s in present for m in (method, baseline)
+                                  if m in s["methods"]), default=0)  # the fewest seeds behind any of its ratios
         geo[method] = entry
     return geo
+
+
+def _sample_size_notes(settings: dict[str, Any], baseline: str) -> list[str]:
+    """What a setting's runs cannot decide: one method alone compares nothing; one seed of a method decides nothing."""
+    notes = []
+    for name, s in settings.items():
+        methods = s["methods"]
+        if len(methods) == 1:
+            (only,) = methods
+            notes.append(f"{name}: only method {only} ({len(methods[only]['seeds'])} run(s)): nothing is compared; "
+                         f"its runs are seeds of one method, and a comparison needs a second method (e.g. "
+                         f"{baseline if only != baseline else 'divopd'})")
+        single = [m for m in methods if len(methods[m]["seeds"]) == 1]
+        if single and len(methods) > 1:
+            notes.append(f"{name}: n = 1 seed for {', '.join(single)}: one seed decides nothing; a difference between "
+                         "methods needs several seeds of each (--set seed=N)")
+    return notes
 
 
 def build_report(
@@ -341,6 +360,7 @@ def build_report(
                                 target_all=target_all, budget=budget, rule=rule, notes=notes)
         for setting in sorted(by_setting, key=natural_key)
     }
+    notes += _sample_size_notes(settings, baseline)
     return {
         "baseline": baseline,
         "nauc_rule": rule,

@@ -158,7 +158,8 @@ def _seed_table(s: dict[str, Any]) -> list[str]:
 def _geomean_section(rep: dict[str, Any]) -> list[str]:
     lines = ["## Geometric-mean speedups across settings", ""]
     rows = [
-        [method, *(f"{_ratio(g[k]['geomean'])} ({g[k]['n_settings']}/{g[k]['of']} settings)" for k in RATIOS)]
+        [method, *(f"{_ratio(g[k]['geomean'])} ({g[k]['n_settings']}/{g[k]['of']} settings)"
+                   + (" from n = 1 seed: decides nothing" if g.get("min_seeds") == 1 else "") for k in RATIOS)]
         for method, g in rep["geometric_means"].items()
         if method != rep["baseline"]
     ]

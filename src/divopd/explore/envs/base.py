@@ -81,7 +81,34 @@ class ProgressTracker:
 
 
 class Env(abc.ABC):
-    """One text-environment instance."""
+    """One text-environment instance.
+
+    Subclass it and implement :meth:`tasks`, :meth:`reset` and :meth:`step`; :meth:`valid_actions` (listed in the
+    prompt), :meth:`gold_actions` (for ``divopd sft``), :meth:`allowed_actions_key` and :meth:`close` are optional.
+    Name the class in a config by its import path, ``explorer.env: mypkg.envs:MyEnv`` (every command that takes an
+    environment takes it: ``train``, ``sft --env``, ``eval``, ``bench``).
+
+    The ``info`` dict :meth:`step` returns must hold these keys (more are allowed and ignored):
+
+    - ``success`` (bool): the task is solved; evaluation's success rate counts it.
+    - ``progress`` (bool): this step raised the score or reached a state not seen before in the episode (a
+      diagnostic; :class:`ProgressTracker` implements the rule).
+    - ``score`` (float): the running score, normalised to [0, 1] where the env has one.
+    - ``invalid`` (bool): the action was invalid by the env's rule (state it in the class docstring); +R counts it
+      as a no-progress turn.
+
+    A bad action answers with the environment's feedback as the observation, never an exception; a crashed backend
+    raises :class:`EnvCrash` (the explorer replaces the instance).
+
+    Class attributes:
+
+    - ``name`` (str): a short name, recorded in ``Turn.info["env"]``.
+    - ``replayable`` (bool, default True): a :meth:`reset` on a task followed by the same actions gives the same
+      observations, whatever the instance did before. A resumed lockstep run rebuilds the episodes that were running at
+      its checkpoint by replaying their actions, which is exact only then; set it False where the instance carries
+      randomness of its own (such a run then resumes as the threads runtime does: the episodes running at the
+      checkpoint start over, and the resume says that it is no longer exact).
+    """
 
     #: short name used in configs and Turn.info["env"]
     name: str = "env"
