@@ -34,27 +34,16 @@ PAIRS = [("word", "sentencepiece"), ("word", "metaspace"), ("word", "whitespace"
          ("sentencepiece", "bpe"), ("bpe", "bpe-subset")]
 
 
-def env_texts() -> list[str]:
-    from divopd.explore.envs import make_env
-
-    env = make_env("tiny")
-    texts = ["You are an agent. Valid actions: move east west take coin"]
-    for task in env.tasks("train")[:30]:
-        texts.append(env.reset(task))
-        for action in env.gold_actions(task) or []:
-            texts += [action, env.step(action)[0]]
-    return texts
-
-
 def build(out: Path, kind: str, seed: int) -> str:
     """A 0.2M Llama with a ``kind`` tokenizer trained on the tiny env's text, saved at ``out/kind`` (``bpe-subset``: a
     byte-level BPE with fewer merges than ``bpe``'s, the same ids for the tokens it has)."""
+    from divopd.explore.envs.tiny import tiny_corpus
     from divopd.models.tiny import build_model, build_tokenizer
 
     folder = out / kind
     if not (folder / "config.json").is_file():
         size = {"word": 4096, "bpe-subset": 280}.get(kind, 600)
-        tok = build_tokenizer(env_texts(), kind=kind.removesuffix("-subset"), vocab_size=size)
+        tok = build_tokenizer(tiny_corpus(), kind=kind.removesuffix("-subset"), vocab_size=size)
         build_model(tok, size="0.2m", seed=seed).save_pretrained(folder)
         tok.save_pretrained(folder)
     return str(folder)

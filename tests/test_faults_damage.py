@@ -34,20 +34,22 @@ OVER = {"runtime.kind": "lockstep", "runtime.lockstep.env_steps_per_update": 6, 
         "checkpoint.every": 2, "checkpoint.keep": 2}
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _cli_argv_env(args: tuple[str, ...], env: dict[str, str] | None) -> tuple[list[str], dict[str, str]]:
     environ = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "divopd.cli", "train", *args, "--no-progress"],
-                          capture_output=True, text=True, timeout=900, env=environ)
+    return [sys.executable, "-m", "divopd.cli", "train", *args, "--no-progress"], environ
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    argv, environ = _cli_argv_env(args, env)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=900, env=environ)
 
 
 def _cli_paused_at_start(*args: str) -> subprocess.Popen[str]:
     """``divopd train ARGS`` in a subprocess that stops itself (SIGSTOP, fault point ``start``) once its explorers
     are built: returned when it is stopped."""
-    environ = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               "HF_HUB_OFFLINE": "1", "DIVOPD_SIGSTOP_AT": "start"}
-    proc = subprocess.Popen([sys.executable, "-m", "divopd.cli", "train", *args, "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+    argv, environ = _cli_argv_env(args, {"DIVOPD_SIGSTOP_AT": "start"})
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
         state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

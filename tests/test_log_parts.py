@@ -12,23 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from divopd import Turn
 from divopd.experience.log import ExperienceLogWriter, compact_parts, part_files, read_log
 from divopd.train import train
+from test_faults_killrec import _turn
 from test_train import assert_ledger_identity, tiny_config, tiny_models  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _turn(rollout: str, t: int = 0) -> Turn:
-    n = 3
-    return Turn(rollout_id=rollout, turn_index=t, policy_version=0, prompt_ids=np.arange(4, dtype=np.int32),
-                response_ids=np.arange(n, dtype=np.int32), action_mask=np.ones(n, dtype=bool),
-                student_logprobs=np.zeros(n, dtype=np.float32), teacher_logprobs=np.zeros(n, dtype=np.float32),
-                teacher_valid_mask=np.ones(n, dtype=bool), info={"env": "tiny"})
 
 
 def _arrivals(d: Path) -> list[int]:

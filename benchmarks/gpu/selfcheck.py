@@ -96,23 +96,11 @@ class Context:
     def __init__(self, device: str, tmp: Path, smollm2: str | None) -> None:
         from transformers.utils import logging as hf_logging
 
-        from divopd.explore.envs import make_env
-        from divopd.models.tiny import build_model, build_tokenizer
+        from divopd.explore.envs.tiny import build_tiny_pair
 
         hf_logging.disable_progress_bar()
         self.device, self.tmp = device, tmp
-        env = make_env("tiny")
-        texts = ["You are an agent. Valid actions: move east west take coin"]
-        for task in env.tasks("train")[:30]:
-            texts.append(env.reset(task))
-            for action in env.gold_actions(task) or []:
-                texts += [action, env.step(action)[0]]
-        tok = build_tokenizer(texts)
-        self.paths: dict[str, str] = {}
-        for name, seed in (("student", 0), ("teacher", 1)):
-            build_model(tok, size="0.2m", seed=seed).save_pretrained(tmp / name)
-            tok.save_pretrained(tmp / name)
-            self.paths[name] = str(tmp / name)
+        self.paths: dict[str, str] = build_tiny_pair(tmp)
         self.models = {"tiny": self.paths["student"], **({"smollm2": smollm2} if smollm2 else {})}
 
     def prompts(self, tok: Any, n: int = 6) -> list[list[int]]:

@@ -18,10 +18,11 @@ lengthens every observation (to exercise the prompt's context budget).
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult, action_in
 
-__all__ = ["TinyEnv"]
+__all__ = ["TinyEnv", "build_tiny_pair", "tiny_corpus"]
 
 _SPLIT_OFFSET = {"train": 0, "dev": 100_000, "test": 200_000}
 _REFUSALS = ("You cannot go that way.", "There is no coin here.", "Unknown action: I'm not sure what you mean.")
@@ -146,3 +147,29 @@ class TinyEnv(Env):
     def _check_open(self) -> None:
         if self.closed:
             raise EnvCrash("TinyEnv: used after close()")
+
+
+def tiny_corpus(num_tasks: int = 30) -> list[str]:
+    """Text of the tiny env (observations and gold actions of the first ``num_tasks`` train tasks, plus a line of
+    its vocabulary) to build a tokenizer for tiny models that can play it."""
+    env = TinyEnv()
+    texts = ["You are an agent. Valid actions: move east west take coin"]
+    for task in env.tasks("train")[:num_tasks]:
+        texts.append(env.reset(task))
+        for action in env.gold_actions(task) or []:
+            texts += [action, env.step(action)[0]]
+    return texts
+
+
+def build_tiny_pair(out: Path, size: str = "0.2m") -> dict[str, str]:
+    """A random-init student (seed 0) and teacher (seed 1) sharing a word-level tokenizer built from
+    :func:`tiny_corpus`, saved under ``out/{student,teacher}`` (well under a second, offline); returns their paths."""
+    from divopd.models.tiny import build_model, build_tokenizer
+
+    tok = build_tokenizer(tiny_corpus())
+    paths = {}
+    for name, seed in (("student", 0), ("teacher", 1)):
+        build_model(tok, size=size, seed=seed).save_pretrained(Path(out) / name)
+        tok.save_pretrained(Path(out) / name)
+        paths[name] = str(Path(out) / name)
+    return paths
