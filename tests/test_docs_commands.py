@@ -1,4 +1,4 @@
-"""The documentation's commands work (issue 43).
+"""The documentation's commands work.
 
 1. Every ``divopd ...`` command in a ```bash block of ``docs/**/*.md`` and ``README.md`` is accepted by the real CLI
    parser, and every ``divopd train CONFIG`` of a config under ``configs/`` resolves (``--print-config``, in process).
@@ -6,9 +6,9 @@
    (a fresh-clone state: no ``cache/``, no ``runs/``), in one bash script per page as a reader would type them.
    Files the guide asks you to create are its blocks whose first line is ``# file: PATH``. Commands that cannot run
    as they are inside a test are replaced by the table :data:`STAND_INS` (each with its reason); a command the
-   table does not know runs as it is. The default version runs the cheap commands (and the own-model guide's
-   lockstep run at 2 updates) and checks the hand-off from ``make demo`` to the first run (the models the page's
-   configs name exist); ``-m slow`` runs everything, training at 2 updates.
+   table does not know runs as it is. The default version runs the cheap commands (the own-model guide's files, its
+   teacher's SFT and ``--print-config``) and checks the hand-off from ``make demo`` to the first run (the models the
+   page's configs name exist); ``-m slow`` runs everything, training at 2 updates.
 """
 
 from __future__ import annotations
@@ -196,9 +196,8 @@ STAND_INS: dict[tuple[str, str], tuple[str | None, str | None, str]] = {
         None, "python -m divopd.suite.demo --configs coin4 --updates 2 --methods vanilla --set eval.tasks=4",
         "builds the setting coin4's models with divopd sft (4-7 min): under -m slow, with one method at 2 updates"),
     ("docs/guides/own-model.md", "divopd eval runs/number-line/divopd/seed0/checkpoints/update-000020"): (
-        "divopd eval runs/number-line/divopd/seed0/checkpoints/update-000002 --tasks 4",
-        "divopd eval runs/number-line/divopd/seed0/checkpoints/update-000002 --tasks 4",
-        "the test's runs stop at 2 updates: their last checkpoint is update-000002"),
+        None, "divopd eval runs/number-line/divopd/seed0/checkpoints/update-000002 --tasks 4",
+        "the test's runs stop at 2 updates: their last checkpoint is update-000002 (the runs: under -m slow)"),
 }
 #: appended to every ``divopd sft`` the run test executes (argparse keeps the last value): a small SFT, same flags
 SFT_SMALL = "--train-tasks 8 --epochs 1 --eval-tasks 4"
@@ -206,6 +205,15 @@ SFT_SMALL = "--train-tasks 8 --epochs 1 --eval-tasks 4"
 
 def _is_training(argv: list[str] | None) -> bool:
     return bool(argv) and argv[0] == "train" and "--print-config" not in argv and "--help" not in argv
+
+
+def _guide_slow_only(argv: list[str]) -> bool:
+    """The own-model guide's commands that run only under ``-m slow``: the student's SFT (on the teacher's tokenizer,
+    tests/test_sft_cli.py), the training runs, the report and the evaluation (an own env by import path through
+    ``train``, ``eval`` and ``report``: tests/test_env_import_path.py, tests/test_own_env_commands.py,
+    tests/test_report.py). By default the guide's files, its teacher's SFT and ``--print-config`` run."""
+    return (_is_training(argv) or argv[0] in ("report", "eval")
+            or (argv[0] == "sft" and "--tokenizer-from" in argv))
 
 
 def page_script(page: str, slow: bool) -> tuple[str, dict[str, str]]:
@@ -231,7 +239,7 @@ def page_script(page: str, slow: bool) -> tuple[str, dict[str, str]]:
             if argv and not slow and (_is_training(argv) or argv[0] == "report") and page == RUN_PAGES[0]:
                 lines.append(f"echo {shlex.quote(f'+ (slow only) {key[1]}')}")
                 continue
-            if argv and not slow and page == RUN_PAGES[1] and "runtime.kind=ray" in argv:
+            if argv and not slow and page == RUN_PAGES[1] and _guide_slow_only(argv):
                 lines.append(f"echo {shlex.quote(f'+ (slow only) {key[1]}')}")
                 continue
             lines.append(f"echo {shlex.quote('+ ' + line.splitlines()[0])}")
@@ -286,9 +294,19 @@ def test_getting_started_runs_from_a_fresh_clone(tmp_path: Path) -> None:
     _check_handoff(clone)
 
 
-def test_the_own_model_guide_runs_from_a_fresh_clone(tmp_path: Path) -> None:
+def test_the_own_model_guides_files_sft_and_config_work_from_a_fresh_clone(tmp_path: Path) -> None:
+    """The guide's files (its env module and config) as written: the teacher's ``divopd sft`` on the env by import
+    path and ``divopd train my-config.yaml --print-config`` (the whole sequence, both methods trained and reported:
+    test_every_command_of_the_page_runs, under -m slow)."""
     clone = fresh_clone(tmp_path / "repo")
     out = run_page(RUN_PAGES[1], clone, slow=False, timeout=900)
+    assert (clone / "cache/number-line/teacher/sft.json").is_file()
+    assert "explorer:" in out and "mypkg.envs:NumberLine" in out  # the resolved config printed
+    assert "+ (slow only) divopd train my-config.yaml --method vanilla" in out
+
+
+def _check_the_guides_runs(clone: Path, out: str) -> None:
+    """The guide's whole sequence ran: a teacher and a warm start by SFT, both methods trained, a report of both."""
     for method in ("vanilla", "divopd"):  # sft a teacher and a warm start, then train both methods on them
         summary = clone / f"runs/number-line/{method}/seed0/summary.json"
         assert summary.is_file() and '"updates": 2' in summary.read_text()
@@ -315,7 +333,9 @@ def test_the_when_does_divopd_help_page_runs_and_quotes_its_output(tmp_path: Pat
 @pytest.mark.parametrize("page", RUN_PAGES)
 def test_every_command_of_the_page_runs(page: str, tmp_path: Path) -> None:
     clone = fresh_clone(tmp_path / "repo")
-    run_page(page, clone, slow=True, timeout=1800)
+    out = run_page(page, clone, slow=True, timeout=1800)
+    if page == RUN_PAGES[1]:
+        _check_the_guides_runs(clone, out)
 
 
 def test_every_stand_in_names_a_command_of_its_page() -> None:

@@ -1,4 +1,4 @@
-"""Issue 42, the stall rows of the fault table (docs/concepts/faults.md): a component that stops answering (SIGSTOP)
+"""The stall rows of the fault table (docs/concepts/faults.md): a component that stops answering (SIGSTOP)
 or dies is restarted or stops the run within a configured deadline, never a run that waits forever.
 
 Real components throughout: gloo learner ranks (spawned processes), a Ray runtime with its explorer actors and the
@@ -176,6 +176,30 @@ def test_a_main_thread_call_that_returns_between_the_deadlines_is_only_marked() 
 
 
 # ------------------------------------------------------------------------------------------- a learner rank stops
+def test_a_stopped_rank_fails_the_others_collective_at_the_collective_deadline(
+        tiny_models: dict[str, str]) -> None:  # noqa: F811
+    """SIGSTOP of rank 1, then a call with a collective (the full state dict's all-gather that every publish makes):
+    rank 0's collective fails at ``runtime.collective_timeout_s`` (gloo, 5 s here), the driver raises
+    LearnerRankError and ends both ranks. (The same inside a run, with its checkpoint and ``--resume``: the slow
+    test below.)"""
+    from divopd.learn.settings import LearnerConfig
+    from divopd.learn.sharded import ShardedLearner, process_ranks
+
+    learner = ShardedLearner(tiny_models["student"], LearnerConfig(world_size=2), ranks=process_ranks(5))
+    pids = learner.ranks.pids
+    t0 = time.monotonic()
+    try:
+        _stop(pids[1])
+        with pytest.raises(LearnerRankError, match=r"learner rank \d of 2 .*'full_state_dict'"):
+            learner.publish()
+        assert time.monotonic() - t0 < 240  # a hang would run into the test's timeout instead
+        assert _ended_within(pids)  # both ranks ended, the stopped one included
+    finally:
+        _resume(pids[1])
+        learner.close()
+
+
+@pytest.mark.slow
 def test_a_stopped_learner_rank_fails_the_update_within_the_collective_deadline(
         tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """SIGSTOP of rank 1 after update 3: rank 0's next collective fails at ``runtime.collective_timeout_s`` (gloo),
