@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -20,36 +19,16 @@ from verl.experimental.agent_loop.agent_loop import _agent_loop_registry  # noqa
 from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 from verl.utils.import_utils import load_extern_type  # noqa: E402
 from verl.workers.config import DistillationConfig  # noqa: E402
+from verl_launch import EXAMPLES, ROOT, read_script  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[3]
-EXAMPLES = sorted((ROOT / "examples" / "verl").glob("*.sh"))
 #: What a template leaves for the user to fill in (the same rule as the Trinity-RFT examples' test).
 PLACEHOLDERS = re.compile(r"path/to|/path/|<[a-z_ -]+>|\bTODO\b|\bFIXME\b|CHANGEME|\byour[-_ ]|\.\.\./|xxx", re.I)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def _script(path: Path) -> tuple[list[str], list[list[str]]]:
-    """The launch command's ``key=value`` overrides and the ``divopd tasks`` commands, shell variables expanded."""
-    text = path.read_text()
-    assigned = dict(re.findall(r"^([A-Z_]+)=(\S+)$", text, re.M))
-
-    def expand(word: str) -> str:
-        return re.sub(r"\$\{?([A-Z_]+)\}?", lambda m: assigned[m.group(1)], word)
-
-    logical = text.replace("\\\n", " ").splitlines()
-    launch = [line for line in logical if "verl.trainer.main_ppo" in line]
-    assert len(launch) == 1, f"{path.name}: one `python -m verl.trainer.main_ppo` line"
-    words = [expand(w) for w in shlex.split(launch[0].split("verl.trainer.main_ppo", 1)[1])]
-    overrides = [w for w in words if w != "$@"]
-    assert all("=" in w for w in overrides), overrides
-    tasks = [[expand(w) for w in shlex.split(line[line.index("divopd tasks"):])]
-             for line in logical if "divopd tasks" in line and not line.lstrip().startswith("#")]
-    return overrides, tasks
-
-
 @pytest.fixture(scope="module", params=EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def example(request: pytest.FixtureRequest) -> tuple[Path, list[str], list[list[str]], object]:
-    overrides, tasks = _script(request.param)
+    overrides, tasks = read_script(request.param)
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         config = compose(config_name="ppo_trainer", overrides=overrides)

@@ -1,11 +1,11 @@
-"""The largest path verl 0.9.1's v1 trainer runs on a CPU with the plug-in (issue 41).
+"""The largest path verl 0.9.1's v1 trainer runs on a CPU with the plug-in.
 
-verl's own config (``ppo_trainer.yaml`` composed by Hydra with the documented override lines) → the trainer's real
-``PPOTrainer._build_replay_buffer`` (``custom_sampler.path`` resolved by verl's loader) → the blocking ``sample`` of
-the trainer's step, while a rollout-side thread puts one record per turn into the real TransferQueue → the batch
-read back and cleared as the trainer does, and the step metrics through verl's ``MetricsAggregator``. The next stage
-of ``_step_once`` (``_compute_old_log_prob``) needs verl's actor worker group (an FSDP/Megatron engine on GPUs): not
-run here.
+verl's own config (``ppo_trainer.yaml`` composed by Hydra with the example's launch lines, the teacher on) → the
+trainer's real ``PPOTrainer._build_replay_buffer`` (``custom_sampler.path`` resolved by verl's loader) → the blocking
+``sample`` of the trainer's step, while a rollout-side thread puts one record per turn into the real TransferQueue →
+the batch read back and cleared as the trainer does, and the step metrics through verl's ``MetricsAggregator``. The
+next stage of ``_step_once`` (``_compute_old_log_prob``) needs verl's actor worker group (an FSDP/Megatron engine on
+GPUs): not run here.
 """
 
 from __future__ import annotations
@@ -25,19 +25,19 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: E402
 from verl.trainer.ppo.v1.utils import MetricsAggregator  # noqa: E402
 from verl_helpers import clear_partition, ledger_identity, put_turns, stream_log, ticks, trajectory_keys  # noqa: E402
+from verl_launch import SCIENCEWORLD, read_script, with_values  # noqa: E402
 
 from divopd.errors import UsageError  # noqa: E402
 from divopd.integrations.verl import DivOPDReplayBuffer  # noqa: E402
 
-#: The config lines of docs/integrations/verl.md (B = 6, k = 2, δ = 1 as the fixture run).
-OVERRIDES = [
-    "trainer.v1.sampler.custom_sampler.path=pkg://divopd.integrations.verl",
-    "trainer.v1.sampler.custom_sampler.name=DivOPDReplayBuffer",
-    "trainer.v1.sampler.max_off_policy_threshold=2",
-    "+trainer.v1.sampler.sampler_kwargs.method=divopd",
-    "+trainer.v1.sampler.sampler_kwargs.cap=2",
-    "data.train_batch_size=6",
-]
+#: The example's launch lines (examples/verl/run_divopd_scienceworld.sh, shown in docs/integrations/verl.md: the teacher
+#: on, its resource pool, divopd's agent loop, manager and sampler), read from the script, with the fixture run's
+#: B = 6, k = 2, δ = 1 (verl's threshold δ + 1 = 2).
+OVERRIDES = with_values(read_script(SCIENCEWORLD)[0], {
+    "data.train_batch_size": "6",
+    "trainer.v1.sampler.max_off_policy_threshold": "2",
+    "+trainer.v1.sampler.sampler_kwargs.cap": "2",
+})
 
 
 def _trainer_buffer(overrides: list[str]) -> tuple[DivOPDReplayBuffer, object]:
@@ -51,6 +51,7 @@ def _trainer_buffer(overrides: list[str]) -> tuple[DivOPDReplayBuffer, object]:
 
 def test_verls_trainer_loads_the_plugin_and_samples_while_a_rollout_thread_writes(transfer_queue, tmp_path) -> None:
     rb, config = _trainer_buffer(OVERRIDES)
+    assert config.distillation.enabled is True and config.distillation.n_gpus_per_node > 0  # the example's teacher
     assert isinstance(rb, DivOPDReplayBuffer) and rb.max_off_policy_threshold == 2
     rb.poll_interval = 0.05
     batch_size = config.data.train_batch_size // config.trainer.v1.get(config.trainer.v1.trainer_mode, {}).get(
