@@ -1,4 +1,4 @@
-"""`divopd doctor` (issue 52) and the checks `divopd train` runs before it makes a run directory (issue 50 item 8):
+"""`divopd doctor` and the checks `divopd train` runs before it makes a run directory:
 the machine's rows on this machine, exit 0 for a config that runs here, exit 2 with one line per blocker for a config
 that needs CUDA, a missing model, a teacher of another vocabulary refused by the config, a teacher server that does
 not answer, a JVM environment without Java; and `divopd train` refusing such a config in one line with no run
@@ -116,6 +116,45 @@ def test_a_missing_model_folder(models: dict[str, str], tmp_path: Path, capsys: 
     assert code == 2
     assert err == [f"divopd doctor: error: teacher.path: {missing} is not a model folder (no such folder)"]
     assert next(r for r in rows if r["name"] == "vocabulary")["status"] == "skipped"
+
+
+def test_a_hub_model_not_in_the_cache_offline_is_one_row_that_says_how_to_get_it(
+        models: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    hub = "fnlp/Embodied_R1-ScienceWorld"
+    code, rows, err = _doctor(capsys, str(_config(models, tmp_path)), "--set", f"teacher.path={hub}")
+    assert code == 2 and len(err) == 1 and err[0].endswith(f"download it once with the network on: `hf download {hub}`")
+    (row,) = [r for r in rows if r["name"] == "teacher.path"]
+    assert row["status"] == "missing" and row["detail"] == f"{hub}: a hub model not in the local cache (offline)"
+    assert row["fix"].startswith(f"download it once with the network on: `hf download {hub}`")
+
+
+def test_the_packaged_paper_settings_name_hub_models_the_doctor_checks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """No placeholder in a packaged setting: every model path is a hub id or a folder a recipe builds under cache/;
+    offline with an empty hub cache, `divopd doctor scienceworld` lists its two hub models as missing rows saying how
+    to get them, and no traceback."""
+    import re
+
+    from divopd.train.config import load_config
+    from divopd.train.packaged import setting_names
+
+    hub_id = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    for name in setting_names():
+        cfg = load_config(name)
+        for path in (cfg.student.path, cfg.teacher.path):
+            assert hub_id.match(path) or path.startswith("cache/"), (name, path)
+        text = (REPO / "src" / "divopd" / "configs" / f"{name}.yaml").read_text()
+        assert not re.search(r"path/to|<[a-z_ -]+>|\bTODO\b|\.\.\./", text), name
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    code, rows, err = _doctor(capsys, "scienceworld", "--set", f"run_dir={tmp_path / 'run'}")
+    assert code == 2 and not any("Traceback" in line for line in err)
+    by = {r["name"]: r for r in rows if r["section"] != "machine"}
+    for key, hub in (("student.path", "Qwen/Qwen2.5-1.5B-Instruct"), ("teacher.path", "fnlp/Embodied_R1-ScienceWorld")):
+        assert by[key]["status"] == "missing" and f"`hf download {hub}`" in by[key]["fix"], by[key]
 
 
 def test_a_teacher_of_another_vocabulary_refused_by_the_config(models: dict[str, str], tmp_path: Path,

@@ -133,7 +133,18 @@ def check_model_folder(path: str | os.PathLike, key: str, *, marker: str = "conf
         raise UsageError(f"{key}: {text} is not {what} (no such folder)")
     if hf_offline() and not _in_hf_cache(text, marker):
         raise UsageError(f"{key}: {text} is not {what} (no such folder) and, offline (HF_HUB_OFFLINE), "
-                         "not a Hugging Face model in the local cache")
+                         f"not a Hugging Face model in the local cache; {hub_download_hint(text)}")
+
+
+def hub_download_hint(repo_id: str) -> str:
+    """How to get a Hugging Face hub model into the local cache that an offline run reads."""
+    return f"download it once with the network on: `hf download {repo_id}`"
+
+
+def is_hub_name(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is read as a Hugging Face hub name (no such local path, and a form a repo id can take)."""
+    text = str(path)
+    return bool(text.strip()) and not Path(text).expanduser().exists() and not _looks_like_local_path(text)
 
 
 def check_tokenizer_folder(path: str | os.PathLike, key: str) -> None:

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from divopd.errors import UsageError, check_model_folder
+from divopd.errors import UsageError, check_model_folder, hub_download_hint, is_hub_name
 from divopd.train.config import TrainConfig
 from divopd.train.probes import (
     ENV_PACKAGES,
@@ -75,7 +75,11 @@ def model_checks(cfg: TrainConfig, tokenizers: bool) -> list[Check]:
             check_model_folder(path, key, marker=marker, what="a model folder" if marker == "config.json"
                                else "a tokenizer folder")
         except UsageError as exc:
-            rows.append(_from_error(key, exc, f"point {key} at a local folder, or a hub name that can be fetched"))
+            if is_hub_name(path):  # offline, and not in the local Hugging Face cache
+                rows.append(_blocked(key, str(exc), f"{hub_download_hint(str(path))}, or point {key} at a local "
+                                     "folder", exc, detail=f"{path}: a hub model not in the local cache (offline)"))
+            else:
+                rows.append(_from_error(key, exc, f"point {key} at a local folder, or a hub name that can be fetched"))
             continue
         detail = str(path)
         if tokenizers:
