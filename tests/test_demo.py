@@ -1,5 +1,5 @@
 """``make demo``: its config is the one the docs describe, its models follow their recipe, and a short lockstep run of
-that config is deterministic (issue 17)."""
+that config is deterministic."""
 
 from __future__ import annotations
 
@@ -114,8 +114,8 @@ def test_bad_demo_arguments_are_one_line_and_exit_2(argv: list[str], message: st
 
 def test_prepare_models_rebuilds_what_a_changed_recipe_built(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A second call with the same recipe keeps both models (no retraining); a changed student rebuilds the student
-    only; a changed teacher rebuilds both (the student takes the teacher's tokenizer); a cache from before the
-    recipe stamp (no recipe-args.json) is rebuilt once."""
+    only; a changed teacher rebuilds both (the student takes the teacher's tokenizer); a build interrupted before its
+    model was complete (divopd's stamp, no sft.json) is rebuilt."""
     def recipe(teacher_epochs: str, student_tasks: str) -> ModelRecipe:
         return ModelRecipe(env="tiny", env_kwargs={}, prompt={},
                            teacher=("--train-tasks", "8", "--epochs", teacher_epochs, "--eval-tasks", "2"),
@@ -134,11 +134,55 @@ def test_prepare_models_rebuilds_what_a_changed_recipe_built(tmp_path: Path, cap
     prepare_models(tmp_path, recipe("2", "6"))
     third = stamps(models)
     assert third[0] != second[0] and third[1] != second[1]
-    (models["student"] / "recipe-args.json").unlink()
-    capsys.readouterr()
+    (models["student"] / "sft.json").unlink()  # as a build killed before its last file
+    (models["student"] / "recipe-args.json").write_text(json.dumps({"building": True}))
     prepare_models(tmp_path, recipe("2", "6"))
-    assert stamps(models)[1] != third[1] and stamps(models)[0] == third[0]
-    assert "built from other recipe arguments: rebuilding it" in capsys.readouterr().out
+    assert (models["student"] / "sft.json").is_file() and stamps(models)[0] == third[0]
+    assert isinstance(json.loads((models["student"] / "recipe-args.json").read_text()), list)  # its arguments
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_model_folder_divopd_did_not_write_is_refused_and_left_as_it_is(tmp_path: Path, monkeypatch,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """A cache's teacher or student folder that holds files without divopd's recipe-args.json (a user's model, or a
+    cache from before the stamp): prepare_models neither writes into it nor deletes it, nor builds the other one, and
+    says so in one line (a UsageError naming the folder; the demo exits 2) — also when its files look like a
+    complete model (sft.json). An empty folder is built into."""
+    import divopd.suite.models as models_mod
+    from divopd.errors import UsageError
+
+    def no_sft(argv: list[str]) -> None:
+        raise AssertionError(f"built into a folder divopd did not write: {argv}")
+
+    monkeypatch.setattr(models_mod, "_sft", no_sft)
+    for name in ("teacher", "student"):
+        cache = tmp_path / f"cache-{name}"
+        (cache / name).mkdir(parents=True)
+        (cache / name / "sft.json").write_text("{}")
+        (cache / name / "model.safetensors").write_bytes(b"the user's weights")
+        before = _files(cache)
+        with pytest.raises(UsageError, match=f"models: {cache / name} exists and was not written by divopd"):
+            prepare_models(cache, RECIPES["coin4"])
+        assert _files(cache) == before and sorted(p.name for p in cache.iterdir()) == [name]
+    cache = tmp_path / "demo-cache"
+    (cache / "teacher").mkdir(parents=True)
+    (cache / "teacher" / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert demo.main(["--configs", "coin4", "--cache", str(cache), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"demo: models: {cache / 'teacher'} exists and was not")
+    assert err.endswith("move it away, or choose another cache folder")
+    assert _files(cache) == {"teacher/notes.txt": b"mine"}
+    empty = tmp_path / "empty-cache"
+    (empty / "teacher").mkdir(parents=True)
+    monkeypatch.setattr(models_mod, "_sft", lambda argv: (Path(argv[argv.index("--out") + 1]) / "sft.json").write_text(
+        "{}"))
+    assert prepare_models(empty, RECIPES["coin4"])["teacher"] == empty / "teacher"
+    assert json.loads((empty / "teacher" / "recipe-args.json").read_text()) == RECIPES["coin4"].sft_args(
+        empty / "teacher", RECIPES["coin4"].teacher)
 
 
 def test_a_packaged_setting_copies_its_shipped_models_on_first_use_in_one_line(tmp_path: Path, monkeypatch,

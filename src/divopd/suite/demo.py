@@ -266,7 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
-    models = prepare_models(cache, recipe, shipped=SHIPPED / name)
+    try:
+        models = prepare_models(cache, recipe, shipped=SHIPPED / name)
+    except UsageError as exc:  # a cache folder that divopd did not write
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
     try:
         run_dirs = run_methods(out, models, args.methods, args.seeds, args.updates, overrides, configs=configs,
                                jobs=args.jobs, progress=sys.stderr.isatty())

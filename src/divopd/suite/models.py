@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from divopd.errors import UsageError
 from divopd.train.packaged import SHIPPED as PACKAGED_MODELS
 
 __all__ = ["RECIPES", "SHIPPED", "ModelRecipe", "copy_shipped", "prepare_models", "recipe_for", "use_shipped_models"]
@@ -167,6 +168,24 @@ def _stamp(folder: Path, argv: list[str]) -> None:
     (folder / BUILT_WITH).write_text(json.dumps(argv))
 
 
+def _claim(folder: Path) -> None:
+    """Mark ``folder`` as divopd's before a build writes into it: a stamp that matches no arguments (so an interrupted
+    build is not taken for a complete one), which lets the next call rebuild it as divopd's own."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / BUILT_WITH).write_text(json.dumps({"building": True}))
+
+
+def _refuse_foreign(folder: Path) -> None:
+    """Raise :class:`~divopd.errors.UsageError` when ``folder`` exists and divopd did not write it (no
+    ``recipe-args.json``, not an empty folder): a model build never writes into it nor deletes it."""
+    if not folder.exists() or (folder / BUILT_WITH).is_file():
+        return
+    if folder.is_dir() and not any(folder.iterdir()):
+        return  # an empty folder: nothing in it to overwrite
+    raise UsageError(f"models: {folder} exists and was not written by divopd (no {BUILT_WITH}): divopd neither "
+                     "builds into it nor deletes it; move it away, or choose another cache folder")
+
+
 def _sft_argvs(cache: Path, recipe: ModelRecipe) -> dict[str, list[str]]:
     """The ``divopd sft`` arguments of the recipe's SFT models in ``cache``: the teacher's, and the student's (on the
     teacher's tokenizer) unless the student is a random init."""
@@ -227,25 +246,32 @@ def use_shipped_models(setting: str, student_path: str, teacher_path: str) -> li
 def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny", shipped: Path | None = None) -> dict[str, Path]:
     """Build (once) the recipe's teacher and student in ``cache``; returns ``{"teacher": ..., "student": ...}``.
 
-    A folder that is already complete (``sft.json`` for an SFT model, ``config.json`` for a random-init one) and was
-    built from the same recipe arguments (``recipe-args.json``) is kept; otherwise it is rebuilt, and a rebuilt
-    teacher rebuilds the student too (they share the teacher's tokenizer). ``shipped``: a folder of prebuilt models
+    Only into folders divopd writes: a ``cache/teacher`` or ``cache/student`` that exists without divopd's
+    ``recipe-args.json`` (and is not empty) is refused (a UsageError naming it) before anything is copied or built;
+    a build stamps its folder before it writes into it. A folder that is already complete (``sft.json`` for an SFT
+    model, ``config.json`` for a random-init one) and was built from the same recipe arguments
+    (``recipe-args.json``) is kept; otherwise it is rebuilt, and a rebuilt teacher rebuilds the student too (they
+    share the teacher's tokenizer). ``shipped``: a folder of prebuilt models
     (``SHIPPED / <setting>``) copied in first where they match (:func:`copy_shipped`)."""
     recipe = RECIPES[recipe] if isinstance(recipe, str) else recipe
+    teacher, student = cache / "teacher", cache / "student"
+    for folder in (teacher, student):  # before anything is copied or built
+        _refuse_foreign(folder)
     if shipped is not None and shipped.is_dir():
         copy_shipped(cache, recipe, shipped)
-    teacher, student = cache / "teacher", cache / "student"
     argvs = _sft_argvs(cache, recipe)
     teacher_argv = argvs["teacher"]
     rebuilt = not _built_with(teacher, teacher_argv, "sft.json")
     if rebuilt:
         print(f"models: training the teacher into {teacher} (once; {recipe.note})", flush=True)
+        _claim(teacher)
         _sft(teacher_argv)
         _stamp(teacher, teacher_argv)
     if recipe.student is not None:
         student_argv = argvs["student"]
         if rebuilt or not _built_with(student, student_argv, "sft.json"):
             print(f"models: training the student into {student} (once)", flush=True)
+            _claim(student)
             _sft(student_argv)
             _stamp(student, student_argv)
     else:
@@ -256,6 +282,7 @@ def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny", shipped: Pat
 
             _, tokenizer = load_model(str(teacher))
             model = build_model(tokenizer, size=recipe.size, seed=1)
+            _claim(student)
             model.save_pretrained(student)
             tokenizer.save_pretrained(student)
             _stamp(student, student_argv)
