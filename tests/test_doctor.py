@@ -157,6 +157,30 @@ def test_the_packaged_paper_settings_name_hub_models_the_doctor_checks(
         assert by[key]["status"] == "missing" and f"`hf download {hub}`" in by[key]["fix"], by[key]
 
 
+def test_train_states_the_rows_flagged_stated(monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """`divopd train` logs the detail of each passing row flagged ``stated`` (the teacher server's: which model it
+    serves), chosen by that flag, not by a row's name."""
+    import logging
+
+    from divopd.train import preflight
+    from divopd.train.probes import MISSING, OK, Check
+
+    rows = [Check("served model", OK, "serves teacher (tokenizer matches)", stated=True),
+            Check("teacher server", OK, "a row without the flag"),
+            Check("flagged but not ok", MISSING, "not stated either", blocker="a blocker", stated=True)]
+    monkeypatch.setattr(preflight, "config_checks", lambda cfg, run_dir=None: rows[:2])
+    with caplog.at_level(logging.INFO, logger="divopd.train.preflight"):
+        preflight.check_before_run(None)  # type: ignore[arg-type]
+    assert "serves teacher (tokenizer matches)" in caplog.text and "without the flag" not in caplog.text
+    monkeypatch.setattr(preflight, "config_checks", lambda cfg, run_dir=None: rows[2:])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="divopd.train.preflight"), pytest.raises(preflight.PreflightError):
+        preflight.check_before_run(None)  # type: ignore[arg-type]
+    assert "not stated either" not in caplog.text
+    assert all("stated" not in row.as_dict() for row in rows)  # `divopd doctor --json` rows keep their keys
+
+
 def test_a_teacher_of_another_vocabulary_refused_by_the_config(models: dict[str, str], tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     config = str(_config(models, tmp_path))

@@ -230,7 +230,7 @@ def server_check(cfg: TrainConfig) -> Check:
                             f"({type(exc).__name__})")
         return _from_error("teacher server", error)
     try:
-        return Check("teacher server", OK, check_server(cfg.teacher.server, tokenizer, cfg.teacher.path))
+        return Check("teacher server", OK, check_server(cfg.teacher.server, tokenizer, cfg.teacher.path), stated=True)
     except UsageError as exc:
         return _from_error("teacher server", exc, "start the teacher server (docs/concepts/teacher.md)")
 
@@ -363,8 +363,8 @@ def check_before_run(cfg: TrainConfig, run_dir: Path | None = None) -> None:
     many more ``divopd doctor`` lists). Nothing is written."""
     rows = config_checks(cfg, run_dir=run_dir)
     for row in rows:
-        if row.name == "teacher server" and row.status == OK:
-            log.info("%s", row.detail)  # the run states which model the server serves
+        if row.stated and row.status == OK:
+            log.info("%s", row.detail)  # e.g. which model the teacher server serves
     stops = blockers(rows)
     if not stops:
         return

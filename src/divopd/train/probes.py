@@ -50,7 +50,8 @@ class Check:
     (this machine lacks it; nothing given needs it), ``not needed`` (the config does not use it) or ``skipped`` (not
     probed here; ``detail`` says why). ``fix``: what to install or set. ``blocker``: the one-line message that stops
     ``divopd train`` (empty when the row does not). ``error``: the original exception of a blocker, when there is one
-    (``divopd train`` re-raises it, so its type is the one the check raised)."""
+    (``divopd train`` re-raises it, so its type is the one the check raised). ``stated``: ``divopd train`` logs
+    ``detail`` when the row is ok (what a run should say about itself, e.g. which model the teacher server serves)."""
 
     name: str
     status: str
@@ -58,10 +59,12 @@ class Check:
     fix: str = ""
     blocker: str = ""
     error: BaseException | None = None
+    stated: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         row = asdict(self)
         row.pop("error")
+        row.pop("stated")
         return row
 
 
