@@ -1,4 +1,4 @@
-"""Algorithm 1 of the paper, re-stated literally, against the sampler (issue 14).
+"""Algorithm 1 of the paper, re-stated literally, against the sampler.
 
 ``algorithm1`` below is the appendix's nine steps written out plainly, one update at a time. Random streams (rollouts
 of varying length arriving at varying updates, stale turns, invalid turns, a tight c·B read, a small W) go through

@@ -1,4 +1,4 @@
-"""``explorer.env: module:Class`` (issue 43): an environment of the user's own, named by import path, is imported by
+"""``explorer.env: module:Class``: an environment of the user's own, named by import path, is imported by
 ``make_env`` in the process that builds it — under ``runtime.kind: ray`` each explorer actor — so no registration in the
 driver is needed (an ``ENVS`` entry added in the driver would not exist in the actors)."""
 

@@ -1,4 +1,4 @@
-"""Evaluation protocol (issue 14): evaluation samples at eval.temperature (the paper's 0.4), seeded and reproducible;
+"""Evaluation protocol: evaluation samples at eval.temperature (the paper's 0.4), seeded and reproducible;
 greedy stays an option; training rollouts keep explorer.generation.temperature (1.0); the training-side evaluator and
 `divopd eval` pass the eval settings."""
 

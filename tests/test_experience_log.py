@@ -104,7 +104,7 @@ def test_schema_is_exactly_the_issue_columns_and_types():
         "success": pa.bool_(),
         "env": pa.string(),
         "teacher_acted": pa.bool_(),
-        "task": pa.string(),  # optional, added for divopd-focus's task groups (issue 14)
+        "task": pa.string(),  # optional, added for divopd-focus's task groups
     }
     assert {f.name: f.type for f in SCHEMA} == expected
     assert set(OPTIONAL_COLUMNS) == {"prompt_ids", "response_ids", "success", "env", "teacher_acted", "task"}

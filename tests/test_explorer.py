@@ -325,7 +325,7 @@ def test_evaluate_counts_a_gold_playing_student_as_successful():
 
 
 def test_a_teacher_with_another_vocabulary_is_bridged_and_refused_only_with_a_top_k():
-    """Issue 44: another vocabulary makes a cross-tokenizer teacher (tests/test_teacher_vocab.py); a top-k needs a
+    """Another vocabulary makes a cross-tokenizer teacher (tests/test_teacher_vocab.py); a top-k needs a
     shared one."""
     from divopd.explore.vocab_align import CrossTokenizerTeacher
 

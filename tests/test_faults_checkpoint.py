@@ -1,4 +1,4 @@
-"""Faults around checkpoints (issue 42, finding 1 and the atomic writes of finding 9): an update that fails never
+"""Faults around checkpoints (a failed update, atomic writes): an update that fails never
 replaces the newest good checkpoint nor waits for a final evaluation; the leftovers of an interrupted checkpoint write
 are cleaned at the next start; ``summary.json`` and ``config.yaml`` are written atomically.
 

@@ -1,4 +1,4 @@
-"""Damaged and foreign files in a run directory (issue 50, items 4, 5, 6 and 9): a damaged newest checkpoint, a user's
+"""Damaged and foreign files in a run directory: a damaged newest checkpoint, a user's
 entries in ``checkpoints/``, a full disk at a checkpoint write, an unreadable experience-log part, a garbage line in
 ``metrics.jsonl``.
 
@@ -106,7 +106,7 @@ DAMAGE = {
 }
 
 
-# ------------------------------------------------------------------------------------------- item 4: verification
+# ---------------------------------------------------------------------------------------------- checkpoint verification
 @pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "older-without-manifest"])
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_verify_checkpoint_names_the_damaged_file(reference: Path, tmp_path: Path, damage: str,
@@ -159,7 +159,7 @@ def test_resume_with_no_checkpoint_that_verifies_is_one_line_and_cuts_nothing(re
     assert _tree(run) == before  # metrics.jsonl, the log, the checkpoints: byte for byte
 
 
-# --------------------------------------------------------------------------------------- item 5: foreign entries
+# ------------------------------------------------------------------------------------------------------ foreign entries
 def test_pruning_keeps_a_users_entries_in_checkpoints(tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """A user's entries added to a run's ``checkpoints/`` (a name like a checkpoint's, a file) survive pruning."""
     from divopd.train.interrupt import StopRequest
@@ -180,7 +180,7 @@ def test_pruning_keeps_a_users_entries_in_checkpoints(tiny_models: dict[str, str
     assert {k: v for k, v in _tree(run / "checkpoints").items() if "mine" in k or "notes" in k} == users
 
 
-# ------------------------------------------------------------------------------------------- item 6: disk full
+# ------------------------------------------------------------------------------------------------------------ disk full
 def _mount_tmpfs(where: Path, size: str) -> bool:
     where.mkdir(parents=True)
     if os.geteuid() != 0 or shutil.which("mount") is None:
@@ -242,7 +242,7 @@ def test_disk_full_at_a_checkpoint_write_is_one_line_and_resume_finishes(
             subprocess.run(["umount", str(disk)], check=False)
 
 
-# ------------------------------------------------------------------------------ item 9: unreadable records
+# --------------------------------------------------------------------------------------------------- unreadable records
 def test_an_unreadable_log_part_is_counted_in_summary(reference: Path, tmp_path: Path) -> None:
     run = _copy(reference, tmp_path)
     received = json.loads((reference / "summary.json").read_text())["ledger"]["received"]

@@ -1,4 +1,4 @@
-"""Issue 42, findings 6 and 7 (environment side), on the real packages: a JVM that stops answering (SIGSTOP) is
+"""Environment faults, on the real packages: a JVM that stops answering (SIGSTOP) is
 killed at the call's deadline and the call raises EnvCrash; py4j gateways require their token; backend errors surface
 from reset/step as EnvCrash, and valid_actions()/allowed_actions_key() (called outside the explorer's env-crash handler)
 answer from what those fetched."""

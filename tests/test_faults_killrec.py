@@ -1,4 +1,4 @@
-"""kill -9 and the experience log (issue 42, finding 4): a directory log is written in whole parts (temporary name,
+"""kill -9 and the experience log: a directory log is written in whole parts (temporary name,
 fsync, rename), so a kill at any moment leaves every logged turn readable, and ``--resume`` queues again every turn
 logged after the checkpoint it restores: none is set aside as unreadable, the ledger identity holds and ``received``
 equals the turns in the log.

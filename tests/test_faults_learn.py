@@ -1,6 +1,6 @@
-"""Issue 42, findings 3 and 9 (learner side): a sharded checkpoint's DCP index and values are read without running
-code from them (a planted payload is refused in one line and never runs), a genuine FSDP/DCP checkpoint still resumes,
-and the learner ranks' rendezvous store listens on 127.0.0.1 only."""
+"""Untrusted files and open ports on the learner side: a sharded checkpoint's DCP index and values are read without
+running code from them (a planted payload is refused in one line and never runs), a genuine FSDP/DCP checkpoint still
+resumes, and the learner ranks' rendezvous store listens on 127.0.0.1 only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 42, finding 5: rollout ids never repeat and a restarted explorer draws a seed stream of its own, while an
+"""Rollout ids never repeat and a restarted explorer draws a seed stream of its own, while an
 explorer that is never restarted keeps the ids and seed it always had (lockstep runs are compared for determinism)."""
 
 from __future__ import annotations

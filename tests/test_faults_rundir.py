@@ -1,4 +1,4 @@
-"""Issue 42, findings 2 and 8: divopd writes, replaces and deletes only inside a directory it made a run (its
+"""Run directories: divopd writes, replaces and deletes only inside a directory it made a run (its
 ``.divopd-run`` marker, or an older run's config.yaml + metrics.jsonl); ``--resume`` never deletes what it cannot
 restore; a resumed ``learner.estimator: topk`` run handles the re-queued turns (no teacher top-k in the log)."""
 
@@ -137,7 +137,7 @@ def test_resume_without_a_checkpoint_refuses_and_keeps_log_and_metrics(tiny_mode
     line = _one_error_line(proc)
     assert "nothing to resume from" in line and f"divopd train {run}/config.yaml --run-dir {run}" in line
     assert _without_lock(_tree(run)) == _without_lock(before)
-    # what the line says (issue 50, item 8): a fresh run there, its old files moved aside, nothing deleted
+    # what the refusal's line says to do: a fresh run there, its old files moved aside, nothing deleted
     proc = subprocess.run([sys.executable, "-m", "divopd.cli", "train", str(run / "config.yaml"), "--run-dir", str(run),
                            "--no-progress"], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]

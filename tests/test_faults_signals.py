@@ -1,4 +1,4 @@
-"""A terminal's Ctrl-C reaches the whole process group (issue 50, items 1 and 2).
+"""A terminal's Ctrl-C reaches the whole process group.
 
 Every child divopd starts survives the group's SIGINT and is stopped by divopd after its checkpoint: the JVMs of a
 TextWorld-Express run (a process group of their own), the spawned learner ranks (SIGINT blocked). An impatient double

@@ -1,4 +1,4 @@
-"""Issue 42, the loop watchdog and the per-stage time keys: a run that can only wait stops with one line, a checkpoint
+"""The loop watchdog and the per-stage time keys: a run that can only wait stops with one line, a checkpoint
 and ``summary.json`` instead of waiting forever; a teacher that cannot score stops the run instead of making the
 learner spin; every update record says where the time went.
 
@@ -154,9 +154,10 @@ def test_a_rollout_reports_its_explorers_stage_seconds_since_the_previous_one() 
 
 def test_a_run_whose_every_turn_the_gate_rejects_warns_then_stops_as_a_stall(
         tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
-    """Issue 50, item 7: every prompt longer than explorer.prompt.max_prompt_tokens (every turn prompt_truncated): one
-    warning naming the reason and its key after runtime.rejected_turns_warning turns, then at 4x a stall: one line,
-    a checkpoint, exit 3 (today: the run spins without a word). A real ``divopd train`` child process."""
+    """A gate that rejects every turn: every prompt longer than explorer.prompt.max_prompt_tokens (every turn
+    prompt_truncated): one warning naming the reason and its key after runtime.rejected_turns_warning turns, then at
+    4x a stall: one line, a checkpoint, exit 3 (it used to spin without a word).
+    A real ``divopd train`` child process."""
     import subprocess
     import sys
 

@@ -1,4 +1,4 @@
-"""Ctrl-C / SIGTERM: a stop request at every phase of a run checkpoints and exits 130 (issue 12).
+"""Ctrl-C / SIGTERM: a stop request at every phase of a run checkpoints and exits 130.
 
 Each phase is hit deterministically with the ``DIVOPD_SIGINT_AT=phase[:n]`` fault point, which sends the process a
 real SIGINT from inside that phase (from the evaluator thread for ``eval``); the real-signal-from-outside case is

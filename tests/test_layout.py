@@ -1,4 +1,4 @@
-"""The house (issues 13 and 45): sub-packages along the data path, imports that run one way with no circle (lazy
+"""The house rules: sub-packages along the data path, imports that run one way with no circle (lazy
 imports included), no compatibility layer, one method-row registry that every list of methods reads.
 
 What counts as an import of module A (``src/divopd/...``): every ``import`` / ``from ... import`` statement anywhere in
@@ -45,7 +45,7 @@ ASSEMBLY = {"divopd.train.assemble"}
 INTEGRATIONS_MAY_IMPORT = ("divopd.sampling", "divopd.experience", "divopd.errors", "divopd.integrations",
                            "divopd.explore")
 
-#: The public API (issue 45): these names stay exported (``__all__``) from these modules.
+#: The public API: these names stay exported (``__all__``) from these modules.
 PUBLIC_API = {
     "divopd": ["Rollout", "Turn", "VLLMGenerator", "gate", "__version__"],
     "divopd.sampling": ["METHODS", "ROWS", "Batch", "Method", "MethodRow", "Sampler", "SamplerConfig",
@@ -57,7 +57,7 @@ PUBLIC_API = {
                           "stopped_advantage", "topk_reverse_kl", "topk_reverse_kl_loss"],
     "divopd.explore.recovery": ["RecoveryConfig", "RecoveryState", "is_no_progress", "normalize_action",
                                 "should_recover"],
-    "divopd.train": ["train"],  # issue 13: ``from divopd.train import train`` runs (or resumes) one training run
+    "divopd.train": ["train"],  # ``from divopd.train import train`` runs (or resumes) one training run
 }
 
 
@@ -417,7 +417,7 @@ def test_tests_benchmarks_and_docs_import_real_paths() -> None:
 def test_the_public_api_keeps_its_names(module: str) -> None:
     mod = importlib.import_module(module)
     missing = [n for n in PUBLIC_API[module] if n not in mod.__all__ or (n != "VLLMGenerator" and not hasattr(mod, n))]
-    assert not missing, f"{module} no longer exports {missing} (public API of issue 45)"
+    assert not missing, f"{module} no longer exports {missing} (public API)"
 
 
 def test_rows_cover_every_sampler_rule_and_keep_the_old_lists() -> None:
@@ -425,7 +425,7 @@ def test_rows_cover_every_sampler_rule_and_keep_the_old_lists() -> None:
     assert all(ROWS[name].rule in METHODS for name in method_names())
     assert set(method_names()) >= set(METHODS)
     assert method_names("paper") == ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus",
-                                     "top-b", "divopd-r", "tcod-f2b", "turnopd")  # the order of issue 14's list
+                                     "top-b", "divopd-r", "tcod-f2b", "turnopd")  # the paper's table order
     assert method_names("coverage") == ("vanilla", "nocap", "divopd-base", "divopd")
     assert method_names("replay") == ("vanilla", "divopd-base", "divopd")
     assert method_names("demo-replay") == ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd")
@@ -519,7 +519,7 @@ def test_the_sampling_modules_import_each_other_one_way() -> None:
 
 
 def test_no_source_file_over_400_lines_and_no_function_over_90() -> None:
-    """The house's size rule (issue 13: files ≤ 400 lines, functions ~80; 90 leaves room for long signatures)."""
+    """The house's size rule (files ≤ 400 lines, functions ~80; 90 leaves room for long signatures)."""
     long_files, long_functions = [], []
     for path in SRC.rglob("*.py"):
         text = path.read_text()

@@ -1,4 +1,4 @@
-"""runtime.kind: lockstep — one process, no threads: same config and seed ⇒ the same run, bit for bit (issue 13)."""
+"""runtime.kind: lockstep — one process, no threads: same config and seed ⇒ the same run, bit for bit."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_turn_enqueue_queues_every_student_step_at_once_and_stays_deterministic(
 def test_a_resume_from_an_earlier_checkpoint_redoes_the_later_turns_as_they_were(
         tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """As after kill -9 past update 3: the newest checkpoint and the summary are gone, --resume redoes updates 4–6.
-    The checkpoint holds the lockstep runtime's state (issue 42), so the turns logged after it are cut from the log
+    The checkpoint holds the lockstep runtime's state, so the turns logged after it are cut from the log
     and produced again, as they were: the resumed run's log and metrics equal the finished run's, every received
     turn logged once (the SIGKILL cases: tests/test_faults_resume.py)."""
     import shutil

@@ -1,4 +1,4 @@
-"""The part files of a training run's experience log (issue 50, item 10): numbered in numeric order at any count, and
+"""The part files of a training run's experience log: numbered in numeric order at any count, and
 compacted at each checkpoint into one file per interval, whole or not at all: a kill at any moment of a compaction
 leaves every row once in the log (never twice, never lost).
 

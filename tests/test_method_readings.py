@@ -1,4 +1,4 @@
-"""The method rows the paper defines only in words (issue 14): top-b, the earlier divopd-focus composer and its
+"""The method rows the paper defines only in words: top-b, the earlier divopd-focus composer and its
 task-balance row weights, and TurnOPD (depth budget + token-to-turn loss schedule). Exact hand cases of our readings."""
 
 from __future__ import annotations

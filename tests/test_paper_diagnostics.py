@@ -1,4 +1,4 @@
-"""The diagnostics of the paper's tables (issue 14): every function on hand-worked cases, the keys of a real training
+"""The diagnostics of the paper's tables: every function on hand-worked cases, the keys of a real training
 run, the replay's fields and ``--selection-chain``, and the report's table."""
 
 from __future__ import annotations

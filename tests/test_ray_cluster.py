@@ -1,4 +1,4 @@
-"""A multi-node Ray layout on one machine (issue 16): ``ray.cluster_utils.Cluster`` with an explorer node and a
+"""A multi-node Ray layout on one machine: ``ray.cluster_utils.Cluster`` with an explorer node and a
 learner node (custom resources place the actors), learner ranks as Ray actors forming one gloo process group, and
 a run that survives killing one explorer actor."""
 

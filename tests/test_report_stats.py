@@ -1,4 +1,4 @@
-"""The report's statistics over seeds (issue 17): bootstrap CIs and the paired Wilcoxon signed-rank test, checked
+"""The report's statistics over seeds: bootstrap CIs and the paired Wilcoxon signed-rank test, checked
 against cases computed by hand and against brute-force enumeration."""
 
 from __future__ import annotations

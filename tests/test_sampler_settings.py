@@ -1,5 +1,5 @@
 """One sampler-settings table (divopd.sampling.settings) behind the sampler, the training config, replay, tune-cap
-and their CLI flags (issue 13, part 4)."""
+and their CLI flags."""
 
 from __future__ import annotations
 

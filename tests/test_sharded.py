@@ -1,4 +1,4 @@
-"""The sharded learner (issue 16): FSDP2 ranks on gloo give the single-process learner's update; DCP checkpoints
+"""The sharded learner: FSDP2 ranks on gloo give the single-process learner's update; DCP checkpoints
 resume with the same or another number of ranks; a dead rank stops the run with a checkpoint to resume from."""
 
 from __future__ import annotations

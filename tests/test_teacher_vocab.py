@@ -1,4 +1,4 @@
-"""Teacher vocabularies (issue 44): identical → the direct path, bit for bit; an extension → scored directly with the
+"""Teacher vocabularies: identical → the direct path, bit for bit; an extension → scored directly with the
 student-only tokens masked and counted; another tokenizer → the teacher's log probs mapped onto the student's tokens
 by character spans (docs/concepts/teacher-vocabularies.md), checked against an independent computation with a real
 HF teacher; and a short real `divopd train` with a cross-tokenizer teacher."""

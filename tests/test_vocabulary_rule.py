@@ -1,4 +1,4 @@
-"""Teacher and student vocabularies (issues 43, 44): a teacher whose vocabulary is neither the student's nor an
+"""Teacher and student vocabularies: a teacher whose vocabulary is neither the student's nor an
 extension of it is a cross-tokenizer teacher; with ``teacher.cross_tokenizer: false``, or with a top-k estimator
 (which needs a shared vocabulary), ``divopd train`` refuses it with one line and exit code 2, before any training and
 leaving no run directory (every runtime loads its teacher through ``load_teacher``, which checks)."""

@@ -164,7 +164,7 @@ def test_bad_configs_are_named():
         CATALOG.split("valid_seen")
 
 
-# ----------------------------------------------------------------------------------------- server bounds (issue 42)
+# -------------------------------------------------------------- server bounds (deadlines, no unbounded reads or waits)
 SMALL = CatalogConfig(seed=0, n_products=40, n_goals=30, n_test=5, n_dev=5)
 
 

@@ -1,4 +1,4 @@
-"""Issue 42 with real vLLM engines: a run under the lockstep and threads runtimes shuts down every engine it started,
+"""Shutdown with real vLLM engines: a run under the lockstep and threads runtimes shuts down every engine it started,
 the teacher's included (the teacher engine used to stay up after the run)."""
 
 from __future__ import annotations

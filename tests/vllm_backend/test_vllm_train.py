@@ -117,7 +117,8 @@ def test_an_engine_that_dies_mid_run_is_rebuilt_and_the_ledger_stays_whole(llama
 
 
 def test_a_sharded_learner_publishes_into_the_vllm_explorer(llama_models: dict[str, str], tmp_path: Path) -> None:
-    """Issue 16 x issue 15: rank 0's gathered full state dict reaches the explorer's vLLM engine once per version."""
+    """The sharded learner with vLLM generation: rank 0's gathered full state dict reaches the explorer's vLLM engine
+    once per version."""
     run_dir = tmp_path / "ws2"
     cfg = tiny_config(llama_models, run_dir, "divopd", **_vllm_overrides(
         **{"runtime.kind": "lockstep", "updates": 5, "runtime.lockstep.env_steps_per_update": 6,

@@ -1,4 +1,5 @@
-"""Re-make ``data/tiny-lockstep/``: the experience log of a real lockstep ``divopd train`` run (issue 41's turn stream).
+"""Re-make ``data/tiny-lockstep/``: the experience log of a real lockstep ``divopd train`` run (the turn stream of
+the plug-in tests).
 
 Run from the repo root in the main venv (it trains; the verl venv has no transformers divopd can use)::
 

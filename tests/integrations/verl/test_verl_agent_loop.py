@@ -1,4 +1,4 @@
-"""The rollout-side piece (issue 41): a verl session output split into one record per assistant turn, written into
+"""The rollout-side piece: a verl session output split into one record per assistant turn, written into
 the real TransferQueue by verl's own TQ worker code, and read back by the plug-in as turns of one rollout.
 
 The worker's servers (LLM, teacher, reward) do not run on a CPU here: ``_Host`` stands in for the worker instance

@@ -1,4 +1,4 @@
-"""verl records ⇄ divopd turns, and the plug-in's settings (issue 41): what the composer reads from a record, what
+"""verl records ⇄ divopd turns, and the plug-in's settings: what the composer reads from a record, what
 it rejects through the gate, what stops the run with one line."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DivOPDReplayBuffer against verl's real replay-buffer machinery: a real TransferQueue on a CPU (issue 41).
+"""DivOPDReplayBuffer against verl's real replay-buffer machinery: a real TransferQueue on a CPU.
 
 The turn stream is a real divopd experience log (a lockstep ``divopd train`` run, data/tiny-lockstep) with some
 records damaged, put into TransferQueue as verl records tick by tick the way ``divopd replay`` delivers it. Update by
