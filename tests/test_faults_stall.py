@@ -231,6 +231,29 @@ def test_a_stopped_learner_rank_fails_the_update_within_the_collective_deadline(
     assert_ledger_identity(summary["ledger"])
 
 
+def test_the_reply_deadline_is_the_call_deadline_until_a_rank_answers_then_the_collective_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's wait for the ranks' answers (ReplyDeadline, spawned and Ray ranks): before any answer it is
+    ``runtime.rank_call_timeout_s`` from the call; after the first, ``runtime.collective_timeout_s`` + the slack from
+    that answer. (With real ranks: every rank stopped, the slow test below; one rank stopped, the test above.)"""
+    from divopd.learn import ranks as ranks_module
+
+    now = [100.0]
+    monkeypatch.setattr(ranks_module.time, "monotonic", lambda: now[0])
+    deadline = ranks_module.ReplyDeadline(call_timeout_s=2.0, collective_timeout_s=5.0)
+    now[0] += 1.5
+    assert deadline.wait_s() == pytest.approx(0.5)
+    now[0] += 1.0
+    assert deadline.wait_s() == 0.0  # no rank answered within the call deadline: the driver ends them all
+    deadline.answered()  # a late first answer starts the collective deadline
+    assert deadline.wait_s() == pytest.approx(5.0 + ranks_module.REPLY_SLACK_S)
+    now[0] += 4.0
+    deadline.answered()  # later answers do not move it
+    assert deadline.wait_s() == pytest.approx(1.0 + ranks_module.REPLY_SLACK_S)
+    assert ranks_module.ReplyDeadline(None, None).wait_s() is None
+
+
+@pytest.mark.slow
 def test_ranks_that_all_stop_end_at_the_call_deadline(tiny_models: dict[str, str]) -> None:  # noqa: F811
     """Every rank SIGSTOPped: no rank answers at all, so no collective fails; the driver's wait for the first answer
     has its own deadline (``runtime.rank_call_timeout_s``; 2 s here, set after the ranks' setup) and ends them all."""
