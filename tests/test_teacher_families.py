@@ -249,3 +249,70 @@ def test_a_same_id_subset_vocabulary_takes_the_path_that_scores_more(caplog: pyt
         explorer = Explorer(ExplorerConfig(env="tiny"), build_model(large, size="0.2m"), large,
                             HFTeacher(model, small, max_tokens_per_batch=4096), small)
     assert isinstance(explorer._teacher, CrossTokenizerTeacher)
+
+
+# ------------------------------------------------------------------------------------------------ a real run
+def _forced(student: object, teacher: object, response: list[int]) -> list[bool]:
+    """Independently of divopd's mapping, for a byte-level word student and a whitespace-splitting word-level teacher:
+    per response token, whether the text forces its mask. A token whose letters lie in a word the teacher scores as
+    ``<unk>`` is forced; a whitespace-only token shares the fate of the next word in its run (special tokens cut
+    runs), and is forced where no word follows (the teacher has no token for it)."""
+    special = set(student.all_special_ids)
+    out = [False] * len(response)
+    runs, start = [], 0
+    for k in range(len(response) + 1):
+        if k == len(response) or response[k] in special:
+            runs.append((start, k))
+            start = k + 1
+    for a, b in runs:
+        pieces = [student.decode([t]) for t in response[a:b]]
+        text = "".join(pieces)
+        enc = teacher(text, add_special_tokens=False, return_offsets_mapping=True)
+        unknown = [span for t, span in zip(enc["input_ids"], enc["offset_mapping"], strict=True)
+                   if t == teacher.unk_token_id]
+        at, fate = 0, []
+        for piece in pieces:
+            letters = [i for i in range(at, at + len(piece)) if not text[i].isspace()]
+            fate.append(None if not letters else any(s <= letters[0] < e for s, e in unknown))
+            at += len(piece)
+        nxt = True  # no word after it: forced
+        for j in range(len(fate) - 1, -1, -1):
+            nxt = fate[j] if fate[j] is not None else nxt
+            out[a + j] = nxt
+    return out
+
+
+@pytest.mark.slow
+def test_a_short_train_with_a_word_level_teacher_masks_only_what_the_text_forces(tmp_path: object) -> None:
+    """The benchmark's pair (``benchmarks/teacher_families.py``) in a real short run: the random student writes words
+    without spaces between them and newlines at the end; exactly the tokens of words the whitespace-splitting teacher
+    cannot spell, and whitespace with no word after it, are masked, and the run's metric counts them."""
+    import json
+
+    from divopd.experience.log import read_log
+    from divopd.explore.envs.tiny import build_tiny_pair, tiny_corpus
+    from divopd.models import load_tokenizer
+    from divopd.train import train
+    from divopd.train.config import load_config
+
+    student_path = build_tiny_pair(tmp_path / "pair")["student"]
+    words = build_tokenizer(tiny_corpus(), kind="whitespace", vocab_size=600)
+    build_model(words, size="0.2m", seed=1).save_pretrained(tmp_path / "teacher")
+    words.save_pretrained(tmp_path / "teacher")
+    cfg = load_config(data={
+        "setting": "tiny", "method": "divopd", "seed": 0, "updates": 2, "run_dir": str(tmp_path / "run"),
+        "student": {"path": student_path}, "teacher": {"path": str(tmp_path / "teacher")},
+        "runtime": {"kind": "lockstep"}, "eval": {"every": 1000, "at_start": False}})
+    train(cfg)
+    student, teacher = load_tokenizer(student_path), load_tokenizer(str(tmp_path / "teacher"))
+    masked = forced = tokens = 0
+    for lt in read_log(tmp_path / "run" / "experience"):
+        if lt.turn.teacher_logprobs is None:
+            continue
+        lost = ~np.isfinite(np.asarray(lt.turn.teacher_logprobs, dtype=np.float64))
+        expect = _forced(student, teacher, lt.turn.response_ids.tolist())
+        assert lost.tolist() == expect, (student.convert_ids_to_tokens(lt.turn.response_ids.tolist()), lost)
+        tokens, masked, forced = tokens + len(lost), masked + int(lost.sum()), forced + sum(expect)
+    assert 0 < masked == forced < tokens
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [r["explorer/teacher_masked_tokens"] for r in records if r.get("kind") == "update"][-1] == masked
