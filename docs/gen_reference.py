@@ -169,8 +169,9 @@ def cli_page() -> str:
     parser, subparsers = build_parser()
     out = [HEADER, "# CLI reference\n\n",
            "`divopd COMMAND --help` prints the same text; `python -m divopd ...` works the same. Bad input is one "
-           "line on stderr and exit code 2; `--debug` (or `DIVOPD_DEBUG=1`) shows the traceback, `--verbose` (or "
-           "`DIVOPD_VERBOSE=1`) keeps third-party INFO logs.\n\n",
+           "line on stderr and exit code 2 ([the error policy](../troubleshooting.md#the-error-policy)); `--debug` "
+           "(or `DIVOPD_DEBUG=1`) shows the traceback, `--verbose` (or `DIVOPD_VERBOSE=1`) keeps third-party INFO "
+           "logs.\n\n",
            _table(("command", "what"), [(f"[`divopd {n}`](#divopd-{n})", h) for n, (_, h) in COMMANDS.items()]),
            "\n## divopd\n\n```text\n", parser.format_help(), "```\n"]
     for name, (module_name, _) in COMMANDS.items():
