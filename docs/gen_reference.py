@@ -204,7 +204,9 @@ def config_page() -> str:
            "`--set runtime.kind=lockstep`). `divopd train CONFIG --print-config` prints the resolved config. See the "
            "[training guide](../guides/training.md).\n"]
     for top, rows in sections.items():
-        out += [f"\n## {top}\n\n", _table(("key", "type", "default", "meaning"), rows)]
+        # the div (md_in_html; invisible on GitHub) lets extra.css keep short defaults whole ("float32", not "float3/2")
+        out += [f"\n## {top}\n\n", '<div class="config-keys" markdown>\n\n',
+                _table(("key", "type", "default", "meaning"), rows), "\n</div>\n"]
         if top in long_defaults:
             out += ["\nLong defaults (they wrap here instead of widening the table):\n\n", *long_defaults[top]]
     return "".join(out) + method_rows_section()
