@@ -235,7 +235,9 @@ class Translator:
 
 
 def plan_turn(tr: Translator, prompt: Sequence[int], response: Sequence[int]) -> TurnPlan:
-    """The teacher's ids of one turn and the chunks of every response segment (see the module doc)."""
+    """The teacher's ids of one turn (prompt and response translated segment by segment, anchors as their teacher
+    ids) and, for every response segment, its aligned chunks: spans where both tokenizations cut at the same
+    characters, whose teacher log probs :func:`map_logprobs` sums and splits over the student's tokens."""
     teacher_prompt = tr.translate(prompt)
     done, t_done = [int(x) for x in prompt], list(teacher_prompt)
     segments, teacher_response = [], []
@@ -289,7 +291,9 @@ def plan_coverage(plan: TurnPlan) -> tuple[int, int]:
 
 
 class CrossTokenizerTeacher:
-    """A teacher with its own tokenizer, as a Teacher of the student's ids (see the module doc)."""
+    """A teacher with its own tokenizer, as a Teacher of the student's ids: each turn is translated to the teacher's
+    tokens (:func:`plan_turn`), scored, and its log probs mapped back onto the student's tokens by character spans
+    (:func:`map_logprobs`); student tokens with no exact teacher score get NaN and are counted as masked."""
 
     speaks_student_ids = True
 
