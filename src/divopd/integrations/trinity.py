@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import base64
 import time
+from collections import Counter
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY, SampleStrategy
 from trinity.algorithm.sample_strategy.utils import representative_sample
@@ -46,9 +46,9 @@ from trinity.utils.timer import Timer
 from divopd.errors import UsageError, one_line
 from divopd.integrations.trinity_records import (
     experience_to_turn,
-    experiences_to_turns,
     mask_unscored,
     policy_version,
+    read_turns,
     restore_model_version,
 )
 from divopd.sampling import Batch, Sampler, SamplerConfig, is_stale, ledger_metrics, make_sampler
@@ -159,6 +159,7 @@ class DivOPDSampleStrategy(SampleStrategy):
         self._wait_s = float(storage.max_read_timeout)
         # arrival -> (model version, experience, has an unscored teacher position), turns waiting
         self._held: dict[int, tuple[int, Experience, bool]] = {}
+        self._versions: Counter[int] = Counter()  # model version -> experiences held of that version
         self._closed = False  # the explorer side released the buffer and it is empty
         self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
         self._keep_dir = buffer_config.cache_dir  # <checkpoint job dir>/buffer, where records that stop a run go
@@ -181,6 +182,8 @@ class DivOPDSampleStrategy(SampleStrategy):
         with Timer(metrics, "time/read_experience"):
             batch = await self._compose(learner_version)
         held = [self._held.pop(arrival) for arrival in batch.arrivals]
+        self._versions.subtract(v for v, _, _ in held)
+        self._versions = +self._versions  # only the versions still held
         experiences = [exp for _, exp, _ in held]
         self._forget_departed()
         # finite for Trinity's stock OPD advantage: only records with an unscored position (flagged on arrival) change
@@ -214,7 +217,8 @@ class DivOPDSampleStrategy(SampleStrategy):
         """Read without waiting until the sampler can fill its pool with non-stale turns or the buffer is empty."""
         target = self.config.pool_size if self.sampler.method.pooled else self.config.batch_size
         while not self._closed:
-            fresh = sum(not is_stale(v, learner_version, self.config.max_staleness) for v, _, _ in self._held.values())
+            fresh = sum(n for v, n in self._versions.items() if not is_stale(v, learner_version,
+                                                                              self.config.max_staleness))
             if fresh >= target:
                 return
             experiences, drained = await self._read_now(target - fresh)
@@ -254,17 +258,18 @@ class DivOPDSampleStrategy(SampleStrategy):
         counted and kept (:attr:`stopped`, and a file under Trinity's ``buffer.cache_dir``), the records read with it
         are queued as usual, and the one-line :class:`UsageError` names the first bad record and the file."""
         turns, bad, error = [], [], None
-        for exp, turn in zip(experiences, experiences_to_turns(experiences), strict=True):
+        read, unscored = read_turns(experiences)
+        for exp, turn, flag in zip(experiences, read, unscored, strict=True):
             if isinstance(turn, UsageError):
                 bad.append(exp)
                 error = error or turn
             else:
-                turns.append((turn, exp))
-        for arrival, (turn, exp) in zip(self.sampler.add([t for t, _ in turns]), turns, strict=True):
+                turns.append((turn, exp, flag))  # flag: a teacher position not finite, masked at hand-over
+        held, versions = self._held, self._versions
+        for arrival, (turn, exp, flag) in zip(self.sampler.add([t for t, _, _ in turns]), turns, strict=True):
             restore_model_version(exp)
-            teacher = turn.teacher_logprobs  # a position the teacher did not score is masked at hand-over
-            unscored = teacher is not None and not bool(np.isfinite(teacher).all())
-            self._held[arrival] = (turn.policy_version, exp, unscored)
+            held[arrival] = (turn.policy_version, exp, flag)
+            versions[turn.policy_version] += 1
         if bad:
             self.stopped += bad
             raise UsageError(f"{error} [{len(self.stopped)} record(s) stopped the run; {self._keep(bad)}]")
@@ -287,7 +292,7 @@ class DivOPDSampleStrategy(SampleStrategy):
             return
         waiting = self.sampler.waiting_arrivals()
         for arrival in [a for a in self._held if a not in waiting]:
-            del self._held[arrival]
+            self._versions[self._held.pop(arrival)[0]] -= 1
 
     # ------------------------------------------------------------------ metrics and messages
     def _metrics(self, batch: Batch) -> dict[str, float]:
@@ -338,6 +343,7 @@ class DivOPDSampleStrategy(SampleStrategy):
                              f"arrivals and {self.sampler.waiting} waiting turns")
         self._held = {a: (int(policy_version(e)), e, _has_unscored(e)) for a, e in zip(arrivals, experiences,
                                                                                       strict=True)}
+        self._versions = Counter(v for v, _, _ in self._held.values())
 
 
 if STRATEGY_NAME not in SAMPLE_STRATEGY.modules:  # a plug-in directory may load this module a second time
