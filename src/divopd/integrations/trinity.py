@@ -44,6 +44,7 @@ from trinity.common.experience import Experience
 from trinity.utils.timer import Timer
 
 from divopd.errors import UsageError, one_line
+from divopd.integrations.trinity_queue import read_now_function
 from divopd.integrations.trinity_records import (
     experience_to_turn,
     mask_unscored,
@@ -107,27 +108,6 @@ def _queue_storage(buffer_config: BufferConfig) -> StorageConfig:
     return storage
 
 
-def _count_function() -> Any:
-    """A function for Ray's ``__ray_call__`` on Trinity's ``QueueStorage`` actor: ``count(storage)`` returns
-    ``(experiences readable now, closed and empty)``: the unread rest of a payload in ``exp_pool`` plus the experiences
-    of the payloads in the queue. It only reads (``__ray_call__`` runs in a thread beside the actor's event loop, so
-    the read itself goes through Trinity's ``get_batch``, which then finds them all and does not wait). Built here as
-    a closure so that Ray ships its code by value: the queue actor need not import divopd."""
-
-    def count(storage: Any) -> tuple[int, bool]:
-        queue = storage.queue
-        items = queue.qsize()  # payloads: a lower bound (a payload holds >= 1 experience)
-        for _ in range(8):  # a writer may append while we look: look again
-            try:
-                items = sum(len(p) for p in list(getattr(queue, "_queue", ())))
-                break
-            except RuntimeError:
-                continue
-        return len(storage.exp_pool) + max(items, queue.qsize()), queue.stopped()
-
-    return count
-
-
 # ---------------------------------------------------------------------------------------------------- strategy
 class DivOPDSampleStrategy(SampleStrategy):
     """Trinity-RFT sample strategy (``algorithm.sample_strategy: divopd``) that composes each batch with a divopd rule.
@@ -155,7 +135,7 @@ class DivOPDSampleStrategy(SampleStrategy):
         self.sampler: Sampler = make_sampler(self.config)
         storage = _queue_storage(buffer_config)
         self._reader = get_buffer_reader(storage)  # blocking reads: waits up to max_read_timeout
-        self._count = _count_function()  # what the queue holds now, asked inside Trinity's queue actor
+        self._read_fn = read_now_function()  # count and read what the queue holds now, in its actor
         self._wait_s = float(storage.max_read_timeout)
         # arrival -> (model version, experience, has an unscored teacher position), turns waiting
         self._held: dict[int, tuple[int, Experience, bool]] = {}
@@ -232,21 +212,29 @@ class DivOPDSampleStrategy(SampleStrategy):
         (``[]`` when it is empty or closed).
 
         Trinity's reader waits for a full read (its ``get_batch`` polls the queue in 1 s steps) and its ``length``
-        counts payloads, not experiences: so first ask the queue actor how many experiences it holds (Ray's
-        ``__ray_call__``), then read at most that many with Trinity's reader, which returns without waiting. This
-        strategy is the queue's only reader, so what a count saw and a read left behind is still there: a read that
-        needs no more than that skips the count (one round trip a step once the pool is full, as Trinity's own)."""
-        if limit <= self._known:
-            available = self._known
-        else:
-            available, closed = await self._reader.queue.__ray_call__.remote(self._count)
-            if available == 0:
-                self._closed = self._closed or closed
-                self._known = 0
-                return [], True
-        n = min(available, limit)
+        counts payloads, not experiences: so ask the queue actor, in one round trip, how many experiences it holds and
+        for up to ``limit`` of them (:func:`~divopd.integrations.trinity_queue.read_now_function`: Trinity's own
+        ``get_batch`` on the actor's event loop, sized by the count, so it does not wait). This strategy is the queue's
+        only reader, so what a count saw and a read left behind is still there: a read that needs no more than that
+        goes straight to Trinity's reader (one round trip a step once the pool is full, as Trinity's own)."""
         try:
-            experiences = await self._reader.read(n)
+            if limit <= self._known:
+                available, data = self._known, None
+            else:
+                data, available, closed = await self._reader.queue.__ray_call__.remote(self._read_fn, limit,
+                                                                                       self._wait_s)
+                if available == 0:
+                    self._closed = self._closed or closed
+                    self._known = 0
+                    return [], True
+            n = min(available, limit)
+            if data is None:  # counted only (or known): read them with Trinity's reader, which now does not wait
+                experiences = await self._reader.read(n)
+            else:
+                experiences = Experience.deserialize_many(data)
+                if len(experiences) != n:
+                    raise TimeoutError(f"{_WHO}: the queue held {available} experiences but gave {len(experiences)} "
+                                       f"of the {n} asked for")
         except StopAsyncIteration:
             self._closed, self._known = True, 0
             return [], True
