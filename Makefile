@@ -61,7 +61,10 @@ test-vllm: $(VSTAMP) $(SMOLLM2)/config.json
 # verl 0.9.1 (its v1 trainer + TransferQueue) in its own venv for the divopd.integrations.verl plug-in. verl caps
 # transformers below 5.11 while divopd needs >= 5.16, so divopd goes in --no-deps: the plug-in, divopd.sampling and the
 # experience-log reader need only numpy, pyarrow, pydantic and pyyaml (verl brings them); hypothesis is for the
-# suite's conftest. divopd's training code (transformers) is not usable there. Idempotent, like setup.
+# suite's conftest. divopd's training code (transformers) is not usable there. The environments (pyproject's `envs`
+# extra, read from its one line: ENVS_EXTRA) go in with their own dependencies, under the same constraints (torch does
+# not move), for the agent loop's tests on real JVM envs. Idempotent, like setup.
+ENVS_EXTRA := $(shell sed -n 's/^envs = \[\(.*\)\]$$/\1/p' pyproject.toml | tr -d ',')
 RVENV  := .venv-verl
 RPY    := $(RVENV)/bin/python
 RSTAMP := $(RVENV)/.stamp-$(shell cat pyproject.toml constraints.txt constraints-verl.txt | cksum | cut -d' ' -f1)
@@ -74,7 +77,9 @@ $(RSTAMP): pyproject.toml constraints.txt constraints-verl.txt
 	$(RPY) -m pip install -q -c constraints.txt torch==2.13.0
 	$(RPY) -m pip install -q -c constraints.txt -c constraints-verl.txt 'verl[verl-core]' 'hypothesis>=6.100'
 	$(RPY) -m pip install -q --no-deps -e .
-	$(RPY) -c "import divopd.integrations.verl"
+	test -n '$(ENVS_EXTRA)'
+	$(RPY) -m pip install -q -c constraints.txt -c constraints-verl.txt $(ENVS_EXTRA)
+	$(RPY) -c "import divopd.integrations.verl, textworld_express, scienceworld"
 	rm -f $(RVENV)/.stamp-*
 	touch $@
 
@@ -83,7 +88,8 @@ test-verl: $(RSTAMP)
 	$(RPY) -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/integrations/verl
 
 # Trinity-RFT 0.6.0 in its own venv (it resolves verl 0.8.0 and transformers 5.25; torch stays the CPU 2.13.0 build),
-# for the DivOPD sample strategy's integration tests (tests/integrations/trinity). Idempotent, like setup.
+# for the DivOPD sample strategy's integration tests (tests/integrations/trinity); divopd with its `envs` extra
+# (ScienceWorld, TextWorld-Express: the workflows' tests play them). Idempotent, like setup.
 TVENV  := .venv-trinity
 TPY    := $(TVENV)/bin/python
 TSTAMP := $(TVENV)/.stamp-$(shell cat pyproject.toml constraints.txt constraints-trinity.txt | cksum | cut -d' ' -f1)
@@ -95,7 +101,9 @@ $(TSTAMP): pyproject.toml constraints.txt constraints-trinity.txt
 	$(TPY) -m pip install -q --upgrade pip
 	$(TPY) -m pip install -q -c constraints.txt torch==2.13.0
 	$(TPY) -m pip install -q -c constraints.txt -c constraints-trinity.txt trinity-rft
-	$(TPY) -m pip install -q -c constraints.txt -c constraints-trinity.txt -e . 'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100'
+	$(TPY) -m pip install -q -c constraints.txt -c constraints-trinity.txt -e '.[envs]' 'pytest>=8' 'pytest-timeout>=2.3' \
+	  'hypothesis>=6.100'
+	$(TPY) -c "import divopd.integrations.trinity_workflow, textworld_express, scienceworld"
 	rm -f $(TVENV)/.stamp-*
 	touch $@
 

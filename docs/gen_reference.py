@@ -169,8 +169,9 @@ def cli_page() -> str:
     parser, subparsers = build_parser()
     out = [HEADER, "# CLI reference\n\n",
            "`divopd COMMAND --help` prints the same text; `python -m divopd ...` works the same. Bad input is one "
-           "line on stderr and exit code 2; `--debug` (or `DIVOPD_DEBUG=1`) shows the traceback, `--verbose` (or "
-           "`DIVOPD_VERBOSE=1`) keeps third-party INFO logs.\n\n",
+           "line on stderr and exit code 2 ([the error policy](../troubleshooting.md#the-error-policy)); `--debug` "
+           "(or `DIVOPD_DEBUG=1`) shows the traceback, `--verbose` (or `DIVOPD_VERBOSE=1`) keeps third-party INFO "
+           "logs.\n\n",
            _table(("command", "what"), [(f"[`divopd {n}`](#divopd-{n})", h) for n, (_, h) in COMMANDS.items()]),
            "\n## divopd\n\n```text\n", parser.format_help(), "```\n"]
     for name, (module_name, _) in COMMANDS.items():
@@ -203,7 +204,9 @@ def config_page() -> str:
            "`--set runtime.kind=lockstep`). `divopd train CONFIG --print-config` prints the resolved config. See the "
            "[training guide](../guides/training.md).\n"]
     for top, rows in sections.items():
-        out += [f"\n## {top}\n\n", _table(("key", "type", "default", "meaning"), rows)]
+        # the div (md_in_html; invisible on GitHub) lets extra.css keep short defaults whole ("float32", not "float3/2")
+        out += [f"\n## {top}\n\n", '<div class="config-keys" markdown>\n\n',
+                _table(("key", "type", "default", "meaning"), rows), "\n</div>\n"]
         if top in long_defaults:
             out += ["\nLong defaults (they wrap here instead of widening the table):\n\n", *long_defaults[top]]
     return "".join(out) + method_rows_section()

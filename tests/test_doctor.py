@@ -215,3 +215,24 @@ def test_train_refuses_a_run_directory_without_the_free_space(models: dict[str, 
     assert f"divopd train: error: run directory {tmp_path / 'run'}: 0.00 GiB free on its filesystem" in err
     assert "free space or choose another --run-dir" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_packaged_setting_on_a_fresh_folder_checks_its_shipped_models(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`divopd train coin6-dart` copies the package's prebuilt models into ./cache on first use, so the doctor of a
+    fresh folder checks those (exit 0), says where they will go and copies nothing; a folder divopd did not write
+    there is what the run would read, and the doctor checks that one."""
+    monkeypatch.chdir(tmp_path)
+    code, rows, err = _doctor(capsys, "coin6-dart")
+    config = {r["name"]: r for r in rows if r["section"] == "config"}
+    assert code == 0 and err == [], err
+    for name in ("student", "teacher"):
+        assert config[f"{name}.path"]["status"] == "ok"
+        assert config[f"{name}.path"]["detail"].endswith(f"copied to cache/coin6-dart/{name} on the first divopd train")
+    assert config["vocabulary"]["status"] == "ok"
+    assert not (tmp_path / "cache").exists()
+    (tmp_path / "cache" / "coin6-dart" / "teacher").mkdir(parents=True)  # not divopd's: never replaced
+    code, rows, err = _doctor(capsys, "coin6-dart")
+    assert code == 2 and err == ["divopd doctor: error: teacher.path: cache/coin6-dart/teacher is not a model folder "
+                                 "(no config.json)"], err

@@ -66,10 +66,11 @@ def _teacher_encoding(family: str, tok: object, text: str) -> tuple[list[int], l
 
 
 def _reference(s_fam: str, t_fam: str, fams: dict, model: torch.nn.Module,
-               response: str) -> tuple[list[int], list[float], list[int]]:
+               response: str) -> tuple[list[int], list[float], list[int], set[int]]:
     """Independently of divopd's mapping: the student's ids of ``response``, the teacher's log prob of each aligned
-    chunk (a plain forward over its own tokenization; chunks cut where both tokenizations end at one character) and
-    each student token's chunk."""
+    chunk (a plain forward over its own tokenization; chunks cut where both tokenizations end at one character; the
+    last index: text after the teacher's last token), each student token's chunk, and the chunks that hold a teacher
+    ``<unk>`` (the log prob of an unknown word, not of the text)."""
     student, teacher = fams[s_fam], fams[t_fam]
     s_prompt, s_ids = _ids(student, PROMPT), _ids(student, response)
     text, s_ends = _student_text(student, s_prompt, s_ids)
@@ -80,10 +81,29 @@ def _reference(s_fam: str, t_fam: str, fams: dict, model: torch.nn.Module,
         logp = torch.log_softmax(model(torch.tensor([t_prompt + t_ids])).logits[0].double(), dim=-1)
     t_lp = [float(logp[len(t_prompt) - 1 + j, t]) for j, t in enumerate(t_ids)]
     shared = sorted(set(s_ends) & set(t_ends) - {0})
-    chunk_lp = [0.0] * len(shared)
+    chunk_lp = [0.0] * (len(shared) + 1)
     for j, e in enumerate(t_ends):
         chunk_lp[bisect.bisect_left(shared, max(e, 1))] += t_lp[j]
-    return s_ids, chunk_lp, [bisect.bisect_left(shared, e) for e in s_ends]
+    unknown = {bisect.bisect_left(shared, max(e, 1)) for e, t in zip(t_ends, t_ids, strict=True)
+               if t == teacher.unk_token_id}
+    return s_ids, chunk_lp, [bisect.bisect_left(shared, e) for e in s_ends], unknown
+
+
+def _check_against_reference(s_fam: str, t_fam: str, fams: dict, models: dict, response: str) -> np.ndarray:
+    """The mapped log probs of ``response``: NaN exactly on the student tokens of a chunk that holds a teacher
+    ``<unk>`` or lies after the teacher's last token (the teacher has no token for that text), every other token its
+    even share of its chunk's reference log prob."""
+    student, teacher_tok, model = fams[s_fam], fams[t_fam], models[t_fam]
+    teacher = adapt_teacher(HFTeacher(model, teacher_tok, max_tokens_per_batch=4096), student, teacher_tok)
+    s_ids, chunk_lp, chunk_of, unknown = _reference(s_fam, t_fam, fams, model, response)
+    (mapped, _), = teacher.score_turns([_ids(student, PROMPT)], [s_ids])
+    sizes = np.bincount(chunk_of)
+    forced = [c in unknown or c == len(chunk_lp) - 1 for c in chunk_of]
+    assert np.isnan(mapped[forced]).all(), (response, mapped)
+    keep = ~np.asarray(forced, dtype=bool)
+    expect = np.asarray([chunk_lp[c] / sizes[c] for c in chunk_of])
+    np.testing.assert_allclose(mapped[keep], expect[keep], rtol=0, atol=1e-4)
+    return mapped
 
 
 PAIRS = [p for p in itertools.permutations(FAMILIES, 2)]
@@ -97,7 +117,7 @@ def test_every_family_pair_maps_every_token_against_a_plain_forward(s_fam: str, 
     teacher = adapt_teacher(HFTeacher(model, teacher_tok, max_tokens_per_batch=4096), student, teacher_tok)
     assert isinstance(teacher, CrossTokenizerTeacher)
     for response in RESPONSES:
-        s_ids, chunk_lp, chunk_of = _reference(s_fam, t_fam, fams, model, response)
+        s_ids, chunk_lp, chunk_of, _ = _reference(s_fam, t_fam, fams, model, response)
         (mapped, _), = teacher.score_turns([_ids(student, PROMPT)], [s_ids])
         assert np.isfinite(mapped).all(), (response, mapped)  # the text forces no mask here: every word is known
         sizes = np.bincount(chunk_of)
@@ -121,17 +141,35 @@ def test_a_response_without_a_leading_space_scores_like_one_with_it(t_fam: str, 
         np.testing.assert_allclose(lp_a, lp_b, rtol=0, atol=1e-5)
 
 
-def test_unknown_text_is_still_masked(fams: dict, models: dict) -> None:
-    """What the text forces stays masked: a character a Metaspace Unigram teacher has never seen (``<unk>``) loses the
-    text from there on."""
-    student, teacher_tok = fams["bpe"], fams["metaspace"]
-    assert teacher_tok.unk_token_id in _ids(teacher_tok, "take coin ~ move east")
-    teacher = adapt_teacher(HFTeacher(models["metaspace"], teacher_tok, max_tokens_per_batch=4096), student,
-                            teacher_tok)
-    ids = _ids(student, "take coin ~ move east")
-    (lp, _), = teacher.score_turns([_ids(student, PROMPT)], [ids])
-    lost = next(k for k in range(len(ids)) if "~" in student.decode(ids[:k + 1]))  # the token that holds it
-    assert np.isfinite(lp[:lost]).all() and np.isnan(lp[lost:]).all()
+UNKNOWN = [("bpe", "metaspace", "take coin ~ move east"),  # a character the Unigram never saw
+           ("bpe", "word", "take coin ~ move east"),  # a word-level teacher: "~" is a word it lacks
+           ("bpe", "word", "Youtake move east"),  # two known words without a space: one word the teacher lacks
+           ("sentencepiece", "word", "There isYour coin. move east")]
+
+
+@pytest.mark.parametrize(("s_fam", "t_fam", "response"), UNKNOWN,
+                         ids=[f"{s}-student-{t}-teacher-{i}" for i, (s, t, _) in enumerate(UNKNOWN)])
+def test_an_unknown_word_masks_its_own_chunk_only(s_fam: str, t_fam: str, response: str, fams: dict,
+                                                  models: dict) -> None:
+    """What the text forces stays masked: text the teacher cannot spell becomes its ``<unk>``, whose log prob is that
+    of some unknown word, not of the text: the student tokens of that chunk are masked. The tokens after it are
+    scored, exactly as the teacher's own tokenization scores them (its offsets say where the unknown text ends)."""
+    assert fams[t_fam].unk_token_id in _ids(fams[t_fam], response)
+    mapped = _check_against_reference(s_fam, t_fam, fams, models, response)
+    lost = np.flatnonzero(np.isnan(mapped))
+    assert 0 < len(lost) <= len(mapped) - 2 and np.isfinite(mapped[lost[-1] + 1:]).all(), mapped
+
+
+@pytest.mark.parametrize("s_fam", ["bpe", "sentencepiece", "metaspace"])
+def test_a_space_joining_teacher_masks_only_whitespace_it_has_no_token_for(s_fam: str, fams: dict,
+                                                                           models: dict) -> None:
+    """A word-level teacher whose decoder joins words with spaces (``take coin .``) sees punctuation and words as the
+    student wrote them: all scored. It has no token for whitespace: a newline between two words shares the next
+    word's chunk (its sum is exact), a newline after the last word has no teacher token at all and stays masked."""
+    for response, masked in [("take coin.", 0), ("move east. take coin", 0), ("take\nmove east", 0),
+                             ("take coin.\n", 1), ("\n", -1)]:  # -1: every token (a lone newline)
+        mapped = _check_against_reference(s_fam, "word", fams, models, response)
+        assert int(np.isnan(mapped).sum()) == (masked if masked >= 0 else len(mapped)), (response, mapped)
 
 
 # ------------------------------------------------------------------------------------------------ eos rule
@@ -211,3 +249,70 @@ def test_a_same_id_subset_vocabulary_takes_the_path_that_scores_more(caplog: pyt
         explorer = Explorer(ExplorerConfig(env="tiny"), build_model(large, size="0.2m"), large,
                             HFTeacher(model, small, max_tokens_per_batch=4096), small)
     assert isinstance(explorer._teacher, CrossTokenizerTeacher)
+
+
+# ------------------------------------------------------------------------------------------------ a real run
+def _forced(student: object, teacher: object, response: list[int]) -> list[bool]:
+    """Independently of divopd's mapping, for a byte-level word student and a whitespace-splitting word-level teacher:
+    per response token, whether the text forces its mask. A token whose letters lie in a word the teacher scores as
+    ``<unk>`` is forced; a whitespace-only token shares the fate of the next word in its run (special tokens cut
+    runs), and is forced where no word follows (the teacher has no token for it)."""
+    special = set(student.all_special_ids)
+    out = [False] * len(response)
+    runs, start = [], 0
+    for k in range(len(response) + 1):
+        if k == len(response) or response[k] in special:
+            runs.append((start, k))
+            start = k + 1
+    for a, b in runs:
+        pieces = [student.decode([t]) for t in response[a:b]]
+        text = "".join(pieces)
+        enc = teacher(text, add_special_tokens=False, return_offsets_mapping=True)
+        unknown = [span for t, span in zip(enc["input_ids"], enc["offset_mapping"], strict=True)
+                   if t == teacher.unk_token_id]
+        at, fate = 0, []
+        for piece in pieces:
+            letters = [i for i in range(at, at + len(piece)) if not text[i].isspace()]
+            fate.append(None if not letters else any(s <= letters[0] < e for s, e in unknown))
+            at += len(piece)
+        nxt = True  # no word after it: forced
+        for j in range(len(fate) - 1, -1, -1):
+            nxt = fate[j] if fate[j] is not None else nxt
+            out[a + j] = nxt
+    return out
+
+
+@pytest.mark.slow
+def test_a_short_train_with_a_word_level_teacher_masks_only_what_the_text_forces(tmp_path: object) -> None:
+    """The benchmark's pair (``benchmarks/teacher_families.py``) in a real short run: the random student writes words
+    without spaces between them and newlines at the end; exactly the tokens of words the whitespace-splitting teacher
+    cannot spell, and whitespace with no word after it, are masked, and the run's metric counts them."""
+    import json
+
+    from divopd.experience.log import read_log
+    from divopd.explore.envs.tiny import build_tiny_pair, tiny_corpus
+    from divopd.models import load_tokenizer
+    from divopd.train import train
+    from divopd.train.config import load_config
+
+    student_path = build_tiny_pair(tmp_path / "pair")["student"]
+    words = build_tokenizer(tiny_corpus(), kind="whitespace", vocab_size=600)
+    build_model(words, size="0.2m", seed=1).save_pretrained(tmp_path / "teacher")
+    words.save_pretrained(tmp_path / "teacher")
+    cfg = load_config(data={
+        "setting": "tiny", "method": "divopd", "seed": 0, "updates": 2, "run_dir": str(tmp_path / "run"),
+        "student": {"path": student_path}, "teacher": {"path": str(tmp_path / "teacher")},
+        "runtime": {"kind": "lockstep"}, "eval": {"every": 1000, "at_start": False}})
+    train(cfg)
+    student, teacher = load_tokenizer(student_path), load_tokenizer(str(tmp_path / "teacher"))
+    masked = forced = tokens = 0
+    for lt in read_log(tmp_path / "run" / "experience"):
+        if lt.turn.teacher_logprobs is None:
+            continue
+        lost = ~np.isfinite(np.asarray(lt.turn.teacher_logprobs, dtype=np.float64))
+        expect = _forced(student, teacher, lt.turn.response_ids.tolist())
+        assert lost.tolist() == expect, (student.convert_ids_to_tokens(lt.turn.response_ids.tolist()), lost)
+        tokens, masked, forced = tokens + len(lost), masked + int(lost.sum()), forced + sum(expect)
+    assert 0 < masked == forced < tokens
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [r["explorer/teacher_masked_tokens"] for r in records if r.get("kind") == "update"][-1] == masked

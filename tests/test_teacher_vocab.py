@@ -176,8 +176,8 @@ def test_cross_tokenizer_with_smollm2_as_the_teacher(toks: dict) -> None:
 
 def test_unrecoverable_pieces_are_glued_and_lost_text_is_masked(toks: dict) -> None:
     """A byte-level piece of a multi-byte character has no text of its own: it shares its chunk with the piece that
-    completes it. A word the teacher cannot spell (``<unk>``) leaves the teacher's text: every student token from
-    there is masked (NaN), never scored as garbage."""
+    completes it. A word the teacher cannot spell (``<unk>``) is masked (NaN), never scored as garbage (here it is
+    the last word: every student token from its start is masked)."""
     word, bpe = toks["word"], toks["bpe"]
     ids = _ids(bpe, "move café")
     pieces = [bpe.decode([i]) for i in ids]

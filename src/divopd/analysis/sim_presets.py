@@ -10,7 +10,8 @@ __all__ = ["PRESETS", "Preset"]
 
 @dataclass(frozen=True)
 class Preset:
-    """Distributions of one synthetic environment (see the module docstring for how they are used).
+    """Distributions of one synthetic environment: outcome and horizon, response and observation lengths, prompt
+    budget, student log probs and teacher disagreement, from which :mod:`divopd.analysis.simulate` draws each rollout.
 
     Attributes:
         name: preset name; also the ``env`` column.

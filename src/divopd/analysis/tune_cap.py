@@ -132,8 +132,9 @@ def _cap_row(cap: int, batch_size: int, m: dict[str, Any]) -> dict[str, Any]:
 def recommend_cap(
     rows: Sequence[dict[str, Any]], unused_tol: float = 0.02, eff_tol: float = 0.10
 ) -> tuple[int | str | None, str]:
-    """The recommendation rule (see the module docstring): fewest starved ticks, then unused fraction within
-    ``unused_tol`` of the best, then effective rollouts ≥ ``(1 − eff_tol)`` × the best among those, then the largest k.
+    """Pick k from :func:`tune_cap`'s rows: the fewest starved ticks, then unused fraction within ``unused_tol`` of
+    the best, then effective rollouts ≥ ``(1 − eff_tol)`` × the best among those, then the largest k left (coverage
+    and spread are what a cap buys; among caps a replay cannot tell apart, the loosest fragments rollouts least).
 
     Args:
         rows: per-cap rows of :func:`tune_cap` (keys ``cap``, ``starved``, ``unused_fraction``,

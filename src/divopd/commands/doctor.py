@@ -41,6 +41,17 @@ def format_table(title: str, rows: list[Check]) -> str:
     return "\n".join(lines)
 
 
+def _shipped(config: str, cfg: object) -> dict:
+    """The shipped models a packaged setting's first ``divopd train`` would copy (none for a YAML file)."""
+    from pathlib import Path
+
+    if Path(config).is_file():
+        return {}
+    from divopd.suite.models import shipped_models_for
+
+    return shipped_models_for(config, cfg.student.path, cfg.teacher.path)  # type: ignore[attr-defined]
+
+
 def run(args: argparse.Namespace) -> int:
     from divopd.errors import UsageError
     from divopd.train.probes import machine_checks
@@ -49,13 +60,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--import-timeout: expected seconds >= 0, got {args.import_timeout:g}")
     if (args.method or args.overrides or args.run_dir) and not args.config:
         raise UsageError("--method, --set and --run-dir need a CONFIG (a packaged setting's name or a YAML file)")
-    cfg = None
+    cfg, shipped = None, {}
     if args.config:
         from divopd.train.config import load_config
 
         extra = {"run_dir": args.run_dir} if args.run_dir else None
         method = [f"method={args.method}"] if args.method else []
         cfg = load_config(args.config, [*method, *args.overrides], data=extra)
+        shipped = _shipped(args.config, cfg)
+        if shipped:  # check the package's prebuilt models, which the first divopd train copies into place
+            sets = [f"{name}.path={folder}" for name, folder in shipped.items()]
+            cfg = load_config(args.config, [*method, *args.overrides, *sets], data=extra)
     machine = machine_checks(args.import_timeout)
     config_rows: list[Check] = []
     if cfg is not None:
@@ -63,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
 
         machine = [r for r in machine if r.name != "disk"]  # the config's disk row is the run directory's
         config_rows = config_checks(cfg, doctor=True)
+        for i, r in enumerate(config_rows):
+            name = r.name.removesuffix(".path")
+            if r.name.endswith(".path") and name in shipped and r.status == "ok":
+                config_rows[i] = Check(r.name, r.status, f"{r.detail}: the package's prebuilt {name}, copied to "
+                                       f"cache/{args.config}/{name} on the first divopd train")
     stops = [r for r in config_rows if r.blocker]
     if args.json:
         for section, rows in (("machine", machine), ("config", config_rows)):

@@ -186,7 +186,8 @@ def expand_ids(ids: Sequence[int], missing: frozenset[int], source_tokenizer: An
 
 class ExtensionTeacher:
     """A teacher whose vocabulary extends the student's or is extended by it (same id for every shared token): the
-    student's ids are scored directly; positions of student tokens the teacher lacks get NaN (see the module doc)."""
+    student's ids are scored directly; positions of student tokens the teacher lacks get NaN (not teacher-valid,
+    counted as masked)."""
 
     speaks_student_ids = True
 

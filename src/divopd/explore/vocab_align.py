@@ -16,9 +16,11 @@ One turn, step by step (:func:`plan_turn`, :func:`map_logprobs`):
    segment's text up to ``c`` (:func:`clean_ends`). A token whose text is not recoverable on its own (a byte-fallback
    or byte-level piece of a multi-byte character, which decodes to ``\\ufffd``) has no clean end: it is glued to the
    tokens after it until one ends cleanly. A teacher token ends where its tokenizer's offsets say, kept where the
-   teacher's ids up to it decode to the text up there, whitespace aside (:func:`offset_ends`: a dummy prefix is no
-   change of text); where the teacher's decoding does not give the text back (an unknown word becoming ``<unk>``),
-   it has no cuts from there on.
+   teacher's ids up to it decode to the text up there, whitespace aside (:func:`offset_ends`: a dummy prefix, or a
+   decoder that joins words with spaces, is no change of text). Text the teacher cannot spell becomes its unknown
+   token (``<unk>``): that token is *lost*, but its offsets say where the unknown text ends, so the tokens after it
+   keep their cuts. Where the teacher's decoding does not give the text back otherwise (a normalizer's change), it
+   has no cuts from there on.
 3. **Chunks.** The cuts both sides share split the segment into aligned chunks: maximal spans whose two tokenizations
    start and end at the same characters. A chunk's teacher log prob is the sum of its teacher tokens' log probs, which
    is the teacher's log prob of the chunk's text given everything before it, exactly.
@@ -26,8 +28,10 @@ One turn, step by step (:func:`plan_turn`, :func:`map_logprobs`):
    (boundaries align: the common case for whole words) it gets exactly the teacher's log prob of its text given the
    same prefix; where a teacher token straddles a student boundary the chunk spans several student tokens, their sum
    is exact, and each gets a share in ``[chunk log prob, 0]``.
-5. **Not mappable.** Student tokens after the teacher's last clean cut (its decoding lost the text) get NaN: they are
-   not teacher-valid (:attr:`~divopd.experience.turn.Turn.valid_mask`) and the explorer counts them.
+5. **Not mappable.** Student tokens of a chunk that holds a lost teacher token (the teacher's log prob of "some
+   unknown word", not of the text), and those after the teacher's last clean cut (text it has no token for, such as
+   a newline after the last word for a teacher that splits on whitespace, or text its decoding lost), get NaN: they
+   are not teacher-valid (:attr:`~divopd.experience.turn.Turn.valid_mask`) and the explorer counts them.
 
 The prompt is translated the same way (no cuts needed), its segments' teacher ids concatenated, with the teacher's
 begin-of-sequence id first when its tokenizer adds one. The response is teacher-tokenized apart from the prompt, so
@@ -41,7 +45,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -76,16 +80,28 @@ def _squeeze(text: str) -> str:
     return "".join(text.split())
 
 
-def offset_ends(tokenizer: Any, ids: Sequence[int], ends: Sequence[int], text: str) -> list[int | None]:
-    """Per token of ``tokenizer``'s encoding of ``text``, the character where it ends (``ends``: its offsets),
-    kept where the ids up to it decode to ``text`` up there, whitespace aside (so a dummy prefix, or a decoder that
-    joins words with spaces, does not count as a change of text), else ``None``: a piece of a character not
-    recoverable on its own, and every token from a lost piece of text on (an ``<unk>``, a normalizer's change)."""
-    out: list[int | None] = []
-    for k, end in enumerate(ends):
-        same = _squeeze(_decode(tokenizer, ids[:k + 1])) == _squeeze(text[:end])
-        out.append(end if same and end > 0 else None)
-    return out
+def offset_ends(tokenizer: Any, ids: Sequence[int], offsets: Sequence[tuple[int, int]],
+                text: str) -> tuple[list[int | None], list[bool]]:
+    """Per token of ``tokenizer``'s encoding of ``text`` (``offsets``: each token's span in ``text``), the character
+    where it ends, kept where the ids up to it decode to ``text`` up there, whitespace aside (so a dummy prefix, or a
+    decoder that joins words with spaces, does not count as a change of text) and each unknown span before it read as
+    the unknown token, else ``None``: a piece of a character not recoverable on its own, and every token from a
+    changed piece of text on (a normalizer's change). Also, per token, whether it is *lost*: the tokenizer's unknown
+    token (``<unk>``) standing for text it cannot spell. A lost token ends where its offsets say, so the tokens after
+    it keep their ends: only the chunk that holds it loses its text."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    unk_text = _squeeze(_decode(tokenizer, [unk])) if unk is not None else ""
+    shown, at = "", 0  # the text up to character ``at`` as the decoding shows it (unknown spans as <unk>), squeezed
+    ends: list[int | None] = []
+    lost: list[bool] = []
+    for k, (start, end) in enumerate(offsets):
+        gone = unk is not None and int(ids[k]) == unk and at <= start < end and _squeeze(text[start:end]) != unk_text
+        if gone:
+            shown, at = shown + _squeeze(text[at:start]) + unk_text, end
+        same = _squeeze(_decode(tokenizer, ids[:k + 1])) == shown + _squeeze(text[at:max(end, at)])
+        ends.append(end if same and end > 0 else None)
+        lost.append(gone)
+    return ends, lost
 
 
 def adds_dummy_prefix(tokenizer: Any) -> bool:
@@ -139,6 +155,7 @@ class _Segment:
     student_chunk: list[int]  # chunk index per student token (within the segment)
     teacher_chunk: list[int]
     n_chunks: int
+    lost: list[int] = field(default_factory=list)  # chunks that hold a lost teacher token (an unknown word)
 
 
 @dataclass
@@ -185,12 +202,13 @@ class Translator:
         adds one: :func:`adds_dummy_prefix`)."""
         return self.encode_ends(text)[0]
 
-    def encode_ends(self, text: str) -> tuple[list[int], list[int | None] | None]:
-        """:meth:`encode` and, per target token, the character of ``text`` where it ends cleanly (``None``: not
-        recoverable on its own), from the tokenizer's offsets; ``None`` for the whole list where the tokenizer gives
-        no offsets (a slow tokenizer: the caller falls back to :func:`clean_ends`)."""
+    def encode_ends(self, text: str) -> tuple[list[int], list[int | None] | None, list[bool]]:
+        """:meth:`encode`; per target token, the character of ``text`` where it ends cleanly (``None``: not
+        recoverable on its own), from the tokenizer's offsets (:func:`offset_ends`), ``None`` for the whole list where
+        the tokenizer gives no offsets (a slow tokenizer: the caller falls back to :func:`clean_ends`); and per target
+        token whether it is lost (an unknown token standing for text it cannot spell)."""
         if not text:
-            return [], []
+            return [], [], []
         cut = 1 if self.dummy_prefix and text[0] == " " else 0  # the prefix the target adds stands for this space
         body = text[cut:]
         if not body:  # a lone space: no word for a prefix to start
@@ -198,9 +216,11 @@ class Translator:
         try:
             enc = self.target(body, add_special_tokens=False, return_offsets_mapping=True)
         except (NotImplementedError, TypeError, ValueError):
-            return [int(t) for t in self.target.encode(body, add_special_tokens=False)], None
+            ids = [int(t) for t in self.target.encode(body, add_special_tokens=False)]
+            return ids, None, [False] * len(ids)  # clean_ends: no cut after an unknown token, nothing to mark
         ids = [int(t) for t in enc["input_ids"]]
-        return ids, offset_ends(self.target, ids, [int(e) + cut for _, e in enc["offset_mapping"]], text)
+        spans = [(int(a) + cut, int(e) + cut) for a, e in enc["offset_mapping"]]
+        return ids, *offset_ends(self.target, ids, spans, text)
 
     def translate(self, ids: Sequence[int], *, lead: bool = True) -> list[int]:
         """All of ``ids`` in the target's ids (with the target's leading ``bos`` when it adds one and ``lead``)."""
@@ -215,7 +235,9 @@ class Translator:
 
 
 def plan_turn(tr: Translator, prompt: Sequence[int], response: Sequence[int]) -> TurnPlan:
-    """The teacher's ids of one turn and the chunks of every response segment (see the module doc)."""
+    """The teacher's ids of one turn (prompt and response translated segment by segment, anchors as their teacher
+    ids) and, for every response segment, its aligned chunks: spans where both tokenizations cut at the same
+    characters, whose teacher log probs :func:`map_logprobs` sums and splits over the student's tokens."""
     teacher_prompt = tr.translate(prompt)
     done, t_done = [int(x) for x in prompt], list(teacher_prompt)
     segments, teacher_response = [], []
@@ -225,12 +247,13 @@ def plan_turn(tr: Translator, prompt: Sequence[int], response: Sequence[int]) ->
             seg = _Segment(run, t_ids, [0], [0], 1)
         else:
             text = tr.text(run, done)
-            t_ids, t_ends = tr.encode_ends(text)
+            t_ids, t_ends, t_lost = tr.encode_ends(text)
             s_ends = clean_ends(tr.source, run, text, done)
             if t_ends is None:
                 t_ends = clean_ends(tr.target, t_ids, text, t_done)
             s_chunk, t_chunk, n = _chunks(s_ends, t_ends, len(text))
-            seg = _Segment(run, t_ids, s_chunk, t_chunk, n)
+            lost = sorted({c for c, gone in zip(t_chunk, t_lost, strict=True) if gone})
+            seg = _Segment(run, t_ids, s_chunk, t_chunk, n, lost)
         segments.append(seg)
         teacher_response.extend(t_ids)
         done.extend(run)
@@ -255,6 +278,7 @@ def map_logprobs(plan: TurnPlan, teacher_logprobs: np.ndarray) -> np.ndarray:
         count = np.bincount(s_chunk, minlength=seg.n_chunks + 1)
         share = np.where(has_teacher, total / np.maximum(count, 1), np.nan)
         share[seg.n_chunks] = np.nan  # past the teacher's last clean cut: not mappable
+        share[np.asarray(seg.lost, dtype=np.int64)] = np.nan  # the teacher's <unk>: not the text's probability
         out.append(share[s_chunk])
     return (np.concatenate(out) if out else np.zeros(0)).astype(np.float32)
 
@@ -267,7 +291,9 @@ def plan_coverage(plan: TurnPlan) -> tuple[int, int]:
 
 
 class CrossTokenizerTeacher:
-    """A teacher with its own tokenizer, as a Teacher of the student's ids (see the module doc)."""
+    """A teacher with its own tokenizer, as a Teacher of the student's ids: each turn is translated to the teacher's
+    tokens (:func:`plan_turn`), scored, and its log probs mapped back onto the student's tokens by character spans
+    (:func:`map_logprobs`); student tokens with no exact teacher score get NaN and are counted as masked."""
 
     speaks_student_ids = True
 

@@ -91,7 +91,9 @@ def _first_line(text: str | None) -> str:
 
 
 class DivOPDWorkflow(Workflow):
-    """One rollout of a divopd environment; one experience per student turn (see the module docstring)."""
+    """One rollout of a divopd environment, one ``Experience`` per student turn: the rollout model generates each
+    action, the first auxiliary model (the teacher) scores the turn's tokens, and ``info["divopd_policy_version"]``
+    keeps the version that generated it. With +R enabled the teacher takes over after stalled turns (not emitted)."""
 
     is_async: bool = True
     can_reset: bool = False

@@ -111,7 +111,10 @@ def _np(t: torch.Tensor | None) -> np.ndarray | None:
 
 
 class RankWorker:
-    """The commands one learner rank answers (see the module docstring)."""
+    """One learner rank: :meth:`setup` joins the process group and builds the FSDP2-sharded model and its AdamW,
+    :meth:`step` runs an update on this rank's rows with the whole batch's loss denominators, and the rest gathers
+    the full state dict, saves and loads sharded checkpoints and leaves the group. A transport (a spawned process or
+    a Ray actor per rank) calls these methods."""
 
     def __init__(self) -> None:
         self.learner: _RankLearner | None = None

@@ -64,7 +64,9 @@ class UnsafeCheckpointError(UsageError, ValueError):
 
 
 class SafeMetadataUnpickler(pickle.Unpickler):
-    """An unpickler that builds only the allow-listed DCP metadata classes (see the module docstring)."""
+    """An unpickler for a DCP index (``.metadata``) that builds only the allow-listed classes (``ALLOWED_GLOBALS``:
+    the DCP metadata dataclasses, ``torch.Size``, paths) and torch dtypes and layouts; any other global, and any
+    persistent id, is refused before it is looked up, so nothing in the file runs."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in ALLOWED_GLOBALS:

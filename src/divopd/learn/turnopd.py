@@ -86,7 +86,9 @@ def depth_budget(depth_disagreement: Sequence[float | None] | None, rho: float, 
 
 
 class DepthStats:
-    """The learner's running per-depth disagreement means m_t (see the module docstring, part a)."""
+    """The learner's running per-depth disagreement means m_t: per turn depth, an exponential moving average (rate
+    ``DEPTH_EMA``) of ``max(s(u), 0)`` over the batch's turns at that depth with a valid token; the first batch with a
+    depth sets its mean, and a depth a batch lacks keeps its value. Published with the weights for the depth budget."""
 
     def __init__(self, means: Sequence[float | None] = (), rate: float = DEPTH_EMA) -> None:
         self.means: list[float | None] = [None if m is None else float(m) for m in means]
@@ -123,7 +125,9 @@ def turn_balance_alpha(update: int, updates: int) -> float:
 
 
 def turn_balance_weights(valid_tokens: Sequence[int] | np.ndarray, alpha: float) -> np.ndarray:
-    """Row weights ``(1 − α)·N·|V_t|/Σ|V| + α`` (module docstring, part b); all 1 when no row has a valid token."""
+    """Row weights ``(1 − α)·N·|V_t|/Σ|V| + α`` (N rows, |V_t| a row's valid tokens): the token-mean loss at α = 0,
+    the turn-balanced loss (every turn weighs the same) at α = 1; they average 1, and are all 1 when no row has a
+    valid token."""
     v = np.asarray(valid_tokens, dtype=np.float64)
     n, total = len(v), float(v.sum())
     if total <= 0:

@@ -100,7 +100,10 @@ def pack_sequences(
     pad_id: int = 0,
     capacity: int | None = None,
 ) -> PackedBatch:
-    """Lay out N (prompt, response) pairs as model inputs (see the module docstring).
+    """Lay out N (prompt, response) pairs as model inputs: each sequence is ``prompt + response[:-1]``, either one
+    right-padded row per sequence (``layout="padded"``) or packed first-fit-decreasing into rows of ``capacity``
+    tokens with ``position_ids`` restarting per sequence and no attention mask (``"packed"``); ``keep_mask`` marks the
+    positions that predict a response token.
 
     ``capacity`` (``packed`` only): tokens per input row, at least the longest sequence (default: the longest). Rows
     with no response token to score are still laid out (they cost compute, as in any trainer) unless they are empty.

@@ -57,7 +57,8 @@ def task_key(turn: Turn) -> str:
 def compose_divopd_focus(
     pool: list[Entry], batch_size: int, config: SamplerConfig | None, rng: np.random.Generator
 ) -> list[Entry]:
-    """``divopd-focus``: task groups in seeded random order, 3-turn / 25%-token-share first pass (module docstring)."""
+    """``divopd-focus``: no gate; task groups in seeded random order, each ranked by disagreement; a first pass of at
+    most 3 turns and a 25% token share per group, then sweeps without the turn cap and finally without either cap."""
     if batch_size <= 0 or not pool:
         return []
     members: dict[str, list[int]] = {}

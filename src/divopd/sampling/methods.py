@@ -155,7 +155,8 @@ def compose_rollout_first(
     """Rollout-first composition: group by rollout, visit longest-waiting groups first, cap k on the first pass.
 
     Args:
-        pool: candidates in visiting order (groups by first appearance; see the module docstring).
+        pool: candidates in visiting order: rollout groups by their oldest first-seen update, arrival order inside a
+            group, so a group's first appearance is its turn to be visited.
         batch_size: B.
         cap: first-pass cap k (``None`` = no cap).
         within: within-rollout order, ``"focus"`` or ``"uniform"``.

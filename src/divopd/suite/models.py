@@ -36,7 +36,8 @@ from typing import Any
 
 from divopd.train.packaged import SHIPPED as PACKAGED_MODELS
 
-__all__ = ["RECIPES", "SHIPPED", "ModelRecipe", "copy_shipped", "prepare_models", "recipe_for", "use_shipped_models"]
+__all__ = ["RECIPES", "SHIPPED", "ModelRecipe", "copy_shipped", "prepare_models", "recipe_for", "shipped_models_for",
+           "use_shipped_models"]
 
 #: Prebuilt models that the package ships (package data, :data:`divopd.train.packaged.SHIPPED`),
 #: ``divopd/shipped/<setting>/{teacher,student}``: the recipe's build into ``cache/<setting>`` (their
@@ -177,6 +178,25 @@ def _sft_argvs(cache: Path, recipe: ModelRecipe) -> dict[str, list[str]]:
     return argvs
 
 
+def _shipped_to_copy(cache: Path, recipe: ModelRecipe, shipped: Path, say: bool = False) -> list[str]:
+    """The names (``teacher``, ``student``) that :func:`copy_shipped` would copy; with ``say``, one line for each
+    folder left alone because divopd did not write it."""
+    names = []
+    for name, argv in _sft_argvs(cache, recipe).items():
+        src, dst = shipped / name, cache / name
+        if not (src / "sft.json").is_file() or not (src / BUILT_WITH).is_file():
+            continue
+        if json.loads((src / BUILT_WITH).read_text()) != argv or _stamped_with(dst, argv, "sft.json"):
+            continue
+        if dst.exists() and not (dst / BUILT_WITH).is_file():
+            if say:
+                print(f"models: {dst} exists and was not written by divopd (no {BUILT_WITH}): left as it is, the "
+                      "shipped model not copied", flush=True)
+            continue
+        names.append(name)
+    return names
+
+
 def copy_shipped(cache: Path, recipe: ModelRecipe, shipped: Path) -> list[str]:
     """Copy ``shipped/teacher`` and ``shipped/student`` into ``cache`` where the shipped model was built from exactly
     the arguments the recipe gives for ``cache`` (its ``recipe-args.json``) and ``cache`` has no complete model of that
@@ -186,16 +206,8 @@ def copy_shipped(cache: Path, recipe: ModelRecipe, shipped: Path) -> list[str]:
     into place, so an interrupted copy leaves no half model. Prints one line naming what was copied where; returns the
     names copied. Anything else is left to :func:`prepare_models` to build."""
     copied = []
-    for name, argv in _sft_argvs(cache, recipe).items():
+    for name in _shipped_to_copy(cache, recipe, shipped, say=True):
         src, dst = shipped / name, cache / name
-        if not (src / "sft.json").is_file() or not (src / BUILT_WITH).is_file():
-            continue
-        if json.loads((src / BUILT_WITH).read_text()) != argv or _stamped_with(dst, argv, "sft.json"):
-            continue
-        if dst.exists() and not (dst / BUILT_WITH).is_file():
-            print(f"models: {dst} exists and was not written by divopd (no {BUILT_WITH}): left as it is, the shipped "
-                  "model not copied", flush=True)
-            continue
         partial = dst.with_name(f"{name}.partial-copy")  # only divopd writes this name
         if partial.exists():
             shutil.rmtree(partial)
@@ -208,6 +220,18 @@ def copy_shipped(cache: Path, recipe: ModelRecipe, shipped: Path) -> list[str]:
         print(f"models: copied the shipped {' and '.join(copied)} into {cache} (from {shipped}; not trained again)",
               flush=True)
     return copied
+
+
+def shipped_models_for(setting: str, student_path: str, teacher_path: str) -> dict[str, Path]:
+    """What the first ``divopd train <setting>`` would copy (:func:`use_shipped_models`), without copying:
+    ``{"student": <shipped folder>, ...}`` for each model still to be copied into ``cache/<setting>``. ``divopd
+    doctor`` checks those folders in place of the ones not there yet."""
+    cache, shipped = Path("cache") / setting, SHIPPED / setting
+    if setting not in RECIPES or not shipped.is_dir():
+        return {}
+    if Path(student_path) != cache / "student" or Path(teacher_path) != cache / "teacher":
+        return {}
+    return {name: shipped / name for name in _shipped_to_copy(cache, RECIPES[setting], shipped)}
 
 
 def use_shipped_models(setting: str, student_path: str, teacher_path: str) -> list[str]:

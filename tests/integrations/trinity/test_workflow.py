@@ -1,4 +1,5 @@
-"""divopd's per-turn OPD workflow inside Trinity-RFT's real ``WorkflowRunner``: a real divopd env (``tiny``), task
+"""divopd's per-turn OPD workflow inside Trinity-RFT's real ``WorkflowRunner``: real divopd envs (``tiny``, and the
+JVM envs TextWorld-Express and ScienceWorld, tests/integrations/real_envs.py; no JVM outlives a test), task
 rows written by ``divopd tasks --for trinity`` and read by Trinity's own task reader, the rollout model and the
 teacher behind Trinity's real ``ModelWrapper`` (an HF transformers model behind Trinity's engine interface: its vLLM
 engines need a GPU), experiences into Trinity's real queue, batches from DivOPDSampleStrategy, then Trinity's real
@@ -25,6 +26,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 from datasets import load_dataset  # noqa: E402
 from queue_helpers import assert_ledger_identity, buffer_config, queue_writer, strategy  # noqa: E402
+from real_envs import ENVS, env_setting  # noqa: E402
 from trinity.algorithm.advantage_fn.on_policy_distill_advantage import OnPolicyDistillAdvantage  # noqa: E402
 from trinity.common.config import Config, InferenceModelConfig  # noqa: E402
 from trinity.common.experience import Experience  # noqa: E402
@@ -60,37 +62,64 @@ def _engines(config: Config, models: dict[str, str]) -> list:
                                              ("auxiliary_0", config.explorer.auxiliary_models[0], "teacher"))]
 
 
-def test_trinity_runs_the_divopd_workflow_and_its_batches_train_finite(ray_local, tmp_path: Path) -> None:
-    models = build_tiny_models(tmp_path / "models")
-    cfg = load_config("tiny", ["explorer.env=tiny", "explorer.env_kwargs={}", "explorer.max_steps=4",
-                               "explorer.generation.max_new_tokens=4"])
+#: env (tests/integrations/real_envs.py) -> (Trinity workflow, tasks, overrides). ``scienceworld`` runs through its
+#: named entry, whose defaults are the packaged ``scienceworld`` setting's explorer section.
+WORKFLOWS_PLAYED: dict[str, tuple[str, int, list[str]]] = {
+    "tiny": ("divopd_opd_workflow", 4, ["explorer.max_steps=4", "explorer.generation.max_new_tokens=4"]),
+    "twx": ("divopd_opd_workflow", 4, ["explorer.max_steps=4"]),
+    "scienceworld": ("divopd_scienceworld_workflow", 2,
+                     ["explorer.max_steps=4", "explorer.generation.max_new_tokens=6"]),
+}
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_trinity_runs_the_divopd_workflow_and_its_batches_train_finite(ray_local, jvms_closed, tmp_path: Path,
+                                                                       env: str) -> None:
+    """Several tasks, a few turns each, on ``tiny`` and on the real JVM envs TextWorld-Express and ScienceWorld."""
+    workflow, limit, overrides = WORKFLOWS_PLAYED[env]
+    cfg, models = env_setting(env, tmp_path / "models", overrides)
+    assert cfg.explorer.env == env
     folder = tmp_path / "tasks"
     folder.mkdir()
-    write_tasks(task_rows(cfg, "train", limit=4), folder / "train.jsonl")
+    write_tasks(task_rows(cfg, "train", limit=limit), folder / "train.jsonl")
     # what Trinity's TaskFileReader does (load_dataset(path, split=...) + TaskFormatter); its module needs
     # sqlalchemy's asyncio extra (greenlet), which this venv lacks
     rows = load_dataset(str(folder), split="train")
-    tasks = [Task(workflow=WORKFLOWS.get("divopd_opd_workflow"), raw_task=row) for row in rows]
+    tasks = [Task(workflow=WORKFLOWS.get(workflow), raw_task=row) for row in rows]
     config = _config(models)
     engines = _engines(config, models)
     try:
-        asyncio.run(_run(config, engines, tasks, tmp_path))
+        experiences = asyncio.run(_play(config, engines, tasks, RUNS))
     finally:
         for actor in engines:
             ray.kill(actor)
+    assert len({e.eid.rid for e in experiences}) == limit * RUNS
+    by_rollout: dict[str, list[Experience]] = {}
+    for e in experiences:
+        by_rollout.setdefault(e.eid.rid, []).append(e)
+    for exps in by_rollout.values():  # the env's own episode: one experience per env step, its outcome on each
+        assert sorted(e.eid.step for e in exps) == list(range(exps[0].info["horizon"]))
+        assert {e.info["env"] for e in exps} == {env} and len({e.info["success"] for e in exps}) == 1
+    assert sum(len(exps) for exps in by_rollout.values()) > len(by_rollout)  # multi-turn
+    asyncio.run(_train(experiences, tmp_path))
 
 
-async def _run(config: Config, engines: list, tasks: list, tmp_path: Path) -> None:
+async def _play(config: Config, engines: list, tasks: list, runs: int) -> list[Experience]:
     runner = WorkflowRunner(config, rollout_model_id=0, auxiliary_model_ids=[0], runner_id=0)
     experiences: list[Experience] = []
     for i, task in enumerate(tasks):
         task.batch_id, task.task_id = "b0", i
         await engines[0].sync_model_weights.remote(i // 2)  # the weight sync between tasks: versions 0, 0, 1, 1
-        status, payload = await runner.run_task(task, batch_id="b0", repeat_times=RUNS)
+        status, payload = await runner.run_task(task, batch_id="b0", repeat_times=runs)
         assert status.ok, status.message
         experiences += Experience.deserialize_many(payload)
+    return experiences
+
+
+async def _train(experiences: list[Experience], tmp_path: Path) -> None:
+    """Trinity's queue, the divopd strategy's batch, Trinity's ``to_data_proto`` and its OPD advantage: finite."""
     keys = {(e.eid.rid, e.eid.step) for e in experiences}
-    assert len(keys) == len(experiences) and len({e.eid.rid for e in experiences}) == 4 * RUNS
+    assert len(keys) == len(experiences)
     for e in experiences:
         n = len(e.tokens) - e.prompt_length
         assert len(e.logprobs) == len(e.teacher_logprobs) == len(e.action_mask) == n

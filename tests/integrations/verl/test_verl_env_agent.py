@@ -4,8 +4,9 @@ What is real: verl's config (``ppo_trainer.yaml`` composed by Hydra, distillatio
 (``AgentLoopWorkerTQ``: its ``__init__``, ``_run_prompt``, ``_run_agent_loop`` with the agent-loop registry and Hydra
 instantiation, ``_agent_loop_postprocess`` writing TransferQueue records) under the plug-in's worker override, verl's
 ``LLMServerClient.generate`` (it stamps each call's weights version) and verl's teacher path
-(``AsyncTeacherLLMServerManager.compute_teacher_logprobs_single``), the divopd ``tiny`` environment (TextWorld-Express
-is not installed in .venv-verl), real HF transformers models (tests/tiny_models.py), the real TransferQueue, the
+(``AsyncTeacherLLMServerManager.compute_teacher_logprobs_single``), divopd environments (``tiny``, and the JVM envs
+TextWorld-Express and ScienceWorld: tests/integrations/real_envs.py; no JVM outlives a test), real HF transformers
+models (tests/tiny_models.py; for TextWorld-Express the ones divopd ships for coin6-dart), the real TransferQueue, the
 plug-in's replay buffer and verl's own per-token distillation estimator (``core_algos.kl_penalty``, k3) and loss
 aggregation (``agg_loss``) on what it hands over.
 
@@ -32,6 +33,7 @@ import torch  # noqa: E402
 import transfer_queue as tq  # noqa: E402
 import verl  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
+from real_envs import ENVS, env_setting  # noqa: E402
 from verl.trainer.ppo.core_algos import agg_loss, kl_penalty  # noqa: E402
 from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
@@ -41,8 +43,6 @@ from divopd.commands.tasks import task_rows  # noqa: E402
 from divopd.integrations.verl_agent_loop import _DivOPDWorker  # noqa: E402
 from divopd.integrations.verl_env_agent import AGENT_NAME  # noqa: E402
 from divopd.integrations.verl_records import SUMMARY_TAG, parse_key  # noqa: E402
-from divopd.train.config import load_config  # noqa: E402
-from tiny_models import build_tiny_models  # noqa: E402
 
 
 class _Remote:
@@ -114,16 +114,23 @@ def _config(models: dict[str, str]) -> Any:
         ])
 
 
-def test_verls_worker_plays_a_divopd_env_and_writes_one_teacher_scored_record_per_turn(transfer_queue,
-                                                                                       tmp_path) -> None:
+#: env (tests/integrations/real_envs.py) -> tasks played (2 sessions each: rollout.n = 2)
+TASKS = {"tiny": 3, "twx": 3, "scienceworld": 2}
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_verls_worker_plays_a_divopd_env_and_writes_one_teacher_scored_record_per_turn(transfer_queue, jvms_closed,
+                                                                                       tmp_path, env: str) -> None:
+    """Several tasks, a few turns each, on ``tiny`` and on the real JVM envs TextWorld-Express and ScienceWorld."""
     torch.set_num_threads(1)
-    models = build_tiny_models(tmp_path / "models")
+    limit = TASKS[env]
+    cfg, models = env_setting(env, tmp_path / "models", ["explorer.max_steps=4"])
+    assert cfg.explorer.env == env
     config = _config(models)
     student, teacher = _HFServer(models["student"]), _HFServer(models["teacher"], unscored_every=1)
     worker = _DivOPDWorker(config, llm_client=_Client(config, student),
                            teacher_client={"default": _Client(config, teacher)})  # verl keys one teacher "default"
-    cfg = load_config("tiny", ["explorer.env=tiny", "explorer.env_kwargs={}", "explorer.max_steps=4"])
-    rows = task_rows(cfg, "train", limit=3)
+    rows = task_rows(cfg, "train", limit=limit)
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
     clear_partition("train")
 
@@ -137,15 +144,15 @@ def test_verls_worker_plays_a_divopd_env_and_writes_one_teacher_scored_record_pe
     try:
         asyncio.run(play())
         listing = tq.kv_list(partition_id="train")["train"]
-        assert {listing[f"task{i}"]["status"] for i in range(3)} == {"finished"}, listing  # no session failed
+        assert {listing[f"task{i}"]["status"] for i in range(limit)} == {"finished"}, listing  # no session failed
         records = {k: t for k, t in listing.items() if k.count("_") == 2}
         by_rollout: dict[str, list[int]] = {}
         for key in records:
             rid, turn = parse_key(key)
             by_rollout.setdefault(rid, []).append(turn)
-        assert sorted(by_rollout) == [f"task{i}_{s}" for i in range(3) for s in range(2)]
+        assert sorted(by_rollout) == [f"task{i}_{s}" for i in range(limit) for s in range(2)]
         assert all(sorted(t) == list(range(len(t))) for t in by_rollout.values())
-        assert sum(len(t) for t in by_rollout.values()) > 6  # multi-turn: more records than sessions
+        assert sum(len(t) for t in by_rollout.values()) > 2 * limit  # multi-turn: more records than sessions
         assert teacher.calls == len(records)  # verl's teacher path scored every turn, not only the last
         for tag in records.values():
             assert tag["status"] == "success" and SUMMARY_TAG in tag and "prompt_truncated" in tag

@@ -118,8 +118,9 @@ def remove_covered_parts(path: str | os.PathLike) -> list[Path]:
 
 def compact_parts(path: str | os.PathLike, row_group_size: int = 8192, min_parts: int = 2) -> Path | None:
     """Merge the parts written since the last compaction (the trailing ``part-N`` files after the newest
-    ``part-A-B``) into one ``part-A-B.parquet``, whole or not at all (see the module docstring); returns it, or
-    ``None`` when fewer than ``min_parts`` would merge or their columns differ (left as they are)."""
+    ``part-A-B``) into one ``part-A-B.parquet``, whole or not at all: streamed into a ``.tmp`` file, flushed and
+    renamed before the inputs are removed, so a kill leaves every row in exactly one place. Returns the merged file,
+    or ``None`` when fewer than ``min_parts`` would merge or their columns differ (left as they are)."""
     d = Path(path)
     if not d.is_dir():
         return None

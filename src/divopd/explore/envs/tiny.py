@@ -30,7 +30,9 @@ _FILLER = "the walls are plain and the floor is dusty".split()
 
 
 class TinyEnv(Env):
-    """Corridor-and-coin game (see module docstring)."""
+    """Corridor-and-coin game: ``num_rooms`` rooms in a row, the task names the room that holds the coin, and the
+    agent walks there and takes it (gold path: move towards it, ``take coin``). An action outside
+    :meth:`valid_actions` is refused and marked ``info["invalid"]``."""
 
     name = "tiny"
 

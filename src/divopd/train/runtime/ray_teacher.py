@@ -71,7 +71,8 @@ class TeacherActor:
 
 class RemoteTeacher:
     """The :class:`~divopd.explore.teacher.Teacher` an explorer holds when the teacher is shared: the actor's calls,
-    blocking, each within ``timeout_s`` (``runtime.teacher_timeout_s``; see the module docstring)."""
+    blocking, each within ``timeout_s`` (``runtime.teacher_timeout_s``). A call past the deadline raises
+    ``TeacherTimeoutError``; the explorer then retries the turns one by one, else leaves them unscored."""
 
     def __init__(self, actor: Any, timeout_s: float = 600.0) -> None:
         self.actor = actor
