@@ -8,7 +8,8 @@ in steady state both strategies take B experiences out of the queue per step (di
 expire in its pool); above 1.0 divopd reads the surplus into its pool (that is what the pool is for) while the
 default leaves it queued. ``preloaded``: every step's arrivals written before the first
 ``sample()``; ``ticks``: each step's arrivals written just before that step's ``sample()``. Each sampler reads its
-own queue holding the same stream.
+own queue holding the same stream, and the two run interleaved, step by step (:func:`_row`), so that both see the
+same load on a shared machine.
 """
 
 from __future__ import annotations
@@ -67,30 +68,42 @@ def _buffer(folder: Path, batch_size: int) -> BufferConfig:
     return config
 
 
-async def _time(kind: str, stream: list[list[Experience]], batch_size: int, feed: str, steps: int,
-                folder: Path) -> tuple[list[float], float]:
-    """``sample()`` wall times (ms) and the experiences the strategy took out of the queue per step (mean)."""
-    buffer = _buffer(folder, batch_size)
-    writer = get_buffer_writer(buffer.trainer_input.experience_buffer)
-    await writer.acquire()
-    args = {} if kind == "default" else {"method": "divopd", "pool_factor": 4, "cap": 4, "max_staleness": 2}
-    strategy = SAMPLE_STRATEGY.get(kind)(buffer_config=buffer, **args)
-    if feed == "preloaded":
-        for arrivals in stream:
-            await writer.write(arrivals)
-    times = []
+KINDS = ("default", "divopd")
+
+
+async def _row(stream: list[list[Experience]], batch_size: int, feed: str, steps: int,
+               folder: Path) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Both strategies side by side, interleaved step by step so that both see the same machine load: each reads its
+    own queue holding the same stream; at every step both queues get that step's arrivals (``ticks``), then both
+    strategies sample, the default first at even steps and divopd first at odd ones. Returns the ``sample()`` wall
+    times (ms) of each and the experiences each took out of its queue per step (mean)."""
+    writers, strategies = {}, {}
+    for kind in KINDS:
+        buffer = _buffer(folder, batch_size)
+        writers[kind] = get_buffer_writer(buffer.trainer_input.experience_buffer)
+        await writers[kind].acquire()
+        args = {} if kind == "default" else {"method": "divopd", "pool_factor": 4, "cap": 4, "max_staleness": 2}
+        strategies[kind] = SAMPLE_STRATEGY.get(kind)(buffer_config=buffer, **args)
+    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
     try:
+        if feed == "preloaded":
+            for arrivals in stream:
+                for kind in KINDS:
+                    await writers[kind].write(arrivals)
         for step in range(steps):
             if feed == "ticks":
-                await writer.write(stream[step])
-            t0 = time.perf_counter()
-            batch, _, _ = await strategy.sample(step + 1)
-            times.append((time.perf_counter() - t0) * 1000)
-            assert len(batch) == batch_size
+                for kind in KINDS:
+                    await writers[kind].write(stream[step])
+            for kind in (KINDS if step % 2 == 0 else KINDS[::-1]):
+                t0 = time.perf_counter()
+                batch, _, _ = await strategies[kind].sample(step + 1)
+                times[kind].append((time.perf_counter() - t0) * 1000)
+                assert len(batch) == batch_size
     finally:
-        await writer.release()
-        ray.kill(writer.queue)
-    read = float(batch_size) if kind == "default" else strategy.sampler.ledger["received"] / steps
+        for writer in writers.values():
+            await writer.release()
+            ray.kill(writer.queue)
+    read = {"default": float(batch_size), "divopd": strategies["divopd"].sampler.ledger["received"] / steps}
     return times, read
 
 
@@ -103,10 +116,8 @@ def measure(batch_sizes: list[int], feeds: list[str], steps: int, seed: int, arr
             for b in batch_sizes:
                 stream = _stream(b, steps, seed, arrival)
                 for feed in feeds:
-                    res, read = {}, {}
-                    for kind in ("default", "divopd"):  # same stream, same machine, one after the other
-                        ms, read[kind] = asyncio.run(_time(kind, stream, b, feed, steps, Path(tmp)))
-                        res[kind] = (statistics.median(ms), float(np.percentile(ms, 90)))
+                    ms, read = asyncio.run(_row(stream, b, feed, steps, Path(tmp)))
+                    res = {kind: (statistics.median(ms[kind]), float(np.percentile(ms[kind], 90))) for kind in KINDS}
                     rows.append(Row("trinity", b, feed, steps, *res["default"], *res["divopd"],
                                     default_read=read["default"], divopd_read=read["divopd"]))
     finally:

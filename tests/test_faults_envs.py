@@ -1,4 +1,4 @@
-"""Environment faults, on the real packages: a JVM that stops answering (SIGSTOP) is
+"""Environment faults on the real packages: a JVM that stops answering (SIGSTOP) is
 killed at the call's deadline and the call raises EnvCrash; py4j gateways require their token; backend errors surface
 from reset/step as EnvCrash, and valid_actions()/allowed_actions_key() (called outside the explorer's env-crash handler)
 answer from what those fetched."""
@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -230,3 +232,20 @@ def test_webshop_backend_errors_surface_from_step_not_from_valid_actions() -> No
             env.step(actions[0])
     finally:
         server.stop()
+
+
+def test_a_script_that_exits_with_a_jvm_env_still_open_ends_and_leaves_no_jvm() -> None:
+    """A user's script that raises (or just ends) while a TextWorld-Express env is still referenced: the env's close
+    runs at interpreter exit, where no thread can start; the script must still exit and take its JVM with it."""
+    script = ("from divopd.explore.envs import make_env\n"
+              "env = make_env('twx')\n"
+              "KEEP = [env]\n"
+              "print(env._env._gateway.java_process.pid, flush=True)\n"
+              "raise SystemExit(3)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=BOUND_S)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    status = Path(f"/proc/{int(proc.stdout.split()[0])}/status")
+    deadline = time.monotonic() + 10
+    while status.exists() and "zombie" not in status.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not status.exists() or "zombie" in status.read_text(), "the env's JVM outlived the script"

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import base64
 import time
+from collections import Counter
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY, SampleStrategy
 from trinity.algorithm.sample_strategy.utils import representative_sample
@@ -44,11 +44,12 @@ from trinity.common.experience import Experience
 from trinity.utils.timer import Timer
 
 from divopd.errors import UsageError, one_line
+from divopd.integrations.trinity_queue import read_now_function
 from divopd.integrations.trinity_records import (
     experience_to_turn,
-    experiences_to_turns,
     mask_unscored,
     policy_version,
+    read_turns,
     restore_model_version,
 )
 from divopd.sampling import Batch, Sampler, SamplerConfig, is_stale, ledger_metrics, make_sampler
@@ -107,27 +108,6 @@ def _queue_storage(buffer_config: BufferConfig) -> StorageConfig:
     return storage
 
 
-def _count_function() -> Any:
-    """A function for Ray's ``__ray_call__`` on Trinity's ``QueueStorage`` actor: ``count(storage)`` returns
-    ``(experiences readable now, closed and empty)``: the unread rest of a payload in ``exp_pool`` plus the experiences
-    of the payloads in the queue. It only reads (``__ray_call__`` runs in a thread beside the actor's event loop, so
-    the read itself goes through Trinity's ``get_batch``, which then finds them all and does not wait). Built here as
-    a closure so that Ray ships its code by value: the queue actor need not import divopd."""
-
-    def count(storage: Any) -> tuple[int, bool]:
-        queue = storage.queue
-        items = queue.qsize()  # payloads: a lower bound (a payload holds >= 1 experience)
-        for _ in range(8):  # a writer may append while we look: look again
-            try:
-                items = sum(len(p) for p in list(getattr(queue, "_queue", ())))
-                break
-            except RuntimeError:
-                continue
-        return len(storage.exp_pool) + max(items, queue.qsize()), queue.stopped()
-
-    return count
-
-
 # ---------------------------------------------------------------------------------------------------- strategy
 class DivOPDSampleStrategy(SampleStrategy):
     """Trinity-RFT sample strategy (``algorithm.sample_strategy: divopd``) that composes each batch with a divopd rule.
@@ -155,10 +135,11 @@ class DivOPDSampleStrategy(SampleStrategy):
         self.sampler: Sampler = make_sampler(self.config)
         storage = _queue_storage(buffer_config)
         self._reader = get_buffer_reader(storage)  # blocking reads: waits up to max_read_timeout
-        self._count = _count_function()  # what the queue holds now, asked inside Trinity's queue actor
+        self._read_fn = read_now_function()  # count and read what the queue holds now, in its actor
         self._wait_s = float(storage.max_read_timeout)
         # arrival -> (model version, experience, has an unscored teacher position), turns waiting
         self._held: dict[int, tuple[int, Experience, bool]] = {}
+        self._versions: Counter[int] = Counter()  # model version -> experiences held of that version
         self._closed = False  # the explorer side released the buffer and it is empty
         self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
         self._keep_dir = buffer_config.cache_dir  # <checkpoint job dir>/buffer, where records that stop a run go
@@ -181,6 +162,8 @@ class DivOPDSampleStrategy(SampleStrategy):
         with Timer(metrics, "time/read_experience"):
             batch = await self._compose(learner_version)
         held = [self._held.pop(arrival) for arrival in batch.arrivals]
+        self._versions.subtract(v for v, _, _ in held)
+        self._versions = +self._versions  # only the versions still held
         experiences = [exp for _, exp, _ in held]
         self._forget_departed()
         # finite for Trinity's stock OPD advantage: only records with an unscored position (flagged on arrival) change
@@ -214,7 +197,8 @@ class DivOPDSampleStrategy(SampleStrategy):
         """Read without waiting until the sampler can fill its pool with non-stale turns or the buffer is empty."""
         target = self.config.pool_size if self.sampler.method.pooled else self.config.batch_size
         while not self._closed:
-            fresh = sum(not is_stale(v, learner_version, self.config.max_staleness) for v, _, _ in self._held.values())
+            fresh = sum(n for v, n in self._versions.items() if not is_stale(v, learner_version,
+                                                                              self.config.max_staleness))
             if fresh >= target:
                 return
             experiences, drained = await self._read_now(target - fresh)
@@ -228,21 +212,29 @@ class DivOPDSampleStrategy(SampleStrategy):
         (``[]`` when it is empty or closed).
 
         Trinity's reader waits for a full read (its ``get_batch`` polls the queue in 1 s steps) and its ``length``
-        counts payloads, not experiences: so first ask the queue actor how many experiences it holds (Ray's
-        ``__ray_call__``), then read at most that many with Trinity's reader, which returns without waiting. This
-        strategy is the queue's only reader, so what a count saw and a read left behind is still there: a read that
-        needs no more than that skips the count (one round trip a step once the pool is full, as Trinity's own)."""
-        if limit <= self._known:
-            available = self._known
-        else:
-            available, closed = await self._reader.queue.__ray_call__.remote(self._count)
-            if available == 0:
-                self._closed = self._closed or closed
-                self._known = 0
-                return [], True
-        n = min(available, limit)
+        counts payloads, not experiences: so ask the queue actor, in one round trip, how many experiences it holds and
+        for up to ``limit`` of them (:func:`~divopd.integrations.trinity_queue.read_now_function`: Trinity's own
+        ``get_batch`` on the actor's event loop, sized by the count, so it does not wait). This strategy is the queue's
+        only reader, so what a count saw and a read left behind is still there: a read that needs no more than that
+        goes straight to Trinity's reader (one round trip a step once the pool is full, as Trinity's own)."""
         try:
-            experiences = await self._reader.read(n)
+            if limit <= self._known:
+                available, data = self._known, None
+            else:
+                data, available, closed = await self._reader.queue.__ray_call__.remote(self._read_fn, limit,
+                                                                                       self._wait_s)
+                if available == 0:
+                    self._closed = self._closed or closed
+                    self._known = 0
+                    return [], True
+            n = min(available, limit)
+            if data is None:  # counted only (or known): read them with Trinity's reader, which now does not wait
+                experiences = await self._reader.read(n)
+            else:
+                experiences = Experience.deserialize_many(data)
+                if len(experiences) != n:
+                    raise TimeoutError(f"{_WHO}: the queue held {available} experiences but gave {len(experiences)} "
+                                       f"of the {n} asked for")
         except StopAsyncIteration:
             self._closed, self._known = True, 0
             return [], True
@@ -254,17 +246,18 @@ class DivOPDSampleStrategy(SampleStrategy):
         counted and kept (:attr:`stopped`, and a file under Trinity's ``buffer.cache_dir``), the records read with it
         are queued as usual, and the one-line :class:`UsageError` names the first bad record and the file."""
         turns, bad, error = [], [], None
-        for exp, turn in zip(experiences, experiences_to_turns(experiences), strict=True):
+        read, unscored = read_turns(experiences)
+        for exp, turn, flag in zip(experiences, read, unscored, strict=True):
             if isinstance(turn, UsageError):
                 bad.append(exp)
                 error = error or turn
             else:
-                turns.append((turn, exp))
-        for arrival, (turn, exp) in zip(self.sampler.add([t for t, _ in turns]), turns, strict=True):
+                turns.append((turn, exp, flag))  # flag: a teacher position not finite, masked at hand-over
+        held, versions = self._held, self._versions
+        for arrival, (turn, exp, flag) in zip(self.sampler.add([t for t, _, _ in turns]), turns, strict=True):
             restore_model_version(exp)
-            teacher = turn.teacher_logprobs  # a position the teacher did not score is masked at hand-over
-            unscored = teacher is not None and not bool(np.isfinite(teacher).all())
-            self._held[arrival] = (turn.policy_version, exp, unscored)
+            held[arrival] = (turn.policy_version, exp, flag)
+            versions[turn.policy_version] += 1
         if bad:
             self.stopped += bad
             raise UsageError(f"{error} [{len(self.stopped)} record(s) stopped the run; {self._keep(bad)}]")
@@ -287,7 +280,7 @@ class DivOPDSampleStrategy(SampleStrategy):
             return
         waiting = self.sampler.waiting_arrivals()
         for arrival in [a for a in self._held if a not in waiting]:
-            del self._held[arrival]
+            self._versions[self._held.pop(arrival)[0]] -= 1
 
     # ------------------------------------------------------------------ metrics and messages
     def _metrics(self, batch: Batch) -> dict[str, float]:
@@ -338,6 +331,7 @@ class DivOPDSampleStrategy(SampleStrategy):
                              f"arrivals and {self.sampler.waiting} waiting turns")
         self._held = {a: (int(policy_version(e)), e, _has_unscored(e)) for a, e in zip(arrivals, experiences,
                                                                                       strict=True)}
+        self._versions = Counter(v for v, _, _ in self._held.values())
 
 
 if STRATEGY_NAME not in SAMPLE_STRATEGY.modules:  # a plug-in directory may load this module a second time

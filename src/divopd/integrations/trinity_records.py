@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+from dataclasses import MISSING
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,7 @@ from divopd.errors import UsageError
 from divopd.experience import Turn
 
 __all__ = ["TURN_VERSION_KEY", "UNSCORED_KEY", "experience_to_turn", "experiences_to_turns", "mask_unscored",
-           "policy_version", "restore_model_version"]
+           "policy_version", "read_turns", "restore_model_version"]
 
 #: ``info`` key of the policy version that generated the turn (divopd's workflows set it; it beats model_version).
 TURN_VERSION_KEY = "divopd_policy_version"
@@ -136,18 +138,152 @@ def mask_unscored(exp: Experience) -> int:
 
 def experiences_to_turns(experiences: list[Experience]) -> list[Turn | UsageError]:
     """:func:`experience_to_turn` of each record, in order (a record that stops the run gives its
-    :class:`UsageError` in its place), with the gate's and the focus score's per-turn values computed for the whole
-    read in a few array operations (:func:`_precompute`) instead of several small ones per turn."""
-    out: list[Turn | UsageError] = []
-    for exp in experiences:
+    :class:`UsageError` in its place), read in a few array operations over the whole read (:func:`read_turns`)."""
+    return read_turns(experiences)[0]
+
+
+def read_turns(experiences: list[Experience]) -> tuple[list[Turn | UsageError], list[bool]]:
+    """:func:`experiences_to_turns` and, per record, whether its turn has a teacher position that is not finite
+    (what :func:`mask_unscored` will mask at hand-over; False for a record that stops the run).
+
+    The common record (1-d CPU tensors: integer ``tokens``, float ``logprobs`` and ``teacher_logprobs``, a bool
+    ``action_mask``, all of the response's length, and a non-empty response) is read on a fast path: the per-token
+    arrays of the whole read are concatenated once, each turn's arrays are views into them, and the values the gate,
+    the focus score and the batch statistics read (``length_mismatch``, ``valid_mask``, ``n_valid``,
+    ``disagreement``, ``kl_tokens``) are computed with a few array operations for all of them, equal to those
+    :class:`Turn` computes itself (the disagreement is summed over the same compacted values by the same numpy
+    reduction, so the rules rank exactly as :func:`experience_to_turn`'s turns rank). Any other record goes through
+    :func:`experience_to_turn`."""
+    out: list[Turn | UsageError | None] = [None] * len(experiences)
+    fast: list[tuple[int, Experience, dict[str, Any]]] = []
+    for i, exp in enumerate(experiences):
+        head = _fast_head(exp)
+        if head is not None:
+            fast.append((i, exp, head))
+            continue
         try:
-            out.append(experience_to_turn(exp))
+            out[i] = experience_to_turn(exp)
         except UsageError as exc:
-            out.append(exc)
+            out[i] = exc
+    unscored = [isinstance(turn, Turn) and _has_nonfinite(turn) for turn in out]
     _precompute([t for t in out if isinstance(t, Turn)])
+    if fast:
+        try:
+            turns, masked = _fast_turns(fast)
+        except _NotFast:
+            turns, masked = [experience_to_turn(exp) for _, exp, _ in fast], None
+            _precompute(turns)
+        for k, ((i, _, _), turn) in enumerate(zip(fast, turns, strict=True)):
+            out[i] = turn
+            unscored[i] = _has_nonfinite(turn) if masked is None else masked[k]
+    return out, unscored  # type: ignore[return-value]  (every slot is filled)
+
+
+def _has_nonfinite(turn: Turn) -> bool:
+    return turn.teacher_logprobs is not None and not bool(np.isfinite(turn.teacher_logprobs).all())
+
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_INTS = (torch.int64, torch.int32)
+#: Turn's fields with their defaults, for turns assembled on the fast path (a field Turn gains is set to its default)
+_TURN_DEFAULTS: dict[str, Any] = {f.name: None if f.default is MISSING else f.default for f in dataclass_fields(Turn)}
+
+
+def _fast_head(exp: Experience) -> dict[str, Any] | None:
+    """The scalar fields of ``exp``'s turn when the record qualifies for the fast path of :func:`read_turns`, else
+    ``None`` (then :func:`experience_to_turn` reads it, and raises for a record that stops the run). The device and
+    ``requires_grad`` of the tensors are checked on their concatenation (:func:`_fast_turns`)."""
+    eid, info = exp.eid, exp.info
+    if eid is None or type(info) is not dict or info.get(UNSCORED_KEY):
+        return None
+    step = eid.step
+    if (eid.batch in ("", None) and eid.task in ("", None)) or type(step) is not int or step < 0:
+        return None
+    version = info.get(TURN_VERSION_KEY, info.get("model_version"))
+    prompt_length = exp.prompt_length
+    if type(version) is not int or version < 0 or type(prompt_length) is not int or prompt_length < 0:
+        return None
+    tokens, student, teacher, mask = exp.tokens, exp.logprobs, exp.teacher_logprobs, exp.action_mask
+    if type(tokens) is not torch.Tensor or type(student) is not torch.Tensor or type(teacher) is not torch.Tensor \
+            or type(mask) is not torch.Tensor:
+        return None
+    if tokens.dtype not in _INTS or mask.dtype is not torch.bool or student.dtype not in _FLOATS \
+            or teacher.dtype not in _FLOATS or tokens.dim() != 1 or student.dim() != 1 or teacher.dim() != 1 \
+            or mask.dim() != 1:
+        return None
+    n = tokens.shape[0] - prompt_length
+    if n <= 0 or student.shape[0] != n or teacher.shape[0] != n or mask.shape[0] != n:
+        return None
+    task = info.get("task")
+    turn_info = {"task": eid.tid if task is None and "task" not in info else task}
+    success = info.get("success")
+    if success is not None:
+        turn_info["success"] = bool(success)
+    return {**_TURN_DEFAULTS, "rollout_id": eid.rid, "turn_index": step, "policy_version": version,
+            "prompt_truncated": exp.truncate_status == "prompt_truncated", "info": turn_info}
+
+
+def _fast_turns(fast: list[tuple[int, Experience, dict[str, Any]]]) -> tuple[list[Turn], list[bool]]:
+    """The turns of the fast-path records of one read, and whether each has a teacher position that is not finite."""
+    exps = [exp for _, exp, _ in fast]
+    tokens = _cat([e.tokens for e in exps]).numpy().astype(np.int32)  # Turn's ids are int32
+    student = _cat([e.logprobs for e in exps]).to(torch.float32).numpy()
+    teacher = _cat([e.teacher_logprobs for e in exps]).to(torch.float32).numpy()
+    action = _cat([e.action_mask for e in exps]).numpy()
+    prompts = np.fromiter((e.prompt_length for e in exps), dtype=np.int64, count=len(exps))
+    lengths = np.fromiter((e.tokens.shape[0] for e in exps), dtype=np.int64, count=len(exps)) - prompts
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    finite = np.isfinite(teacher)
+    valid = finite & action  # Turn.valid_mask
+    both = valid & np.isfinite(student)  # the positions Turn.disagreement sums over
+    n_valid = np.add.reduceat(valid, starts, dtype=np.int64)
+    kl = np.add.reduceat(both, starts, dtype=np.int64)
+    masked = (np.add.reduceat(~finite, starts, dtype=np.int64) > 0).tolist()
+    disagreement = _segment_sums(np.subtract(student, teacher, dtype=np.float64)[both], kl)
+    token_starts = (np.cumsum(prompts + lengths) - prompts - lengths).tolist()
+    turns, new = [], Turn.__new__
+    for (_, _, head), s, e, t, p, nv, k, d in zip(fast, starts.tolist(), ends.tolist(), token_starts,
+                                                  prompts.tolist(), n_valid.tolist(), kl.tolist(),
+                                                  disagreement.tolist(), strict=True):
+        head.update(  # every field in Turn's own form, nothing left to convert
+            prompt_ids=tokens[t:t + p], response_ids=tokens[t + p:t + p + e - s], action_mask=action[s:e],
+            student_logprobs=student[s:e], teacher_logprobs=teacher[s:e],
+            # Turn's cached values (functools.cached_property keeps them in the instance dict)
+            length_mismatch=None, valid_mask=valid[s:e], n_valid=nv, kl_tokens=k if nv else 0,
+            disagreement=d if nv else 0.0)
+        turn = new(Turn)
+        turn.__dict__ = head
+        turns.append(turn)
+    return turns, masked
+
+
+class _NotFast(Exception):
+    """A read whose tensors cannot be concatenated on the CPU without autograd: it takes the per-record path."""
+
+
+def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    try:
+        out = torch.cat(tensors)
+    except RuntimeError:  # tensors on different devices
+        raise _NotFast from None
+    if out.device.type != "cpu" or out.requires_grad:
+        raise _NotFast
     return out
 
 
+def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per segment (consecutive runs of ``counts`` values), ``values[segment].sum()`` exactly as numpy sums a 1-d
+    array: the segments of one length are summed as the rows of one C-contiguous 2-d array (numpy reduces each row
+    as it reduces a 1-d array), one reduction per distinct length."""
+    out = np.zeros(counts.shape[0], dtype=np.float64)
+    starts = np.cumsum(counts) - counts
+    for k in np.unique(counts).tolist():
+        if k == 0:
+            continue
+        rows = np.flatnonzero(counts == k)
+        out[rows] = values[starts[rows][:, None] + np.arange(k)].sum(axis=1)
+    return out
 def _precompute(turns: list[Turn]) -> None:
     """Fill the cached ``length_mismatch``, ``valid_mask``, ``n_valid`` and ``disagreement`` of ``turns`` whose
     per-token arrays all have the response's length; the values are those :class:`Turn` computes itself (same masks,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from trinity.common.experience import EID, Experience  # noqa: E402
 from divopd.errors import UsageError  # noqa: E402
 from divopd.experience.log import read_log  # noqa: E402
 from divopd.integrations.trinity import experience_to_turn  # noqa: E402
-from divopd.integrations.trinity_records import experiences_to_turns  # noqa: E402
+from divopd.integrations.trinity_records import experiences_to_turns, read_turns  # noqa: E402
 from divopd.sampling import gate  # noqa: E402
 
 
@@ -79,3 +80,47 @@ def test_a_whole_read_gets_the_same_gate_and_focus_values_as_each_turn_alone() -
         np.testing.assert_array_equal(turn.valid_mask, alone.valid_mask)
         assert turn.disagreement == alone.disagreement  # exactly: the rules rank by it
     assert sum(t.n_valid > 0 for t in fast[:-1]) > 40
+
+
+def test_the_fast_read_gives_the_turn_each_record_gives_alone() -> None:
+    """:func:`read_turns` reads the common record on a fast path (one concatenation per field for the whole read):
+    every field and cached value of each turn equals :func:`experience_to_turn`'s, dtypes included, for bf16 / fp16 /
+    fp64 log probs, int32 tokens, a recorded task and outcome, a truncated prompt, records that take the per-record
+    path (a 2-d mask, an empty response, a non-bool mask, the unscored flag) mixed into the same read; and the
+    per-record flag of a teacher position that is not finite."""
+    rng = np.random.default_rng(5)
+    exps = []
+    for i in range(40):
+        n = int(rng.integers(1, 12))
+        student = torch.from_numpy(-rng.exponential(1.0, n)).to([torch.float32, torch.bfloat16, torch.float16,
+                                                                   torch.float64][i % 4])
+        teacher = torch.from_numpy((-rng.exponential(1.0, n)).astype(np.float32))
+        if i % 5 == 0:
+            teacher[0] = float("nan")
+        mask = torch.from_numpy(rng.random(n) < 0.8)
+        info = {"model_version": i % 3}
+        if i % 6 == 1:
+            info.update(task="sciworld/3", success=1)
+        if i % 7 == 2:
+            info["divopd_policy_version"] = 9
+        tokens = torch.arange(4 + n, dtype=torch.int32 if i % 2 else torch.int64)
+        exps.append(Experience(eid=EID(batch=1, task=i // 3, run=i % 3, step=i % 4), tokens=tokens, prompt_length=4,
+                               logprobs=student, teacher_logprobs=teacher, action_mask=mask, info=info,
+                               truncate_status="prompt_truncated" if i == 11 else None))
+    exps[13].action_mask = exps[13].action_mask.int()  # not bool: the per-record path
+    exps[17].info["divopd_unscored"] = True  # flagged unscored: the per-record path
+    exps[19].tokens, exps[19].prompt_length = exps[19].tokens[:4], 4  # empty response: the per-record path
+    turns, unscored = read_turns(exps)
+    for exp, turn, flag in zip(exps, turns, unscored, strict=True):
+        alone = experience_to_turn(exp)
+        assert json.dumps(turn.to_dict(), sort_keys=True) == json.dumps(alone.to_dict(), sort_keys=True), exp.eid
+        for name in ("prompt_ids", "response_ids", "action_mask", "student_logprobs", "teacher_logprobs"):
+            a, b = getattr(turn, name), getattr(alone, name)
+            assert (a is None) == (b is None) and (a is None or (a.dtype == b.dtype and a.shape == b.shape)), name
+        assert (turn.length_mismatch, turn.n_valid, turn.kl_tokens, gate.check(turn)) == (
+            alone.length_mismatch, alone.n_valid, alone.kl_tokens, gate.check(alone))
+        assert turn.disagreement == alone.disagreement  # exactly: the rules rank by it
+        np.testing.assert_array_equal(turn.valid_mask, alone.valid_mask)
+        assert flag == (alone.teacher_logprobs is not None and not np.isfinite(alone.teacher_logprobs).all())
+    assert sum(unscored) >= 7 and sum(gate.check(t) is None for t in turns) > 20
+

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,3 +169,38 @@ def test_defaults_are_the_papers_and_batch_size_is_trinitys(ray_local, tmp_path:
         "divopd", 4, 4, 2, 8)
     plugin = strategy(buffer_config(tmp_path, 96))
     assert plugin.config == SamplerConfig("divopd", batch_size=96)
+
+
+def test_a_step_counts_and_reads_the_queue_in_one_request(ray_local, tmp_path: Path) -> None:
+    """While the pool is not full, a step asks the queue actor once: it counts what the queue holds and reads it
+    with Trinity's own ``get_batch`` on the actor's event loop (Trinity's reader is not called). Where that loop is
+    not found, the strategy counts and then reads with Trinity's reader; both select the same batches."""
+
+    def no_loop(storage: Any) -> None:  # as if the actor's event loop could not be found
+        storage.__dict__["_divopd_event_loop"] = False
+
+    async def run(find_loop: bool) -> tuple[list, list]:
+        buffer = buffer_config(tmp_path, 4)
+        async with queue_writer(buffer) as writer:
+            plugin = strategy(buffer, method="divopd", pool_factor=3, cap=2, max_staleness=1)
+            if not find_loop:
+                await plugin._reader.queue.__ray_call__.remote(no_loop)
+            reads, read = [], plugin._reader.read
+
+            async def spy(batch_size: int | None = None, **kwargs: Any) -> list[Experience]:
+                reads.append(batch_size)
+                return await read(batch_size, **kwargs)
+
+            plugin._reader.read = spy
+            keys = []
+            for step in range(1, 5):  # 6 records a step: the pool of 12 is not full before step 3
+                await writer.write([_experience(10 * step + r, t, step - 1) for r in range(2) for t in range(3)])
+                batch, _, _ = await plugin.sample(step)
+                keys.append([(e.eid.task, e.eid.step) for e in batch])
+                assert_ledger_identity(plugin.sampler.ledger)
+            return keys, reads
+
+    one, reads_one = asyncio.run(run(True))
+    two, reads_two = asyncio.run(run(False))
+    assert one == two and all(len(k) == 4 for k in one)
+    assert reads_one == [] and reads_two == [6, 6, 6, 6]

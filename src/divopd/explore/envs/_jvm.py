@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -227,6 +228,14 @@ def shutdown_gateway(package_env: Any, timeout: float = 5.0) -> None:
     second call cannot raise on an already closed gateway.
     """
     proc = _java_process(package_env)
+    if sys.is_finalizing():  # an env still open at interpreter exit (its __del__): no thread can start now (3.11
+        if proc is not None:  # waits for one forever), so no watchdog; the JVM goes first, then py4j's client
+            with contextlib.suppress(Exception):
+                proc.kill()
+                proc.wait(timeout=timeout)
+        _close_quietly(package_env)
+        package_env.close = lambda: None
+        return
     if proc is None:
         _close_quietly(package_env)
     else:
