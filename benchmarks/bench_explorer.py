@@ -19,29 +19,8 @@ import time
 import torch
 
 
-def env_texts(env_name: str, env_kwargs: dict, episodes: int = 6, steps: int = 6) -> list[str]:
-    """Observations and actions from a few short episodes that cycle through the listed valid actions."""
-    from divopd.explore.envs import make_env
-    from divopd.explore.prompting import DEFAULT_SYSTEM, PromptConfig
-
-    env = make_env(env_name, **env_kwargs)
-    texts = [DEFAULT_SYSTEM, PromptConfig().valid_actions_prefix]
-    try:
-        for task in env.tasks("train")[:episodes]:
-            texts.append(env.reset(task))
-            for j in range(steps):
-                valid = env.valid_actions() or ["look around"]
-                texts.append(", ".join(valid))
-                obs, _, done, _ = env.step(valid[j % len(valid)])
-                texts.append(obs)
-                if done:
-                    break
-    finally:
-        env.close()
-    return texts
-
-
 def bench_env(env_name: str, env_kwargs: dict, args: argparse.Namespace) -> dict:
+    from divopd.explore.envs.tiny import env_corpus
     from divopd.explore.explorer import Explorer, ExplorerConfig
     from divopd.models.tiny import build_model, build_tokenizer
 
@@ -51,7 +30,7 @@ def bench_env(env_name: str, env_kwargs: dict, args: argparse.Namespace) -> dict
         student, tok = load_model(args.student)
         teacher, _ = load_model(args.teacher or args.student)
     else:
-        tok = build_tokenizer(env_texts(env_name, env_kwargs), kind="word")
+        tok = build_tokenizer(env_corpus(env_name, env_kwargs), kind="word")
         student = build_model(tok, size=args.size, seed=0)
         teacher = build_model(tok, size=args.size, seed=1)
     cfg = ExplorerConfig(env=env_name, env_kwargs=env_kwargs, num_envs=args.num_envs, max_steps=args.max_steps,

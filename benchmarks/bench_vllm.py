@@ -29,11 +29,10 @@ from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-from bench_explorer import env_texts  # noqa: E402
+from divopd.explore.envs.tiny import env_corpus  # noqa: E402
 
 SMOLLM2 = ROOT / "cache" / "smollm2-135m"
 ENV, ENV_KWARGS = "twx", {"game": "coin", "params": "numLocations=3,includeDoors=0"}
@@ -44,7 +43,7 @@ def tiny_folder(out: Path) -> str:
     env's text."""
     from divopd.models.tiny import build_model, build_tokenizer
 
-    tok = build_tokenizer(env_texts(ENV, ENV_KWARGS), kind="word")
+    tok = build_tokenizer(env_corpus(ENV, ENV_KWARGS), kind="word")
     build_model(tok, size="0.5m", seed=0).save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)

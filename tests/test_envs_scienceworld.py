@@ -70,20 +70,16 @@ def test_scienceworld_gold_paths_win_across_tasks():
 
 @pytest.mark.slow
 def test_random_student_explores_scienceworld_with_well_formed_turns():
-    import sys
-    from pathlib import Path
-
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from bench_explorer import env_texts
+    from divopd.explore.envs.tiny import env_corpus
     from divopd.explore.explorer import Explorer, ExplorerConfig
     from divopd.models.tiny import build_model, build_tokenizer
     from divopd.sampling import gate
 
     torch.set_num_threads(1)
     kwargs = {"task_names": ["find-living-thing"]}
-    tok = build_tokenizer(env_texts("scienceworld", kwargs, episodes=2, steps=3), kind="word")
+    tok = build_tokenizer(env_corpus("scienceworld", kwargs, episodes=2, steps=3), kind="word")
     cfg = ExplorerConfig(env="scienceworld", env_kwargs=kwargs, num_envs=2, max_steps=5,
                          generation={"max_new_tokens": 6}, prompt={"max_prompt_tokens": 4096})
     with Explorer(cfg, build_model(tok, "0.2m", seed=0), tok, build_model(tok, "0.2m", seed=1)) as explorer:

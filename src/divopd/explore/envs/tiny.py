@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult, action_in
 
-__all__ = ["TinyEnv", "build_tiny_pair", "tiny_corpus"]
+__all__ = ["TinyEnv", "build_tiny_pair", "env_corpus", "tiny_corpus"]
 
 _SPLIT_OFFSET = {"train": 0, "dev": 100_000, "test": 200_000}
 _REFUSALS = ("You cannot go that way.", "There is no coin here.", "Unknown action: I'm not sure what you mean.")
@@ -163,12 +164,37 @@ def tiny_corpus(num_tasks: int = 30) -> list[str]:
     return texts
 
 
-def build_tiny_pair(out: Path, size: str = "0.2m") -> dict[str, str]:
-    """A random-init student (seed 0) and teacher (seed 1) sharing a word-level tokenizer built from
-    :func:`tiny_corpus`, saved under ``out/{student,teacher}`` (well under a second, offline); returns their paths."""
+def env_corpus(env_name: str, env_kwargs: dict[str, Any], episodes: int = 6, steps: int = 6) -> list[str]:
+    """Text of any registered env for a tiny tokenizer: the prompt's fixed text, then ``episodes`` short train
+    episodes (first observation, the listed valid actions, the observations after cycling through them, ``steps``
+    at most). The env is closed (a JVM env's JVM ended) even on failure."""
+    from divopd.explore.envs import make_env
+    from divopd.explore.prompting import DEFAULT_SYSTEM, PromptConfig
+
+    env = make_env(env_name, **env_kwargs)
+    texts = [DEFAULT_SYSTEM, PromptConfig().valid_actions_prefix]
+    try:
+        for task in env.tasks("train")[:episodes]:
+            texts.append(env.reset(task))
+            for j in range(steps):
+                valid = env.valid_actions() or ["look around"]
+                texts.append(", ".join(valid))
+                obs, _, done, _ = env.step(valid[j % len(valid)])
+                texts.append(obs)
+                if done:
+                    break
+    finally:
+        env.close()
+    return texts
+
+
+def build_tiny_pair(out: Path, size: str = "0.2m", texts: list[str] | None = None) -> dict[str, str]:
+    """A random-init student (seed 0) and teacher (seed 1) sharing a word-level tokenizer built from ``texts``
+    (default :func:`tiny_corpus`; :func:`env_corpus` for another env), saved under ``out/{student,teacher}`` (well
+    under a second, offline); returns their paths."""
     from divopd.models.tiny import build_model, build_tokenizer
 
-    tok = build_tokenizer(tiny_corpus())
+    tok = build_tokenizer(tiny_corpus() if texts is None else texts)
     paths = {}
     for name, seed in (("student", 0), ("teacher", 1)):
         build_model(tok, size=size, seed=seed).save_pretrained(Path(out) / name)
