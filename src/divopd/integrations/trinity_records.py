@@ -232,26 +232,17 @@ def _fast_turns(fast: list[tuple[int, Experience, dict[str, Any]]]) -> tuple[lis
     action = _cat([e.action_mask for e in exps]).numpy()
     prompts = np.fromiter((e.prompt_length for e in exps), dtype=np.int64, count=len(exps))
     lengths = np.fromiter((e.tokens.shape[0] for e in exps), dtype=np.int64, count=len(exps)) - prompts
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    finite = np.isfinite(teacher)
-    valid = finite & action  # Turn.valid_mask
-    both = valid & np.isfinite(student)  # the positions Turn.disagreement sums over
-    n_valid = np.add.reduceat(valid, starts, dtype=np.int64)
-    kl = np.add.reduceat(both, starts, dtype=np.int64)
-    masked = (np.add.reduceat(~finite, starts, dtype=np.int64) > 0).tolist()
-    disagreement = _segment_sums(np.subtract(student, teacher, dtype=np.float64)[both], kl)
+    starts, ends, valid, n_valid, kl, disagreement = _cached_values(student, teacher, action, lengths)
+    masked = (np.add.reduceat(~np.isfinite(teacher), starts, dtype=np.int64) > 0).tolist()
     token_starts = (np.cumsum(prompts + lengths) - prompts - lengths).tolist()
     turns, new = [], Turn.__new__
-    for (_, _, head), s, e, t, p, nv, k, d in zip(fast, starts.tolist(), ends.tolist(), token_starts,
-                                                  prompts.tolist(), n_valid.tolist(), kl.tolist(),
-                                                  disagreement.tolist(), strict=True):
+    for (_, _, head), s, e, t, p, nv, k, d in zip(fast, starts, ends, token_starts, prompts.tolist(), n_valid, kl,
+                                                  disagreement, strict=True):
         head.update(  # every field in Turn's own form, nothing left to convert
             prompt_ids=tokens[t:t + p], response_ids=tokens[t + p:t + p + e - s], action_mask=action[s:e],
             student_logprobs=student[s:e], teacher_logprobs=teacher[s:e],
             # Turn's cached values (functools.cached_property keeps them in the instance dict)
-            length_mismatch=None, valid_mask=valid[s:e], n_valid=nv, kl_tokens=k if nv else 0,
-            disagreement=d if nv else 0.0)
+            length_mismatch=None, valid_mask=valid[s:e], n_valid=nv, kl_tokens=k, disagreement=d)
         turn = new(Turn)
         turn.__dict__ = head
         turns.append(turn)
@@ -284,6 +275,23 @@ def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
         rows = np.flatnonzero(counts == k)
         out[rows] = values[starts[rows][:, None] + np.arange(k)].sum(axis=1)
     return out
+
+
+def _cached_values(student: np.ndarray, teacher: np.ndarray, action: np.ndarray,
+                   lengths: np.ndarray) -> tuple[list[int], list[int], np.ndarray, list[int], list[int], list[float]]:
+    """For turns whose response arrays are concatenated (``lengths`` each): their ``starts`` and ``ends`` in the
+    concatenation, the concatenated ``valid_mask``, and per turn ``n_valid``, ``kl_tokens`` and ``disagreement``
+    (0 / 0.0 for a turn without a valid token), equal to what :class:`Turn` computes for each on its own."""
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    valid = np.isfinite(teacher) & action  # Turn.valid_mask
+    both = valid & np.isfinite(student)  # the positions Turn.disagreement sums over
+    n_valid = np.add.reduceat(valid, starts, dtype=np.int64)
+    kl = np.add.reduceat(both, starts, dtype=np.int64)  # 0 where n_valid is 0 (no valid position, none of both)
+    disagreement = _segment_sums(np.subtract(student, teacher, dtype=np.float64)[both], kl)
+    return (starts.tolist(), ends.tolist(), valid, n_valid.tolist(), kl.tolist(), disagreement.tolist())
+
+
 def _precompute(turns: list[Turn]) -> None:
     """Fill the cached ``length_mismatch``, ``valid_mask``, ``n_valid`` and ``disagreement`` of ``turns`` whose
     per-token arrays all have the response's length; the values are those :class:`Turn` computes itself (same masks,
@@ -295,17 +303,13 @@ def _precompute(turns: list[Turn]) -> None:
     if not ok:
         return
     lengths = np.fromiter((t.response_len for t in ok), dtype=np.int64, count=len(ok))
-    teacher = np.concatenate([t.teacher_logprobs for t in ok])
-    student = np.concatenate([t.student_logprobs for t in ok])
-    valid = np.isfinite(teacher) & np.concatenate([t.action_mask for t in ok])
-    both = valid & np.isfinite(student)
-    diff = np.subtract(student, teacher, out=np.zeros(teacher.shape[0]), dtype=np.float64, where=both)
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    n_valid = np.add.reduceat(valid, starts, dtype=np.int64)
-    for turn, start, end, n in zip(ok, starts.tolist(), ends.tolist(), n_valid.tolist(), strict=True):
+    starts, ends, valid, n_valid, kl, disagreement = _cached_values(
+        np.concatenate([t.student_logprobs for t in ok]), np.concatenate([t.teacher_logprobs for t in ok]),
+        np.concatenate([t.action_mask for t in ok]), lengths)
+    for turn, start, end, n, k, d in zip(ok, starts, ends, n_valid, kl, disagreement, strict=True):
         cached = turn.__dict__  # functools.cached_property's own slots
         cached["length_mismatch"] = None
         cached["valid_mask"] = valid[start:end]
         cached["n_valid"] = n
-        cached["disagreement"] = float(diff[start:end][both[start:end]].sum()) if n else 0.0
+        cached["kl_tokens"] = k
+        cached["disagreement"] = d
