@@ -12,8 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from divopd.train.probes import Check
+
+if TYPE_CHECKING:
+    from divopd.train.config import TrainConfig
 
 __all__ = ["add_arguments", "format_table", "run"]
 
@@ -41,15 +46,13 @@ def format_table(title: str, rows: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def _shipped(config: str, cfg: object) -> dict:
+def _shipped(config: str, cfg: TrainConfig) -> dict[str, Path]:
     """The shipped models a packaged setting's first ``divopd train`` would copy (none for a YAML file)."""
-    from pathlib import Path
-
     if Path(config).is_file():
         return {}
     from divopd.suite.models import shipped_models_for
 
-    return shipped_models_for(config, cfg.student.path, cfg.teacher.path)  # type: ignore[attr-defined]
+    return shipped_models_for(config, cfg.student.path, cfg.teacher.path)
 
 
 def run(args: argparse.Namespace) -> int:
