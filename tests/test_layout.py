@@ -518,12 +518,13 @@ def test_the_sampling_modules_import_each_other_one_way() -> None:
         done |= ready
 
 
-def test_no_source_file_over_400_lines_and_no_function_over_90() -> None:
-    """The house's size rule (files ≤ 400 lines, functions ~80; 90 leaves room for long signatures)."""
+def test_no_source_file_over_500_lines_and_no_function_over_90() -> None:
+    """The house's size rule: one concern per file, split by concern past ~500 lines (never by packing lines);
+    functions ~80 lines (90 leaves room for long signatures)."""
     long_files, long_functions = [], []
     for path in SRC.rglob("*.py"):
         text = path.read_text()
-        if len(text.splitlines()) > 400:
+        if len(text.splitlines()) > 500:
             long_files.append(f"{path.relative_to(SRC)}: {len(text.splitlines())} lines")
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 90:
