@@ -32,7 +32,7 @@ class SamplerConfig:
             expires (``pending_age``). ``None`` = no age limit.
         group_order: how rollout-first methods order their rollout groups: ``"first-seen"`` (Algorithm 1, step 4:
             by the group's oldest first-seen update, ties by rollout id) or ``"arrival"`` (by the group's oldest
-            arrival; the order before the appendix was available, kept as an option).
+            arrival; an option beside the paper's order).
     """
 
     method: str

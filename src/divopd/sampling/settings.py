@@ -52,8 +52,8 @@ SAMPLER_SETTINGS: tuple[Setting, ...] = (
     Setting("max_pending_age", "optional-int", 8, "W: unselected valid turns first seen more than W updates ago "
             "expire (Algorithm 1, step 8; none = no age limit).", "W", minimum=0),
     Setting("group_order", "choice", "first-seen", "Rollout groups are visited by their oldest first-seen update, "
-            "ties by rollout id (Algorithm 1, step 4), or by their oldest arrival (`arrival`, the order before the "
-            "appendix).", choices=GROUP_ORDERS),
+            "ties by rollout id (Algorithm 1, step 4), or by their oldest arrival (`arrival`, an option beside the "
+            "paper's order).", choices=GROUP_ORDERS),
 )
 
 
