@@ -417,7 +417,8 @@ MESSAGES: dict[str, tuple[str, ...]] = {
     "the cluster does not answer": ("the cluster does not answer ({why}); ",
                                     "start it (`ray start --head`) or fix the address"),
     "needs the scienceworld package, which is not installed": (
-        "explorer.env: {env} needs the {dist} package, which is not installed; {fix}",),
+        "explorer.env: {env} needs the {dist} package, which is not installed; {fix}",
+        "pip install scienceworld  (or 'divopd[envs]')"),
     "install it or put it on PYTHONPATH": (
         "explorer.env: cannot import {module!r}; install it or put it on PYTHONPATH",),
     "the WebShop server does not answer": (
