@@ -40,5 +40,6 @@ def test_the_reproducing_commands_name_plans_that_load_with_the_seeds_the_page_g
         runs = plan_runs(load_plan(REPO / plan))
         assert runs, plan
     replication = plan_runs(load_plan(REPO / "study/regime/plan-coin7-dart-replication.yaml"))
-    assert {r.seed for r in replication} == set(range(10, 20)) and {r.label for r in replication} == {"vanilla", "divopd"}
+    assert {r.seed for r in replication} == set(range(10, 20))
+    assert {r.label for r in replication} == {"vanilla", "divopd"}
     assert "seeds 10-19" in block and "on 10 further seeds" in PAGE.read_text()
