@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Rollout", "RolloutInfo", "Turn"]
+__all__ = ["ResponseScores", "Rollout", "RolloutInfo", "Turn"]
 
 _ArrayLike = Sequence[int] | Sequence[float] | Sequence[bool] | np.ndarray
 
@@ -35,6 +35,22 @@ def _as_array(values: Any, dtype: Any, name: str) -> np.ndarray | None:
     if arr.ndim != 1:
         raise ValueError(f"Turn.{name}: expected a 1-d sequence, got shape {arr.shape}")
     return arr
+
+
+@dataclass(frozen=True, eq=False)
+class ResponseScores:
+    """A model's scores of one response of length L: what every teacher returns per turn (a Turn's ``teacher_*``).
+
+    Attributes:
+        logprobs: [L] float32, log prob of each given response token (NaN where it has no context: empty prompt, i = 0).
+        topk_ids: [L, k] int32, the model's k most likely tokens at each position, most likely first; ``None`` when
+            no top-k was asked for.
+        topk_logprobs: [L, k] float32, their log probabilities (``None`` with ``topk_ids``).
+    """
+
+    logprobs: np.ndarray
+    topk_ids: np.ndarray | None = None
+    topk_logprobs: np.ndarray | None = None
 
 
 @dataclass(eq=False)

@@ -43,7 +43,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from divopd.errors import UsageError
-from divopd.explore.scoring import cut_prompt_logprobs
+from divopd.explore.scoring import ResponseScores, cut_prompt_logprobs
 
 if TYPE_CHECKING:
     from divopd.explore.generation import Generation
@@ -192,7 +192,7 @@ def _http_detail(exc: urllib.error.HTTPError) -> str:
 
 
 def response_scores(prompt_logprobs: list[Any] | None, n_prompt: int, response: Sequence[int],
-                    topk: int) -> tuple[np.ndarray, Any]:
+                    topk: int) -> ResponseScores:
     """Cut one choice's JSON ``prompt_logprobs`` (per position ``{token id: {"logprob", "rank", ...}}`` or null) to
     its response positions (:func:`~divopd.explore.scoring.cut_prompt_logprobs`)."""
     return cut_prompt_logprobs(prompt_logprobs, n_prompt, response, topk, _read_json_entry)
@@ -241,20 +241,19 @@ class ServerTeacher:
         return results
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
-        """Per turn ``(logprobs [L] float32, None)``, or with ``topk`` > 0 ``(logprobs, (ids [L, k],
-        logprobs [L, k]))``, of the response tokens given their prompt (the server's prompt log probs)."""
+                    topk: int = 0) -> list[ResponseScores]:
+        """Per turn, the scores of the response tokens given their prompt (the server's prompt log probs)."""
         if len(prompts) != len(responses):
             raise ValueError(f"ServerTeacher.score_turns: {len(prompts)} prompts but {len(responses)} responses")
         turns = [(list(p), list(r)) for p, r in zip(prompts, responses, strict=True)]
         size = self.settings.max_turns_per_request
         groups = [turns[i:i + size] for i in range(0, len(turns), size)]
-        out: list[tuple[np.ndarray, Any]] = []
+        out: list[ResponseScores] = []
         for group in self._map(lambda g: self._score_group(g, topk), groups):
             out.extend(group)
         return out
 
-    def _score_group(self, group: list[tuple[list[int], list[int]]], topk: int) -> list[tuple[np.ndarray, Any]]:
+    def _score_group(self, group: list[tuple[list[int], list[int]]], topk: int) -> list[ResponseScores]:
         body = {"model": self.model, "prompt": [p + r for p, r in group], "max_tokens": 1, "temperature": 0.0,
                 "prompt_logprobs": int(topk)}
         answer = self.client.call("POST", "/v1/completions", body)

@@ -38,17 +38,15 @@ from divopd.errors import UsageError
 from divopd.explore.call_deadline import call_deadline
 from divopd.explore.children import sigint_blocked
 from divopd.explore.generation import Generation, stop_token_ids
-from divopd.explore.scoring import cut_prompt_logprobs
-from divopd.explore.vllm_weights import (
-    NcclWeightSync,
+from divopd.explore.scoring import ResponseScores, cut_prompt_logprobs
+from divopd.explore.vllm_model import (
     VLLMEngineError,
     check_head_dim,
-    check_model_folder,
-    check_state_dict,
     checkpoint_shapes,
-    reload_in_place,
+    read_model_config,
     tied_embeddings,
 )
+from divopd.explore.vllm_weights import NcclWeightSync, check_state_dict, reload_in_place
 
 __all__ = ["VLLMEngineError", "VLLMGenerator", "PromptTooLongError", "check_model"]
 
@@ -121,7 +119,7 @@ def check_model(model_path: str) -> None:
     """Fail in one line (:class:`VLLMEngineError`) on what vLLM cannot serve, before an engine is built: vllm missing,
     no model folder, a head size the CPU attention kernel rejects (runtimes call it before starting explorers)."""
     _import_vllm()
-    check_head_dim(str(model_path), check_model_folder(str(model_path)))
+    check_head_dim(str(model_path), read_model_config(str(model_path)))
 
 
 class VLLMGenerator:
@@ -158,7 +156,7 @@ class VLLMGenerator:
         from divopd.models import load_tokenizer, resolve_dtype
 
         self.model_path = str(model_path)
-        config = check_model_folder(self.model_path)
+        config = read_model_config(self.model_path)
         check_head_dim(self.model_path, config)
         try:
             self.tokenizer = load_tokenizer(self.model_path)
@@ -304,12 +302,11 @@ class VLLMGenerator:
     # ------------------------------------------------------------------ teacher scoring
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Per turn, the log prob of each response token after its prompt ([L_i] float32; NaN without context)."""
-        return [lp for lp, _ in self.score_turns(prompts, responses, topk=0)]
+        return [s.logprobs for s in self.score_turns(prompts, responses, topk=0)]
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
-        """What the explorer's teacher scoring needs: per turn ``(logprobs, None)``, or with ``topk`` > 0
-        ``(logprobs, (topk_ids [L, k] int32, topk_logprobs [L, k] float32))`` most likely first."""
+                    topk: int = 0) -> list[ResponseScores]:
+        """What the explorer's teacher scoring needs: per turn the log probs and, with ``topk`` > 0, the top-k."""
         if len(prompts) != len(responses):
             raise ValueError(f"VLLMGenerator.score: {len(prompts)} prompts but {len(responses)} responses")
         if not prompts:

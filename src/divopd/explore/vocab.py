@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from divopd.explore.generation import Generation
-from divopd.explore.teacher import Teacher
+from divopd.explore.teacher import ResponseScores, Teacher
 
 __all__ = ["ExtensionTeacher", "PROBE_PROMPT", "VocabMatch", "adapt_teacher", "compare_vocabularies", "expand_ids",
            "probe_coverage", "probe_response", "student_ids_teacher"]
@@ -196,7 +196,7 @@ class ExtensionTeacher:
         self.match = match
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
+                    topk: int = 0) -> list[ResponseScores]:
         missing = self.match.student_only
         if not any(int(i) in missing for seq in (*prompts, *responses) for i in seq):
             return self.inner.score_turns(prompts, responses, topk=topk)  # nothing to translate: the direct call
@@ -204,21 +204,22 @@ class ExtensionTeacher:
         expanded = [expand_ids(r, missing, self.student_tokenizer, self.tokenizer) for r in responses]
         results = self.inner.score_turns(t_prompts, [ids for ids, _ in expanded], topk=topk)
         out = []
-        for (ids, where), (lps, top) in zip(expanded, results, strict=True):
-            if len(lps) != len(ids):
-                raise ValueError(f"teacher returned {len(lps)} log probs for {len(ids)} response tokens")
+        for (ids, where), scores in zip(expanded, results, strict=True):
+            if len(scores.logprobs) != len(ids):
+                raise ValueError(f"teacher returned {len(scores.logprobs)} log probs for {len(ids)} response tokens")
             idx = np.asarray(where, dtype=np.int64)
             keep = idx >= 0
             mapped = np.full(len(where), np.nan, dtype=np.float32)
-            mapped[keep] = np.asarray(lps, dtype=np.float32)[idx[keep]]
-            if top is not None:
-                top_ids, top_lps = np.asarray(top[0]), np.asarray(top[1], dtype=np.float32)
-                k = top_ids.shape[1] if top_ids.ndim == 2 else 0
-                m_ids = np.zeros((len(where), k), dtype=top_ids.dtype)
-                m_lps = np.full((len(where), k), np.nan, dtype=np.float32)
-                m_ids[keep], m_lps[keep] = top_ids[idx[keep]], top_lps[idx[keep]]
-                top = (m_ids, m_lps)
-            out.append((mapped, top))
+            mapped[keep] = np.asarray(scores.logprobs, dtype=np.float32)[idx[keep]]
+            if scores.topk_ids is None or scores.topk_logprobs is None:
+                out.append(ResponseScores(mapped))
+                continue
+            top_ids, top_lps = np.asarray(scores.topk_ids), np.asarray(scores.topk_logprobs, dtype=np.float32)
+            k = top_ids.shape[1] if top_ids.ndim == 2 else 0
+            m_ids = np.zeros((len(where), k), dtype=top_ids.dtype)
+            m_lps = np.full((len(where), k), np.nan, dtype=np.float32)
+            m_ids[keep], m_lps[keep] = top_ids[idx[keep]], top_lps[idx[keep]]
+            out.append(ResponseScores(mapped, m_ids, m_lps))
         return out
 
     def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from divopd.explore.generation import Generation
-from divopd.explore.teacher import Teacher
+from divopd.explore.teacher import ResponseScores, Teacher
 
 __all__ = ["CrossTokenizerTeacher", "TurnPlan", "Translator", "adds_dummy_prefix", "clean_ends", "map_logprobs",
            "offset_ends", "plan_coverage", "plan_turn", "special_anchors"]
@@ -303,7 +303,7 @@ class CrossTokenizerTeacher:
         self.to_student = Translator(teacher_tokenizer, student_tokenizer)
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
+                    topk: int = 0) -> list[ResponseScores]:
         if topk > 0:
             raise ValueError("a cross-tokenizer teacher has no top-k in the student's vocabulary "
                              "(learner.estimator: topk needs a shared vocabulary)")
@@ -314,8 +314,8 @@ class CrossTokenizerTeacher:
         by_turn = dict(zip(scored, results, strict=True))
         out = []
         for i, plan in enumerate(plans):
-            lps = by_turn[i][0] if i in by_turn else np.zeros(0, np.float32)
-            out.append((map_logprobs(plan, lps), None))
+            lps = by_turn[i].logprobs if i in by_turn else np.zeros(0, np.float32)
+            out.append(ResponseScores(map_logprobs(plan, lps)))
         return out
 
     def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
