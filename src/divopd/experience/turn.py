@@ -1,14 +1,10 @@
-"""Turn records: one student response turn, as explorers queue it and the sampler selects it.
+"""Turn records: one student response turn as explorers queue it and the sampler selects it, the unit every part of
+divopd exchanges (paper, "Asynchronous multi-turn OPD": tagged by ``(rollout_id, turn_index, policy_version)``).
 
-A ``Turn`` is the unit every other part of divopd exchanges. It carries the token ids, the generating policy's
-per-token log probabilities, the frozen teacher's per-token log probabilities and the masks the loss needs, tagged by
-``(rollout_id, turn_index, policy_version)`` (paper, "Asynchronous multi-turn OPD").
-
-Per-token arrays are stored as numpy arrays (int32 ids, float32 log probabilities, bool masks). Malformed *types*
-(a non-string rollout id, a negative turn index or version) raise ``ValueError`` at construction; malformed *content*
-(missing teacher scores, arrays of the wrong length, no scored token, a truncated prompt) is legal to construct and is
-what :func:`divopd.sampling.gate.check` names, so that nothing is lost silently: such a turn is counted as rejected
-with a reason.
+Malformed *types* (a non-string rollout id, a negative turn index or version) raise ``ValueError`` at construction;
+malformed *content* (missing teacher scores, arrays of the wrong length, no scored token, a truncated prompt) is legal
+to construct and is what :func:`divopd.sampling.gate.check` names, so that nothing is lost silently: such a turn is
+counted as rejected with a reason.
 """
 
 from __future__ import annotations
