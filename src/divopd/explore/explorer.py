@@ -29,13 +29,13 @@ from divopd.explore.episode import (
 )
 from divopd.explore.generation import GenerationBackend, HFGenerator
 from divopd.explore.prompting import EncodedPrompt, decode_action, encode_prompt
-from divopd.explore.replay import ReplayError, replay_episode
+from divopd.explore.replay import ReplayError, load_student, replay_episode
 from divopd.explore.scoring import teacher_scores
 from divopd.explore.settings import ExplorerConfig
 from divopd.explore.tasks import close_quietly, reset_with_retries, start_env, task_stream
 from divopd.explore.teacher import Teacher, as_teacher
 from divopd.explore.vocab import student_ids_teacher
-from divopd.explore.weight_loading import apply_weights, close_backend, load_student
+from divopd.explore.weight_loading import apply_weights, close_backend
 
 __all__ = ["Explorer", "ExplorerConfig", "Rollout"]
 
@@ -427,7 +427,7 @@ class Explorer:
     def state_dict(self) -> dict[str, Any]:
         """What an explorer driven by :meth:`step_round` holds between two rounds, as plain JSON: each slot's running
         episode, the seed counters, the task stream's position, the counters, the weights versions, the step limit
-        (the student copy's weights are not in it: :func:`~divopd.explore.weight_loading.save_student`)."""
+        (the student copy's weights are not in it: :func:`~divopd.explore.replay.save_student`)."""
         if self._rollout_iter is not None:
             raise RuntimeError("Explorer.state_dict: only an explorer driven by step_round (lockstep) has one")
         pending = self._pending_weights

@@ -1,10 +1,12 @@
-"""Replaying a running episode on a fresh env instance (an exact resume of a lockstep run): every observation must
-come back as it was recorded; an environment that does not replay deterministically is refused with one line, never
-resumed with a different state."""
+"""An exact resume of a lockstep run, beside :meth:`Explorer.state_dict <divopd.explore.explorer.Explorer.state_dict>`:
+each running episode replayed on a fresh env instance, every observation coming back as recorded (an environment that
+does not replay deterministically is refused with one line, never resumed with a different state), and the student
+copy's weights on disk."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from divopd.errors import UsageError
@@ -12,7 +14,7 @@ from divopd.explore.envs import Env, EnvCrash
 from divopd.explore.episode import Episode
 from divopd.explore.recovery import _allowed
 
-__all__ = ["ReplayError", "replay_episode"]
+__all__ = ["ReplayError", "load_student", "replay_episode", "save_student"]
 
 
 class ReplayError(UsageError, RuntimeError):
@@ -58,3 +60,24 @@ def _replay(env: Env, episode: Episode) -> list[Any]:
         keys.append(_allowed(env.allowed_actions_key(), obs))
     check("valid-action list", None if valid is None else list(valid), episode.valid_actions)
     return keys
+
+
+def save_student(student: Any, path: Path) -> None:
+    """Write an explorer's HF student copy's weights to ``path`` (safetensors; temporary name, then rename)."""
+    from safetensors.torch import save_model
+
+    if student is None:
+        raise ValueError("save_student: the explorer has no HF student copy (a vLLM engine holds its weights)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_model(student, str(tmp))
+    tmp.replace(path)
+
+
+def load_student(student: Any, path: Path) -> None:
+    """Load :func:`save_student`'s file into an explorer's student copy."""
+    from safetensors.torch import load_model
+
+    if not path.is_file():
+        raise FileNotFoundError(f"the weights the explorer's student copy held, {path}, are missing")
+    load_model(student, str(path))

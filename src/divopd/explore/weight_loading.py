@@ -1,13 +1,18 @@
-"""How a published weight version reaches the explorer's generator (its HF student copy, or a backend that holds its
-own weights: a vLLM engine), the student copy's weights on disk (a lockstep checkpoint), and a backend's shutdown."""
+"""How a published weight version reaches the explorer's generator, and a generator's shutdown.
+
+The explorer's student generates through an :class:`~divopd.explore.generation.HFGenerator` on its own model copy, or
+through a generation backend built outside (``explorer.generation.backend: vllm``: a
+:class:`~divopd.VLLMGenerator` that holds its own copy of the weights). :func:`apply_weights` loads a published
+:class:`~divopd.learn.checkpoint.WeightHandle` into whichever of the two the explorer has, before its next rollout, and
+times it (``time/weight_load_s``; the learner side of a publication is ``time/publish_s``).
+"""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
-__all__ = ["apply_weights", "close_backend", "load_student", "save_student"]
+__all__ = ["apply_weights", "close_backend"]
 
 
 def apply_weights(handle: Any, student: Any | None, backend: Any) -> float:
@@ -29,24 +34,3 @@ def close_backend(backend: Any) -> None:
     close = getattr(backend, "close", None)
     if close is not None:
         close()
-
-
-def save_student(student: Any, path: Path) -> None:
-    """Write an explorer's HF student copy's weights to ``path`` (safetensors; temporary name, then rename)."""
-    from safetensors.torch import save_model
-
-    if student is None:
-        raise ValueError("save_student: the explorer has no HF student copy (a vLLM engine holds its weights)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_model(student, str(tmp))
-    tmp.replace(path)
-
-
-def load_student(student: Any, path: Path) -> None:
-    """Load :func:`save_student`'s file into an explorer's student copy."""
-    from safetensors.torch import load_model
-
-    if not path.is_file():
-        raise FileNotFoundError(f"the weights the explorer's student copy held, {path}, are missing")
-    load_model(student, str(path))

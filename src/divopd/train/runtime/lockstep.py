@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from divopd.explore.explorer import Explorer, Rollout
-from divopd.explore.replay import ReplayError
-from divopd.explore.weight_loading import close_backend, save_student
+from divopd.explore.replay import ReplayError, save_student
+from divopd.explore.weight_loading import close_backend
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import fault_point
