@@ -1,24 +1,13 @@
 """vLLM behind the explorer: :class:`VLLMGenerator` generates actions, scores teacher tokens and takes live weight
 updates, with the semantics of :class:`~divopd.explore.generation.HFGenerator`.
 
-Token ids in, token ids out (no re-tokenisation between turns). Generation stops at end-of-sequence or at any token
-whose text holds a newline (the same :func:`~divopd.explore.generation.stop_token_ids`), the stop token included;
-sampling uses the full distribution (``top_k=0``, ``top_p=1``) at ``temperature``, greedy decoding ``temperature=0``;
-the log prob kept for each sampled token is vLLM's ``raw_logprobs`` — from the raw logits, i.e. ``log π(y|h)`` at
+Token ids in, token ids out (no re-tokenisation between turns); the same stop tokens
+(:func:`~divopd.explore.generation.stop_token_ids`); sampling over the full distribution (``top_k=0``, ``top_p=1``).
+The log prob kept for each sampled token is vLLM's ``raw_logprobs``: from the raw logits, ``log π(y|h)`` at
 temperature 1, what the learner recomputes. Teacher scores are the engine's prompt log probs of prompt+response.
-
-Example (CPU build, engine in this process)::
-
-    gen = VLLMGenerator("runs/sft/teacher", dtype="float32", max_model_len=2048, enforce_eager=True)
-    out = gen.generate([prompt_ids], greedy=False, temperature=1.0, max_new_tokens=16, seed=0)
-    lps = gen.score([prompt_ids], [out[0].response_ids])    # [L] float32 teacher log probs
-    gen.update_weights(learner.model.state_dict())        # later calls see the new weights
-
-Weight updates (:mod:`divopd.explore.vllm_weights`): checked against the checkpoint's tensor names and shapes before
-the engine is touched, then loaded in place (``weight_sync="reload"``: the worker's layer-wise ``reload_weights``,
-the path that works on the CPU build) or broadcast over NCCL (``weight_sync="nccl"``, GPU engines); the prefix cache
-is reset afterwards. A call that fails inside the engine (the engine died) rebuilds the engine from the model folder,
-re-applies the newest weights and retries, up to ``max_restarts`` times; then :class:`VLLMEngineError`.
+Weight updates are checked before the engine is touched, then loaded in place or broadcast over NCCL
+(:mod:`divopd.explore.vllm_weights`). A call that fails inside the engine (the engine died) rebuilds it from the model
+folder, re-applies the newest weights and retries, up to ``max_restarts`` times; then :class:`VLLMEngineError`.
 """
 
 from __future__ import annotations
