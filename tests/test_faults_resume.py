@@ -1,7 +1,7 @@
 """SIGKILL of a lockstep run at each phase, then ``--resume``: the resumed run equals the uninterrupted one.
 
 Under ``runtime.kind: lockstep`` a checkpoint holds the runtime's state (the round-robin position, the step budget, each
-explorer's running episodes, seeds, task stream and counters; :mod:`divopd.explore.explorer_state`), so a run killed
+explorer's running episodes, seeds, task stream and counters; :meth:`Explorer.state_dict`), so a run killed
 at any moment and resumed from its newest checkpoint produces the same ``learner/loss`` series, the same values of every
 other untimed learner / sampler / ledger key, the same evaluations and the same experience log, turn for turn, as the
 same-seed run that was never interrupted.
@@ -217,8 +217,7 @@ def test_sigkill_late_in_a_longer_run_with_two_explorers_and_recovery(
 def test_an_episode_state_survives_json_exactly() -> None:
     import numpy as np
 
-    from divopd.explore.episode import Episode, StudentStep
-    from divopd.explore.explorer_state import episode_from_state, episode_state
+    from divopd.explore.episode import Episode, StudentStep, episode_from_state, episode_state
 
     lp = np.array([-0.1, -2.5e-8, -13.75], dtype=np.float32)
     e = Episode(rollout_id="s1x0-3", task="train:7", first_observation="room 1", valid_actions=["look around"],

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from divopd.explore.envs.tiny import TinyEnv
 from divopd.explore.explorer import Explorer, ExplorerConfig
 from divopd.explore.recovery import RecoveryConfig, RecoveryState, is_no_progress, should_recover
+from divopd.learn.checkpoint import WeightHandle
 from explorer_helpers import env_tokenizer, tiny_model
 
 A = frozenset({"look around", "open door"})
@@ -218,11 +219,12 @@ def test_explorer_recovery_waits_for_the_learner_warmup():
     tok = env_tokenizer("tiny")
     cfg = ExplorerConfig(env="tiny", num_envs=2, max_steps=6, generation={"max_new_tokens": 4},
                          recovery={"enabled": True, "patience": 1, "max_takeover": 1, "warmup": 3})
-    with Explorer(cfg, tiny_model(tok, 0), tok, tiny_model(tok, 1), seed=0) as explorer:
+    student = tiny_model(tok, 0)
+    with Explorer(cfg, student, tok, tiny_model(tok, 1), seed=0) as explorer:
         explorer._student_gen = Scripted(tok, [], then="take coin")  # invalid: no episode starts in the coin's room
         explorer._teacher_gen = Scripted(tok, [], then="look around")
         assert all(r.info.teacher_turns == 0 for r in explorer.collect(3))
-        explorer.set_learner_version(3)
+        explorer.set_weights(WeightHandle(3, student.state_dict()))  # the learner has made 3 updates
         later = explorer.collect(4)
         assert any(r.info.teacher_turns == 1 for r in later)
         assert all(r.info.teacher_turns <= 1 for r in later)

@@ -210,11 +210,14 @@ def entry(token: int, lp: float, rank: int) -> dict[str, Any]:
 def test_prompt_logprobs_are_cut_to_the_response_with_its_top_k() -> None:
     prompt_logprobs = [None, entry(5, -1.0, 2), {**entry(7, -0.5, 1), **entry(9, -2.5, 3), **entry(4, -1.5, 2)},
                        {**entry(3, -0.25, 1), **entry(8, -3.0, 2)}]
-    lps, (ids, tlp) = response_scores(prompt_logprobs, 2, [7, 3], topk=2)
+    scores = response_scores(prompt_logprobs, 2, [7, 3], topk=2)
+    lps, ids, tlp = scores.logprobs, scores.topk_ids, scores.topk_logprobs
     assert lps.dtype == np.float32 and lps.tolist() == [-0.5, -0.25]
     assert ids.tolist() == [[7, 4], [3, 8]] and tlp.tolist() == [[-0.5, -1.5], [-0.25, -3.0]]
-    lps, none = response_scores(prompt_logprobs, 0, [1, 5], topk=0)
-    assert none is None and np.isnan(lps[0]) and lps[1] == -1.0  # position 0 has no context
+    scores = response_scores(prompt_logprobs, 0, [1, 5], topk=0)
+    lps = scores.logprobs
+    assert scores.topk_ids is None and scores.topk_logprobs is None
+    assert np.isnan(lps[0]) and lps[1] == -1.0  # position 0 has no context
     with pytest.raises(ValueError, match="no log prob for response token 6"):
         response_scores(prompt_logprobs, 1, [6], topk=0)
 
@@ -253,9 +256,9 @@ def test_turns_are_batched_per_request_and_sent_concurrently(stand_in: StandIn, 
     posts = [s for s in stand_in.seen if s[1] == "/v1/completions"]
     assert sorted(len(b["prompt"]) for _, _, b, _ in posts) == [1, 2, 2]  # 5 turns, 2 per request
     assert all(b["model"] == "teacher" and b["max_tokens"] == 1 and b["prompt_logprobs"] == 0 for _, _, b, _ in posts)
-    for (lps, topk), r in zip(out, responses, strict=True):
-        assert topk is None and lps.dtype == np.float32
-        np.testing.assert_array_equal(lps, np.array([-t / 100 for t in r], dtype=np.float32))
+    for scores, r in zip(out, responses, strict=True):
+        assert scores.topk_ids is None and scores.logprobs.dtype == np.float32
+        np.testing.assert_array_equal(scores.logprobs, np.array([-t / 100 for t in r], dtype=np.float32))
     assert max(concurrent) == 2  # the barrier lets the first request through only with a second one in flight
 
 

@@ -96,7 +96,7 @@ def _check_against_reference(s_fam: str, t_fam: str, fams: dict, models: dict, r
     student, teacher_tok, model = fams[s_fam], fams[t_fam], models[t_fam]
     teacher = adapt_teacher(HFTeacher(model, teacher_tok, max_tokens_per_batch=4096), student, teacher_tok)
     s_ids, chunk_lp, chunk_of, unknown = _reference(s_fam, t_fam, fams, model, response)
-    (mapped, _), = teacher.score_turns([_ids(student, PROMPT)], [s_ids])
+    mapped = teacher.score_turns([_ids(student, PROMPT)], [s_ids])[0].logprobs
     sizes = np.bincount(chunk_of)
     forced = [c in unknown or c == len(chunk_lp) - 1 for c in chunk_of]
     assert np.isnan(mapped[forced]).all(), (response, mapped)
@@ -118,7 +118,7 @@ def test_every_family_pair_maps_every_token_against_a_plain_forward(s_fam: str, 
     assert isinstance(teacher, CrossTokenizerTeacher)
     for response in RESPONSES:
         s_ids, chunk_lp, chunk_of, _ = _reference(s_fam, t_fam, fams, model, response)
-        (mapped, _), = teacher.score_turns([_ids(student, PROMPT)], [s_ids])
+        mapped = teacher.score_turns([_ids(student, PROMPT)], [s_ids])[0].logprobs
         assert np.isfinite(mapped).all(), (response, mapped)  # the text forces no mask here: every word is known
         sizes = np.bincount(chunk_of)
         expect = np.asarray([chunk_lp[c] / sizes[c] for c in chunk_of])
@@ -136,7 +136,7 @@ def test_a_response_without_a_leading_space_scores_like_one_with_it(t_fam: str, 
     for bare in ("move east", "take coin move west west"):
         a, b = _ids(student, bare), _ids(student, " " + bare)
         assert a != b and len(a) == len(b)  # "move" vs "Ġmove": one token per word either way
-        (lp_a, _), (lp_b, _) = teacher.score_turns([prompt, prompt], [a, b])
+        lp_a, lp_b = (sc.logprobs for sc in teacher.score_turns([prompt, prompt], [a, b]))
         assert np.isfinite(lp_a).all()
         np.testing.assert_allclose(lp_a, lp_b, rtol=0, atol=1e-5)
 
@@ -202,7 +202,7 @@ def test_the_students_eos_is_scored_as_the_teachers_eos_not_as_a_token_of_the_sa
     assert t_same != t_eos and Translator(student, teacher_tok).anchors[s_eos] == t_eos
     assert Translator(teacher_tok, student).anchors[t_eos] == s_eos  # +R: the teacher's end is the student's
     prompt, words = _ids(student, PROMPT), _ids(student, "move east")
-    (lp, _), = teacher.score_turns([prompt], [words + [s_eos]])
+    lp = teacher.score_turns([prompt], [words + [s_eos]])[0].logprobs
     t_prompt, t_words = _ids(teacher_tok, PROMPT), _ids(teacher_tok, "move east")
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([t_prompt + t_words + [t_eos]])).logits[0].double(), -1)
@@ -235,8 +235,8 @@ def test_a_same_id_subset_vocabulary_takes_the_path_that_scores_more(caplog: pyt
     masked = adapt_teacher(HFTeacher(model, small, max_tokens_per_batch=4096), large, small, ext)
     assert isinstance(masked, ExtensionTeacher)
     prompt, response = _ids(large, PROMPT), _ids(large, "take coin move west west")
-    (lp, _), = teacher.score_turns([prompt], [response])
-    (lp_ext, _), = masked.score_turns([prompt], [response])
+    lp = teacher.score_turns([prompt], [response])[0].logprobs
+    lp_ext = masked.score_turns([prompt], [response])[0].logprobs
     assert np.isfinite(lp).all() and np.isnan(lp_ext).any()
     t_prompt, t_resp = _ids(small, PROMPT), _ids(small, "take coin move west west")
     with torch.no_grad():

@@ -63,9 +63,10 @@ def test_identical_vocabularies_keep_the_direct_path_bit_for_bit(toks: dict) -> 
     prompts = [_ids(word, PROMPT)] * len(RESPONSES)
     responses = [_ids(word, r) for r in RESPONSES]
     direct = teacher.score_turns(prompts, responses)
-    via = explorer._teacher_scores(prompts, responses)[0]
-    for (lp, _), got in zip(direct, via, strict=True):
-        assert got.dtype == lp.dtype and np.array_equal(got, lp)  # the same arrays, bit for bit
+    via = explorer._teacher_scores(prompts, responses)
+    for want, got in zip(direct, via, strict=True):
+        lp = want.logprobs
+        assert got.logprobs.dtype == lp.dtype and np.array_equal(got.logprobs, lp)  # the same arrays, bit for bit
     assert explorer.stats()["explorer/teacher_masked_tokens"] == 0
 
 
@@ -85,7 +86,7 @@ def test_an_extension_scores_directly_and_masks_exactly_the_extra_tokens(toks: d
     move, east, take = (_ids(teacher_tok, w)[0] for w in ("move", " east", " take"))
     prompt = [think] + _ids(teacher_tok, PROMPT) + [end_think]  # prompt tokens the teacher lacks: sent as text
     responses = [[think, move, east, end_think, take], [move, east], [end_think]]
-    scores, _ = explorer._teacher_scores([prompt] * 3, responses)
+    scores = [s.logprobs for s in explorer._teacher_scores([prompt] * 3, responses)]
     for resp, lp in zip(responses, scores, strict=True):
         extra = np.isin(resp, [think, end_think])
         assert np.array_equal(~np.isfinite(lp), extra)  # masked exactly at the extra tokens, nowhere else
@@ -96,11 +97,12 @@ def test_an_extension_scores_directly_and_masks_exactly_the_extra_tokens(toks: d
     t_prompt = as_text[think] + _ids(teacher_tok, PROMPT) + as_text[end_think]
     t_resp = as_text[think] + [move, east] + as_text[end_think] + [take]
     assert max(t_prompt + t_resp) < len(teacher_tok)  # never an id the teacher lacks
-    ref = teacher.score_turns([t_prompt], [t_resp])[0][0]
+    ref = teacher.score_turns([t_prompt], [t_resp])[0].logprobs
     k = len(as_text[think])
     expect = np.asarray([np.nan, ref[k], ref[k + 1], np.nan, ref[-1]], dtype=np.float32)
     np.testing.assert_allclose(scores[0], expect, rtol=0, atol=1e-5, equal_nan=True)
-    np.testing.assert_allclose(scores[1], teacher.score_turns([t_prompt], [[move, east]])[0][0], rtol=0, atol=1e-5)
+    moved = teacher.score_turns([t_prompt], [[move, east]])[0].logprobs
+    np.testing.assert_allclose(scores[1], moved, rtol=0, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ cross
@@ -137,8 +139,9 @@ def _check_mapping(student_tok: object, teacher_tok: object, teacher_model: torc
     aligned = straddled = 0
     for response in RESPONSES:
         s_ids, chunk_lp, chunk_of = _reference_chunks(student_tok, teacher_tok, teacher_model, PROMPT, response)
-        (mapped, top), = teacher.score_turns([_ids(student_tok, PROMPT)], [s_ids])
-        assert top is None and mapped.shape == (len(s_ids),) and np.isfinite(mapped).all()
+        (scores,) = teacher.score_turns([_ids(student_tok, PROMPT)], [s_ids])
+        mapped = scores.logprobs
+        assert scores.topk_ids is None and mapped.shape == (len(s_ids),) and np.isfinite(mapped).all()
         sizes = np.bincount(chunk_of)
         for k, c in enumerate(chunk_of):
             if sizes[c] == 1:  # boundaries align: exactly the teacher's log prob of this token's text
@@ -185,7 +188,7 @@ def test_unrecoverable_pieces_are_glued_and_lost_text_is_masked(toks: dict) -> N
     teacher_bpe = build_tokenizer(_texts() + ["move café"] * 20, kind="bpe", vocab_size=320)
     model = build_model(teacher_bpe, size="0.2m", seed=2)
     mapped = adapt_teacher(HFTeacher(model, teacher_bpe, max_tokens_per_batch=4096), bpe,
-                           teacher_bpe).score_turns([_ids(bpe, PROMPT)], [ids])[0][0]
+                           teacher_bpe).score_turns([_ids(bpe, PROMPT)], [ids])[0].logprobs
     assert np.isfinite(mapped).all()
     broken = [k for k, p in enumerate(pieces) if "\ufffd" in p]
     assert len({float(mapped[k]) for k in broken}) == 1  # glued pieces share one chunk evenly
@@ -196,7 +199,7 @@ def test_unrecoverable_pieces_are_glued_and_lost_text_is_masked(toks: dict) -> N
     total = sum(float(logp[len(t_prompt) - 1 + j, t]) for j, t in enumerate(t_ids))
     assert float(mapped.sum()) == pytest.approx(total, abs=1e-4)  # nothing lost, nothing counted twice
 
-    unknown = adapt_teacher(_teacher(word), bpe, word).score_turns([_ids(bpe, PROMPT)], [ids])[0][0]
+    unknown = adapt_teacher(_teacher(word), bpe, word).score_turns([_ids(bpe, PROMPT)], [ids])[0].logprobs
     first_lost = len(_ids(bpe, "move"))
     assert np.isfinite(unknown[:first_lost]).all() and np.isnan(unknown[first_lost:]).all()
 
@@ -268,9 +271,9 @@ def test_every_teacher_backend_is_bridged_where_it_is_loaded(cross_run: tuple[di
     assert isinstance(actor.teacher, CrossTokenizerTeacher)
     student = load_tokenizer(cfg.student.path)
     prompt, response = _ids(student, PROMPT), _ids(student, "move east take coin")
-    (lp, top), = actor.score_turns([prompt], [response])
-    (again, _), = teacher.score_turns([prompt], [response])
-    assert top is None and lp.shape == (len(response),) and np.isfinite(lp).all()
+    (scores,) = actor.score_turns([prompt], [response])
+    lp, again = scores.logprobs, teacher.score_turns([prompt], [response])[0].logprobs
+    assert scores.topk_ids is None and lp.shape == (len(response),) and np.isfinite(lp).all()
     np.testing.assert_allclose(lp, again, rtol=0, atol=1e-5)
 
 
@@ -317,7 +320,7 @@ def test_a_short_train_with_a_cross_tokenizer_teacher(cross_run: tuple[dict, Pat
     cross = adapt_teacher(HFTeacher(model.eval(), teacher_tok, max_tokens_per_batch=4096), student_tok, teacher_tok)
     assert isinstance(cross, CrossTokenizerTeacher)
     for t in turns[:4]:
-        (again, _), = cross.score_turns([t.prompt_ids.tolist()], [t.response_ids.tolist()])
+        again = cross.score_turns([t.prompt_ids.tolist()], [t.response_ids.tolist()])[0].logprobs
         np.testing.assert_allclose(t.teacher_logprobs, again, rtol=0, atol=1e-4, equal_nan=True)
     masked = sum(int(np.count_nonzero(~np.isfinite(t.teacher_logprobs))) for t in turns)
     assert updates[-1]["explorer/teacher_masked_tokens"] <= masked  # counted on arrival; the log holds them all

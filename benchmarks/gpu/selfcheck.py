@@ -134,8 +134,8 @@ def check_hf_teacher(ctx: Context, model_name: str) -> dict[str, Any]:
     responses = [list(tok(" move east\n")["input_ids"]), list(tok(" take coin\n")["input_ids"])] * 3
     got = HFTeacher(dev_model, tok, max_tokens_per_batch=4096).score_turns(prompts, responses, topk=4)
     ref = HFTeacher(cpu_model, tok, max_tokens_per_batch=4096).score_turns(prompts, responses, topk=4)
-    err = max(float(np.abs(g[0] - r[0]).max()) for g, r in zip(got, ref, strict=True))  # (logprobs, (ids, lps))
-    top_err = max(float(np.abs(g[1][1] - r[1][1]).max()) for g, r in zip(got, ref, strict=True))
+    err = max(float(np.abs(g.logprobs - r.logprobs).max()) for g, r in zip(got, ref, strict=True))
+    top_err = max(float(np.abs(g.topk_logprobs - r.topk_logprobs).max()) for g, r in zip(got, ref, strict=True))
     return {"ok": max(err, top_err) <= LOGPROB_ATOL, "max_abs_err": err, "topk_max_abs_err": top_err,
             "tolerance": LOGPROB_ATOL}
 

@@ -124,12 +124,12 @@ def turn_pairs(tok: Any) -> tuple[list[list[int]], list[list[int]]]:
 
 def assert_scores_equal(server_out: list, hf_out: list, topk: int) -> None:
     assert len(server_out) == len(hf_out)
-    for (slp, stop), (hlp, htop) in zip(server_out, hf_out, strict=True):
-        assert slp.dtype == np.float32 and slp.shape == hlp.shape
-        np.testing.assert_allclose(slp, hlp, atol=ATOL)
+    for ours, ref in zip(server_out, hf_out, strict=True):
+        assert ours.logprobs.dtype == np.float32 and ours.logprobs.shape == ref.logprobs.shape
+        np.testing.assert_allclose(ours.logprobs, ref.logprobs, atol=ATOL)
         if topk:
-            np.testing.assert_allclose(stop[1], htop[1], atol=ATOL)
-            assert (stop[0][:, 0] == htop[0][:, 0]).all()  # the most likely token
+            np.testing.assert_allclose(ours.topk_logprobs, ref.topk_logprobs, atol=ATOL)
+            assert (ours.topk_ids[:, 0] == ref.topk_ids[:, 0]).all()  # the most likely token
 
 
 def test_server_scores_equal_the_in_process_hf_teacher(server: Served, llama_models: dict[str, str]) -> None:
@@ -289,8 +289,8 @@ def test_a_slow_server_times_out_and_the_request_is_retried(server: Served, llam
         slow = ServerTeacher(ServerSettings(url=proxy.url, timeout_s=1.5, backoff_s=0.1), tok)
         out = slow.score_turns(prompts, responses)
         assert slow.client.retried == 1 and proxy.completions == 2
-        for (a, _), (b, _) in zip(out, direct, strict=True):
-            np.testing.assert_array_equal(a, b)
+        for a, b in zip(out, direct, strict=True):
+            np.testing.assert_array_equal(a.logprobs, b.logprobs)
     finally:
         proxy.close()
 

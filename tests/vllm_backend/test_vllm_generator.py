@@ -103,10 +103,10 @@ def test_score_equals_hf_with_and_without_topk(gen, hf) -> None:
         np.testing.assert_allclose(o, r, atol=ATOL)
     top = gen.score_turns(prompts, responses, topk=3)
     ref_top = response_logprobs(model, prompts, responses, topk=3)
-    for (lp, (ids, tlp)), r in zip(top, ref_top, strict=True):
-        np.testing.assert_allclose(lp, r.logprobs, atol=ATOL)
-        np.testing.assert_array_equal(ids, r.topk_ids)
-        np.testing.assert_allclose(tlp, r.topk_logprobs, atol=ATOL)
+    for o, r in zip(top, ref_top, strict=True):
+        np.testing.assert_allclose(o.logprobs, r.logprobs, atol=ATOL)
+        np.testing.assert_array_equal(o.topk_ids, r.topk_ids)
+        np.testing.assert_allclose(o.topk_logprobs, r.topk_logprobs, atol=ATOL)
 
 
 def test_update_weights_then_scores_and_generations_equal_hf_with_the_new_weights(gen, hf, folder) -> None:

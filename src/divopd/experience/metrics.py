@@ -1,24 +1,12 @@
-"""Evaluation metrics of the paper (Section 4) as pure functions, and the run's metrics writer.
+"""Evaluation metrics of the paper (Section 4) as pure functions, one rule per function, and the run's metrics writer.
 
-Paper, Section 4: "We report peak success rate (SR) and final-five SR, the mean over the last five evaluation
-checkpoints; ± denotes the standard deviation across those checkpoints. For efficiency, the target success rate τ is a
-multiple of 5 at or below vanilla OPD's peak SR. For either cumulative learner-side resource C (training tokens or
-trainer GPU-hours), we report C_vanilla(τ)/C_method(τ), where each cost is accumulated through the first evaluation
-reaching τ. Values above one favor the method; a dash means that the method did not reach τ. We also report normalized
-area under the success-rate curve over a common learner-update budget (nAUC), equivalently the mean SR over that
-budget."
-
-Conventions (one rule of the paper = one function):
-
-- SR values are passed in whatever unit the caller uses; :func:`default_target` alone assumes percent (the paper's τ
-  is a multiple of 5 percentage points). ``divopd report`` converts ``eval/success_rate`` (0–1) to percent on load.
-- Standard deviations over evaluation checkpoints are population std (ddof=0): the final five are the whole
-  population being described, not a sample.
-- :func:`nauc` integrates the SR curve with the trapezoid rule by default (``rule="step"`` holds each eval's SR until
-  the next eval); both are normalised by the budget span, so the result is a mean SR in the caller's unit.
-
-:class:`MetricsWriter` appends the records of ``metrics.jsonl`` (format: docs/reference/metrics.md) and mirrors numeric
-values to TensorBoard when ``torch.utils.tensorboard`` is importable.
+The paper reports peak and final-five SR (the mean over the last five evaluation checkpoints, ± their standard
+deviation), the resource ratio C_vanilla(τ)/C_method(τ) for a target SR τ (a multiple of 5 at or below vanilla OPD's
+peak; a dash when the method never reaches τ) and nAUC, the mean SR over a common learner-update budget. Our
+conventions: SR values come in the caller's unit (only :func:`default_target` assumes percent; ``divopd report``
+converts ``eval/success_rate`` on load); standard deviations are population std (ddof=0: the final five are the whole
+population described); :func:`nauc` integrates with the trapezoid rule by default (``rule="step"`` holds each SR until
+the next eval), normalised by the budget span.
 """
 
 from __future__ import annotations

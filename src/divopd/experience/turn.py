@@ -1,14 +1,10 @@
-"""Turn records: one student response turn, as explorers queue it and the sampler selects it.
+"""Turn records: one student response turn as explorers queue it and the sampler selects it, the unit every part of
+divopd exchanges (paper, "Asynchronous multi-turn OPD": tagged by ``(rollout_id, turn_index, policy_version)``).
 
-A ``Turn`` is the unit every other part of divopd exchanges. It carries the token ids, the generating policy's
-per-token log probabilities, the frozen teacher's per-token log probabilities and the masks the loss needs, tagged by
-``(rollout_id, turn_index, policy_version)`` (paper, "Asynchronous multi-turn OPD").
-
-Per-token arrays are stored as numpy arrays (int32 ids, float32 log probabilities, bool masks). Malformed *types*
-(a non-string rollout id, a negative turn index or version) raise ``ValueError`` at construction; malformed *content*
-(missing teacher scores, arrays of the wrong length, no scored token, a truncated prompt) is legal to construct and is
-what :func:`divopd.sampling.gate.check` names, so that nothing is lost silently: such a turn is counted as rejected
-with a reason.
+Malformed *types* (a non-string rollout id, a negative turn index or version) raise ``ValueError`` at construction;
+malformed *content* (missing teacher scores, arrays of the wrong length, no scored token, a truncated prompt) is legal
+to construct and is what :func:`divopd.sampling.gate.check` names, so that nothing is lost silently: such a turn is
+counted as rejected with a reason.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Rollout", "RolloutInfo", "Turn"]
+__all__ = ["ResponseScores", "Rollout", "RolloutInfo", "Turn"]
 
 _ArrayLike = Sequence[int] | Sequence[float] | Sequence[bool] | np.ndarray
 
@@ -35,6 +31,22 @@ def _as_array(values: Any, dtype: Any, name: str) -> np.ndarray | None:
     if arr.ndim != 1:
         raise ValueError(f"Turn.{name}: expected a 1-d sequence, got shape {arr.shape}")
     return arr
+
+
+@dataclass(frozen=True, eq=False)
+class ResponseScores:
+    """A model's scores of one response of length L: what every teacher returns per turn (a Turn's ``teacher_*``).
+
+    Attributes:
+        logprobs: [L] float32, log prob of each given response token (NaN where it has no context: empty prompt, i = 0).
+        topk_ids: [L, k] int32, the model's k most likely tokens at each position, most likely first; ``None`` when
+            no top-k was asked for.
+        topk_logprobs: [L, k] float32, their log probabilities (``None`` with ``topk_ids``).
+    """
+
+    logprobs: np.ndarray
+    topk_ids: np.ndarray | None = None
+    topk_logprobs: np.ndarray | None = None
 
 
 @dataclass(eq=False)

@@ -1,11 +1,9 @@
 """A deadline on a call that Python cannot interrupt (an in-process vLLM engine call): :func:`call_deadline`.
 
-Past ``timeout_s`` the call is marked stalled (``mark(line)``, one error line naming it), so whatever watches the
-component (the loop watchdog, through the runtime) can stop the run; the mark is cleared when the call returns. A call
-made from the main thread is the lockstep runtime's loop itself, whose watchdog cannot run while the call blocks it:
-still running another ``timeout_s`` later, it ends the process with one line on stderr and exit code
-:data:`EXIT_CALL_STALLED`, the loop watchdog's code for a stalled run. The newest checkpoint and every logged turn stay
-(checkpoints are written whole, log parts too), so ``divopd train --resume`` continues once the cause is fixed.
+Past ``timeout_s`` the call is marked stalled (one error line naming it) for the loop watchdog; the mark is cleared
+when it returns. On the main thread (the lockstep loop itself, whose watchdog the call blocks), still running another
+``timeout_s`` later, it ends the process with one line and :data:`EXIT_CALL_STALLED`; the newest checkpoint and every
+logged turn stay, so ``divopd train --resume`` continues once the cause is fixed.
 """
 
 from __future__ import annotations

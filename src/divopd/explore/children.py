@@ -1,22 +1,13 @@
 """The child processes divopd starts, and a terminal's Ctrl-C: children outlive it and divopd stops them itself.
 
-A Ctrl-C in a terminal sends SIGINT to every process of the foreground process group, and a child stays in its
-parent's group unless told otherwise: a JVM of the JVM-backed envs, a spawned learner rank or a vLLM engine process
-would die at once, before divopd has checkpointed (their state is what it checkpoints). So every child divopd starts
-is kept out of the signal's way and ended by divopd at the stop, after the checkpoint:
-
-* :func:`sigint_blocked` blocks SIGINT in the calling thread while a child is started: the child inherits the blocked
-  mask (it survives ``fork`` and ``exec``), so the group's SIGINT stays pending in it and never acts (spawned learner
-  ranks, a vLLM engine process; Ray does the same for the processes of a local Ray it starts);
-* a JVM unblocks SIGINT for its own shutdown hooks, so it is started in a process group of its own instead
-  (py4j's ``create_new_process_group``, :func:`divopd.explore.envs._jvm.guarded_gateway`);
-* :func:`die_with_parent` (in the child) has the kernel kill it when divopd dies, SIGKILL included
-  (``PR_SET_PDEATHSIG``); a JVM dies with divopd by py4j's ``die_on_exit`` (it exits when its stdin pipe closes).
-
-:func:`no_quit`: a second Ctrl-C quits at once (``KeyboardInterrupt`` from :class:`~divopd.train.interrupt.StopRequest`)
-— except inside a call that an interrupt at a random bytecode leaves broken (py4j's connection handling raises
-``AttributeError`` from its ``KeyboardInterrupt`` branch): there the quit waits until the call returns (every such call
-has a deadline); a third Ctrl-C quits at once even there.
+A Ctrl-C sends SIGINT to the whole foreground process group, so a JVM, a learner rank or a vLLM engine process would
+die before divopd has checkpointed (their state is what it checkpoints). So: :func:`sigint_blocked` blocks SIGINT
+while a child is started (the child inherits the blocked mask through ``fork`` and ``exec``); a JVM, which unblocks
+SIGINT for its shutdown hooks, gets a process group of its own instead (py4j's ``create_new_process_group``);
+:func:`die_with_parent` has the kernel kill a child when divopd dies (``PR_SET_PDEATHSIG``; a JVM exits by py4j's
+``die_on_exit``). :func:`no_quit`: a second Ctrl-C quits at once, except inside a call that an interrupt at a random
+bytecode leaves broken (py4j's connection handling), where the quit waits for the call (every such call has a
+deadline); a third Ctrl-C quits at once even there.
 """
 
 from __future__ import annotations

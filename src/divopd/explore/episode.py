@@ -1,24 +1,44 @@
-"""The explorer's records of a running rollout (:class:`Episode`, its :class:`StudentStep` s), the finished
-:class:`~divopd.experience.turn.Rollout` built from one once the teacher has scored it (:func:`build_rollout`), and
-what an explorer counts over them (:func:`count_rollout`, :func:`eval_metrics`)."""
+"""The explorer's records of a running rollout, as JSON too (a lockstep checkpoint saves them), the finished
+:class:`~divopd.experience.turn.Rollout` built from one, and what an explorer counts over them."""
 
 from __future__ import annotations
 
+import base64
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from divopd.experience.turn import Rollout, RolloutInfo, Turn
+from divopd.experience.turn import ResponseScores, Rollout, RolloutInfo, Turn
 from divopd.explore.recovery import RecoveryState
 
-__all__ = ["EXPLORER_COUNTERS", "Episode", "StudentStep", "build_rollout", "count_rollout", "eval_metrics"]
+if TYPE_CHECKING:
+    from divopd.explore.generation import Generation
+    from divopd.explore.prompting import EncodedPrompt
+
+__all__ = ["EXPLORER_COUNTERS", "Action", "Actor", "Episode", "StudentStep", "build_rollout", "count_rollout",
+           "episode_from_state", "episode_state", "eval_metrics"]
 
 #: An explorer's cumulative counters (``Explorer.stats()``, namespaced ``explorer/...``).
 EXPLORER_COUNTERS: tuple[str, ...] = (
     "rollouts", "turns", "teacher_turns", "takeovers", "successes", "env_steps", "env_crashes", "teacher_failures",
     "unscored_turns", "teacher_masked_tokens", "truncated_turns", "weight_loads", "step_limit_hits",
     "generated_tokens", "time/generate", "time/env", "time/teacher_score", "time/weight_load_s")
+
+
+Actor = Literal["student", "teacher"]
+
+
+@dataclass(frozen=True)
+class Action:
+    """One env slot's move in a round: who acted, the prompt it saw, its generation and the action text decoded."""
+
+    actor: Actor
+    prompt: EncodedPrompt
+    generation: Generation
+    text: str
 
 
 @dataclass
@@ -57,10 +77,10 @@ class Episode:
     unscored: int = 0  # of those, how many the teacher could not score
 
 
-def build_rollout(episode: Episode, scores: list, topk: list, *, explorer_id: int, env: str, max_steps: int,
-                  policy_version: int, truncated_dead: bool = True, start: int = 0) -> Rollout:
+def build_rollout(episode: Episode, scores: Sequence[ResponseScores | None], *, explorer_id: int, env: str,
+                  max_steps: int, policy_version: int, truncated_dead: bool = True, start: int = 0) -> Rollout:
     """The rollout's Turns and info from an episode and the teacher's scores of its student turns ``start:``
-    (``scores[i]`` ``None`` = unscored; ``topk[i]`` ``(ids, logprobs)`` or ``None``). ``truncated_dead``: a turn
+    (``scores[i]`` ``None`` = unscored). ``truncated_dead``: a turn
     whose prompt was truncated gets an all-False teacher-valid mask (a dead row for readers without the gate).
 
     An episode still running gives a *chunk* (``explorer.enqueue: turn``): ``info.partial`` is True and its turns'
@@ -78,14 +98,15 @@ def build_rollout(episode: Episode, scores: list, topk: list, *, explorer_id: in
         policy_version_max=max(versions), partial=not episode.done)
     known = episode.done
     turns = []
-    for s, lp, tk in zip(steps, scores, topk, strict=True):
+    for s, sc in zip(steps, scores, strict=True):
         turns.append(Turn(
             rollout_id=episode.rollout_id, turn_index=s.step, policy_version=s.policy_version,
             prompt_ids=s.prompt_ids, response_ids=s.response_ids, student_logprobs=s.logprobs,
-            teacher_logprobs=lp, prompt_truncated=s.prompt_truncated,
+            teacher_logprobs=None if sc is None else sc.logprobs, prompt_truncated=s.prompt_truncated,
             teacher_valid_mask=(np.zeros(len(s.response_ids), dtype=bool)
                                 if truncated_dead and s.prompt_truncated else None),
-            teacher_topk_ids=None if tk is None else tk[0], teacher_topk_logprobs=None if tk is None else tk[1],
+            teacher_topk_ids=None if sc is None else sc.topk_ids,
+            teacher_topk_logprobs=None if sc is None else sc.topk_logprobs,
             info={"env": env, "task": episode.task, "action": s.action, "reward": s.reward,
                   "progress": s.progress, "score": s.score, "success": episode.success if known else None,
                   "rollout_score": episode.score if known else None, "horizon": episode.steps if known else None,
@@ -121,3 +142,49 @@ def eval_metrics(episodes: list[Episode], policy_version: int, t0: float) -> dic
         "eval/policy_version": float(policy_version),
         "eval/seconds": time.perf_counter() - t0,
     }
+
+
+def episode_state(e: Episode) -> dict[str, Any]:
+    """An episode as JSON (its +R allowed-set keys are not: the replayed env gives them back)."""
+    r = e.recovery
+    return {
+        "rollout_id": e.rollout_id, "task": e.task, "first_observation": e.first_observation,
+        "valid_actions": None if e.valid_actions is None else list(e.valid_actions),
+        "history": [[a, o] for a, o in e.history],
+        "student_steps": [{
+            "step": s.step, "prompt_ids": [int(t) for t in s.prompt_ids], "prompt_truncated": bool(s.prompt_truncated),
+            "response_ids": [int(t) for t in s.response_ids], "logprobs": _array_json(np.asarray(s.logprobs)),
+            "policy_version": int(s.policy_version), "action": s.action, "reward": float(s.reward),
+            "progress": bool(s.progress), "score": float(s.score)} for s in e.student_steps],
+        "recovery": {"no_progress_streak": r.no_progress_streak, "in_takeover": r.in_takeover,
+                     "teacher_turns": r.teacher_turns, "takeovers": r.takeovers, "last_action": r.last_action,
+                     "log": [[actor, bool(np_)] for actor, np_ in r.log]},
+        "steps": e.steps, "score": float(e.score), "success": bool(e.success), "done": bool(e.done),
+        "crashed": bool(e.crashed), "queued": e.queued, "unscored": e.unscored,
+    }
+
+
+def episode_from_state(d: dict[str, Any]) -> Episode:
+    """The episode :func:`episode_state` saved (allowed-set keys unset: a replay of its env fills them)."""
+    r = d["recovery"]
+    recovery = RecoveryState(no_progress_streak=r["no_progress_streak"], in_takeover=r["in_takeover"],
+                             teacher_turns=r["teacher_turns"], takeovers=r["takeovers"], last_action=r["last_action"],
+                             log=[(a, bool(p)) for a, p in r["log"]])
+    steps = [StudentStep(step=s["step"], prompt_ids=list(s["prompt_ids"]), prompt_truncated=s["prompt_truncated"],
+                         response_ids=list(s["response_ids"]), logprobs=_array_from(s["logprobs"]),
+                         policy_version=s["policy_version"], action=s["action"], reward=s["reward"],
+                         progress=s["progress"], score=s["score"]) for s in d["student_steps"]]
+    return Episode(rollout_id=d["rollout_id"], task=d["task"], first_observation=d["first_observation"],
+                   valid_actions=d["valid_actions"], history=[(a, o) for a, o in d["history"]], student_steps=steps,
+                   recovery=recovery, steps=d["steps"], score=d["score"], success=d["success"], done=d["done"],
+                   crashed=d["crashed"], queued=d["queued"], unscored=d["unscored"])
+
+
+def _array_json(a: np.ndarray) -> dict[str, Any]:
+    """An array, exactly: dtype, shape and its bytes in base64."""
+    a = np.ascontiguousarray(a)
+    return {"dtype": a.dtype.str, "shape": list(a.shape), "b64": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def _array_from(d: dict[str, Any]) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(d["b64"]), dtype=np.dtype(d["dtype"])).reshape(d["shape"]).copy()

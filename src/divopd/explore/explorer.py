@@ -1,30 +1,5 @@
-"""Explorer: the student plays several env instances turn by turn; the frozen teacher scores every response token.
-
-Paper, "Asynchronous multi-turn OPD": rollout workers generate student interactions and frozen-teacher scores
-independently of learner updates, adding turns to a queue with rollout IDs and policy versions. One explorer here:
-
-1. keeps ``num_envs`` env instances in lockstep; each turn every unfinished rollout gets a chat prompt (task, history,
-   ``prompt_truncated`` past the context budget) and one action, generated for all instances in one batch with the
-   current student weights, keeping the per-token generating log probabilities;
-2. steps each env; a rollout ends on success/failure, at the step limit, or when its env crashes (counted; its turns
-   are kept and a fresh instance replaces the env);
-3. when a rollout ends the teacher (:class:`~divopd.explore.teacher.Teacher`) scores all its student turns in one
-   batched pass (a failure marks turns unscored and counts it; nothing is dropped); its ``Turn`` s are returned
-   together, tagged ``(rollout_id, turn_index, policy_version)`` (``enqueue: turn``: every round's new turns);
-4. it loads newer published weights (:meth:`Explorer.set_weights`) between rollouts, as ``load_weights`` says;
-5. with +R on (:mod:`divopd.explore.recovery`) the teacher acts after ``p`` no-progress student turns, at most ``m``
-   turns a rollout; they are not queued.
-
-``turn_index`` is the env step at which the student acted (teacher steps under +R leave gaps). Every setting comes
-at construction (the step limit too: ``step_limit`` follows each published handle). Runtimes drive it through
-``collect(n)`` (lockstep: ``step_round()``), ``set_weights(handle)``, ``evaluate()``, ``close()``. Example::
-
-    explorer = Explorer(ExplorerConfig(env="twx", num_envs=4), student, tokenizer, teacher, seed=0)
-    rollouts = explorer.collect(8)           # list[Rollout]; rollout.turns are Turns, rollout.info the episode
-    explorer.set_weights(learner.publish())  # applied at the next rollout boundary
-    explorer.evaluate(num_tasks=50)          # T = 0.4, seeded: {"eval/success_rate": ..., "eval/mean_score": ...}
-Settings: :mod:`~divopd.explore.settings`; episodes: :mod:`~divopd.explore.episode`; task order:
-:mod:`~divopd.explore.tasks`; engines: :mod:`~divopd.explore.engines`."""
+"""The explorer: the student plays env instances turn by turn and the frozen teacher scores its turns (Algorithm 1's
+explore stage)."""
 
 from __future__ import annotations
 
@@ -33,21 +8,34 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from divopd.experience.turn import Rollout
-from divopd.explore.engines import apply_weights, close_backend
+from divopd.experience.turn import ResponseScores, Rollout
 from divopd.explore.envs import Env, EnvCrash, make_env
-from divopd.explore.episode import EXPLORER_COUNTERS, Episode, StudentStep, build_rollout, count_rollout, eval_metrics
-from divopd.explore.generation import Generation, GenerationBackend, HFGenerator
-from divopd.explore.prompting import decode_action, encode_prompt
-from divopd.explore.scoring import make_score_call, teacher_scores
+from divopd.explore.episode import (
+    EXPLORER_COUNTERS,
+    Action,
+    Actor,
+    Episode,
+    StudentStep,
+    build_rollout,
+    count_rollout,
+    episode_from_state,
+    episode_state,
+    eval_metrics,
+)
+from divopd.explore.generation import GenerationBackend, HFGenerator
+from divopd.explore.prompting import EncodedPrompt, decode_action, encode_prompt
+from divopd.explore.replay import ReplayError, load_student, replay_episode
+from divopd.explore.scoring import teacher_scores
 from divopd.explore.settings import ExplorerConfig
 from divopd.explore.tasks import close_quietly, reset_with_retries, start_env, task_stream
-from divopd.explore.teacher import as_teacher
+from divopd.explore.teacher import Teacher, as_teacher
 from divopd.explore.vocab import student_ids_teacher
+from divopd.explore.weight_loading import apply_weights, close_backend
 
 __all__ = ["Explorer", "ExplorerConfig", "Rollout"]
 
@@ -56,9 +44,32 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+STATE_FORMAT = 1  # of Explorer.state_dict
+
 
 class Explorer:
     """Runs the student on ``config.num_envs`` env instances and turns its rollouts into scored :class:`Turn` s.
+
+    Paper, "Asynchronous multi-turn OPD": rollout workers generate student interactions and frozen-teacher scores
+    independently of learner updates, queueing turns with rollout IDs and policy versions. Here:
+
+    1. each round every unfinished rollout gets a chat prompt (``prompt_truncated`` past the context budget) and one
+       action, generated for all instances in one batch, keeping the per-token generating log probabilities;
+    2. each env steps; a rollout ends on success/failure, at the step limit, or when its env crashes (counted; its
+       turns are kept and a fresh instance replaces the env);
+    3. the teacher scores the student turns in one batched pass when a rollout ends (``enqueue: rollout``) or every
+       round (``enqueue: turn``, chunks); a failure marks turns unscored and counts it, nothing is dropped;
+    4. newer published weights (:meth:`set_weights`) are loaded between rollouts, as ``load_weights`` says;
+    5. with +R on (:mod:`divopd.explore.recovery`) the teacher acts after ``p`` no-progress student turns, at most
+       ``m`` turns a rollout; its turns are not queued (``turn_index`` is the env step: they leave gaps).
+
+    Runtimes drive it through :meth:`collect` (lockstep: :meth:`step_round`), :meth:`set_weights`, :meth:`evaluate`
+    and :meth:`close`. Example::
+
+        explorer = Explorer(ExplorerConfig(env="twx", num_envs=4), student, tokenizer, teacher, seed=0)
+        rollouts = explorer.collect(8)           # list[Rollout]; rollout.turns are Turns, rollout.info the episode
+        explorer.set_weights(learner.publish())  # applied at the next rollout boundary
+        explorer.evaluate(num_tasks=50)          # T = 0.4, seeded: {"eval/success_rate": ..., "eval/mean_score": ...}
 
     Args:
         config: the explorer's settings.
@@ -97,33 +108,43 @@ class Explorer:
         weights: WeightHandle | None = None,
     ) -> None:
         self.config = config
-        self.student, self.tokenizer, self.teacher = student, tokenizer, teacher  # as given (an HF model or a Teacher)
+        self.student = student
+        self.tokenizer = tokenizer
+        self.teacher = teacher  # as given (an HF model or a Teacher)
         self.teacher_tokenizer = teacher_tokenizer if teacher_tokenizer is not None else tokenizer
         if config.recovery.enabled and teacher is None:
             raise ValueError("Explorer: recovery.enabled needs a teacher to act")
-        self.seed, self.explorer_id, self.id_prefix = seed, explorer_id, id_prefix
-        self.policy_version = self.learner_version = policy_version
+        self.seed = seed
+        self.explorer_id = explorer_id
+        self.id_prefix = id_prefix
+        self.policy_version = policy_version
+        self.learner_version = policy_version
         self._env_factory = env_factory or (lambda: make_env(config.env, **config.env_kwargs))
         stop_nl = config.generation.stop_on_newline
         self._student_gen = student_backend or HFGenerator(student, tokenizer, stop_on_newline=stop_nl)
-        tt, per_batch = self.teacher_tokenizer, config.teacher_max_tokens_per_batch
-        self._teacher = None if teacher is None else as_teacher(teacher, tt, max_tokens_per_batch=per_batch,
-                                                                stop_on_newline=stop_nl)
-        if self._teacher is not None and tt is not tokenizer:  # another vocabulary: a teacher of the student's ids
-            self._teacher, self.teacher_tokenizer = student_ids_teacher(self._teacher, tokenizer, tt,
-                                                                        topk=config.teacher_topk)
+        self._teacher: Teacher | None = None
+        if teacher is not None:
+            self._teacher = as_teacher(teacher, self.teacher_tokenizer,
+                                       max_tokens_per_batch=config.teacher_max_tokens_per_batch,
+                                       stop_on_newline=stop_nl)
+            if self.teacher_tokenizer is not tokenizer:  # another vocabulary: a teacher of the student's ids
+                self._teacher, self.teacher_tokenizer = student_ids_teacher(
+                    self._teacher, tokenizer, self.teacher_tokenizer, topk=config.teacher_topk)
         self._teacher_gen = self._teacher if config.recovery.enabled else None
-        self._score_call = None if self._teacher is None else make_score_call(self._teacher, topk=config.teacher_topk)
         self._step_limit = step_limit  # the step limit now: config.max_steps, or step_limit of the newest weights
         self.max_steps = config.max_steps if step_limit is None else step_limit(weights or policy_version)
-        self._lock, self._pending_weights = threading.Lock(), None  # the newest published handle not yet loaded
-        self._envs, self._eval_envs = list[Env](), list[Env]()  # the training and the evaluation instances
+        self._lock = threading.Lock()
+        self._pending_weights: WeightHandle | None = None  # the newest published handle not yet loaded
+        self._envs: list[Env] = []  # the training instances
+        self._eval_envs: list[Env] = []
         self._rollout_iter: Iterator[Rollout] | None = None
         self._round_iter: Iterator[tuple[list[Episode], list[Episode]]] | None = None
         self._task_rng = random.Random(f"{seed}-{explorer_id}-tasks")
         self._train_tasks: list[str] = []
-        self._n_rollouts = self._gen_calls = self._tasks_drawn = 0  # _tasks_drawn: the training stream's position
-        self._slots: list[Episode | None] = []  # step_round's running episode per env slot (explorer_state saves it)
+        self._n_rollouts = 0
+        self._gen_calls = 0
+        self._tasks_drawn = 0  # the training task stream's position
+        self._slots: list[Episode | None] = []  # step_round's running episode per env slot
         self._stats: dict[str, float] = dict.fromkeys(EXPLORER_COUNTERS, 0.0)
         self._handed_over: dict[str, float] = {}  # the stage times as of the previous rollout handed over
 
@@ -133,8 +154,7 @@ class Explorer:
         return [next(self.rollouts()) for _ in range(num_rollouts)]  # one stream per explorer: the same each call
 
     def rollouts(self) -> Iterator[Rollout]:
-        """Endless stream of finished rollouts from the training split, in the order they end (one stream per
-        explorer, as its env instances hold the in-flight rollouts: every call returns it)."""
+        """The endless stream of finished rollouts of the training split, in the order they end (the same each call)."""
         if self._rollout_iter is None:
             if self._round_iter is not None:
                 raise RuntimeError("Explorer.rollouts: this explorer is driven by step_round (lockstep runtime)")
@@ -159,11 +179,6 @@ class Explorer:
             self.learner_version = max(self.learner_version, int(handle.version))
             if self._step_limit is not None:  # the curriculum follows the learner at once (running rollouts too)
                 self.max_steps = self._step_limit(handle)
-
-    def set_learner_version(self, version: int) -> None:
-        """Tell the explorer how many updates the learner has made (the +R warmup counts these)."""
-        with self._lock:
-            self.learner_version = max(self.learner_version, int(version))
 
     def evaluate(self, tasks: Iterable[str] | None = None, num_tasks: int | None = None, *,
                  temperature: float = 0.4, greedy: bool = False, seed: int | None = None) -> dict[str, float]:
@@ -222,6 +237,7 @@ class Explorer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
     # ------------------------------------------------------------------ the spine
     def step_round(self) -> tuple[list[Rollout], int]:
         """One round on the training envs, each instance one step: the rollouts that ended (``enqueue: turn``: every
@@ -253,7 +269,7 @@ class Explorer:
             actions = self._act(episodes, actors, evaluating)
             stepped = [episodes[i] for i in live]
             for i in live:
-                self._step_env(envs, i, episodes[i], actors[i], actions[i])
+                self._step_env(envs, i, episodes[i], actions[i])
             ended = []
             for i in live:
                 episode = episodes[i]
@@ -265,9 +281,9 @@ class Explorer:
                 episodes[:] = [self._start_episode(envs, i, tasks) for i in range(len(envs))]
             yield ended, stepped
 
-    def _act(self, episodes: list[Episode | None], actors: dict[int, str], evaluating: bool) -> dict[int, Any]:
+    def _act(self, episodes: list[Episode | None], actors: dict[int, Actor], evaluating: bool) -> dict[int, Action]:
         """One batched generate for the student-controlled episodes (and one for the teacher's, under +R)."""
-        out: dict[int, Any] = {}
+        out: dict[int, Action] = {}
         for actor in ("student", "teacher"):
             idx = [i for i, a in actors.items() if a == actor]
             if not idx:
@@ -281,23 +297,21 @@ class Explorer:
                                    max_new_tokens=self.config.generation.max_new_tokens, seed=seed)
             self._stats["time/generate"] += time.perf_counter() - t0
             for i, prompt, result in zip(idx, prompts, results, strict=True):
-                out[i] = (prompt, result, decode_action(tok, result.response_ids))
+                out[i] = Action(actor, prompt, result, decode_action(tok, result.response_ids))
                 if actor == "student":
                     self._stats["generated_tokens"] += len(result.response_ids)
         return out
 
-    def _step_env(self, envs: list[Env], i: int, episode: Episode, actor: str, acted: Any) -> None:
+    def _step_env(self, envs: list[Env], i: int, episode: Episode, action: Action) -> None:
         """Apply one action to env ``i``; record the student turn, +R bookkeeping and the end conditions."""
-        prompt, result, action = acted
-        generation: Generation = result
-        if actor == "student":
+        if action.actor == "student":
             episode.student_steps.append(StudentStep(
-                step=episode.steps, prompt_ids=prompt.ids, prompt_truncated=prompt.truncated,
-                response_ids=generation.response_ids, logprobs=generation.logprobs,
-                policy_version=self.policy_version, action=action))
+                step=episode.steps, prompt_ids=action.prompt.ids, prompt_truncated=action.prompt.truncated,
+                response_ids=action.generation.response_ids, logprobs=action.generation.logprobs,
+                policy_version=self.policy_version, action=action.text))
         t0 = time.perf_counter()
         try:
-            obs, reward, done, info = envs[i].step(action)
+            obs, reward, done, info = envs[i].step(action.text)
         except EnvCrash as exc:
             self._stats["time/env"] += time.perf_counter() - t0
             log.warning("explorer %s: env crashed in rollout %s (%s); replacing the instance",
@@ -311,14 +325,16 @@ class Explorer:
         episode.steps += 1
         episode.score = float(info.get("score", 0.0))
         episode.success = bool(info.get("success", False))
-        episode.history.append((action, obs))
+        episode.history.append((action.text, obs))
         episode.valid_actions = envs[i].valid_actions()
         # +R: the paper's no-progress turn (an invalid action, or a repeat while the allowed actions are unchanged)
-        no_progress = episode.recovery.step(actor, action, bool(info.get("invalid", False)),
+        no_progress = episode.recovery.step(action.actor, action.text, bool(info.get("invalid", False)),
                                             envs[i].allowed_actions_key(), obs, self.config.recovery)
-        if actor == "student":
+        if action.actor == "student":
             last = episode.student_steps[-1]
-            last.reward, last.progress, last.score = float(reward), not no_progress, float(info.get("score", 0.0))
+            last.reward = float(reward)
+            last.progress = not no_progress
+            last.score = float(info.get("score", 0.0))
         episode.done = bool(done) or episode.steps >= self.max_steps
 
     def _queue_round(self, ended: list[Episode], stepped: list[Episode]) -> Iterator[Rollout]:
@@ -326,19 +342,19 @@ class Explorer:
         every stepped rollout's new student turns scored together in one pass and returned as chunks (``turn``)."""
         if self.config.enqueue == "rollout":
             for e in ended:
-                yield self._build(e, *self._teacher_scores([s.prompt_ids for s in e.student_steps],
-                                                           [s.response_ids for s in e.student_steps]))
+                yield self._build(e, self._teacher_scores([s.prompt_ids for s in e.student_steps],
+                                                          [s.response_ids for s in e.student_steps]))
             return
         chunks = [e for e in stepped if e.done or len(e.student_steps) > e.queued]
         flat = [s for e in chunks for s in e.student_steps[e.queued:]]
-        scores, topk = self._teacher_scores([s.prompt_ids for s in flat], [s.response_ids for s in flat])
+        scores = self._teacher_scores([s.prompt_ids for s in flat], [s.response_ids for s in flat])
         ends = np.cumsum([0] + [len(e.student_steps) - e.queued for e in chunks])
         for e, a, b in zip(chunks, ends[:-1], ends[1:], strict=True):
-            yield self._build(e, scores[a:b], topk[a:b], start=e.queued)
+            yield self._build(e, scores[a:b], start=e.queued)
 
-    def _build(self, episode: Episode, scores: list, topk: list, start: int = 0) -> Rollout:
+    def _build(self, episode: Episode, scores: list[ResponseScores | None], start: int = 0) -> Rollout:
         """The Rollout (or chunk) of ``episode``'s student turns ``start:``; an ended rollout is counted."""
-        rollout = build_rollout(episode, scores, topk, explorer_id=self.explorer_id, env=self.config.env,
+        rollout = build_rollout(episode, scores, explorer_id=self.explorer_id, env=self.config.env,
                                 max_steps=self.max_steps, policy_version=self.policy_version,
                                 truncated_dead=self.config.truncated_turns_dead, start=start)
         if episode.done:
@@ -348,15 +364,18 @@ class Explorer:
         return rollout
 
     # ------------------------------------------------------------------ helpers
-    def _prompt(self, episode: Episode, tokenizer: Any) -> Any:
+    def _prompt(self, episode: Episode, tokenizer: Any) -> EncodedPrompt:
         return encode_prompt(tokenizer, self.config.prompt, episode.first_observation, episode.history,
                              episode.valid_actions)
 
-    def _teacher_scores(self, prompts: list[list[int]], responses: list[list[int]]) -> tuple[list, list]:
-        """Teacher log probs and top-k per turn (``None`` = unscored), retried turn by turn on a failure."""
-        if self._score_call is None or not prompts:
-            return [None] * len(prompts), [None] * len(prompts)
-        return teacher_scores(self._score_call, prompts, responses, self._stats, self.explorer_id)
+    def _teacher_scores(self, prompts: list[list[int]], responses: list[list[int]]) -> list[ResponseScores | None]:
+        """The teacher's scores per turn (``None`` = unscored), retried turn by turn on a failure."""
+        teacher = self._teacher
+        if teacher is None or not prompts:
+            return [None] * len(prompts)
+        topk = self.config.teacher_topk
+        return teacher_scores(lambda p, r: teacher.score_turns(p, r, topk=topk), prompts, responses, self._stats,
+                              self.explorer_id)
 
     def _start_episode(self, envs: list[Env], i: int, tasks: Iterator[str]) -> Episode | None:
         """Reset env ``i`` on the next task (``None`` when ``tasks`` is exhausted); a crash replaces the instance."""
@@ -398,3 +417,84 @@ class Explorer:
     def _next_gen_seed(self) -> int:
         self._gen_calls += 1
         return int(np.random.SeedSequence([self.seed, self.explorer_id, self._gen_calls]).generate_state(1)[0])
+
+    # ------------------------------------------------------------------ state (an exact resume of a lockstep run)
+    def replayable(self) -> bool:
+        """Whether every env instance replays deterministically (:attr:`Env.replayable
+        <divopd.explore.envs.base.Env.replayable>`): only then can :meth:`load_state_dict` restore this explorer."""
+        return all(env.replayable for env in self._envs)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What an explorer driven by :meth:`step_round` holds between two rounds, as plain JSON: each slot's running
+        episode, the seed counters, the task stream's position, the counters, the weights versions, the step limit
+        (the student copy's weights are not in it: :func:`~divopd.explore.replay.save_student`)."""
+        if self._rollout_iter is not None:
+            raise RuntimeError("Explorer.state_dict: only an explorer driven by step_round (lockstep) has one")
+        pending = self._pending_weights
+        return {
+            "format": STATE_FORMAT,
+            "seed": int(self.seed),
+            "id_prefix": self.id_prefix,
+            "policy_version": int(self.policy_version),
+            "learner_version": int(self.learner_version),
+            "pending_version": None if pending is None else int(pending.version),
+            "max_steps": int(self.max_steps),
+            "n_rollouts": self._n_rollouts,
+            "gen_calls": self._gen_calls,
+            "tasks_drawn": self._tasks_drawn,
+            "task_rng": _rng_json(self._task_rng),
+            "stats": dict(self._stats),
+            "handed_over": dict(self._handed_over),
+            "started": self._round_iter is not None,
+            "slots": [None if e is None else episode_state(e) for e in self._slots],
+        }
+
+    def load_state_dict(self, state: dict[str, Any], weights: WeightHandle,
+                        student_weights: Path | None = None) -> None:
+        """Put this freshly built explorer (holding ``weights``, the checkpoint's) in :meth:`state_dict`'s ``state``,
+        its student copy in ``student_weights`` when its version is not ``weights.version``, and replay each slot's
+        env to where its episode was; :class:`~divopd.explore.replay.ReplayError` when an env does not replay."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"explorer state format {state.get('format')!r}, expected {STATE_FORMAT}")
+        self.seed = int(state["seed"])
+        self.id_prefix = str(state["id_prefix"])
+        self.learner_version = int(state["learner_version"])
+        self.max_steps = int(state["max_steps"])
+        self._n_rollouts = int(state["n_rollouts"])
+        self._gen_calls = int(state["gen_calls"])
+        self._stats.update({k: float(v) for k, v in state["stats"].items()})
+        self._handed_over = {k: float(v) for k, v in state["handed_over"].items()}
+        self._task_rng = random.Random(f"{self.seed}-{self.explorer_id}-tasks")
+        version = int(state["policy_version"])
+        if version != int(weights.version):
+            if student_weights is None:
+                raise ValueError(f"explorer {self.explorer_id}: its student copy held version {version}, not the "
+                                 f"checkpoint's {weights.version}, and no weights file was given")
+            load_student(self.student, student_weights)
+            self.policy_version = version
+        pending = state["pending_version"]
+        if pending is not None and int(pending) != int(weights.version):
+            raise ValueError(f"explorer {self.explorer_id}: weights version {pending} waited to be loaded, but the "
+                             f"checkpoint is of version {weights.version}")
+        self._pending_weights = weights if pending is not None and version != int(weights.version) else None
+        self._tasks_drawn = 0
+        if not state["started"]:
+            return
+        self._envs = self._envs or [self._new_env() for _ in range(self.config.num_envs)]
+        if not self.replayable():
+            raise ReplayError(f"env {self.config.env!r} does not replay (Env.replayable is False); this run cannot "
+                              "resume exactly")
+        tasks = self._train_task_stream()
+        for _ in range(int(state["tasks_drawn"])):
+            next(tasks)
+        if _rng_json(self._task_rng) != state["task_rng"]:
+            raise ValueError(f"explorer {self.explorer_id}: the task stream did not come back to its saved position")
+        self._slots[:] = [None if s is None else replay_episode(self._envs, i, episode_from_state(s),
+                                                                self._replace_env, self.config.max_env_restarts)
+                          for i, s in enumerate(state["slots"])]
+        self._round_iter = self._rounds(self._envs, tasks, evaluating=False, slots=self._slots)
+
+
+def _rng_json(rng: random.Random) -> list[Any]:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]

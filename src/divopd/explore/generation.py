@@ -1,14 +1,10 @@
 """Action generation: one response per prompt, batched across env instances, with per-token generating log probs.
 
-:class:`HFGenerator` wraps Hugging Face ``generate`` (left-padded batch, sampling or greedy, stop at end-of-sequence or
-at any token that decodes to a newline). The generating log probability of each response token is computed from the
-model's raw logits (``output_logits``), not from ``output_scores``, which are taken after temperature/top-k warping:
-it is ``log π_θ(y_i | h_<i)`` at temperature 1, the same quantity the learner recomputes for θ_old and the focus score
-compares with the teacher's. Sampling uses the full distribution (``top_k=0``, ``top_p=1``) at ``temperature``.
-
-A backend is anything with ``generate(prompts, *, greedy, temperature, max_new_tokens, seed) -> list[Generation]``
-(:class:`GenerationBackend`); a vLLM backend can plug in behind the same call. Generation runs under
-``torch.no_grad()`` (not ``inference_mode``: tensors made there cannot be saved for a later backward).
+The log probability kept for each response token comes from the model's raw logits (``output_logits``), not
+``output_scores``, which are taken after temperature/top-k warping: it is ``log π_θ(y_i | h_<i)`` at temperature 1,
+what the learner recomputes for θ_old and the focus score compares with the teacher's. Sampling uses the full
+distribution (``top_k=0``, ``top_p=1``); generation stops at end-of-sequence or at any token that decodes to a newline.
+It runs under ``torch.no_grad()``, not ``inference_mode`` (tensors made there cannot be saved for a later backward).
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
-"""Chat prompts from a task and its history, encoded under a context budget.
+"""Chat prompts from a task and its history, encoded under a context budget; the explorer, the teacher's +R actions
+and ``divopd sft`` all build them here, so the student sees one format in SFT and in OPD.
 
-One prompt = the system instructions, the first observation (which carries the task description), then the history as
-alternating ``assistant`` (the action taken) / ``user`` (the observation it produced) messages; the valid actions, when
-the environment lists them, are appended to the last observation. The explorer, the teacher's +R actions and
-``divopd sft`` all build prompts here, so the student sees the same format in SFT and in OPD.
-
-Context budget (paper, validity paragraph): when the whole history does not fit in ``max_prompt_tokens``, the oldest
-(action, observation) pairs are dropped, always keeping the task and the most recent pair that fits, and the prompt is
-flagged ``truncated``; the explorer still queues the turn and the validity gate rejects it (``prompt_truncated``), as
-in the paper. Setting ``flag_dropped_history: false`` instead treats dropping history as a deliberate window (the
-paper's Appendix E.4 mitigation "truncating the history before generation"), flagging only prompts whose last
-observation itself cannot fit. ``history_window`` keeps only the last N pairs by design (never flagged).
-
-Example::
-
-    cfg = PromptConfig(max_prompt_tokens=512)
-    enc = encode_prompt(tokenizer, cfg, first_obs, history=[("look around", "You are in the kitchen.")],
-                        valid_actions=["move east", "take coin"])
-    enc.ids, enc.truncated
+Context budget (paper, validity paragraph): when the history does not fit in ``max_prompt_tokens`` the oldest (action,
+observation) pairs are dropped, keeping the task and the most recent pair that fits, and the prompt is flagged
+``truncated``: the explorer still queues the turn and the validity gate rejects it (``prompt_truncated``), as in the
+paper. ``flag_dropped_history: false`` treats dropping history as a deliberate window (the paper's Appendix E.4
+mitigation), flagging only prompts whose last observation cannot fit; ``history_window`` keeps the last N pairs by
+design (never flagged).
 """
 
 from __future__ import annotations

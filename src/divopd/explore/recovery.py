@@ -1,38 +1,22 @@
 """DivOPD+R: bounded teacher recovery for rollouts that stop making progress (paper, Section 3.4 and Appendix G).
 
-What the paper fixes (Appendix G, "Recovery protocol"):
+The paper's rule (Appendix G): a **no-progress turn** is an invalid action, or a repeated action while the set of
+allowed actions is unchanged. After **p** (``patience``) consecutive no-progress turns the teacher acts, for at most
+**m** (``max_takeover``) turns **per rollout**; the student then resumes from the resulting state. Recovery starts
+after a **warmup** counted in learner updates and is off at evaluation. Teacher actions are not student turns, so they
+never become training rows. Per-setting p / m / warmup live in ``explorer.recovery`` of ``configs/<setting>.yaml``.
 
-* A **no-progress turn** is an invalid action, or a repeated action while the set of allowed actions is unchanged.
-* After **p** (``patience``) consecutive no-progress turns the teacher acts; it acts for at most **m**
-  (``max_takeover``) turns **per rollout**; the student then resumes from the resulting state.
-* Recovery starts after a **warmup** counted in learner updates, and is off at evaluation.
-* Teacher actions get no distillation weight: they are not student turns, so they never become training rows.
-* Per-setting p / m / warmup: ALFWorld 1.7B 4/6/0, 4B 6/6/0; WebShop 3B 4/5/45, 7B 4/4/45; ScienceWorld 1.5B
-  2/6/120, 3B 2/6/50 (``explorer.recovery`` in ``divopd/configs/<setting>.yaml``).
+Our reading (the paper does not say):
 
-What is our reading (the paper does not say):
-
-* *Invalid* is each adapter's rule, reported as ``info["invalid"]`` by its ``step`` (an action outside the listed valid
-  actions, or the env's own "I don't understand" / "Nothing happens." feedback; see each adapter's docstring). The
-  *set of allowed actions* is :meth:`divopd.explore.envs.base.Env.allowed_actions_key` (a frozenset of the listed
-  valid actions; ScienceWorld lists only templates and uses its look + inventory text instead). Where an env reports
-  neither (``None``), the observation text stands for the allowed set.
-* *Repeated* compares the action (stripped, lower case, single spaces) with the previous action of the episode,
-  whoever took it; *unchanged* compares the allowed set when the action is taken with the allowed set when the
-  previous action was taken. The first action of an episode is never a repeat.
+* *Invalid* is each adapter's rule (``info["invalid"]``, stated in its docstring); the *allowed set* is
+  :meth:`~divopd.explore.envs.base.Env.allowed_actions_key`, or the observation text where an env reports none.
+* *Repeated* compares the normalised action with the previous action of the episode, whoever took it; *unchanged*
+  compares the allowed set when the action is taken with the one when the previous action was taken. The first action
+  of an episode is never a repeat.
 * *Consecutive* counts student turns only; teacher turns neither add to nor break the count, which restarts at zero
   when control returns to the student.
-* A takeover lasts until the rollout's budget of m teacher turns is spent or the episode ends, so by default a rollout
-  has at most one takeover. With ``return_on_progress: true`` a takeover ends right after a teacher turn that is not
-  a no-progress turn, and what is left of the budget serves later takeovers.
-
-Use::
-
-    state = RecoveryState()
-    state.start(allowed=env.allowed_actions_key(), observation=first_obs)
-    actor = state.next_actor(learner_version, config)            # "teacher" or "student"
-    obs, reward, done, info = env.step(action)
-    no_progress = state.step(actor, action, bool(info.get("invalid")), env.allowed_actions_key(), obs, config)
+* A takeover lasts until the rollout's m teacher turns are spent or the episode ends (one takeover a rollout). With
+  ``return_on_progress: true`` it ends after a teacher turn that makes progress; the budget left serves later ones.
 """
 
 from __future__ import annotations
@@ -107,10 +91,6 @@ class RecoveryState:
     last_allowed: Hashable = None
     #: (actor, no_progress) of every step so far
     log: list[tuple[str, bool]] = field(default_factory=list)
-
-    @property
-    def teacher_in_control(self) -> bool:
-        return self.in_takeover
 
     def start(self, allowed: Hashable | None, observation: str = "") -> None:
         """The episode's first state: its allowed actions key (``None``: the observation text stands for it)."""

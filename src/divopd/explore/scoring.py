@@ -1,5 +1,6 @@
-"""Teacher scoring of a finished rollout's student turns: one batched no-grad pass (:func:`score_responses`), retried
-turn by turn when it fails so that one bad turn cannot unscore its rollout (:func:`teacher_scores`)."""
+"""Teacher scoring of student turns: one batched call per rollout or round, retried turn by turn when it fails so that
+one bad turn cannot unscore its rollout (:func:`teacher_scores`), and the cut of an engine's prompt log probs to the
+response positions that vLLM and a teacher server share (:func:`cut_prompt_logprobs`)."""
 
 from __future__ import annotations
 
@@ -10,32 +11,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["cut_prompt_logprobs", "score_responses", "teacher_scores"]
+from divopd.experience.turn import ResponseScores
+
+__all__ = ["ResponseScores", "cut_prompt_logprobs", "teacher_scores"]
 
 log = logging.getLogger(__name__)
 
-ScoreCall = Callable[[list[list[int]], list[list[int]]], list[tuple[np.ndarray, Any]]]
-
-
-def score_responses(teacher: Any, prompts: list[list[int]], responses: list[list[int]], *, topk: int, pad_id: int,
-                    max_tokens_per_batch: int) -> list[tuple[np.ndarray, Any]]:
-    """Per turn, the teacher's log probs of the response tokens and, with ``topk`` > 0, its (ids, logprobs) top-k."""
-    from divopd.models.scoring import response_logprobs
-
-    out = response_logprobs(teacher, prompts, responses, topk=topk, pad_id=pad_id,
-                            max_tokens_per_batch=max_tokens_per_batch)
-    if topk > 0:
-        return [(s.logprobs, (s.topk_ids, s.topk_logprobs)) for s in out]
-    return [(lp, None) for lp in out]
+ScoreCall = Callable[[list[list[int]], list[list[int]]], list[ResponseScores]]
 
 
 def cut_prompt_logprobs(entries: Sequence[Any] | None, n_prompt: int, response: Sequence[int], topk: int,
-                        read: Callable[[Any], Mapping[int, tuple[float, int | None]]]) -> tuple[np.ndarray, Any]:
+                        read: Callable[[Any], Mapping[int, tuple[float, int | None]]]) -> ResponseScores:
     """Cut an engine's prompt log probs of prompt+response (one entry per position, ``None`` or empty without
-    context) to the response positions: ``(logprobs [L] float32, None)``, or with ``topk`` > 0 ``(logprobs, (ids
-    [L, k] int32, logprobs [L, k] float32))``, ranks 1..k, most likely first (NaN / id 0 where a rank is missing).
-    ``read(entry)`` gives ``{token id: (logprob, rank)}`` of one entry (a vLLM engine's objects, a server's JSON). A
-    response token absent from its entry raises ``ValueError``."""
+    context) to the response positions; with ``topk`` > 0 the top-k too (ids int32, ranks 1..k, most likely first;
+    NaN / id 0 where a rank is missing). ``read(entry)`` gives ``{token id: (logprob, rank)}`` of one entry (a vLLM
+    engine's objects, a server's JSON). A response token absent from its entry raises ``ValueError``."""
     lps = np.full(len(response), np.nan, dtype=np.float32)
     ids = np.zeros((len(response), topk), dtype=np.int32)
     tlp = np.full((len(response), topk), np.nan, dtype=np.float32)
@@ -52,24 +42,23 @@ def cut_prompt_logprobs(entries: Sequence[Any] | None, n_prompt: int, response: 
             ranked = sorted((rank, t, lp) for t, (lp, rank) in entry.items() if rank is not None and rank <= topk)
             for j, (_, t, lp) in enumerate(ranked[:topk]):
                 ids[i, j], tlp[i, j] = t, lp
-    return lps, ((ids, tlp) if topk else None)
+    return ResponseScores(lps, ids, tlp) if topk else ResponseScores(lps)
 
 
 def teacher_scores(score_call: ScoreCall, prompts: list[list[int]], responses: list[list[int]],
-                   stats: dict[str, float], explorer_id: int) -> tuple[list, list]:
-    """Teacher log probs per turn (``None`` = unscored) and the top-k (ids, logprobs) per turn (``None``: none kept).
+                   stats: dict[str, float], explorer_id: int) -> list[ResponseScores | None]:
+    """The teacher's scores per turn (``None`` = unscored).
 
     One batched ``score_call``; if it fails, each turn is retried alone. Counts ``teacher_failures``,
     ``time/teacher_score`` and ``teacher_masked_tokens`` (scored positions whose log prob is not finite: not
     teacher-valid) in ``stats``. A result whose length differs from its response counts as unscored.
     """
-    n = len(prompts)
     t0 = time.perf_counter()
     try:
-        results = score_call(prompts, responses)
+        results: list[ResponseScores | None] = list(score_call(prompts, responses))
     except Exception as exc:  # a teacher failure never drops turns: retry one by one, else leave unscored
         log.warning("explorer %s: teacher scoring failed for %d turns (%s); retrying one by one",
-                    explorer_id, n, exc)
+                    explorer_id, len(prompts), exc)
         stats["teacher_failures"] += 1
         results = []
         for p, r in zip(prompts, responses, strict=True):
@@ -79,20 +68,12 @@ def teacher_scores(score_call: ScoreCall, prompts: list[list[int]], responses: l
                 log.warning("explorer %s: teacher scoring failed for one turn: %s", explorer_id, exc_one)
                 results.append(None)
     stats["time/teacher_score"] += time.perf_counter() - t0
-    lps, topk = [], []
-    for r, resp in zip(results, responses, strict=True):
-        if r is None or len(r[0]) != len(resp):
-            lps.append(None)
-            topk.append(None)
-        else:
-            lps.append(r[0])
-            topk.append(r[1])
-            stats["teacher_masked_tokens"] = stats.get("teacher_masked_tokens", 0) + \
-                int(np.count_nonzero(~np.isfinite(np.asarray(r[0], dtype=np.float64))))
-    return lps, topk
-
-
-def make_score_call(teacher: Any, *, topk: int) -> ScoreCall:
-    """The explorer's batched teacher call: ``teacher.score_turns`` (a :class:`~divopd.explore.teacher.Teacher`)
-    with the run's ``topk``."""
-    return lambda prompts, responses: teacher.score_turns(prompts, responses, topk=topk)
+    out: list[ResponseScores | None] = []
+    for scores, resp in zip(results, responses, strict=True):
+        if scores is None or len(scores.logprobs) != len(resp):
+            out.append(None)
+            continue
+        out.append(scores)
+        masked = np.count_nonzero(~np.isfinite(np.asarray(scores.logprobs, dtype=np.float64)))
+        stats["teacher_masked_tokens"] = stats.get("teacher_masked_tokens", 0) + int(masked)
+    return out

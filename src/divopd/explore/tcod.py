@@ -1,36 +1,21 @@
-"""TCOD-F2B: the trajectory-depth curriculum baseline (Wang et al., 2026c; "TCOD: Exploring Temporal Curriculum in
-On-Policy Distillation for Multi-turn Autonomous Agents", arXiv 2604.24005).
+"""TCOD-F2B: the trajectory-depth curriculum baseline (Wang et al., 2026c, arXiv 2604.24005).
 
-TCOD's own rule, read in its public code (the Trinity-RFT fork ``github.com/kokolerk/TCOD``, commit ``465eef4``):
+TCOD's rule, read in its public code (``github.com/kokolerk/TCOD`` at ``465eef4``, ``TCOD_f2b_workflow.py`` and
+``trinity/explorer/explorer.py``): at explorer step ``step`` (1-based, one batch of tasks per step and one weight sync
+per step) a training episode runs ``min(d, max_env_steps)`` student turns with ``d = 1 + step // checkpoint_steps``,
+an evaluation episode ``max_env_steps``; every student response of the cut episode is teacher-scored as an ordinary
+rollout. Its examples use ``checkpoint_steps`` (η) 6 and ``max_env_steps`` 30 (ALFWorld, ScienceWorld), 4 and 15
+(WebShop).
 
-* ``trinity/common/workflows/envs/TCOD/{alfworld,webshop,scienceworld}/TCOD_f2b_workflow.py``: the workflow reads
-  ``step`` from the task's ``batch_id`` (``run_async``, alfworld lines 96-107) and computes the depth
-  ``d = 1 + step // checkpoint_steps`` (``_compute_distill_window``, alfworld lines 79-82); a training episode runs
-  ``min(d, max_env_steps)`` student turns, an evaluation episode ``max_env_steps`` (alfworld lines 130-135). The loop
-  stops there (or earlier when the env is done); every student response of the episode is teacher-scored and returned
-  as an experience (alfworld lines 194-220): the cut rollout is an ordinary rollout.
-* ``trinity/explorer/explorer.py``: ``explore_step`` schedules each batch of tasks with
-  ``batch_id=self.explore_step_num + 1`` (line 467), then counts the step (line 468). So ``step`` is the explorer's
-  step, 1-based: the index of the batch of ``buffer.batch_size`` tasks being explored.
-* ``TCOD_examples/{alfworld,scienceworld}/tcod_f2b.yaml``: ``checkpoint_steps: 6`` (η), ``max_env_steps: 30``;
-  ``TCOD_examples/webshop/tcod_f2b.yaml``: ``checkpoint_steps: 4``, ``max_env_steps: 15``; all with
-  ``checkpoint_strategy: linear`` (read, never used by the workflows), ``total_steps`` equal for the explorer and the
-  trainer, and ``sync_style: dynamic_by_explorer`` with ``sync_interval: 1`` (the explorer takes the newest weights
-  after every step).
-
-divopd has no explorer batches (explorers stream rollouts), so "step" here is our reading: the training step the
-rollout is collected for, ``learner updates done + 1`` (1-based like TCOD's ``batch_id``; TCOD runs one explorer step
-per weight sync and as many explorer steps as trainer steps). The depth is the explorer's step limit
-(:func:`divopd.train.runtime.common.step_limit`, given to each training explorer when it is built); evaluation uses
-the full ``explorer.max_steps`` (evaluators are built from the config and never get the curriculum). Batches are read as
-vanilla OPD reads them (arrival order, no pool, no gate): the baseline changes which turns exist, not which are
-selected. Example::
+divopd has no explorer batches, so "step" is our reading: the training step the rollout is collected for, ``learner
+updates done + 1``. The depth is the explorer's step limit (:func:`divopd.train.runtime.common.step_limit`, given to
+each training explorer); evaluators use the full ``explorer.max_steps``. Batches are read as vanilla OPD reads them
+(arrival order, no pool, no gate): the baseline changes which turns exist, not which are selected. Two other
+schedules are options: ``linear`` (``start_depth`` growing to the full limit over ``expand_fraction`` of
+``total_updates``) and ``stages``. Example::
 
     cfg = TCODConfig(enabled=True, eta=6)
     [cfg.horizon(30, update=v) for v in (0, 4, 5, 11, 200)]   # [1, 1, 2, 3, 30]
-
-The earlier invented schedules stay as named, non-default options: ``schedule: linear`` (``start_depth`` growing to the
-full limit over ``expand_fraction`` of ``total_updates``, one turn at a time) and ``schedule: stages``.
 """
 
 from __future__ import annotations

@@ -1,43 +1,32 @@
-"""The frozen teacher as the explorer sees it: one :class:`Teacher` protocol, four implementations.
+"""The frozen teacher as the explorer sees it: the :class:`Teacher` protocol and its in-process implementation.
 
-* :class:`HFTeacher` — a Hugging Face causal LM in this process (scores with one batched no-grad pass, acts under +R
-  through an :class:`~divopd.explore.generation.HFGenerator`);
-* :class:`~divopd.explore.vllm_engine.VLLMGenerator` — a vLLM engine (``teacher.backend: vllm``);
-* :class:`~divopd.train.runtime.ray_teacher.RemoteTeacher` — the Ray runtime's shared teacher actor
-  (``teacher.shared: true``);
-* :class:`~divopd.explore.teacher_server.ServerTeacher` — an OpenAI-compatible teacher server given by URL
-  (``teacher.backend: server``).
-
-A teacher with another vocabulary than the student's is wrapped at start (:mod:`divopd.explore.vocab`:
-``ExtensionTeacher``, ``CrossTokenizerTeacher``) so that every implementation scores the student's token ids.
-
-The explorer calls only :meth:`Teacher.score_turns` (every student response token, after a rollout or a round) and
-:meth:`Teacher.generate` (the teacher's own actions under +R). :func:`as_teacher` wraps a plain HF model, so code that
-hands the explorer a model keeps working.
-"""
+The others: :class:`~divopd.explore.vllm_engine.VLLMGenerator` (``teacher.backend: vllm``),
+:class:`~divopd.train.runtime.ray_teacher.RemoteTeacher` (``teacher.shared: true``),
+:class:`~divopd.explore.teacher_server.ServerTeacher` (``teacher.backend: server``); a teacher of another vocabulary
+is wrapped at start (:mod:`divopd.explore.vocab`) so that every implementation scores the student's token ids."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
 import torch
 
+from divopd.experience.turn import ResponseScores
 from divopd.explore.generation import Generation, HFGenerator
-from divopd.explore.scoring import score_responses
+from divopd.models.scoring import score_responses
 
-__all__ = ["HFTeacher", "Teacher", "as_teacher"]
+__all__ = ["HFTeacher", "ResponseScores", "Teacher", "as_teacher"]
 
 
 @runtime_checkable
 class Teacher(Protocol):
-    """What the explorer needs from the frozen teacher."""
+    """What the explorer needs from the frozen teacher: scores of every student response token, after a rollout or a
+    round, and its own actions under +R."""
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
-        """Per turn ``(logprobs [L] float32, None)``, or with ``topk`` > 0 ``(logprobs, (ids [L, k], logprobs [L, k]))``
-        of the response tokens given their prompt."""
+                    topk: int = 0) -> list[ResponseScores]:
+        """Per turn, the log probs of the response tokens given their prompt (and with ``topk`` > 0 the top-k)."""
         ...
 
     def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
@@ -61,9 +50,9 @@ class HFTeacher:
         self._generator: HFGenerator | None = None  # built on the first +R takeover (it scans the vocabulary)
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
-        return score_responses(self.model, [list(p) for p in prompts], [list(r) for r in responses], topk=topk,
-                               pad_id=self.pad_id, max_tokens_per_batch=self.max_tokens_per_batch)
+                    topk: int = 0) -> list[ResponseScores]:
+        return score_responses(self.model, prompts, responses, topk=topk, pad_id=self.pad_id,
+                               max_tokens_per_batch=self.max_tokens_per_batch)
 
     def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
                  seed: int | None = None) -> list[Generation]:
@@ -75,8 +64,7 @@ class HFTeacher:
 
 def as_teacher(teacher: Teacher | torch.nn.Module, tokenizer: Any, *, max_tokens_per_batch: int,
                stop_on_newline: bool = True) -> Teacher:
-    """``teacher`` itself when it is a :class:`Teacher` (a vLLM engine, the shared Ray teacher, an
-    :class:`HFTeacher`), else the HF model wrapped in an :class:`HFTeacher`."""
+    """``teacher`` itself when it is a :class:`Teacher`, else the HF model wrapped in an :class:`HFTeacher`."""
     if isinstance(teacher, torch.nn.Module):
         return HFTeacher(teacher, tokenizer, max_tokens_per_batch=max_tokens_per_batch,
                          stop_on_newline=stop_on_newline)

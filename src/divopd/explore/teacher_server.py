@@ -1,28 +1,18 @@
 """The teacher as an OpenAI-compatible completions server (``teacher.backend: server``): :class:`ServerTeacher`.
 
-One server (``vllm serve``, SGLang) started once and shared by any number of runs. Token ids go in, never text:
+One server (``vllm serve``, SGLang) shared by any number of runs; token ids go in, never text. Scoring sends
+prompt+response ids as the completion prompt with ``max_tokens: 1`` and ``prompt_logprobs: topk`` (vLLM's extension)
+and cuts the prompt log probs to the response positions; +R actions are completions with ``return_token_ids`` and
+``logprobs: 0`` (raw log probs), the in-process backends' stop tokens and one seed per row.
 
-* scoring (:meth:`ServerTeacher.score_turns`) sends prompt+response ids as the completion prompt with
-  ``max_tokens: 1`` and ``prompt_logprobs: topk`` (vLLM's extension of the completions API) and cuts the returned
-  prompt log probs to the response positions, the same float32 arrays as :class:`~divopd.explore.teacher.HFTeacher`;
-* the teacher's own actions under +R (:meth:`ServerTeacher.generate`) are completions with ``return_token_ids`` and
-  ``logprobs: 0`` (the generated ids and their log probs, raw: vLLM's default ``logprobs_mode``), the same stop
-  tokens as the in-process backends and one seed per row.
-
-Turns go ``max_turns_per_request`` to a request, at most ``max_concurrency`` requests at a time (a thread pool).
-Every request has a ``timeout_s``; a failure (refused connection, timeout, a connection dropped mid-answer, HTTP 5xx
-/ 429) is retried with exponential backoff (``backoff_s``, doubled each time up to :data:`MAX_BACKOFF_S`) until
-``deadline_s`` has passed since the call began (the last wait is cut to end at the deadline, where one last attempt is
-made); ``retries``, when set, also caps the number of retries. Then the call raises :class:`ServerTeacherError` and the
-explorer leaves the turns unscored (the run's watchdog stops the run with a checkpoint when no turn can be scored any
-more). After a call has failed, the
-client counts the server as down: later requests get one attempt each (no backoff) until one succeeds, so a dead
-server costs one ``deadline_s``, not one per turn. The API key, if any, is read from the environment variable
-``api_key_env`` names (sent as ``Authorization: Bearer``; never logged, never in the config).
-
-:func:`check_server` is the start check: the server answers ``/v1/models``, serves the configured model, and (where it
-has vLLM's ``/tokenize``) tokenizes a probe text exactly as the local tokenizer of ``teacher.path`` does.
-Standard library only (``urllib``, ``json``, ``concurrent.futures``).
+Turns go ``max_turns_per_request`` to a request, at most ``max_concurrency`` requests at a time. A failed request
+(refused, timed out, dropped, HTTP 5xx / 429) is retried with exponential backoff (``backoff_s`` doubled up to
+:data:`MAX_BACKOFF_S`) until ``deadline_s`` has passed since the call began (``retries`` may cap the count); then
+:class:`ServerTeacherError` and the explorer leaves the turns unscored. After a failed call the client counts the
+server as down: later requests get one attempt each until one succeeds, so a dead server costs one ``deadline_s``, not
+one per turn. An API key is read from the variable ``api_key_env`` names (never logged, never in the config).
+:func:`check_server` is the start check: the server answers, serves the model, and tokenizes a probe text as the local
+tokenizer of ``teacher.path`` does (where it has ``/tokenize``). Standard library only.
 """
 
 from __future__ import annotations
@@ -43,7 +33,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from divopd.errors import UsageError
-from divopd.explore.scoring import cut_prompt_logprobs
+from divopd.explore.scoring import ResponseScores, cut_prompt_logprobs
 
 if TYPE_CHECKING:
     from divopd.explore.generation import Generation
@@ -192,7 +182,7 @@ def _http_detail(exc: urllib.error.HTTPError) -> str:
 
 
 def response_scores(prompt_logprobs: list[Any] | None, n_prompt: int, response: Sequence[int],
-                    topk: int) -> tuple[np.ndarray, Any]:
+                    topk: int) -> ResponseScores:
     """Cut one choice's JSON ``prompt_logprobs`` (per position ``{token id: {"logprob", "rank", ...}}`` or null) to
     its response positions (:func:`~divopd.explore.scoring.cut_prompt_logprobs`)."""
     return cut_prompt_logprobs(prompt_logprobs, n_prompt, response, topk, _read_json_entry)
@@ -241,20 +231,19 @@ class ServerTeacher:
         return results
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
-        """Per turn ``(logprobs [L] float32, None)``, or with ``topk`` > 0 ``(logprobs, (ids [L, k],
-        logprobs [L, k]))``, of the response tokens given their prompt (the server's prompt log probs)."""
+                    topk: int = 0) -> list[ResponseScores]:
+        """Per turn, the scores of the response tokens given their prompt (the server's prompt log probs)."""
         if len(prompts) != len(responses):
             raise ValueError(f"ServerTeacher.score_turns: {len(prompts)} prompts but {len(responses)} responses")
         turns = [(list(p), list(r)) for p, r in zip(prompts, responses, strict=True)]
         size = self.settings.max_turns_per_request
         groups = [turns[i:i + size] for i in range(0, len(turns), size)]
-        out: list[tuple[np.ndarray, Any]] = []
+        out: list[ResponseScores] = []
         for group in self._map(lambda g: self._score_group(g, topk), groups):
             out.extend(group)
         return out
 
-    def _score_group(self, group: list[tuple[list[int], list[int]]], topk: int) -> list[tuple[np.ndarray, Any]]:
+    def _score_group(self, group: list[tuple[list[int], list[int]]], topk: int) -> list[ResponseScores]:
         body = {"model": self.model, "prompt": [p + r for p, r in group], "max_tokens": 1, "temperature": 0.0,
                 "prompt_logprobs": int(topk)}
         answer = self.client.call("POST", "/v1/completions", body)

@@ -1,24 +1,13 @@
 """vLLM behind the explorer: :class:`VLLMGenerator` generates actions, scores teacher tokens and takes live weight
 updates, with the semantics of :class:`~divopd.explore.generation.HFGenerator`.
 
-Token ids in, token ids out (no re-tokenisation between turns). Generation stops at end-of-sequence or at any token
-whose text holds a newline (the same :func:`~divopd.explore.generation.stop_token_ids`), the stop token included;
-sampling uses the full distribution (``top_k=0``, ``top_p=1``) at ``temperature``, greedy decoding ``temperature=0``;
-the log prob kept for each sampled token is vLLM's ``raw_logprobs`` — from the raw logits, i.e. ``log π(y|h)`` at
+Token ids in, token ids out (no re-tokenisation between turns); the same stop tokens
+(:func:`~divopd.explore.generation.stop_token_ids`); sampling over the full distribution (``top_k=0``, ``top_p=1``).
+The log prob kept for each sampled token is vLLM's ``raw_logprobs``: from the raw logits, ``log π(y|h)`` at
 temperature 1, what the learner recomputes. Teacher scores are the engine's prompt log probs of prompt+response.
-
-Example (CPU build, engine in this process)::
-
-    gen = VLLMGenerator("runs/sft/teacher", dtype="float32", max_model_len=2048, enforce_eager=True)
-    out = gen.generate([prompt_ids], greedy=False, temperature=1.0, max_new_tokens=16, seed=0)
-    lps = gen.score([prompt_ids], [out[0].response_ids])    # [L] float32 teacher log probs
-    gen.update_weights(learner.model.state_dict())        # later calls see the new weights
-
-Weight updates (:mod:`divopd.explore.vllm_weights`): checked against the checkpoint's tensor names and shapes before
-the engine is touched, then loaded in place (``weight_sync="reload"``: the worker's layer-wise ``reload_weights``,
-the path that works on the CPU build) or broadcast over NCCL (``weight_sync="nccl"``, GPU engines); the prefix cache
-is reset afterwards. A call that fails inside the engine (the engine died) rebuilds the engine from the model folder,
-re-applies the newest weights and retries, up to ``max_restarts`` times; then :class:`VLLMEngineError`.
+Weight updates are checked before the engine is touched, then loaded in place or broadcast over NCCL
+(:mod:`divopd.explore.vllm_weights`). A call that fails inside the engine (the engine died) rebuilds it from the model
+folder, re-applies the newest weights and retries, up to ``max_restarts`` times; then :class:`VLLMEngineError`.
 """
 
 from __future__ import annotations
@@ -38,17 +27,15 @@ from divopd.errors import UsageError
 from divopd.explore.call_deadline import call_deadline
 from divopd.explore.children import sigint_blocked
 from divopd.explore.generation import Generation, stop_token_ids
-from divopd.explore.scoring import cut_prompt_logprobs
-from divopd.explore.vllm_weights import (
-    NcclWeightSync,
+from divopd.explore.scoring import ResponseScores, cut_prompt_logprobs
+from divopd.explore.vllm_model import (
     VLLMEngineError,
     check_head_dim,
-    check_model_folder,
-    check_state_dict,
     checkpoint_shapes,
-    reload_in_place,
+    read_model_config,
     tied_embeddings,
 )
+from divopd.explore.vllm_weights import NcclWeightSync, check_state_dict, reload_in_place
 
 __all__ = ["VLLMEngineError", "VLLMGenerator", "PromptTooLongError", "check_model"]
 
@@ -121,7 +108,7 @@ def check_model(model_path: str) -> None:
     """Fail in one line (:class:`VLLMEngineError`) on what vLLM cannot serve, before an engine is built: vllm missing,
     no model folder, a head size the CPU attention kernel rejects (runtimes call it before starting explorers)."""
     _import_vllm()
-    check_head_dim(str(model_path), check_model_folder(str(model_path)))
+    check_head_dim(str(model_path), read_model_config(str(model_path)))
 
 
 class VLLMGenerator:
@@ -158,7 +145,7 @@ class VLLMGenerator:
         from divopd.models import load_tokenizer, resolve_dtype
 
         self.model_path = str(model_path)
-        config = check_model_folder(self.model_path)
+        config = read_model_config(self.model_path)
         check_head_dim(self.model_path, config)
         try:
             self.tokenizer = load_tokenizer(self.model_path)
@@ -304,12 +291,11 @@ class VLLMGenerator:
     # ------------------------------------------------------------------ teacher scoring
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Per turn, the log prob of each response token after its prompt ([L_i] float32; NaN without context)."""
-        return [lp for lp, _ in self.score_turns(prompts, responses, topk=0)]
+        return [s.logprobs for s in self.score_turns(prompts, responses, topk=0)]
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
-        """What the explorer's teacher scoring needs: per turn ``(logprobs, None)``, or with ``topk`` > 0
-        ``(logprobs, (topk_ids [L, k] int32, topk_logprobs [L, k] float32))`` most likely first."""
+                    topk: int = 0) -> list[ResponseScores]:
+        """What the explorer's teacher scoring needs: per turn the log probs and, with ``topk`` > 0, the top-k."""
         if len(prompts) != len(responses):
             raise ValueError(f"VLLMGenerator.score: {len(prompts)} prompts but {len(responses)} responses")
         if not prompts:

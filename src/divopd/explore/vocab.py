@@ -1,23 +1,16 @@
-"""Teacher and student vocabularies: decided once at start (:func:`compare_vocabularies`), bridged by a
-:class:`~divopd.explore.teacher.Teacher` wrapper around any inner teacher (:func:`adapt_teacher`), so the HF, vLLM,
-server and shared Ray teachers all get the same treatment. The explorer always speaks the student's token ids.
+"""Teacher and student vocabularies: decided once at start (:func:`compare_vocabularies`) and bridged by a wrapper
+around any inner teacher (:func:`adapt_teacher`), so the explorer always speaks the student's token ids.
 
-* ``identical`` — the same token → id map: the inner teacher itself, untouched (the direct path, bit for bit).
+* ``identical`` — the same token → id map: the inner teacher itself (the direct path, bit for bit).
 * ``extension`` — one vocabulary holds the other, every shared token at the same id (the paper's ALFWorld pair: a Qwen3
-  student adds ``<think>`` and a few other tokens to Qwen2.5's vocabulary): :class:`ExtensionTeacher` scores the
-  student's ids directly; a student token the teacher lacks is never sent as an id. In the prompt it is replaced by
-  the teacher's tokenization of its text; at a response position it is sent the same way and its position gets a NaN
-  log prob (not teacher-valid: :attr:`~divopd.experience.turn.Turn.valid_mask` drops non-finite teacher scores), which
-  the explorer counts (``teacher_masked_tokens``). A +R teacher action holding a token the student lacks is
-  re-tokenized by the student from that token's text.
-* ``cross`` — anything else: :class:`~divopd.explore.vocab_align.CrossTokenizerTeacher` scores the student's text
-  under the teacher's own tokenization and maps the log probs back by character spans
-  (``docs/concepts/teacher-vocabularies.md``).
+  student adds ``<think>`` and a few tokens to Qwen2.5's): :class:`ExtensionTeacher`. A student token the teacher
+  lacks is sent as its text; at a response position it gets a NaN log prob (not teacher-valid, counted as
+  ``teacher_masked_tokens``).
+* ``cross`` — anything else: :class:`~divopd.explore.vocab_align.CrossTokenizerTeacher`.
 
-An extension that would mask student tokens (the student has tokens the teacher lacks) is scored both ways on a probe
-text first (:func:`probe_coverage`): the path that scores more of the probe's tokens is taken (the extension on a
-tie), so a vocabulary that is a same-id subset of the other (a BPE with fewer merges) takes the cross-tokenizer path
-where the extension path would mask every merge the teacher lacks.
+An extension that would mask student tokens is scored both ways on a probe text first (:func:`probe_coverage`) and
+the path that scores more of it is taken (the extension on a tie): a same-id subset vocabulary (a BPE with fewer
+merges) then takes the cross-tokenizer path instead of masking every merge the teacher lacks.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from divopd.explore.generation import Generation
-from divopd.explore.teacher import Teacher
+from divopd.explore.teacher import ResponseScores, Teacher
 
 __all__ = ["ExtensionTeacher", "PROBE_PROMPT", "VocabMatch", "adapt_teacher", "compare_vocabularies", "expand_ids",
            "probe_coverage", "probe_response", "student_ids_teacher"]
@@ -71,11 +64,6 @@ class VocabMatch:
                     f"{self.student_size} student tokens; {len(self.student_only)} student-only, "
                     f"{len(self.teacher_only)} teacher-only, shared ids equal{measured})")
         return f"{self.kind} ({self.teacher_size} teacher vs {self.student_size} student tokens)"
-
-    def as_extension(self) -> VocabMatch:
-        """This match on the extension path (a nested vocabulary whose cross path is not allowed)."""
-        return VocabMatch("extension", self.student_only, self.teacher_only, self.student_size, self.teacher_size,
-                          self.coverage, True) if self.nested else self
 
 
 def compare_vocabularies(student_tokenizer: Any, teacher_tokenizer: Any, *, allow_cross: bool = True) -> VocabMatch:
@@ -196,7 +184,7 @@ class ExtensionTeacher:
         self.match = match
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
+                    topk: int = 0) -> list[ResponseScores]:
         missing = self.match.student_only
         if not any(int(i) in missing for seq in (*prompts, *responses) for i in seq):
             return self.inner.score_turns(prompts, responses, topk=topk)  # nothing to translate: the direct call
@@ -204,21 +192,22 @@ class ExtensionTeacher:
         expanded = [expand_ids(r, missing, self.student_tokenizer, self.tokenizer) for r in responses]
         results = self.inner.score_turns(t_prompts, [ids for ids, _ in expanded], topk=topk)
         out = []
-        for (ids, where), (lps, top) in zip(expanded, results, strict=True):
-            if len(lps) != len(ids):
-                raise ValueError(f"teacher returned {len(lps)} log probs for {len(ids)} response tokens")
+        for (ids, where), scores in zip(expanded, results, strict=True):
+            if len(scores.logprobs) != len(ids):
+                raise ValueError(f"teacher returned {len(scores.logprobs)} log probs for {len(ids)} response tokens")
             idx = np.asarray(where, dtype=np.int64)
             keep = idx >= 0
             mapped = np.full(len(where), np.nan, dtype=np.float32)
-            mapped[keep] = np.asarray(lps, dtype=np.float32)[idx[keep]]
-            if top is not None:
-                top_ids, top_lps = np.asarray(top[0]), np.asarray(top[1], dtype=np.float32)
-                k = top_ids.shape[1] if top_ids.ndim == 2 else 0
-                m_ids = np.zeros((len(where), k), dtype=top_ids.dtype)
-                m_lps = np.full((len(where), k), np.nan, dtype=np.float32)
-                m_ids[keep], m_lps[keep] = top_ids[idx[keep]], top_lps[idx[keep]]
-                top = (m_ids, m_lps)
-            out.append((mapped, top))
+            mapped[keep] = np.asarray(scores.logprobs, dtype=np.float32)[idx[keep]]
+            if scores.topk_ids is None or scores.topk_logprobs is None:
+                out.append(ResponseScores(mapped))
+                continue
+            top_ids, top_lps = np.asarray(scores.topk_ids), np.asarray(scores.topk_logprobs, dtype=np.float32)
+            k = top_ids.shape[1] if top_ids.ndim == 2 else 0
+            m_ids = np.zeros((len(where), k), dtype=top_ids.dtype)
+            m_lps = np.full((len(where), k), np.nan, dtype=np.float32)
+            m_ids[keep], m_lps[keep] = top_ids[idx[keep]], top_lps[idx[keep]]
+            out.append(ResponseScores(mapped, m_ids, m_lps))
         return out
 
     def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,

@@ -1,44 +1,30 @@
 """Cross-tokenizer teachers (our reading; the paper does not specify it): the teacher scores the student's turn under
 its own tokenization and its token log probs are mapped onto the student's tokens by character spans.
 
-One turn, step by step (:func:`plan_turn`, :func:`map_logprobs`):
+One turn (:func:`plan_turn`, :func:`map_logprobs`):
 
 1. **Segments.** The student's ids are cut at its special tokens that have a teacher counterpart
-   (:func:`special_anchors`: ``eos`` and ``bos`` by meaning, the student's ``eos`` being the teacher's ``eos`` even
-   where the teacher has a special token of the same string; every other special token by its string). Such an
-   *anchor* is sent as that one teacher id; every run of other tokens is decoded to text (special tokens without a
-   counterpart included, as their text) and teacher-tokenized as a text of its own (:class:`Translator`). A teacher
-   that starts every text with a word boundary (a dummy prefix ``▁``, or a decoder that joins words with spaces:
-   :func:`adds_dummy_prefix`) gets a segment's leading space as that boundary, so ``move east`` with or without a
-   leading space is the same teacher ids.
-2. **Cuts.** Within a text segment, a student token *ends cleanly* at character ``c`` when decoding the ids up to it
-   (after a few ids of left context, so tokenizers that drop a leading space do not shift it) gives exactly the
-   segment's text up to ``c`` (:func:`clean_ends`). A token whose text is not recoverable on its own (a byte-fallback
-   or byte-level piece of a multi-byte character, which decodes to ``\\ufffd``) has no clean end: it is glued to the
-   tokens after it until one ends cleanly. A teacher token ends where its tokenizer's offsets say, kept where the
-   teacher's ids up to it decode to the text up there, whitespace aside (:func:`offset_ends`: a dummy prefix, or a
-   decoder that joins words with spaces, is no change of text). Text the teacher cannot spell becomes its unknown
-   token (``<unk>``): that token is *lost*, but its offsets say where the unknown text ends, so the tokens after it
-   keep their cuts. Where the teacher's decoding does not give the text back otherwise (a normalizer's change), it
+   (:func:`special_anchors`: ``eos`` and ``bos`` by meaning, every other special token by its string), each sent as
+   that one teacher id; every run of other tokens is decoded and teacher-tokenized as a text of its own
+   (:class:`Translator`). A teacher that starts every text with a word boundary (:func:`adds_dummy_prefix`) gets a
+   segment's leading space as that boundary.
+2. **Cuts.** A student token *ends cleanly* at character ``c`` when its ids up to it (after a few ids of left context)
+   decode to the segment's text up to ``c`` (:func:`clean_ends`); a piece of a multi-byte character has no clean end
+   and is glued to the tokens after it. A teacher token ends where its offsets say, kept where its ids up to it decode
+   to the text, whitespace aside (:func:`offset_ends`). Text the teacher cannot spell becomes ``<unk>``: that token is
+   *lost*, but the tokens after it keep their cuts. Where the teacher's decoding changes the text (a normalizer), it
    has no cuts from there on.
-3. **Chunks.** The cuts both sides share split the segment into aligned chunks: maximal spans whose two tokenizations
-   start and end at the same characters. A chunk's teacher log prob is the sum of its teacher tokens' log probs, which
-   is the teacher's log prob of the chunk's text given everything before it, exactly.
-4. **Split.** A chunk's log prob is split evenly over its student tokens. Where a student token is a chunk by itself
-   (boundaries align: the common case for whole words) it gets exactly the teacher's log prob of its text given the
-   same prefix; where a teacher token straddles a student boundary the chunk spans several student tokens, their sum
-   is exact, and each gets a share in ``[chunk log prob, 0]``.
-5. **Not mappable.** Student tokens of a chunk that holds a lost teacher token (the teacher's log prob of "some
-   unknown word", not of the text), and those after the teacher's last clean cut (text it has no token for, such as
-   a newline after the last word for a teacher that splits on whitespace, or text its decoding lost), get NaN: they
-   are not teacher-valid (:attr:`~divopd.experience.turn.Turn.valid_mask`) and the explorer counts them.
+3. **Chunks.** The cuts both sides share split the segment into aligned chunks; a chunk's teacher log prob is the sum
+   of its teacher tokens' log probs: the teacher's log prob of the chunk's text given everything before it, exactly.
+4. **Split.** A chunk's log prob is split evenly over its student tokens: a token that is a chunk by itself (whole
+   words, the common case) gets exactly the teacher's log prob of its text; a straddled chunk's sum is exact.
+5. **Not mappable.** Student tokens of a chunk holding a lost teacher token, and those after the teacher's last clean
+   cut, get NaN: not teacher-valid, counted by the explorer.
 
-The prompt is translated the same way (no cuts needed), its segments' teacher ids concatenated, with the teacher's
-begin-of-sequence id first when its tokenizer adds one. The response is teacher-tokenized apart from the prompt, so
-the prompt/response boundary is always a cut. Only per-token log probs come back, so the ``sampled`` estimator (and
-everything built on per-token log probs: focus, TCOD, TurnOPD) works; ``topk`` needs a shared vocabulary and is
-refused. Under +R the teacher acts on its own tokenization of the prompt and its response text is re-tokenized by the
-student (:meth:`CrossTokenizerTeacher.generate`); a turn's records only ever hold student ids.
+The prompt is translated the same way (no cuts needed), with the teacher's begin-of-sequence id first when its
+tokenizer adds one; the response is teacher-tokenized apart from the prompt, so the boundary is always a cut. Only
+per-token log probs come back (``topk`` needs a shared vocabulary and is refused). Under +R the teacher acts on its
+own tokenization of the prompt and the student re-tokenizes its response (:meth:`CrossTokenizerTeacher.generate`).
 """
 
 from __future__ import annotations
@@ -51,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from divopd.explore.generation import Generation
-from divopd.explore.teacher import Teacher
+from divopd.explore.teacher import ResponseScores, Teacher
 
 __all__ = ["CrossTokenizerTeacher", "TurnPlan", "Translator", "adds_dummy_prefix", "clean_ends", "map_logprobs",
            "offset_ends", "plan_coverage", "plan_turn", "special_anchors"]
@@ -303,7 +289,7 @@ class CrossTokenizerTeacher:
         self.to_student = Translator(teacher_tokenizer, student_tokenizer)
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                    topk: int = 0) -> list[tuple[np.ndarray, Any]]:
+                    topk: int = 0) -> list[ResponseScores]:
         if topk > 0:
             raise ValueError("a cross-tokenizer teacher has no top-k in the student's vocabulary "
                              "(learner.estimator: topk needs a shared vocabulary)")
@@ -314,8 +300,8 @@ class CrossTokenizerTeacher:
         by_turn = dict(zip(scored, results, strict=True))
         out = []
         for i, plan in enumerate(plans):
-            lps = by_turn[i][0] if i in by_turn else np.zeros(0, np.float32)
-            out.append((map_logprobs(plan, lps), None))
+            lps = by_turn[i].logprobs if i in by_turn else np.zeros(0, np.float32)
+            out.append(ResponseScores(map_logprobs(plan, lps)))
         return out
 
     def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,

@@ -1,10 +1,6 @@
-"""Models: load any Hugging Face causal LM + tokenizer, tiny offline models, packing and no-grad scoring.
-
-* :func:`load_model` — ``AutoModelForCausalLM`` + tokenizer from a hub name or a local folder (dtype, device).
-* :mod:`divopd.models.tiny` — word-level/BPE tokenizers and 0.2–20 M parameter Llama/Qwen2 models built offline.
-* :mod:`divopd.models.packing` — (prompt, response) rows → model inputs, padded or padding-free packed.
-* :mod:`divopd.models.scoring` — per-token log probabilities of given responses (teacher scoring, θ_old recompute).
-"""
+"""Models: load any Hugging Face causal LM and tokenizer (:func:`load_model`); tiny offline models
+(:mod:`~divopd.models.tiny`), packing (:mod:`~divopd.models.packing`) and no-grad scoring
+(:mod:`~divopd.models.scoring`) live beside it."""
 
 from __future__ import annotations
 

@@ -1,34 +1,17 @@
-"""No-grad scoring: the log probability a model assigns to given response tokens after given prompts.
-
-Used by the teacher scorer (explorer side: ``π_T(y)`` of every student response token) and by the learner when it
-recomputes θ_old log probabilities on queued tokens.
-"""
+"""No-grad scoring: the log probability a model assigns to given response tokens after given prompts (the teacher's
+``π_T(y)`` of every student token, the learner's recomputed θ_old)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from divopd.experience.turn import ResponseScores
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 
 __all__ = ["ResponseScores", "response_logprobs", "score_responses"]
-
-
-class ResponseScores(NamedTuple):
-    """Scores of one response of length L.
-
-    Attributes:
-        logprobs: [L] float32, log prob of each given response token (NaN where it has no context: empty prompt, i = 0).
-        topk_ids: [L, k] int32, the model's k most likely tokens at each position, most likely first.
-        topk_logprobs: [L, k] float32, their log probabilities.
-    """
-
-    logprobs: np.ndarray
-    topk_ids: np.ndarray
-    topk_logprobs: np.ndarray
 
 
 def _chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -62,7 +45,7 @@ def score_responses(
     layout: str = "packed",
     pad_id: int = 0,
 ) -> list[ResponseScores]:
-    """As :func:`response_logprobs`, always returning :class:`ResponseScores` (``topk_*`` of width ``topk``)."""
+    """As :func:`response_logprobs`, always returning :class:`ResponseScores` (``topk_*`` None when ``topk`` = 0)."""
     if len(prompts) != len(responses):
         raise ValueError(f"score_responses: {len(prompts)} prompts but {len(responses)} responses")
     if topk < 0:
@@ -83,10 +66,10 @@ def score_responses(
         for j, i in enumerate(group):
             n = len(responses[i])
             if topk > 0:
-                ids, tlp = top_id[j, :n].astype(np.int32), top_lp[j, :n].astype(np.float32)
+                out[i] = ResponseScores(lp[j, :n].astype(np.float32), top_id[j, :n].astype(np.int32),
+                                        top_lp[j, :n].astype(np.float32))
             else:
-                ids, tlp = np.zeros((n, 0), np.int32), np.zeros((n, 0), np.float32)
-            out[i] = ResponseScores(lp[j, :n].astype(np.float32), ids, tlp)
+                out[i] = ResponseScores(lp[j, :n].astype(np.float32))
     return out  # type: ignore[return-value]
 
 

@@ -1,11 +1,5 @@
 """Tiny offline models for CPU runs and tests: a tokenizer trained on an environment's text, and a Llama/Qwen2 causal LM
-built from a config alone (no download). Both round-trip through ``save_pretrained`` / ``from_pretrained`` offline.
-
-Example::
-
-    tok = build_tokenizer(env_texts, kind="word")
-    model = build_model(tok, size="1m", arch="llama", seed=0)
-    ids = tok.apply_chat_template([{"role": "user", "content": "go north"}], add_generation_prompt=True, tokenize=True)
+built from a config alone (no download); both round-trip through ``save_pretrained`` / ``from_pretrained`` offline.
 
 Chat format: every message is ``<|role|>`` + content + ``<eos>``; the generation prompt is ``<|assistant|>``, so a
 generated response ends with ``<eos>`` exactly as assistant messages do in the history.

@@ -3,7 +3,7 @@
 
 Exact (a lockstep checkpoint): the runtime replays each running episode on its env and produces again the turns
 logged past the checkpoint, which are cut from the log. When an env cannot replay — ``Env.replayable`` is ``False``
-now, or a replay finds another observation than the one recorded (:class:`~divopd.explore.explorer_state.ReplayError`)
+now, or a replay finds another observation than the one recorded (:class:`~divopd.explore.replay.ReplayError`)
 — the checkpoint is still used: the runtime starts its explorers afresh, the turns logged past the checkpoint are
 queued again (received, never lost) and one warning says the run is no longer exact."""
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from divopd.errors import UsageError
 from divopd.experience.log import ExperienceLogWriter
-from divopd.explore.explorer_state import ReplayError
+from divopd.explore.replay import ReplayError
 from divopd.train import rundir
 from divopd.train.rundir import EXPERIENCE, EXPLORER_WEIGHTS
 

@@ -1,39 +1,13 @@
-"""Experience logs: every student response turn as it entered the queue, in Parquet (pyarrow), one row per turn.
+"""Experience logs: every student response turn as it entered the queue, one Parquet row per turn (columns:
+:data:`SCHEMA`; ``docs/reference/experience-log.md``).
 
-A log records the queue's input, not any reader's output, so every selection rule can later be replayed over the same
-experience (``divopd replay``; the paper's shared-buffer replays, Appendix Table 11). The training pipeline logs each
-turn when it enters the queue; ``divopd simulate`` writes synthetic logs.
-
-Columns (``SCHEMA``; *optional* columns may be absent from a log):
-
-- ``rollout_id`` string: rollout (episode) id.
-- ``turn_index`` int32: position of the turn in its rollout (>= 0).
-- ``policy_version`` int64: student version that generated the response (>= 0).
-- ``arrival`` int64: global arrival order (>= 0, strictly increasing down the log).
-- ``arrival_update`` int64: learner updates completed when the turn entered the queue (>= 0, non-decreasing).
-- ``prompt_truncated`` bool: the explorer truncated the prompt.
-- ``prompt_len``, ``response_len`` int32: token counts.
-- ``action_mask`` list<bool>: per response token; null = all true.
-- ``student_logprobs`` list<float32>: per response token, generating policy; null = not kept.
-- ``teacher_logprobs`` list<float32>: per response token; null = not scored; NaN = position not scored.
-- ``teacher_valid_mask`` list<bool>: per response token; null = none.
-- optional ``prompt_ids``, ``response_ids`` list<int32>: token ids (lengths ``prompt_len``, ``response_len``).
-- optional ``success`` bool (nullable, rollout outcome), ``env`` string (nullable), ``teacher_acted`` bool.
-
-Rows are in arrival order. A log is a single ``.parquet`` file or a directory of ``part-*.parquet`` files read in
-numeric order (what a training run appends; compacted at each checkpoint into ``part-A-B.parquet`` files). Readers
-stream record batches and never hold the whole log; they reject a
-malformed log with :class:`ExperienceLogError` naming the file, the column and the first bad row. Readers accept any
-integer width for integer columns and float16/32/64 for log probabilities (cast to the types above); everything else
-must match. Nothing is pickled: the files are plain Parquet.
-
-When ``prompt_ids``/``response_ids`` are absent, turns read back carry read-only zero ids of the logged lengths (enough
-for selection and batch statistics, which use lengths only). The optional per-token teacher top-k arrays of
-:class:`~divopd.experience.turn.Turn` are not logged.
-
-The package: :mod:`~divopd.experience.log.schema` (columns, :class:`ExperienceLogError`, validation),
-:mod:`~divopd.experience.log.reader`, :mod:`~divopd.experience.log.writer` and :mod:`~divopd.experience.log.parts`
-(the part files of a directory log); every name is importable from here.
+A log records the queue's input, not any reader's output, so every selection rule can be replayed over the same
+experience (``divopd replay``; the paper's shared-buffer replays, Appendix Table 11). Rows are in arrival order; a log
+is one ``.parquet`` file or a directory of ``part-*.parquet`` files read in numeric order. Readers stream record
+batches, accept any integer width and float16/32/64 log probabilities, and reject a malformed log with
+:class:`ExperienceLogError` naming the file, the column and the first bad row. Without ``prompt_ids`` and
+``response_ids`` turns read back carry read-only zero ids of the logged lengths (selection uses lengths only); the
+teacher top-k arrays of a Turn are not logged.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""The files of a directory log: listing its ``part-*.parquet`` files in numeric order (:func:`part_files`), writing a
-part whole or not at all (:func:`write_part`), compacting the parts of a checkpoint interval into one file
-(:func:`compact_parts`), removing the temporary files a kill left and setting aside unreadable parts (logs written
-before parts were written whole), and, on a resume from a checkpoint, truncating the log at an arrival number or
-logging the turns queued again as arriving at the checkpoint's update.
+"""The part files of a directory log: listed in numeric order (:func:`part_files`), each written whole or not at all
+(:func:`write_part`), compacted per checkpoint interval (:func:`compact_parts`), and cut or extended on a resume.
 
-Compaction is whole or not at all: parts ``A..B`` are streamed into ``part-A-B.parquet.tmp``, flushed to disk and
-renamed to ``part-A-B.parquet``; only then are the inputs removed. An input whose numbers lie inside a compacted
-part's range is *covered*: readers leave it out (:func:`part_files`) and the next writer removes it
-(:func:`remove_covered_parts`), so a kill at any moment leaves the rows either in the inputs or in the merged file,
-never in both and never in neither."""
+Compaction is whole or not at all: parts ``A..B`` are streamed into ``part-A-B.parquet.tmp``, flushed and renamed;
+only then are the inputs removed. An input inside a compacted part's range is *covered*: readers leave it out and the
+next writer removes it (:func:`remove_covered_parts`), so a kill at any moment leaves the rows either in the inputs or
+in the merged file, never in both and never in neither.
+"""
 
 from __future__ import annotations
 

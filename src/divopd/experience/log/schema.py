@@ -1,8 +1,5 @@
-"""The experience log's schema (:data:`SCHEMA`, required and optional columns) and its checks: column types
-(:func:`validate_schema`) and content (:func:`validate_batch`: nulls, lengths, signs, arrival order).
-
-The columns are described in :mod:`divopd.experience.log`.
-"""
+"""The experience log's columns (:data:`SCHEMA`) and its checks: column types (:func:`validate_schema`) and content
+(:func:`validate_batch`: nulls, lengths, signs, arrival order)."""
 
 from __future__ import annotations
 

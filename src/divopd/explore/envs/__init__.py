@@ -1,16 +1,9 @@
-"""Text environments behind one protocol (:class:`divopd.explore.envs.base.Env`) and a registry.
+"""Text environments behind one protocol (:class:`divopd.explore.envs.base.Env`) and a registry (:func:`make_env`).
 
-``make_env(name, **kwargs)`` builds one instance: ``"twx"`` (TextWorld-Express, the CPU demo's default),
-``"scienceworld"`` and ``"tiny"`` (pure Python, for fast tests). Adapters import their package only when built.
-
-An environment of your own needs no registration: ``explorer.env: mypkg.envs:MyEnv`` (a name holding ``":"``) is
-imported as ``module:Class`` by :func:`make_env` in the process that builds the environment — the driver under the
-lockstep and threads runtimes, each explorer actor under ``runtime.kind: ray`` — so ``mypkg`` must be importable there
-(installed, or on ``PYTHONPATH``; a local Ray cluster's actors inherit the driver's ``sys.path``). An entry added to
-:data:`ENVS` at run time lives only in the process that added it: Ray actors never see it.
-
-:func:`scienceworld_paper_split` is the paper's ScienceWorld split (2,294 training / 1,308 held-out instances of
-disjoint task types); ``make_env("scienceworld", split_scheme="paper")`` lists it as the ``train`` / ``test`` splits.
+An environment of your own needs no registration: ``explorer.env: mypkg.envs:MyEnv`` is imported as ``module:Class``
+in the process that builds the environment — the driver under lockstep and threads, each explorer actor under Ray —
+so ``mypkg`` must be importable there. An entry added to :data:`ENVS` at run time lives only in the process that added
+it: Ray actors never see it. Adapters import their package only when built.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """Helpers shared by the JVM-backed adapters (ScienceWorld, TextWorld-Express): heap cap, clean shutdown, a deadline
 on every call and an authenticated gateway.
 
-Deadline: every call into a JVM (:func:`jvm_call`) and every shutdown runs under :data:`WATCHDOG`, which kills the JVM
-when the call has not returned after the adapter's ``call_timeout_s`` (default :data:`DEFAULT_CALL_TIMEOUT_S`;
-``explorer.env_kwargs: {call_timeout_s: 60}``); the blocked call then fails and becomes :class:`EnvCrash` (the
-explorer's env-crash path: the rollout ends, counted, and the instance is replaced), so a hung or stopped JVM never
-hangs the explorer. A round trip outside :func:`jvm_call` (py4j's finalizers release Java objects from whatever
-thread the garbage collector runs in) is bounded too: the gateway's sockets get a read timeout
-(:func:`read_timeout_for`, above the call deadline so that the watchdog normally acts first). Authentication: the
-packages launch their gateway with py4j's defaults (loopback, no token); :func:`guarded_gateway` makes them launch it
-with ``enable_auth`` and connect with the token it prints, so another local user cannot drive the JVM. Signals: the
-JVM runs in a process group of its own, so a terminal's Ctrl-C does not reach it (divopd closes it at the stop), and
-dies with divopd (py4j's ``die_on_exit``, which both packages pass); a force quit waits for a call into it to return
-(:func:`divopd.explore.children.no_quit`: an interrupt inside py4j breaks its connection with a traceback).
+Every call into a JVM (:func:`jvm_call`) and every shutdown runs under :data:`WATCHDOG`, which kills the JVM when the
+call has not returned after ``call_timeout_s`` (default :data:`DEFAULT_CALL_TIMEOUT_S`); the call then fails as
+:class:`EnvCrash`, so a hung JVM never hangs the explorer. Round trips outside :func:`jvm_call` (py4j's finalizers, in
+whatever thread the garbage collector runs) get a socket read timeout above the call deadline
+(:func:`read_timeout_for`). :func:`guarded_gateway` launches the gateway with ``enable_auth`` (the packages' default
+is loopback with no token), so another local user cannot drive the JVM; the JVM runs in its own process group and
+dies with divopd (:mod:`divopd.explore.children`).
 """
 
 from __future__ import annotations

@@ -1,26 +1,19 @@
 """ALFWorld (Shridhar et al., 2020) through the real ``alfworld`` package, and plain TextWorld game files.
 
-ALFWorld's text games are TextWorld PDDL games (``game.tw-pddl``), one per ALFRED trajectory, laid out by
-``alfworld-download`` as::
+The package and its data are optional (``pip install 'divopd[alfworld]'``, then ``alfworld-download``, which lays out
+``$ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}/<task>/<trial>/{traj_data.json, game.tw-pddl}``);
+:class:`AlfWorldEnv` fails at construction with one line naming what is missing.
 
-    $ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}/<task>/<trial>/{traj_data.json, game.tw-pddl}
-
-The package and its data are optional (``pip install 'divopd[alfworld]'``, then ``alfworld-download``, which needs
-internet access, or copy the folder from a machine that has it). :class:`AlfWorldEnv` fails at construction with a
-message naming what to set when ``ALFWORLD_DATA`` is unset, the split folders are missing, or the package is absent.
-
-- Splits: ``train``; ``dev`` = ``valid_seen`` (in-distribution); ``test`` = ``valid_unseen`` (out-of-distribution).
-  ALFWorld's own names are accepted too. Games are filtered as the package does: the six task types, no
-  ``movable``/``Sliced`` trajectories, only games marked solvable.
-- Success is the game's ``won``; the score is 1 when won, else 0 (ALFWorld gives no partial score).
-- Progress (for +R) is :func:`alfworld_progress`: an observation not seen before in this episode (a new place, an
-  opened receptacle, a picked object…), or the win; ``"Nothing happens."`` never counts.
+- Splits: ``train``; ``dev`` = ``valid_seen``; ``test`` = ``valid_unseen`` (ALFWorld's names are accepted too). Games
+  are filtered as the package does: the six task types, no ``movable``/``Sliced`` trajectories, only solvable games.
+- Success is the game's ``won``; the score is 1 when won, else 0. Progress is :func:`alfworld_progress` (an
+  observation not seen before in the episode, or the win; ``"Nothing happens."`` never counts).
 - Valid actions are ALFWorld's admissible commands; gold actions come from the package's planner expert.
-- +R rules: an action is *invalid* (``info["invalid"]``) when it is not among the admissible commands of the state it
-  was taken in (where the game lists them), or the game answers ``"Nothing happens."``; the *allowed actions* are the
-  admissible commands (:meth:`TextWorldGamesEnv.valid_actions`; a game that lists none falls back to the observation).
+- +R rules: an action is *invalid* when it is not among the admissible commands of the state it was taken in (where
+  the game lists them), or the game answers ``"Nothing happens."``; the *allowed actions* are the admissible commands
+  (a game that lists none falls back to the observation).
 
-:class:`TextWorldGamesEnv` runs any TextWorld game files (e.g. made offline with ``tw-make``) the same way, without the
+:class:`TextWorldGamesEnv` runs any TextWorld game files (e.g. made with ``tw-make``) the same way, without the
 ALFRED wrappers; its gold actions are the games' walkthroughs.
 """
 

@@ -1,30 +1,11 @@
-"""The environment protocol every explorer talks to.
+"""The environment protocol every explorer talks to (:class:`Env`), and the rules adapters share.
 
-An environment is one text game instance. Tasks are plain strings naming a task (and its variation/seed) that
-:meth:`Env.tasks` lists per split. Example::
-
-    env = TextWorldExpressEnv(game="coin", params="numLocations=3")
-    obs = env.reset(env.tasks("train")[0])
-    obs, reward, done, info = env.step("open door to north")
-    info["success"], info["progress"], info["score"]
-    env.close()
-
-Rules: a bad action returns the environment's own feedback as the observation (never an exception); ``info`` always
-holds ``success`` (bool), ``progress`` (bool: this step raised the score or reached a new state / sub-goal),
-``score`` (float, the env's running score normalised to [0, 1] where the env has one) and ``invalid`` (bool: the
-action was invalid by the adapter's rule, stated in its docstring). An environment crash raises :class:`EnvCrash`; the
-explorer ends that rollout (counted) and carries on with a fresh instance. Backend errors (a dead JVM, a failed HTTP
-call, a backend call past its deadline) are :class:`EnvCrash`, never another exception type, and they surface from
-:meth:`Env.reset` and :meth:`Env.step`: :meth:`Env.valid_actions` and :meth:`Env.allowed_actions_key` answer from what
-the last reset/step fetched (the explorer calls them outside its env-crash handler).
-
-+R (:mod:`divopd.explore.recovery`) counts a no-progress turn as an invalid action, or a repeated action while the set
-of allowed actions is unchanged: ``info["invalid"]`` is the first, :meth:`Env.allowed_actions_key` names the set.
-
-Splits are named ``"train"``, ``"dev"`` and ``"test"`` (the packages' own folds where they have them). Tasks are
-strings such as ``"train:17"`` (TextWorld-Express seed 17 of the train fold) or ``"boil:0"`` (ScienceWorld task
-``boil``, variation 0); :meth:`Env.tasks` is the source of truth. The explorer owns the step limit: adapters set the
-packages' internal limits high enough never to end an episode first.
+Backend errors (a dead JVM, a failed HTTP call, a backend call past its deadline) are :class:`EnvCrash`, never another
+exception type, and they surface from :meth:`Env.reset` and :meth:`Env.step`: :meth:`Env.valid_actions` and
+:meth:`Env.allowed_actions_key` answer from what the last reset/step fetched (the explorer calls them outside its
+env-crash handler). Splits are ``"train"``, ``"dev"`` and ``"test"`` (the packages' own folds where they have them);
+:meth:`Env.tasks` is the source of truth for task names. The explorer owns the step limit: adapters set the packages'
+internal limits high enough never to end an episode first.
 """
 
 from __future__ import annotations
@@ -110,10 +91,7 @@ class Env(abc.ABC):
       checkpoint start over, and the resume says that it is no longer exact).
     """
 
-    #: short name used in configs and Turn.info["env"]
     name: str = "env"
-    #: a reset on a task followed by the same actions gives the same observations, whatever the instance did before
-    #: (a lockstep resume rebuilds running episodes so); False where the instance carries randomness of its own
     replayable: bool = True
 
     @abc.abstractmethod

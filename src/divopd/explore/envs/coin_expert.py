@@ -1,16 +1,10 @@
 """An observable-state expert for TextWorld-Express *coin* (``divopd sft --expert explore``).
 
-TextWorld-Express's own gold paths for *coin* know where the coin is and still wander: a 3-room gold path can read
-``look around, move west, move east, move west, move east, move west, move east, move east, take coin``. A model cloned
-from them learns the marginal over directions, not a search, and tops out near 70% held-out success at T = 0.4 with
-3 rooms (``benchmarks/regime/README.md``). :func:`coin_explorer_action` acts on what the prompt shows only:
-
-1. ``take coin`` when it is a valid action (the coin is in view);
-2. else move towards a room named in the current observation ("To the East you see the pantry") that has not been
-   visited yet, in the order the valid actions list the moves;
-3. else go back to the neighbour left longest ago (the search backtracks through visited rooms).
-
-Only valid actions are ever chosen, so every step of its trajectories is one the explorer could take.
+The package's gold paths for *coin* know where the coin is and still wander (``move west, move east, move west, ...``):
+a model cloned from them learns the marginal over directions, not a search, and tops out near 70% held-out success
+(``benchmarks/regime/README.md``). :func:`coin_explorer_action` acts on what the prompt shows only: ``take coin`` when
+valid; else towards an unvisited room named in the observation, in the valid actions' order; else back to the
+neighbour left longest ago. Only valid actions are chosen.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """A tiny pure-Python text game for fast explorer tests (no JVM, thousands of steps per second).
 
-A corridor of ``num_rooms`` rooms; the agent starts in one room and must take the coin that lies in another. The task
-description names the coin's room, so the gold path (walk towards it, ``take coin``) is learnable. Example::
-
-    env = TinyEnv(num_rooms=5)
-    obs = env.reset("train:3")
-    obs, reward, done, info = env.step("move east")
-
-+R rules: an action is *invalid* (``info["invalid"]``) when it is not in :meth:`TinyEnv.valid_actions` of the state it
-was taken in (the game then answers "Unknown action", "You cannot go that way" or "There is no coin here"); the
-*allowed actions* are that list.
-
-Knobs for tests: ``crash_prob`` makes :meth:`step` raise :class:`EnvCrash` at random (seeded), ``filler_words``
++R rules: an action is *invalid* when it is not in :meth:`TinyEnv.valid_actions` of the state it was taken in (the
+game answers "Unknown action", "You cannot go that way" or "There is no coin here"); the *allowed actions* are that
+list. Knobs for tests: ``crash_prob`` makes :meth:`step` raise :class:`EnvCrash` at random (seeded), ``filler_words``
 lengthens every observation (to exercise the prompt's context budget).
 """
 

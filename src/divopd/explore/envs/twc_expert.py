@@ -1,18 +1,9 @@
 """An observable-state expert for TextWorld-Express *twc* (``divopd sft --expert explore``, env game ``twc``).
 
-TextWorld-Express's gold path for a one-object *twc* task reads ``look around, take O, [open C,] put O in C``. Replayed
-as it is, it only ever shows the states on that path: a model cloned from it has never seen the object lying in a
-wrong container, or a wrong container opened, and cannot tell what to do there (the states an on-policy student
-reaches most). :func:`twc_putaway_action` takes the gold path's goal (the last ``put O in C``) and acts on the valid
-actions of the current state, so it labels any state, on the path or off it:
-
-1. ``put O in C`` when it is a valid action (the object is held and the container is open);
-2. else ``open C`` when it is a valid action (the target container is closed);
-3. else ``take O`` when it is a valid action (the object is on the floor, or where a wrong ``put`` left it);
-4. else ``look around``.
-
-It skips the gold path's opening ``look around`` (the first observation already describes the room), so its successes
-take 2-3 steps. Only valid actions are chosen, except ``look around``, which is always valid.
+The package's gold path (``look around, take O, [open C,] put O in C``) only shows the states on that path, so a model
+cloned from it has never seen the object in a wrong container. :func:`twc_putaway_action` takes the gold path's goal
+(the last ``put O in C``) and labels any state from its valid actions: ``put O in C``, else ``open C``, else ``take
+O``, else ``look around`` (never the gold path's opening ``look around``: successes take 2-3 steps).
 """
 
 from __future__ import annotations

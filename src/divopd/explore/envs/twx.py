@@ -1,30 +1,17 @@
 """TextWorld-Express adapter (``pip install textworld-express``; offline, ~1,000+ steps/s).
 
-Instances share one JVM per process (``share_jvm=True``, the default; ~300 MB with the default heap cap): each gets
-its own game object on it, so a second instance starts in milliseconds instead of ~1 s, and the JVM ends with the last
-instance's ``close()``. A crashed JVM fails every instance on it (each call raises :class:`EnvCrash`); the next new
-instance starts a fresh JVM. ``share_jvm=False`` gives an instance a JVM of its own.
+Instances share one JVM per process (``share_jvm=True``; ~300 MB with the default heap cap), each with its own game
+object, so a second instance starts in milliseconds; the JVM ends with the last instance's ``close()``. A crashed JVM
+fails every instance on it (:class:`EnvCrash`); the next new instance starts a fresh one.
 
 Games: ``coin``, ``cookingworld``, ``twc``, ``mapreader``, ``arithmetic``, ``sorting``, ``simonsays``,
-``peckingorder``; ``params`` is the package's ``gameParams`` string. Tasks are ``"<fold>:<seed>"`` with the package's
-own train/dev/test seed folds. Every reset generates the gold path (cheap here), which always wins.
+``peckingorder``; ``params`` is the package's ``gameParams`` string. Tasks are ``"<fold>:<seed>"`` over the package's
+train/dev/test seed folds. ``dev_from_train=N`` makes the last N train seeds the dev split (removed from train), for
+games such as ``twc`` whose dev and test folds hold objects the train fold never shows. The default, ``coin`` with
+three rooms and no doors or distractors (gold paths of 2-9 steps), is the CPU demo's and CI's environment.
 
-``dev_from_train=N`` (N > 0) makes the last N seeds of the package's train fold the dev split, removed from train
-(the tasks keep their ``train:<seed>`` names). It is for games whose dev and test folds hold objects the train fold
-never shows, such as ``twc``, where a model learns object-to-container rules from the train objects only: held-out
-tasks over the same objects, like ALFWorld's "seen" split. The test fold is unchanged.
-
-The default, ``coin`` with three rooms and no doors or distractors, has gold paths of 2-9 steps: the CPU demo's and CI's
-environment.
-
-+R rules: an action is *invalid* (``info["invalid"]``) when it is not among the package's ``validActions`` of the state
-it was taken in, or the game answers "Unknown action" / "I'm not sure what you mean"; the *allowed actions* are those
-``validActions`` (:meth:`TextWorldExpressEnv.valid_actions`). Example::
-
-    env = TextWorldExpressEnv(game="coin", params="numLocations=3,numDistractorItems=0,includeDoors=0")
-    obs = env.reset(env.tasks("dev")[0])
-    obs, reward, done, info = env.step("look around")
-    env.close()
++R rules: an action is *invalid* when it is not among the package's ``validActions`` of the state it was taken in, or
+the game answers "Unknown action" / "I'm not sure what you mean"; the *allowed actions* are those ``validActions``.
 """
 
 from __future__ import annotations

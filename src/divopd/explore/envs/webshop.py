@@ -1,27 +1,16 @@
-"""WebShop over HTTP: the :class:`~divopd.explore.envs.base.Env` adapter for a WebShop server (Yao et al., 2022).
+"""WebShop over HTTP (Yao et al., 2022): the adapter for a server speaking AgentGym's WebShop JSON protocol, which the
+project's offline shop (:mod:`divopd.explore.envs.webshop_offline`) serves too. Actions are ``search[query]`` and
+``click[button]``.
 
-The adapter speaks the JSON protocol of AgentGym's WebShop server (``agentenv-webshop``: ``/create``, ``/reset``,
-``/step``, ``/available_actions``, ``/close``), which the project's offline shop
-(:mod:`divopd.explore.envs.webshop_offline`) serves too. Actions are WebShop's: ``search[query]`` and ``click[button]``.
-
-- Tasks are WebShop goal indices (``session_id``) as strings. The offline shop lists its splits at
-  ``/divopd/tasks``; for a real WebShop server the adapter uses WebShop's convention: goals 0–499 ``test``,
-  500–1499 ``dev``, 1500 onwards ``train`` (``splits`` overrides it).
-- Reward comes from the server (WebShop gives it on ``click[buy now]``); ``info["success"]`` is reward 1.
-- A malformed or unavailable action is the server's business: the offline shop returns the page with its error text,
-  reward 0, and the episode goes on. Only transport failures (server gone, timeout, HTTP error, non-JSON reply) raise
-  :class:`~divopd.explore.envs.base.EnvCrash`.
-- +R rules: an action is *invalid* (``info["invalid"]``) when the server rejects it (the offline shop's
-  ``info["error"]``) or it is not available on the page it was taken on: ``search[...]`` without a search bar,
-  ``click[b]`` with ``b`` not a button of the page (``/available_actions``), anything else. The *allowed actions* are
-  :meth:`WebShopEnv.valid_actions` (``search[<query>]`` where there is a search bar, one ``click[b]`` per button);
-  the query is part of the action, so only the same search repeated counts as a repeat.
-- ``gold_actions`` come from the offline shop's goal metadata (``/divopd/goal``); a real server has none (``None``).
-
-Usage::
-
-    env = WebShopEnv("http://127.0.0.1:36001")              # a user-run server (AgentGym `webshop --port 36001`)
-    env = OfflineWebShopEnv(seed=0)                          # the generated shop, served on loopback in-process
+- Tasks are goal indices (``session_id``). The offline shop lists its splits at ``/divopd/tasks``; for a real server
+  WebShop's convention holds: goals 0–499 ``test``, 500–1499 ``dev``, 1500 onwards ``train`` (``splits`` overrides).
+- Reward comes from the server (on ``click[buy now]``); ``info["success"]`` is reward 1.
+- A malformed or unavailable action is the server's business (the page with its error text, reward 0). Only
+  transport failures (server gone, timeout, HTTP error, non-JSON reply) raise :class:`EnvCrash`.
+- +R rules: an action is *invalid* when the server rejects it (``info["error"]``) or it is not available on its page
+  (``search[...]`` without a search bar, ``click[b]`` with ``b`` not a button of the page). The *allowed actions* are
+  :meth:`WebShopEnv.valid_actions`; the query is part of the action, so only the same search repeated is a repeat.
+- ``gold_actions`` come from the offline shop's ``/divopd/goal``; a real server has none.
 """
 
 from __future__ import annotations

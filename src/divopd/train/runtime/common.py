@@ -18,11 +18,11 @@ import pyarrow.parquet as pq
 from divopd.errors import ConfigError
 from divopd.experience.log.parts import log_files
 from divopd.experience.log.schema import ExperienceLogError
-from divopd.explore.engines import apply_weights
 from divopd.explore.explorer import Explorer
 from divopd.explore.settings import VLLMSettings
 from divopd.explore.teacher import HFTeacher, Teacher
 from divopd.explore.vocab import VocabMatch, adapt_teacher, compare_vocabularies
+from divopd.explore.weight_loading import apply_weights
 from divopd.learn.checkpoint import WeightHandle
 from divopd.models import load_model, load_tokenizer
 from divopd.train.config import TrainConfig

@@ -19,7 +19,7 @@ the same machine and torch build: float kernels differ across CPU models); ``tor
 deterministic algorithms here.
 
 Resume: :meth:`LockstepRuntime.state_dict` is saved in every checkpoint (the round-robin position, the step budget,
-the counters, the session identity and each explorer's state, :mod:`divopd.explore.explorer_state`), and
+the counters, the session identity and each explorer's state, :meth:`~divopd.explore.explorer.Explorer.state_dict`), and
 :meth:`LockstepRuntime.load_state_dict` puts a runtime built on the checkpoint's weights back in it, replaying each
 running episode on its env; so a run killed at any moment and resumed from its newest checkpoint continues exactly as
 the uninterrupted run did.
@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from divopd.explore.engines import close_backend
 from divopd.explore.explorer import Explorer, Rollout
-from divopd.explore.explorer_state import ReplayError, explorer_state, replayable, restore_explorer, save_student
+from divopd.explore.replay import ReplayError, save_student
+from divopd.explore.weight_loading import close_backend
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import fault_point
@@ -93,7 +93,7 @@ class LockstepRuntime:
         except BaseException:
             self._broken = True
             raise
-        self._replayable = self._replayable and all(replayable(e) for e in self._explorers)
+        self._replayable = self._replayable and all(e.replayable() for e in self._explorers)
         return out
 
     def check_alive(self) -> None:
@@ -141,11 +141,11 @@ class LockstepRuntime:
             return None
         explorers = []
         for explorer in self._explorers:
-            state = explorer_state(explorer)
+            state = explorer.state_dict()
             if explorer.policy_version != self._latest.version:
                 name = f"explorer-v{explorer.policy_version:06d}.safetensors"
                 if not (weights_dir / name).is_file():  # a version's weights never change: written once
-                    save_student(explorer, weights_dir / name)
+                    save_student(explorer.student, weights_dir / name)
                 state["weights_file"] = name
             explorers.append(state)
         return {"format": STATE_FORMAT, "session": self._session, "weights_version": int(self._latest.version),
@@ -154,7 +154,7 @@ class LockstepRuntime:
 
     def load_state_dict(self, state: dict[str, Any], weights_dir: Path) -> None:
         """Put this runtime, built on the checkpoint's weights, in the :meth:`state_dict` ``state`` saved with it.
-        An env that cannot replay raises :class:`~divopd.explore.explorer_state.ReplayError` and leaves the runtime
+        An env that cannot replay raises :class:`~divopd.explore.replay.ReplayError` and leaves the runtime
         with fresh explorers (the resume then queues the logged turns again: :mod:`divopd.train.resume`)."""
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"lockstep runtime state format {state.get('format')!r}, expected {STATE_FORMAT}")
@@ -169,7 +169,7 @@ class LockstepRuntime:
         try:
             for explorer, saved in zip(self._explorers, state["explorers"], strict=True):
                 name = saved.get("weights_file")
-                restore_explorer(explorer, saved, self._latest, None if name is None else weights_dir / name)
+                explorer.load_state_dict(saved, self._latest, None if name is None else weights_dir / name)
         except ReplayError:  # an env that cannot replay: fresh explorers in a fresh session (the caller resumes so)
             for explorer in self._explorers:
                 explorer.close()

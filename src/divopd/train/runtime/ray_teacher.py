@@ -30,6 +30,7 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from divopd.experience.turn import ResponseScores
 from divopd.explore.generation import Generation
 from divopd.train.config import TrainConfig
 from divopd.train.runtime.common import load_teacher
@@ -55,7 +56,7 @@ class TeacherActor:
         self._topk = cfg.explorer.teacher_topk
         self.calls = 0
 
-    def score_turns(self, prompts: list[list[int]], responses: list[list[int]]) -> list[tuple[Any, Any]]:
+    def score_turns(self, prompts: list[list[int]], responses: list[list[int]]) -> list[ResponseScores]:
         self.calls += 1
         return self.teacher.score_turns(prompts, responses, topk=self._topk)
 
@@ -86,7 +87,7 @@ class RemoteTeacher:
                                       f"runtime.teacher_timeout_s = {self.timeout_s:g} s") from None
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-                    topk: int = 0) -> list[tuple[Any, Any]]:
+                    topk: int = 0) -> list[ResponseScores]:
         """``topk`` is the run's ``explorer.teacher_topk``, which the actor was built with."""
         return self._get("score_turns", self.actor.score_turns.remote([list(p) for p in prompts],
                                                                       [list(r) for r in responses]))

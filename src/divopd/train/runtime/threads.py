@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from divopd.errors import UsageError
-from divopd.explore.engines import close_backend
 from divopd.explore.explorer import Rollout
+from divopd.explore.weight_loading import close_backend
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import fault_point

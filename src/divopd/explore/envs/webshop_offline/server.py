@@ -1,33 +1,10 @@
-"""A real HTTP server for the offline WebShop-style shop, on loopback by default.
-
-It speaks the JSON protocol of AgentGym's WebShop server (``agentenv-webshop``), so
-:class:`divopd.explore.envs.webshop.WebShopEnv` drives this shop and a user-run real WebShop the same way:
-
-=========  ==========================  ===================================================================
-method     path                        body / query → reply
-=========  ==========================  ===================================================================
-GET        ``/``                       → ``"ok"``
-POST       ``/create``                 → ``env_idx`` (int), a new browser session
-POST       ``/reset``                  ``{"env_idx", "session_id"}`` (goal index) → ``[observation, null]``
-POST       ``/step``                   ``{"env_idx", "action"}`` → ``{"state", "reward", "done", "info"}``
-GET        ``/observation``            ``?env_idx=`` → the current page text
-GET        ``/available_actions``      ``?env_idx=`` → ``{"has_search_bar", "clickables"}``
-GET        ``/instruction_text``       ``?env_idx=`` → the goal instruction
-POST       ``/close``                  ``{"env_idx"}`` → ``{"closed"}``
-GET        ``/list_envs``              → open ``env_idx`` values
-=========  ==========================  ===================================================================
-
-Extensions under ``/divopd/`` (a real WebShop server answers them 404 and the adapter falls back):
-``GET /divopd/info`` (catalogue config and sizes), ``GET /divopd/tasks?split=train|dev|test`` (goal indices),
-``GET /divopd/goal?session_id=`` (goal metadata and an expert action sequence, for tests and SFT data).
-
-Every server is bounded (body size, connection timeout, idle-session expiry, session count): see
-:mod:`~divopd.explore.envs.webshop_offline.limits`.
-
-Run it::
+"""A real HTTP server for the offline WebShop-style shop, on loopback by default, speaking the JSON protocol of
+AgentGym's WebShop server (the routes of :data:`_ROUTES`), so :class:`~divopd.explore.envs.webshop.WebShopEnv` drives it
+and a user-run WebShop the same way. Extensions under ``/divopd/`` (a real server answers 404; the adapter falls back):
+``info`` (catalogue config), ``tasks?split=`` (goal indices), ``goal?session_id=`` (goal metadata and an expert action
+sequence). Every server is bounded: :mod:`~divopd.explore.envs.webshop_offline.limits`. Run it::
 
     python -m divopd.explore.envs.webshop_offline.server --port 0 --seed 0 --products 300 --goals 600
-    # prints "divopd webshop-offline serving on http://127.0.0.1:PORT" and serves until Ctrl-C / SIGTERM
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""Which generator and teacher engine an explorer uses, and how a published weight version reaches them.
+"""How a published weight version reaches the explorer's generator, and a generator's shutdown.
 
 The explorer's student generates through an :class:`~divopd.explore.generation.HFGenerator` on its own model copy, or
 through a generation backend built outside (``explorer.generation.backend: vllm``: a
 :class:`~divopd.VLLMGenerator` that holds its own copy of the weights). :func:`apply_weights` loads a published
 :class:`~divopd.learn.checkpoint.WeightHandle` into whichever of the two the explorer has, before its next rollout, and
-times it (``time/weight_load_s``; the learner side of a publication is ``time/publish_s``). The teacher is a
-:class:`~divopd.explore.teacher.Teacher` (:mod:`divopd.explore.teacher`).
+times it (``time/weight_load_s``; the learner side of a publication is ``time/publish_s``).
 """
 
 from __future__ import annotations
