@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from divopd.learn.inputs import UpdateInputs
 from divopd.learn.learner import Learner
 from divopd.learn.rendezvous import rendezvous_store
-from divopd.learn.rows import Rows
 from divopd.learn.settings import LearnerConfig
-from divopd.learn.update import RankStep
+from divopd.learn.update import MicroBatchOutput, RankStep
 from divopd.models import load_model
 
 __all__ = ["RankWorker", "decoder_layers", "free_port", "shard_model"]
@@ -150,19 +150,20 @@ class RankWorker:
         return {"rank": rank, "pid": os.getpid(), "node": socket.gethostname(), "device": str(device),
                 "backend": backend}
 
-    def step(self, rows: Rows, groups: list[np.ndarray], n_rows: int, total_valid: int,
+    def step(self, inputs: UpdateInputs, groups: list[np.ndarray], n_rows: int, total_valid: int,
              weights: np.ndarray | None) -> RankStep:
         """Forward/backward of this rank's rows (global denominators), then the sharded clip and AdamW step."""
         learner = self._learner()
         learner.optimizer.zero_grad(set_to_none=True)
-        acc = learner.accumulate(rows, groups, weights, n_rows=n_rows, total_valid=total_valid, weighted=True,
+        acc = learner.accumulate(inputs, groups, weights, n_rows=n_rows, total_valid=total_valid, weighted=True,
                                  scale=float(self.world_size))
         t0 = time.perf_counter()
         grad_norm, skipped = learner._optimizer_step()
         if learner.device.type == "cuda":
             torch.cuda.synchronize(learner.device)
-        parts = [(idx, _np(lp), _np(old), _np(top), _np(scored)) for idx, lp, old, top, scored in acc.parts]
-        return RankStep(parts=parts, tokens=acc.tokens, input_slots=acc.input_slots, t_fb=acc.t_fb,
+        outputs = [MicroBatchOutput(o.idx, _np(o.logprobs), _np(o.old_logprobs), _np(o.topk_logprobs), _np(o.scored))
+                   for o in acc.outputs]
+        return RankStep(outputs=outputs, tokens=acc.tokens, input_slots=acc.input_slots, t_fb=acc.t_fb,
                         t_opt=time.perf_counter() - t0, grad_norm=grad_norm, skipped=skipped,
                         peak_rss_mb=_peak_rss_mb(), peak_cuda_mb=_peak_cuda_mb(learner.device))
 
