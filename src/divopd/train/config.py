@@ -138,8 +138,8 @@ class LockstepSettings(_Strict):
 class RuntimeSettings(_Strict):
     """How explorers and the learner run. The same loop, Explorer, Learner and Sampler code runs under every kind."""
 
-    kind: Literal["threads", "embedded", "lockstep", "ray"] = Field(
-        "threads", description="threads (explorer threads, one process; `embedded` is its old name), lockstep "
+    kind: Literal["threads", "lockstep", "ray"] = Field(
+        "threads", description="threads (explorer threads, one process), lockstep "
         "(one process, no threads, deterministic) or ray (explorer actors).")
     lockstep: LockstepSettings = Field(default_factory=LockstepSettings, description="runtime.kind: lockstep only.")
     num_explorers: int = Field(1, ge=1, description="Explorer workers, each with its own student copy and envs.")

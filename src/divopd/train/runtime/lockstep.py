@@ -40,7 +40,7 @@ from divopd.explore.explorer_state import ReplayError, explorer_state, replayabl
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import fault_point
-from divopd.train.loop import EvalResult
+from divopd.train.protocol import EvalResult
 from divopd.train.runtime.common import build_explorer, load_teacher
 
 __all__ = ["LockstepRuntime", "deterministic_torch"]
@@ -50,10 +50,10 @@ STATE_FORMAT = 1
 
 
 class LockstepRuntime:
-    """The :class:`~divopd.train.loop.Runtime` that steps every env instance from the loop's own thread."""
+    """The :class:`~divopd.train.protocol.Runtime` that steps every env instance from the loop's own thread."""
 
-    #: evaluations run in place: :meth:`request_eval` returns with the result ready (the loop records it at once)
     evaluates_in_place = True
+    keeps_state = True
 
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
         self.cfg = cfg

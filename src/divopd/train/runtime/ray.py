@@ -40,7 +40,7 @@ from divopd.explore.children import sigint_blocked
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
-from divopd.train.loop import EvalResult
+from divopd.train.protocol import EvalResult, StatelessRuntime
 from divopd.train.runtime.common import build_explorer, load_teacher
 from divopd.train.runtime.ray_teacher import RemoteTeacher, TeacherWatch, start_shared_teacher
 from divopd.train.watchdog import note_stall
@@ -159,8 +159,8 @@ def init_ray(cfg: TrainConfig) -> bool:
     return True
 
 
-class RayRuntime:
-    """The :class:`~divopd.train.loop.Runtime` of explorer actors (``runtime.kind: ray``); the learner stays here.
+class RayRuntime(StatelessRuntime):
+    """The :class:`~divopd.train.protocol.Runtime` of explorer actors (``runtime.kind: ray``); the learner stays here.
 
     ``learner_ranks``: where the sharded learner's ranks run (``LearnerProtocol.rank_info``), for the summary's
     ``placement``."""

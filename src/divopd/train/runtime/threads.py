@@ -30,7 +30,7 @@ from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import fault_point
-from divopd.train.loop import EvalResult
+from divopd.train.protocol import EvalResult, StatelessRuntime
 from divopd.train.runtime.common import LatestWeights, build_explorer, load_teacher
 
 __all__ = ["ThreadsRuntime"]
@@ -151,8 +151,8 @@ def _take(q: queue.Queue, timeout: float) -> list[Any]:
         return []
 
 
-class ThreadsRuntime:
-    """The :class:`~divopd.train.loop.Runtime` of explorer threads in this process (``runtime.kind: threads``)."""
+class ThreadsRuntime(StatelessRuntime):
+    """The :class:`~divopd.train.protocol.Runtime` of explorer threads in this process (``runtime.kind: threads``)."""
 
     #: free-running explorer threads: production is not paced in learner-step intervals
     producer_intervals: int | None = None
