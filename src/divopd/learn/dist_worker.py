@@ -1,17 +1,9 @@
-"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded.
+"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded, driven
+through :class:`RankWorker`'s public methods by a transport (a spawned process, :mod:`divopd.learn.ranks`, or a Ray
+actor, :mod:`divopd.train.runtime.ray_learner`).
 
-Each rank joins one ``torch.distributed`` process group (gloo on CPU, NCCL on CUDA), loads the model, wraps every
-decoder layer with ``fully_shard`` and then the whole model (optionally with activation checkpointing per layer and
-a bf16 :class:`~torch.distributed.fsdp.MixedPrecisionPolicy` with fp32 gradient reduction) and builds AdamW over its
-shards. An update on a rank runs the learner's own forward/loss/backward on that rank's rows, with the loss
-denominators of the *whole* batch (N rows, dead rows included; or the batch's valid-token count for ``token-mean``),
-so the gradients summed over ranks are the single-process gradient. FSDP2's reduce-scatter averages over the
-ranks, so each rank scales its loss by N (exact for N a power of two; gloo has no PREMUL_SUM for a divide factor
-of 1). Clipping uses the global norm over the sharded
-gradients (one all-reduce), then one AdamW step on every shard.
-
-The transport that carries commands to the ranks (a spawned process per rank, :mod:`divopd.learn.sharded`, or a Ray
-actor per rank, :mod:`divopd.train.runtime.ray_learner`) calls the public methods of :class:`RankWorker`.
+FSDP2's reduce-scatter averages the gradients over the ranks, so each rank scales its loss by N (exact for N a power
+of two; gloo has no PREMUL_SUM for a divide factor of 1). Clipping uses the global norm over the sharded gradients.
 """
 
 from __future__ import annotations

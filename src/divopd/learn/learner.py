@@ -2,21 +2,18 @@
 
 ``Learner.step(batch)`` reads top to bottom:
 
-1. rows: each turn's prompt (left-truncated to ``max_prompt_len`` unless the explorer already flagged it truncated)
-   and response, its effective mask (action ∧ teacher-valid ∧ finite teacher logprob) and teacher log probabilities;
-2. pack the rows into model inputs (``packed``: padding-free, or ``padded``);
-3. one forward pass with gradients → log π_θ of every response token (only response positions get logits);
+1. inputs (:mod:`divopd.learn.inputs`): each turn's prompt (left-truncated to ``max_prompt_len`` unless the explorer
+   flagged it truncated) and response, its effective mask and teacher log probabilities;
+2. pack them into model inputs (``packed``: padding-free, or ``padded``);
+3. one forward pass with gradients → log π_θ of every response token;
 4. θ_old = the learner snapshot immediately before the update, recomputed on the queued tokens. With one update per
    batch θ_old = θ at gradient evaluation, so by default (``old_logprobs="same-pass"``) the detached values of step 3
-   *are* the recomputation (r = 1 exactly); ``"recompute"`` runs a separate no-grad pass (same numbers, ~30% slower);
+   *are* the recomputation (r = 1 exactly); ``"recompute"`` runs a separate no-grad pass (same numbers, slower);
 5. :func:`~divopd.learn.loss.opd_loss` (or the top-k estimator), backward, clipping, one AdamW step, ``version += 1``.
-   Rows carry unit weights (the paper) unless the batch has ``row_weights`` (``divopd-focus``'s task balance) or
-   ``turn_balance_updates`` is set (TurnOPD's token-to-turn schedule, :mod:`divopd.learn.turnopd`); unit weights take
-   the unweighted code path, so the paper's loss is computed exactly as without the feature.
+   Rows carry unit weights (the paper) unless the batch has ``row_weights`` or ``turn_balance_updates`` is set; unit
+   weights take the unweighted code path, so the paper's loss is computed exactly as without the feature.
 
-The model is kept in eval mode (dropout off), so steps 3 and 4 see the same function. Counters for the paper's
-efficiency figures: ``tokens_total`` (prompt + response tokens processed) and ``compute_s_total`` (wall seconds inside
-``step``, the CPU stand-in for trainer GPU-hours). The settings are :mod:`divopd.learn.settings` (importable from here).
+The model is kept in eval mode (dropout off), so steps 3 and 4 see the same function.
 """
 
 from __future__ import annotations
@@ -60,7 +57,7 @@ CHECKPOINT_FORMAT = 1
 
 
 class Learner:
-    """One optimizer update per batch of turns; versioned weights; atomic checkpoints.
+    """The single-process learner (:class:`~divopd.learn.protocol.LearnerProtocol`).
 
     Args:
         model: any causal LM (e.g. from :func:`divopd.models.load_model`); moved to ``config.device``/``config.dtype``.

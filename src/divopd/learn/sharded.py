@@ -1,23 +1,18 @@
-"""The sharded learner (``learner.world_size > 1``): the :class:`~divopd.learn.learner.Learner`'s interface in the
-driver, N FSDP2 ranks (:mod:`divopd.learn.dist_worker`) doing the work.
+"""The sharded learner (``learner.world_size > 1``): the learner's interface in the driver, N FSDP2 ranks
+(:mod:`divopd.learn.dist_worker`) doing the work.
 
-One update: the driver prepares the batch's rows exactly as the single-process learner does, splits them into N
-contiguous parts (one per rank; a rank without rows runs a zero-loss pass so that every rank joins the same
-collectives), and sends each rank its part with the batch's global denominators (N rows, dead rows included; the
-batch's valid tokens for ``token-mean``). The ranks' summed gradients are the single-process gradient; the global
-gradient norm is clipped and AdamW steps every shard. The ranks send back their detached log probabilities, from
-which the driver computes the ``learner/*`` metrics of the whole batch with the same code as the single-process
-learner, so ``learner/loss`` and the weights agree with ``world_size: 1`` to float rounding.
+One update: the driver prepares the batch's inputs as the single-process learner does and sends each rank a
+contiguous part with the batch's global denominators (N rows, dead rows included; the valid tokens for
+``token-mean``), so the ranks' summed gradients are the single-process gradient. The ranks return their micro-batch
+outputs, from which the driver computes the whole batch's ``learner/*`` metrics with the single-process code: loss and
+weights agree with ``world_size: 1`` to float rounding.
 
-Publication: rank 0 gathers ``get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-cpu_offload=True))`` once per version; the driver keeps it in its own CPU copy of the model (for evaluation and the
-Appendix-E diagnostics) and hands it to the explorers as a :class:`~divopd.learn.checkpoint.WeightHandle`
-(``last_publish_s`` is the gather's wall time, logged as ``time/publish_s``).
+Publication: rank 0 gathers the full state dict once per version into the driver's CPU copy of the model (for
+evaluation and the diagnostics) and hands it to the explorers (``last_publish_s``: the gather's seconds).
 
-Checkpoints (format 2): the HF model folder and tokenizer (from the gathered weights, so ``divopd eval`` and every
-export path read it as before), ``state.json``, and ``dcp/`` — model and optimizer shards written with
-``torch.distributed.checkpoint``; resuming reshards them to any number of ranks, and the single-process learner
-reads them too (:func:`divopd.learn.checkpoint.load_dcp_optimizer`).
+Checkpoints (:data:`~divopd.learn.manifest.SHARDED_FORMAT`): the HF folder and tokenizer from the gathered weights,
+``state.json``, and ``dcp/`` — model and optimizer shards (``torch.distributed.checkpoint``) that a resume reshards to
+any number of ranks, and that the single-process learner reads too.
 """
 
 from __future__ import annotations
