@@ -1,21 +1,11 @@
 """Atomic checkpoints and versioned weight handles.
 
-A checkpoint directory (the run-dir layout: ``checkpoints/update-NNNNNN/``) holds:
-
-* the model in Hugging Face format (``config.json``, ``model.safetensors``, ...) and the tokenizer when given,
-* ``optimizer.pt`` — the optimizer ``state_dict`` (tensors only; loaded with ``weights_only=True``),
-* ``state.json`` — learner version, counters, the learner config, the torch RNG state, and ``extra_state`` (e.g. the
-  sampler's ``state_dict``) as plain JSON: never pickle,
-* ``manifest.json`` — written last: every file with its size and a cheap hash, which a resume verifies before it
-  trusts the checkpoint (:mod:`divopd.learn.manifest`).
-
-Only folders named exactly ``update-NNNNNN`` holding divopd's files are checkpoints (:func:`checkpoint_dirs`);
-anything else a user puts in ``checkpoints/`` is never listed nor pruned.
-
-It is written to a temporary sibling directory and renamed into place, so a reader never sees a half-written
-checkpoint: a crash leaves either the previous checkpoint or the new one (plus a ``.update-N.tmp-*`` directory, which
-:func:`remove_interrupted_writes` removes at the next start). Single files a later run trusts (``summary.json``,
-``config.yaml``) are written the same way by :func:`atomic_write_text`.
+A checkpoint directory (``checkpoints/update-NNNNNN/``) holds the model in Hugging Face format and the tokenizer,
+``optimizer.pt`` (tensors only, loaded with ``weights_only=True``), ``state.json`` (learner version, counters, config,
+torch RNG and ``extra_state`` such as the sampler's state, as plain JSON: never pickle) and, written last,
+``manifest.json`` (:mod:`divopd.learn.manifest`). It is written to a temporary sibling and renamed into place
+(:func:`atomic_dir`): a crash leaves the previous checkpoint or the new one, plus a temporary folder
+:func:`remove_interrupted_writes` removes at the next start.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -13,7 +14,7 @@ from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import turn_balance_alpha, turn_balance_weights
 from divopd.sampling.sampler import Batch
 
-__all__ = ["UpdateInputs", "batch_inputs", "batch_row_weights", "micro_batches", "update_inputs"]
+__all__ = ["UpdateInputs", "batch_inputs", "batch_row_weights", "micro_batches", "pad_token_id", "update_inputs"]
 
 
 @dataclass
@@ -124,6 +125,14 @@ def batch_row_weights(batch: Batch | Sequence[Turn], inputs: UpdateInputs, confi
         balance = turn_balance_weights(inputs.mask.sum(axis=1), alpha)
         weights = balance if weights is None else weights * balance
     return weights, alpha
+
+
+def pad_token_id(model: Any, tokenizer: Any) -> int:
+    """The id packed inputs are padded with: the tokenizer's pad token, else the model config's, else 0."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    return int(pad) if pad is not None else 0
 
 
 def micro_batches(inputs: UpdateInputs, max_tokens: int) -> list[np.ndarray]:

@@ -41,7 +41,7 @@ from divopd.learn.checkpoint import (
     read_state,
     restore_learner_state,
 )
-from divopd.learn.inputs import UpdateInputs, batch_inputs, batch_row_weights, micro_batches
+from divopd.learn.inputs import UpdateInputs, batch_inputs, batch_row_weights, micro_batches, pad_token_id
 from divopd.learn.manifest import SHARDED_FORMAT
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import DepthStats
@@ -71,7 +71,7 @@ class Learner:
         self.device = torch.device(config.device)
         self.model = model.to(device=self.device, dtype=resolve_dtype(config.dtype)).eval()
         self.tokenizer = tokenizer
-        self.pad_id = self._pad_id(model, tokenizer)
+        self.pad_id = pad_token_id(model, tokenizer)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay,
@@ -91,13 +91,6 @@ class Learner:
 
     def close(self) -> None:
         """Nothing to release (the :class:`~divopd.learn.protocol.LearnerProtocol` method ranks need)."""
-
-    @staticmethod
-    def _pad_id(model: torch.nn.Module, tokenizer: Any) -> int:
-        pad = getattr(tokenizer, "pad_token_id", None)
-        if pad is None:
-            pad = getattr(getattr(model, "config", None), "pad_token_id", None)
-        return int(pad) if pad is not None else 0
 
     def _forward(self, inputs: UpdateInputs, idx: np.ndarray, *, with_topk: bool
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, int, int]:

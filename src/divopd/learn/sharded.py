@@ -38,7 +38,7 @@ from divopd.learn.checkpoint import (
     read_state,
     restore_learner_state,
 )
-from divopd.learn.inputs import batch_inputs, batch_row_weights, micro_batches
+from divopd.learn.inputs import batch_inputs, batch_row_weights, micro_batches, pad_token_id
 from divopd.learn.learner import Learner
 from divopd.learn.manifest import SHARDED_FORMAT
 from divopd.learn.protocol import LearnerProtocol
@@ -74,7 +74,7 @@ class ShardedLearner:
         model, self.tokenizer = load_model(source, dtype=config.dtype, device="cpu")
         self._model = model.eval()
         self._vocab = model.get_input_embeddings().num_embeddings
-        self.pad_id = Learner._pad_id(model, self.tokenizer)
+        self.pad_id = pad_token_id(model, self.tokenizer)
         self.version = 0
         self.tokens_total = 0
         self.compute_s_total = 0.0

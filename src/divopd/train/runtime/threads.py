@@ -5,13 +5,9 @@
           └──────────────────────── newest WeightHandle ◄──────────────────────┘
     evaluator thread ◄── (update, snapshot) requests;  results ──► main thread writes them
 
-:class:`ThreadsRuntime` is only the adapter (see :mod:`divopd.train.loop` for the loop and its shutdown order). On
-shutdown the stop event is set, explorer threads finish the rollout in hand and hand it over (beside the queue when
-the queue is full: a full queue is not waited on), and every finished rollout, in the queue or handed over, goes back
-to the loop, so the turns the loop receives are the turns the explorers produced (``produced_turns``).
-
-Threads rather than processes: torch releases the GIL inside its kernels, the weights are shared in memory without
-copies, and a single process is what `make demo` needs; see the README's measurement of the alternatives.
+On shutdown explorer threads finish the rollout in hand and hand it over (beside the queue when it is full), and every
+finished rollout goes back to the loop: the turns the loop receives are the turns produced (``produced_turns``).
+Threads rather than processes: torch releases the GIL inside its kernels and the weights are shared without copies.
 """
 
 from __future__ import annotations
