@@ -21,7 +21,8 @@ import torch
 from divopd.experience.turn import Turn
 from divopd.learn.inputs import update_inputs
 from divopd.learn.loss import opd_loss
-from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
+from divopd.learn.update import forward_pass
+from divopd.models.packing import pack_sequences, selected_logits
 from divopd.models.scoring import response_logprobs
 
 __all__ = ["full_reverse_kl", "gradient_diagnostics", "opd_gradient", "ranking_stability", "spearman"]
@@ -38,13 +39,10 @@ def opd_gradient(model: torch.nn.Module, turns: Sequence[Turn], *, beta: float =
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
     inputs = update_inputs(turns)
-    mask, teacher = torch.from_numpy(inputs.mask), torch.from_numpy(inputs.teacher)
-    packed = pack_sequences(inputs.prompts, inputs.responses, layout=layout, pad_id=pad_id).to(device)
-    lp = scatter_rows(gather_logprobs(selected_logits(model, packed), packed.targets), packed)
-    L = mask.shape[1]
-    lp = torch.nn.functional.pad(lp, (0, L - lp.shape[1]))
-    m = mask.to(device) & torch.nn.functional.pad(packed.scored, (0, L - packed.scored.shape[1]))
-    loss, _ = opd_loss(lp, lp.detach(), teacher.to(device), m, beta=beta, reduction=reduction)
+    lp, _, scored, _, _ = forward_pass(model, inputs, np.arange(len(inputs)), layout=layout, pad_id=pad_id,
+                                       device=device)
+    m = torch.from_numpy(inputs.mask).to(device) & scored
+    loss, _ = opd_loss(lp, lp.detach(), torch.from_numpy(inputs.teacher).to(device), m, beta=beta, reduction=reduction)
     grads = torch.autograd.grad(loss, params, allow_unused=True)
     return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params,
                                                                                                      strict=True)])

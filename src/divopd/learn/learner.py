@@ -45,9 +45,16 @@ from divopd.learn.inputs import UpdateInputs, batch_inputs, batch_row_weights, m
 from divopd.learn.manifest import SHARDED_FORMAT
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import DepthStats
-from divopd.learn.update import Accumulated, MicroBatchOutput, UpdateStats, batch_loss, whole_batch_metrics
+from divopd.learn.update import (
+    Accumulated,
+    ForwardPass,
+    MicroBatchOutput,
+    UpdateStats,
+    batch_loss,
+    forward_pass,
+    whole_batch_metrics,
+)
 from divopd.models import load_model, resolve_dtype
-from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 from divopd.sampling.sampler import Batch
 
 __all__ = ["CHECKPOINT_FORMAT", "Learner", "LearnerConfig", "WeightHandle"]
@@ -92,24 +99,9 @@ class Learner:
     def close(self) -> None:
         """Nothing to release (the :class:`~divopd.learn.protocol.LearnerProtocol` method ranks need)."""
 
-    def _forward(self, inputs: UpdateInputs, idx: np.ndarray, *, with_topk: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, int, int]:
-        """log π of the response tokens of rows ``idx`` ([n, L]), the student's log probs at the teacher top-k ids
-        ([n, L, k] or None), the scored mask [n, L], tokens processed and input slots."""
-        packed = pack_sequences([inputs.prompts[i] for i in idx], [inputs.responses[i] for i in idx],
-                                layout=self.config.packing, pad_id=self.pad_id).to(self.device)
-        logits = selected_logits(self.model, packed)  # [K, V]
-        lp = scatter_rows(gather_logprobs(logits, packed.targets), packed)  # [n, Lb]
-        L = inputs.mask.shape[1]
-        lp = torch.nn.functional.pad(lp, (0, L - lp.shape[1]))
-        scored = torch.nn.functional.pad(packed.scored, (0, L - packed.scored.shape[1]))
-        top = None
-        if with_topk:
-            ids = torch.from_numpy(inputs.topk_ids[idx]).to(self.device)  # [n, L, k]
-            ids_K = ids[packed.seq_index, packed.token_index]  # [K, k]
-            top = scatter_rows(gather_logprobs(logits, ids_K), packed, fill=float("nan"))
-            top = torch.nn.functional.pad(top, (0, 0, 0, L - top.shape[1]), value=float("nan"))
-        return lp, top, scored, packed.tokens, packed.input_tokens
+    def _forward(self, inputs: UpdateInputs, idx: np.ndarray, *, with_topk: bool) -> ForwardPass:
+        return forward_pass(self.model, inputs, idx, layout=self.config.packing, pad_id=self.pad_id,
+                            device=self.device, with_topk=with_topk)
 
     def step(self, batch: Batch | Sequence[Turn]) -> dict[str, float]:
         """One update on ``batch`` (a :class:`divopd.sampling.Batch` or a sequence of turns); returns ``learner/*``

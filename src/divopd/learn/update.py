@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -13,10 +13,41 @@ import torch
 from divopd.learn.inputs import UpdateInputs
 from divopd.learn.loss import opd_loss, topk_reverse_kl_loss
 from divopd.learn.settings import LearnerConfig
+from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 
-__all__ = ["Accumulated", "MicroBatchOutput", "RankStep", "UpdateStats", "batch_loss", "whole_batch_metrics"]
+__all__ = ["Accumulated", "ForwardPass", "MicroBatchOutput", "RankStep", "UpdateStats", "batch_loss", "forward_pass",
+           "whole_batch_metrics"]
 
 A = TypeVar("A", torch.Tensor, np.ndarray)
+
+
+class ForwardPass(NamedTuple):
+    """One forward pass over some rows: log π of their response tokens [n, L], the student's log probs at the teacher
+    top-k ids ([n, L, k] or ``None``), the scored mask [n, L], tokens processed and input slots."""
+
+    logprobs: torch.Tensor
+    topk_logprobs: torch.Tensor | None
+    scored: torch.Tensor
+    tokens: int
+    input_slots: int
+
+
+def forward_pass(model: torch.nn.Module, inputs: UpdateInputs, idx: np.ndarray, *, layout: str, pad_id: int,
+                 device: torch.device, with_topk: bool = False) -> ForwardPass:
+    """Rows ``idx`` of ``inputs`` packed (``layout``) and scored by ``model``, padded to the batch's length L."""
+    packed = pack_sequences([inputs.prompts[i] for i in idx], [inputs.responses[i] for i in idx], layout=layout,
+                            pad_id=pad_id).to(device)
+    logits = selected_logits(model, packed)  # [K, V]: response positions only
+    L = inputs.mask.shape[1]
+    lp = scatter_rows(gather_logprobs(logits, packed.targets), packed)
+    lp = torch.nn.functional.pad(lp, (0, L - lp.shape[1]))
+    scored = torch.nn.functional.pad(packed.scored, (0, L - packed.scored.shape[1]))
+    top = None
+    if with_topk:
+        ids_K = torch.from_numpy(inputs.topk_ids[idx]).to(device)[packed.seq_index, packed.token_index]  # [K, k]
+        top = scatter_rows(gather_logprobs(logits, ids_K), packed, fill=float("nan"))
+        top = torch.nn.functional.pad(top, (0, 0, 0, L - top.shape[1]), value=float("nan"))
+    return ForwardPass(lp, top, scored, packed.tokens, packed.input_tokens)
 
 
 @dataclass(frozen=True)
