@@ -35,26 +35,10 @@ from divopd.learn.manifest import (
     write_manifest,
 )
 
-__all__ = [
-    "DCP_DIR",
-    "MANIFEST_FILE",
-    "OPTIMIZER_FILE",
-    "STATE_FILE",
-    "WeightHandle",
-    "atomic_dir",
-    "checkpoint_state_text",
-    "is_tied",
-    "atomic_write_text",
-    "checkpoint_dirs",
-    "latest_checkpoint",
-    "load_dcp_optimizer",
-    "read_state",
-    "remove_interrupted_writes",
-    "restore_learner_state",
-    "to_json_safe",
-    "verify_checkpoint",
-]
-
+__all__ = ["DCP_DIR", "MANIFEST_FILE", "OPTIMIZER_FILE", "STATE_FILE", "WeightHandle", "atomic_dir",
+           "atomic_write_text", "checkpoint_dirs", "checkpoint_state_text", "copy_state_dict", "is_tied",
+           "latest_checkpoint", "learner_counters", "load_dcp_optimizer", "read_state", "remove_interrupted_writes",
+           "restore_learner_state", "to_json_safe", "verify_checkpoint"]
 
 
 @contextmanager
