@@ -17,6 +17,7 @@ from divopd.learn import checkpoint as ckpt_mod
 from divopd.learn.checkpoint import atomic_write_text, latest_checkpoint, remove_interrupted_writes
 from divopd.learn.learner import Learner
 from divopd.train import loop, train
+from divopd.train import rundir as rundir_mod
 from divopd.train import trainer as trainer_mod
 from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 
@@ -87,7 +88,8 @@ def test_a_failing_update_keeps_the_last_good_checkpoint_and_resume_retrains_it(
         written.append(Path(path).name)
         atomic_write_text(path, text)
 
-    monkeypatch.setattr(trainer_mod, "atomic_write_text", spy)
+    for module in (rundir_mod, trainer_mod):  # config.yaml, summary.json
+        monkeypatch.setattr(module, "atomic_write_text", spy)
     summary = train(resume=run_dir)
     assert summary["updates"] == UPDATES and not summary["interrupted"]
     assert_ledger_identity(summary["ledger"])

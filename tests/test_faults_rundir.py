@@ -4,6 +4,7 @@ restore; a resumed ``learner.estimator: topk`` run handles the re-queued turns (
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -57,17 +58,26 @@ def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 def test_claim_marks_new_and_empty_folders_and_refuses_foreign_ones(tmp_path: Path) -> None:
     from divopd.train.rundir import MARKER as marker
-    from divopd.train.rundir import claim_run_dir, is_run_dir
 
     assert marker == MARKER
-    assert claim_run_dir(tmp_path / "new") is None and (tmp_path / "new" / MARKER).is_file()
+    held = contextlib.ExitStack()  # the locks the claims take, let go at the end
+    try:
+        _claims(tmp_path, held)
+    finally:
+        held.close()
+
+
+def _claims(tmp_path: Path, held: contextlib.ExitStack) -> None:
+    from divopd.train.rundir import claim_run_dir, is_run_dir
+
+    assert claim_run_dir(tmp_path / "new", held) is None and (tmp_path / "new" / MARKER).is_file()
     (tmp_path / "empty").mkdir()
-    assert claim_run_dir(tmp_path / "empty") == [] and is_run_dir(tmp_path / "empty")
+    assert claim_run_dir(tmp_path / "empty", held) == [] and is_run_dir(tmp_path / "empty")
     before = _user_folder(tmp_path / "user")
     from divopd.errors import RunExistsError, UsageError
 
     with pytest.raises(UsageError, match="not a divopd run directory"):
-        claim_run_dir(tmp_path / "user")
+        claim_run_dir(tmp_path / "user", held)
     assert _tree(tmp_path / "user") == before
     old = tmp_path / "old"  # a run of an older divopd (no marker): recognised by its layout, and refused as a run
     old.mkdir()
@@ -77,7 +87,7 @@ def test_claim_marks_new_and_empty_folders_and_refuses_foreign_ones(tmp_path: Pa
     (old / "checkpoints" / "update-000002" / "state.json").write_text("{}")
     assert is_run_dir(old)
     with pytest.raises(RunExistsError, match="--resume"):
-        claim_run_dir(old)
+        claim_run_dir(old, held)
 
 
 def test_run_dir_into_a_users_folder_is_refused_and_nothing_changes(tiny_models: dict[str, str],  # noqa: F811

@@ -1,8 +1,8 @@
 """The one loop (``run_loop``) with an in-memory runtime: Algorithm 1's accounting without envs, threads or Ray.
 
-:class:`MemoryRuntime` is a :class:`~divopd.train.loop.Runtime` whose "explorers" make synthetic scored turns stamped
-with a policy version that lags the learner's (some arrive stale, some unscored); the trainer and learner are the
-real ones (a tiny random model). The real runtimes run the same loop in ``test_lockstep.py``, ``test_train.py`` and
+:class:`MemoryRuntime` is a :class:`~divopd.train.protocol.Runtime` whose "explorers" make synthetic scored turns
+stamped with a policy version that lags the learner's (some arrive stale, some unscored); the trainer and learner are
+the real ones (a tiny random model). The real runtimes run the same loop in ``test_lockstep.py``, ``test_train.py`` and
 ``test_ray_*.py``; this one pins what the loop itself promises, whatever the runtime.
 """
 
@@ -23,13 +23,14 @@ from divopd.learn.protocol import LearnerProtocol
 from divopd.train.assemble import RUNTIMES, open_run
 from divopd.train.config import RuntimeSettings
 from divopd.train.interrupt import StopRequest
-from divopd.train.loop import EvalResult, Runtime, run_loop
+from divopd.train.loop import run_loop
+from divopd.train.protocol import EvalResult, Runtime, StatelessRuntime
 from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 
 B = 6  # tiny_config's sampler.batch_size
 
 
-class MemoryRuntime:
+class MemoryRuntime(StatelessRuntime):
     """Every poll: ``per_poll`` rollouts of 1-3 synthetic turns; the turns' policy versions lag the published one by
     0-3 (δ = 2: some expire), every 7th rollout is unscored (the gate rejects it). Evaluations finish at once."""
 
@@ -156,7 +157,8 @@ def test_a_stop_request_checkpoints_without_a_final_evaluation(tiny_models: dict
 
 
 def _protocol_members(protocol: type) -> set[str]:
-    return {name for name in vars(protocol) if not name.startswith("_")}
+    """Its methods and properties, and its declared attributes (``evaluates_in_place``, ``keeps_state``)."""
+    return {name for name in [*vars(protocol), *protocol.__annotations__] if not name.startswith("_")}
 
 
 def test_every_registered_runtime_implements_the_whole_runtime_protocol() -> None:
@@ -166,11 +168,13 @@ def test_every_registered_runtime_implements_the_whole_runtime_protocol() -> Non
     from divopd.train.runtime.threads import ThreadsRuntime
 
     members = _protocol_members(Runtime)
-    assert {"poll", "publish", "request_eval", "eval_results", "shutdown", "close", "producer_intervals"} <= members
+    attributes = {"producer_intervals", "evaluates_in_place", "keeps_state"}
+    assert {"poll", "publish", "request_eval", "eval_results", "shutdown", "close", "state_dict", "load_state_dict",
+            *attributes} <= members
     for cls in (LockstepRuntime, ThreadsRuntime, RayRuntime, MemoryRuntime):
         missing = {m for m in members if not hasattr(cls, m)}
         assert not missing, f"{cls.__name__} lacks {missing}"
-        for m in members - {"producer_intervals"}:
+        for m in members - attributes:
             assert list(inspect.signature(getattr(cls, m)).parameters) == \
                 list(inspect.signature(getattr(Runtime, m)).parameters), (cls.__name__, m)
     kinds = typing.get_args(RuntimeSettings.model_fields["kind"].annotation)

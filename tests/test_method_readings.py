@@ -193,7 +193,7 @@ def test_learner_applies_batch_row_weights(tok, teacher) -> None:  # noqa: F811
             self.turns, self.row_weights = turns, w
 
     a = Learner(student(tok), LearnerConfig(lr=1e-2), tok)
-    plain = a.evaluate(turns)["learner/loss"]  # unweighted per-row mean
+    plain = a.step(turns)["learner/loss"]  # unweighted per-row mean (the loss before the update)
     b = Learner(student(tok), LearnerConfig(lr=1e-2), tok)
     metrics = b.step(Weighted(turns, [2.0, 0.0, 1.0, 1.0]))
     assert metrics["learner/row_weight_max"] == 2.0 and metrics["learner/row_weight_min"] == 0.0

@@ -96,24 +96,17 @@ def test_method_rows_of_the_new_readings(env: str) -> None:
     assert not turnopd.tcod.enabled and not turnopd.explorer.recovery.enabled
 
 
-def test_eval_tasks_is_one_key_and_the_old_one_still_loads(caplog: pytest.LogCaptureFixture) -> None:
-    """``eval.tasks`` sets the held-out tasks per evaluation; ``explorer.eval_tasks`` (the older key) still works, with
-    one warning line, and never disagrees with it."""
+def test_eval_tasks_is_the_one_key_for_the_tasks_per_evaluation() -> None:
+    """``eval.tasks`` sets the held-out tasks per evaluation; ``explorer.eval_tasks`` set to another number in a run
+    config is refused with one line; a run's config.yaml (both keys, equal) reloads."""
+    from divopd.errors import ConfigError
     from divopd.train.config import load_config
 
     base = {"setting": "t", "method": "vanilla", "student": {"path": "s"}, "teacher": {"path": "t"},
             "explorer": {"env": "tiny"}}
-    with caplog.at_level("WARNING"):
-        cfg = load_config(data={**base, "eval": {"tasks": 7}})
-    assert (cfg.eval.tasks, cfg.explorer.eval_tasks) == (7, 7) and not caplog.records
-    with caplog.at_level("WARNING"):
-        cfg = load_config(data={**base, "explorer": {"env": "tiny", "eval_tasks": 9}})
-    assert (cfg.eval.tasks, cfg.explorer.eval_tasks) == (9, 9)
-    assert [r.getMessage() for r in caplog.records] == ["explorer.eval_tasks is deprecated: use eval.tasks (now 9)"]
-    caplog.clear()
-    with caplog.at_level("WARNING"):
-        cfg = load_config(data={**base, "explorer": {"env": "tiny", "eval_tasks": 9}, "eval": {"tasks": 4}})
-    assert (cfg.eval.tasks, cfg.explorer.eval_tasks) == (4, 4) and len(caplog.records) == 1
-    assert "ignored" in caplog.records[0].getMessage()
-    again = load_config(data=cfg.model_dump())  # a run's config.yaml (both keys, equal) reloads without a warning
-    assert again.eval.tasks == 4 and len(caplog.records) == 1
+    cfg = load_config(data={**base, "eval": {"tasks": 7}})
+    assert (cfg.eval.tasks, cfg.explorer.eval_tasks) == (7, 7)
+    with pytest.raises(ConfigError, match="explorer.eval_tasks: not a run-config key"):
+        load_config(data={**base, "explorer": {"env": "tiny", "eval_tasks": 9}})
+    again = load_config(data=cfg.model_dump())
+    assert (again.eval.tasks, again.explorer.eval_tasks) == (7, 7)

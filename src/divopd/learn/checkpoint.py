@@ -1,21 +1,11 @@
 """Atomic checkpoints and versioned weight handles.
 
-A checkpoint directory (the run-dir layout: ``checkpoints/update-NNNNNN/``) holds:
-
-* the model in Hugging Face format (``config.json``, ``model.safetensors``, ...) and the tokenizer when given,
-* ``optimizer.pt`` — the optimizer ``state_dict`` (tensors only; loaded with ``weights_only=True``),
-* ``state.json`` — learner version, counters, the learner config, the torch RNG state, and ``extra_state`` (e.g. the
-  sampler's ``state_dict``) as plain JSON: never pickle,
-* ``manifest.json`` — written last: every file with its size and a cheap hash, which a resume verifies before it
-  trusts the checkpoint (:mod:`divopd.learn.manifest`).
-
-Only folders named exactly ``update-NNNNNN`` holding divopd's files are checkpoints (:func:`checkpoint_dirs`);
-anything else a user puts in ``checkpoints/`` is never listed nor pruned.
-
-It is written to a temporary sibling directory and renamed into place, so a reader never sees a half-written
-checkpoint: a crash leaves either the previous checkpoint or the new one (plus a ``.update-N.tmp-*`` directory, which
-:func:`remove_interrupted_writes` removes at the next start). Single files a later run trusts (``summary.json``,
-``config.yaml``) are written the same way by :func:`atomic_write_text`.
+A checkpoint directory (``checkpoints/update-NNNNNN/``) holds the model in Hugging Face format and the tokenizer,
+``optimizer.pt`` (tensors only, loaded with ``weights_only=True``), ``state.json`` (learner version, counters, config,
+torch RNG and ``extra_state`` such as the sampler's state, as plain JSON: never pickle) and, written last,
+``manifest.json`` (:mod:`divopd.learn.manifest`). It is written to a temporary sibling and renamed into place
+(:func:`atomic_dir`): a crash leaves the previous checkpoint or the new one, plus a temporary folder
+:func:`remove_interrupted_writes` removes at the next start.
 """
 
 from __future__ import annotations
@@ -45,25 +35,10 @@ from divopd.learn.manifest import (
     write_manifest,
 )
 
-__all__ = [
-    "DCP_DIR",
-    "MANIFEST_FILE",
-    "OPTIMIZER_FILE",
-    "STATE_FILE",
-    "WeightHandle",
-    "atomic_dir",
-    "atomic_write_text",
-    "decode_rng_state",
-    "encode_rng_state",
-    "checkpoint_dirs",
-    "latest_checkpoint",
-    "load_dcp_optimizer",
-    "read_state",
-    "remove_interrupted_writes",
-    "to_json_safe",
-    "verify_checkpoint",
-]
-
+__all__ = ["DCP_DIR", "MANIFEST_FILE", "OPTIMIZER_FILE", "STATE_FILE", "WeightHandle", "atomic_dir",
+           "atomic_write_text", "checkpoint_dirs", "checkpoint_state_text", "copy_state_dict", "is_tied",
+           "latest_checkpoint", "learner_counters", "load_dcp_optimizer", "read_state", "remove_interrupted_writes",
+           "restore_learner_state", "to_json_safe", "verify_checkpoint"]
 
 
 @contextmanager
@@ -173,12 +148,46 @@ def to_json_safe(obj: Any) -> Any:
     raise TypeError(f"checkpoint extra_state: cannot store a {type(obj).__name__} as JSON")
 
 
-def encode_rng_state(state: torch.Tensor) -> str:
+def _encode_rng_state(state: torch.Tensor) -> str:
     return base64.b64encode(state.numpy().tobytes()).decode("ascii")
 
 
-def decode_rng_state(text: str) -> torch.Tensor:
+def _decode_rng_state(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+def learner_counters(learner: Any) -> dict[str, Any]:
+    """A learner's ``state.json`` ``learner`` entry: its version, counters and depth statistics."""
+    state: dict[str, Any] = {"version": learner.version, "tokens_total": learner.tokens_total,
+                             "compute_s_total": learner.compute_s_total, "skipped_updates": learner.skipped_updates}
+    if learner.depth_stats is not None:
+        state["depth_disagreement"] = list(learner.depth_stats.published())
+    return state
+
+
+def checkpoint_state_text(learner: Any, fmt: int, extra_state: dict[str, Any] | None, **more: Any) -> str:
+    """A learner checkpoint's ``state.json``: format ``fmt``, counters, config, torch RNG and ``extra_state``."""
+    state = {"format": fmt, **more, "learner": learner_counters(learner),
+             "config": learner.config.model_dump(mode="json"),
+             "rng": {"torch": _encode_rng_state(torch.get_rng_state())},
+             "extra_state": to_json_safe(extra_state or {})}
+    return json.dumps(state, allow_nan=True)
+
+
+def restore_learner_state(learner: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """Put a checkpoint's ``state.json`` contents back into ``learner`` (version, counters, depth statistics) and the
+    torch RNG; returns the checkpoint's ``extra_state``."""
+    from divopd.learn.turnopd import DepthStats
+
+    saved = state["learner"]
+    learner.version = int(saved["version"])
+    learner.tokens_total = int(saved["tokens_total"])
+    learner.compute_s_total = float(saved["compute_s_total"])
+    learner.skipped_updates = int(saved.get("skipped_updates", 0))
+    if learner.depth_stats is not None:
+        learner.depth_stats = DepthStats(saved.get("depth_disagreement", ()))
+    torch.set_rng_state(_decode_rng_state(state["rng"]["torch"]))
+    return state.get("extra_state", {})
 
 
 def read_state(path: str | os.PathLike) -> dict[str, Any]:
@@ -233,7 +242,7 @@ class WeightHandle:
                 state.update(load_file(str(f)))
             missing, unexpected = model.load_state_dict(state, strict=False)
             # tied weights (lm_head = embeddings) are saved once; anything else missing is an error
-            missing = [k for k in missing if not _is_tied(model, k)]
+            missing = [k for k in missing if not is_tied(model, k)]
             if missing or unexpected:
                 raise ValueError(f"WeightHandle: weights at {self.path} do not fit the model "
                                  f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
@@ -242,7 +251,8 @@ class WeightHandle:
         return model
 
 
-def _is_tied(model: torch.nn.Module, key: str) -> bool:
+def is_tied(model: torch.nn.Module, key: str) -> bool:
+    """``key`` is the output embedding tied to the input embedding (saved once, under the input's name)."""
     out = getattr(model, "get_output_embeddings", lambda: None)()
     inp = getattr(model, "get_input_embeddings", lambda: None)()
     return out is not None and inp is not None and out.weight is inp.weight and key.endswith("lm_head.weight")

@@ -19,8 +19,10 @@ import numpy as np
 import torch
 
 from divopd.experience.turn import Turn
+from divopd.learn.inputs import update_inputs
 from divopd.learn.loss import opd_loss
-from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
+from divopd.learn.update import forward_pass
+from divopd.models.packing import pack_sequences, selected_logits
 from divopd.models.scoring import response_logprobs
 
 __all__ = ["full_reverse_kl", "gradient_diagnostics", "opd_gradient", "ranking_stability", "spearman"]
@@ -30,31 +32,17 @@ def _turns_of(batch: Any) -> list[Turn]:
     return list(getattr(batch, "turns", batch))
 
 
-def _rows(turns: Sequence[Turn]) -> tuple[list[np.ndarray], list[np.ndarray], torch.Tensor, torch.Tensor]:
-    max_l = max([t.response_len for t in turns] + [1])
-    mask = np.zeros((len(turns), max_l), dtype=bool)
-    teacher = np.full((len(turns), max_l), np.nan, dtype=np.float32)
-    for r, t in enumerate(turns):
-        mask[r, :t.response_len] = t.valid_mask
-        if t.teacher_logprobs is not None and t.length_mismatch is None:
-            teacher[r, :t.response_len] = t.teacher_logprobs
-    return ([t.prompt_ids for t in turns], [t.response_ids for t in turns], torch.from_numpy(mask),
-            torch.from_numpy(teacher))
-
-
 def opd_gradient(model: torch.nn.Module, turns: Sequence[Turn], *, beta: float = 1.0,
                  reduction: str = "seq-mean-token-mean", layout: str = "packed", pad_id: int = 0) -> torch.Tensor:
     """Flat gradient (float32, on the model's device) of :func:`~divopd.learn.loss.opd_loss` over ``turns`` at the
     current weights, with θ_old = the current weights (as in the learner's update). Does not touch ``param.grad``."""
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
-    prompts, responses, mask, teacher = _rows(turns)
-    packed = pack_sequences(prompts, responses, layout=layout, pad_id=pad_id).to(device)
-    lp = scatter_rows(gather_logprobs(selected_logits(model, packed), packed.targets), packed)
-    L = mask.shape[1]
-    lp = torch.nn.functional.pad(lp, (0, L - lp.shape[1]))
-    m = mask.to(device) & torch.nn.functional.pad(packed.scored, (0, L - packed.scored.shape[1]))
-    loss, _ = opd_loss(lp, lp.detach(), teacher.to(device), m, beta=beta, reduction=reduction)
+    inputs = update_inputs(turns)
+    lp, _, scored, _, _ = forward_pass(model, inputs, np.arange(len(inputs)), layout=layout, pad_id=pad_id,
+                                       device=device)
+    m = torch.from_numpy(inputs.mask).to(device) & scored
+    loss, _ = opd_loss(lp, lp.detach(), torch.from_numpy(inputs.teacher).to(device), m, beta=beta, reduction=reduction)
     grads = torch.autograd.grad(loss, params, allow_unused=True)
     return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params,
                                                                                                      strict=True)])
@@ -188,8 +176,9 @@ def ranking_stability(model: torch.nn.Module, batch: Any, *, pad_id: int = 0, mi
 def full_reverse_kl(student: torch.nn.Module, teacher: torch.nn.Module, turns: Sequence[Turn], *,
                     pad_id: int = 0) -> float:
     """Mean over the turns' valid positions of the exact KL(π_student(·|h) ‖ π_teacher(·|h)) (shared vocabulary)."""
-    prompts, responses, mask, _ = _rows(turns)
-    packed = pack_sequences(prompts, responses, layout="packed", pad_id=pad_id)
+    inputs = update_inputs(turns)
+    mask = torch.from_numpy(inputs.mask)
+    packed = pack_sequences(inputs.prompts, inputs.responses, layout="packed", pad_id=pad_id)
     keep_valid = mask[packed.seq_index, packed.token_index]
     if not bool(keep_valid.any()):
         return float("nan")

@@ -1,17 +1,9 @@
-"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded.
+"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded, driven
+through :class:`RankWorker`'s public methods by a transport (a spawned process, :mod:`divopd.learn.ranks`, or a Ray
+actor, :mod:`divopd.train.runtime.ray_learner`).
 
-Each rank joins one ``torch.distributed`` process group (gloo on CPU, NCCL on CUDA), loads the model, wraps every
-decoder layer with ``fully_shard`` and then the whole model (optionally with activation checkpointing per layer and
-a bf16 :class:`~torch.distributed.fsdp.MixedPrecisionPolicy` with fp32 gradient reduction) and builds AdamW over its
-shards. An update on a rank runs the learner's own forward/loss/backward on that rank's rows, with the loss
-denominators of the *whole* batch (N rows, dead rows included; or the batch's valid-token count for ``token-mean``),
-so the gradients summed over ranks are the single-process gradient. FSDP2's reduce-scatter averages over the
-ranks, so each rank scales its loss by N (exact for N a power of two; gloo has no PREMUL_SUM for a divide factor
-of 1). Clipping uses the global norm over the sharded
-gradients (one all-reduce), then one AdamW step on every shard.
-
-The transport that carries commands to the ranks (a spawned process per rank, :mod:`divopd.learn.sharded`, or a Ray
-actor per rank, :mod:`divopd.train.runtime.ray_learner`) calls the public methods of :class:`RankWorker`.
+FSDP2's reduce-scatter averages the gradients over the ranks, so each rank scales its loss by N (exact for N a power
+of two; gloo has no PREMUL_SUM for a divide factor of 1). Clipping uses the global norm over the sharded gradients.
 """
 
 from __future__ import annotations
@@ -26,11 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from divopd.learn.inputs import UpdateInputs
 from divopd.learn.learner import Learner
 from divopd.learn.rendezvous import rendezvous_store
-from divopd.learn.rows import Rows
 from divopd.learn.settings import LearnerConfig
-from divopd.learn.update import RankStep
+from divopd.learn.update import MicroBatchOutput, RankStep
 from divopd.models import load_model
 
 __all__ = ["RankWorker", "decoder_layers", "free_port", "shard_model"]
@@ -150,19 +142,20 @@ class RankWorker:
         return {"rank": rank, "pid": os.getpid(), "node": socket.gethostname(), "device": str(device),
                 "backend": backend}
 
-    def step(self, rows: Rows, groups: list[np.ndarray], n_rows: int, total_valid: int,
+    def step(self, inputs: UpdateInputs, groups: list[np.ndarray], n_rows: int, total_valid: int,
              weights: np.ndarray | None) -> RankStep:
         """Forward/backward of this rank's rows (global denominators), then the sharded clip and AdamW step."""
         learner = self._learner()
         learner.optimizer.zero_grad(set_to_none=True)
-        acc = learner.accumulate(rows, groups, weights, n_rows=n_rows, total_valid=total_valid, weighted=True,
+        acc = learner.accumulate(inputs, groups, weights, n_rows=n_rows, total_valid=total_valid, weighted=True,
                                  scale=float(self.world_size))
         t0 = time.perf_counter()
         grad_norm, skipped = learner._optimizer_step()
         if learner.device.type == "cuda":
             torch.cuda.synchronize(learner.device)
-        parts = [(idx, _np(lp), _np(old), _np(top), _np(scored)) for idx, lp, old, top, scored in acc.parts]
-        return RankStep(parts=parts, tokens=acc.tokens, input_slots=acc.input_slots, t_fb=acc.t_fb,
+        outputs = [MicroBatchOutput(o.idx, _np(o.logprobs), _np(o.old_logprobs), _np(o.topk_logprobs), _np(o.scored))
+                   for o in acc.outputs]
+        return RankStep(outputs=outputs, tokens=acc.tokens, input_slots=acc.input_slots, t_fb=acc.t_fb,
                         t_opt=time.perf_counter() - t0, grad_norm=grad_norm, skipped=skipped,
                         peak_rss_mb=_peak_rss_mb(), peak_cuda_mb=_peak_cuda_mb(learner.device))
 

@@ -1,19 +1,10 @@
-"""A checkpoint's manifest and its verification before a resume trusts it.
+"""A checkpoint's manifest and its verification before a resume trusts it (no torch: ``divopd train`` uses it at
+start).
 
-:func:`write_manifest` records, as the last file of a checkpoint (``manifest.json``, written inside the checkpoint's
-temporary folder before it is renamed into place), every file the checkpoint holds: its path, its size in bytes and a
-cheap hash (BLAKE2b of the file's size, its first and its last MiB: the whole file when it is at most 2 MiB). Sizes
-catch a truncated or an extended file, the hash catches a replaced file or damaged ends, and verifying a many-GB model
-reads 2 MiB per file, not the model.
-
-:func:`verify_checkpoint` checks a checkpoint directory before a resume loads it and returns what is damaged, one
-line, or ``None``: with a manifest, every file it names must exist with its recorded size and hash; a checkpoint
-written before manifests (none in the folder) is checked as far as its files allow (``state.json`` parses, the
-``*.safetensors`` files are as long as their headers say, ``optimizer.pt`` is a whole zip archive, a tokenizer saved
-with ``tokenizer_config.json`` has its ``tokenizer.json``, a sharded checkpoint has its ``dcp/.metadata``).
-
-:func:`checkpoint_dirs` says which folders of a run's ``checkpoints/`` are divopd's checkpoints (the exact name
-``update-NNNNNN`` and divopd's files inside); nothing here imports torch, so ``divopd train`` can use it at start.
+``manifest.json``, the last file written into a checkpoint, lists every file with its size and a cheap hash (BLAKE2b of
+the size, the first and the last MiB): sizes catch a truncated or extended file, the hash a replaced one or damaged
+ends, and verifying a many-GB model reads 2 MiB per file. A checkpoint without a manifest is checked as far as its
+files' formats allow (:func:`verify_checkpoint`).
 """
 
 from __future__ import annotations

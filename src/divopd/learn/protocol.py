@@ -1,9 +1,5 @@
-"""The one learner interface the training loop drives: :class:`LearnerProtocol`.
-
-Two classes implement it: :class:`~divopd.learn.learner.Learner` (one process) and
-:class:`~divopd.learn.sharded.ShardedLearner` (``learner.world_size > 1``: FSDP2 ranks behind it). The trainer
-(:mod:`divopd.train.trainer`) and the assembly (:mod:`divopd.train.assemble`) see only this protocol, so neither
-checks which kind it holds.
+"""The one learner interface the trainer and the assembly see (:class:`LearnerProtocol`), implemented by
+:class:`~divopd.learn.learner.Learner` (one process) and :class:`~divopd.learn.sharded.ShardedLearner` (FSDP2 ranks).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Learner ranks as processes spawned on this machine (the lockstep and threads runtimes' ``learner.world_size > 1``).
 
-:class:`ProcessRanks` starts N processes (``torch.multiprocessing`` spawn), each running a
-:class:`~divopd.learn.dist_worker.RankWorker` behind a pipe, and sends every rank its command. While it waits for
-replies it also watches the processes: a rank that exits (killed, out of memory) or raises ends the others at once
-and raises :class:`LearnerRankError` naming the rank, its pid and its exit code — a sharded learner cannot go on
-without one of its shards. The ranks are daemon processes and also exit when the pipe to the driver closes, so they
-never outlive it (and the kernel kills them when the driver dies: :func:`~divopd.explore.children.die_with_parent`).
-A terminal's Ctrl-C does not reach them (SIGINT blocked, :func:`~divopd.explore.children.sigint_blocked`): the driver
-checkpoints through them, then closes them.
+:class:`ProcessRanks` runs one :class:`~divopd.learn.dist_worker.RankWorker` per spawned process behind a pipe. While
+it waits for replies it watches the processes: a rank that exits or raises ends the others at once and raises
+:class:`LearnerRankError` naming the rank, its pid and its exit code. The ranks die with the driver
+(:func:`~divopd.explore.children.die_with_parent`) and ignore a terminal's Ctrl-C: the driver checkpoints through them,
+then closes them.
 """
 
 from __future__ import annotations

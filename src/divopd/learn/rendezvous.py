@@ -5,7 +5,7 @@
 ranks meet. :func:`rendezvous_store` builds the same store, but rank 0 first binds a socket to exactly the
 ``init_method`` host and hands it to the store (``master_listen_fd``): with the spawned ranks' ``127.0.0.1`` it is
 reachable from this host only; with the Ray runtime's node address (ranks on several hosts) it listens on that one
-interface, not all of them. The other ranks connect as clients, as before.
+interface, not all of them. The other ranks connect as clients.
 """
 
 from __future__ import annotations

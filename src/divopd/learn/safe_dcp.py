@@ -1,22 +1,12 @@
 """Read a sharded checkpoint's ``dcp/`` folder without executing code from it.
 
-``torch.distributed.checkpoint`` stores a checkpoint's index (``.metadata``) as a pickle and reads it back with plain
-``pickle.load``; its default planner also unpickles every non-tensor value (the optimizer's ``param_groups``) with
-``torch.load(weights_only=False)``. A checkpoint a user receives from someone else could therefore run any code on
-``--resume``. This module closes both holes and is otherwise the stock ``dcp.load``:
-
-- :class:`SafeMetadataUnpickler` rebuilds ``.metadata`` from an allow-list of the exact classes a DCP index holds
-  (the ``torch.distributed.checkpoint.metadata`` dataclasses, ``torch.Size``, ``torch`` dtypes and layouts,
-  ``pathlib`` paths; read off a real torch 2.13 checkpoint). Anything else — ``os.system``, ``builtins.eval``,
-  ``subprocess`` — is refused before it is looked up, so nothing runs.
-- :func:`read_metadata` then checks the result is a DCP ``Metadata`` whose shard files are plain names inside the
-  folder (no ``..`` or absolute paths).
-- :func:`load` hands ``dcp.load`` a :class:`SafeFileSystemReader` (``read_metadata`` above) and a
-  :class:`SafeLoadPlanner` (non-tensor values with ``torch.load(weights_only=True)``); tensors are already read with
-  ``weights_only=True`` by torch.
-
-A refused file raises :class:`UnsafeCheckpointError`, one line naming the file. Import it as
-``from divopd.learn import safe_dcp as dcp`` to keep ``dcp.load(state, checkpoint_id=path)`` call sites unchanged.
+``torch.distributed.checkpoint`` reads its index (``.metadata``) with plain ``pickle.load`` and every non-tensor value
+(the optimizer's ``param_groups``) with ``torch.load(weights_only=False)``, so a received checkpoint could run any code
+on ``--resume``. Here :class:`SafeMetadataUnpickler` rebuilds ``.metadata`` from an allow-list of the exact classes a
+DCP index holds (anything else is refused before it is looked up), :func:`read_metadata` checks the shard files are
+plain names inside the folder, and :func:`load` is the stock ``dcp.load`` with a :class:`SafeFileSystemReader` and a
+:class:`SafeLoadPlanner` (non-tensor values with ``weights_only=True``). A refused file raises
+:class:`UnsafeCheckpointError`, one line naming the file. Use it as ``from divopd.learn import safe_dcp as dcp``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Behaviour cloning (SFT) on (prompt, response) token pairs, with the learner's packing and masks.
-
-The CPU teacher is a tiny model trained this way on the environments' gold paths, and students start from a short SFT
-warm start (issue "learner", SFT helper). The loss is the mean negative log likelihood of the response tokens (the
-prompt is context only); include the end-of-turn token (eos) in ``response_ids`` so the model learns to stop.
-The ``divopd sft`` command wraps this function.
+"""Behaviour cloning (SFT) on (prompt, response) token pairs with the learner's packing and masks (``divopd sft``):
+the CPU teacher is a tiny model trained this way on the environments' gold paths, and students start from a short SFT
+warm start. The loss is the mean negative log likelihood of the response tokens; include the end-of-turn token in
+``response_ids`` so the model learns to stop.
 """
 
 from __future__ import annotations

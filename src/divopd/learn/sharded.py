@@ -1,30 +1,25 @@
-"""The sharded learner (``learner.world_size > 1``): the :class:`~divopd.learn.learner.Learner`'s interface in the
-driver, N FSDP2 ranks (:mod:`divopd.learn.dist_worker`) doing the work.
+"""The sharded learner (``learner.world_size > 1``): the learner's interface in the driver, N FSDP2 ranks
+(:mod:`divopd.learn.dist_worker`) doing the work.
 
-One update: the driver prepares the batch's rows exactly as the single-process learner does, splits them into N
-contiguous parts (one per rank; a rank without rows runs a zero-loss pass so that every rank joins the same
-collectives), and sends each rank its part with the batch's global denominators (N rows, dead rows included; the
-batch's valid tokens for ``token-mean``). The ranks' summed gradients are the single-process gradient; the global
-gradient norm is clipped and AdamW steps every shard. The ranks send back their detached log probabilities, from
-which the driver computes the ``learner/*`` metrics of the whole batch with the same code as the single-process
-learner, so ``learner/loss`` and the weights agree with ``world_size: 1`` to float rounding.
+One update: the driver prepares the batch's inputs as the single-process learner does and sends each rank a
+contiguous part with the batch's global denominators (N rows, dead rows included; the valid tokens for
+``token-mean``), so the ranks' summed gradients are the single-process gradient. The ranks return their micro-batch
+outputs, from which the driver computes the whole batch's ``learner/*`` metrics with the single-process code: loss and
+weights agree with ``world_size: 1`` to float rounding.
 
-Publication: rank 0 gathers ``get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-cpu_offload=True))`` once per version; the driver keeps it in its own CPU copy of the model (for evaluation and the
-Appendix-E diagnostics) and hands it to the explorers as a :class:`~divopd.learn.checkpoint.WeightHandle`
-(``last_publish_s`` is the gather's wall time, logged as ``time/publish_s``).
+Publication: rank 0 gathers the full state dict once per version into the driver's CPU copy of the model (for
+evaluation and the diagnostics) and hands it to the explorers (``last_publish_s``: the gather's seconds).
 
-Checkpoints (format 2): the HF model folder and tokenizer (from the gathered weights, so ``divopd eval`` and every
-export path read it as before), ``state.json``, and ``dcp/`` — model and optimizer shards written with
-``torch.distributed.checkpoint``; resuming reshards them to any number of ranks, and the single-process learner
-reads them too (:func:`divopd.learn.checkpoint.load_dcp_optimizer`).
+Checkpoints (:data:`~divopd.learn.manifest.SHARDED_FORMAT`): the HF folder and tokenizer from the gathered weights,
+``state.json``, and ``dcp/`` — model and optimizer shards (``torch.distributed.checkpoint``) that a resume reshards to
+any number of ranks, and that the single-process learner reads too.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,20 +29,23 @@ import torch
 from divopd.learn.checkpoint import (
     DCP_DIR,
     OPTIMIZER_FILE,
+    STATE_FILE,
     WeightHandle,
-    _is_tied,
     atomic_dir,
-    encode_rng_state,
+    checkpoint_state_text,
+    is_tied,
+    learner_counters,
     read_state,
-    to_json_safe,
+    restore_learner_state,
 )
-from divopd.learn.learner import SHARDED_FORMAT, Learner, batch_row_weights, batch_rows, restore_learner_state
+from divopd.learn.inputs import batch_inputs, batch_row_weights, micro_batches, pad_token_id
+from divopd.learn.learner import Learner
+from divopd.learn.manifest import SHARDED_FORMAT
 from divopd.learn.protocol import LearnerProtocol
 from divopd.learn.ranks import LearnerRankError, ProcessRanks, Ranks
-from divopd.learn.rows import Rows, _micro_batches
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import DepthStats
-from divopd.learn.update import RankStep, UpdateStats, batch_loss
+from divopd.learn.update import RankStep, UpdateStats, whole_batch_metrics
 from divopd.models import load_model
 
 __all__ = ["LearnerRankError", "ShardedLearner", "build_learner", "learner_from_checkpoint", "process_ranks",
@@ -59,13 +57,6 @@ RanksFactory = Callable[[int, dict[str, Any]], Ranks]
 def split_rows(n: int, world_size: int) -> list[np.ndarray]:
     """Row indices of each rank: N contiguous, near-equal parts (the first ``n % world_size`` one row longer)."""
     return [np.asarray(part, dtype=np.int64) for part in np.array_split(np.arange(n), world_size)]
-
-
-def subset_rows(rows: Rows, idx: np.ndarray) -> Rows:
-    """The rows ``idx`` of ``rows`` (same padded length, so their log probabilities line up with the batch's)."""
-    return Rows([rows.prompts[i] for i in idx], [rows.responses[i] for i in idx], rows.mask[idx], rows.teacher[idx],
-                None if rows.topk_ids is None else rows.topk_ids[idx],
-                None if rows.topk_logprobs is None else rows.topk_logprobs[idx], 0)
 
 
 class ShardedLearner:
@@ -83,7 +74,7 @@ class ShardedLearner:
         model, self.tokenizer = load_model(source, dtype=config.dtype, device="cpu")
         self._model = model.eval()
         self._vocab = model.get_input_embeddings().num_embeddings
-        self.pad_id = Learner._pad_id(model, self.tokenizer)
+        self.pad_id = pad_token_id(model, self.tokenizer)
         self.version = 0
         self.tokens_total = 0
         self.compute_s_total = 0.0
@@ -128,19 +119,21 @@ class ShardedLearner:
         """One update on ``batch`` over every rank; returns the single-process learner's ``learner/*`` metrics."""
         cfg = self.config
         t0 = time.perf_counter()
-        turns, rows = batch_rows(batch, self.config, self._vocab)
+        turns, inputs = batch_inputs(batch, cfg, self._vocab)
         n = len(turns)
-        weights, alpha = batch_row_weights(batch, rows, self.config, self.version)
+        weights, alpha = batch_row_weights(batch, inputs, cfg, self.version)
         parts_idx = split_rows(n, self.world_size)
-        subsets = [subset_rows(rows, idx) for idx in parts_idx]
-        groups = [_micro_batches(sub, cfg.micro_batch_tokens) if len(sub.prompts) else [] for sub in subsets]
+        subsets = [inputs.take(idx) for idx in parts_idx]
+        groups = [micro_batches(sub, cfg.micro_batch_tokens) if len(sub) else [] for sub in subsets]
         depth = max(len(g) for g in groups)
         groups = [g + [np.zeros(0, dtype=np.int64)] * (depth - len(g)) for g in groups]
-        total_valid = int(rows.mask.sum())
+        total_valid = int(inputs.mask.sum())
         args = [(sub, g, n, total_valid, None if weights is None else weights[idx])
                 for sub, g, idx in zip(subsets, groups, parts_idx, strict=True)]
         replies: list[RankStep] = self._call("step", args)
-        metrics = self._whole_batch_metrics(rows, parts_idx, replies, weights)
+        outputs = [replace(out, idx=idx[out.idx]) for idx, reply in zip(parts_idx, replies, strict=True)
+                   for out in reply.outputs]  # row indices into the whole batch
+        metrics = whole_batch_metrics(cfg, inputs, outputs, weights, torch.device("cpu"))
         self.version += 1
         tokens = sum(r.tokens for r in replies)
         compute_s = time.perf_counter() - t0
@@ -151,40 +144,19 @@ class ShardedLearner:
         self.last_update = UpdateStats(
             loss=metrics, grad_norm=replies[0].grad_norm, skipped=replies[0].skipped, tokens=tokens,
             tokens_total=self.tokens_total, input_slots=sum(r.input_slots for r in replies), compute_s=compute_s,
-            compute_s_total=self.compute_s_total, version=self.version, truncated_prompts=rows.truncated_prompts,
+            compute_s_total=self.compute_s_total, version=self.version, truncated_prompts=inputs.truncated_prompts,
             lr=cfg.lr, time_forward_backward_s=max(r.t_fb for r in replies),
             time_optimizer_s=max(r.t_opt for r in replies), row_weights=weights, alpha=alpha)
         if self.depth_stats is not None:
             self.depth_stats.update(turns)
         return self.last_update.metrics()
 
-    def _whole_batch_metrics(self, rows: Rows, parts_idx: list[np.ndarray], replies: list[RankStep],
-                             weights: np.ndarray | None) -> dict[str, float]:
-        """The loss metrics of the whole batch from every rank's detached pieces, back in row order."""
-        order, lp, old, top, scored = [], [], [], [], []
-        for idx, reply in zip(parts_idx, replies, strict=True):
-            for local, p_lp, p_old, p_top, p_scored in reply.parts:
-                order.append(idx[local])
-                lp.append(p_lp)
-                old.append(p_old)
-                top.append(p_top)
-                scored.append(p_scored)
-        perm = np.argsort(np.concatenate(order))
-
-        def cat(arrays: list[Any]) -> torch.Tensor | None:
-            return None if arrays[0] is None else torch.from_numpy(np.concatenate(arrays)[perm])
-
-        with torch.no_grad():
-            _, metrics = batch_loss(self.config, rows, np.arange(len(rows.prompts)), cat(lp), cat(old), cat(top),
-                                    cat(scored), weights, torch.device("cpu"))
-        return metrics
-
     # ------------------------------------------------------------------ publication and checkpoints
     def _gather(self) -> dict[str, torch.Tensor]:
         state = self._call("full_state_dict")[0]
         own = self._model.state_dict()
         for key in own:
-            if key not in state and _is_tied(self._model, key):
+            if key not in state and is_tied(self._model, key):
                 state[key] = state[next(k for k in own if own[k] is own[key] and k in state)]
         self._model.load_state_dict(state, strict=True)
         self._model_version = self.version
@@ -203,26 +175,19 @@ class ShardedLearner:
         return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth)
 
     def state(self) -> dict[str, Any]:
-        return Learner.state(self)  # type: ignore[arg-type]
+        """The version, counters and depth statistics a checkpoint holds."""
+        return learner_counters(self)
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """HF folder + tokenizer + ``dcp/`` (model and optimizer shards) + ``state.json``, atomically."""
-        state = {
-            "format": SHARDED_FORMAT,
-            "world_size": self.world_size,
-            "learner": self.state(),
-            "config": self.config.model_dump(mode="json"),
-            "rng": {"torch": encode_rng_state(torch.get_rng_state())},
-            "extra_state": to_json_safe(extra_state or {}),
-        }
-        text = json.dumps(state, allow_nan=True)
+        text = checkpoint_state_text(self, SHARDED_FORMAT, extra_state, world_size=self.world_size)
         model = self.model
         with atomic_dir(path, manifest=True) as tmp:
             model.save_pretrained(tmp, safe_serialization=True)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp)
             self._call("save", [(str(tmp / DCP_DIR),)] * self.world_size)
-            (tmp / "state.json").write_text(text)
+            (tmp / STATE_FILE).write_text(text)
         return Path(path)
 
     @classmethod

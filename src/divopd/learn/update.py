@@ -1,45 +1,90 @@
-"""Pieces of one learner update shared by the single-process :class:`~divopd.learn.learner.Learner` and the sharded
-learner (:mod:`divopd.learn.sharded`): the loss of some rows from their log probabilities, the accumulated result of
-the backward passes, a rank's reply (:class:`RankStep`) and what an update reports (:class:`UpdateStats`, whose
-``metrics()`` are the ``learner/*`` keys)."""
+"""The parts of one update both learners share (one process, and sharded): the loss of some rows from their log
+probabilities, the micro-batches' outputs, a rank's reply and what an update reports (``learner/*`` metrics)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 
+from divopd.learn.inputs import UpdateInputs
 from divopd.learn.loss import opd_loss, topk_reverse_kl_loss
-from divopd.learn.rows import Rows
 from divopd.learn.settings import LearnerConfig
+from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 
-__all__ = ["Accumulated", "RankStep", "UpdateStats", "batch_loss"]
+__all__ = ["Accumulated", "ForwardPass", "MicroBatchOutput", "RankStep", "UpdateStats", "batch_loss", "forward_pass",
+           "whole_batch_metrics"]
+
+A = TypeVar("A", torch.Tensor, np.ndarray)
+
+
+class ForwardPass(NamedTuple):
+    """One forward pass over some rows: log π of their response tokens [n, L], the student's log probs at the teacher
+    top-k ids ([n, L, k] or ``None``), the scored mask [n, L], tokens processed and input slots."""
+
+    logprobs: torch.Tensor
+    topk_logprobs: torch.Tensor | None
+    scored: torch.Tensor
+    tokens: int
+    input_slots: int
+
+
+def forward_pass(model: torch.nn.Module, inputs: UpdateInputs, idx: np.ndarray, *, layout: str, pad_id: int,
+                 device: torch.device, with_topk: bool = False) -> ForwardPass:
+    """Rows ``idx`` of ``inputs`` packed (``layout``) and scored by ``model``, padded to the batch's length L."""
+    packed = pack_sequences([inputs.prompts[i] for i in idx], [inputs.responses[i] for i in idx], layout=layout,
+                            pad_id=pad_id).to(device)
+    logits = selected_logits(model, packed)  # [K, V]: response positions only
+    L = inputs.mask.shape[1]
+    lp = scatter_rows(gather_logprobs(logits, packed.targets), packed)
+    lp = torch.nn.functional.pad(lp, (0, L - lp.shape[1]))
+    scored = torch.nn.functional.pad(packed.scored, (0, L - packed.scored.shape[1]))
+    top = None
+    if with_topk:
+        ids_K = torch.from_numpy(inputs.topk_ids[idx]).to(device)[packed.seq_index, packed.token_index]  # [K, k]
+        top = scatter_rows(gather_logprobs(logits, ids_K), packed, fill=float("nan"))
+        top = torch.nn.functional.pad(top, (0, 0, 0, L - top.shape[1]), value=float("nan"))
+    return ForwardPass(lp, top, scored, packed.tokens, packed.input_tokens)
+
+
+@dataclass(frozen=True)
+class MicroBatchOutput(Generic[A]):
+    """One micro-batch's detached results: its row indices and, per row and response position, log π, log π_old, the
+    student's log probs at the teacher top-k ids (``None`` without the top-k estimator) and the scored mask; torch
+    tensors on a learner, numpy arrays in a rank's reply."""
+
+    idx: np.ndarray
+    logprobs: A
+    old_logprobs: A
+    topk_logprobs: A | None
+    scored: A
 
 
 @dataclass
 class Accumulated:
-    """What :meth:`Learner.accumulate` returns: the last group's loss metrics, every group's detached pieces
-    ``(idx, log π, log π_old, top-k log π, scored mask)``, tokens processed, input slots and seconds."""
+    """What :meth:`Learner.accumulate <divopd.learn.learner.Learner.accumulate>` returns: the last micro-batch's loss
+    metrics, every micro-batch's outputs, tokens processed, input slots and seconds."""
 
     metrics: dict[str, float] = field(default_factory=dict)
-    parts: list[tuple[Any, ...]] = field(default_factory=list)
+    outputs: list[MicroBatchOutput[torch.Tensor]] = field(default_factory=list)
     tokens: int = 0
     input_slots: int = 0
     t_fb: float = 0.0
 
 
-def batch_loss(cfg: LearnerConfig, rows: Rows, idx: np.ndarray, lp: torch.Tensor, old: torch.Tensor,
+def batch_loss(cfg: LearnerConfig, inputs: UpdateInputs, idx: np.ndarray, lp: torch.Tensor, old: torch.Tensor,
                top: torch.Tensor | None, scored: torch.Tensor, weights: np.ndarray | None,
                device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss (and its metrics) of rows ``idx`` from their log probabilities: the configured estimator and
     reduction over rows ``idx`` only (their own row denominator)."""
-    mask = torch.from_numpy(rows.mask[idx]).to(device) & scored
-    teacher = torch.from_numpy(rows.teacher[idx]).to(device)
+    mask = torch.from_numpy(inputs.mask[idx]).to(device) & scored
+    teacher = torch.from_numpy(inputs.teacher[idx]).to(device)
     w = None if weights is None else torch.from_numpy(weights[idx]).to(device)
     if cfg.estimator == "topk":
-        t_top = torch.from_numpy(rows.topk_logprobs[idx]).to(device)
+        t_top = torch.from_numpy(inputs.topk_logprobs[idx]).to(device)
         loss, m = topk_reverse_kl_loss(top, t_top, mask, beta=cfg.beta, reduction=cfg.reduction, row_weights=w,
                                       tail=cfg.topk_tail)
         _, sampled = opd_loss(lp.detach(), old, teacher, mask, beta=cfg.beta, clip_eps=cfg.clip_eps,
@@ -50,13 +95,32 @@ def batch_loss(cfg: LearnerConfig, rows: Rows, idx: np.ndarray, lp: torch.Tensor
                     row_weights=w)
 
 
+def whole_batch_metrics(cfg: LearnerConfig, inputs: UpdateInputs, outputs: Sequence[MicroBatchOutput[Any]],
+                        weights: np.ndarray | None, device: torch.device) -> dict[str, float]:
+    """The loss metrics of the whole batch from its micro-batches' outputs (``idx`` into ``inputs``), in row order."""
+    order = np.argsort(np.concatenate([o.idx for o in outputs]))
+
+    def cat(parts: list[Any]) -> torch.Tensor | None:
+        if parts[0] is None:
+            return None
+        if isinstance(parts[0], torch.Tensor):
+            return torch.cat(parts)[order].to(device)
+        return torch.from_numpy(np.concatenate(parts)[order]).to(device)
+
+    with torch.no_grad():
+        _, metrics = batch_loss(cfg, inputs, np.arange(len(inputs)), cat([o.logprobs for o in outputs]),
+                                cat([o.old_logprobs for o in outputs]), cat([o.topk_logprobs for o in outputs]),
+                                cat([o.scored for o in outputs]), weights, device)
+    return metrics
+
+
 @dataclass(frozen=True)
 class RankStep:
     """One learner rank's reply to an update (:meth:`divopd.learn.dist_worker.RankWorker.step`): its micro-batches'
-    detached pieces ``(local row idx, log π, log π_old, top-k log π, scored mask)`` as numpy arrays, its counts and
-    timings, the global gradient norm (the same on every rank) and the rank's peak memory."""
+    outputs (row indices local to the rank's part), its counts and timings, the global gradient norm (the same on
+    every rank) and the rank's peak memory."""
 
-    parts: list[tuple[Any, ...]]
+    outputs: list[MicroBatchOutput[np.ndarray]]
     tokens: int
     input_slots: int
     t_fb: float

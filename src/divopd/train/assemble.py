@@ -1,18 +1,12 @@
-"""The one place a training run is assembled: runtime, learner kind and teacher, then the one loop, once.
+"""The one place a training run is assembled, and the only module outside ``train/runtime/`` that imports a runtime
+(each lazily: Ray is imported only by a Ray run).
 
-    open_run(cfg)        run directory + Trainer, with the learner :func:`make_learner` picks:
-                         one process (``learner.world_size: 1``) or sharded (ranks spawned here, or Ray actors
-                         under ``runtime.kind: ray``)
-    run_trainer(trainer) the runtime :data:`RUNTIMES` names for ``runtime.kind`` (lockstep, threads, ray) is built
-                         with the published weights — it builds its explorers, each with its settings and the run's
-                         teacher (:func:`~divopd.train.runtime.common.load_teacher`: HF, vLLM, or Ray's shared
-                         teacher actor) — and :func:`~divopd.train.loop.run_loop` drives it to the end
+    open_run(cfg)        run directory + learner (one process, or sharded: ranks spawned here or Ray actors) + Trainer
+    run_trainer(trainer) the runtime of ``runtime.kind`` (:data:`RUNTIMES`), built on the published weights, driven
+                         to the end by :func:`~divopd.train.loop.run_loop`
 
-This is the only module outside ``train/runtime/`` that imports a runtime (each lazily: Ray is imported only by a Ray
-run), and the one place that sees the whole run at once (trainer, learner, runtime): what watches or resumes a run
-as a whole belongs here, and what it needs from a runtime belongs on the :class:`~divopd.train.loop.Runtime`
-protocol. To add a runtime, write a class with the :class:`~divopd.train.loop.Runtime` methods under ``train/runtime/``
-and add one :class:`RuntimeEntry` to :data:`RUNTIMES` (CONTRIBUTING.md, "Adding a runtime").
+To add a runtime, write a class with the :class:`~divopd.train.protocol.Runtime` members under ``train/runtime/`` and
+add one :class:`RuntimeEntry` to :data:`RUNTIMES` (CONTRIBUTING.md, "Adding a runtime").
 """
 
 from __future__ import annotations
@@ -28,12 +22,12 @@ from divopd.learn.checkpoint import WeightHandle
 from divopd.learn.protocol import LearnerProtocol
 from divopd.learn.sharded import RanksFactory, build_learner, learner_from_checkpoint, process_ranks
 from divopd.train.config import TrainConfig
-from divopd.train.interrupt import StopRequest
-from divopd.train.loop import Runtime, run_loop
-from divopd.train.rundir import EXPERIENCE
+from divopd.train.interrupt import StopRequest, fault_point
+from divopd.train.loop import run_loop
+from divopd.train.protocol import Runtime
+from divopd.train.rundir import EXPERIENCE, open_run_dir
 from divopd.train.runtime.common import build_explorer, check_vocabularies, fresh_session, logged_rollout_ids
 from divopd.train.trainer import Trainer
-from divopd.train.trainer import open_run as open_trainer_run
 
 __all__ = ["RUNTIMES", "RuntimeEntry", "build_explorer", "check_vocabularies", "make_learner", "open_run",
            "run_trainer"]
@@ -43,7 +37,7 @@ __all__ = ["RUNTIMES", "RuntimeEntry", "build_explorer", "check_vocabularies", "
 class RuntimeEntry:
     """One runtime kind: how to build it, what the process needs around the run, where sharded learner ranks run.
 
-    ``build(cfg, weights, trainer)``: the :class:`~divopd.train.loop.Runtime`, its explorers holding ``weights``;
+    ``build(cfg, weights, trainer)``: the :class:`~divopd.train.protocol.Runtime`, its explorers holding ``weights``;
     ``session(cfg)``: a context the whole run goes through (torch thread and determinism settings);
     ``learner_ranks(cfg)``: the sharded learner's rank factory (default: processes spawned on this machine)."""
 
@@ -88,11 +82,10 @@ def _ray_ranks(cfg: TrainConfig) -> RanksFactory:
     return ray_ranks(cfg)
 
 
-#: ``runtime.kind`` → its entry (``embedded`` is the threads runtime's old name).
+#: ``runtime.kind`` → its entry.
 RUNTIMES: dict[str, RuntimeEntry] = {
     "lockstep": RuntimeEntry(_lockstep, session=_lockstep_session),
     "threads": RuntimeEntry(_threads),
-    "embedded": RuntimeEntry(_threads),
     "ray": RuntimeEntry(_ray, learner_ranks=_ray_ranks),
 }
 
@@ -107,9 +100,18 @@ def make_learner(cfg: TrainConfig, checkpoint: Path | None) -> tuple[LearnerProt
 
 
 def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None) -> tuple[Trainer, bool]:
-    """Create (or reopen, ``resume``) a run directory and its :class:`~divopd.train.trainer.Trainer` with the
-    learner :func:`make_learner` picks; returns ``(trainer, resumed)``."""
-    return open_trainer_run(cfg, resume=resume, make_learner=make_learner)
+    """Create (or reopen, ``resume``) a run directory, build the learner :func:`make_learner` picks, fresh or from
+    the newest checkpoint that verifies, and the :class:`~divopd.train.trainer.Trainer` around it; returns
+    ``(trainer, resumed)``. A fresh run refuses a directory that already holds a run. The trainer holds the run
+    directory's lock until its files close."""
+    opened = open_run_dir(cfg, resume)
+    try:
+        fault_point("load")
+        learner, extra = make_learner(opened.cfg, opened.checkpoint)
+        return Trainer.open(opened, learner, extra), opened.checkpoint is not None
+    except BaseException:
+        opened.held.close()  # the lock goes with the failure; on success the trainer holds it
+        raise
 
 
 def run_trainer(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:

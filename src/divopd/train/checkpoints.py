@@ -1,18 +1,7 @@
-"""A run's ``checkpoints/`` folder: which checkpoint a resume trusts, which ones pruning removes, and a checkpoint
-write that fails (a full disk) as one line.
-
-* :func:`resume_checkpoint` — the newest checkpoint that verifies (:func:`divopd.learn.manifest.verify_checkpoint`:
-  every file its manifest names, with its size and hash). Newer damaged ones are set aside as
-  ``update-NNNNNN.damaged`` (kept for inspection, never listed or pruned again) with one warning naming what was
-  damaged; none that verifies is one line (exit 2) and changes nothing. Nothing else is touched before the
-  checkpoint is chosen, so no record is cut on the way to a refusal.
-* :func:`prune_checkpoints` — keeps the newest ``checkpoint.keep`` of divopd's own checkpoints
-  (:func:`divopd.learn.checkpoint.checkpoint_dirs`: the exact name ``update-NNNNNN`` and divopd's files inside); a
-  user's ``update-000001-mine/`` or ``update-notes.txt`` is never deleted and never counted.
-* :class:`CheckpointWriteError` — a checkpoint write that failed with an ``OSError`` (``ENOSPC``: disk full). The
-  partial write is never visible (:func:`~divopd.learn.checkpoint.atomic_dir` removes it), the newest good checkpoint
-  stays as it was, the loop stops without trying to write it again, and ``divopd train`` prints one line and exits
-  :data:`EXIT_CHECKPOINT_WRITE`.
+"""A run's ``checkpoints/`` folder: which checkpoint a resume trusts (the newest that verifies; damaged newer ones
+set aside as ``update-NNNNNN.damaged`` with one warning), which ones pruning removes (only divopd's own), and a
+checkpoint write that fails (a full disk) as one line: nothing partial is left, the newest good checkpoint stays, the
+loop stops without retrying and ``divopd train`` exits :data:`EXIT_CHECKPOINT_WRITE`.
 """
 
 from __future__ import annotations

@@ -37,7 +37,6 @@ from divopd.learn.turnopd import TurnOPDConfig
 from divopd.sampling import METHODS, ROWS, SamplerConfig, method_names
 from divopd.sampling.registry import check_row, row_switches
 from divopd.sampling.settings import sampler_kwargs, settings_model
-from divopd.train.deprecated import one_eval_tasks_key
 from divopd.train.packaged import config_path
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "with_method", "METHOD_ROWS", "sampler_method_for"]
@@ -138,8 +137,8 @@ class LockstepSettings(_Strict):
 class RuntimeSettings(_Strict):
     """How explorers and the learner run. The same loop, Explorer, Learner and Sampler code runs under every kind."""
 
-    kind: Literal["threads", "embedded", "lockstep", "ray"] = Field(
-        "threads", description="threads (explorer threads, one process; `embedded` is its old name), lockstep "
+    kind: Literal["threads", "lockstep", "ray"] = Field(
+        "threads", description="threads (explorer threads, one process), lockstep "
         "(one process, no threads, deterministic) or ray (explorer actors).")
     lockstep: LockstepSettings = Field(default_factory=LockstepSettings, description="runtime.kind: lockstep only.")
     num_explorers: int = Field(1, ge=1, description="Explorer workers, each with its own student copy and envs.")
@@ -236,7 +235,9 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_eval_tasks_key(self) -> TrainConfig:
-        one_eval_tasks_key(self.explorer, self.eval)
+        if "eval_tasks" in self.explorer.model_fields_set and self.explorer.eval_tasks != self.eval.tasks:
+            raise ValueError("explorer.eval_tasks: not a run-config key; eval.tasks sets the tasks per evaluation")
+        self.explorer.eval_tasks = self.eval.tasks  # the explorer's own default, equal to the run's
         return self
 
     @model_validator(mode="after")

@@ -1,5 +1,5 @@
-"""The one Algorithm-1 loop. Every runtime (lockstep, threads, Ray) is an adapter that supplies a :class:`Runtime` to
-it; :mod:`divopd.train.assemble` builds the runtime and calls :func:`run_loop` once per run.
+"""The one Algorithm-1 loop; every runtime (lockstep, threads, Ray) is an adapter that supplies a
+:class:`~divopd.train.protocol.Runtime` to it.
 
     while learner version < updates:
         explore → enqueue    finished rollouts enter the queue tagged with the learner version at arrival
@@ -13,10 +13,10 @@ SIGTERM) seen at a stage boundary. Then (1) the runtime stops its explorers and 
 finished but was not taken yet (it enters the ledger as queued: received, never lost); (2) the final snapshot is
 evaluated (not after a stop request); (3) the trainer checkpoints; (4) ``summary.json`` is written.
 
-Failing: an exception (or a second Ctrl-C) inside a stage — a poll, composing a batch, up to publishing its update —
-stops the runtime at once, without a final evaluation, checkpoint or ``summary.json``, and re-raises: the newest
-checkpoint on disk stays the last good one (its sampler state never counts an untrained batch ``selected``), and
-``--resume`` trains from it again. A failure at a stage boundary (the explorers died while the loop waited)
+Failing: an exception (or a second Ctrl-C) inside a stage — from a poll through composing a batch to publishing its
+update — stops the runtime at once, without a final evaluation, checkpoint or ``summary.json``, and re-raises: the
+newest checkpoint on disk stays the last good one (its sampler state never counts an untrained batch ``selected``),
+and ``--resume`` trains from it again. A failure at a stage boundary (the explorers died while the loop waited)
 checkpoints first.
 
 Stalling (:mod:`divopd.train.watchdog`, ``runtime.stall_timeout_s``; 0 = off): no rollout and no completed update for
@@ -25,26 +25,28 @@ teacher log probs), stops the run at that boundary as a stop request does (no fi
 the one-line reason, naming the stage and what it waited on — in ``summary.json``.
 
 Stage times: every update record carries ``time/wait_s`` (in the runtime's poll and waiting for rollouts),
-``time/compose_s`` (composing, failed attempts included) since the previous update, ``time/update_s``, and the
-explorer seconds the rollouts that arrived since the previous update report (``time/generate_s``, ``time/env_s``,
-``time/score_s``).
+``time/compose_s`` (composing, failed attempts included) since the previous update, ``time/update_s``,
+``time/publish_s``, and the explorer seconds the rollouts that arrived since the previous update report
+(``time/generate_s``, ``time/env_s``, ``time/score_s``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.checkpoints import CheckpointWriteError, is_disk_full
 from divopd.train.interrupt import StopRequest, fault_point
+from divopd.train.protocol import EvalResult, Runtime
 from divopd.train.trainer import Trainer
 from divopd.train.watchdog import EXPLORER_TIMES, Watchdog, add_explorer_times, timed
 
-__all__ = ["EvalResult", "Runtime", "run_loop"]
+__all__ = ["run_loop"]
 
 log = logging.getLogger(__name__)
 
@@ -52,54 +54,20 @@ log = logging.getLogger(__name__)
 FINAL_EVAL_TIMEOUT_S = 600.0
 
 
-@dataclass
-class EvalResult:
-    """One finished evaluation: the snapshot's update, its learner counters and the eval metrics."""
+class _Boundary:
+    """Whether the run is at a stage boundary: no rollout taken but not queued, no batch composed but not yet trained
+    and published. Only such a state is checkpointed, so a failure inside a stage never replaces the newest good
+    checkpoint."""
 
-    update: int
-    counters: dict[str, float]
-    results: dict[str, float]
+    def __init__(self) -> None:
+        self.clean = True
 
-
-class Runtime(Protocol):
-    """What a runtime gives the loop: rollouts, weight publication, evaluation, shutdown — everything the loop uses.
-
-    Implementations: :class:`~divopd.train.runtime.lockstep.LockstepRuntime`,
-    :class:`~divopd.train.runtime.threads.ThreadsRuntime`, :class:`~divopd.train.runtime.ray.RayRuntime` (and an
-    in-memory one in ``tests/test_loop.py``). Every method is called from the loop's thread; ``poll`` and
-    ``eval_results`` must return by their ``timeout``. Optional: ``state_dict(weights_dir)`` / ``load_state_dict(state,
-    weights_dir)``, a state the checkpoints hold and a resume restores (:meth:`Trainer.attach_runtime
-    <divopd.train.trainer.Trainer.attach_runtime>`; the lockstep runtime's), and ``evaluates_in_place = True`` for a
-    runtime whose ``request_eval`` returns with the result ready (recorded at once, before the update's checkpoint)."""
-
-    @property
-    def producer_intervals(self) -> int | None:
-        """Learner-step intervals of production so far (the denominator of ``queue/producer_load``), or ``None``
-        for a runtime whose production is not paced in such intervals (threads, Ray: free-running explorers)."""
-
-    def poll(self, timeout: float) -> list[Rollout]:
-        """Finished rollouts not taken yet; waits up to ``timeout`` seconds for the first one."""
-
-    def check_alive(self) -> None:
-        """Raise ``RuntimeError`` when no explorer is left to produce rollouts."""
-
-    def publish(self, handle: WeightHandle) -> None:
-        """Make ``handle`` the weights every explorer loads before its next rollout."""
-
-    def request_eval(self, update: int, handle: WeightHandle, counters: dict[str, float]) -> None:
-        """Start evaluating the snapshot ``handle`` of learner ``update`` (results arrive in request order)."""
-
-    def eval_results(self, timeout: float) -> list[EvalResult]:
-        """Evaluations finished so far; waits up to ``timeout`` seconds for one."""
-
-    def evals_pending(self) -> bool:
-        """Whether a requested evaluation may still arrive (False once the evaluator has failed)."""
-
-    def shutdown(self, interrupted: bool) -> list[Rollout]:
-        """Stop the explorers; return the rollouts that finished but were not polled."""
-
-    def close(self, interrupted: bool) -> dict[str, Any]:
-        """Release the evaluator and everything else; return the runtime's summary fields."""
+    @contextmanager
+    def stage(self) -> Iterator[None]:
+        """A stage: the state is dirty from its start until it completes (a failure leaves it dirty)."""
+        self.clean = False
+        yield
+        self.clean = True
 
 
 class _Evals:
@@ -117,7 +85,7 @@ class _Evals:
             self.evaluated.add(version)
             self.runtime.request_eval(version, self.latest, self.trainer.snapshot_counters())
             self.outstanding += 1
-            if getattr(self.runtime, "evaluates_in_place", False):  # lockstep: done now, so before the checkpoint
+            if self.runtime.evaluates_in_place:  # lockstep: done now, so recorded before the checkpoint
                 self.record(self.runtime.eval_results(timeout=0))
 
     def record(self, results: list[EvalResult]) -> None:
@@ -144,9 +112,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
         request_eval()
     deadline = None if cfg.max_seconds is None else time.monotonic() + cfg.max_seconds
     interrupted = False
-    # True while the trainer's state is at a stage boundary (no batch composed but not yet trained and published):
-    # only such a state is checkpointed, so a failure inside a stage never replaces the newest good checkpoint
-    clean = True
+    at = _Boundary()
     watchdog = _watchdog(trainer)
     stalled: str | None = None  # the watchdog's one-line reason to stop
     times = dict.fromkeys(EXPLORER_TIMES, 0.0)  # stage seconds since the previous update (time/wait_s, ...)
@@ -155,65 +121,76 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
             if deadline is not None and time.monotonic() > deadline:
                 log.info("max_seconds reached at update %d", trainer.version)
                 break
-            # explore → enqueue: each turn is tagged with the learner version at its arrival (staleness counts
-            # from the policy version that generated it, which the explorer stamped)
-            clean = False  # a poll cut short (a lockstep round half done, rollouts taken but not queued) is no boundary
-            with timed("time/wait_s", times):
-                rollouts = runtime.poll(timeout=0)
-            _intake(trainer, watchdog, rollouts, times)
-            clean = True
+            # explore → enqueue: each turn is tagged with the learner version at its arrival (staleness counts from
+            # the policy version that generated it, which the explorer stamped); a poll cut short (a lockstep round
+            # half done, rollouts taken but not queued) is no boundary
+            with at.stage():
+                with timed("time/wait_s", times):
+                    rollouts = runtime.poll(timeout=0)
+                _intake(trainer, watchdog, rollouts, times)
             stalled = watchdog.after_intake(trainer.sampler.ledger["invalid_by_reason"], trainer.version)
             if stalled is not None:
                 break
-            clean = False
-            with timed("time/compose_s", times):
-                batch = trainer.compose()  # a batch counts its turns `selected`: the state is dirty until published
+            with at.stage():  # a composed batch counts its turns `selected`: no boundary until its update is out
+                with timed("time/compose_s", times):
+                    batch = trainer.compose()
+                if batch is not None:
+                    record(runtime.eval_results(timeout=0))
+                    trainer.count_production(runtime.producer_intervals)
+                    metrics = trainer.update(batch, times)
+                    # publish: explorers load the new weights at their next rollout boundary, so a rollout's turns
+                    # may carry older versions than the learner's (the staleness the gate bounds by δ)
+                    fault_point("publish")
+                    evals.latest = trainer.publish()
+                    runtime.publish(evals.latest)
+                    trainer.record_update(metrics)
             if batch is None:  # not enough valid turns yet: wait for explorers
-                clean = True
                 with timed("time/wait_s", times):
                     record(runtime.eval_results(timeout=0))
                     runtime.check_alive()
                     stalled = watchdog.stalled_waiting(_waited_on(cfg.runtime.kind, cfg.runtime.num_explorers))
-                    if stalled is not None:
-                        break
-                    clean = False
-                    rollouts = runtime.poll(timeout=0.5)
-                    _intake(trainer, watchdog, rollouts, times)
-                    clean = True
+                    if stalled is None:
+                        with at.stage():
+                            _intake(trainer, watchdog, runtime.poll(timeout=0.5), times)
+                if stalled is not None:
+                    break
                 continue
-            record(runtime.eval_results(timeout=0))
-            trainer.count_production(runtime.producer_intervals)
-            metrics = trainer.update(batch, times)
             times = dict.fromkeys(EXPLORER_TIMES, 0.0)
-            # publish: explorers load the new weights at their next rollout boundary, so a rollout's turns may
-            # carry older versions than the learner's (the staleness the gate bounds by δ)
-            fault_point("publish")
-            evals.latest = trainer.publish()
-            runtime.publish(evals.latest)
-            clean = True
-            trainer.after_update(metrics, request_eval, progress)
+            # evaluate / checkpoint, on their schedules
+            if trainer.version % cfg.eval.every == 0:
+                request_eval()
+            if trainer.version % cfg.checkpoint.every == 0:
+                trainer.checkpoint()
+            if progress is not None:
+                progress.on_update(trainer, metrics)
             watchdog.progressed(trainer.sampler.ledger["invalid_by_reason"])  # after the schedule: in-line evals
     except KeyboardInterrupt:  # a second Ctrl-C while a stage (or a poll) was running
         interrupted = True
-        if not clean:
+        if not at.clean:
             _abort(trainer, runtime, why="was quit (Ctrl-C again)")
             raise
     except BaseException as exc:  # a crash: no final evaluation; the state is checkpointed only at a stage boundary
         disk = isinstance(exc, CheckpointWriteError) or is_disk_full(exc)  # never retry the write that failed
-        _abort(trainer, runtime, checkpoint=clean and not disk, report=not disk)
+        _abort(trainer, runtime, checkpoint=at.clean and not disk, report=not disk)
         raise
-    interrupted = interrupted or stop.requested
+    return _finish(trainer, runtime, evals, stop, interrupted or stop.requested, stalled)
+
+
+def _finish(trainer: Trainer, runtime: Runtime, evals: _Evals, stop: StopRequest, interrupted: bool,
+            stalled: str | None) -> dict[str, Any]:
+    """The end of a run: the explorers stop (what finished enters the ledger as queued), the final snapshot is
+    evaluated unless the run was stopped, the trainer checkpoints and writes ``summary.json``."""
     if stalled is not None:
         log.error("%s; stopping the run at update %d: checkpointing", stalled, trainer.version)
     elif interrupted:
         log.warning("interrupted at update %d: checkpointing", trainer.version)
     aborted = interrupted or stalled is not None
-    trainer.intake(runtime.shutdown(aborted))  # finished rollouts enter the ledger (as queued)
+    trainer.intake(runtime.shutdown(aborted))
     if not aborted:
-        request_eval()  # the final snapshot
+        evals.request()  # the final snapshot
         _wait_for_evals(runtime, stop, evals)
     extra = runtime.close(aborted or stop.requested)
-    record(runtime.eval_results(timeout=0))
+    evals.record(runtime.eval_results(timeout=0))
     trainer.checkpoint()
     if stalled is not None:
         extra["stalled"] = stalled

@@ -25,9 +25,9 @@ log = logging.getLogger(__name__)
 
 def restore_runtime(trainer: Any, runtime: Any) -> bool:
     """Put ``trainer.resume_runtime`` (the checkpoint's runtime state) into ``runtime``; returns whether the resume
-    is exact. ``runtime`` without ``load_state_dict`` (threads, Ray) cannot take a lockstep state: one line."""
+    is exact. A runtime that keeps no state (threads, Ray) cannot take a lockstep state: one line."""
     cfg, run_dir = trainer.cfg, trainer.run_dir
-    if not hasattr(runtime, "load_state_dict"):
+    if not runtime.keeps_state:
         raise UsageError(f"--resume {run_dir}: runtime.kind {cfg.runtime.kind} cannot restore the checkpoint's "
                          "runtime state (a lockstep run's)")
     state, trainer.resume_runtime = trainer.resume_runtime, None

@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import StopRequest
+
+if TYPE_CHECKING:
+    from divopd.train.trainer import Trainer
 
 
 class Progress:
@@ -65,33 +68,31 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
     from divopd.errors import UsageError
     from divopd.train.assemble import open_run, run_trainer
     from divopd.train.preflight import check_before_run
-    from divopd.train.runlock import release_run_dir
 
     if cfg is not None:
         check_before_run(cfg)  # devices, models, engines, teacher server, env, disk: before the run directory is made
-    run_dir = Path(resume) if resume is not None else cfg.resolved_run_dir()  # type: ignore[union-attr]
-    try:  # the run directory's lock (divopd.train.runlock) is let go however this ends
-        trainer, resumed = open_run(cfg, resume=resume)
-        cfg = trainer.cfg
+    trainer, resumed = open_run(cfg, resume=resume)  # it holds the run directory's lock until its files close
+    bar = None
+    try:
         if resume is not None:
-            check_before_run(cfg, trainer.run_dir)
-        bar = Progress(cfg.updates, trainer.version, progress)
-        try:
-            summary = run_trainer(trainer, bar, stop=stop)
-        except UsageError:
-            if resume is None and trainer.version == 0:
-                discard_fresh_run(trainer)
-            raise
-        finally:
-            bar.close()
+            check_before_run(trainer.cfg, trainer.run_dir)
+        bar = Progress(trainer.cfg.updates, trainer.version, progress)
+        summary = run_trainer(trainer, bar, stop=stop)
+    except UsageError:
+        if resume is None and trainer.version == 0:
+            discard_fresh_run(trainer)
+        raise
     finally:
-        release_run_dir(run_dir)
+        if bar is not None:
+            bar.close()
+        if not trainer.closed:  # a failure the loop did not see (building the runtime, say)
+            trainer.abort()
     summary["resumed"] = resumed
     summary["run_dir"] = str(trainer.run_dir)
     return summary
 
 
-def discard_fresh_run(trainer: Any) -> None:
+def discard_fresh_run(trainer: Trainer) -> None:
     """A fresh run that stopped on bad input (an unknown environment argument, say) before its first update leaves
     nothing behind: the files this invocation wrote are removed (never an entry the directory held before it,
     ``trainer.preexisting``), and the directory too if it is then empty and was made by this run, so the corrected
@@ -103,7 +104,7 @@ def discard_fresh_run(trainer: Any) -> None:
     except Exception:  # noqa: BLE001 - closing is best effort here; the input error is what the user must see
         logging.getLogger(__name__).debug("closing the discarded run failed", exc_info=True)
     run_dir = Path(trainer.run_dir)
-    before = getattr(trainer, "preexisting", ())
+    before = trainer.preexisting
     remove_run_files(run_dir, keep=before or ())
     if before is None and run_dir.is_dir() and not any(run_dir.iterdir()):
         run_dir.rmdir()

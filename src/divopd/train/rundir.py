@@ -1,5 +1,6 @@
-"""What a run directory holds, how divopd recognises one as its own, removing what a run wrote, and queueing again
-the turns its experience log holds past the checkpoint a resume starts from (:func:`requeue_logged_turns`).
+"""A run directory: opening it for a fresh run or a resume (:func:`open_run_dir`), what it holds, how divopd
+recognises one as its own, removing what a run wrote, and queueing again the turns its experience log holds past the
+checkpoint a resume starts from (:func:`requeue_logged_turns`).
 
 divopd writes, overwrites and deletes only inside a directory it made a run: a fresh run marks its directory with
 :data:`MARKER` (``.divopd-run``) when it creates or claims it (a new or empty folder). A directory written by an older
@@ -14,6 +15,8 @@ import re
 import shutil
 import time
 from collections.abc import Iterable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +34,12 @@ from divopd.experience.log import (
     truncate_log,
 )
 from divopd.experience.log.parts import missing_arrivals
-from divopd.learn.checkpoint import checkpoint_dirs, read_state
+from divopd.learn.checkpoint import atomic_write_text, checkpoint_dirs, read_state, remove_interrupted_writes
 from divopd.sampling import Sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
-from divopd.train.runlock import LOCK, lock_run_dir, release_run_dir
+from divopd.train.checkpoints import resume_checkpoint
+from divopd.train.config import TrainConfig, dump_config, load_config
+from divopd.train.runlock import LOCK, run_lock
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,49 @@ RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE,
 STRANDED_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE, CHECKPOINTS, EXPLORER_WEIGHTS)
 #: The folder (a UTC time appended) those files go to, inside the run directory: nothing is deleted.
 STRANDED_PREFIX = "stranded-"
+
+
+@dataclass
+class OpenedRunDir:
+    """A run directory opened for a run: its config, the checkpoint a resume starts from (``None``: fresh), the
+    entries it held before a fresh run claimed it (``None``: the run created it) and the lock held on it."""
+
+    path: Path
+    cfg: TrainConfig
+    checkpoint: Path | None
+    resumed: bool
+    preexisting: tuple[str, ...] | None
+    held: ExitStack
+
+
+def open_run_dir(cfg: TrainConfig | None, resume: str | Path | None) -> OpenedRunDir:
+    """Claim a fresh run's directory, or reopen a run's (``resume``: its config is the one used unless ``cfg`` is
+    given) and pick the newest checkpoint that verifies; writes ``config.yaml``. The lock is taken before anything
+    is touched and is held by the result; a refusal lets it go."""
+    held = ExitStack()
+    with held:
+        if resume is not None:
+            run_dir = Path(resume)
+            if not (run_dir / "config.yaml").is_file():
+                raise FileNotFoundError(f"--resume {run_dir}: no config.yaml there; is it a divopd run directory?")
+            check_is_run(run_dir)
+            held.enter_context(run_lock(run_dir))
+            cfg = load_config(run_dir / "config.yaml") if cfg is None else cfg
+            for line in remove_interrupted_writes(run_dir / CHECKPOINTS):
+                log.warning("resume: %s", line)
+        if cfg is None:
+            raise ValueError("open_run needs a config or a run directory to resume")
+        run_dir = Path(resume) if resume is not None else cfg.resolved_run_dir()
+        ckpt = resume_checkpoint(run_dir)  # the newest that verifies; damaged newer ones set aside, one warning
+        if resume is not None and ckpt is None:  # nothing to restore: refuse, and delete nothing
+            raise UsageError(f"--resume {run_dir}: no checkpoint there, nothing to resume from (the run stopped "
+                             f"before its first checkpoint); start it afresh with `divopd train {run_dir}/config.yaml "
+                             f"--run-dir {run_dir}`: its old files are kept in {run_dir}/stranded-<time>/")
+        before = [] if resume is not None else claim_run_dir(run_dir, held)
+        atomic_write_text(run_dir / "config.yaml", dump_config(cfg))
+        opened = OpenedRunDir(run_dir, cfg, ckpt, resume is not None, None if before is None else tuple(before),
+                              held.pop_all())
+    return opened
 
 
 def is_run_dir(path: Path) -> bool:
@@ -74,16 +122,16 @@ def _entries(run_dir: Path) -> list[str]:
     return sorted(p.name for p in run_dir.iterdir() if p.name != LOCK) if run_dir.is_dir() else []
 
 
-def claim_run_dir(run_dir: Path) -> list[str] | None:
+def claim_run_dir(run_dir: Path, held: ExitStack) -> list[str] | None:
     """Make ``run_dir`` the directory of a fresh run, before anything is written into it; returns the names of the
     entries it held before, ``None`` when this call created it (a fresh run that is discarded removes only what it
     wrote, :func:`remove_run_files`).
 
-    A missing or empty directory is created, locked (:func:`~divopd.train.runlock.lock_run_dir`: a second process is
-    refused) and marked; a run directory that holds a checkpoint raises :class:`~divopd.errors.RunExistsError`; one
-    that holds a run without any checkpoint (it failed or was killed before its first) is reused, its run files moved
-    aside (:func:`set_aside_stranded_run`); any other non-empty folder raises :class:`~divopd.errors.UsageError`:
-    divopd never writes into a folder it did not make a run."""
+    A missing or empty directory is created, locked (:func:`~divopd.train.runlock.run_lock`, entered on ``held``: a
+    second process is refused) and marked; a run directory that holds a checkpoint raises
+    :class:`~divopd.errors.RunExistsError`; one that holds a run without any checkpoint (it failed or was killed before
+    its first) is reused, its run files moved aside (:func:`set_aside_stranded_run`); any other non-empty folder raises
+    :class:`~divopd.errors.UsageError`: divopd never writes into a folder it did not make a run."""
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--run-dir {run_dir}: exists and is not a directory")
@@ -92,9 +140,8 @@ def claim_run_dir(run_dir: Path) -> list[str] | None:
         raise UsageError(f"--run-dir {run_dir}: the folder holds files and is not a divopd run directory (no "
                          f"{MARKER}); choose a new or empty folder: divopd writes only into run directories it made")
     run_dir.mkdir(parents=True, exist_ok=True)
-    lock_run_dir(run_dir)  # before anything is written: two fresh runs never both see an empty directory
+    held.enter_context(run_lock(run_dir))  # before anything is written: two fresh runs never both see an empty one
     if _entries(run_dir) and has_checkpoint(run_dir):
-        release_run_dir(run_dir)
         raise RunExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose "
                              "another seed or --run-dir")
     if _entries(run_dir) and is_run_dir(run_dir):

@@ -1,15 +1,12 @@
-"""One process writes a run directory at a time: an OS lock on ``RUN_DIR/.divopd-lock`` (:data:`LOCK`).
+"""One process writes a run directory at a time: an OS lock on ``RUN_DIR/.divopd-lock`` (:data:`LOCK`), held for
+the ``with`` block of :func:`run_lock`.
 
 A fresh run takes it right after it creates (or finds) its directory and before it writes anything there
-(:func:`divopd.train.rundir.claim_run_dir`); ``--resume`` takes it before it touches the run's files. It is held until
-the run's files are closed (:func:`release_run_dir`) or the process ends: ``fcntl.flock`` locks belong to an open
-file, which the kernel closes when the process dies, SIGKILL included, so a lock is never left stale and nothing
-needs cleaning by hand. The file itself holds the holder's pid and host, for the message. A second process — a second
-``--resume``, a fresh run into the same ``--run-dir`` — is refused with one line naming that pid
-(:class:`RunLockedError`, exit 2), before it writes anything.
-
-Within one process the lock is re-entrant (the same open file): an in-process ``train()`` after another on the same
-directory takes it again. Where ``flock`` is missing (not POSIX) there is no lock.
+(:func:`divopd.train.rundir.claim_run_dir`); ``--resume`` takes it before it touches the run's files; the trainer
+holds it until the run's files are closed. ``fcntl.flock`` locks belong to an open file, which the kernel closes when
+the process dies, SIGKILL included, so a lock is never left stale. The file holds the holder's pid and host, for the
+message: a second process is refused with one line naming that pid (:class:`RunLockedError`, exit 2), before it
+writes anything. Within one process the lock is re-entrant. Where ``flock`` is missing (not POSIX) there is no lock.
 """
 
 from __future__ import annotations
@@ -17,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 from divopd.errors import UsageError
 
-__all__ = ["LOCK", "RunLockedError", "lock_run_dir", "release_run_dir"]
+__all__ = ["LOCK", "RunLockedError", "lock_run_dir", "release_run_dir", "run_lock"]
 
 #: The lock file a writing process holds inside its run directory.
 LOCK = ".divopd-lock"
@@ -37,16 +35,28 @@ def _key(run_dir: Path) -> str:
     return str(Path(run_dir).resolve())
 
 
-def lock_run_dir(run_dir: Path) -> None:
-    """Take ``run_dir``'s lock for this process (the directory must exist), or raise :class:`RunLockedError`
-    naming the holder's pid. Taking it again in the same process is a no-op."""
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir``'s lock (the directory must exist) while the block runs; :class:`RunLockedError` when another
+    process holds it. Nested in one process, the outermost block lets it go."""
+    taken = lock_run_dir(run_dir)
+    try:
+        yield
+    finally:
+        if taken:
+            release_run_dir(run_dir)
+
+
+def lock_run_dir(run_dir: Path) -> bool:
+    """Take ``run_dir``'s lock for this process, or raise :class:`RunLockedError` naming the holder's pid; returns
+    whether this call took it (``False``: this process holds it already, or there is no ``flock``)."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no OS lock to take
-        return
+        return False
     key = _key(run_dir)
     if key in _HELD:
-        return
+        return False
     fd = os.open(Path(run_dir) / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -58,6 +68,7 @@ def lock_run_dir(run_dir: Path) -> None:
     os.ftruncate(fd, 0)
     os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
     _HELD[key] = fd
+    return True
 
 
 def _holder(fd: int) -> str:

@@ -1,56 +1,35 @@
-"""The learner side of asynchronous OPD, free of any runtime: queue intake → sampler → one update per batch.
-
-The one loop (:func:`divopd.train.loop.run_loop`) calls this class; runtimes only own the explorers:
-
-1. :meth:`Trainer.intake` — finished rollouts enter the sampler's queue in arrival order, tagged with the learner
-   version at arrival, and are appended to the experience log (the log is the write-ahead record used on resume);
-2. :meth:`Trainer.compose` asks the sampler for a batch at the current learner version; with one,
-   :meth:`Trainer.update` makes the learner take exactly one optimizer step and writes the update's metrics;
-3. :meth:`Trainer.checkpoint` — learner + sampler state + counters, atomically; the experience log part is closed so
-   everything logged so far stays readable after a crash (the loop calls it only at a stage boundary, else
-   :meth:`Trainer.abort`);
-4. :meth:`Trainer.record_eval` — an evaluation of a weight snapshot, written with the learner counters of that
-   snapshot (time-to-target is measured in learner tokens and compute seconds, as in the paper).
-
-Resume (:func:`open_run`): the newest checkpoint restores learner, sampler and counters; metrics past it are dropped
-(redone), a checkpoint write left by a kill is set aside. One that holds its runtime's state (lockstep's,
-:meth:`Trainer.attach_runtime`) resumes exactly: the runtime produces again the turns logged past the checkpoint,
-which are cut from the log; otherwise those turns are queued again (they were received, so they are not lost).
-"""
+"""The learner side of a run, free of any runtime: the pieces the one loop (:mod:`divopd.train.loop`) calls —
+intake into the sampler's queue and the experience log, compose, update, publish, checkpoint, evaluation records —
+and the run's counters across checkpoints. The experience log is the write-ahead record a resume reads."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from divopd.errors import UsageError
 from divopd.experience import Rollout
 from divopd.experience.log import ExperienceLogWriter
 from divopd.experience.metrics import MetricsWriter, final_five, peak_sr
-from divopd.learn.checkpoint import WeightHandle, atomic_write_text, latest_checkpoint, remove_interrupted_writes
+from divopd.learn.checkpoint import WeightHandle, atomic_write_text, latest_checkpoint
 from divopd.learn.protocol import LearnerProtocol
 from divopd.sampling import Batch, Sampler, ledger_metrics, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train import rundir
-from divopd.train.checkpoints import checkpoint_write, prune_checkpoints, resume_checkpoint
-from divopd.train.config import TrainConfig, dump_config, load_config
+from divopd.train.checkpoints import checkpoint_write, prune_checkpoints
+from divopd.train.config import TrainConfig
 from divopd.train.interrupt import fault_point
-from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, EXPLORER_WEIGHTS, check_is_run, claim_run_dir
-from divopd.train.runlock import lock_run_dir, release_run_dir
+from divopd.train.protocol import Runtime
+from divopd.train.rundir import CHECKPOINTS, EXPERIENCE, EXPLORER_WEIGHTS, OpenedRunDir
 from divopd.train.watchdog import timed
 
-__all__ = ["LearnerFactory", "Trainer", "open_run", "RunState"]
+__all__ = ["RunState", "Trainer"]
 
 log = logging.getLogger(__name__)
-
-#: Builds the run's learner: ``(cfg, checkpoint)`` → ``(learner, extra_state)``: a fresh one when ``checkpoint`` is
-#: ``None`` (``extra_state`` empty), else one resumed from it (:func:`divopd.train.assemble.make_learner`).
-LearnerFactory = Callable[[TrainConfig, Path | None], tuple[LearnerProtocol, dict[str, Any]]]
 
 
 @dataclass
@@ -77,26 +56,22 @@ class RunState:
 
 
 class Trainer:
-    """Learner loop pieces shared by every runtime. Not thread-safe: call it from one thread."""
+    """The learner side's stages and counters. Not thread-safe: call it from one thread.
 
-    #: entries the run directory held before a fresh run claimed it (:func:`open_run`; ``None``: the run created the
-    #: directory); a discarded fresh run keeps them
-    preexisting: tuple[str, ...] | None = ()
+    It holds the run directory's lock from :func:`~divopd.train.assemble.open_run` until its files close
+    (:meth:`close` or :meth:`abort`)."""
 
-    def __init__(
-        self,
-        cfg: TrainConfig,
-        run_dir: Path,
-        learner: LearnerProtocol,
-        sampler: Sampler,
-        metrics: MetricsWriter,
-        log_writer: ExperienceLogWriter | None,
-        state: RunState,
-    ) -> None:
-        self.cfg, self.run_dir = cfg, run_dir
+    def __init__(self, cfg: TrainConfig, run_dir: OpenedRunDir, learner: LearnerProtocol, sampler: Sampler,
+                 metrics: MetricsWriter, log_writer: ExperienceLogWriter | None, state: RunState,
+                 resume_runtime: dict[str, Any] | None = None) -> None:
+        self.cfg, self.run_dir = cfg, run_dir.path
+        #: entries the run directory held before a fresh run claimed it (``None``: the run created the directory)
+        self.preexisting = run_dir.preexisting
+        self._held = run_dir.held  # the run directory's lock, released when the files close
         self.learner, self.sampler = learner, sampler
         self.metrics, self.log_writer = metrics, log_writer
         self.state = state
+        self.resume_runtime = resume_runtime  # the checkpoint's runtime state, for attach_runtime
         self._t0 = time.monotonic() - state.elapsed_s
         self._arrived_since_update = 0
         self.paper = RunDiagnostics(state.diagnostics)
@@ -104,12 +79,33 @@ class Trainer:
         self.publish_s = 0.0
         self.weight_load_s = 0.0  # the newest explorer-side weight load, as the arriving rollouts report it
         self._intervals_seen: int | None = None  # the runtime's interval counter at the last count_production
-        self.resume_runtime: dict[str, Any] | None = None  # the checkpoint's runtime state, for attach_runtime
-        self._runtime_state: Callable[[Path], dict[str, Any] | None] | None = None
+        self._runtime: Runtime | None = None
+        self.closed = False  # the run's files are closed and the lock let go
 
-    def attach_runtime(self, runtime: Any) -> None:
-        """Checkpoint ``runtime``'s optional ``state_dict`` (lockstep's); on a resume, put the checkpoint's in it."""
-        self._runtime_state = getattr(runtime, "state_dict", None)
+    @classmethod
+    def open(cls, run_dir: OpenedRunDir, learner: LearnerProtocol, extra: dict[str, Any]) -> Trainer:
+        """The trainer of a run whose learner is built: fresh, or (``extra``: the checkpoint's ``extra_state``)
+        resumed — sampler and counters restored, metrics past the checkpoint dropped, the turns logged past it
+        queued again unless the checkpoint holds runtime state (a lockstep resume produces them again)."""
+        cfg = run_dir.cfg
+        sampler = make_sampler(cfg.sampler_config())
+        state = RunState()
+        resumed = run_dir.checkpoint is not None
+        if resumed:
+            sampler.load_state_dict(extra["sampler"])
+            state = RunState(**{k: v for k, v in extra.get("run", {}).items() if k in RunState.__dataclass_fields__})
+        version = learner.version if resumed else 0
+        state.sessions += 1
+        log_writer = rundir.open_log(cfg, run_dir.path / EXPERIENCE, sampler, state, version if resumed else None,
+                                     exact=extra.get("runtime") is not None) if cfg.log_experience else None
+        metrics = MetricsWriter(run_dir.path, time_offset=state.elapsed_s,
+                                truncate_after=version if run_dir.resumed else None)
+        state.eval_history = [e for e in state.eval_history if e["update"] <= version]
+        return cls(cfg, run_dir, learner, sampler, metrics, log_writer, state, extra.get("runtime"))
+
+    def attach_runtime(self, runtime: Runtime) -> None:
+        """Checkpoint ``runtime``'s own state from now on (lockstep's); on a resume, put the checkpoint's in it."""
+        self._runtime = runtime if runtime.keeps_state else None
         rundir.prune_explorer_weights(self.run_dir)  # what a killed session wrote past its newest checkpoint
         if self.resume_runtime is None:
             return
@@ -117,10 +113,18 @@ class Trainer:
 
         restore_runtime(self, runtime)  # exactly, or (an env that cannot replay) as a threads run resumes
 
-    # ------------------------------------------------------------------ 1. intake
+    @property
+    def version(self) -> int:
+        return self.learner.version
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    # ------------------------------------------------------------------ explore → enqueue
     def intake(self, rollouts: list[Rollout]) -> int:
-        """Queue finished rollouts (``.turns``, ``.info``) or chunks of running ones (``info.partial``, under
-        ``explorer.enqueue: turn``; a rollout is counted by its last chunk); returns the number of turns queued."""
+        """Queue finished rollouts, or chunks of running ones (``info.partial``, under ``explorer.enqueue: turn``; a
+        rollout is counted by its last chunk), tagged with the learner version at arrival and logged; returns the
+        number of turns queued."""
         n = 0
         for rollout in rollouts:
             turns = list(rollout.turns)
@@ -142,15 +146,23 @@ class Trainer:
         self._arrived_since_update += n
         return n
 
-    # ------------------------------------------------------------------ 2. one update
+    def count_production(self, intervals: int | None) -> None:
+        """Take the runtime's count of learner-step intervals of production (``None``: the runtime has none)."""
+        if intervals is None:
+            return
+        self.state.producer_intervals += intervals - (self._intervals_seen or 0)
+        self._intervals_seen = intervals
+
+    # ------------------------------------------------------------------ compose → update → publish
     def compose(self) -> Batch | None:
         """Algorithm 1, steps 1-9: the batch at the current learner version, or ``None`` (not enough turns)."""
         fault_point("compose")
         return self.sampler.next_batch(self.learner.version)
 
     def update(self, batch: Batch, times: Mapping[str, float] | None = None) -> dict[str, float]:
-        """One optimizer step on ``batch``; writes and returns the update's metrics, with ``times`` (the loop's stage
-        seconds since the previous update) and ``time/update_s`` (the E.2/E.3 diagnostics and the step)."""
+        """One optimizer step on ``batch``; returns the update's metrics (written by :meth:`record_update`), with
+        ``times`` (the loop's stage seconds since the previous update) and ``time/update_s`` (the E.2/E.3
+        diagnostics and the step)."""
         fault_point("update")
         stage: dict[str, float] = {}
         with timed("time/update_s", stage):
@@ -158,19 +170,29 @@ class Trainer:
             metrics = self.learner.step(batch)
         metrics.update(times or {})
         metrics.update(stage)
-        self.publish()  # the new version's weights, gathered once (the loop hands this handle to the explorers)
-        metrics["time/publish_s"] = self.publish_s
-        metrics["time/weight_load_s"] = self.weight_load_s
         metrics.update(diag)
         metrics.update(self.update_metrics(batch))
         self._arrived_since_update = 0
-        self.metrics.update(self.learner.version, metrics, time=self.elapsed())
         return metrics
+
+    def publish(self) -> WeightHandle:
+        """The current version's weight handle, made once per version (a sharded learner gathers it on rank 0);
+        ``publish_s`` is how long making it took."""
+        if self._published is None or self._published.version != self.learner.version:
+            t0 = time.perf_counter()
+            self._published = self.learner.publish()
+            self.publish_s = time.perf_counter() - t0
+        return self._published
+
+    def record_update(self, metrics: dict[str, float]) -> None:
+        """Write an update's metrics record, with its publication and the explorers' newest weight-load seconds."""
+        metrics["time/publish_s"] = self.publish_s
+        metrics["time/weight_load_s"] = self.weight_load_s
+        self.metrics.update(self.learner.version, metrics, time=self.elapsed())
 
     def update_metrics(self, batch: Batch) -> dict[str, float]:
         """The sampler's, ledger's, queue's and explorers' metrics of one update (``sampler/``, ``ledger/``, ...),
-        with the run-level diagnostics of the paper's tables (Table 16 counters and the Figure 6 EMA of
-        :class:`~divopd.sampling.paper_diagnostics.RunDiagnostics`)."""
+        with the paper's run-level diagnostics (Table 16 counters, the Figure 6 EMA)."""
         metrics = {f"sampler/{k}": float(v) for k, v in batch.stats.items()}
         metrics.update(self.paper.observe_batch(batch.stats))
         metrics.update(ledger_metrics(self.sampler.ledger))
@@ -184,15 +206,6 @@ class Trainer:
         metrics["explorer/teacher_turns"] = float(self.state.teacher_turns)
         metrics["explorer/teacher_masked_tokens"] = float(self.state.teacher_masked_tokens)
         return metrics
-
-    def after_update(self, metrics: dict[str, float], request_eval: Any, progress: Any = None) -> None:
-        """The schedule after each update, shared by the runtimes: evaluation, checkpoint, progress display."""
-        if self.version % self.cfg.eval.every == 0:
-            request_eval()
-        if self.version % self.cfg.checkpoint.every == 0:
-            self.checkpoint()
-        if progress is not None:
-            progress.on_update(self, metrics)
 
     def _diagnostics(self, batch: Batch) -> dict[str, float]:
         """Appendix E.2/E.3 on this batch before its update, every ``diagnostics.every`` updates."""
@@ -209,15 +222,8 @@ class Trainer:
         return out
 
     def arrival_drain_ratio(self) -> float:
-        """Producer load: turns received ÷ turns the learner has drained (updates × B)."""
+        """Turns received ÷ turns the learner has drained (updates × B)."""
         return self.sampler.ledger["received"] / max(1, self.learner.version * self.cfg.sampler.batch_size)
-
-    def count_production(self, intervals: int | None) -> None:
-        """Take the runtime's count of learner-step intervals of production (``None``: the runtime has none)."""
-        if intervals is None:
-            return
-        self.state.producer_intervals += intervals - (self._intervals_seen or 0)
-        self._intervals_seen = intervals
 
     def producer_load(self) -> float | None:
         """The paper's producer load (Table 2), arrival rate ÷ the learner's drain rate: turns received per
@@ -227,40 +233,22 @@ class Trainer:
         n = self.state.producer_intervals
         return self.sampler.ledger["received"] / (n * self.cfg.sampler.batch_size) if n else None
 
-    def elapsed(self) -> float:
-        return time.monotonic() - self._t0
-
-    @property
-    def version(self) -> int:
-        return self.learner.version
-
-    def publish(self) -> WeightHandle:
-        """The current version's weight handle, made once per version (a sharded learner gathers it on rank 0);
-        ``publish_s`` is how long making it took."""
-        if self._published is None or self._published.version != self.learner.version:
-            t0 = time.perf_counter()
-            self._published = self.learner.publish()
-            self.publish_s = time.perf_counter() - t0
-        return self._published
-
-    # ------------------------------------------------------------------ 3. checkpoints
+    # ------------------------------------------------------------------ checkpoint
     def checkpoint(self) -> Path | None:
         """Write ``checkpoints/update-NNNNNN`` atomically and prune old ones. After a learner rank died there is
         nothing to write from: the newest checkpoint on disk (``None`` if none) is the one to resume from."""
         failed = self.learner.failed
+        if self.log_writer is not None:
+            self.log_writer.roll()  # every logged turn is in a finished, readable part from here on
         if failed is not None:
             ckpt = latest_checkpoint(self.run_dir / CHECKPOINTS)
             log.error("%s; the run stopped; resume from %s with `divopd train --resume %s`", failed,
                       ckpt if ckpt is not None else "the start (no checkpoint yet)", self.run_dir)
-            if self.log_writer is not None:
-                self.log_writer.roll()
             return ckpt
-        if self.log_writer is not None:
-            self.log_writer.roll()  # every logged turn is in a finished, readable part from here on
         self.state.elapsed_s = self.elapsed()
         self.state.since_update = {"arrived": self._arrived_since_update, "intervals_seen": self._intervals_seen}
         extra = {"sampler": self.sampler.state_dict(), "run": self.state.__dict__}
-        if self._runtime_state is not None and (runtime := self._runtime_state(self.run_dir / EXPLORER_WEIGHTS)):
+        if self._runtime is not None and (runtime := self._runtime.state_dict(self.run_dir / EXPLORER_WEIGHTS)):
             extra["runtime"] = runtime
         path = self.run_dir / CHECKPOINTS / f"update-{self.learner.version:06d}"
         fault_point("checkpoint")
@@ -272,7 +260,7 @@ class Trainer:
             self.log_writer.compact()  # this interval's parts as one file
         return path
 
-    # ------------------------------------------------------------------ 4. evaluation
+    # ------------------------------------------------------------------ evaluation records
     def record_eval(self, update: int, counters: dict[str, float], results: dict[str, float]) -> None:
         """Write one evaluation of the snapshot taken at learner ``update`` (``counters``: its learner counters)."""
         record = {**results, **counters}
@@ -280,6 +268,7 @@ class Trainer:
         self.state.eval_history.append({"update": update, **record})
 
     def snapshot_counters(self) -> dict[str, float]:
+        """The learner counters an evaluation of the current weights is recorded with (time-to-target axes)."""
         return {"learner/tokens_total": float(self.learner.tokens_total),
                 "learner/compute_s_total": float(self.learner.compute_s_total)}
 
@@ -324,63 +313,11 @@ class Trainer:
             self._close_files()
 
     def _close_files(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         if self.log_writer is not None:
             self.log_writer.close()
         self.metrics.close()
         self.learner.close()
-        release_run_dir(self.run_dir)
-
-
-# ---------------------------------------------------------------------------------------------------- set-up
-def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None,
-             make_learner: LearnerFactory) -> tuple[Trainer, bool]:
-    """Create a run directory (or reopen one to resume) and build the learner-side pieces; ``make_learner`` builds
-    the learner (:func:`divopd.train.assemble.open_run` passes the run's choice of single or sharded learner).
-
-    Returns ``(trainer, resumed)``. A fresh run refuses a directory that already holds a run.
-    """
-    if resume is not None:
-        run_dir = Path(resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise FileNotFoundError(f"--resume {run_dir}: no config.yaml there; is it a divopd run directory?")
-        check_is_run(run_dir)
-        lock_run_dir(run_dir)  # before anything is touched: one writing process per run directory
-        saved = load_config(run_dir / "config.yaml")
-        cfg = saved if cfg is None else cfg
-    if cfg is None:
-        raise ValueError("open_run needs a config or a run directory to resume")
-    run_dir = Path(resume) if resume is not None else cfg.resolved_run_dir()
-    for line in remove_interrupted_writes(run_dir / CHECKPOINTS) if resume is not None else []:
-        log.warning("resume: %s", line)
-    ckpt = resume_checkpoint(run_dir)  # the newest that verifies; damaged newer ones set aside, one warning
-    if resume is not None and ckpt is None:  # nothing to restore: refuse, and delete nothing
-        raise UsageError(f"--resume {run_dir}: no checkpoint there, nothing to resume from (the run stopped before "
-                         f"its first checkpoint); start it afresh with `divopd train {run_dir}/config.yaml --run-dir "
-                         f"{run_dir}`: its old files are kept in {run_dir}/stranded-<time>/")
-    before = [] if resume is not None else claim_run_dir(run_dir)  # a fresh run marks its directory first
-    atomic_write_text(run_dir / "config.yaml", dump_config(cfg))
-
-    sampler = make_sampler(cfg.sampler_config())
-    state = RunState()
-    fault_point("load")
-    extra: dict[str, Any] = {}
-    if ckpt is not None:
-        learner, extra = make_learner(cfg, ckpt)
-        sampler.load_state_dict(extra["sampler"])
-        state = RunState(**{k: v for k, v in extra.get("run", {}).items() if k in RunState.__dataclass_fields__})
-        version = learner.version
-    else:
-        learner, _ = make_learner(cfg, None)
-        version = 0
-    state.sessions += 1
-
-    # lockstep (runtime state): the log is cut by Trainer.attach_runtime once the state is back; else re-queued
-    log_writer = rundir.open_log(cfg, run_dir / EXPERIENCE, sampler, state, version if ckpt is not None else None,
-                                 exact=extra.get("runtime") is not None) if cfg.log_experience else None
-    metrics = MetricsWriter(run_dir, time_offset=state.elapsed_s, truncate_after=version if resume else None)
-    state.eval_history = [e for e in state.eval_history if e["update"] <= version]
-    trainer = Trainer(cfg, run_dir, learner, sampler, metrics, log_writer, state)
-    trainer.preexisting = None if before is None else tuple(before)
-    trainer.resume_runtime = extra.get("runtime")
-    return trainer, ckpt is not None
-
+        self._held.close()

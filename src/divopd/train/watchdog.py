@@ -1,31 +1,20 @@
 """Stage times and the stall watchdog of the one loop (:func:`divopd.train.loop.run_loop`).
 
-:func:`timed` adds a stage's wall seconds to a metrics mapping (``time/wait_s``, ``time/compose_s``,
-``time/update_s``); the loop sums each stage since the previous update into that update's record, with the explorer
-seconds the arriving rollouts report (:func:`add_explorer_times`: ``time/generate_s``, ``time/env_s``,
-``time/score_s``).
-
 :class:`Watchdog` watches for three ways a run can wait forever (all off with ``runtime.stall_timeout_s: 0``):
 
 * **no progress**: no rollout arrived and no update completed for ``runtime.stall_timeout_s`` seconds while the loop
   waited for rollouts (explorers hung in an environment, an engine or a teacher call that never returns);
-* **a teacher that cannot score**: the last ``4·B`` turns received (``B`` = ``sampler.batch_size``) all arrived
-  without teacher log probs (the gate's ``missing_teacher``): the explorers keep producing, but no turn can ever be
-  trained, so the loop would spin;
-* **a gate that rejects every turn** (:meth:`Watchdog.gate_rejecting`): ``runtime.rejected_turns_warning`` turns
-  rejected by the validity gate with no update since the last one give one warning line naming the top reason and
-  the config key that governs it (:data:`REASON_KEYS`; e.g. ``prompt_truncated``:
-  ``explorer.prompt.max_prompt_tokens``); 4× as many stop the run.
+* **a teacher that cannot score**: the last ``4·B`` turns received all arrived without teacher log probs (the gate's
+  ``missing_teacher``): no turn can ever be trained, so the loop would spin;
+* **a gate that rejects every turn**: ``runtime.rejected_turns_warning`` turns rejected with no update since the last
+  one give one warning naming the top reason and the config key that governs it (:data:`REASON_KEYS`); 4× as many
+  stop the run.
 
-Either stops the run at that stage boundary: the loop checkpoints, writes ``summary.json`` with ``stalled`` (the
-one-line reason) and ``divopd train`` prints that line and exits :data:`EXIT_STALLED`.
-
-Components with deadlines of their own report what they saw stall with :func:`note_stall` (the Ray runtime's
-explorer actors past ``runtime.explorer_timeout_s`` and its shared teacher past ``runtime.teacher_timeout_s``, both
-restarted, or gone for good); the watchdog's line names the newest of those notes, so a user reads which stage and
-which component stalled, not only that rollouts stopped arriving. (An in-process vLLM engine call past its deadline
-is named by the engine's own error line, :mod:`divopd.explore.call_deadline`: ``explore/`` cannot report to
-``train/``; under lockstep, where such a call blocks the loop itself, it ends the process at twice its deadline.)
+Stopping checkpoints at that stage boundary, writes ``stalled`` (the one-line reason) into ``summary.json``, and
+``divopd train`` exits :data:`EXIT_STALLED`. Components with deadlines of their own (the Ray runtime's explorer and
+teacher actors) report what they saw stall with :func:`note_stall`; the stop line names the newest note. (An
+in-process vLLM engine call past its deadline is named by the engine's own error line,
+:mod:`divopd.explore.call_deadline`.)
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
-"""Lockstep runtime: one process, no threads, fully deterministic (``runtime.kind: lockstep``).
+"""Lockstep runtime (``runtime.kind: lockstep``): one process, no threads, deterministic.
 
 Before each learner update the env instances advance round-robin by ``runtime.lockstep.env_steps_per_update``
-environment steps: explorer 0 steps each of its live instances once (one batched generate), then explorer 1, and so
-on, until the budget is spent (a round's extra steps are carried over, so the average is exact). A rollout's turns
-enter the queue when it ends (``explorer.enqueue: turn``: every round's turns at once); each slot starts its next
-episode with the newest published weights, so policy lag arises as in the asynchronous runtimes, but at a rate the
-config fixes instead of the machine's speed.
+environment steps (explorer 0 steps each of its live instances once, one batched generate, then explorer 1, ...; a
+round's extra steps are carried over, so the average is exact). Each slot starts its next episode with the newest
+published weights, so policy lag arises as in the asynchronous runtimes, at a rate the config fixes:
 
-    producer load ≈ env_steps_per_update × (student turns per env step) / B
+    producer load ≈ env_steps_per_update × (student turns per env step) / B     (``queue/producer_load``)
 
-measured as ``queue/producer_load`` (turns received per poll ÷ B: the paper's arrival rate ÷ drain rate, below 1 when
-the learner has to wait for turns); ``queue/arrival_drain_ratio`` divides by the updates taken instead, so it stays
-≥ 1 when the learner waits.
-
-Evaluation runs in place, when requested, on its own student copy (its result is recorded at once, before the
-update's checkpoint). With the same config and seed, two runs give the same learner series and experience log (on
-the same machine and torch build: float kernels differ across CPU models); ``torch`` uses one thread and
-deterministic algorithms here.
-
-Resume: :meth:`LockstepRuntime.state_dict` is saved in every checkpoint (the round-robin position, the step budget,
-the counters, the session identity and each explorer's state, :meth:`~divopd.explore.explorer.Explorer.state_dict`), and
-:meth:`LockstepRuntime.load_state_dict` puts a runtime built on the checkpoint's weights back in it, replaying each
-running episode on its env; so a run killed at any moment and resumed from its newest checkpoint continues exactly as
-the uninterrupted run did.
+With the same config and seed, two runs give the same learner series and experience log (same machine and torch
+build); ``torch`` uses one thread and deterministic algorithms here. Every checkpoint holds :meth:`state_dict
+<LockstepRuntime.state_dict>`, and a resume replays each running episode on its env: a run killed at any moment
+continues exactly as the uninterrupted run did.
 """
 
 from __future__ import annotations
@@ -40,7 +28,7 @@ from divopd.explore.weight_loading import close_backend
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import fault_point
-from divopd.train.loop import EvalResult
+from divopd.train.protocol import EvalResult
 from divopd.train.runtime.common import build_explorer, load_teacher
 
 __all__ = ["LockstepRuntime", "deterministic_torch"]
@@ -50,10 +38,10 @@ STATE_FORMAT = 1
 
 
 class LockstepRuntime:
-    """The :class:`~divopd.train.loop.Runtime` that steps every env instance from the loop's own thread."""
+    """The :class:`~divopd.train.protocol.Runtime` that steps every env instance from the loop's own thread."""
 
-    #: evaluations run in place: :meth:`request_eval` returns with the result ready (the loop records it at once)
     evaluates_in_place = True
+    keeps_state = True
 
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
         self.cfg = cfg

@@ -5,22 +5,14 @@
            └──────────────── weights object ref ◄─────────┘
     EvalActor ◄── evaluate(weights_ref) futures; results written by the driver
 
-With ``learner.world_size > 1`` the learner's ranks are Ray actors too, in one placement group
-(:mod:`divopd.train.runtime.ray_learner`); the driver then only coordinates. The queue and the sampler live with
-the learner in the driver. Each explorer actor has one ``collect`` call in
-flight, so a slow learner does not stall production (turns wait in the sampler, where staleness expires them). A dead
-explorer actor is restarted by Ray (``runtime.max_explorer_restarts``) and its lost call is resubmitted; the run goes
-on, the restarted actor with rollout ids and a seed of its own (:func:`actor_incarnation`). Bad input that only the
-actor meets (an ``explorer.env_kwargs`` value the environment rejects) is not a failure to restart: the actor keeps
-the input error and raises it from every call, and the driver raises it as it is (one line and exit 2 from the CLI).
-Deadlines: a collect call (one rollout) past ``runtime.explorer_timeout_s`` (a stopped actor, or one hung in a call
-without a deadline of its own) gets its actor killed for Ray to restart, as a dead one; the shared teacher actor
-(``teacher.shared``) is watched from every poll and restarted past ``runtime.teacher_timeout_s``
-(:mod:`divopd.train.runtime.ray_teacher`); every other ``ray.get`` here waits 30 s at most. ``produced_turns`` (in
-``summary.json``) counts the turns of every collect call that finished, all of which the loop receives, so a run's
-ledger ``received`` equals it.
-Local runs start Ray on loopback; set ``runtime.ray_address`` (e.g. ``ray://head:10001`` or ``auto``) for a cluster,
-and ``student.device``/``teacher.device`` + ``runtime.explorer_gpus`` for GPUs.
+Each explorer actor has one ``collect`` call in flight, so a slow learner does not stall production (turns wait in the
+sampler, where staleness expires them). A dead explorer actor is restarted by Ray (``runtime.max_explorer_restarts``)
+with rollout ids and a seed of its own (:func:`actor_incarnation`), and its lost call is resubmitted; a collect call
+past ``runtime.explorer_timeout_s`` gets its actor killed for Ray to restart. Bad input only the actor meets (an
+``explorer.env_kwargs`` value the environment rejects) is not restarted: the driver raises it as it is (one line,
+exit 2). Every other ``ray.get`` here waits 30 s at most. ``produced_turns`` counts the turns of every collect call
+that finished, all of which the loop receives (the ledger's ``received``). Local runs start Ray on loopback;
+``runtime.ray_address`` names a cluster.
 """
 
 from __future__ import annotations
@@ -40,7 +32,7 @@ from divopd.explore.children import sigint_blocked
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
-from divopd.train.loop import EvalResult
+from divopd.train.protocol import EvalResult, StatelessRuntime
 from divopd.train.runtime.common import build_explorer, load_teacher
 from divopd.train.runtime.ray_teacher import RemoteTeacher, TeacherWatch, start_shared_teacher
 from divopd.train.watchdog import note_stall
@@ -159,8 +151,8 @@ def init_ray(cfg: TrainConfig) -> bool:
     return True
 
 
-class RayRuntime:
-    """The :class:`~divopd.train.loop.Runtime` of explorer actors (``runtime.kind: ray``); the learner stays here.
+class RayRuntime(StatelessRuntime):
+    """The :class:`~divopd.train.protocol.Runtime` of explorer actors (``runtime.kind: ray``); the learner stays here.
 
     ``learner_ranks``: where the sharded learner's ranks run (``LearnerProtocol.rank_info``), for the summary's
     ``placement``."""

@@ -3,19 +3,11 @@
     ExplorerActor × N ── score_turns(prompts, responses, topk) ──► TeacherActor (HF model or vLLM engine)
                       ◄─ per turn (logprobs, top-k) ─────────────┘   (and generate(...) for +R takeovers)
 
-Without it each explorer actor loads its own teacher copy (one vLLM engine per explorer with ``teacher.backend:
-vllm``). The actor holds the model once (``teacher.actor_gpus`` GPUs) and serves the explorers' batched calls in
-arrival order; a vLLM engine batches what it is given, so one engine serves many explorers' finished rollouts.
-
-Deadlines and restarts: every call an explorer makes waits at most ``runtime.teacher_timeout_s``; a call past it
-fails, and its turns are retried one by one (the explorer's :func:`~divopd.explore.scoring.teacher_scores`), else
-left unscored. The driver watches the actor (:class:`TeacherWatch`: one cheap ``pid`` call in flight at a time, from
-the loop's polls): an answer overdue by ``runtime.teacher_timeout_s`` (a stopped or hung teacher) kills the actor, and
-Ray restarts it (``max_restarts = runtime.max_teacher_restarts``; the calls queued meanwhile are retried on the new
-instance, ``max_task_retries``). While it restarts the explorers' calls wait for it, each within the deadline. A
-teacher dead for good (restarts spent) fails every call at once: the turns arrive unscored, the gate rejects them,
-and the loop watchdog's teacher rule (:class:`~divopd.train.watchdog.Watchdog`) stops the run with a checkpoint and
-exit 3 instead of letting the learner spin.
+The actor holds the model once (``teacher.actor_gpus`` GPUs) and serves the explorers' batched calls in arrival
+order. Every call waits at most ``runtime.teacher_timeout_s``; a call past it fails and its turns are retried one by
+one, else left unscored. The driver watches the actor (:class:`TeacherWatch`, from the loop's polls): an answer overdue
+by ``runtime.teacher_timeout_s`` kills the actor and Ray restarts it (``runtime.max_teacher_restarts``). A teacher dead
+for good fails every call at once: the turns arrive unscored and the watchdog's teacher rule stops the run (exit 3).
 """
 
 from __future__ import annotations

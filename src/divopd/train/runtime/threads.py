@@ -5,13 +5,9 @@
           └──────────────────────── newest WeightHandle ◄──────────────────────┘
     evaluator thread ◄── (update, snapshot) requests;  results ──► main thread writes them
 
-:class:`ThreadsRuntime` is only the adapter (see :mod:`divopd.train.loop` for the loop and its shutdown order). On
-shutdown the stop event is set, explorer threads finish the rollout in hand and hand it over (beside the queue when
-the queue is full: a full queue is not waited on), and every finished rollout, in the queue or handed over, goes back
-to the loop, so the turns the loop receives are the turns the explorers produced (``produced_turns``).
-
-Threads rather than processes: torch releases the GIL inside its kernels, the weights are shared in memory without
-copies, and a single process is what `make demo` needs; see the README's measurement of the alternatives.
+On shutdown explorer threads finish the rollout in hand and hand it over (beside the queue when it is full), and every
+finished rollout goes back to the loop: the turns the loop receives are the turns produced (``produced_turns``).
+Threads rather than processes: torch releases the GIL inside its kernels and the weights are shared without copies.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ from divopd.explore.weight_loading import close_backend
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import fault_point
-from divopd.train.loop import EvalResult
+from divopd.train.protocol import EvalResult, StatelessRuntime
 from divopd.train.runtime.common import LatestWeights, build_explorer, load_teacher
 
 __all__ = ["ThreadsRuntime"]
@@ -151,8 +147,8 @@ def _take(q: queue.Queue, timeout: float) -> list[Any]:
         return []
 
 
-class ThreadsRuntime:
-    """The :class:`~divopd.train.loop.Runtime` of explorer threads in this process (``runtime.kind: threads``)."""
+class ThreadsRuntime(StatelessRuntime):
+    """The :class:`~divopd.train.protocol.Runtime` of explorer threads in this process (``runtime.kind: threads``)."""
 
     #: free-running explorer threads: production is not paced in learner-step intervals
     producer_intervals: int | None = None
