@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", default="vanilla", help="method the ratios compare against (default: vanilla)")
     parser.add_argument("--nauc-rule", choices=("trapezoid", "step"), default="trapezoid", help="nAUC integration rule")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    parser.add_argument("--group-anyway", action="store_true", help="pool runs of one method whose configs differ "
+                        "in more than the seed as its seeds (a note in the report names the keys); default: refused")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         target_all=target_all,
         budget=args.budget,
         rule=args.nauc_rule,
+        group_anyway=args.group_anyway,
     )
     n_settings = len(rep["settings"])
     print(f"divopd report: {len(runs)} run(s), {n_settings} setting(s) -> {Path(args.out) / 'report.md'}")

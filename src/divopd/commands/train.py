@@ -12,15 +12,15 @@ import sys
 from pathlib import Path
 
 from divopd.train.checkpoints import EXIT_CHECKPOINT_WRITE, CheckpointWriteError, disk_full_line, is_disk_full
-from divopd.train.config import load_config
+from divopd.train.config import PLACEMENT_KEYS, load_config
 from divopd.train.interrupt import EXIT_INTERRUPTED, StopRequest
 from divopd.train.run import quiet_hf_progress, train
 from divopd.train.watchdog import EXIT_STALLED
 
 __all__ = ["add_arguments", "run"]
 
-#: Keys ``--set`` may change on ``--resume``: where the run executes, not what it computes.
-RESUME_KEYS = ("learner.world_size", "learner.activation_checkpointing", "runtime.ray_address", "runtime.learner_gpus")
+#: Keys ``--set`` may change on ``--resume``.
+RESUME_KEYS = PLACEMENT_KEYS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -48,8 +48,13 @@ from divopd.train.config_load import (
 from divopd.train.deprecated import one_eval_tasks_key
 from divopd.train.packaged import config_path
 
-__all__ = ["METHOD_ROWS", "TrainConfig", "apply_overrides", "config_reference", "dump_config", "load_config",
+__all__ = ["METHOD_ROWS", "PLACEMENT_KEYS", "TrainConfig", "apply_overrides", "config_reference", "dump_config", "load_config",
            "sampler_method_for", "with_method"]
+
+#: Keys that say where a run executes, not what it computes: ``--resume`` may change them, and the seeds of one method
+#: may differ in them (``divopd report``).
+PLACEMENT_KEYS = ("learner.world_size", "learner.activation_checkpointing", "runtime.ray_address",
+                  "runtime.learner_gpus")
 
 #: Method rows of the paper that are not sampler names, and the sampler rule each one reads batches with.
 METHOD_ROWS: dict[str, str] = {name: row.rule for name, row in ROWS.items() if row.rule != name}
