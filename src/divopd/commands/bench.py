@@ -42,9 +42,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         from divopd.suite.models import SHIPPED, prepare_models, recipe_for
-        from divopd.train.run import quiet_hf_progress
 
-        quiet_hf_progress()
         torch.set_num_threads(1)
         if plan.own_config:  # a config of the user's own: its models as they are
             from divopd.train.config import load_config

@@ -55,6 +55,17 @@ def _shipped(config: str, cfg: TrainConfig) -> dict[str, Path]:
     return shipped_models_for(config, cfg.student.path, cfg.teacher.path)
 
 
+def _built_by_command(config: str, cfg: TrainConfig, row: Check) -> Check:
+    """A missing model folder that a command builds (a packaged setting's demo models): the row names the command."""
+    from divopd.suite.models import build_command
+
+    command = None if Path(config).is_file() else build_command(config, cfg.get(row.name))
+    if command is None:
+        return row
+    return Check(row.name, row.status, row.detail, f"build it: `{command}` (then trains the demo's runs)",
+                 f"{row.blocker}; build it with `{command}`", row.error)
+
+
 def run(args: argparse.Namespace) -> int:
     from divopd.errors import UsageError
     from divopd.train.probes import machine_checks
@@ -86,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
             if r.name.endswith(".path") and name in shipped and r.status == "ok":
                 config_rows[i] = Check(r.name, r.status, f"{r.detail}: the package's prebuilt {name}, copied to "
                                        f"cache/{args.config}/{name} on the first divopd train")
+            elif r.name in ("student.path", "teacher.path") and r.blocker:
+                config_rows[i] = _built_by_command(args.config, cfg, r)
     stops = [r for r in config_rows if r.blocker]
     if args.json:
         for section, rows in (("machine", machine), ("config", config_rows)):

@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 from pathlib import Path
 
 from divopd.train.checkpoints import EXIT_CHECKPOINT_WRITE, CheckpointWriteError, disk_full_line, is_disk_full
 from divopd.train.config import PLACEMENT_KEYS, load_config
 from divopd.train.interrupt import EXIT_INTERRUPTED, StopRequest
-from divopd.train.run import quiet_hf_progress, train
+from divopd.train.run import train
 from divopd.train.watchdog import EXIT_STALLED
 
 __all__ = ["add_arguments", "run"]
@@ -36,8 +37,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
+def finished_updates(run_dir: Path, updates: int) -> int | None:
+    """The updates of a run that trained to its end (``summary.json`` at ``updates``, not stopped early), else
+    ``None``."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    done = summary.get("updates") if isinstance(summary, dict) else None
+    if not isinstance(done, int) or done < updates or summary.get("interrupted") or summary.get("stalled"):
+        return None
+    return done
+
+
 def run(args: argparse.Namespace) -> int:
-    quiet_hf_progress()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from divopd.errors import UsageError, check_model_folder
 
@@ -71,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
         if not saved.is_file():
             raise UsageError(f"--resume {args.resume}: not a divopd run directory (no config.yaml)")
         loaded = load_config(saved)  # the models below are checked against the run's own config
+        done = finished_updates(Path(args.resume), loaded.updates)
+        if done is not None and not args.print_config:
+            print(f"divopd train: {args.resume} is finished ({done} of {loaded.updates} updates); nothing to resume "
+                  f"(its summary: {Path(args.resume, 'summary.json')})")
+            return 0
         if args.overrides:  # placement only (checked above): resume the same run with another number of ranks
             cfg = load_config(saved, args.overrides)
     if args.print_config:
@@ -79,7 +97,16 @@ def run(args: argparse.Namespace) -> int:
         print(dump_config(cfg) if cfg else saved.read_text())
         return 0
     for key in ("student", "teacher"):  # before anything heavy loads
-        check_model_folder(getattr(cfg or loaded, key).path, f"{key}.path")
+        path = getattr(cfg or loaded, key).path
+        try:
+            check_model_folder(path, f"{key}.path")
+        except UsageError as exc:
+            from divopd.suite.models import build_command
+
+            command = build_command(args.config, path) if args.config and not Path(args.config).is_file() else None
+            if command is None:
+                raise
+            raise UsageError(f"{exc}; build it with `{command}`") from None
     from divopd.learn.ranks import LearnerRankError
 
     with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next stage boundary, checkpoint, exit 130
@@ -101,4 +128,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"divopd train: error: {summary['stalled']}; checkpointed at update {summary['updates']}: resume with "
               f"`divopd train --resume {summary['run_dir']}`", file=sys.stderr)
         return EXIT_STALLED
-    return EXIT_INTERRUPTED if summary.get("interrupted") else 0
+    if summary.get("interrupted"):
+        print(f"divopd train: stopped at update {summary['updates']}, checkpointed; continue with:\n"
+              f"divopd train --resume {shlex.quote(str(summary['run_dir']))}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from divopd.errors import UsageError
-from divopd.suite.models import RECIPES, SHIPPED, prepare_models, recipe_for
+from divopd.suite.models import RECIPES, SHIPPED, default_cache, prepare_models, recipe_for
 from divopd.train.packaged import CONFIGS as PACKAGED_CONFIGS
 from divopd.train.packaged import config_path
 
@@ -251,13 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    from divopd.train.run import quiet_hf_progress
+    from divopd.cli import quiet_third_party_loggers
 
-    quiet_hf_progress()
+    quiet_third_party_loggers()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     out = Path(args.out)
-    cache = Path(args.cache or ("cache/demo" if name == "tiny" else f"cache/{name}"))
+    cache = Path(args.cache) if args.cache else default_cache(name)
     overrides = list(args.overrides)
     try:
         for method in args.methods:  # every method row, before anything is built or trained

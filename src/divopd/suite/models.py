@@ -37,8 +37,8 @@ from typing import Any
 from divopd.errors import UsageError
 from divopd.train.packaged import SHIPPED as PACKAGED_MODELS
 
-__all__ = ["RECIPES", "SHIPPED", "ModelRecipe", "copy_shipped", "prepare_models", "recipe_for", "shipped_models_for",
-           "use_shipped_models"]
+__all__ = ["RECIPES", "SHIPPED", "ModelRecipe", "build_command", "copy_shipped", "default_cache", "prepare_models",
+           "recipe_for", "shipped_models_for", "use_shipped_models"]
 
 #: Prebuilt models that the package ships (package data, :data:`divopd.train.packaged.SHIPPED`),
 #: ``divopd/shipped/<setting>/{teacher,student}``: the recipe's build into ``cache/<setting>`` (their
@@ -124,6 +124,22 @@ RECIPES: dict[str, ModelRecipe] = {
         student=("--train-tasks", "550", "--epochs", "3", "--max-steps", "5", "--eval-tasks", "10", "--seed", "1"),
         note="gold-path teacher (600 tasks x 8 epochs, ~3 min), shorter gold-path student"),
 }
+
+
+def default_cache(setting: str) -> Path:
+    """Where the demo builds a setting's models and its packaged config reads them: ``cache/demo`` for ``tiny``,
+    else ``cache/<setting>``."""
+    return Path("cache/demo" if setting == "tiny" else f"cache/{setting}")
+
+
+def build_command(setting: str, folder: str) -> str | None:
+    """The command that builds model folder ``folder`` of packaged setting ``setting`` (the demo, which builds them
+    into :func:`default_cache` first), ``None`` when no recipe builds that folder or it holds files (never built
+    into)."""
+    path = Path(folder)
+    if setting not in RECIPES or path.parent != default_cache(setting) or (path.is_dir() and any(path.iterdir())):
+        return None
+    return f"python -m divopd.suite.demo --configs {setting}"
 
 
 def recipe_for(configs: str | Path) -> ModelRecipe:

@@ -48,8 +48,8 @@ from divopd.train.config_load import (
 from divopd.train.deprecated import one_eval_tasks_key
 from divopd.train.packaged import config_path
 
-__all__ = ["METHOD_ROWS", "PLACEMENT_KEYS", "TrainConfig", "apply_overrides", "config_reference", "dump_config", "load_config",
-           "sampler_method_for", "with_method"]
+__all__ = ["METHOD_ROWS", "PLACEMENT_KEYS", "TrainConfig", "apply_overrides", "config_reference", "dump_config",
+           "load_config", "sampler_method_for", "with_method"]
 
 #: Keys that say where a run executes, not what it computes: ``--resume`` may change them, and the seeds of one method
 #: may differ in them (``divopd report``).

@@ -218,7 +218,7 @@ def unlike_seeds(runs: Sequence[Run]) -> str | None:
     if not keys:
         return None
     groups: dict[str, list[str]] = {}
-    for r, f in zip(runs, flat):
+    for r, f in zip(runs, flat, strict=True):
         groups.setdefault(", ".join(f"{k}={f[k]}" for k in keys), []).append(str(r.path))
     shown = "; ".join(f"{values}: {' '.join(paths)}" for values, paths in groups.items())
     return f"{', '.join(keys)} ({shown})"
