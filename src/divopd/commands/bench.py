@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="benchmark suite (paper: the plan of the paper's tables, or a plan of your own with "
                         "--plan)")
     parser.add_argument("--plan", default=str(DEFAULT_PLAN),
-                        help="plan file (default: benchmarks/paper/plan.yaml, in the working directory)")
+                        help="plan file (default: the paper's plan, shipped with divopd: divopd/suite/paper_plan.yaml)")
     parser.add_argument("--out", default=None, help="runs folder (default: the plan's out, runs/paper)")
     parser.add_argument("--only", action="append", default=[], metavar="GROUP[/LABEL]",
                         help="only these runs (shell globs, repeatable), e.g. coin2/divopd or '*-cap'; with --only or "

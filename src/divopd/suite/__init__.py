@@ -1,7 +1,7 @@
 """``divopd bench paper`` / ``make paper``: the runner of the paper benchmark suite (the paper's method rows, its
 producer-load and cap sweeps) on the demo's CPU setting.
 
-The suite is a declarative plan (``benchmarks/paper/plan.yaml``, schema :class:`~divopd.suite.plan.Plan`): settings
+The suite is a declarative plan (``divopd/suite/paper_plan.yaml``, schema :class:`~divopd.suite.plan.Plan`): settings
 (each = the packaged setting ``tiny``, or the plan's ``configs``, with the run's ``method``, plus the setting's
 overrides), method entries (a config ``method`` with an optional distinct ``label`` and overrides, e.g. DivOPD with
 ``sampler.cap_unit: tokens`` as ``divopd-tokens``), seeds, and two sweeps: producer load (one key, three values, e.g.
