@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    debug = args.debug or _env_flag("DIVOPD_DEBUG")
+    debug = args.debug = args.debug or _env_flag("DIVOPD_DEBUG")
     quiet_third_party_loggers(args.verbose or _env_flag("DIVOPD_VERBOSE"))
     try:
         return int(args._run(args) or 0)

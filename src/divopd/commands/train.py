@@ -117,6 +117,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"divopd train: error: {exc}; resume with `divopd train --resume RUN_DIR` (any "
                   "learner.world_size, via --set)", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:  # a second Ctrl-C quit at once: the newest checkpoint, if any, continues the run
+            from divopd.train.rundir import has_checkpoint
+
+            run_dir = Path(args.resume) if args.resume else cfg.resolved_run_dir()
+            if args.debug or not has_checkpoint(run_dir):
+                raise
+            print(f"divopd train: interrupted; continue from the newest checkpoint with:\n"
+                  f"divopd train --resume {shlex.quote(str(run_dir))}", file=sys.stderr)
+            return EXIT_INTERRUPTED
         except (CheckpointWriteError, OSError) as exc:  # disk full: one line, the newest good checkpoint intact
             if not isinstance(exc, CheckpointWriteError) and not is_disk_full(exc):
                 raise
