@@ -16,19 +16,8 @@ Recommendation rule (:func:`recommend_cap`), applied in this order:
    0.9) of the best one among them.
 4. **Loosest cap**: recommend the largest k left.
 
-Why: coverage and spread are what a cap buys (the paper's Table 11 and "Concentration within an update"), and both are
-measured here, so a cap is only tightened while that measurably improves them. What a tighter cap may cost is not
-measured by a replay: it splits every rollout into smaller pieces per update, and the paper's cap sensitivity (Table
-19: the best k varies by setting, so the smallest k is not always best) says that cost is real in training. So, among
-the caps a replay cannot tell apart on coverage and spread, the loosest one is recommended, as in a one-standard-error
-rule (the least restrictive setting within noise of the best). Caps below the point where the first pass finds ⌈B/k⌉
-rollouts behave like a larger cap (later passes raise it), so they give identical rows and the rule picks the largest
-of them. The tolerances absorb replay noise (uniform within-rollout order, expiry at the margins); ``unused_tol = 0``
-and ``eff_tol = 0`` ask for the best exactly.
-
-A replay measures selection, not learning: the pick is the cap that gives the best-covered, best-spread batches with
-the least fragmentation, which is the mechanism the paper credits for its gains; check it against training runs where
-you can.
+Why this order: docs/guides/tune-cap.md. A replay measures selection, not learning: check the pick against training
+runs where you can.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``divopd bench``."""
     parser.add_argument("suite", choices=("paper",),
                         help="benchmark suite (paper: the plan of the paper's tables, or a plan of your own with "
                         "--plan)")
@@ -31,7 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point of ``divopd bench``."""
     plan = load_plan(args.plan)  # PlanError: one line, exit 2 (divopd.cli)
     out = Path(args.out or plan.out)
     runs = select_runs(plan_runs(plan), args.only, args.seeds)
