@@ -68,7 +68,8 @@ def _add_global_flags(parser: argparse.ArgumentParser, default: object) -> None:
     parser.add_argument("--debug", action="store_true", default=default,
                         help="show the full traceback of input errors (also DIVOPD_DEBUG=1)")
     parser.add_argument("--verbose", action="store_true", default=default,
-                        help="keep third-party INFO logs (py4j, Ray, transformers, ...; also DIVOPD_VERBOSE=1)")
+                        help="keep third-party INFO logs and progress bars (py4j, Ray, transformers, ...; also "
+                        "DIVOPD_VERBOSE=1)")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
