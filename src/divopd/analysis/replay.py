@@ -12,16 +12,11 @@ expired or rejected by the end. ``unused_fraction`` = valid decided rollouts nev
 valid rollouts with a turn still waiting are reported as ``undecided_rollouts``. ``used_rollouts`` counts valid
 rollouts that were used (a rollout whose only selected turns are dead rows of an invalid rollout is not counted).
 
-The diagnostics of the paper's tables (:data:`TABLE_KEYS`; definitions in :mod:`divopd.sampling.paper_diagnostics`
-and docs/guides/report.md): Table 11's ``never_selected_share`` and ``selection_gini``, Tables 9 and 12's means,
-Figure 6's ``disagreement_std_ema``, Table 16's token shares, Table 14's ``selection_chain`` (a turn's outcome is its
-rollout's, from whichever logged turn carries it: under ``explorer.enqueue: turn`` only the last one does).
+The diagnostics of the paper's tables: :data:`TABLE_KEYS` (definitions in :mod:`divopd.sampling.paper_diagnostics`).
 
 The log is read once and streamed: all methods advance in lockstep and share the same :class:`~divopd.Turn` objects,
 so memory holds the turns some sampler still waits on (bounded by the staleness window), one record batch, and a few
 dozen bytes per rollout of bookkeeping.
-
-Command line: ``divopd replay LOG --methods vanilla,divopd-base,divopd --json replay.json`` (docs/guides/replay.md).
 """
 
 from __future__ import annotations

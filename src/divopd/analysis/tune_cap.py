@@ -5,18 +5,9 @@ up to 7.9 points over k ∈ {3…6}, its Table 19). :func:`tune_cap` replays one
 :func:`~divopd.analysis.replay.replay`, one pass per k) with a rollout-first method at each candidate k and reports, per
 k, what the cap is for: coverage of valid rollouts (``unused_fraction``), spread within a batch (effective rollouts,
 largest rollout share, distinct rollouts per batch and whether the first pass found the ⌈B/k⌉ rollouts the cap
-promises), dead rows, starved ticks and staleness. :func:`recommend_cap` then picks one k.
-
-Recommendation rule (:func:`recommend_cap`), applied in this order:
-
-1. **Do not starve the learner**: keep the caps with the fewest starved ticks.
-2. **Coverage**: of those, keep the caps whose unused fraction is within ``unused_tol`` (absolute, default 0.02) of
-   the best one.
-3. **Spread**: of those, keep the caps whose mean effective rollouts per batch is at least ``1 − eff_tol`` (default
-   0.9) of the best one among them.
-4. **Loosest cap**: recommend the largest k left.
-
-Why this order: docs/guides/tune-cap.md. A replay measures selection, not learning: check the pick against training
+promises), dead rows, starved ticks and staleness. :func:`recommend_cap` then picks one k: the caps that starve the
+learner least, of those the ones within tolerance of the best coverage, then of the best spread, and the loosest left
+(why this order: docs/guides/tune-cap.md). A replay measures selection, not learning: check the pick against training
 runs where you can.
 """
 
