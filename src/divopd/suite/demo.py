@@ -7,7 +7,7 @@
 2. **Training**: the packaged setting ``coin6-dart`` with ``method`` vanilla and divopd (same explorer, learner,
    batch size and producer; only the sampler differs) for each seed, 40 updates under the lockstep runtime: every run
    is reproducible, and the same seed gives both methods the same student, task order and sampling seeds; seed 0's
-   runs are the study's (``benchmarks/regime/plan-coin6-dart.yaml``) value for value. The runs of one seed train side
+   runs are the study's (``study/regime/plan-coin6-dart.yaml``) value for value. The runs of one seed train side
    by side in ``--jobs`` processes (one torch thread each). A finished run is not redone (delete its directory to redo
    it); an interrupted one is resumed.
 3. **Report**: ``divopd report`` over the runs (SR curves vs updates / learner tokens / compute, time-to-target,
