@@ -50,9 +50,24 @@ def finished_updates(run_dir: Path, updates: int) -> int | None:
     return done
 
 
+def check_model(config: str | None, path: str, key: str) -> None:
+    """``key``'s model folder loads; when missing, the command that builds it (a packaged setting's demo models)."""
+    from divopd.errors import UsageError, check_model_folder
+
+    try:
+        check_model_folder(path, key)
+    except UsageError as exc:
+        from divopd.suite.models import build_command
+
+        command = build_command(config, path) if config and not Path(config).is_file() else None
+        if command is None:
+            raise
+        raise UsageError(f"{exc}; build it with `{command}`") from None
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from divopd.errors import UsageError, check_model_folder
+    from divopd.errors import UsageError
 
     if args.resume and args.config:
         raise UsageError("give a CONFIG or --resume RUN_DIR, not both")
@@ -97,16 +112,7 @@ def run(args: argparse.Namespace) -> int:
         print(dump_config(cfg) if cfg else saved.read_text())
         return 0
     for key in ("student", "teacher"):  # before anything heavy loads
-        path = getattr(cfg or loaded, key).path
-        try:
-            check_model_folder(path, f"{key}.path")
-        except UsageError as exc:
-            from divopd.suite.models import build_command
-
-            command = build_command(args.config, path) if args.config and not Path(args.config).is_file() else None
-            if command is None:
-                raise
-            raise UsageError(f"{exc}; build it with `{command}`") from None
+        check_model(args.config, getattr(cfg or loaded, key).path, f"{key}.path")
     from divopd.learn.ranks import LearnerRankError
 
     with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next stage boundary, checkpoint, exit 130
@@ -121,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             from divopd.train.rundir import has_checkpoint
 
             run_dir = Path(args.resume) if args.resume else cfg.resolved_run_dir()
-            if args.debug or not has_checkpoint(run_dir):
+            if getattr(args, "debug", False) or not has_checkpoint(run_dir):
                 raise
             print(f"divopd train: interrupted; continue from the newest checkpoint with:\n"
                   f"divopd train --resume {shlex.quote(str(run_dir))}", file=sys.stderr)
