@@ -197,12 +197,8 @@ def tune_cap(
 
     Returns:
         A JSON-able dict: ``log``, ``config``, ``updates``, ``delivered_turns``, ``delivered_rollouts``,
-        ``arrival_drain_ratio``, ``caps`` (one row per k, keys as in :func:`_cap_row`: ``cap``, ``starved``,
-        ``updates``, ``valid_rollouts``, ``used_rollouts``, ``undecided_rollouts``, ``unused_fraction``,
-        ``effective_rollouts_mean``, ``max_rollout_share_mean``, ``dead_row_fraction``, ``distinct_rollouts_mean``,
-        ``distinct_rollouts_min``, ``promised_rollouts`` (⌈B/k⌉), ``cap_binds_fraction`` (share of batches with at
-        least ⌈B/k⌉ distinct rollouts), ``mean_staleness``, ``selected``, ``expired``, ``invalid``),
-        ``recommended`` (k, ``"inf"`` or None), ``reason`` and ``rule`` (the tolerances).
+        ``arrival_drain_ratio``, ``caps`` (one row per k: :func:`_cap_row`), ``recommended`` (k, ``"inf"`` or None),
+        ``reason`` and ``rule`` (the tolerances).
     """
     if method in _CAPLESS:
         raise ValueError(

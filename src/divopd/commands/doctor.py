@@ -1,11 +1,6 @@
-"""``divopd doctor [CONFIG|SETTING] [--set ...] [--json]``: what this machine offers and what a config needs.
-
-Without a config: the machine's rows (Python, divopd, torch with its CUDA devices, bf16, NCCL and gloo, transformers,
-vLLM and its build, Ray, Java, the environment packages, free disk). With one (a YAML file or a packaged setting's
-name, with ``--method`` / ``--set`` as ``divopd train`` takes them): also the config's rows, the same checks
-``divopd train`` runs before it makes a run directory (:mod:`divopd.train.preflight`). Each row is ``ok``,
-``missing`` (the config needs it: a blocker), ``not available``, ``not needed`` or ``skipped``, with the line that
-installs or sets what is missing. Exit 0 when the config can run here, 2 with one line per blocker on stderr."""
+"""``divopd doctor [CONFIG|SETTING] [--set ...] [--json]``: what this machine offers (:mod:`divopd.train.probes`) and,
+given a config (as ``divopd train`` takes it), what it needs: the checks ``divopd train`` runs before it makes a run
+directory (:mod:`divopd.train.preflight`). Exit 0 when the config can run here, 2 with one line per blocker."""
 
 from __future__ import annotations
 

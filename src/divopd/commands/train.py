@@ -37,19 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
-def finished_updates(run_dir: Path, updates: int) -> int | None:
-    """The updates of a run that trained to its end (``summary.json`` at ``updates``, not stopped early), else
-    ``None``."""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    done = summary.get("updates") if isinstance(summary, dict) else None
-    if not isinstance(done, int) or done < updates or summary.get("interrupted") or summary.get("stalled"):
-        return None
-    return done
-
-
 def check_model(config: str | None, path: str, key: str) -> None:
     """``key``'s model folder loads; when missing, the command that builds it (a packaged setting's demo models)."""
     from divopd.errors import UsageError, check_model_folder
@@ -99,10 +86,11 @@ def run(args: argparse.Namespace) -> int:
         if not saved.is_file():
             raise UsageError(f"--resume {args.resume}: not a divopd run directory (no config.yaml)")
         loaded = load_config(saved)  # the models below are checked against the run's own config
-        done = finished_updates(Path(args.resume), loaded.updates)
-        if done is not None and not args.print_config:
-            print(f"divopd train: {args.resume} is finished ({done} of {loaded.updates} updates); nothing to resume "
-                  f"(its summary: {Path(args.resume, 'summary.json')})")
+        from divopd.suite.runs import run_state
+
+        if run_state(Path(args.resume)) == "done" and not args.print_config:
+            print(f"divopd train: {args.resume} is finished ({loaded.updates} of {loaded.updates} updates); nothing "
+                  f"to resume (its summary: {Path(args.resume, 'summary.json')})")
             return 0
         if args.overrides:  # placement only (checked above): resume the same run with another number of ranks
             cfg = load_config(saved, args.overrides)

@@ -71,18 +71,17 @@ def closest_key(schema: type[BaseModel], key: str) -> str | None:
     """The valid key ``key`` most likely meant: each unknown part spelled as its nearest sibling (``sampler.kap`` →
     ``sampler.cap``, ``samplr.cap`` → ``sampler.cap``), else the same name in another section (``sampler.lr`` →
     ``learner.lr``), else the nearest dotted key."""
-    known = schema_keys(schema)
-    parts, node, fixed = key.split("."), schema, []
+    known, parts = schema_keys(schema), key.split(".")
+    fixed: list[str] = []
+    node: type[BaseModel] | None = schema
     for part in parts:
         fields = list(node.model_fields) if node is not None else []
         near = [part] if part in fields else difflib.get_close_matches(part, fields, n=1, cutoff=0.6)
-        if not near:
+        if node is None or not near:
             break
         fixed.append(near[0])
-        node = _submodel(node.model_fields[near[0]].annotation) if node is not None else None
-        if node is None:
-            break
-    if fixed and ".".join(fixed) != key and ".".join(fixed) in known and len(fixed) == len(parts):
+        node = _submodel(node.model_fields[near[0]].annotation)
+    if len(fixed) == len(parts) and ".".join(fixed) in known:
         return ".".join(fixed)
     moved = [k for k in known if k.rpartition(".")[2] == parts[-1]]
     if moved:
@@ -124,8 +123,8 @@ def read_yaml(path: Path, schema: type[BaseModel] | None = None, seen: tuple[Pat
         raise ConfigError(f"{shown}: top level must be a mapping of config keys, got {type(data).__name__}")
     base = data.pop("base", None)
     unknown = unknown_key(schema, data) if schema is not None else None
-    if unknown is not None:
-        raise ConfigError(f"{shown}: {unknown_key_line(schema, unknown)}")  # type: ignore[arg-type]
+    if schema is not None and unknown is not None:
+        raise ConfigError(f"{shown}: {unknown_key_line(schema, unknown)}")
     if base is None:
         return data
     if not isinstance(base, str):
