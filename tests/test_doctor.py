@@ -298,4 +298,5 @@ def test_a_packaged_setting_on_a_fresh_folder_checks_its_shipped_models(tmp_path
     (tmp_path / "cache" / "coin6-dart" / "teacher").mkdir(parents=True)  # not divopd's: never replaced
     code, rows, err = _doctor(capsys, "coin6-dart")
     assert code == 2 and err == ["divopd doctor: error: teacher.path: cache/coin6-dart/teacher is not a model folder "
-                                 "(no config.json)"], err
+                                 "(no config.json); build it with `python -m divopd.suite.demo --configs "
+                                 "coin6-dart`"], err

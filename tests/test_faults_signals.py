@@ -174,7 +174,8 @@ def test_a_double_ctrl_c_inside_a_poll_never_checkpoints_the_half_done_poll(
     rc = _finish(proc)
     text = err.read_text()
     assert rc == 130 and "Traceback" not in text, text[-3000:]
-    assert text.strip().splitlines()[-1] == "divopd train: interrupted"
+    assert text.strip().splitlines()[-2:] == ["divopd train: interrupted; continue from the newest checkpoint with:",
+                                              f"divopd train --resume {run_dir}"]
     assert latest_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "update-000002"
     assert not (run_dir / "summary.json").exists(), "quit inside a stage: the run is unfinished, not summarised"
     _check_resumed_equals(run_dir, reference)

@@ -340,7 +340,8 @@ def test_selection_chain_by_hand_and_through_the_cli(tmp_path: Path, capsys: pyt
     table = md.read_text()
     assert "| depth | outcome | vanilla | vanilla-pool | divopd-base | divopd | delivered |" in table
     assert "| <2 | success | 37.5% |" in table and table.count("\n| ") == 10 + 1  # 5 buckets × 2 outcomes + header
-    assert "T11 Gini" in text and "T16 teacher" in text and "0.375" in text  # the diagnostics table, vanilla Gini
+    assert "selection Gini" in text and "0.375" in text  # the diagnostics table, vanilla Gini
+    assert "Table 11: never selected, selection Gini;" in " ".join(text.split())  # the footnote names the tables
 
 
 # ---------------------------------------------------------------------------------------------------- report

@@ -5,8 +5,8 @@ Modules are imported only when their command runs, so ``divopd replay`` never im
 Input errors (:class:`divopd.errors.UsageError` and its subclasses, pydantic validation errors, YAML syntax errors,
 missing or unreadable input files, bad arguments) are printed as one line, ``divopd <command>: error: <message>``, and
 the command exits 2; ``--debug`` (or ``DIVOPD_DEBUG=1``) shows their traceback instead. Other exceptions are bugs and
-keep their traceback. Third-party loggers (py4j, Ray, transformers, ...) are quiet below WARNING unless ``--verbose``
-(or ``DIVOPD_VERBOSE=1``).
+keep their traceback. Third-party loggers (py4j, Ray, transformers, ...) are quiet below WARNING and third-party
+progress bars (Hugging Face's "Loading weights", tqdm's) are off unless ``--verbose`` (or ``DIVOPD_VERBOSE=1``).
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ THIRD_PARTY_LOGGERS: tuple[str, ...] = (
     "scienceworld", "textworld_express", "alfworld", "pyserini", "faiss", "spacy",
 )
 
+#: Environment variables that turn third-party progress bars off (huggingface_hub and transformers read theirs when
+#: imported; tqdm's is the default of every bar); set unless ``--verbose``, kept where the user set them.
+QUIET_PROGRESS_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
+
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -64,7 +68,8 @@ def _add_global_flags(parser: argparse.ArgumentParser, default: object) -> None:
     parser.add_argument("--debug", action="store_true", default=default,
                         help="show the full traceback of input errors (also DIVOPD_DEBUG=1)")
     parser.add_argument("--verbose", action="store_true", default=default,
-                        help="keep third-party INFO logs (py4j, Ray, transformers, ...; also DIVOPD_VERBOSE=1)")
+                        help="keep third-party INFO logs and progress bars (py4j, Ray, transformers, ...; also "
+                        "DIVOPD_VERBOSE=1)")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -80,11 +85,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def quiet_third_party_loggers(verbose: bool = False) -> None:
-    """Third-party loggers at WARNING (``verbose``: left as they are, so INFO reaches a root logger at INFO)."""
+    """Third-party loggers at WARNING and their progress bars off (``verbose``: both left as they are)."""
     if verbose:
         return
     for name in THIRD_PARTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name, value in QUIET_PROGRESS_ENV.items():
+        os.environ.setdefault(name, value)
+    if "transformers" in sys.modules:  # imported before the variable was set
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
 def input_error_message(exc: BaseException) -> str | None:
@@ -130,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    debug = args.debug or _env_flag("DIVOPD_DEBUG")
+    debug = args.debug = args.debug or _env_flag("DIVOPD_DEBUG")
     quiet_third_party_loggers(args.verbose or _env_flag("DIVOPD_VERBOSE"))
     try:
         return int(args._run(args) or 0)

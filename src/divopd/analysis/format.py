@@ -1,13 +1,7 @@
 """Formatting shared by the analysis commands and the suite: numbers in tables, strict JSON files, Markdown tables and
 headless matplotlib figures.
 
-One copy of each helper, so that ``divopd report``, ``replay``, ``tune-cap`` and the demos write numbers the same way:
-
-- :func:`mean`, :func:`divide`: a mean or a ratio, ``None`` when there is nothing to average or divide by;
-- :func:`fmt`: a number with fixed decimals (or as a percentage), ``–`` for a missing one;
-- :func:`json_safe`, :func:`dump_json`: strict JSON (no NaN/inf; numpy scalars and arrays as plain values);
-- :func:`md_table`: the lines of a Markdown table;
-- :func:`pyplot`, :func:`save_figure`: matplotlib on the Agg backend (no display needed), figures written and closed.
+One copy of each, so that ``divopd report``, ``replay``, ``tune-cap`` and the demos write numbers the same way.
 """
 
 from __future__ import annotations

@@ -6,22 +6,12 @@ Every method sees exactly the same experience, tick by tick (:func:`replay`):
 - before tick ``j``, every logged turn with ``arrival_update ≤ j`` not yet delivered is added, in arrival order;
 - the method's sampler is asked for a batch; a tick without a batch is counted ``starved``.
 
-Coverage (:func:`rollout_coverage`): a rollout is *valid* when at least one of its delivered turns passes the gate; it
-is *used* when any of its turns was selected; a rollout is *decided* when every delivered turn of it is selected,
-expired or rejected by the end. ``unused_fraction`` = valid decided rollouts never used ÷ valid decided rollouts;
-valid rollouts with a turn still waiting are reported as ``undecided_rollouts``. ``used_rollouts`` counts valid
-rollouts that were used (a rollout whose only selected turns are dead rows of an invalid rollout is not counted).
-
-The diagnostics of the paper's tables (:data:`TABLE_KEYS`; definitions in :mod:`divopd.sampling.paper_diagnostics`
-and docs/guides/report.md): Table 11's ``never_selected_share`` and ``selection_gini``, Tables 9 and 12's means,
-Figure 6's ``disagreement_std_ema``, Table 16's token shares, Table 14's ``selection_chain`` (a turn's outcome is its
-rollout's, from whichever logged turn carries it: under ``explorer.enqueue: turn`` only the last one does).
+Coverage: :func:`~divopd.analysis.replay_rules.rollout_coverage`; the diagnostics of the paper's tables:
+:data:`TABLE_KEYS` (definitions in :mod:`divopd.sampling.paper_diagnostics`).
 
 The log is read once and streamed: all methods advance in lockstep and share the same :class:`~divopd.Turn` objects,
 so memory holds the turns some sampler still waits on (bounded by the staleness window), one record batch, and a few
 dozen bytes per rollout of bookkeeping.
-
-Command line: ``divopd replay LOG --methods vanilla,divopd-base,divopd --json replay.json`` (docs/guides/replay.md).
 """
 
 from __future__ import annotations

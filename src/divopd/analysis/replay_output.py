@@ -9,8 +9,8 @@ from typing import Any
 
 from divopd.analysis.format import dump_json, fmt, md_table, pyplot, save_figure
 
-__all__ = ["DIAGNOSTIC_COLUMNS", "chain_rows", "plot_replay", "render_diagnostics", "render_selection_chain",
-           "render_table", "write_json", "write_selection_chain"]
+__all__ = ["DIAGNOSTIC_COLUMNS", "chain_rows", "paper_sources", "plot_replay", "render_diagnostics",
+           "render_selection_chain", "render_table", "write_json", "write_selection_chain"]
 
 #: Columns of the printed table: (header, justify).
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -70,18 +70,18 @@ def render_table(result: dict[str, Any], title: str | None = None):  # -> rich.t
     return table
 
 
-#: The paper-diagnostics table: (header, result key, digits or "pct").
-DIAGNOSTIC_COLUMNS: tuple[tuple[str, str, int | str], ...] = (
-    ("T9 eff. rollouts", "effective_rollouts_mean", 2),
-    ("T9 top-1 share", "max_rollout_share_mean", "pct"),
-    ("T9 turns/rollout", "turns_per_rollout_mean", 2),
-    ("T9 KL/token", "kl_per_token_mean", 3),
-    ("T11 never selected", "never_selected_share", "pct"),
-    ("T11 Gini", "selection_gini", 3),
-    ("T12 mean age", "mean_age", 2),
-    ("T16 teacher tok/trained tok", "teacher_tokens_per_trained_token", 2),
-    ("T16 scored never selected", "never_selected_scored_share", "pct"),
-    ("F6 disagr. std EMA", "disagreement_std_ema", 3),
+#: The diagnostics table: (header, result key, digits or "pct", the paper's table or figure that reports it).
+DIAGNOSTIC_COLUMNS: tuple[tuple[str, str, int | str, str], ...] = (
+    ("effective rollouts", "effective_rollouts_mean", 2, "Table 9"),
+    ("top-1 rollout share", "max_rollout_share_mean", "pct", "Table 9"),
+    ("turns per rollout", "turns_per_rollout_mean", 2, "Table 9"),
+    ("KL per token", "kl_per_token_mean", 3, "Table 9"),
+    ("never selected", "never_selected_share", "pct", "Table 11"),
+    ("selection Gini", "selection_gini", 3, "Table 11"),
+    ("mean age", "mean_age", 2, "Table 12"),
+    ("teacher tokens per trained token", "teacher_tokens_per_trained_token", 2, "Table 16"),
+    ("scored but never selected", "never_selected_scored_share", "pct", "Table 16"),
+    ("disagreement std EMA", "disagreement_std_ema", 3, "Figure 6"),
 )
 
 
@@ -89,16 +89,24 @@ def _cell(value: Any, digits: int | str) -> str:
     return fmt(value, pct=True) if digits == "pct" else fmt(value, int(digits))
 
 
+def paper_sources() -> str:
+    """The footnote of the diagnostics table: which paper table or figure reports each column."""
+    by_source: dict[str, list[str]] = {}
+    for header, _, _, source in DIAGNOSTIC_COLUMNS:
+        by_source.setdefault(source, []).append(header)
+    return "In the paper: " + "; ".join(f"{source}: {', '.join(h)}" for source, h in by_source.items()) + "."
+
+
 def render_diagnostics(result: dict[str, Any], title: str | None = None):  # -> rich.table.Table
-    """A rich table of the diagnostics of the paper's tables, per method (Tables 9, 11, 12, 16 and Figure 6)."""
+    """A rich table of the diagnostics per method, with :func:`paper_sources` as its footnote."""
     from rich.table import Table
 
-    table = Table(title=title or "diagnostics of the paper's tables (T = table, F = figure)")
+    table = Table(title=title or "diagnostics per method", caption=paper_sources(), caption_justify="left")
     table.add_column("method", justify="left")
-    for header, _, _ in DIAGNOSTIC_COLUMNS:
+    for header, *_ in DIAGNOSTIC_COLUMNS:
         table.add_column(header, justify="right")
     for name, m in result["methods"].items():
-        table.add_row(name, *(_cell(m.get(key), digits) for _, key, digits in DIAGNOSTIC_COLUMNS))
+        table.add_row(name, *(_cell(m.get(key), digits) for _, key, digits, _ in DIAGNOSTIC_COLUMNS))
     return table
 
 

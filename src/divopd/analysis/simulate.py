@@ -1,35 +1,11 @@
-"""A synthetic asynchronous producer that writes a real experience log (``divopd simulate``).
+"""A synthetic asynchronous producer that writes a real experience log (``divopd simulate``), for when no training run
+is at hand, and for tests: ``divopd replay`` then replays selection rules over the log.
 
-For when no training run is at hand, and for tests: ``divopd replay`` then replays selection rules over the log.
-
-Model (time is measured in learner updates; the learner is assumed to finish one update per unit of time, so
-``arrival_update = floor(time)``):
-
-- ``E`` explorers run rollouts back to back. An explorer pulls weights when it starts a rollout, ``d_e`` updates late
-  (``d_e = e mod (max_delay + 1)``), so every turn of the rollout has ``policy_version = max(0, floor(start) − d_e)``:
-  the explorer delay gives the policy-version lag.
-- Horizons depend on the outcome (paper, "whose horizon T_ρ depends on the outcome"): a rollout succeeds with
-  probability ``success_rate`` and then lasts ``clip(round(LogNormal(ln success_median, success_sigma)), min_horizon,
-  step_limit − 1)`` turns; a failure runs to ``step_limit``.
-- A rollout takes ``horizon × step_time × Uniform(0.8, 1.2)`` updates, with ``step_time = E / (R × mean horizon)``, so
-  the producer finishes about ``R`` rollouts per update. All turns of a rollout arrive together when it ends, in turn
-  order (paper, "Turns from one rollout arrive together").
-- Per turn ``i``: response length ``clip(round(LogNormal(ln response_median, response_sigma)), 4, 512)``, observation
-  length ``clip(round(LogNormal(ln obs_median, obs_sigma)), 1, 4096)``; the prompt is ``base_prompt`` + the history
-  (observations and responses of earlier turns; only the last ``history_window`` turns when set) + the current
-  observation. Past ``context_budget`` the explorer truncates the prompt: ``prompt_truncated`` and zero teacher-scored
-  tokens (teacher log probs NaN), like the paper's rejected ALFWorld rows ("a truncated prompt from a failed rollout and
-  zero scored tokens"). Only long (failed) rollouts reach the budget.
-- Log probabilities: student ``s = −Exponential(student_nll)`` per token; the turn's mean token disagreement is
-  ``μ = LogNormal(ln disagreement_median, disagreement_sigma)``, times ``fail_factor`` in failed rollouts; per token
-  ``s − t ~ Normal(μ, token_noise)``, teacher ``t = min(s − (s − t), 0)``.
-
-``R`` against the drain rate ``B`` turns/update sets the producer load: turns per update ≈ ``R × mean horizon``;
-the command prints the measured arrival/drain ratio (turns arrived per update ÷ B).
-
-Presets (:data:`PRESETS`): ``alfworld`` (50-step limit, 4k context: ~5–15 % truncated turns), ``webshop`` (15 steps,
-long observations, 4k context: ~10–15 %) and ``scienceworld`` (40 steps, a 10-turn history window within 8k
-context: 0 %). Seeded and deterministic: the same arguments write the same rows.
+Time is measured in learner updates (``arrival_update = floor(time)``). Explorers run rollouts back to back with a
+per-explorer weight delay; a rollout's horizon depends on its outcome and all its turns arrive together when it ends;
+prompts past the context budget are truncated with no teacher-scored token; the producer finishes about ``R`` rollouts
+per update, so ``R`` against the drain rate ``B`` sets the load. The distributions are the presets'
+(:mod:`divopd.analysis.sim_presets`); docs/guides/replay.md states the model step by step. Seeded and deterministic.
 """
 
 from __future__ import annotations

@@ -5,30 +5,10 @@ up to 7.9 points over k ∈ {3…6}, its Table 19). :func:`tune_cap` replays one
 :func:`~divopd.analysis.replay.replay`, one pass per k) with a rollout-first method at each candidate k and reports, per
 k, what the cap is for: coverage of valid rollouts (``unused_fraction``), spread within a batch (effective rollouts,
 largest rollout share, distinct rollouts per batch and whether the first pass found the ⌈B/k⌉ rollouts the cap
-promises), dead rows, starved ticks and staleness. :func:`recommend_cap` then picks one k.
-
-Recommendation rule (:func:`recommend_cap`), applied in this order:
-
-1. **Do not starve the learner**: keep the caps with the fewest starved ticks.
-2. **Coverage**: of those, keep the caps whose unused fraction is within ``unused_tol`` (absolute, default 0.02) of
-   the best one.
-3. **Spread**: of those, keep the caps whose mean effective rollouts per batch is at least ``1 − eff_tol`` (default
-   0.9) of the best one among them.
-4. **Loosest cap**: recommend the largest k left.
-
-Why: coverage and spread are what a cap buys (the paper's Table 11 and "Concentration within an update"), and both are
-measured here, so a cap is only tightened while that measurably improves them. What a tighter cap may cost is not
-measured by a replay: it splits every rollout into smaller pieces per update, and the paper's cap sensitivity (Table
-19: the best k varies by setting, so the smallest k is not always best) says that cost is real in training. So, among
-the caps a replay cannot tell apart on coverage and spread, the loosest one is recommended, as in a one-standard-error
-rule (the least restrictive setting within noise of the best). Caps below the point where the first pass finds ⌈B/k⌉
-rollouts behave like a larger cap (later passes raise it), so they give identical rows and the rule picks the largest
-of them. The tolerances absorb replay noise (uniform within-rollout order, expiry at the margins); ``unused_tol = 0``
-and ``eff_tol = 0`` ask for the best exactly.
-
-A replay measures selection, not learning: the pick is the cap that gives the best-covered, best-spread batches with
-the least fragmentation, which is the mechanism the paper credits for its gains; check it against training runs where
-you can.
+promises), dead rows, starved ticks and staleness. :func:`recommend_cap` then picks one k: the caps that starve the
+learner least, of those the ones within tolerance of the best coverage, then of the best spread, and the loosest left
+(why this order: docs/guides/tune-cap.md). A replay measures selection, not learning: check the pick against training
+runs where you can.
 """
 
 from __future__ import annotations
@@ -217,12 +197,8 @@ def tune_cap(
 
     Returns:
         A JSON-able dict: ``log``, ``config``, ``updates``, ``delivered_turns``, ``delivered_rollouts``,
-        ``arrival_drain_ratio``, ``caps`` (one row per k, keys as in :func:`_cap_row`: ``cap``, ``starved``,
-        ``updates``, ``valid_rollouts``, ``used_rollouts``, ``undecided_rollouts``, ``unused_fraction``,
-        ``effective_rollouts_mean``, ``max_rollout_share_mean``, ``dead_row_fraction``, ``distinct_rollouts_mean``,
-        ``distinct_rollouts_min``, ``promised_rollouts`` (⌈B/k⌉), ``cap_binds_fraction`` (share of batches with at
-        least ⌈B/k⌉ distinct rollouts), ``mean_staleness``, ``selected``, ``expired``, ``invalid``),
-        ``recommended`` (k, ``"inf"`` or None), ``reason`` and ``rule`` (the tolerances).
+        ``arrival_drain_ratio``, ``caps`` (one row per k: :func:`_cap_row`), ``recommended`` (k, ``"inf"`` or None),
+        ``reason`` and ``rule`` (the tolerances).
     """
     if method in _CAPLESS:
         raise ValueError(

@@ -14,12 +14,11 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``divopd bench``."""
     parser.add_argument("suite", choices=("paper",),
                         help="benchmark suite (paper: the plan of the paper's tables, or a plan of your own with "
                         "--plan)")
     parser.add_argument("--plan", default=str(DEFAULT_PLAN),
-                        help="plan file (default: benchmarks/paper/plan.yaml, in the working directory)")
+                        help="plan file (default: the paper's plan, shipped with divopd: divopd/suite/paper_plan.yaml)")
     parser.add_argument("--out", default=None, help="runs folder (default: the plan's out, runs/paper)")
     parser.add_argument("--only", action="append", default=[], metavar="GROUP[/LABEL]",
                         help="only these runs (shell globs, repeatable), e.g. coin2/divopd or '*-cap'; with --only or "
@@ -31,7 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point of ``divopd bench``."""
     plan = load_plan(args.plan)  # PlanError: one line, exit 2 (divopd.cli)
     out = Path(args.out or plan.out)
     runs = select_runs(plan_runs(plan), args.only, args.seeds)
@@ -42,9 +40,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         from divopd.suite.models import SHIPPED, prepare_models, recipe_for
-        from divopd.train.run import quiet_hf_progress
 
-        quiet_hf_progress()
         torch.set_num_threads(1)
         if plan.own_config:  # a config of the user's own: its models as they are
             from divopd.train.config import load_config

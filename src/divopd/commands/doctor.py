@@ -1,11 +1,6 @@
-"""``divopd doctor [CONFIG|SETTING] [--set ...] [--json]``: what this machine offers and what a config needs.
-
-Without a config: the machine's rows (Python, divopd, torch with its CUDA devices, bf16, NCCL and gloo, transformers,
-vLLM and its build, Ray, Java, the environment packages, free disk). With one (a YAML file or a packaged setting's
-name, with ``--method`` / ``--set`` as ``divopd train`` takes them): also the config's rows, the same checks
-``divopd train`` runs before it makes a run directory (:mod:`divopd.train.preflight`). Each row is ``ok``,
-``missing`` (the config needs it: a blocker), ``not available``, ``not needed`` or ``skipped``, with the line that
-installs or sets what is missing. Exit 0 when the config can run here, 2 with one line per blocker on stderr."""
+"""``divopd doctor [CONFIG|SETTING] [--set ...] [--json]``: what this machine offers (:mod:`divopd.train.probes`) and,
+given a config (as ``divopd train`` takes it), what it needs: the checks ``divopd train`` runs before it makes a run
+directory (:mod:`divopd.train.preflight`). Exit 0 when the config can run here, 2 with one line per blocker."""
 
 from __future__ import annotations
 
@@ -55,6 +50,17 @@ def _shipped(config: str, cfg: TrainConfig) -> dict[str, Path]:
     return shipped_models_for(config, cfg.student.path, cfg.teacher.path)
 
 
+def _built_by_command(config: str, cfg: TrainConfig, row: Check) -> Check:
+    """A missing model folder that a command builds (a packaged setting's demo models): the row names the command."""
+    from divopd.suite.models import build_command
+
+    command = None if Path(config).is_file() else build_command(config, cfg.get(row.name))
+    if command is None:
+        return row
+    return Check(row.name, row.status, row.detail, f"build it: `{command}` (then trains the demo's runs)",
+                 f"{row.blocker}; build it with `{command}`", row.error)
+
+
 def run(args: argparse.Namespace) -> int:
     from divopd.errors import UsageError
     from divopd.train.probes import machine_checks
@@ -86,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
             if r.name.endswith(".path") and name in shipped and r.status == "ok":
                 config_rows[i] = Check(r.name, r.status, f"{r.detail}: the package's prebuilt {name}, copied to "
                                        f"cache/{args.config}/{name} on the first divopd train")
+            elif r.name in ("student.path", "teacher.path") and r.blocker:
+                config_rows[i] = _built_by_command(args.config, cfg, r)
     stops = [r for r in config_rows if r.blocker]
     if args.json:
         for section, rows in (("machine", machine), ("config", config_rows)):

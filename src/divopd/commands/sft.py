@@ -10,13 +10,7 @@ students' warm start.
    and the numbers), and report the held-out success rate of greedy student-only episodes on ``--eval-split``.
 
 ``--env`` is a registry name or the import path ``module:Class`` of an environment of your own (imported in this
-process, as ``explorer.env`` is by a training run). Example (a CPU teacher, then a weaker student warm start sharing
-its vocabulary)::
-
-    divopd sft --env twx --out runs/sft/teacher --size 0.2m --train-tasks 400 --epochs 6 \
-        --prompt '{"past_observation_max_words": 8}'
-    divopd sft --env twx --out runs/sft/student --size 0.2m --train-tasks 100 --epochs 2 --seed 1 \
-        --tokenizer-from runs/sft/teacher --prompt '{"past_observation_max_words": 8}'
+process, as ``explorer.env`` is by a training run); docs/guides/own-model.md builds a teacher and a student with it.
 """
 
 from __future__ import annotations

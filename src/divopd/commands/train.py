@@ -8,19 +8,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 from pathlib import Path
 
 from divopd.train.checkpoints import EXIT_CHECKPOINT_WRITE, CheckpointWriteError, disk_full_line, is_disk_full
-from divopd.train.config import load_config
+from divopd.train.config import PLACEMENT_KEYS, load_config
 from divopd.train.interrupt import EXIT_INTERRUPTED, StopRequest
-from divopd.train.run import quiet_hf_progress, train
+from divopd.train.run import train
 from divopd.train.watchdog import EXIT_STALLED
 
 __all__ = ["add_arguments", "run"]
 
-#: Keys ``--set`` may change on ``--resume``: where the run executes, not what it computes.
-RESUME_KEYS = ("learner.world_size", "learner.activation_checkpointing", "runtime.ray_address", "runtime.learner_gpus")
+#: Keys ``--set`` may change on ``--resume``.
+RESUME_KEYS = PLACEMENT_KEYS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,10 +37,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
-def run(args: argparse.Namespace) -> int:
-    quiet_hf_progress()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+def check_model(config: str | None, path: str, key: str) -> None:
+    """``key``'s model folder loads; when missing, the command that builds it (a packaged setting's demo models)."""
     from divopd.errors import UsageError, check_model_folder
+
+    try:
+        check_model_folder(path, key)
+    except UsageError as exc:
+        from divopd.suite.models import build_command
+
+        command = build_command(config, path) if config and not Path(config).is_file() else None
+        if command is None:
+            raise
+        raise UsageError(f"{exc}; build it with `{command}`") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from divopd.errors import UsageError
 
     if args.resume and args.config:
         raise UsageError("give a CONFIG or --resume RUN_DIR, not both")
@@ -71,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
         if not saved.is_file():
             raise UsageError(f"--resume {args.resume}: not a divopd run directory (no config.yaml)")
         loaded = load_config(saved)  # the models below are checked against the run's own config
+        from divopd.suite.runs import run_state
+
+        if run_state(Path(args.resume)) == "done" and not args.print_config:
+            print(f"divopd train: {args.resume} is finished ({loaded.updates} of {loaded.updates} updates); nothing "
+                  f"to resume (its summary: {Path(args.resume, 'summary.json')})")
+            return 0
         if args.overrides:  # placement only (checked above): resume the same run with another number of ranks
             cfg = load_config(saved, args.overrides)
     if args.print_config:
@@ -79,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         print(dump_config(cfg) if cfg else saved.read_text())
         return 0
     for key in ("student", "teacher"):  # before anything heavy loads
-        check_model_folder(getattr(cfg or loaded, key).path, f"{key}.path")
+        check_model(args.config, getattr(cfg or loaded, key).path, f"{key}.path")
     from divopd.learn.ranks import LearnerRankError
 
     with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next stage boundary, checkpoint, exit 130
@@ -90,6 +111,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"divopd train: error: {exc}; resume with `divopd train --resume RUN_DIR` (any "
                   "learner.world_size, via --set)", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:  # a second Ctrl-C quit at once: the newest checkpoint, if any, continues the run
+            from divopd.train.rundir import has_checkpoint
+
+            run_dir = Path(args.resume) if args.resume else cfg.resolved_run_dir()
+            if getattr(args, "debug", False) or not has_checkpoint(run_dir):
+                raise
+            print(f"divopd train: interrupted; continue from the newest checkpoint with:\n"
+                  f"divopd train --resume {shlex.quote(str(run_dir))}", file=sys.stderr)
+            return EXIT_INTERRUPTED
         except (CheckpointWriteError, OSError) as exc:  # disk full: one line, the newest good checkpoint intact
             if not isinstance(exc, CheckpointWriteError) and not is_disk_full(exc):
                 raise
@@ -101,4 +131,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"divopd train: error: {summary['stalled']}; checkpointed at update {summary['updates']}: resume with "
               f"`divopd train --resume {summary['run_dir']}`", file=sys.stderr)
         return EXIT_STALLED
-    return EXIT_INTERRUPTED if summary.get("interrupted") else 0
+    if summary.get("interrupted"):
+        print(f"divopd train: stopped at update {summary['updates']}, checkpointed; continue with:\n"
+              f"divopd train --resume {shlex.quote(str(summary['run_dir']))}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0

@@ -7,7 +7,7 @@
 2. **Training**: the packaged setting ``coin6-dart`` with ``method`` vanilla and divopd (same explorer, learner,
    batch size and producer; only the sampler differs) for each seed, 40 updates under the lockstep runtime: every run
    is reproducible, and the same seed gives both methods the same student, task order and sampling seeds; seed 0's
-   runs are the study's (``benchmarks/regime/plan-coin6-dart.yaml``) value for value. The runs of one seed train side
+   runs are the study's (``study/regime/plan-coin6-dart.yaml``) value for value. The runs of one seed train side
    by side in ``--jobs`` processes (one torch thread each). A finished run is not redone (delete its directory to redo
    it); an interrupted one is resumed.
 3. **Report**: ``divopd report`` over the runs (SR curves vs updates / learner tokens / compute, time-to-target,
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from divopd.errors import UsageError
-from divopd.suite.models import RECIPES, SHIPPED, prepare_models, recipe_for
+from divopd.suite.models import RECIPES, SHIPPED, default_cache, prepare_models, recipe_for
 from divopd.train.packaged import CONFIGS as PACKAGED_CONFIGS
 from divopd.train.packaged import config_path
 
@@ -251,13 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    from divopd.train.run import quiet_hf_progress
+    from divopd.cli import quiet_third_party_loggers
 
-    quiet_hf_progress()
+    quiet_third_party_loggers()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     out = Path(args.out)
-    cache = Path(args.cache or ("cache/demo" if name == "tiny" else f"cache/{name}"))
+    cache = Path(args.cache) if args.cache else default_cache(name)
     overrides = list(args.overrides)
     try:
         for method in args.methods:  # every method row, before anything is built or trained

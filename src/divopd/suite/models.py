@@ -5,24 +5,6 @@ A :class:`ModelRecipe` names the game, the prompt and the ``divopd sft`` argumen
 :func:`prepare_models` runs what is missing and returns the two folders. Each CPU setting
 (``divopd/configs/<name>.yaml``) has one recipe (:data:`RECIPES`, keyed by the setting's name); the setting file uses
 the same game and prompt (a test checks).
-
-* ``tiny`` (the 2-room cold start of the first demo): a teacher cloned from the game's gold paths, a random-init
-  student.
-* ``coin4`` (a warm-started student): *coin* with 4 rooms; the teacher clones the observable-state search of
-  :mod:`divopd.explore.envs.coin_expert` (600 tasks × 8 epochs; held-out SR ~97% at T = 0.4); the student is a short
-  SFT of the same search (150 tasks, one epoch, ~23%) on the teacher's tokenizer.
-* ``coin6`` (a longer horizon): *coin* with 6 rooms and a 14-step limit, a longer horizon; the same kind of
-  search-expert teacher and short-SFT student as ``coin4``.
-* ``coin4-dart`` (a student that climbs toward its teacher): *coin* with 4 rooms; the teacher clones the same
-  search from DART-style data (``--expert-noise 0.2``: it has seen "Unknown action" replies and recovers from them;
-  ~90% at T = 0.4), the student an epsilon-greedy searcher (``--expert-epsilon 0.8``: well-formed actions, takes the
-  coin whenever it sees it, searches at random; ~55% at T = 0.4) on the teacher's tokenizer.
-* ``coin6-dart`` (a student that starts at 10-35% held-out SR): *coin* with 6 rooms and a 14-step limit (the game of
-  ``coin6``); the DART-style teacher of ``coin4-dart`` (~82% at T = 0.4), a student that clones an epsilon-greedy
-  searcher which also walks past half the coins it sees (``--expert-epsilon 0.8 --expert-miss 0.5``: well-formed
-  actions, ~20% at T = 0.4) on the teacher's tokenizer.
-* ``twc`` (a second game): TextWorld Commonsense, one room, one object; held-out tasks are the train fold's
-  last 200 seeds (``dev_from_train``). Teacher and student both clone the gold paths, the student with less training.
 """
 
 from __future__ import annotations
@@ -37,8 +19,8 @@ from typing import Any
 from divopd.errors import UsageError
 from divopd.train.packaged import SHIPPED as PACKAGED_MODELS
 
-__all__ = ["RECIPES", "SHIPPED", "ModelRecipe", "copy_shipped", "prepare_models", "recipe_for", "shipped_models_for",
-           "use_shipped_models"]
+__all__ = ["RECIPES", "SHIPPED", "ModelRecipe", "build_command", "copy_shipped", "default_cache", "prepare_models",
+           "recipe_for", "shipped_models_for", "use_shipped_models"]
 
 #: Prebuilt models that the package ships (package data, :data:`divopd.train.packaged.SHIPPED`),
 #: ``divopd/shipped/<setting>/{teacher,student}``: the recipe's build into ``cache/<setting>`` (their
@@ -124,6 +106,22 @@ RECIPES: dict[str, ModelRecipe] = {
         student=("--train-tasks", "550", "--epochs", "3", "--max-steps", "5", "--eval-tasks", "10", "--seed", "1"),
         note="gold-path teacher (600 tasks x 8 epochs, ~3 min), shorter gold-path student"),
 }
+
+
+def default_cache(setting: str) -> Path:
+    """Where the demo builds a setting's models and its packaged config reads them: ``cache/demo`` for ``tiny``,
+    else ``cache/<setting>``."""
+    return Path("cache/demo" if setting == "tiny" else f"cache/{setting}")
+
+
+def build_command(setting: str, folder: str) -> str | None:
+    """The command that builds model folder ``folder`` of packaged setting ``setting`` (the demo, which builds them
+    into :func:`default_cache` first), ``None`` when no recipe builds that folder or it holds files (never built
+    into)."""
+    path = Path(folder)
+    if setting not in RECIPES or path.parent != default_cache(setting) or (path.is_dir() and any(path.iterdir())):
+        return None
+    return f"python -m divopd.suite.demo --configs {setting}"
 
 
 def recipe_for(configs: str | Path) -> ModelRecipe:

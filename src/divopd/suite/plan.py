@@ -20,8 +20,8 @@ from divopd.sampling import method_names
 from divopd.train.packaged import CONFIGS as PACKAGED_CONFIGS
 from divopd.train.packaged import setting_names
 
-#: The paper suite's plan, relative to the working directory (``make paper`` runs in the repository's root).
-DEFAULT_PLAN = Path("benchmarks") / "paper" / "plan.yaml"
+#: The paper suite's plan, shipped in the package (``benchmarks/paper/plan.yaml`` in a checkout links to it).
+DEFAULT_PLAN = Path(__file__).resolve().parent / "paper_plan.yaml"
 #: The packaged setting every plan starts from unless it names another (``configs:``).
 CONFIGS = PACKAGED_CONFIGS / "tiny.yaml"
 COMBINED_REPORTS = ("settings", "load")  # <out>/report/<name>/: every main run together, the load sweep together
@@ -102,7 +102,7 @@ class Sweeps(_Strict):
 
 
 class Plan(_Strict):
-    """The benchmark plan (``benchmarks/paper/plan.yaml``)."""
+    """A benchmark plan (the paper's: :data:`DEFAULT_PLAN`)."""
 
     out: str = "runs/paper"
     configs: str = Field("tiny", description="what every run starts from, with `method` set to the run's row: a "

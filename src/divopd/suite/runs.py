@@ -15,7 +15,8 @@ from divopd.suite.plan import Plan, PlannedRun
 
 
 def run_state(run_dir: Path) -> Literal["done", "partial", "todo"]:
-    """``done`` (summary.json: skipped), ``partial`` (config.yaml, no summary: resumed) or ``todo`` (started).
+    """``done`` (summary.json: the bench skips it, ``divopd train --resume`` says it is finished), ``partial``
+    (config.yaml, no summary: resumed) or ``todo`` (started).
 
     A summary that records fewer updates than the run's config asks for (a run stopped by ``max_seconds`` or an
     interrupt that still wrote one) counts as ``partial``, so it is resumed rather than kept short.

@@ -19,7 +19,6 @@ overrides are applied last, after the row's switches; values are parsed as YAML 
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -27,7 +26,7 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from divopd.errors import ConfigError, describe_validation_error, describe_yaml_error
+from divopd.errors import ConfigError, describe_validation_error
 from divopd.explore.envs import SPLITS, check_env_name
 from divopd.explore.settings import ExplorerConfig, VLLMSettings
 from divopd.explore.tcod import TCODConfig
@@ -35,11 +34,26 @@ from divopd.explore.teacher_server import ServerSettings
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import TurnOPDConfig
 from divopd.sampling import METHODS, ROWS, SamplerConfig, method_names
-from divopd.sampling.registry import check_row, row_switches
+from divopd.sampling.registry import check_row
 from divopd.sampling.settings import sampler_kwargs, settings_model
+from divopd.train.config_load import (
+    apply_overrides,
+    deep_merge,
+    override_for,
+    read_yaml,
+    unknown_key,
+    unknown_key_line,
+    with_method,
+)
 from divopd.train.packaged import config_path
 
-__all__ = ["TrainConfig", "load_config", "apply_overrides", "with_method", "METHOD_ROWS", "sampler_method_for"]
+__all__ = ["METHOD_ROWS", "PLACEMENT_KEYS", "TrainConfig", "apply_overrides", "config_reference", "dump_config",
+           "load_config", "sampler_method_for", "with_method"]
+
+#: Keys that say where a run executes, not what it computes: ``--resume`` may change them, and the seeds of one method
+#: may differ in them (``divopd report``).
+PLACEMENT_KEYS = ("learner.world_size", "learner.activation_checkpointing", "runtime.ray_address",
+                  "runtime.learner_gpus")
 
 #: Method rows of the paper that are not sampler names, and the sampler rule each one reads batches with.
 METHOD_ROWS: dict[str, str] = {name: row.rule for name, row in ROWS.items() if row.rule != name}
@@ -270,77 +284,6 @@ class TrainConfig(_Strict):
         return Path(self.out_dir) / self.setting / self.method / f"seed{self.seed}"
 
 
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    shown, path = path, path.resolve()
-    if path in seen:
-        raise ConfigError(f"config {path}: `base:` cycle through {' -> '.join(str(p) for p in seen)}")
-    if not path.exists():
-        raise ConfigError(f"{shown}: no such config file")
-    if not path.is_file():
-        raise ConfigError(f"{shown}: not a config file (a directory)")
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{shown}: cannot read the config file ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{shown}: not a YAML text file ({exc.reason})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{shown}: YAML syntax error at {describe_yaml_error(exc)}") from exc
-    if data is None:
-        raise ConfigError(f"{shown}: empty config file; expected a mapping (setting, method, student, teacher, ...)")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{shown}: top level must be a mapping of config keys, got {type(data).__name__}")
-    base = data.pop("base", None)
-    if base is None:
-        return data
-    if not isinstance(base, str):
-        raise ConfigError(f"{shown}: base: expected a file name relative to this file, got {base!r}")
-    return _deep_merge(_read_yaml(path.parent / base, (*seen, path)), data)
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b=c`` overrides (values parsed as YAML) to a config mapping."""
-    out = copy.deepcopy(data)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set expects KEY=VALUE (e.g. sampler.cap=6), got {item!r}")
-        key, raw = item.split("=", 1)
-        parts = [p for p in key.strip().split(".") if p]
-        if not parts:
-            raise ConfigError(f"--set: empty key in {item!r}")
-        node = out
-        for p in parts[:-1]:
-            if node.get(p) is None:
-                node[p] = {}
-            if not isinstance(node[p], dict):
-                raise ConfigError(f"--set {key}: {p!r} is not a section")
-            node = node[p]
-        try:
-            node[parts[-1]] = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({describe_yaml_error(exc)})") from None
-    return out
-
-
-def with_method(raw: dict[str, Any], method: Any) -> dict[str, Any]:
-    """``raw`` (a setting file's mapping) with the switches of method row ``method`` on (unchanged when ``method`` is
-    no row: the validator then names the known ones)."""
-    row = ROWS.get(method) if isinstance(method, str) else None
-    return raw if row is None else _deep_merge(raw, row_switches(row, raw))
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None) -> TrainConfig:
     """Read a YAML config (a file path or a packaged setting name; following ``base:``), switch on the features of its
@@ -348,18 +291,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
     Every problem raises :class:`~divopd.errors.ConfigError` (a ``ValueError``), one line naming the file and the key.
     """
+    overrides = overrides or []
     if path is not None:
         path = config_path(path)
-    raw = _read_yaml(Path(path)) if path is not None else {}
+    raw = read_yaml(Path(path), TrainConfig) if path is not None else {}
     if data:
-        raw = _deep_merge(raw, data)
-    method = apply_overrides(raw, overrides or []).get("method")
-    raw = apply_overrides(with_method(raw, method), overrides or [])
+        unknown = unknown_key(TrainConfig, data)
+        if unknown is not None:
+            raise ConfigError(unknown_key_line(TrainConfig, unknown))
+        raw = deep_merge(raw, data)
+    method = apply_overrides(raw, overrides, TrainConfig).get("method")
+    raw = apply_overrides(with_method(raw, method), overrides)
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as exc:
-        where = f"{path}: " if path is not None else ""
-        raise ConfigError(f"{where}{describe_validation_error(exc)}") from exc
+        message = describe_validation_error(exc)
+        first = exc.errors(include_url=False)[0]
+        key = ".".join(str(p) for p in first.get("loc", ())) or message.split(":", 1)[0]
+        item = override_for(overrides, key)
+        where = f"--set {item}: " if item is not None else f"{path}: " if path is not None else ""
+        raise ConfigError(f"{where}{message}") from exc
 
 
 def dump_config(cfg: TrainConfig) -> str:
@@ -392,10 +343,3 @@ def config_reference() -> list[tuple[str, str, str, str]]:
 
     walk(TrainConfig, "")
     return rows
-
-
-def config_reference_markdown() -> str:
-    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for key, type_name, default, desc in config_reference():
-        lines.append(f"| `{key}` | {type_name.replace('|', 'or')} | `{default}` | {desc} |")
-    return "\n".join(lines)

@@ -38,7 +38,7 @@ from divopd.train.probes import (
     vllm_build,
 )
 
-__all__ = ["PreflightError", "blockers", "check_before_run", "config_checks", "estimated_run_bytes"]
+__all__ = ["PreflightError", "blockers", "check_before_run", "config_checks", "estimated_run_bytes", "run_dir_check"]
 
 #: Free space a run needs besides its checkpoints (metrics, TensorBoard, the experience log's first parts).
 log = logging.getLogger(__name__)
@@ -334,10 +334,24 @@ def disk_check(cfg: TrainConfig, run_dir: Path) -> Check:
     return Check("disk", OK, detail)
 
 
+def run_dir_check(run_dir: Path) -> Check:
+    """The run directory as a fresh ``divopd train`` will claim it (:func:`~divopd.train.rundir.fresh_run_refusal`)."""
+    from divopd.train.rundir import fresh_run_refusal, is_run_dir
+
+    refusal = fresh_run_refusal(run_dir)
+    if refusal is not None:
+        return _from_error("run directory", refusal)
+    if not run_dir.exists():
+        return Check("run directory", OK, f"{run_dir}: made by the run")
+    if is_run_dir(run_dir):
+        return Check("run directory", OK, f"{run_dir}: a run without a checkpoint; its files are moved aside")
+    return Check("run directory", OK, f"{run_dir}: empty")
+
+
 def config_checks(cfg: TrainConfig, *, doctor: bool = False, run_dir: Path | None = None) -> list[Check]:
-    """Every row of ``cfg`` on this machine, in order. ``doctor``: also load each tokenizer (``divopd doctor``;
-    ``divopd train`` leaves that to the model load, which names a bad folder itself). Rows after a missing model
-    folder that need it (vocabulary, vLLM, server, disk estimate) still run and say so."""
+    """Every row of ``cfg`` on this machine, in order. ``doctor``: also load each tokenizer (``divopd train`` leaves
+    that to the model load, which names a bad folder itself) and check the run directory (``divopd train`` claims it
+    after these checks). Rows after a missing model folder that need it still run and say so."""
     run_dir = Path(run_dir) if run_dir is not None else cfg.resolved_run_dir()
     rows = model_checks(cfg, tokenizers=doctor)
     models_ok = all(r.status == OK for r in rows)
@@ -348,6 +362,8 @@ def config_checks(cfg: TrainConfig, *, doctor: bool = False, run_dir: Path | Non
     rows.append(server_check(cfg))
     rows.append(ray_check(cfg))
     rows += env_checks(cfg)
+    if doctor:
+        rows.append(run_dir_check(run_dir))
     rows.append(disk_check(cfg, run_dir))
     return rows
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +25,14 @@ if TYPE_CHECKING:
 
 
 class Progress:
-    """A rich progress bar: updates, latest SR, queue depth and the arrival/drain ratio."""
+    """A rich progress bar: updates, latest SR, queue depth and the arrival/drain ratio. While it shows, log lines
+    (the Ctrl-C warning among them) print on lines of their own above it."""
 
     def __init__(self, total: int, start: int, enabled: bool) -> None:
         self.enabled = enabled
         self.sr: float | None = None
         self._bar = None
+        self._streams: list[tuple[logging.StreamHandler, Any]] = []
         if enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
@@ -37,7 +40,11 @@ class Progress:
             self._bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False)
             self._task = self._bar.add_task("train", total=total, completed=start, info="")
-            self._bar.start()
+            terminal = sys.stderr
+            self._bar.start()  # sys.stderr now writes above the bar
+            for handler in logging.getLogger().handlers:
+                if isinstance(handler, logging.StreamHandler) and handler.stream is terminal:
+                    self._streams.append((handler, handler.setStream(sys.stderr)))
 
     def on_update(self, trainer: Any, metrics: dict[str, float]) -> None:
         sr = "-" if self.sr is None else f"{100 * self.sr:.0f}%"
@@ -55,6 +62,8 @@ class Progress:
 
     def close(self) -> None:
         if self._bar is not None:
+            for handler, stream in self._streams:
+                handler.setStream(stream)
             self._bar.stop()
 
 
@@ -108,13 +117,3 @@ def discard_fresh_run(trainer: Trainer) -> None:
     remove_run_files(run_dir, keep=before or ())
     if before is None and run_dir.is_dir() and not any(run_dir.iterdir()):
         run_dir.rmdir()
-
-
-def quiet_hf_progress() -> None:
-    """No per-file progress bars from transformers / huggingface_hub while training (the run has its own bar)."""
-    import os
-
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()

@@ -133,17 +133,15 @@ def claim_run_dir(run_dir: Path, held: ExitStack) -> list[str] | None:
     its first) is reused, its run files moved aside (:func:`set_aside_stranded_run`); any other non-empty folder raises
     :class:`~divopd.errors.UsageError`: divopd never writes into a folder it did not make a run."""
     run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"--run-dir {run_dir}: exists and is not a directory")
+    refusal = fresh_run_refusal(run_dir)
+    if refusal is not None:
+        raise refusal
     existed = run_dir.is_dir()
-    if _entries(run_dir) and not is_run_dir(run_dir):
-        raise UsageError(f"--run-dir {run_dir}: the folder holds files and is not a divopd run directory (no "
-                         f"{MARKER}); choose a new or empty folder: divopd writes only into run directories it made")
     run_dir.mkdir(parents=True, exist_ok=True)
     held.enter_context(run_lock(run_dir))  # before anything is written: two fresh runs never both see an empty one
-    if _entries(run_dir) and has_checkpoint(run_dir):
-        raise RunExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose "
-                             "another seed or --run-dir")
+    refusal = fresh_run_refusal(run_dir)  # another process may have made it a run meanwhile
+    if refusal is not None:
+        raise refusal
     if _entries(run_dir) and is_run_dir(run_dir):
         aside = set_aside_stranded_run(run_dir)
         if aside is not None:
@@ -152,6 +150,20 @@ def claim_run_dir(run_dir: Path, held: ExitStack) -> list[str] | None:
     before = _entries(run_dir)
     (run_dir / MARKER).write_text("divopd run directory: divopd may write, replace and delete its run files here\n")
     return before if existed else None
+
+
+def fresh_run_refusal(run_dir: Path) -> UsageError | None:
+    """Why a fresh run may not use ``run_dir`` (``None``: it may), without touching it: a file, a folder of files
+    divopd did not write, or a run directory holding a checkpoint (:class:`~divopd.errors.RunExistsError`)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        return UsageError(f"--run-dir {run_dir}: exists and is not a directory")
+    if _entries(run_dir) and not is_run_dir(run_dir):
+        return UsageError(f"--run-dir {run_dir}: the folder holds files and is not a divopd run directory (no "
+                          f"{MARKER}); choose a new or empty folder: divopd writes only into run directories it made")
+    if _entries(run_dir) and has_checkpoint(run_dir):
+        return RunExistsError(f"{run_dir} already holds a run; pass --resume {run_dir} to continue it, or choose "
+                              "another seed or --run-dir")
+    return None
 
 
 def has_checkpoint(run_dir: Path) -> bool:

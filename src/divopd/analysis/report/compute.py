@@ -6,6 +6,7 @@ composition, per-method aggregates over seeds, baseline/method ratios and geomet
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
@@ -25,9 +26,10 @@ from divopd.experience.metrics import (
     speedup,
 )
 from divopd.sampling.rows import method_names
+from divopd.train.config import PLACEMENT_KEYS
 
 __all__ = ["COMPOSITION", "COMPOSITION_LABELS", "DIAGNOSTICS", "METHOD_ORDER", "PAIRED_TESTS", "build_report",
-           "composition", "diagnostics", "natural_key", "paired_tests", "seed_metrics"]
+           "composition", "diagnostics", "natural_key", "paired_tests", "seed_metrics", "unlike_seeds"]
 
 #: The method rows in display order (the registry's, :data:`divopd.sampling.ROWS`, when this module was imported);
 #: other methods follow alphabetically.
@@ -70,6 +72,10 @@ PAIRED_TESTS: tuple[tuple[str, str | None, str], ...] = (
     ("divopd-base", "vanilla-pool", "selection with the same candidates"),
     ("vanilla-pool", None, "the validity gate"),
 )
+#: Config keys in which the seeds of one method may differ: the seed, the setting's name (``divopd bench`` relabels its
+#: groups), where the run is written and where it executes.
+SEED_KEYS = ("seed", "setting", "out_dir", "run_dir", *PLACEMENT_KEYS)
+
 #: Per-seed metrics the paired tests compare: (seed_metrics key, label).
 PAIRED_METRICS = (("nauc", "nAUC"), ("tokens_to_target", "tokens-to-τ"))
 COMPOSITION_LABELS = {
@@ -192,6 +198,32 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
 
 
 # --------------------------------------------------------------------------------------------------- one setting
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = json.dumps(value, sort_keys=True, default=str)
+    return out
+
+
+def unlike_seeds(runs: Sequence[Run]) -> str | None:
+    """How the configs of one method's runs differ beyond :data:`SEED_KEYS` (``None``: they are seeds of one
+    config): the differing keys, then each distinct combination of their values with its runs. A key that only some
+    configs hold (written by another divopd version) is not compared."""
+    flat = [_flat(r.config) for r in runs]
+    shared = set.intersection(*(set(f) for f in flat)) if flat else set()
+    keys = sorted(k for k in shared if k not in SEED_KEYS and len({f[k] for f in flat}) > 1)
+    if not keys:
+        return None
+    groups: dict[str, list[str]] = {}
+    for r, f in zip(runs, flat, strict=True):
+        groups.setdefault(", ".join(f"{k}={f[k]}" for k in keys), []).append(str(r.path))
+    shown = "; ".join(f"{values}: {' '.join(paths)}" for values, paths in groups.items())
+    return f"{', '.join(keys)} ({shown})"
+
+
 def _check_seeds(setting: str, methods: dict[str, list[Run]]) -> None:
     """A seed at most once per method; each method's runs in seed order."""
     for method, rs in methods.items():
@@ -345,13 +377,25 @@ def build_report(
     target_all: float | None = None,
     budget: float | None = None,
     rule: str = "trapezoid",
+    group_anyway: bool = False,
 ) -> dict[str, Any]:
-    """All numbers of the report as one JSON-able dict (the content of report.json)."""
+    """All numbers of the report as one JSON-able dict (the content of report.json). Runs of one method whose configs
+    differ beyond the seed raise :class:`ReportError` naming the keys and runs; ``group_anyway`` pools them as seeds
+    with a note."""
     targets = targets or {}
     notes: list[str] = [n for r in runs for n in r.notes]
     by_setting: dict[str, dict[str, list[Run]]] = {}
     for r in runs:
         by_setting.setdefault(r.setting, {}).setdefault(r.method, []).append(r)
+    for setting, methods in by_setting.items():
+        for method, method_runs in methods.items():
+            unlike = unlike_seeds(method_runs)
+            if unlike is not None and not group_anyway:
+                raise ReportError(f"setting {setting!r}, method {method!r}: the runs differ in more than the seed: "
+                                  f"{unlike}; report them apart, or pass --group-anyway to pool them as seeds")
+            if unlike is not None:
+                notes.append(f"{setting}/{method}: pooled as seeds (--group-anyway), though the runs differ in "
+                             f"{unlike}")
     unknown = set(targets) - set(by_setting)
     if unknown:
         raise ReportError(f"--target names unknown setting(s) {sorted(unknown)}; settings: {sorted(by_setting)}")

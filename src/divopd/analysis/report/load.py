@@ -33,6 +33,7 @@ class Run:
     updates: list[dict[str, Any]] = field(default_factory=list)
     finished: bool = False
     notes: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def last_update(self) -> int | None:
@@ -137,7 +138,7 @@ def load_run(path: str | Path) -> Run:
     """Load one run directory (config.yaml + metrics.jsonl); SR converted to percent, evals sorted by update."""
     path = Path(path)
     cfg = _load_config(path)
-    run_ = Run(path=path, method=str(cfg["method"]), setting=str(cfg["setting"]), seed=cfg["seed"])
+    run_ = Run(path=path, method=str(cfg["method"]), setting=str(cfg["setting"]), seed=cfg["seed"], config=cfg)
     run_.finished = (path / "summary.json").is_file()
     mpath = path / "metrics.jsonl"
     if not mpath.is_file():

@@ -188,9 +188,9 @@ def render_markdown(rep: dict[str, Any], pngs: dict[str, list[str]]) -> str:
 
 def write_report(runs: Sequence[Run], out: str | Path, *, plots: bool = True, **kwargs: Any) -> dict[str, Any]:
     """Build the report and write report.md, report.json and the PNGs into ``out``; returns the report dict."""
+    rep = build_report(runs, **kwargs)  # a refusal leaves no folder behind
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rep = build_report(runs, **kwargs)
     pngs: dict[str, list[str]] = {}
     if plots:
         for setting, s in rep["settings"].items():

@@ -2,15 +2,6 @@
 Wilcoxon signed-rank test (:func:`wilcoxon_signed_rank`), exact for small samples.
 
 Both are written on numpy (SciPy is not a dependency) and checked against hand-computed cases in the tests.
-
-- :func:`bootstrap_ci`: resample the seeds with replacement ``resamples`` times (seeded, so a report is reproducible),
-  take the mean of each resample and return the ``(1 − level)/2`` and ``(1 + level)/2`` quantiles.
-- :func:`wilcoxon_signed_rank`: differences ``x − y`` per pair; zero differences are dropped (Wilcoxon's convention,
-  SciPy's default ``zero_method="wilcox"``); ``|d|`` is ranked with average ranks for ties; the statistic is ``W+``,
-  the rank sum of the positive differences. Up to :data:`EXACT_MAX_N` pairs the p value is exact: the distribution of
-  ``W+`` over all ``2^n`` sign assignments of the observed ranks (ties included, so it is the exact permutation test),
-  counted by dynamic programming over doubled ranks. Above it, the normal approximation with the tie correction.
-  The p value is two-sided: ``min(1, 2·min(P(W+ ≤ w), P(W+ ≥ w)))``.
 """
 
 from __future__ import annotations
@@ -80,7 +71,9 @@ def _normal_two_sided(ranks: np.ndarray, abs_d: np.ndarray, w_plus: float) -> fl
 
 
 def wilcoxon_signed_rank(x: Sequence[float], y: Sequence[float]) -> dict[str, float | int | bool | None]:
-    """Paired two-sided Wilcoxon signed-rank test of ``x`` against ``y``.
+    """Paired two-sided Wilcoxon signed-rank test of ``x`` against ``y``: zero differences dropped, ties ranked on
+    average; the p value exact (every sign assignment of the ranks) up to :data:`EXACT_MAX_N` pairs, else the normal
+    approximation with the tie correction.
 
     Returns ``n`` (pairs with a non-zero difference), ``zeros`` (pairs dropped), ``w_plus`` (rank sum of ``x > y``),
     ``w_minus``, ``p_value`` (``None`` when no pair differs), ``exact`` and ``median_diff`` (median of ``x − y`` over
