@@ -16,11 +16,7 @@ from divopd.experience.log.parts import compact_parts as compact_parts
 from divopd.experience.log.parts import log_files, requeue_at_update, truncate_log
 from divopd.experience.log.parts import part_files as part_files
 from divopd.experience.log.parts import set_aside_unreadable_parts as set_aside_unreadable_parts
-from divopd.experience.log.reader import batch_to_turns as batch_to_turns
 from divopd.experience.log.reader import iter_record_batches, read_log, row_to_turn
-from divopd.experience.log.schema import LIST_LENGTHS as LIST_LENGTHS
-from divopd.experience.log.schema import NON_NEGATIVE as NON_NEGATIVE
-from divopd.experience.log.schema import NOT_NULL as NOT_NULL
 from divopd.experience.log.schema import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
