@@ -123,11 +123,9 @@ class ExperienceLogWriter:
     with token ids, mostly the Parquet footer; :meth:`compact` (at each checkpoint) merges them into one file per
     checkpoint interval. Part numbers are ordered as numbers at any count (``part-1000000`` follows ``part-999999``).
 
-    Rows are validated on the way in (types, lengths, non-negative integers, arrival order).
-
-    Resuming from a checkpoint: the log may hold rows logged after the checkpoint. ``truncate_from=A`` first drops
-    every row with ``arrival >= A`` (:func:`truncate_log`), A being the restored sampler's next arrival number, so the
-    log again matches the queue the resumed run continues.
+    Rows are validated on the way in (types, lengths, non-negative integers, arrival order). Resuming from a
+    checkpoint, ``truncate_from=A`` (the restored sampler's next arrival number) first drops the rows logged after it
+    (:func:`truncate_log`), so the log again matches the queue the resumed run continues.
     """
 
     def __init__(

@@ -242,7 +242,6 @@ def shutdown_gateway(package_env: Any, timeout: float = 5.0) -> None:
 
 
 def jvm_alive(package_env: Any) -> bool:
-    """Whether the package env's JVM process is still running."""
     proc = _java_process(package_env)
     return proc is not None and proc.poll() is None
 
