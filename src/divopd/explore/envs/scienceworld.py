@@ -1,10 +1,8 @@
 """ScienceWorld adapter (``pip install scienceworld``; Java 17, offline; one JVM of ~250-350 MB per instance).
 
-Tasks are ``"<task-name>:<variation>"`` (30 task types), in two split schemes (``explorer.env_kwargs:
-{split_scheme: ...}``): ``"package"`` (default), the package's own train/dev/test variations; ``"paper"``, the
-paper's protocol (Appendix Table 6, :func:`scienceworld_paper_split`): ``train`` the shuffled 2,294 training instances
-(17 task types), ``test`` the shuffled 1,308 held-out instances (13 other types), no ``dev``. Progress is the package's
-0-1 score (a negative score is a failure and ends the episode); gold actions come from the simulator.
+Tasks are ``"<task-name>:<variation>"`` (30 task types), split by the package's own train/dev/test variations or by
+the paper's protocol (:func:`scienceworld_paper_split`, no ``dev``). Progress is the package's 0-1 score (a negative
+score is a failure and ends the episode); gold actions come from the simulator.
 
 Speed: the package's ``step`` rebuilds the list of valid action/object combinations after every step (~10 steps/s);
 this adapter calls the server directly (~60-140 steps/s) and never asks for that list, which holds thousands of mostly
