@@ -1,17 +1,13 @@
-"""The registry of ``metrics.jsonl`` keys: every key a run writes, the record kind that carries it, and what it means.
-
-One row per key (or per family of keys: ``<name>`` stands for the family, documented in the meaning), as
-``(key, record kind, meaning)``; the record kind is ``update`` (one record per learner update), ``eval`` (one per
-evaluation) or ``both``. The metrics reference page (``docs/reference/metrics.md``) is generated from this list, and
-``tests/test_readme.py`` checks it against the keys a real training run writes: a new key needs a row here.
-"""
+"""The registry of ``metrics.jsonl`` keys (:data:`METRIC_KEYS`): the metrics reference page is generated from it and
+``tests/test_readme.py`` checks it against the keys a real training run writes, so a new key needs a row here."""
 
 from __future__ import annotations
 
 __all__ = ["METRIC_KEYS"]
 
 #: ``metrics.jsonl`` keys as ``(key, record kind, meaning)``. ``<name>`` stands for a family of keys (documented in
-#: the meaning); ``update``/``eval`` = the record kind that carries the key.
+#: the meaning); the record kind that carries the key is ``update`` (one record per learner update), ``eval`` (one per
+#: evaluation) or ``both``.
 METRIC_KEYS: list[tuple[str, str, str]] = [
     ("kind", "both", "`\"update\"` (one record per learner update) or `\"eval\"` (one per evaluation)."),
     ("update", "both", "Learner version after the step (update records) or of the evaluated snapshot (eval records)."),

@@ -1,12 +1,8 @@
 """Evaluation metrics of the paper (Section 4) as pure functions, one rule per function, and the run's metrics writer.
 
-The paper reports peak and final-five SR (the mean over the last five evaluation checkpoints, ± their standard
-deviation), the resource ratio C_vanilla(τ)/C_method(τ) for a target SR τ (a multiple of 5 at or below vanilla OPD's
-peak; a dash when the method never reaches τ) and nAUC, the mean SR over a common learner-update budget. Our
-conventions: SR values come in the caller's unit (only :func:`default_target` assumes percent; ``divopd report``
+Our conventions: SR values come in the caller's unit (only :func:`default_target` assumes percent; ``divopd report``
 converts ``eval/success_rate`` on load); standard deviations are population std (ddof=0: the final five are the whole
-population described); :func:`nauc` integrates with the trapezoid rule by default (``rule="step"`` holds each SR until
-the next eval), normalised by the budget span.
+population described).
 """
 
 from __future__ import annotations

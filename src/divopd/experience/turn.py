@@ -10,7 +10,7 @@ counted as rejected with a reason.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -133,14 +133,8 @@ class Turn:
     def length_mismatch(self) -> str | None:
         """Name of the first per-token array whose length differs from the response, else ``None``."""
         n = self.response_len
-        for name in (
-            "action_mask",
-            "student_logprobs",
-            "teacher_logprobs",
-            "teacher_valid_mask",
-            "teacher_topk_ids",
-            "teacher_topk_logprobs",
-        ):
+        for name in ("action_mask", "student_logprobs", "teacher_logprobs", "teacher_valid_mask", "teacher_topk_ids",
+                     "teacher_topk_logprobs"):
             arr = getattr(self, name)
             if arr is not None and arr.shape[0] != n:
                 return name
@@ -194,25 +188,12 @@ class Turn:
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (lists, ints, floats, NaN kept), for state dicts and JSON."""
-
-        def lst(arr: np.ndarray | None) -> list | None:
-            return None if arr is None else arr.tolist()
-
-        return {
-            "rollout_id": self.rollout_id,
-            "turn_index": self.turn_index,
-            "policy_version": self.policy_version,
-            "prompt_ids": lst(self.prompt_ids),
-            "response_ids": lst(self.response_ids),
-            "action_mask": lst(self.action_mask),
-            "student_logprobs": lst(self.student_logprobs),
-            "teacher_logprobs": lst(self.teacher_logprobs),
-            "teacher_valid_mask": lst(self.teacher_valid_mask),
-            "prompt_truncated": self.prompt_truncated,
-            "info": dict(self.info),
-            "teacher_topk_ids": lst(self.teacher_topk_ids),
-            "teacher_topk_logprobs": lst(self.teacher_topk_logprobs),
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in out.items():
+            if isinstance(value, np.ndarray):
+                out[name] = value.tolist()
+        out["info"] = dict(self.info)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Turn:

@@ -1,10 +1,4 @@
-"""A deadline on a call that Python cannot interrupt (an in-process vLLM engine call): :func:`call_deadline`.
-
-Past ``timeout_s`` the call is marked stalled (one error line naming it) for the loop watchdog; the mark is cleared
-when it returns. On the main thread (the lockstep loop itself, whose watchdog the call blocks), still running another
-``timeout_s`` later, it ends the process with one line and :data:`EXIT_CALL_STALLED`; the newest checkpoint and every
-logged turn stay, so ``divopd train --resume`` continues once the cause is fixed.
-"""
+"""A deadline on a call that Python cannot interrupt (an in-process vLLM engine call): :func:`call_deadline`."""
 
 from __future__ import annotations
 
@@ -25,8 +19,10 @@ EXIT_CALL_STALLED = 3
 
 @contextmanager
 def call_deadline(timeout_s: float, line: str, mark: Callable[[str | None], None]) -> Iterator[None]:
-    """Run the body under the deadline ``timeout_s``: past it ``mark(line)`` and log ``line``; from the main thread,
-    past twice the deadline, exit the process (:data:`EXIT_CALL_STALLED`). ``mark(None)`` when the body ends."""
+    """Run the body under the deadline ``timeout_s``: past it ``mark(line)`` (the call is stalled, for the loop
+    watchdog) and log ``line``; ``mark(None)`` when the body ends. From the main thread (the lockstep loop itself,
+    whose watchdog the call blocks), past twice the deadline, exit the process with one line and
+    :data:`EXIT_CALL_STALLED` (the newest checkpoint and every logged turn stay: ``--resume`` continues)."""
     timers: list[threading.Timer] = []
     on_main = threading.current_thread() is threading.main_thread()
 

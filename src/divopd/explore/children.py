@@ -1,13 +1,9 @@
 """The child processes divopd starts, and a terminal's Ctrl-C: children outlive it and divopd stops them itself.
 
 A Ctrl-C sends SIGINT to the whole foreground process group, so a JVM, a learner rank or a vLLM engine process would
-die before divopd has checkpointed (their state is what it checkpoints). So: :func:`sigint_blocked` blocks SIGINT
-while a child is started (the child inherits the blocked mask through ``fork`` and ``exec``); a JVM, which unblocks
-SIGINT for its shutdown hooks, gets a process group of its own instead (py4j's ``create_new_process_group``);
-:func:`die_with_parent` has the kernel kill a child when divopd dies (``PR_SET_PDEATHSIG``; a JVM exits by py4j's
-``die_on_exit``). :func:`no_quit`: a second Ctrl-C quits at once, except inside a call that an interrupt at a random
-bytecode leaves broken (py4j's connection handling), where the quit waits for the call (every such call has a
-deadline); a third Ctrl-C quits at once even there.
+die before divopd has checkpointed (their state is what it checkpoints). A JVM, which unblocks SIGINT for its shutdown
+hooks, gets a process group of its own instead (py4j's ``create_new_process_group``) and exits by py4j's
+``die_on_exit``.
 """
 
 from __future__ import annotations
@@ -64,7 +60,9 @@ _deferred = False  # a force quit arrived during one of them
 @contextlib.contextmanager
 def no_quit() -> Iterator[None]:
     """In the main thread: a force quit (:func:`quit_deferred`) that arrives inside the body is raised as
-    ``KeyboardInterrupt`` when the body ends, not inside it. Other threads never receive signals: a no-op there."""
+    ``KeyboardInterrupt`` when the body ends, not inside it: for a call that an interrupt at a random bytecode leaves
+    broken (py4j's connection handling; every such call has a deadline). A third Ctrl-C quits at once even there.
+    Other threads never receive signals: a no-op there."""
     global _depth, _deferred
     if threading.current_thread() is not threading.main_thread():
         yield

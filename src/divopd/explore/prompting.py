@@ -1,13 +1,5 @@
-"""Chat prompts from a task and its history, encoded under a context budget; the explorer, the teacher's +R actions
-and ``divopd sft`` all build them here, so the student sees one format in SFT and in OPD.
-
-Context budget (paper, validity paragraph): when the history does not fit in ``max_prompt_tokens`` the oldest (action,
-observation) pairs are dropped, keeping the task and the most recent pair that fits, and the prompt is flagged
-``truncated``: the explorer still queues the turn and the validity gate rejects it (``prompt_truncated``), as in the
-paper. ``flag_dropped_history: false`` treats dropping history as a deliberate window (the paper's Appendix E.4
-mitigation), flagging only prompts whose last observation cannot fit; ``history_window`` keeps the last N pairs by
-design (never flagged).
-"""
+"""Chat prompts from a task and its history, encoded under a context budget (:func:`encode_prompt`); the explorer,
+the teacher's +R actions and ``divopd sft`` all build them here, so the student sees one format in SFT and in OPD."""
 
 from __future__ import annotations
 
@@ -67,10 +59,8 @@ def build_messages(
     history: Sequence[tuple[str, str]],
     valid_actions: Sequence[str] | None = None,
 ) -> list[dict[str, str]]:
-    """Chat messages for one turn: system, the first observation, then (assistant action, user observation) pairs.
-
-    ``history`` is the list of (action, observation) pairs to show; the valid actions go on the last user message.
-    """
+    """Chat messages for one turn: system, the first observation, then the (assistant action, user observation) pairs
+    of ``history``; the valid actions go on the last user message."""
     messages: list[dict[str, str]] = []
     if config.system:
         messages.append({"role": "system", "content": config.system})
@@ -90,10 +80,8 @@ def build_messages(
 
 
 def render_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of ``messages`` with the generation prompt, via the tokenizer's chat template.
-
-    Tokenizers without a chat template get a plain ``role: content`` rendering.
-    """
+    """Token ids of ``messages`` with the generation prompt, via the tokenizer's chat template (without one: a plain
+    ``role: content`` rendering)."""
     if getattr(tokenizer, "chat_template", None):
         out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if hasattr(out, "keys"):  # transformers may return a BatchEncoding
@@ -112,9 +100,11 @@ def encode_prompt(
 ) -> EncodedPrompt:
     """Encode the prompt of the next turn within ``config.max_prompt_tokens``, keeping the most recent history.
 
-    Rule: show the whole (windowed) history if it fits; else the largest number of most recent pairs that fits (at
-    least one when there is any history), flagged per ``config.flag_dropped_history``; if even that exceeds the budget,
-    keep the last ``max_prompt_tokens`` tokens and flag the prompt truncated.
+    Rule (paper, validity paragraph): show the whole (windowed) history if it fits; else the largest number of most
+    recent pairs that fits (at least one when there is any history), flagged ``truncated`` per
+    ``config.flag_dropped_history`` (the explorer still queues the turn; the validity gate rejects it; ``false`` is the
+    paper's Appendix E.4 mitigation, a window); if even that exceeds the budget, keep the last ``max_prompt_tokens``
+    tokens and flag the prompt truncated.
     """
     budget = config.max_prompt_tokens
     history = list(history)
@@ -146,11 +136,8 @@ def encode_prompt(
 
 
 def encode_action(tokenizer: Any, action: str) -> list[int]:
-    """Response token ids for an action as the student should emit it: the action's tokens, then end-of-sequence.
-
-    This is what assistant messages look like under the chat template (content + eos), so SFT examples and generated
-    responses share one format.
-    """
+    """Response token ids for an action as the student should emit it: the action's tokens, then end-of-sequence (as
+    assistant messages look under the chat template, so SFT examples and generated responses share one format)."""
     ids = [int(i) for i in tokenizer(action, add_special_tokens=False)["input_ids"]]
     if tokenizer.eos_token_id is not None:
         ids.append(int(tokenizer.eos_token_id))

@@ -28,21 +28,22 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = ["TCODConfig", "tcod_depth", "tcod_horizon", "tcod_progress"]
 
 
+def _check_int(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
 def tcod_depth(step: int, eta: int) -> int:
     """TCOD-F2B's student depth at (1-based) training step ``step``: ``d = 1 + ⌊step / η⌋`` turns."""
-    if not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be an int >= 0, got {step!r}")
-    if not isinstance(eta, int) or eta < 1:
-        raise ValueError(f"eta must be an int >= 1, got {eta!r}")
+    _check_int("step", step, 0)
+    _check_int("eta", eta, 1)
     return 1 + step // eta
 
 
 def tcod_progress(update: int, total_updates: int) -> float:
     """Fraction of training done after ``update`` learner updates out of ``total_updates`` (clipped to [0, 1])."""
-    if not isinstance(update, int) or update < 0:
-        raise ValueError(f"update must be an int >= 0, got {update!r}")
-    if not isinstance(total_updates, int) or total_updates < 1:
-        raise ValueError(f"total_updates must be an int >= 1, got {total_updates!r}")
+    _check_int("update", update, 0)
+    _check_int("total_updates", total_updates, 1)
     return min(1.0, update / total_updates)
 
 
@@ -64,16 +65,13 @@ def tcod_horizon(
     """
     if not isinstance(progress, (int, float)) or math.isnan(progress) or progress < 0:
         raise ValueError(f"progress must be a number >= 0, got {progress!r}")
-    if not isinstance(start_depth, int) or start_depth < 1:
-        raise ValueError(f"start_depth must be an int >= 1, got {start_depth!r}")
-    if not isinstance(max_steps, int) or max_steps < 1:
-        raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
+    _check_int("start_depth", start_depth, 1)
+    _check_int("max_steps", max_steps, 1)
     if not isinstance(expand_fraction, (int, float)) or not 0 < expand_fraction <= 1:
         raise ValueError(f"expand_fraction must be in (0, 1], got {expand_fraction!r}")
     if schedule not in ("linear", "stages"):
         raise ValueError(f"schedule must be 'linear' or 'stages', got {schedule!r}")
-    if not isinstance(num_stages, int) or num_stages < 1:
-        raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
+    _check_int("num_stages", num_stages, 1)
 
     start = min(start_depth, max_steps)
     span = max_steps - start
@@ -109,8 +107,7 @@ class TCODConfig(BaseModel):
         """The training explorer's step limit after ``update`` learner updates: ``max_steps`` when the curriculum is
         off; ``min(max_steps, 1 + ⌊(update + 1) / η⌋)`` for ``schedule: paper``; :func:`tcod_horizon` at ``update``
         (or training fraction ``progress``) for ``linear`` / ``stages``."""
-        if not isinstance(max_steps, int) or max_steps < 1:
-            raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
+        _check_int("max_steps", max_steps, 1)
         if not self.enabled:
             return max_steps
         if self.schedule == "paper":

@@ -1,19 +1,5 @@
-"""The teacher as an OpenAI-compatible completions server (``teacher.backend: server``): :class:`ServerTeacher`.
-
-One server (``vllm serve``, SGLang) shared by any number of runs; token ids go in, never text. Scoring sends
-prompt+response ids as the completion prompt with ``max_tokens: 1`` and ``prompt_logprobs: topk`` (vLLM's extension)
-and cuts the prompt log probs to the response positions; +R actions are completions with ``return_token_ids`` and
-``logprobs: 0`` (raw log probs), the in-process backends' stop tokens and one seed per row.
-
-Turns go ``max_turns_per_request`` to a request, at most ``max_concurrency`` requests at a time. A failed request
-(refused, timed out, dropped, HTTP 5xx / 429) is retried with exponential backoff (``backoff_s`` doubled up to
-:data:`MAX_BACKOFF_S`) until ``deadline_s`` has passed since the call began (``retries`` may cap the count); then
-:class:`ServerTeacherError` and the explorer leaves the turns unscored. After a failed call the client counts the
-server as down: later requests get one attempt each until one succeeds, so a dead server costs one ``deadline_s``, not
-one per turn. An API key is read from the variable ``api_key_env`` names (never logged, never in the config).
-:func:`check_server` is the start check: the server answers, serves the model, and tokenizes a probe text as the local
-tokenizer of ``teacher.path`` does (where it has ``/tokenize``). Standard library only.
-"""
+"""The teacher as an OpenAI-compatible completions server (``teacher.backend: server``, e.g. ``vllm serve`` shared by
+any number of runs): :class:`ServerTeacher`, its HTTP client and the start check. Token ids go in, never text."""
 
 from __future__ import annotations
 
@@ -39,8 +25,7 @@ if TYPE_CHECKING:
     from divopd.explore.generation import Generation
 
 __all__ = ["MAX_BACKOFF_S", "ServerClient", "ServerCheckError", "ServerSettings", "ServerTeacher", "ServerTeacherError",
-           "check_server", "served_model",
-           "response_scores"]
+           "check_server", "probe_text", "response_scores", "served_model"]
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +78,11 @@ def _base_url(url: str) -> str:
 
 
 class ServerClient:
-    """JSON over HTTP to one server, with the timeout / retry / backoff / deadline rules of the module.
-
-    ``sleep`` and ``clock`` are the waiting and time sources (a unit test may pass its own)."""
+    """JSON over HTTP to one server. A failed request (refused, timed out, dropped, HTTP 5xx / 429) is retried with
+    exponential backoff (``backoff_s`` doubled up to :data:`MAX_BACKOFF_S`) until ``deadline_s`` has passed since the
+    call began (``retries`` may cap the count). After a failed call the server counts as down: later requests get one
+    attempt each until one succeeds, so a dead server costs one ``deadline_s``, not one per turn. The API key is read
+    from the variable ``api_key_env`` names (never logged). ``sleep`` and ``clock``: a unit test may pass its own."""
 
     def __init__(self, settings: ServerSettings, *, sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -193,7 +180,10 @@ def _read_json_entry(entry: dict[str, Any]) -> dict[int, tuple[float, int | None
 
 
 class ServerTeacher:
-    """A :class:`~divopd.explore.teacher.Teacher` scoring and acting through an OpenAI-compatible server.
+    """A :class:`~divopd.explore.teacher.Teacher` scoring and acting through an OpenAI-compatible server: scoring
+    sends prompt+response ids with ``max_tokens: 1`` and ``prompt_logprobs: topk`` (vLLM's extension),
+    ``max_turns_per_request`` turns a request, at most ``max_concurrency`` requests at a time; +R actions are
+    completions with ``return_token_ids`` and ``logprobs: 0``, the in-process backends' stop tokens and one seed a row.
 
     ``tokenizer`` is the local tokenizer of the served model (``teacher.path``): it gives the stop tokens of
     :meth:`generate`. The served model name is ``settings.model`` or, when None, the first one ``/v1/models``
@@ -303,18 +293,20 @@ def served_model(client: ServerClient, wanted: str | None, *, retry: bool = True
 PROBE_TEXT = "The teacher scores every token: look around, take coin, go east.\n12 + 30 = 42; ünïcode ✓"
 
 
-def probe_text(tokenizer: Any, n: int = 256) -> str:
-    """:data:`PROBE_TEXT` plus the decoded text of ``n`` token ids spread over the local vocabulary."""
+def probe_text(tokenizer: Any, n: int = 256, *, skip_added: bool = False) -> str:
+    """:data:`PROBE_TEXT` plus the decoded text of ``n`` token ids spread over ``tokenizer``'s vocabulary, special
+    tokens left out (with ``skip_added`` every added token too: a chat model's ``<think>`` is markup, not text)."""
+    skip = set(getattr(tokenizer, "all_special_ids", []) or [])
+    if skip_added:
+        skip |= set(getattr(tokenizer, "get_added_vocab", dict)().values())
     size = len(tokenizer)
     ids = sorted({int(i) for i in np.linspace(0, size - 1, num=min(n, size))})
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    sample = tokenizer.decode([i for i in ids if i not in special])
-    return PROBE_TEXT + " " + sample
+    return PROBE_TEXT + " " + tokenizer.decode([i for i in ids if i not in skip])
 
 
 def check_server(settings: ServerSettings, tokenizer: Any, path: str) -> str:
     """The start check of ``teacher.backend: server``: the server answers (one attempt, no retries), serves the
-    model and tokenizes a probe text to the ids the local tokenizer of ``path`` gives (when it has ``/tokenize``).
+    model and tokenizes :func:`probe_text` to the ids the local tokenizer of ``path`` gives (when it has ``/tokenize``).
     Returns the one-line description the run logs; raises :class:`ServerCheckError` (one line) otherwise."""
     client = ServerClient(settings)
     try:

@@ -64,7 +64,6 @@ def checkpoint_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
 
 
 def tied_embeddings(model_path: str | Path) -> bool:
-    """Whether the model folder's config ties ``lm_head`` to the input embeddings."""
     try:
         data = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, json.JSONDecodeError):

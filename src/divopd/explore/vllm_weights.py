@@ -1,21 +1,7 @@
 """New weights for a running vLLM engine: a ``state_dict`` checked against the checkpoint's tensors before the engine
-is touched (:func:`check_state_dict`), and the two ways they get in.
-
-* **In place, same process** (:func:`reload_in_place`; the CPU build, and any engine run with
-  ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the worker's own ``reload_weights`` with a ``weights_iterator``
-  (``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})``). It runs vLLM's layer-wise reload
-  lifecycle (fresh parameters, ``load_weights``, the backend's post-processing), which is why it works where a bare
-  ``model.load_weights`` does not: on the CPU build the loaded parameters are post-processed and no longer carry a
-  ``weight_loader`` (``AttributeError: 'Parameter' object has no attribute 'weight_loader'``).
-* **NCCL broadcast** (:class:`NcclWeightSync`; GPU engines, any process layout): vLLM's weight-transfer engine.
-  This process joins an NCCL group as rank 0 with the engine's workers (ranks 1..tp) once, then each update
-  broadcasts every tensor into the workers, which load them through the same layer-wise reload. It needs
-  ``weight_transfer_config={"backend": "nccl"}`` on the engine and a GPU; it is written against vLLM's
-  ``vllm.distributed.weight_transfer`` API and checked by ``benchmarks/gpu/check_vllm_nccl.py`` on a GPU machine —
-  it cannot run on the CPU machine the suite runs on.
-
-After either, the engine's prefix cache is reset: cached KV blocks were computed with the old weights.
-"""
+is touched (:func:`check_state_dict`), and the two ways they get in: in place in this process
+(:func:`reload_in_place`) or an NCCL broadcast (:class:`NcclWeightSync`). After either, the engine's prefix cache is
+reset: cached KV blocks were computed with the old weights."""
 
 from __future__ import annotations
 
@@ -87,7 +73,10 @@ def handle_state_dict(handle: Any) -> dict[str, torch.Tensor]:
 
 
 def reload_in_place(llm: Any, pairs: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> None:
-    """Load ``pairs`` into an in-process engine through the worker's layer-wise ``reload_weights``."""
+    """Load ``pairs`` into an in-process engine (the CPU build, or ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) through the
+    worker's ``reload_weights``: vLLM's layer-wise reload lifecycle (fresh parameters, ``load_weights``, the backend's
+    post-processing) works where a bare ``model.load_weights`` does not (on the CPU build the loaded parameters are
+    post-processed and no longer carry a ``weight_loader``)."""
     weights = [(name, t.detach().to("cpu", dtype=dtype).contiguous()) for name, t in pairs]
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
 
@@ -130,7 +119,9 @@ class NcclWeightSync:
     """Broadcast new weights into a GPU engine's workers over NCCL (vLLM's dense ``nccl`` weight-transfer backend).
 
     This process is rank 0 of a group with the engine's ``world_size`` workers; the group is opened on the first
-    :meth:`send`. The engine must have been built with ``weight_transfer_config={"backend": "nccl"}``.
+    :meth:`send`, and each update broadcasts every tensor into the workers, which load them through the same
+    layer-wise reload. The engine must have been built with ``weight_transfer_config={"backend": "nccl"}``; it runs on
+    a GPU only (checked by ``benchmarks/gpu/check_vllm_nccl.py``).
     """
 
     def __init__(self, llm: Any, *, world_size: int, device: str = "cuda:0") -> None:

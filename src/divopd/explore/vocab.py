@@ -1,17 +1,7 @@
-"""Teacher and student vocabularies: decided once at start (:func:`compare_vocabularies`) and bridged by a wrapper
-around any inner teacher (:func:`adapt_teacher`), so the explorer always speaks the student's token ids.
-
-* ``identical`` — the same token → id map: the inner teacher itself (the direct path, bit for bit).
-* ``extension`` — one vocabulary holds the other, every shared token at the same id (the paper's ALFWorld pair: a Qwen3
-  student adds ``<think>`` and a few tokens to Qwen2.5's): :class:`ExtensionTeacher`. A student token the teacher
-  lacks is sent as its text; at a response position it gets a NaN log prob (not teacher-valid, counted as
-  ``teacher_masked_tokens``).
-* ``cross`` — anything else: :class:`~divopd.explore.vocab_align.CrossTokenizerTeacher`.
-
-An extension that would mask student tokens is scored both ways on a probe text first (:func:`probe_coverage`) and
-the path that scores more of it is taken (the extension on a tie): a same-id subset vocabulary (a BPE with fewer
-merges) then takes the cross-tokenizer path instead of masking every merge the teacher lacks.
-"""
+"""Teacher and student vocabularies: decided once at start (:func:`compare_vocabularies`: ``identical``,
+``extension`` or ``cross``) and bridged by a wrapper around any inner teacher (:func:`adapt_teacher`), so the explorer
+always speaks the student's token ids. The paper's ALFWorld pair is an extension: a Qwen3 student adds ``<think>`` and
+a few tokens to Qwen2.5's."""
 
 from __future__ import annotations
 
@@ -25,7 +15,7 @@ from divopd.explore.generation import Generation
 from divopd.explore.teacher import ResponseScores, Teacher
 
 __all__ = ["ExtensionTeacher", "PROBE_PROMPT", "VocabMatch", "adapt_teacher", "compare_vocabularies", "expand_ids",
-           "probe_coverage", "probe_response", "student_ids_teacher"]
+           "probe_coverage", "student_ids_teacher"]
 
 VocabKind = Literal["identical", "extension", "cross"]
 
@@ -69,8 +59,9 @@ class VocabMatch:
 def compare_vocabularies(student_tokenizer: Any, teacher_tokenizer: Any, *, allow_cross: bool = True) -> VocabMatch:
     """The start-up decision: ``identical`` when both map every token to the same id; ``extension`` when one token
     set contains the other and every shared token has the same id, unless the student has tokens the teacher lacks
-    and the cross-tokenizer path scores more of a probe text (:func:`probe_coverage`; only with ``allow_cross``);
-    else ``cross``."""
+    and the cross-tokenizer path scores more of a probe text (:func:`probe_coverage`; only with ``allow_cross``): a
+    same-id subset vocabulary (a BPE with fewer merges) then takes the cross-tokenizer path instead of masking every
+    merge the teacher lacks; else ``cross``."""
     student, teacher = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     sizes = {"student_size": len(student), "teacher_size": len(teacher)}
     if student_tokenizer is teacher_tokenizer or student == teacher:
@@ -88,30 +79,20 @@ def compare_vocabularies(student_tokenizer: Any, teacher_tokenizer: Any, *, allo
     return VocabMatch(kind, match.student_only, match.teacher_only, coverage=coverage, nested=True, **sizes)
 
 
-#: The turn the start-up probe scores: an observation as prompt, :func:`probe_response` as the response.
+#: The turn the start-up probe scores: an observation as prompt, :func:`~divopd.explore.teacher_server.probe_text`
+#: (added tokens left out) as the response.
 PROBE_PROMPT = "You see a coin and a door to the east.\nAction:"
 
 
-def probe_response(tokenizer: Any, n: int = 256) -> str:
-    """The probe's response text: a fixed sentence, then the decoded text of ``n`` ids spread over ``tokenizer``'s
-    own vocabulary, added tokens left out (a chat model's ``<think>`` is markup, not text a probe should hold)."""
-    from divopd.explore.teacher_server import PROBE_TEXT
-
-    added = set(getattr(tokenizer, "get_added_vocab", dict)().values())
-    added |= set(getattr(tokenizer, "all_special_ids", []) or [])
-    size = len(tokenizer)
-    ids = [i for i in sorted({int(i) for i in np.linspace(0, size - 1, num=min(n, size))}) if i not in added]
-    return PROBE_TEXT + " " + tokenizer.decode(ids)
-
-
 def probe_coverage(student_tokenizer: Any, teacher_tokenizer: Any, student_only: frozenset[int]) -> dict[str, float]:
-    """The fraction of the probe response's student tokens (:data:`PROBE_PROMPT`, :func:`probe_response` of the
-    student's vocabulary, the student's own tokenization) each path scores: ``extension`` (every token but the
+    """The fraction of the probe response's student tokens (:data:`PROBE_PROMPT`, the probe text of the student's
+    vocabulary, the student's own tokenization) each path scores: ``extension`` (every token but the
     ``student_only`` ones) and ``cross`` (those the character-span mapping can map; no teacher forward needed)."""
+    from divopd.explore.teacher_server import probe_text
     from divopd.explore.vocab_align import Translator, plan_coverage, plan_turn
 
     prompt = [int(t) for t in student_tokenizer.encode(PROBE_PROMPT, add_special_tokens=False)]
-    response = [int(t) for t in student_tokenizer.encode(" " + probe_response(student_tokenizer),
+    response = [int(t) for t in student_tokenizer.encode(" " + probe_text(student_tokenizer, skip_added=True),
                                                          add_special_tokens=False)]
     if not response:
         return {"extension": 1.0, "cross": 1.0}
@@ -174,8 +155,8 @@ def expand_ids(ids: Sequence[int], missing: frozenset[int], source_tokenizer: An
 
 class ExtensionTeacher:
     """A teacher whose vocabulary extends the student's or is extended by it (same id for every shared token): the
-    student's ids are scored directly; positions of student tokens the teacher lacks get NaN (not teacher-valid,
-    counted as masked)."""
+    student's ids are scored directly; a student token the teacher lacks is sent as its text, and gets NaN at a
+    response position (not teacher-valid, counted as ``teacher_masked_tokens``)."""
 
     speaks_student_ids = True
 

@@ -68,13 +68,9 @@ def _squeeze(text: str) -> str:
 
 def offset_ends(tokenizer: Any, ids: Sequence[int], offsets: Sequence[tuple[int, int]],
                 text: str) -> tuple[list[int | None], list[bool]]:
-    """Per token of ``tokenizer``'s encoding of ``text`` (``offsets``: each token's span in ``text``), the character
-    where it ends, kept where the ids up to it decode to ``text`` up there, whitespace aside (so a dummy prefix, or a
-    decoder that joins words with spaces, does not count as a change of text) and each unknown span before it read as
-    the unknown token, else ``None``: a piece of a character not recoverable on its own, and every token from a
-    changed piece of text on (a normalizer's change). Also, per token, whether it is *lost*: the tokenizer's unknown
-    token (``<unk>``) standing for text it cannot spell. A lost token ends where its offsets say, so the tokens after
-    it keep their ends: only the chunk that holds it loses its text."""
+    """Per token of ``tokenizer``'s encoding of ``text`` (``offsets``: each token's span in ``text``), its clean end
+    (step 2 of the module docstring; whitespace aside, so a dummy prefix or a decoder that joins words with spaces is
+    no change of text) or ``None``, and whether it is *lost* (an ``<unk>`` standing for text it cannot spell)."""
     unk = getattr(tokenizer, "unk_token_id", None)
     unk_text = _squeeze(_decode(tokenizer, [unk])) if unk is not None else ""
     shown, at = "", 0  # the text up to character ``at`` as the decoding shows it (unknown spans as <unk>), squeezed
@@ -102,10 +98,9 @@ def adds_dummy_prefix(tokenizer: Any) -> bool:
 
 
 def special_anchors(source: Any, target: Any) -> dict[int, int]:
-    """The source's special token ids that have a target counterpart, and that counterpart: the end- and
-    begin-of-sequence tokens map by meaning (the source's ``eos`` is the target's ``eos``, its end of turn, even where
-    the target has a special token of the same string as the source's ``eos``), every other special token by its
-    string."""
+    """The source's special token ids that have a target counterpart, and that counterpart: ``eos`` and ``bos`` by
+    meaning (even where the target has a special token of the same string as the source's ``eos``), every other
+    special token by its string."""
     vocab = target.get_vocab()
     anchors: dict[int, int] = {}
     for sid in getattr(source, "all_special_ids", []):
@@ -155,7 +150,7 @@ class TurnPlan:
 
 class Translator:
     """Token ids of one tokenizer (``source``) as ids of another (``target``), through text, anchored on the special
-    tokens both have (the same string, or ``eos`` → ``eos``, ``bos`` → ``bos``)."""
+    tokens both have (:func:`special_anchors`)."""
 
     def __init__(self, source: Any, target: Any) -> None:
         self.source, self.target = source, target
@@ -222,8 +217,7 @@ class Translator:
 
 def plan_turn(tr: Translator, prompt: Sequence[int], response: Sequence[int]) -> TurnPlan:
     """The teacher's ids of one turn (prompt and response translated segment by segment, anchors as their teacher
-    ids) and, for every response segment, its aligned chunks: spans where both tokenizations cut at the same
-    characters, whose teacher log probs :func:`map_logprobs` sums and splits over the student's tokens."""
+    ids) and, for every response segment, its aligned chunks (steps 1-3 of the module docstring)."""
     teacher_prompt = tr.translate(prompt)
     done, t_done = [int(x) for x in prompt], list(teacher_prompt)
     segments, teacher_response = [], []
@@ -278,8 +272,8 @@ def plan_coverage(plan: TurnPlan) -> tuple[int, int]:
 
 class CrossTokenizerTeacher:
     """A teacher with its own tokenizer, as a Teacher of the student's ids: each turn is translated to the teacher's
-    tokens (:func:`plan_turn`), scored, and its log probs mapped back onto the student's tokens by character spans
-    (:func:`map_logprobs`); student tokens with no exact teacher score get NaN and are counted as masked."""
+    tokens (:func:`plan_turn`), scored, and its log probs mapped back onto the student's tokens (:func:`map_logprobs`).
+    """
 
     speaks_student_ids = True
 

@@ -1,11 +1,5 @@
-"""Turn (prompt, response) rows into causal-LM inputs, and read back per-response-token log probabilities.
-
-Two layouts, same result up to float rounding:
-
-* ``padded`` — one sequence per input row, right-padded to the longest, with an attention mask.
-* ``packed`` — padding-free: sequences are placed first-fit-decreasing into rows of ``capacity`` tokens (default: the
-  longest sequence), ``position_ids`` restart at 0 for each sequence and no attention mask is passed, so transformers
-  builds a block-diagonal causal mask (each sequence attends only to itself).
+"""Turn (prompt, response) rows into causal-LM inputs in one of two layouts (:data:`LAYOUTS`, the same result up to
+float rounding), and read back per-response-token log probabilities.
 
 Sequence ``s`` is ``prompt + response[:-1]`` (the last response token is only a target). Response token ``i`` is
 predicted at input position ``P + i − 1``; with an empty prompt the first response token has no context and is not
@@ -17,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -60,14 +54,8 @@ class PackedBatch:
     layout: str
 
     def to(self, device: str | torch.device) -> PackedBatch:
-        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
-
-        return PackedBatch(
-            mv(self.input_ids), mv(self.position_ids), mv(self.attention_mask), mv(self.keep_mask), mv(self.targets),
-            mv(self.seq_index), mv(self.token_index), mv(self.scored), self.n_sequences, self.max_response_len,
-            self.tokens, self.layout,
-        )
+        tensors = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(self, **{k: v.to(device) for k, v in tensors.items() if isinstance(v, torch.Tensor)})
 
     @property
     def input_tokens(self) -> int:

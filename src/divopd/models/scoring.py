@@ -30,10 +30,6 @@ def _chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return groups
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 @torch.no_grad()
 def score_responses(
     model: torch.nn.Module,
@@ -50,7 +46,7 @@ def score_responses(
         raise ValueError(f"score_responses: {len(prompts)} prompts but {len(responses)} responses")
     if topk < 0:
         raise ValueError(f"score_responses: topk must be >= 0, got {topk}")
-    device = _model_device(model)
+    device = next(model.parameters()).device
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
     out: list[ResponseScores | None] = [None] * len(prompts)
     for group in _chunks(lengths, max_tokens_per_batch):
@@ -65,11 +61,8 @@ def score_responses(
             top_id = scatter_rows(top_id, batch, fill=0).cpu().numpy()
         for j, i in enumerate(group):
             n = len(responses[i])
-            if topk > 0:
-                out[i] = ResponseScores(lp[j, :n].astype(np.float32), top_id[j, :n].astype(np.int32),
-                                        top_lp[j, :n].astype(np.float32))
-            else:
-                out[i] = ResponseScores(lp[j, :n].astype(np.float32))
+            top = (top_id[j, :n].astype(np.int32), top_lp[j, :n].astype(np.float32)) if topk > 0 else (None, None)
+            out[i] = ResponseScores(lp[j, :n].astype(np.float32), *top)
     return out  # type: ignore[return-value]
 
 

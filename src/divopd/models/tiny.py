@@ -124,8 +124,7 @@ def _byte_level(texts: list[str], kind: str, vocab_size: int) -> Tokenizer:
 def build_model(tokenizer: PreTrainedTokenizerFast, size: str = "1m", arch: str = "llama", seed: int = 0,
                 max_position_embeddings: int = 4096) -> PreTrainedModel:
     """A randomly initialised causal LM from config alone: ``arch`` ``llama`` or ``qwen2``, ``size`` one of
-    :data:`SIZES` (0.2m: h64×2 layers, 0.5m: h128×2 with head_dim 64 for vLLM, 1m: h128×4, 5m: h256×5,
-    20m: h512×5), seeded, float32, eval mode."""
+    :data:`SIZES`, seeded, float32, eval mode."""
     if size not in SIZES:
         raise ValueError(f"build_model: unknown size {size!r}; expected one of {sorted(SIZES)}")
     hidden, layers, heads, inter = SIZES[size]
@@ -141,8 +140,6 @@ def build_model(tokenizer: PreTrainedTokenizerFast, size: str = "1m", arch: str 
         config, cls = Qwen2Config(**common), Qwen2ForCausalLM
     else:
         raise ValueError(f"build_model: arch must be 'llama' or 'qwen2', got {arch!r}")
-    # The model (not the tokenizer's folder) is what AutoModel reads; mark tiny folders for load_model.
-    config.divopd_tiny = True
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(config)

@@ -3,11 +3,8 @@
 
 A log records the queue's input, not any reader's output, so every selection rule can be replayed over the same
 experience (``divopd replay``; the paper's shared-buffer replays, Appendix Table 11). Rows are in arrival order; a log
-is one ``.parquet`` file or a directory of ``part-*.parquet`` files read in numeric order. Readers stream record
-batches, accept any integer width and float16/32/64 log probabilities, and reject a malformed log with
-:class:`ExperienceLogError` naming the file, the column and the first bad row. Without ``prompt_ids`` and
-``response_ids`` turns read back carry read-only zero ids of the logged lengths (selection uses lengths only); the
-teacher top-k arrays of a Turn are not logged.
+is one ``.parquet`` file or a directory of ``part-*.parquet`` files read in numeric order. Readers accept any integer
+width and float16/32/64 log probabilities; the teacher top-k arrays of a Turn are not logged.
 """
 
 from __future__ import annotations
@@ -16,11 +13,7 @@ from divopd.experience.log.parts import compact_parts as compact_parts
 from divopd.experience.log.parts import log_files, requeue_at_update, truncate_log
 from divopd.experience.log.parts import part_files as part_files
 from divopd.experience.log.parts import set_aside_unreadable_parts as set_aside_unreadable_parts
-from divopd.experience.log.reader import batch_to_turns as batch_to_turns
 from divopd.experience.log.reader import iter_record_batches, read_log, row_to_turn
-from divopd.experience.log.schema import LIST_LENGTHS as LIST_LENGTHS
-from divopd.experience.log.schema import NON_NEGATIVE as NON_NEGATIVE
-from divopd.experience.log.schema import NOT_NULL as NOT_NULL
 from divopd.experience.log.schema import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,

@@ -88,14 +88,9 @@ def batch_to_turns(batch: pa.RecordBatch) -> Iterator[LoggedTurn]:
     names = batch.schema.names
     rollout_ids = batch.column("rollout_id").to_pylist()
     col = {name: batch.column(name).to_numpy(zero_copy_only=False) for name in (*NON_NEGATIVE, "prompt_truncated")}
-    lists = {
-        "action_mask": _list_column(batch, "action_mask", bool),
-        "student_logprobs": _list_column(batch, "student_logprobs", np.float32),
-        "teacher_logprobs": _list_column(batch, "teacher_logprobs", np.float32),
-        "teacher_valid_mask": _list_column(batch, "teacher_valid_mask", bool),
-        "prompt_ids": _list_column(batch, "prompt_ids", np.int32),
-        "response_ids": _list_column(batch, "response_ids", np.int32),
-    }
+    dtypes = {"action_mask": bool, "student_logprobs": np.float32, "teacher_logprobs": np.float32,
+              "teacher_valid_mask": bool, "prompt_ids": np.int32, "response_ids": np.int32}
+    lists = {name: _list_column(batch, name, dtype) for name, dtype in dtypes.items()}
     info_cols = {k: batch.column(k).to_pylist() for k in _INFO_KEYS if k in names}
 
     def get(name: str, i: int) -> np.ndarray | None:

@@ -51,14 +51,8 @@ LIST_LENGTHS: dict[str, str] = {
     "response_ids": "response_len",
 }
 #: Integer columns that must be >= 0.
-NON_NEGATIVE: tuple[str, ...] = (
-    "turn_index",
-    "policy_version",
-    "arrival",
-    "arrival_update",
-    "prompt_len",
-    "response_len",
-)
+NON_NEGATIVE: tuple[str, ...] = ("turn_index", "policy_version", "arrival", "arrival_update", "prompt_len",
+                                 "response_len")
 _INFO_KEYS = ("env", "success", "teacher_acted", "task")  # task: divopd-focus groups by it
 _TOKEN_ARRAYS = ("action_mask", "student_logprobs", "teacher_logprobs", "teacher_valid_mask")
 #: A part file of a directory log: ``part-N.parquet`` (one write) or ``part-A-B.parquet`` (parts A..B compacted into
@@ -216,26 +210,16 @@ def _check_order(
     """``arrival`` strictly increasing and ``arrival_update`` non-decreasing, from ``order``'s last row on."""
     if not len(arrival):
         return
-    prev_a = order.last_arrival if order is not None else None
-    prev_u = order.last_update if order is not None else None
-    a = arrival if prev_a is None else np.concatenate([[prev_a], arrival])
-    u = update if prev_u is None else np.concatenate([[prev_u], update])
-    offset = 0 if prev_a is None else 1
-    bad = np.diff(a) <= 0
-    if bad.any():
-        i = _first(bad)
-        fail(
-            "arrival",
-            i + 1 - offset,
-            f"arrival {int(a[i + 1])} after {int(a[i])}: rows must be in strictly increasing arrival order",
-        )
-    bad = np.diff(u) < 0
-    if bad.any():
-        i = _first(bad)
-        fail(
-            "arrival_update",
-            i + 1 - offset,
-            f"arrival_update {int(u[i + 1])} after {int(u[i])}: must not decrease in arrival order",
-        )
+    offset = 0 if order is None or order.last_arrival is None else 1
+    rules = (("arrival", arrival, None if order is None else order.last_arrival, True,
+              "rows must be in strictly increasing arrival order"),
+             ("arrival_update", update, None if order is None else order.last_update, False,
+              "must not decrease in arrival order"))
+    for name, values, last, strict, rule in rules:
+        v = values if last is None else np.concatenate([[last], values])
+        bad = np.diff(v) <= 0 if strict else np.diff(v) < 0
+        if bad.any():
+            i = _first(bad)
+            fail(name, i + 1 - offset, f"{name} {int(v[i + 1])} after {int(v[i])}: {rule}")
     if order is not None:
         order.last_arrival, order.last_update = int(arrival[-1]), int(update[-1])

@@ -123,11 +123,9 @@ class ExperienceLogWriter:
     with token ids, mostly the Parquet footer; :meth:`compact` (at each checkpoint) merges them into one file per
     checkpoint interval. Part numbers are ordered as numbers at any count (``part-1000000`` follows ``part-999999``).
 
-    Rows are validated on the way in (types, lengths, non-negative integers, arrival order).
-
-    Resuming from a checkpoint: the log may hold rows logged after the checkpoint. ``truncate_from=A`` first drops
-    every row with ``arrival >= A`` (:func:`truncate_log`), A being the restored sampler's next arrival number, so the
-    log again matches the queue the resumed run continues.
+    Rows are validated on the way in (types, lengths, non-negative integers, arrival order). Resuming from a
+    checkpoint, ``truncate_from=A`` (the restored sampler's next arrival number) first drops the rows logged after it
+    (:func:`truncate_log`), so the log again matches the queue the resumed run continues.
     """
 
     def __init__(
@@ -148,7 +146,6 @@ class ExperienceLogWriter:
         self.write_ids = write_ids
         self._rows: list[dict[str, Any]] = []
         self._writer: pq.ParquetWriter | None = None
-        self._file_rows = 0
         self._order = _OrderState()
         self._next_part = 0
         self.rows_written = 0
@@ -231,32 +228,16 @@ class ExperienceLogWriter:
         if batch.num_rows == 0:
             return
         validate_batch(batch, str(self.path), self._order)
-        if not self.single_file:
-            self._write_parts(batch)
-            return
-        start = 0
-        while start < batch.num_rows:
+        if self._schema is not None and batch.schema != self._schema:
+            raise ExperienceLogError(f"{self.path}: rows with different columns ({batch.schema.names}) cannot join a "
+                                     f"{'file' if self.single_file else 'log'} with {self._schema.names}")
+        if self.single_file:
             if self._writer is None:
                 self._open_file(batch.schema)
-            elif batch.schema != self._schema:
-                raise ExperienceLogError(
-                    f"{self.path}: rows with different columns ({batch.schema.names}) cannot "
-                    f"join a file with {self._schema.names}"
-                )
-            take = batch.num_rows - start
-            self._writer.write_batch(batch.slice(start, take), row_group_size=self.row_group_size)
-            self._file_rows += take
-            self.rows_written += take
-            start += take
-
-    def _write_parts(self, batch: pa.RecordBatch) -> None:
-        """Write validated rows of a directory log as new whole parts of at most ``rows_per_file`` rows each."""
-        if self._schema is not None and batch.schema != self._schema:
-            raise ExperienceLogError(
-                f"{self.path}: rows with different columns ({batch.schema.names}) cannot "
-                f"join a log with {self._schema.names}"
-            )
-        self._schema = batch.schema
+            self._writer.write_batch(batch, row_group_size=self.row_group_size)
+            self.rows_written += batch.num_rows
+            return
+        self._schema = batch.schema  # a directory log: new whole parts of at most rows_per_file rows each
         for start in range(0, batch.num_rows, self.rows_per_file):
             chunk = pa.Table.from_batches([batch.slice(start, self.rows_per_file)])
             write_part(chunk, self.path / f"part-{self._next_part:06d}.parquet", self.row_group_size)
@@ -266,7 +247,6 @@ class ExperienceLogWriter:
     def _open_file(self, schema: pa.Schema) -> None:
         self._schema = schema
         self._writer = pq.ParquetWriter(self.path, schema, compression="zstd")
-        self._file_rows = 0
 
     def roll(self) -> None:
         """Write what is buffered: a directory log's rows are then in whole parts on disk (each flush writes whole

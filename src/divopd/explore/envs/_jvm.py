@@ -1,14 +1,6 @@
-"""Helpers shared by the JVM-backed adapters (ScienceWorld, TextWorld-Express): heap cap, clean shutdown, a deadline
-on every call and an authenticated gateway.
-
-Every call into a JVM (:func:`jvm_call`) and every shutdown runs under :data:`WATCHDOG`, which kills the JVM when the
-call has not returned after ``call_timeout_s`` (default :data:`DEFAULT_CALL_TIMEOUT_S`); the call then fails as
-:class:`EnvCrash`, so a hung JVM never hangs the explorer. Round trips outside :func:`jvm_call` (py4j's finalizers, in
-whatever thread the garbage collector runs) get a socket read timeout above the call deadline
-(:func:`read_timeout_for`). :func:`guarded_gateway` launches the gateway with ``enable_auth`` (the packages' default
-is loopback with no token), so another local user cannot drive the JVM; the JVM runs in its own process group and
-dies with divopd (:mod:`divopd.explore.children`).
-"""
+"""What the JVM-backed adapters (ScienceWorld, TextWorld-Express) share: a heap cap, a clean shutdown, a deadline on
+every call (:func:`jvm_call`: a hung JVM is killed, never hangs the explorer) and an authenticated gateway (the
+packages' default is loopback with no token: another local user could drive the JVM)."""
 
 from __future__ import annotations
 
@@ -24,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from divopd.explore.children import no_quit
-from divopd.explore.envs.base import EnvCrash
+from divopd.explore.envs.base import Env, EnvCrash
 
 #: JVM options applied while an adapter starts its server: a capped heap and the serial collector keep each JVM at
 #: ~250-350 MB instead of 0.5-1.6 GB (MACHINE-NOTES). ``DIVOPD_JAVA_OPTS`` overrides.
@@ -32,10 +24,13 @@ DEFAULT_JAVA_OPTS = "-Xmx256m -XX:+UseSerialGC"
 #: The longest one JVM call may take before the JVM is killed (s): far above the slowest legitimate call (a
 #: ScienceWorld gold-path load, a few seconds), far below "forever".
 DEFAULT_CALL_TIMEOUT_S = 120.0
+#: The packages' own step limit: the explorer owns the step limit.
+NO_STEP_LIMIT = 10**9
 
 
 def read_timeout_for(call_timeout_s: float) -> float:
-    """The gateway sockets' read timeout for a call deadline: a backstop for round trips no watchdog watches."""
+    """The gateway sockets' read timeout for a call deadline: a backstop for round trips no watchdog watches (py4j's
+    finalizers, in whatever thread the garbage collector runs)."""
     return 1.5 * call_timeout_s + 5.0
 
 
@@ -54,8 +49,9 @@ class _Watch:
 
 
 class Watchdog:
-    """Kills the JVM of a call still running at its deadline: one daemon thread per process, started on demand and
-    ended after a few idle seconds; a watched call costs a dict insert and delete."""
+    """Kills the JVM of a call still running at its deadline (every :func:`jvm_call` and every shutdown): one daemon
+    thread per process, started on demand and ended after a few idle seconds; a watched call costs a dict insert and
+    delete."""
 
     POLL_S = 0.1
     IDLE_EXIT_S = 5.0
@@ -246,7 +242,6 @@ def shutdown_gateway(package_env: Any, timeout: float = 5.0) -> None:
 
 
 def jvm_alive(package_env: Any) -> bool:
-    """Whether the package env's JVM process is still running."""
     proc = _java_process(package_env)
     return proc is not None and proc.poll() is None
 
@@ -290,3 +285,23 @@ def jvm_call(adapter: Any, fn: Callable[[], Any]) -> Any:
             proc.wait(timeout=10)
         raise EnvCrash(f"{name}: the JVM gave no answer within call_timeout_s={timeout:g} s; it was killed")
     raise EnvCrash(f"{name}: JVM call failed (jvm alive={alive}): {failure}") from failure
+
+
+class JvmEnv(Env):
+    """An adapter over a package env on a JVM (``_env``, ended by ``_release``), every call under :func:`jvm_call`
+    with the deadline ``call_timeout_s``: past it the JVM is killed and the call raises :class:`EnvCrash`."""
+
+    closed = False
+    call_timeout_s = DEFAULT_CALL_TIMEOUT_S
+    _env: Any
+    _release: Callable[[], None]
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._release()
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run a call into the JVM. Every JVM round trip (a Java method's lookup, iterating a Java list) must happen
+        inside ``fn``: outside it has no deadline."""
+        return jvm_call(self, fn)

@@ -38,8 +38,7 @@ CONSTRUCTION_LOCK = threading.RLock()
 _DEFERRED: list[Callable[[], None]] = []
 
 
-def _run_deferred() -> None:
-    """Run the deferred releases (under :data:`CONSTRUCTION_LOCK`)."""
+def _run_deferred() -> None:  # under CONSTRUCTION_LOCK
     while _DEFERRED:
         _DEFERRED.pop()()
 

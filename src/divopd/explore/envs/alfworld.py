@@ -1,7 +1,6 @@
 """ALFWorld (Shridhar et al., 2020) through the real ``alfworld`` package, and plain TextWorld game files.
 
-The package and its data are optional (``pip install 'divopd[alfworld]'``, then ``alfworld-download``, which lays out
-``$ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}/<task>/<trial>/{traj_data.json, game.tw-pddl}``);
+The package and its data (``alfworld-download``: ``$ALFWORLD_DATA/json_2.1.1/<split>/<task>/<trial>/``) are optional:
 :class:`AlfWorldEnv` fails at construction with one line naming what is missing.
 
 - Splits: ``train``; ``dev`` = ``valid_seen``; ``test`` = ``valid_unseen`` (ALFWorld's names are accepted too). Games
@@ -12,9 +11,6 @@ The package and its data are optional (``pip install 'divopd[alfworld]'``, then 
 - +R rules: an action is *invalid* when it is not among the admissible commands of the state it was taken in (where
   the game lists them), or the game answers ``"Nothing happens."``; the *allowed actions* are the admissible commands
   (a game that lists none falls back to the observation).
-
-:class:`TextWorldGamesEnv` runs any TextWorld game files (e.g. made with ``tw-make``) the same way, without the
-ALFRED wrappers; its gold actions are the games' walkthroughs.
 """
 
 from __future__ import annotations
@@ -116,7 +112,8 @@ def alfworld_games(data_dir: str | os.PathLike, split: str, task_types: Sequence
 
 
 class TextWorldGamesEnv(Env):
-    """TextWorld game files played through ``textworld.start`` (the ``alfworld`` extra brings ``textworld``).
+    """TextWorld game files (e.g. made with ``tw-make``) played through ``textworld.start``, without the ALFRED
+    wrappers (the ``alfworld`` extra brings ``textworld``).
 
     Args:
         games: game file paths (``.z8``, ``.ulx``, ``.tw-pddl``…) or folders holding them. Tasks are the file paths;
@@ -126,6 +123,7 @@ class TextWorldGamesEnv(Env):
 
     name = "textworld"
     _GAME_SUFFIXES = (".z8", ".ulx", ".tw-pddl")
+    _PLAN_KEYS: tuple[str, ...] = ("extra.walkthrough", "policy_commands")  # the gold plan in the expert's state
 
     def __init__(self, games: Sequence[str | os.PathLike] = (), splits: dict[str, Sequence[str]] | None = None) -> None:
         self._textworld = _import_textworld()
@@ -190,15 +188,16 @@ class TextWorldGamesEnv(Env):
         return list(commands) if commands else None
 
     def gold_actions(self, task: str) -> list[str] | None:
+        """The games' walkthrough (ALFWorld: the package's planner expert plan); ``None`` when there is none."""
         try:
             env = self._start(self._game_file(task), expert=True)
             try:
                 state = env.reset()
-                plan = state.get("extra.walkthrough") or state.get("policy_commands")
+                plan = next((state.get(k) for k in self._PLAN_KEYS if state.get(k)), None)
             finally:
                 env.close()
         except Exception as e:
-            log.warning("no walkthrough for %s: %s: %s", task, type(e).__name__, e)
+            log.warning("%s: no expert plan for %s: %s: %s", self.name, task, type(e).__name__, e)
             return None
         return list(plan) if plan else None
 
@@ -212,9 +211,8 @@ class TextWorldGamesEnv(Env):
         return task
 
     def _infos(self, expert: bool) -> Any:
-        tw = self._textworld
-        return tw.EnvInfos(won=True, admissible_commands=True, policy_commands=expert,
-                           extras=["walkthrough"] if expert else [])
+        return self._textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=expert,
+                                        extras=["walkthrough"] if expert else [])
 
     def _start(self, game_file: str, expert: bool) -> Any:
         return self._textworld.start(game_file, request_infos=self._infos(expert))
@@ -237,6 +235,7 @@ class AlfWorldEnv(TextWorldGamesEnv):
     """
 
     name = "alfworld"
+    _PLAN_KEYS = ("extra.expert_plan",)
 
     def __init__(
         self,
@@ -280,19 +279,6 @@ class AlfWorldEnv(TextWorldGamesEnv):
         if expert:
             wrappers.append(expert_cls(expert_type=expert_type.PLANNER))
         return self._textworld.start(game_file, request_infos=self._infos(expert), wrappers=wrappers)
-
-    def gold_actions(self, task: str) -> list[str] | None:
-        """The package's planner expert plan from the initial state (``None`` when the planner fails)."""
-        try:
-            env = self._start(self._game_file(task), expert=True)
-            try:
-                plan = env.reset().get("extra.expert_plan")
-            finally:
-                env.close()
-        except Exception as e:
-            log.warning("ALFWorld planner expert failed on %s: %s: %s", task, type(e).__name__, e)
-            return None
-        return list(plan) if plan else None
 
 
 def _import_textworld() -> Any:

@@ -1,12 +1,4 @@
-"""The environment protocol every explorer talks to (:class:`Env`), and the rules adapters share.
-
-Backend errors (a dead JVM, a failed HTTP call, a backend call past its deadline) are :class:`EnvCrash`, never another
-exception type, and they surface from :meth:`Env.reset` and :meth:`Env.step`: :meth:`Env.valid_actions` and
-:meth:`Env.allowed_actions_key` answer from what the last reset/step fetched (the explorer calls them outside its
-env-crash handler). Splits are ``"train"``, ``"dev"`` and ``"test"`` (the packages' own folds where they have them);
-:meth:`Env.tasks` is the source of truth for task names. The explorer owns the step limit: adapters set the packages'
-internal limits high enough never to end an episode first.
-"""
+"""The environment protocol every explorer talks to (:class:`Env`), and the rules adapters share."""
 
 from __future__ import annotations
 
@@ -22,7 +14,8 @@ StepResult = tuple[str, float, bool, dict[str, Any]]
 
 
 class EnvCrash(RuntimeError):
-    """The environment process failed (not a bad action): the rollout ends and the instance is replaced."""
+    """The environment's backend failed (a dead JVM, a failed HTTP call, a call past its deadline), not a bad action:
+    the rollout ends and the instance is replaced. Adapters raise no other type for a backend error."""
 
 
 def action_in(action: str, actions: Iterable[str]) -> bool:
@@ -34,10 +27,7 @@ def action_in(action: str, actions: Iterable[str]) -> bool:
 class ProgressTracker:
     """The ``info["progress"]`` rule shared by the adapters: a step made progress when the score rose above its best so
     far in the episode, or the agent reached a state (e.g. location + inventory) not seen before in the episode.
-
-    Repeating an action that changes nothing, an unknown command, or walking back to a visited room is no progress.
-    A diagnostic (``info["progress"]``): the +R trigger counts the paper's rule instead (``info["invalid"]`` and
-    :meth:`Env.allowed_actions_key`, see :mod:`divopd.explore.recovery`).
+    A diagnostic: the +R trigger counts the paper's rule instead (:mod:`divopd.explore.recovery`).
     """
 
     def __init__(self) -> None:
@@ -79,7 +69,9 @@ class Env(abc.ABC):
       as a no-progress turn.
 
     A bad action answers with the environment's feedback as the observation, never an exception; a crashed backend
-    raises :class:`EnvCrash` (the explorer replaces the instance).
+    raises :class:`EnvCrash` from :meth:`reset` or :meth:`step` only (the other methods answer from what those
+    fetched). Splits are ``"train"``, ``"dev"`` and ``"test"``; the explorer owns the step limit (set a package's own
+    limit high enough never to end an episode first).
 
     Class attributes:
 
@@ -114,10 +106,7 @@ class Env(abc.ABC):
         return None
 
     def valid_actions(self) -> list[str] | None:
-        """Currently valid actions, where the environment lists them (for prompts); ``None`` otherwise.
-
-        Answered from what the last :meth:`reset` / :meth:`step` fetched: a backend adapter fetches the list there, so
-        that a backend failure is that call's :class:`EnvCrash` (raised here only before any reset)."""
+        """Currently valid actions, where the environment lists them (for prompts); ``None`` otherwise."""
         return None
 
     def allowed_actions_key(self) -> Hashable | None:

@@ -1,10 +1,8 @@
 """ScienceWorld adapter (``pip install scienceworld``; Java 17, offline; one JVM of ~250-350 MB per instance).
 
-Tasks are ``"<task-name>:<variation>"`` (30 task types), in two split schemes (``explorer.env_kwargs:
-{split_scheme: ...}``): ``"package"`` (default), the package's own train/dev/test variations; ``"paper"``, the
-paper's protocol (Appendix Table 6, :func:`scienceworld_paper_split`): ``train`` the shuffled 2,294 training instances
-(17 task types), ``test`` the shuffled 1,308 held-out instances (13 other types), no ``dev``. Progress is the package's
-0-1 score (a negative score is a failure and ends the episode); gold actions come from the simulator.
+Tasks are ``"<task-name>:<variation>"`` (30 task types), split by the package's own train/dev/test variations or by
+the paper's protocol (:func:`scienceworld_paper_split`, no ``dev``). Progress is the package's 0-1 score (a negative
+score is a failure and ends the episode); gold actions come from the simulator.
 
 Speed: the package's ``step`` rebuilds the list of valid action/object combinations after every step (~10 steps/s);
 this adapter calls the server directly (~60-140 steps/s) and never asks for that list, which holds thousands of mostly
@@ -21,22 +19,21 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from divopd.explore.envs._jvm import (
     DEFAULT_CALL_TIMEOUT_S,
+    NO_STEP_LIMIT,
+    JvmEnv,
     check_call_timeout,
-    jvm_call,
     read_timeout_for,
-    shutdown_gateway,
 )
 from divopd.explore.envs._jvm_hosts import own_package_env
-from divopd.explore.envs.base import SPLITS, Env, ProgressTracker, StepResult
+from divopd.explore.envs.base import SPLITS, ProgressTracker, StepResult
 
 __all__ = ["PAPER_HELD_OUT_TYPES", "PAPER_TRAIN_TYPES", "SPLIT_SCHEMES", "ScienceWorldEnv", "scienceworld_paper_split",
            "variation_counts"]
 
-_NO_LIMIT = 10**9  # the explorer owns the step limit
 #: the parser's answers when it took no action
 _REFUSALS = ("No known action matches that input.", "Ambiguous request")
 
@@ -103,7 +100,7 @@ def scienceworld_paper_split(seed: int = 42, env: ScienceWorldEnv | None = None,
     return out[0], out[1]
 
 
-class ScienceWorldEnv(Env):
+class ScienceWorldEnv(JvmEnv):
     """One ScienceWorld simulator (one JVM).
 
     Args:
@@ -114,11 +111,7 @@ class ScienceWorldEnv(Env):
             (:func:`scienceworld_paper_split`: ``"train"`` / ``"test"`` are the paper's shuffled training / held-out
             lists, in that order).
         split_seed: the shuffle seed of the ``"paper"`` scheme (the paper's: 42).
-        call_timeout_s: the deadline of one call into the JVM; past it the JVM is killed and the call raises
-            :class:`~divopd.explore.envs.base.EnvCrash` (:mod:`divopd.explore.envs._jvm`).
-
-    Backend errors surface from :meth:`reset` and :meth:`step` as ``EnvCrash``; :meth:`valid_actions` and
-    :meth:`allowed_actions_key` answer from what those fetched (the explorer calls them outside its env-crash handler).
+        call_timeout_s: the deadline of one call into the JVM (:class:`~divopd.explore.envs._jvm.JvmEnv`).
     """
 
     name = "scienceworld"
@@ -142,14 +135,13 @@ class ScienceWorldEnv(Env):
         if split_scheme not in SPLIT_SCHEMES:
             raise ValueError(f"ScienceWorldEnv: unknown split_scheme {split_scheme!r}; expected one of {SPLIT_SCHEMES}")
         self.call_timeout_s = check_call_timeout("ScienceWorldEnv", call_timeout_s)
-        self._env, _ = own_package_env(lambda: package.ScienceWorldEnv(envStepLimit=_NO_LIMIT), java_opts_str, package,
-                                       read_timeout_for(self.call_timeout_s))
-        self.closed = False
+        self._env, self._release = own_package_env(lambda: package.ScienceWorldEnv(envStepLimit=NO_STEP_LIMIT),
+                                                    java_opts_str, package, read_timeout_for(self.call_timeout_s))
         self._server = self._env.server
         all_names = list(self._call(self._env.get_task_names))
         unknown = sorted(set(task_names or []) - set(all_names))
         if unknown:
-            shutdown_gateway(self._env)
+            self._release()
             raise ValueError(f"ScienceWorldEnv: unknown task names {unknown}; known: {all_names}")
         self._all_names = all_names
         self.task_names = list(task_names) if task_names else all_names
@@ -247,16 +239,6 @@ class ScienceWorldEnv(Env):
         """The +R stand-in for the allowed actions: (look text, inventory text) of the current state."""
         return self._last_state
 
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            shutdown_gateway(self._env)
-
     # ------------------------------------------------------------------ helpers
     def _state(self) -> tuple[str, str]:
         return self._call(lambda: (self._server.freeActionLook(), self._server.freeActionInventory()))
-
-    def _call(self, fn: Any) -> Any:
-        """Run a call into the JVM (:func:`divopd.explore.envs._jvm.jvm_call`). Every JVM round trip (a Java
-        method's lookup, iterating a Java list) must happen inside ``fn``: outside it has no deadline."""
-        return jvm_call(self, fn)

@@ -20,29 +20,24 @@ from typing import Any
 
 from divopd.explore.envs._jvm import (
     DEFAULT_CALL_TIMEOUT_S,
+    NO_STEP_LIMIT,
+    JvmEnv,
     check_call_timeout,
-    jvm_call,
     read_timeout_for,
 )
 from divopd.explore.envs._jvm_hosts import own_package_env, shared_package_env
-from divopd.explore.envs.base import SPLITS, Env, ProgressTracker, StepResult, action_in
+from divopd.explore.envs.base import SPLITS, ProgressTracker, StepResult, action_in
 
 __all__ = ["DEFAULT_GAME", "DEFAULT_PARAMS", "TextWorldExpressEnv"]
 
 DEFAULT_GAME = "coin"
 DEFAULT_PARAMS = "numLocations=3,numDistractorItems=0,includeDoors=0"
-_NO_LIMIT = 10**9  # the explorer owns the step limit
 #: the game's own answers to a command it cannot parse or apply
 _NOT_UNDERSTOOD = ("unknown action", "i'm not sure what you mean")
 
 
-class TextWorldExpressEnv(Env):
-    """One TextWorld-Express game instance (a JVM shared by the process's instances, or its own).
-
-    ``call_timeout_s``: the deadline of one call into the JVM; past it the JVM is killed and the call raises
-    :class:`~divopd.explore.envs.base.EnvCrash`. Backend errors surface from :meth:`reset` and :meth:`step`;
-    :meth:`valid_actions` answers from the list the last of them fetched.
-    """
+class TextWorldExpressEnv(JvmEnv):
+    """One TextWorld-Express game instance (a JVM shared by the process's instances, or its own)."""
 
     name = "twx"
 
@@ -65,7 +60,7 @@ class TextWorldExpressEnv(Env):
         self.call_timeout_s = check_call_timeout("TextWorldExpressEnv", call_timeout_s)
 
         def make() -> Any:
-            return _PackageEnv(envStepLimit=_NO_LIMIT)
+            return _PackageEnv(envStepLimit=NO_STEP_LIMIT)
 
         read_timeout = read_timeout_for(self.call_timeout_s)  # a shared JVM keeps its first instance's
         self._env, self._release = (shared_package_env(package, make, java_opts_str, read_timeout) if share_jvm
@@ -80,7 +75,6 @@ class TextWorldExpressEnv(Env):
         self._valid: list[str] = []
         self._task: str | None = None
         self._progress = ProgressTracker()
-        self.closed = False
 
     # ------------------------------------------------------------------ tasks
     def tasks(self, split: str) -> list[str]:
@@ -149,16 +143,6 @@ class TextWorldExpressEnv(Env):
 
     def valid_actions(self) -> list[str]:
         return list(self._valid)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._release()
-
-    # ------------------------------------------------------------------ helpers
-    def _call(self, fn: Any) -> Any:
-        """Run a call into the JVM (:func:`divopd.explore.envs._jvm.jvm_call`)."""
-        return jvm_call(self, fn)
 
 
 def _state(infos: dict[str, Any]) -> tuple[str, str]:

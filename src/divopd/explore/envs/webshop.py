@@ -10,7 +10,6 @@ project's offline shop (:mod:`divopd.explore.envs.webshop_offline`) serves too. 
 - +R rules: an action is *invalid* when the server rejects it (``info["error"]``) or it is not available on its page
   (``search[...]`` without a search bar, ``click[b]`` with ``b`` not a button of the page). The *allowed actions* are
   :meth:`WebShopEnv.valid_actions`; the query is part of the action, so only the same search repeated is a repeat.
-- ``gold_actions`` come from the offline shop's ``/divopd/goal``; a real server has none.
 """
 
 from __future__ import annotations
@@ -139,13 +138,12 @@ class WebShopEnv(Env):
         return obs, reward, done, info
 
     def gold_actions(self, task: str) -> list[str] | None:
-        status, payload = self._call_status("GET", "/divopd/goal", query={"session_id": _goal_index(task)})
-        if status == 200 and isinstance(payload, dict):
-            return list(payload.get("gold_actions") or []) or None
-        return None
+        goal = self.goal(task)
+        return list(goal.get("gold_actions") or []) or None if isinstance(goal, dict) else None
 
     def goal(self, task: str) -> dict | None:
-        """The offline shop's goal metadata (instruction, asked attributes/options, price bound, target ASIN)."""
+        """The offline shop's goal metadata (instruction, asked attributes/options, price bound, target ASIN, gold
+        actions); ``None`` from a real server."""
         status, payload = self._call_status("GET", "/divopd/goal", query={"session_id": _goal_index(task)})
         return payload if status == 200 else None
 

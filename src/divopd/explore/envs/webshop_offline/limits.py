@@ -1,11 +1,5 @@
-"""The bounds of the offline WebShop server: what one request, one connection and the open sessions may take.
-
-A client can make the server read at most ``max_body_bytes`` of a request body (a larger ``Content-Length`` is
-answered ``413`` without reading it), hold a connection silent for at most ``timeout_s`` (then the server closes it),
-and keep at most ``max_sessions`` browser sessions open; a session not used for ``session_ttl_s`` is dropped (its
-``env_idx`` then answers ``404``, which :class:`~divopd.explore.envs.webshop.WebShopEnv` reports as an environment
-error). The defaults leave a training run's sessions alone: a rollout touches its session every turn.
-"""
+"""The bounds of the offline WebShop server: what one request, one connection and the open sessions may take. The
+defaults leave a training run's sessions alone: a rollout touches its session every turn."""
 
 from __future__ import annotations
 
@@ -22,11 +16,11 @@ class ServerLimits:
     """Bounds of one :class:`~divopd.explore.envs.webshop_offline.server.WebShopServer` (all must be > 0)."""
 
     max_body_bytes: int = 1 << 20
-    """The largest request body read (bytes); a larger ``Content-Length`` gets ``413``."""
+    """The largest request body read (bytes); a larger ``Content-Length`` gets ``413`` without being read."""
     timeout_s: float = 60.0
     """How long a connection may stay silent mid-request or between keep-alive requests before it is closed."""
     session_ttl_s: float = 3600.0
-    """A session unused for this long is dropped."""
+    """A session unused for this long is dropped (its ``env_idx`` then answers ``404``: an environment error)."""
     max_sessions: int = 1024
     """The most open sessions; ``POST /create`` beyond it gets ``503`` until one closes or expires."""
 

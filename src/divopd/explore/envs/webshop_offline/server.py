@@ -52,7 +52,6 @@ class _ShopState:
         return self.sessions[env_idx]
 
     def drop_idle(self) -> None:
-        """Drop the sessions idle for longer than ``session_ttl_s``."""
         for idx in self.used.expired():
             self.sessions.pop(idx, None)
 
