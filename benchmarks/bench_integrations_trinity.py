@@ -103,7 +103,7 @@ async def _row(stream: list[list[Experience]], batch_size: int, feed: str, steps
         for writer in writers.values():
             await writer.release()
             ray.kill(writer.queue)
-    read = {"default": float(batch_size), "divopd": strategies["divopd"].sampler.ledger["received"] / steps}
+    read = {"default": float(batch_size), "divopd": strategies["divopd"].sampler.ledger.received / steps}
     return times, read
 
 

@@ -141,7 +141,7 @@ def _time(kind: str, stream: list[Tick], batch_size: int, feed: str, steps: int)
     finally:
         faulthandler.cancel_dump_traceback_later()
         _clear_all()
-    read = handed / steps if kind == "default" else rb.sampler.ledger["received"] / steps
+    read = handed / steps if kind == "default" else rb.sampler.ledger.received / steps
     return times, read
 
 

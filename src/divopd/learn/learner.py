@@ -67,7 +67,7 @@ def batch_rows(batch: Batch | Sequence[Turn] | None, config: LearnerConfig, voca
     token id checked against a vocabulary of ``vocab`` ids; the single-process and the sharded learner's step 1."""
     if batch is None:
         raise ValueError("Learner.step: batch is None (the sampler was not ready; call next_batch again later)")
-    turns = list(getattr(batch, "turns", batch))
+    turns = list(getattr(batch, "payloads", batch))
     if not turns:
         raise ValueError("Learner.step: empty batch (the sampler returns None, not an empty batch, when not ready)")
     rows = prepare_rows(turns, max_prompt_len=config.max_prompt_len,
@@ -286,7 +286,7 @@ class Learner:
     def evaluate(self, batch: Any) -> dict[str, float]:
         """The loss metrics of ``batch`` under the current weights, without updating (``learner/*`` names)."""
         cfg = self.config
-        turns = list(getattr(batch, "turns", batch))
+        turns = list(getattr(batch, "payloads", batch))
         rows = prepare_rows(turns, max_prompt_len=cfg.max_prompt_len,
                             topk=cfg.topk if cfg.estimator == "topk" else None)
         idx = np.arange(len(turns))

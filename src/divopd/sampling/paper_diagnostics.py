@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from divopd.experience.turn import Turn
+from divopd.sampling.candidate import Candidate
 
 __all__ = [
     "DEPTH_BUCKETS",
@@ -68,18 +69,18 @@ OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown")
 
 
 # ---------------------------------------------------------------------------------------------------- Table 9
-def turns_per_rollout(turns: Sequence[Turn]) -> float:
+def turns_per_rollout(turns: Sequence[Turn | Candidate]) -> float:
     """Mean selected turns per distinct rollout of a batch: rows ÷ distinct rollout ids (0 for an empty batch)."""
     rollouts = len({t.rollout_id for t in turns})
     return len(turns) / rollouts if rollouts else 0.0
 
 
-def kl_tokens(turn: Turn) -> int:
+def kl_tokens(turn: Turn | Candidate) -> int:
     """Tokens :attr:`Turn.disagreement` sums over: valid tokens whose student log probability is finite."""
     return turn.kl_tokens
 
 
-def kl_per_token(turns: Iterable[Turn]) -> float:
+def kl_per_token(turns: Iterable[Turn | Candidate]) -> float:
     """The batch's sampled reverse KL per token: Σ (student − teacher log prob) ÷ the number of those tokens.
 
     Summed over the valid tokens with a finite student log probability (:func:`kl_tokens`), with the generating

@@ -7,10 +7,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TypedDict
 
-from divopd.experience.turn import Turn
+from divopd.sampling.candidate import Candidate
 from divopd.sampling.paper_diagnostics import kl_per_token, turns_per_rollout
 
-__all__ = ["BatchStats", "batch_stats", "effective_rollouts", "ledger_metrics"]
+__all__ = ["BatchStats", "batch_stats", "effective_rollouts"]
 
 
 class BatchStats(TypedDict, total=False):
@@ -49,8 +49,8 @@ def effective_rollouts(shares: Sequence[float]) -> float:
     return 1.0 / total if total > 0 else 0.0
 
 
-def batch_stats(turns: Sequence[Turn], learner_version: int) -> BatchStats:
-    """Composition statistics of one batch.
+def batch_stats(turns: Sequence[Candidate], learner_version: int) -> BatchStats:
+    """Composition statistics of one batch (its rows as candidates).
 
     Keys: ``rows``, ``distinct_rollouts``, ``effective_rollouts`` (1/Σ p_r², p_r = rollout r's share of the batch's
     response tokens; row shares when the batch has no response token), ``max_rollout_share``, ``dead_rows`` (rows
@@ -99,14 +99,3 @@ def batch_stats(turns: Sequence[Turn], learner_version: int) -> BatchStats:
         "turns_per_rollout": turns_per_rollout(turns),
         "kl_per_token": kl_per_token(turns),
     }
-
-
-def ledger_metrics(ledger: dict) -> dict[str, float]:
-    """A sampler ledger (:attr:`divopd.sampling.Sampler.ledger`) under divopd's metric names: ``ledger/<counter>``,
-    ``ledger/invalid/<reason>`` and ``ledger/expired/<reason>``."""
-    metrics = {f"ledger/{k}": float(v) for k, v in ledger.items() if not isinstance(v, dict)}
-    for reason, count in ledger["invalid_by_reason"].items():
-        metrics[f"ledger/invalid/{reason}"] = float(count)
-    for reason, count in ledger["expired_by_reason"].items():
-        metrics[f"ledger/expired/{reason}"] = float(count)
-    return metrics

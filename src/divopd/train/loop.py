@@ -162,7 +162,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                 rollouts = runtime.poll(timeout=0)
             _intake(trainer, watchdog, rollouts, times)
             clean = True
-            stalled = watchdog.after_intake(trainer.sampler.ledger["invalid_by_reason"], trainer.version)
+            stalled = watchdog.after_intake(trainer.sampler.ledger.invalid_by_reason, trainer.version)
             if stalled is not None:
                 break
             clean = False
@@ -192,7 +192,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
             runtime.publish(evals.latest)
             clean = True
             trainer.after_update(metrics, request_eval, progress)
-            watchdog.progressed(trainer.sampler.ledger["invalid_by_reason"])  # after the schedule: in-line evals
+            watchdog.progressed(trainer.sampler.ledger.invalid_by_reason)  # after the schedule: in-line evals
     except KeyboardInterrupt:  # a second Ctrl-C while a stage (or a poll) was running
         interrupted = True
         if not clean:
@@ -225,7 +225,7 @@ def _watchdog(trainer: Trainer) -> Watchdog:
     runtime = trainer.cfg.runtime
     watchdog = Watchdog(runtime.stall_timeout_s, trainer.cfg.sampler.batch_size,
                         rejected_turns_warning=runtime.rejected_turns_warning)
-    watchdog.progressed(trainer.sampler.ledger["invalid_by_reason"])
+    watchdog.progressed(trainer.sampler.ledger.invalid_by_reason)
     return watchdog
 
 

@@ -55,7 +55,7 @@ def reference(log: Path, config: SamplerConfig, updates: int, damaged: bool = Fa
         turns = [a.turn for a in arrivals]
         sampler.add(turns)
         batch = sampler.next_batch(j)
-        selected = None if batch is None else [t.key for t in batch.turns]
+        selected = None if batch is None else [t.key for t in batch.payloads]
         ticks.append(Tick(j, turns, selected, sampler.ledger))
     return ticks, sampler
 

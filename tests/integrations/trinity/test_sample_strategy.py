@@ -64,7 +64,7 @@ async def _replay_through_trinity(log: Path, tmp_path: Path, method: str, damage
             # what reached the pool is counted exactly as the replay counts it; the rest may still sit in Trinity
             for key in ("selected", "invalid", "pending", "invalid_by_reason"):
                 assert ledger[key] == tick.ledger[key], (key, tick.update)
-            assert ledger["expired"] <= tick.ledger["expired"]
+            assert ledger["expired"] <= tick.ledger.expired
             assert plugin.held == plugin.sampler.waiting <= config.pool_size
             j = tick.update
             assert metrics["sampler/effective_rollouts"] == pytest.approx(series["effective_rollouts"][j])
@@ -132,10 +132,10 @@ def test_a_record_without_identity_or_version_stops_with_one_line(ray_local, tmp
             await writer.write([_experience(0, 0, 0), _experience(0, 1, 0, **record)])
             with pytest.raises(UsageError, match=field) as err:
                 await plugin.sample(1)
-            assert "\n" not in str(err.value) and plugin.sampler.ledger["received"] < 2  # the bad record is not queued
+            assert "\n" not in str(err.value) and plugin.sampler.ledger.received < 2  # the bad record is not queued
             # ... but counted and kept: in the strategy, and in a file beside Trinity's buffer
             assert "1 record(s) stopped the run" in str(err.value) and len(plugin.stopped) == 1
-            assert plugin.sampler.ledger["received"] == 1  # the valid record read with it is queued, not lost
+            assert plugin.sampler.ledger.received == 1  # the valid record read with it is queued, not lost
             kept = list(tmp_path.glob("cache/divopd-stopped-records-*.bin"))
             assert len(kept) == 1 and str(kept[0]) in str(err.value)
             written = Experience.deserialize_many(kept[0].read_bytes())

@@ -56,7 +56,7 @@ def _drive(rb: DivOPDReplayBuffer, partition: str, log_ticks: list[list[Turn]], 
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses"])
             assert data.batch_size[0] == B
             tq.kv_clear(keys=batch.keys, partition_id=partition)
-        waiting = rb.sampler.ledger["pending"] + rb.sampler.ledger["queued"]
+        waiting = rb.sampler.ledger.pending + rb.sampler.ledger.queued
         assert trajectory_keys(partition) == set(rb._tags) and len(rb._keys) == waiting, j  # nothing leaks
         out.append((None if batch is None else [parse_key(k) for k in batch.keys], metrics))
     return out

@@ -59,7 +59,7 @@ def reference_batches(log: Path, method: str) -> list[list[tuple[str, int]] | No
     for j, turns in enumerate(ticks(log)):
         sampler.add(turns)
         batch = sampler.next_batch(j)
-        out.append(None if batch is None else [t.key for t in batch.turns])
+        out.append(None if batch is None else [t.key for t in batch.payloads])
     return out
 
 

@@ -24,7 +24,7 @@ from divopd.experience.metrics import (
     peak_sr,
     speedup,
 )
-from divopd.sampling.rows import method_names
+from divopd.sampling.method_rows import method_names
 
 __all__ = ["COMPOSITION", "COMPOSITION_LABELS", "DIAGNOSTICS", "METHOD_ORDER", "PAIRED_TESTS", "build_report",
            "composition", "diagnostics", "natural_key", "paired_tests", "seed_metrics"]

@@ -21,8 +21,8 @@ for a bare composer.
 
 from __future__ import annotations
 
-from divopd.sampling.focus import compose_divopd_focus, task_balance_weights
-from divopd.sampling.methods import (
+from sampler_oracle.focus import compose_divopd_focus, task_balance_weights
+from sampler_oracle.methods import (
     compose_focus_first,
     compose_oldest,
     rollout_first,
@@ -30,7 +30,7 @@ from divopd.sampling.methods import (
     select_focus_first,
     select_oldest,
 )
-from divopd.sampling.registry import (
+from sampler_oracle.registry import (
     ROWS,
     Method,
     MethodRow,

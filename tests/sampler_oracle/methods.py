@@ -38,8 +38,8 @@ from operator import itemgetter
 import numpy as np
 
 from divopd.experience.turn import Turn
-from divopd.sampling.config import SamplerConfig
-from divopd.sampling.registry import (
+from sampler_oracle.config import SamplerConfig
+from sampler_oracle.registry import (
     METHODS,
     Composer,
     Entry,
@@ -48,7 +48,7 @@ from divopd.sampling.registry import (
     get_method,
     register_method,
 )
-from divopd.sampling.rules import (
+from sampler_oracle.rules import (
     allocate_rollout_first,
     allocate_rollout_first_array,
     allocate_rollout_first_tokens,

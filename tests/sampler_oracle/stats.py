@@ -1,0 +1,112 @@
+"""Batch statistics (paper, "Concentration within an update" and Figure 6)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import TypedDict
+
+from divopd.experience.turn import Turn
+from sampler_oracle.paper_diagnostics import kl_per_token, turns_per_rollout
+
+__all__ = ["BatchStats", "batch_stats", "effective_rollouts", "ledger_metrics"]
+
+
+class BatchStats(TypedDict, total=False):
+    """The statistics of one composed batch (``Batch.stats``): its composition (:func:`batch_stats`; an empty batch
+    has only the first five keys) and, from :meth:`divopd.sampling.Sampler.next_batch`, what the call did to the queue.
+    A plain ``dict`` at run time; the metrics writer logs each key as ``sampler/<key>``."""
+
+    rows: int
+    distinct_rollouts: int
+    effective_rollouts: float  # (Σ_r p_r²)^-1 over rollout token shares p_r
+    max_rollout_share: float
+    dead_rows: int  # rows with no valid token
+    response_tokens: int
+    valid_tokens: int
+    mean_staleness: float  # mean of learner − generating version (Table 12)
+    max_staleness: int
+    version_min: int
+    version_max: int
+    version_mean: float
+    disagreement_mean: float
+    disagreement_std_across_rollouts: float  # Figure 6
+    turns_per_rollout: float  # Table 9
+    kl_per_token: float  # Table 9
+    # set by Sampler.next_batch
+    expired: int  # turns expired during this call
+    invalid: int  # turns the gate rejected during this call
+    pending: int  # turns in the pending pool after it
+    queued: int  # turns in the queue after it
+    candidates: int  # valid candidate turns inspected
+    candidate_rollouts: int  # distinct rollouts among them
+
+
+def effective_rollouts(shares: Sequence[float]) -> float:
+    """Effective rollout count ``(Σ_r p_r²)^-1`` of per-rollout shares ``p_r`` (0 for an empty batch)."""
+    total = sum(p * p for p in shares)
+    return 1.0 / total if total > 0 else 0.0
+
+
+def batch_stats(turns: Sequence[Turn], learner_version: int) -> BatchStats:
+    """Composition statistics of one batch.
+
+    Keys: ``rows``, ``distinct_rollouts``, ``effective_rollouts`` (1/Σ p_r², p_r = rollout r's share of the batch's
+    response tokens; row shares when the batch has no response token), ``max_rollout_share``, ``dead_rows`` (rows
+    with no valid token), ``response_tokens``, ``valid_tokens``, ``mean_staleness`` (learner − generating version),
+    ``max_staleness``, ``version_min``/``version_max``/``version_mean``, ``disagreement_mean`` (per row) and
+    ``disagreement_std_across_rollouts`` (population std, across the batch's distinct rollouts, of each rollout's
+    disagreement summed over its selected turns in the batch: Figure 6), ``turns_per_rollout`` (rows ÷ distinct
+    rollouts, Table 9) and ``kl_per_token`` (Table 9, :func:`~divopd.sampling.paper_diagnostics.kl_per_token`).
+    ``mean_staleness`` is Table 12's mean age of consumed rows.
+    """
+    rows = len(turns)
+    if rows == 0:
+        return {"rows": 0, "distinct_rollouts": 0, "effective_rollouts": 0.0, "max_rollout_share": 0.0, "dead_rows": 0}
+    tokens: dict[str, int] = {}
+    disagreement: dict[str, float] = {}
+    versions = [t.policy_version for t in turns]
+    n_valid = [t.n_valid for t in turns]
+    for t in turns:
+        rid = t.rollout_id
+        tokens[rid] = tokens.get(rid, 0) + t.response_len
+        disagreement[rid] = disagreement.get(rid, 0.0) + t.disagreement
+    dead = n_valid.count(0)
+    valid_tokens = sum(n_valid)
+    total_tokens = sum(tokens.values())
+    weights = tokens if total_tokens > 0 else Counter(t.rollout_id for t in turns)
+    denom = total_tokens if total_tokens > 0 else rows
+    shares = [w / denom for w in weights.values()]
+    per_rollout = list(disagreement.values())
+    mean_d = sum(per_rollout) / len(per_rollout)
+    std_d = math.sqrt(sum((d - mean_d) ** 2 for d in per_rollout) / len(per_rollout))
+    return {
+        "rows": rows,
+        "distinct_rollouts": len(tokens),
+        "effective_rollouts": effective_rollouts(shares),
+        "max_rollout_share": max(shares),
+        "dead_rows": dead,
+        "response_tokens": total_tokens,
+        "valid_tokens": valid_tokens,
+        "mean_staleness": (rows * learner_version - sum(versions)) / rows,  # mean of learner − generating version
+        "max_staleness": learner_version - min(versions),
+        "version_min": min(versions),
+        "version_max": max(versions),
+        "version_mean": sum(versions) / rows,
+        "disagreement_mean": sum(per_rollout) / rows,
+        "disagreement_std_across_rollouts": std_d,
+        "turns_per_rollout": turns_per_rollout(turns),
+        "kl_per_token": kl_per_token(turns),
+    }
+
+
+def ledger_metrics(ledger: dict) -> dict[str, float]:
+    """A sampler ledger (:attr:`divopd.sampling.Sampler.ledger`) under divopd's metric names: ``ledger/<counter>``,
+    ``ledger/invalid/<reason>`` and ``ledger/expired/<reason>``."""
+    metrics = {f"ledger/{k}": float(v) for k, v in ledger.items() if not isinstance(v, dict)}
+    for reason, count in ledger["invalid_by_reason"].items():
+        metrics[f"ledger/invalid/{reason}"] = float(count)
+    for reason, count in ledger["expired_by_reason"].items():
+        metrics[f"ledger/expired/{reason}"] = float(count)
+    return metrics
