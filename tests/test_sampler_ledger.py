@@ -258,3 +258,28 @@ def test_a_state_of_another_version_is_refused_with_one_line_naming_it(version) 
     with pytest.raises(UsageError) as err:
         make_sampler(SamplerConfig("divopd", 3)).load_state_dict(state)
     assert f"sampler state version {version!r}" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_payload_is_selected_departed_or_waiting_exactly_once(method: str) -> None:
+    """A caller holding records beside the sampler (a plug-in) gets each one back exactly once: in a batch, from
+    ``take_departed`` (expired or rejected, as many as the ledger counts) or still in ``waiting_payloads``."""
+    s = make_sampler(SamplerConfig(method, 3, pool_factor=2, cap=1, max_staleness=1, max_pending=2,
+                                   max_pending_age=1), track_departed=True)
+    sent, selected, departed = [], [], []
+    for step in range(8):
+        arrivals = [turn(f"r{(step + i) % 4}", 10 * step + i, version=max(0, step - i % 3), score=i % 3,
+                         defect="missing_teacher" if i == 2 else None) for i in range(5)]
+        s.add(arrivals)
+        sent += [t.key for t in arrivals]
+        batch = s.next_batch(step)
+        selected += [] if batch is None else [t.key for t in batch.payloads]
+        departed += [t.key for t in s.take_departed()]
+    waiting = [t.key for t in s.waiting_payloads()]
+    assert sorted(selected + departed + waiting) == sorted(sent)
+    assert len(departed) == s.ledger.expired + s.ledger.invalid > 0 and len(waiting) == s.waiting
+
+
+def test_take_departed_needs_a_tracking_sampler() -> None:
+    with pytest.raises(RuntimeError, match="track_departed"):
+        make_sampler(SamplerConfig("divopd", 2)).take_departed()

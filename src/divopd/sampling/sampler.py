@@ -75,7 +75,7 @@ class Sampler(Generic[P]):
     """Queue + pool + ledger around one registered selection method; one opaque payload per candidate. Build with
     :func:`make_sampler`."""
 
-    def __init__(self, config: SamplerConfig) -> None:
+    def __init__(self, config: SamplerConfig, track_departed: bool = False) -> None:
         self.config = config
         self.method = get_method(config.method)
         self._arriving: list[Columns[P]] = []  # added since the last composition, in arrival order
@@ -84,6 +84,8 @@ class Sampler(Generic[P]):
         self._next_arrival = 0
         self._compositions = 0
         self._ledger = Ledger()
+        #: payloads of the turns that left unselected (expired or rejected), kept for :meth:`take_departed`
+        self._departed: list[Columns[P]] | None = [] if track_departed else None
 
     # ------------------------------------------------------------------ intake
     def add(self, payloads: P | Iterable[P], candidates: Sequence[Candidate] | None = None) -> list[int]:
@@ -132,9 +134,30 @@ class Sampler(Generic[P]):
         return sum(int(np.count_nonzero(~is_stale(c.policy_version, learner_version, stale)))
                    for c in (self._pool, self._queue, *self._arriving))
 
-    def _expire(self, n: int, reason: str) -> None:
-        self._ledger.expired += n
-        self._ledger.expired_by_reason[reason] += n
+    def waiting_payloads(self) -> list[P]:
+        """The payloads of the turns still waiting (pending, then queued), in that order."""
+        return [p for c in (self._pool, self._queue, *self._arriving) for p in c.payloads()]
+
+    def take_departed(self) -> list[P]:
+        """The payloads of the turns that left unselected (expired, or rejected by the gate) since the last call
+        (a sampler built with ``track_departed``: a caller that must release their records)."""
+        if self._departed is None:
+            raise RuntimeError("Sampler.take_departed needs a sampler built with track_departed=True")
+        out = [p for c in self._departed for p in c.payloads()]
+        self._departed = []
+        return out
+
+    def _drop(self, cols: Columns[P], gone: np.ndarray, reason: str | None) -> Columns[P]:
+        """``cols`` without the rows ``gone`` (a mask), counted expired for ``reason`` (``None``: already counted)."""
+        n = int(np.count_nonzero(gone))
+        if n == 0:
+            return cols
+        if reason is not None:
+            self._ledger.expired += n
+            self._ledger.expired_by_reason[reason] += n
+        if self._departed is not None:
+            self._departed.append(cols.take(gone))
+        return cols.take(~gone)
 
     # ------------------------------------------------------------------ composition
     def next_batch(self, learner_version: int) -> Batch[P] | None:
@@ -151,10 +174,8 @@ class Sampler(Generic[P]):
         self._read_arrivals()
         for name in ("_queue", "_pool"):  # Algorithm 1, step 1
             cols = getattr(self, name)
-            stale = is_stale(cols.policy_version, learner_version, self.config.max_staleness)
-            if stale.any():
-                setattr(self, name, cols.take(~stale))
-                self._expire(int(np.count_nonzero(stale)), "stale")
+            setattr(self, name, self._drop(cols, is_stale(cols.policy_version, learner_version,
+                                                           self.config.max_staleness), "stale"))
         composed = self._compose_pooled(learner_version) if self.method.pooled else self._read_arrival_order()
         if composed is None:
             return None
@@ -199,7 +220,7 @@ class Sampler(Generic[P]):
                 for reason, n in zip(gate.REASONS, counts, strict=True):
                     self._ledger.invalid_by_reason[reason] += n
                 self._ledger.invalid += int(np.count_nonzero(invalid))
-                read = read.take(~invalid)
+                read = self._drop(read, invalid, None)
         pool = self._pool = Columns.join([self._pool, read.stamped(update)])
         batch_size = self.config.batch_size
         if len(pool) < batch_size:
@@ -218,9 +239,8 @@ class Sampler(Generic[P]):
             raise RuntimeError(f"method {name!r} selected a turn twice")
         rest = pool.take(keep)
         old, overflow = pending_expiry(rest.seen, update, self.config.max_pending_age, self.config.max_pending)
-        self._expire(int(np.count_nonzero(old)), "pending_age")  # step 8
-        self._expire(int(np.count_nonzero(overflow)), "pending_overflow")
-        self._pool = rest.take(~(old | overflow))
+        rest = self._drop(rest, old, "pending_age")  # step 8
+        self._pool = self._drop(rest, overflow[~old], "pending_overflow")
         return pool.take(positions), pool
 
     # ------------------------------------------------------------------ state
@@ -273,8 +293,8 @@ class Sampler(Generic[P]):
         self._arriving = []
 
 
-def make_sampler(config: SamplerConfig) -> Sampler[Any]:
-    """Build the sampler for ``config.method``."""
+def make_sampler(config: SamplerConfig, track_departed: bool = False) -> Sampler[Any]:
+    """Build the sampler for ``config.method`` (``track_departed``: see :meth:`Sampler.take_departed`)."""
     if not isinstance(config, SamplerConfig):
         raise TypeError(f"make_sampler expects a SamplerConfig, got {type(config).__name__}")
-    return Sampler(config)
+    return Sampler(config, track_departed)
