@@ -1,54 +1,17 @@
-"""The method registry: the record types and the two tables every list of methods reads.
-
-* :class:`Method`: a *sampler rule* (its composer, selector, gate and row weights), :data:`METHODS` by name;
-* :class:`MethodRow`: a *method row* of the paper's tables, one record per row: its sampler rule, the explorer and
-  learner features it switches on (:class:`Switch`, config keys), the config check they need, a description and its
-  tags; :data:`ROWS` in display order.
-
-This module holds the types and the (empty) tables only; the built-in records are declared in
-:mod:`divopd.sampling.rows`, which fills them. It imports nothing of :mod:`divopd.sampling`, so that every module of the
-package (the config, the composers, the records) can import it without an import circle.
-"""
-
+# ruff: noqa
+"""The previous sampler's registry module, kept as the test oracle (docstrings dropped)."""
 from __future__ import annotations
-
-import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
-
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 import numpy as np
-
 from divopd.experience.turn import Turn
-
-__all__ = ["Entry", "Composer", "Selector", "Method", "Switch", "MethodRow", "METHODS", "ROWS", "add_row",
-           "register_method", "get_method", "method_names", "method_row", "row_switches", "check_row"]
-
 Entry = tuple[int, Turn]
-#: ``(pool, batch_size, config, rng) -> entries`` in composition order (``config``: a ``SamplerConfig``).
 Composer = Callable[[list[Entry], int, Any, np.random.Generator], list[Entry]]
-#: A rule over the pool's columns: ``(pool, columns, batch_size, config, rng) -> positions`` (composition order), the
-#: pool being ``{arrival: Turn}`` in the columns' order (``columns``: a ``PoolColumns``).
 Selector = Callable[[dict[int, Turn], Any, int, Any, np.random.Generator], np.ndarray]
-
 
 @dataclass(frozen=True)
 class Method:
-    """A batch-selection rule (what ``SamplerConfig.method`` names).
-
-    Attributes:
-        name: the registry name (``SamplerConfig.method``).
-        compose: the composer; ``None`` for the arrival-order reader, which reads the raw queue.
-        pooled: True when the method reads a gated candidate pool of ``pool_factor × batch_size`` turns.
-        description: one line for ``--help`` and the README.
-        select: optional, the same rule over ``PoolColumns``, returning pool positions in composition order.
-        gated: False for a pooled method without the validity gate: invalid turns enter its pool as candidates (and
-            count ``selected`` when chosen, else wait like any pending turn); True for every paper rule but
-            ``divopd-focus``.
-        row_weights: optional ``turns -> weights`` (one float per selected row, mean 1) put on ``Batch.row_weights``;
-            ``None`` = unit row weights (the paper's loss).
-    """
-
     name: str
     compose: Composer | None
     pooled: bool
@@ -56,143 +19,10 @@ class Method:
     select: Selector | None = None
     gated: bool = True
     row_weights: Callable[[list[Turn]], list[float]] | None = None
-
-
-@dataclass(frozen=True)
-class Switch:
-    """A feature a method row switches on: the config key ``key`` set to ``value``, or, with ``from_key``, to the value
-    of another key of the setting file (TurnOPD's ``learner.turn_balance_updates`` = the setting's ``updates``).
-
-    ``side`` says which side of the run the feature changes (``explorer`` or ``learner``); the training config applies
-    the switches of its method row (:func:`row_switches`) and checks them (:func:`check_row`)."""
-
-    key: str
-    side: Literal["explorer", "learner"]
-    value: Any = True
-    from_key: str | None = None
-
-
-@dataclass(frozen=True)
-class MethodRow:
-    """One method row of the paper's tables: the one record the registry, the config, the reports and the docs read.
-
-    Attributes:
-        name: what a run's ``method`` names.
-        sampler: the sampler rule it reads batches with (a :class:`Method`; several rows may share one).
-        description: one line (reports, docs, ``--help``).
-        tags: the lists the row belongs to: ``paper`` (the paper's main tables), ``coverage`` (Table 11's shared-buffer
-            rules), ``replay`` (``divopd replay``'s defaults), ``demo-replay`` (the demo's replay table).
-        switches: the explorer and learner features the row switches on (config keys), applied to its config.
-        check: an extra config check beyond the switches: ``get(dotted key) -> value`` to a problem line or ``None``.
-    """
-
-    name: str
-    sampler: Method
-    description: str
-    tags: frozenset[str] = field(default_factory=frozenset)
-    switches: tuple[Switch, ...] = ()
-    check: Callable[[Callable[[str], Any]], str | None] | None = None
-
-    @property
-    def rule(self) -> str:
-        """The name of the sampler rule (``divopd-r`` → ``divopd``)."""
-        return self.sampler.name
-
-    @property
-    def explorer(self) -> str:
-        """What the row changes beyond the sampler, e.g. ``explorer.recovery.enabled`` ("" = nothing)."""
-        return ", ".join(f"{s.key}" for s in self.switches)
-
-
-#: Sampler rules by name (filled by the records of :mod:`divopd.sampling.rows` and by :func:`register_method`).
 METHODS: dict[str, Method] = {}
-#: Every method row, in display order (insertion order).
-ROWS: dict[str, MethodRow] = {}
-
-
-def add_row(row: MethodRow) -> MethodRow:
-    """Register a row (after the existing ones in display order) and, when new, its sampler rule."""
-    if not row.name or not isinstance(row.name, str):
-        raise ValueError("method name must be a non-empty str")
-    if row.name in ROWS:
-        raise ValueError(f"method row {row.name!r} is already registered")
-    known = METHODS.get(row.sampler.name)
-    if known is not None and known is not row.sampler:
-        raise ValueError(f"method {row.sampler.name!r} is already registered")
-    METHODS[row.sampler.name] = row.sampler
-    ROWS[row.name] = row
-    return row
-
-
-def register_method(name: str, compose: Composer, description: str = "") -> Method:
-    """Register a pooled composer under ``name``, with a tag-less row of the same name (the short way to plug a new
-    selection rule in; a row with tags or switches is a :class:`MethodRow` given to :func:`add_row`)."""
-    if not name or not isinstance(name, str):
-        raise ValueError("method name must be a non-empty str")
-    stale = ROWS.get(name)
-    if name in METHODS or (stale is not None and stale.rule in METHODS):
-        raise ValueError(f"method {name!r} is already registered")
-    method = Method(name=name, compose=compose, pooled=True, description=description)
-    if stale is not None:  # a row whose rule was taken out of METHODS: it reads the new rule, in its old place
-        METHODS[name] = method
-        ROWS[name] = MethodRow(name, method, description)
-    else:
-        add_row(MethodRow(name, method, description))
-    return method
-
 
 def get_method(name: str) -> Method:
-    """The registered sampler rule called ``name``; ``ValueError`` naming the known rules otherwise."""
     method = METHODS.get(name) if isinstance(name, str) else None
     if method is None:
         raise ValueError(f"unknown sampler method {name!r}; known: {', '.join(sorted(METHODS))}")
     return method
-
-
-def method_names(tag: str | None = None) -> tuple[str, ...]:
-    """Row names in display order, all of them or those with ``tag`` (rows whose rule is no longer registered in
-    :data:`METHODS` are left out)."""
-    return tuple(name for name, row in ROWS.items() if (tag is None or tag in row.tags) and row.rule in METHODS)
-
-
-def method_row(name: str) -> MethodRow:
-    """The row called ``name``; ``ValueError`` naming the known rows otherwise."""
-    if name not in ROWS:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(ROWS)}")
-    return ROWS[name]
-
-
-def _lookup(mapping: Mapping[str, Any], key: str) -> Any:
-    node: Any = mapping
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, Mapping) else None
-    return node
-
-
-def row_switches(row: MethodRow, setting: Mapping[str, Any]) -> dict[str, Any]:
-    """The row's switches as a nested mapping to merge over a setting file's mapping ``setting``. A ``from_key`` switch
-    fills its key only where ``setting`` leaves it unset (a run's saved ``config.yaml`` keeps its own value)."""
-    out: dict[str, Any] = {}
-    for s in row.switches:
-        if s.from_key is not None and _lookup(setting, s.key) is not None:
-            continue
-        value = _lookup(setting, s.from_key) if s.from_key is not None else s.value
-        node = out
-        *parents, leaf = s.key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
-
-
-def check_row(row: MethodRow, get: Callable[[str], Any]) -> str | None:
-    """The first problem of a config for ``row`` (``get``: dotted key -> value), or ``None``: every switch of the row
-    must be on (a ``from_key`` switch: set at all), then the row's own ``check``."""
-    for s in row.switches:
-        value = get(s.key)
-        if s.from_key is not None:
-            if value is None:
-                return f"method {row.name} needs {s.key} (e.g. the run's {s.from_key})"
-        elif value != s.value:
-            return f"method {row.name} needs {s.key}: {json.dumps(s.value)}"
-    return row.check(get) if row.check is not None else None

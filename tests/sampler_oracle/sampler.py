@@ -1,125 +1,66 @@
-"""The sampler: queue, validity gate, candidate pool with pending turns, staleness expiry, and the ledger.
-
-Data path (paper, Algorithm 1, "core DivOPD changes only queue consumption")::
-
-    add(turns) ──► queue (arrival order) ──► [pooled methods] gate on entry ──► pool = pending + fresh (≤ c·B)
-                                                                                   │ compose B turns (method)
-                                                                                   ▼
-                                               unselected valid turns ──► pending (until stale / max_pending)
-
-Every turn ends in exactly one ledger bucket: ``selected``, ``expired`` (stale, or pushed out of a full pending
-pool), ``invalid`` (rejected by the gate, with its reason), or is still waiting (``pending`` in the pool, ``queued``
-not yet read). Invariant: ``received == selected + expired + invalid + pending + queued``. A pooled method without
-the gate (``Method.gated`` False: ``divopd-focus``) pools invalid turns as candidates: one it selects is ``selected``.
-
-Cost placement: ``add`` computes each turn's gate verdict and focus score once (cached on the turn); the verdict is
-applied (pooled, or counted ``invalid``) when the turn is read into the pool, so the ledger is as if the gate ran there.
-"""
-
+# ruff: noqa
+"""The previous sampler's sampler module, kept as the test oracle (docstrings dropped)."""
 from __future__ import annotations
-
+from types import SimpleNamespace
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
 import numpy as np
-
-import sampler_oracle.gate as gate
+import divopd.sampling.gate as gate
 from divopd.experience.turn import Turn
-from sampler_oracle.config import SamplerConfig
+from divopd.sampling.config import SamplerConfig
 from sampler_oracle.methods import PoolColumns
 from sampler_oracle.registry import Entry, get_method
-from sampler_oracle.stats import BatchStats, batch_stats
+from divopd.sampling.stats import BatchStats, batch_stats
 
-__all__ = ["SamplerConfig", "Batch", "Sampler", "make_sampler"]
-
-
-
-@dataclass
-class Batch:
-    """A composed learner batch.
-
-    Attributes:
-        turns: the selected turns, in composition order (exactly ``batch_size``).
-        arrivals: the sampler's arrival number of each selected turn.
-        learner_version: the learner version the batch was composed for.
-        stats: composition statistics (see :func:`divopd.sampling.stats.batch_stats`) plus ``expired`` and ``invalid``
-            (during this call), ``pending`` and ``queued`` (after it), ``candidates`` (pool size inspected) and
-            ``candidate_rollouts`` (distinct rollouts among the valid candidates).
-        candidates: the valid candidate turns the method chose from (pooled methods; for ``vanilla`` the batch).
-        first_seen: the update at which each candidate entered the pool (aligned with ``candidates``; pooled
-            methods only).
-        row_weights: per-row loss weights (aligned with ``turns``, mean 1) from the method's ``row_weights``
-            (``divopd-focus``'s task balance); ``None`` = unit weights, the paper's loss.
-    """
-
-    turns: list[Turn]
-    arrivals: list[int]
-    learner_version: int
-    stats: BatchStats
-    candidates: list[Turn] = field(default_factory=list, repr=False)
-    first_seen: list[int] = field(default_factory=list, repr=False)
-    row_weights: list[float] | None = field(default=None, repr=False)
-
-    def __len__(self) -> int:
-        return len(self.turns)
+class Batch(SimpleNamespace):
+    """What the previous sampler returned: turns, arrivals, learner_version, stats, candidates, first_seen,
+    row_weights."""
 
 
 class Sampler:
-    """Queue + pool + ledger around one registered selection method. Build with :func:`make_sampler`."""
 
     def __init__(self, config: SamplerConfig) -> None:
         self.config = config
         self.method = get_method(config.method)
-        # arrival -> (turn, gate reason, column row), not yet read; the gate runs once per turn, at arrival, and its
-        # verdict is applied (counted, pooled or rejected) when the turn is read into the pool
         self._queue: OrderedDict[int, tuple[Turn, str | None, tuple]] = OrderedDict()
-        self._expiry: list[tuple[int, int]] = []  # heap of (policy_version, arrival) over queued turns
-        self._pending: dict[int, Turn] = {}  # arrival -> turn: gated, unselected, in arrival order
-        self._seen: dict[int, int] = {}  # arrival -> first-seen update q of each pending turn (Algorithm 1, step 3)
-        self._columns = PoolColumns.empty()  # the pending turns' scalars, aligned with the order of self._pending
-        self._codes: dict[str, int] = {}  # rollout id -> int code of PoolColumns.group
+        self._expiry: list[tuple[int, int]] = []
+        self._pending: dict[int, Turn] = {}
+        self._seen: dict[int, int] = {}
+        self._columns = PoolColumns.empty()
+        self._codes: dict[str, int] = {}
         self._next_arrival = 0
         self._compositions = 0
-        self._counts = {"received": 0, "selected": 0, "expired": 0, "invalid": 0}
+        self._counts = {'received': 0, 'selected': 0, 'expired': 0, 'invalid': 0}
         self._invalid_by_reason: dict[str, int] = dict.fromkeys(gate.REASONS, 0)
-        self._expired_by_reason: dict[str, int] = {"stale": 0, "pending_age": 0, "pending_overflow": 0}
-        #: how :meth:`load_state_dict` rebuilds a saved turn (a caller whose turns are a :class:`Turn` subclass, e.g.
-        #: a framework plug-in's summary turns, sets its own reader)
+        self._expired_by_reason: dict[str, int] = {'stale': 0, 'pending_age': 0, 'pending_overflow': 0}
         self.turn_from_dict: Callable[[dict[str, Any]], Turn] = Turn.from_dict
 
-    # ------------------------------------------------------------------ intake
     def add(self, turns: Turn | Iterable[Turn]) -> list[int]:
-        """Queue arrivals; returns their arrival numbers (the sampler numbers turns in arrival order).
-
-        Each turn's derived fields (valid mask, ``n_valid``, focus score) and gate verdict are computed here, once, so
-        that :meth:`next_batch` only reads cached values.
-        """
         turns = [turns] if isinstance(turns, Turn) else list(turns)
-        for turn in turns:  # check all first: a bad item must not leave half the call queued and uncounted
+        for turn in turns:
             if not isinstance(turn, Turn):
-                raise TypeError(f"Sampler.add expects divopd.Turn objects, got {type(turn).__name__}")
+                raise TypeError(f'Sampler.add expects divopd.Turn objects, got {type(turn).__name__}')
         arrivals = []
         for turn in turns:
             arrival = self._next_arrival
             self._next_arrival += 1
             self._enqueue(arrival, turn)
             arrivals.append(arrival)
-        self._counts["received"] += len(arrivals)
+        self._counts['received'] += len(arrivals)
         return arrivals
 
     def _enqueue(self, arrival: int, turn: Turn) -> None:
         reason = gate.check(turn)
-        if len(self._codes) > 4 * self.waiting + 4096:  # forget the codes of rollouts no longer waiting
+        if len(self._codes) > 4 * self.waiting + 4096:
             self._recode()
         row = self._row(arrival, turn)
         self._queue[arrival] = (turn, reason, row)
         heapq.heappush(self._expiry, (turn.policy_version, arrival))
 
     def _row(self, arrival: int, turn: Turn) -> tuple[int, int, int, float, int]:
-        """The turn's :class:`PoolColumns` row (this computes and caches its focus score)."""
         codes = self._codes
         code = codes.setdefault(turn.rollout_id, len(codes))
         return (arrival, turn.policy_version, code, -turn.disagreement, turn.turn_index)
@@ -130,98 +71,64 @@ class Sampler:
             self._queue[arrival] = (turn, reason, self._row(arrival, turn))
         self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending.items()])
 
-    # ------------------------------------------------------------------ ledger
     def waiting_arrivals(self) -> set[int]:
-        """Arrival numbers of the turns still waiting (queued or pending): what a caller holding records beside the
-        sampler keeps; every other arrival was selected, expired or rejected."""
         return set(self._queue) | set(self._pending)
 
     @property
     def ledger(self) -> dict[str, Any]:
-        """Counters; ``received == selected + expired + invalid + pending + queued`` always holds."""
-        return {
-            **self._counts,
-            "pending": len(self._pending),
-            "queued": len(self._queue),
-            "invalid_by_reason": dict(self._invalid_by_reason),
-            "expired_by_reason": dict(self._expired_by_reason),
-        }
+        return {**self._counts, 'pending': len(self._pending), 'queued': len(self._queue), 'invalid_by_reason': dict(self._invalid_by_reason), 'expired_by_reason': dict(self._expired_by_reason)}
 
     @property
     def waiting(self) -> int:
-        """Turns not yet decided (pending + queued)."""
         return len(self._pending) + len(self._queue)
 
-    # ------------------------------------------------------------------ composition
     def next_batch(self, learner_version: int) -> Batch | None:
-        """Compose exactly ``batch_size`` turns for ``learner_version``, or ``None`` when too few are eligible.
-
-        Stale turns are expired first, wherever they sit. ``None`` selects nothing; pooled methods may still have
-        moved fresh turns into the pool (and rejected invalid ones), which the ledger shows.
-        """
         if isinstance(learner_version, bool) or not isinstance(learner_version, (int, np.integer)):
-            raise TypeError(f"learner_version must be an int, got {learner_version!r}")
+            raise TypeError(f'learner_version must be an int, got {learner_version!r}')
         learner_version = int(learner_version)
-        before_expired, before_invalid = self._counts["expired"], self._counts["invalid"]
+        before_expired, before_invalid = (self._counts['expired'], self._counts['invalid'])
         self._expire_stale(learner_version)
         if self.method.pooled:
             selected, candidates, first_seen = self._compose_pooled(learner_version)
         else:
             selected = self._read_arrival_order()
-            candidates, first_seen = None, []
+            candidates, first_seen = (None, [])
         if selected is None:
             return None
-        self._counts["selected"] += len(selected)
+        self._counts['selected'] += len(selected)
         turns = [t for _, t in selected]
         stats = batch_stats(turns, learner_version)
-        stats.update(
-            expired=self._counts["expired"] - before_expired,
-            invalid=self._counts["invalid"] - before_invalid,
-            pending=len(self._pending),
-            queued=len(self._queue),
-            candidates=len(candidates) if candidates is not None else len(turns),
-            candidate_rollouts=len({t.rollout_id for t in (candidates if candidates is not None else turns)}),
-        )
-        return Batch(
-            turns=turns,
-            arrivals=[a for a, _ in selected],
-            learner_version=learner_version,
-            stats=stats,
-            candidates=candidates if candidates is not None else list(turns),
-            first_seen=first_seen,
-            row_weights=None if self.method.row_weights is None else self.method.row_weights(turns),
-        )
+        stats.update(expired=self._counts['expired'] - before_expired, invalid=self._counts['invalid'] - before_invalid, pending=len(self._pending), queued=len(self._queue), candidates=len(candidates) if candidates is not None else len(turns), candidate_rollouts=len({t.rollout_id for t in (candidates if candidates is not None else turns)}))
+        return Batch(turns=turns, arrivals=[a for a, _ in selected], learner_version=learner_version, stats=stats, candidates=candidates if candidates is not None else list(turns), first_seen=first_seen, row_weights=None if self.method.row_weights is None else self.method.row_weights(turns))
 
     def _expire_stale(self, learner_version: int) -> None:
-        """Drop every stale turn (queue and pending), counting it ``expired``."""
-        threshold = learner_version - self.config.max_staleness  # rules.is_stale ⟺ policy_version < threshold
+        threshold = learner_version - self.config.max_staleness
         heap = self._expiry
         while heap and heap[0][0] < threshold:
             _, arrival = heapq.heappop(heap)
             if self._queue.pop(arrival, None) is not None:
-                self._expire(1, "stale")
-        if len(heap) > 2 * len(self._queue) + 1024:  # drop entries of turns already read from the queue
+                self._expire(1, 'stale')
+        if len(heap) > 2 * len(self._queue) + 1024:
             self._expiry = [(t.policy_version, a) for a, (t, _, _) in self._queue.items()]
             heapq.heapify(self._expiry)
         if self._pending:
-            stale = self._columns.version < threshold  # rules.is_stale
+            stale = self._columns.version < threshold
             if stale.any():
                 self._drop_pending(self._columns.arrival[stale])
                 self._columns = self._columns.take(np.flatnonzero(~stale))
-                self._expire(int(np.count_nonzero(stale)), "stale")
+                self._expire(int(np.count_nonzero(stale)), 'stale')
 
     def _drop_pending(self, arrivals: np.ndarray) -> None:
-        pending, seen = self._pending, self._seen
+        pending, seen = (self._pending, self._seen)
         for arrival in arrivals.tolist():
             del pending[arrival]
             del seen[arrival]
 
     def _expire(self, n: int, reason: str) -> None:
-        self._counts["expired"] += n
+        self._counts['expired'] += n
         self._expired_by_reason[reason] += n
 
     def _read_arrival_order(self) -> list[Entry] | None:
-        """``vanilla``: the next B (non-stale) turns in arrival order, ungated."""
         batch_size = self.config.batch_size
         if len(self._queue) < batch_size:
             return None
@@ -233,12 +140,8 @@ class Sampler:
         return out
 
     def _fill_pool(self, update: int) -> tuple[dict[int, Turn], PoolColumns]:
-        """Algorithm 1, steps 2-3: pending turns, then fresh queued turns until |P| + |F| = c·B. Invalid fresh turns
-        use up part of that read and are discarded (counted ``invalid``); valid ones are stamped first-seen ``update``.
-        A method with ``gated=False`` (``divopd-focus``) pools invalid turns too (they are never counted ``invalid``).
-        """
         gated = self.method.gated
-        pool, seen = self._pending, self._seen
+        pool, seen = (self._pending, self._seen)
         room = self.config.pool_size - len(pool)
         popitem = self._queue.popitem
         rows = []
@@ -253,14 +156,12 @@ class Sampler:
             else:
                 invalid += 1
                 self._invalid_by_reason[reason] += 1
-        self._counts["invalid"] += invalid
+        self._counts['invalid'] += invalid
         self._columns = self._columns.concat(PoolColumns.from_rows(rows))
-        return pool, self._columns
+        return (pool, self._columns)
 
     def _visiting_order(self, pool: dict[int, Turn], columns: PoolColumns) -> np.ndarray | None:
-        """Algorithm 1, step 4: pool positions with rollout groups by oldest first-seen update, ties by rollout id
-        (then arrival inside a group); ``None`` for ``group_order: arrival`` (the pool's own arrival order)."""
-        if self.config.group_order == "arrival":
+        if self.config.group_order == 'arrival':
             return None
         arrivals = columns.arrival.tolist()
         seen = np.fromiter((self._seen[a] for a in arrivals), dtype=np.int64, count=len(arrivals))
@@ -274,18 +175,16 @@ class Sampler:
         return np.lexsort((columns.arrival, id_rank[inverse], oldest[inverse]))
 
     def _compose_pooled(self, learner_version: int) -> tuple[list[Entry] | None, list[Turn] | None, list[int]]:
-        """Algorithm 1 for a pooled method: ``(selected, candidates, their first-seen updates)``."""
         pool, columns = self._fill_pool(learner_version)
         batch_size = self.config.batch_size
         if len(pool) < batch_size:
-            return None, None, []
+            return (None, None, [])
         rng = np.random.default_rng([self.config.seed, self._compositions])
         self._compositions += 1
         name = self.config.method
         keep = np.ones(len(pool), dtype=bool)
-        # the rule sees the pool with its rollout groups in visiting order (first appearance = visited first)
         perm = self._visiting_order(pool, columns)
-        if self.method.select is not None:  # a built-in rule over the columns: pool positions
+        if self.method.select is not None:
             ordered = columns if perm is None else columns.take(perm)
             positions = self.method.select(pool, ordered, batch_size, self.config, rng)
             if perm is not None:
@@ -300,12 +199,12 @@ class Sampler:
             chosen = {a for a, _ in selected}
             keep = np.fromiter((a not in chosen for a in pool), dtype=bool, count=len(pool))
         if len(selected) != batch_size:
-            raise RuntimeError(f"method {name!r} returned {len(selected)} rows, expected {batch_size}")
+            raise RuntimeError(f'method {name!r} returned {len(selected)} rows, expected {batch_size}')
         if len({a for a, _ in selected}) != batch_size:
-            raise RuntimeError(f"method {name!r} selected a turn twice")
+            raise RuntimeError(f'method {name!r} selected a turn twice')
         pending_index = np.flatnonzero(keep)
-        if len(pool) - len(pending_index) != batch_size:  # arrivals are unique: a chosen turn is not in the pool
-            raise RuntimeError(f"method {name!r} selected a turn that is not in the candidate pool")
+        if len(pool) - len(pending_index) != batch_size:
+            raise RuntimeError(f'method {name!r} selected a turn that is not in the candidate pool')
         candidates = list(pool.values())
         first_seen = [self._seen[a] for a in pool]
         for arrival, _ in selected:
@@ -315,13 +214,12 @@ class Sampler:
         if self.config.max_pending is not None and len(pending_index) > self.config.max_pending:
             overflow = len(pending_index) - self.config.max_pending
             self._drop_pending(columns.arrival[pending_index[:overflow]])
-            self._expire(overflow, "pending_overflow")
+            self._expire(overflow, 'pending_overflow')
             pending_index = pending_index[overflow:]
         self._columns = columns.take(pending_index)
-        return selected, candidates, first_seen
+        return (selected, candidates, first_seen)
 
     def _expire_old_pending(self, columns: PoolColumns, pending_index: np.ndarray, update: int) -> np.ndarray:
-        """Algorithm 1, step 8: keep the unselected valid turns first seen at most W updates ago."""
         age_limit = self.config.max_pending_age
         if age_limit is None or len(pending_index) == 0:
             return pending_index
@@ -330,52 +228,37 @@ class Sampler:
         old = np.fromiter((update - seen[a] > age_limit for a in arrivals.tolist()), dtype=bool, count=len(arrivals))
         if old.any():
             self._drop_pending(arrivals[old])
-            self._expire(int(np.count_nonzero(old)), "pending_age")
+            self._expire(int(np.count_nonzero(old)), 'pending_age')
         return pending_index[~old]
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """All that is needed to continue exactly: config, counters, queued and pending turns (JSON-able)."""
-        return {
-            "version": 2,
-            "config": asdict(self.config),
-            "next_arrival": self._next_arrival,
-            "compositions": self._compositions,
-            "counts": dict(self._counts),
-            "invalid_by_reason": dict(self._invalid_by_reason),
-            "expired_by_reason": dict(self._expired_by_reason),
-            "queue": [[a, t.to_dict()] for a, (t, _, _) in self._queue.items()],
-            "pending": [[a, t.to_dict(), self._seen[a]] for a, t in self._pending.items()],
-        }
+        return {'version': 2, 'config': asdict(self.config), 'next_arrival': self._next_arrival, 'compositions': self._compositions, 'counts': dict(self._counts), 'invalid_by_reason': dict(self._invalid_by_reason), 'expired_by_reason': dict(self._expired_by_reason), 'queue': [[a, t.to_dict()] for a, (t, _, _) in self._queue.items()], 'pending': [[a, t.to_dict(), self._seen[a]] for a, t in self._pending.items()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output; the config must match this sampler's."""
-        if state.get("version") not in (1, 2):
+        if state.get('version') not in (1, 2):
             raise ValueError(f"unsupported sampler state version {state.get('version')!r}")
-        saved = SamplerConfig(**state["config"])
+        saved = SamplerConfig(**state['config'])
         if saved != self.config:
-            raise ValueError(f"sampler state was saved with {saved}, this sampler has {self.config}")
-        self._next_arrival = int(state["next_arrival"])
-        self._compositions = int(state["compositions"])
-        self._counts = {k: int(v) for k, v in state["counts"].items()}
-        self._invalid_by_reason = {k: int(v) for k, v in state["invalid_by_reason"].items()}
-        self._expired_by_reason = {"stale": 0, "pending_age": 0, "pending_overflow": 0}
-        self._expired_by_reason.update({k: int(v) for k, v in state["expired_by_reason"].items()})
+            raise ValueError(f'sampler state was saved with {saved}, this sampler has {self.config}')
+        self._next_arrival = int(state['next_arrival'])
+        self._compositions = int(state['compositions'])
+        self._counts = {k: int(v) for k, v in state['counts'].items()}
+        self._invalid_by_reason = {k: int(v) for k, v in state['invalid_by_reason'].items()}
+        self._expired_by_reason = {'stale': 0, 'pending_age': 0, 'pending_overflow': 0}
+        self._expired_by_reason.update({k: int(v) for k, v in state['expired_by_reason'].items()})
         self._queue = OrderedDict()
         self._expiry = []
         self._codes = {}
-        self._pending, self._seen = {}, {}
-        for a, d, *stamp in state["pending"]:  # version 1 states carry no first-seen stamp: use the turn's version
+        self._pending, self._seen = ({}, {})
+        for a, d, *stamp in state['pending']:
             turn = self.turn_from_dict(d)
             self._pending[int(a)] = turn
             self._seen[int(a)] = int(stamp[0]) if stamp else turn.policy_version
         self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending.items()])
-        for a, d in state["queue"]:
+        for a, d in state['queue']:
             self._enqueue(int(a), self.turn_from_dict(d))
 
-
 def make_sampler(config: SamplerConfig) -> Sampler:
-    """Build the sampler for ``config.method``."""
     if not isinstance(config, SamplerConfig):
-        raise TypeError(f"make_sampler expects a SamplerConfig, got {type(config).__name__}")
+        raise TypeError(f'make_sampler expects a SamplerConfig, got {type(config).__name__}')
     return Sampler(config)
