@@ -109,7 +109,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         divopd_config(self._settings, max_off_policy_threshold, self._settings.get("batch_size") or 1)  # fail early
         self.sample_timeout_s = float(self._settings.get("sample_timeout_s") or DEFAULTS["sample_timeout_s"])
         self.sampler: Sampler[Held] | None = None
-        self._read: set[str] = set()  # keys read (waiting, or handed out) that TransferQueue still lists
+        self._listed: set[str] = set()  # keys read (waiting, or handed out) that TransferQueue still lists
         self.stopped: list[str] = []  # keys of the records that stopped the run (left in TransferQueue)
 
     # ------------------------------------------------------------------ sampling
@@ -137,7 +137,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         batch = sampler.next_batch(int(global_steps) - 1)
         departed = [key for key, _ in sampler.take_departed()]  # expired or rejected: cleared at once
         if departed:
-            self._read.difference_update(departed)
+            self._listed.difference_update(departed)
             tq.kv_clear(keys=departed, partition_id=partition_id)
         metrics = batch_metrics(batch, sampler.ledger)
         if batch is None:
@@ -163,8 +163,8 @@ class DivOPDReplayBuffer(ReplayBuffer):
         from its tag alone, like verl's own buffer reads; the fields of one without it are fetched once to summarise it.
         """
         listing = (tq.kv_list(partition_id=partition_id) or {}).get(partition_id, {})
-        self._read &= listing.keys()  # verl cleared the handed-out records it trained on
-        known = self._read
+        self._listed &= listing.keys()  # verl cleared the handed-out records it trained on
+        known = self._listed
         keys, tags, done_prompts = [], [], []
         for key, tag in listing.items():
             if tag.get("is_prompt", False):
@@ -189,7 +189,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         if errors:
             self._stop(partition_id, errors)
         self.sampler.add(list(zip(keys, tags, strict=True)), candidates)
-        self._read.update(keys)
+        self._listed.update(keys)
         if done_prompts:  # their trajectories were put before their terminal status: all read above
             tq.kv_clear(keys=done_prompts, partition_id=partition_id)
         return candidates
@@ -241,7 +241,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
     def state_dict(self) -> dict[str, Any]:
         """The sampler state (queue, pending pool, ledger) with the waiting records' keys and tags (JSON-able)."""
         return {"version": _STATE_VERSION, "sampler": None if self.sampler is None else self.sampler.state_dict(list),
-                "read": sorted(self._read)}
+                "read": sorted(self._listed)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (TransferQueue must still hold the waiting turns' records)."""
@@ -252,7 +252,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         if state["sampler"] is not None:
             self.sampler = make_sampler(SamplerConfig(**state["sampler"]["config"]), track_departed=True)
             self.sampler.load_state_dict(state["sampler"], tuple)
-        self._read = set(state["read"])
+        self._listed = set(state["read"])
 
     # ------------------------------------------------------------------ verl's async-trainer hooks
     def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:

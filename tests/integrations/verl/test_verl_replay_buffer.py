@@ -10,6 +10,7 @@ must be counted as such and cleared from TransferQueue.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_selects_what_divopd_replay_selects_update_by_update(transfer_queue, tmp
             assert metrics["sampler/effective_rollouts"] == pytest.approx(series["effective_rollouts"][j])
             assert metrics["sampler/rows"] == B
     ledger = rb.sampler.ledger
-    assert ledger == report["ledger"]
+    assert asdict(ledger) == report["ledger"]
     assert ledger.expired_by_reason["stale"] > 0
     if get_method(method).pooled and get_method(method).gated:  # ungated rules train on them (dead rows), as replay
         assert ledger.invalid_by_reason["missing_teacher"] > 0
