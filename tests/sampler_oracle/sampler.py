@@ -19,6 +19,9 @@ class Batch(SimpleNamespace):
     """What the previous sampler returned: turns, arrivals, learner_version, stats, candidates, first_seen,
     row_weights."""
 
+    def __len__(self) -> int:
+        return len(self.turns)
+
 
 class Sampler:
 

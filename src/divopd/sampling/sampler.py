@@ -15,6 +15,7 @@ or pushed out of a full pending pool), ``invalid`` (rejected by the gate, with i
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Generic, TypeVar
@@ -78,8 +79,7 @@ class Sampler(Generic[P]):
     def __init__(self, config: SamplerConfig, track_departed: bool = False) -> None:
         self.config = config
         self.method = get_method(config.method)
-        self._arriving: list[Columns[P]] = []  # added since the last composition, in arrival order
-        self._queue: Columns[P] = Columns.empty()  # not yet read into the pool
+        self._queue: deque[Columns[P]] = deque()  # not yet read into the pool: chunks in arrival order
         self._pool: Columns[P] = Columns.empty()  # pending: gated, unselected, first-seen stamped
         self._next_arrival = 0
         self._compositions = 0
@@ -106,37 +106,51 @@ class Sampler(Generic[P]):
         self._next_arrival += len(items)
         self._ledger.received += len(items)
         if items:
-            self._arriving.append(Columns.of(candidates, items, first))
+            self._queue.append(Columns.of(candidates, items, first))
+            if len(self._queue) > 64:  # many small adds: one chunk, so that a composition visits few
+                self._queue = deque([Columns.join(list(self._queue))])
         return list(range(first, self._next_arrival))
 
-    def _read_arrivals(self) -> Columns[P]:
-        if self._arriving:
-            self._queue = Columns.join([self._queue, *self._arriving])
-            self._arriving = []
-        return self._queue
+    def _read_queue(self, n: int) -> Columns[P]:
+        """The first ``n`` queued rows (fewer when fewer are queued), taken off the queue."""
+        parts: list[Columns[P]] = []
+        while n > 0 and self._queue:
+            head = self._queue[0]
+            if len(head) <= n:
+                parts.append(self._queue.popleft())
+            else:
+                parts.append(head.take(slice(0, n)))
+                self._queue[0] = head.take(slice(n, None))
+            n -= len(parts[-1])
+        return Columns.join(parts)
 
     # ------------------------------------------------------------------ ledger
     @property
     def ledger(self) -> Ledger:
         """A snapshot of the counters; ``received == selected + expired + invalid + pending + queued``."""
         led = self._ledger
-        return replace(led, pending=len(self._pool), queued=self.waiting - len(self._pool),
+        return replace(led, pending=len(self._pool), queued=self.queued,
                        invalid_by_reason=dict(led.invalid_by_reason), expired_by_reason=dict(led.expired_by_reason))
 
     @property
     def waiting(self) -> int:
         """Turns not yet decided (pending + queued)."""
-        return len(self._pool) + len(self._queue) + sum(len(c) for c in self._arriving)
+        return len(self._pool) + self.queued
+
+    @property
+    def queued(self) -> int:
+        """Turns not yet read into the pool."""
+        return sum(len(c) for c in self._queue)
 
     def fresh(self, learner_version: int) -> int:
         """Waiting turns that are not stale at ``learner_version``."""
         stale = self.config.max_staleness
         return sum(int(np.count_nonzero(~is_stale(c.policy_version, learner_version, stale)))
-                   for c in (self._pool, self._queue, *self._arriving))
+                   for c in (self._pool, *self._queue))
 
     def waiting_payloads(self) -> list[P]:
         """The payloads of the turns still waiting (pending, then queued), in that order."""
-        return [p for c in (self._pool, self._queue, *self._arriving) for p in c.payloads()]
+        return [p for c in (self._pool, *self._queue) for p in c.payloads()]
 
     def take_departed(self) -> list[P]:
         """The payloads of the turns that left unselected (expired, or rejected by the gate) since the last call
@@ -171,11 +185,10 @@ class Sampler(Generic[P]):
         learner_version = int(learner_version)
         led = self._ledger
         before_expired, before_invalid = led.expired, led.invalid
-        self._read_arrivals()
-        for name in ("_queue", "_pool"):  # Algorithm 1, step 1
-            cols = getattr(self, name)
-            setattr(self, name, self._drop(cols, is_stale(cols.policy_version, learner_version,
-                                                           self.config.max_staleness), "stale"))
+        stale = self.config.max_staleness  # Algorithm 1, step 1
+        self._pool = self._drop(self._pool, is_stale(self._pool.policy_version, learner_version, stale), "stale")
+        self._queue = deque(c for c in (self._drop(c, is_stale(c.policy_version, learner_version, stale), "stale")
+                                        for c in self._queue) if len(c))
         composed = self._compose_pooled(learner_version) if self.method.pooled else self._read_arrival_order()
         if composed is None:
             return None
@@ -186,7 +199,7 @@ class Sampler(Generic[P]):
             expired=led.expired - before_expired,
             invalid=led.invalid - before_invalid,
             pending=len(self._pool),
-            queued=len(self._queue),
+            queued=self.queued,
             candidates=len(pool),
             candidate_rollouts=len(set(pool.rollout_id.tolist())),
         )
@@ -203,16 +216,14 @@ class Sampler(Generic[P]):
     def _read_arrival_order(self) -> tuple[Columns[P], Columns[P]] | None:
         """``vanilla``: the next B (non-stale) turns in arrival order, ungated."""
         batch_size = self.config.batch_size
-        if len(self._queue) < batch_size:
+        if self.queued < batch_size:
             return None
-        chosen = self._queue.take(slice(0, batch_size))
-        self._queue = self._queue.take(slice(batch_size, None))
+        chosen = self._read_queue(batch_size)
         return chosen, chosen
 
     def _compose_pooled(self, update: int) -> tuple[Columns[P], Columns[P]] | None:
         """Algorithm 1 for a pooled method: ``(selected rows, the pool they were chosen from)``."""
-        read = self._queue.take(slice(0, self.config.pool_size - len(self._pool)))  # steps 2-3
-        self._queue = self._queue.take(slice(len(read), None))
+        read = self._read_queue(self.config.pool_size - len(self._pool))  # steps 2-3
         if self.method.gated:
             invalid = read.reason >= 0
             if invalid.any():
@@ -248,7 +259,7 @@ class Sampler(Generic[P]):
         """All that is needed to continue exactly (JSON-able): config, counters, and every waiting turn as
         ``[arrival, candidate, encode(payload)]`` (``queue``) or ``[arrival, candidate, encode(payload),
         first-seen update]`` (``pending``)."""
-        queue, led = self._read_arrivals(), self._ledger
+        queue, led = Columns.join(list(self._queue)), self._ledger
 
         def rows(cols: Columns[P]) -> Iterable[tuple[int, Candidate, P, int]]:
             return zip(cols.arrival.tolist(), cols.candidates(), cols.payloads(), cols.seen.tolist(), strict=True)
@@ -289,8 +300,7 @@ class Sampler(Generic[P]):
                               [int(e[0]) for e in entries], [int(e[3]) for e in entries] if stamped else None)
 
         self._pool = columns(state["pending"], True)
-        self._queue = columns(state["queue"], False)
-        self._arriving = []
+        self._queue = deque([columns(state["queue"], False)])
 
 
 def make_sampler(config: SamplerConfig, track_departed: bool = False) -> Sampler[Any]:
