@@ -8,7 +8,7 @@ Each framework runs in its own venv, so the benchmark runs once per framework:
 Rows: B in {64, 256}, the buffer preloaded (every turn in the framework's buffer before the first step) or fed tick by
 tick (each step's arrivals written just before that step's ``sample()``), median and p90 wall time of one ``sample()``
 per step for the framework's default sampler and for divopd's, on the same stream. ``--stream damaged`` is the
-stream a long asynchronous run delivers: twice the arrivals, about half of them from policies too old (they expire
+stream a long asynchronous run delivers: 2.5 × the arrivals, about half of them from policies too old (they expire
 as stale before they are selected) and about 9% invalid (missing teacher, length mismatch, truncated prompt, no
 valid token); divopd reads all of them into its pool. Target: divopd's median
 <= 1.05 x the default's + 5 ms in every row. The measuring code for each framework lives beside this file

@@ -9,7 +9,7 @@ expire in its pool); above 1.0 divopd reads the surplus into its pool (that is w
 default leaves it queued. ``preloaded``: every step's arrivals written before the first
 ``sample()``; ``ticks``: each step's arrivals written just before that step's ``sample()``. Each sampler reads its
 own queue holding the same stream, and the two run interleaved, step by step (:func:`_row`), so that both see the
-same load on a shared machine. ``damaged`` (:func:`_stream`): twice the arrivals, half the rollouts from policies
+same load on a shared machine. ``damaged`` (:func:`_stream`): 2.5 × the arrivals, half the rollouts from policies
 3-4 versions old (stale at once), and each turn invalid with probability 0.09 (one of four defects).
 """
 
@@ -44,7 +44,7 @@ DEFECTS = ("missing_teacher", "length_mismatch", "prompt_truncated", "no_valid_t
 def _stream(batch_size: int, steps: int, seed: int, arrival: float, damaged: bool = False) -> list[list[Experience]]:
     """Per step, the experiences that arrive before it (``arrival`` x B turns, whole rollouts, in arrival order)."""
     rng = np.random.default_rng(seed)
-    per_step = -(-round(batch_size * arrival * (2 if damaged else 1)) // TURNS)
+    per_step = -(-round(batch_size * arrival * (2.5 if damaged else 1)) // TURNS)
     out, rollout = [], 0
     for step in range(steps + 4):
         arrivals = []

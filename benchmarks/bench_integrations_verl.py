@@ -15,7 +15,7 @@ arrivals put before the first ``sample()``; ``ticks``: each step's arrivals put 
 ``sample()``. After each step the batch's records are cleared, as verl's trainer does after its update (not timed).
 
 verl's buffer lists every partition of TransferQueue, so the two samplers run one after the other on a cleared
-TransferQueue. ``damaged`` (:func:`_stream`): twice the arrivals, half the prompts from policies 3-4 versions old
+TransferQueue. ``damaged`` (:func:`_stream`): 2.5 × the arrivals, half the prompts from policies 3-4 versions old
 (stale at once), and each turn invalid with probability 0.09 (one of four defects; a record whose fields change shape
 is put on its own). Every wait has a deadline: divopd's ``sample_timeout_s`` and a watchdog per row that dumps the
 stacks and exits.
@@ -60,7 +60,7 @@ def _stream(batch_size: int, steps: int, seed: int, arrival: float, damaged: boo
     shape (put one by one), and their prompts' markers."""
     rng = np.random.default_rng(seed)
     per_prompt = SESSIONS * TURNS
-    prompts_per_step = -(-round(batch_size * arrival * (2 if damaged else 1)) // per_prompt)
+    prompts_per_step = -(-round(batch_size * arrival * (2.5 if damaged else 1)) // per_prompt)
     out, uid_n = [], 0
     for step in range(steps + 4):
         keys, rows, tags, markers, marker_tags, odd = [], [], [], [], [], []

@@ -96,13 +96,11 @@ class DivOPDSampleStrategy(SampleStrategy):
     It reads the trainer's experience buffer with Trinity's own reader; each ``Experience`` (one per student turn:
     ``eid.rid`` the rollout, ``eid.step`` the turn, ``info["model_version"]`` the policy version) enters one
     :class:`~divopd.sampling.Sampler`, kept across steps, as its :class:`~divopd.sampling.Candidate` with the
-    experience as payload. Step ``s`` is composed for
-    learner version ``s - 1``: it tops the sampler up from what the buffer holds (until the candidate pool can be
-    filled, c·B for pooled rules, B for ``vanilla``), composes with :meth:`~divopd.sampling.Sampler.next_batch`, waits
-    for more experiences (up to the buffer's ``max_read_timeout``) while too few turns are valid, and returns the B
-    experiences in composition order with divopd's ``sampler/...`` and ``ledger/...`` metrics. A record without a
-    rollout id or a version stops the run with one line; one the composer cannot use is rejected by the gate and
-    counted in ``ledger/invalid/<reason>``.
+    experience as payload. A step tops the sampler up from what the buffer holds (until the candidate pool can be
+    filled), composes, waits for more experiences (up to the buffer's ``max_read_timeout``) while too few turns are
+    valid, and returns the B experiences in composition order with divopd's ``sampler/...`` and ``ledger/...``
+    metrics. A record without a rollout id or a version stops the run with one line; one the composer cannot use is
+    rejected by the gate and counted in ``ledger/invalid/<reason>``.
 
     Args:
         buffer_config: Trinity's ``buffer`` config (the trainer's experience buffer is read).

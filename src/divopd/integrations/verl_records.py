@@ -17,12 +17,11 @@ at its last ``_``. A record becomes a :class:`~divopd.experience.Turn` from:
   :func:`turn_to_record`): the scalars the composer reads, so that a record carrying it becomes its candidate from its
   tag alone (:func:`candidate_of`) and its fields are fetched only when verl needs them rewritten (:func:`safe_fields`).
 
-What the composer needs but a record may lack: a record without a parsable key or without a version cannot become a
-turn and raises :class:`VerlRecordError` (one line naming the key and the field); a record without teacher or student
-log probs, or with a per-token field of another length than ``responses``, becomes a turn that divopd's gate rejects
-with its reason (``missing_teacher``, ``missing_student_logprobs``, ``length_mismatch``), counted in the ledger.
-The teacher log prob of a response token is the one whose ``teacher_ids`` entry is that token; a position where no
-column holds the token, or whose value is not finite, is unscored (NaN), as divopd's gate reads it.
+A record without a parsable key or a version raises :class:`VerlRecordError` (one line naming the key and the field);
+one without teacher or student log probs, or with a per-token field of another length than ``responses``, is rejected by
+divopd's gate with its reason, counted in the ledger. The teacher log prob of a response token is the one whose
+``teacher_ids`` entry is that token; a position where no column holds the token, or whose value is not finite, is
+unscored (NaN), as divopd's gate reads it.
 """
 
 from __future__ import annotations

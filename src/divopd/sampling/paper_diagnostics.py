@@ -1,19 +1,7 @@
 """The diagnostics of the paper's tables (Appendix: Tables 9, 11, 12, 14, 16 and Figure 6), as pure functions.
 
-Each function is the definition the metrics, the replay and the report use (docs/guides/report.md maps tables to keys):
-
-- Table 9: :func:`turns_per_rollout` (rows ÷ distinct rollouts of a batch) and :func:`kl_per_token` (mean per-token
-  ``student_logprob − teacher_logprob`` over the batch's valid tokens, with the *generating* policy's cached log
-  probabilities); effective rollouts and the top-1 token share are :func:`divopd.sampling.stats.effective_rollouts`
-  and ``max_rollout_share`` of :func:`~divopd.sampling.stats.batch_stats`.
-- Table 11: :func:`gini` of selected-turn counts per valid rollout (zeros included) and :func:`never_selected_share`.
-- Table 12: the mean age of consumed rows is ``mean_staleness`` of :func:`~divopd.sampling.stats.batch_stats`
-  (learner version − generating version, averaged over the batch's rows).
-- Table 14: :func:`depth_bucket` × :func:`outcome` cells (:func:`selection_cells`, :func:`cell_shares`; for turns
-  queued before their rollout ended, :func:`rollout_cells` resolved by :func:`outcome_cells`).
-- Table 16: :func:`scored_tokens` of a turn, :func:`teacher_tokens_per_trained_token` and
-  :func:`never_selected_scored_share`.
-- Figure 6: :func:`ema_update` (α = :data:`EMA_ALPHA`) of ``disagreement_std_across_rollouts``.
+Each function is the definition the metrics, the replay and the report use (docs/guides/report.md maps tables to
+keys; the concentration numbers of Tables 9 and 12 are :func:`~divopd.sampling.stats.batch_stats` keys).
 
 :class:`RunDiagnostics` holds the run-level (cumulative) ones a training run writes per update.
 """
