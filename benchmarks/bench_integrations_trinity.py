@@ -9,7 +9,7 @@ expire in its pool); above 1.0 divopd reads the surplus into its pool (that is w
 default leaves it queued. ``preloaded``: every step's arrivals written before the first
 ``sample()``; ``ticks``: each step's arrivals written just before that step's ``sample()``. Each sampler reads its
 own queue holding the same stream, and the two run interleaved, step by step (:func:`_row`), so that both see the
-same load on a shared machine. ``damaged`` (:func:`_stream`): 2.5 × the arrivals, half the rollouts from policies
+same load on a shared machine. ``damaged`` (:func:`_stream`): 2.5 × the arrivals, every other rollout from policies
 3-4 versions old (stale at once), and each turn invalid with probability 0.09 (one of four defects).
 """
 
@@ -49,7 +49,7 @@ def _stream(batch_size: int, steps: int, seed: int, arrival: float, damaged: boo
     for step in range(steps + 4):
         arrivals = []
         for _ in range(per_step):
-            lag = 3 + int(rng.integers(0, 2)) if damaged and rng.random() < 0.5 else int(rng.integers(0, 3))
+            lag = 3 + int(rng.integers(0, 2)) if damaged and rollout % 2 else int(rng.integers(0, 3))
             version = max(0, step - lag)
             for t in range(TURNS):
                 student = -rng.exponential(1.0, RESPONSE).astype(np.float32)

@@ -15,7 +15,7 @@ arrivals put before the first ``sample()``; ``ticks``: each step's arrivals put 
 ``sample()``. After each step the batch's records are cleared, as verl's trainer does after its update (not timed).
 
 verl's buffer lists every partition of TransferQueue, so the two samplers run one after the other on a cleared
-TransferQueue. ``damaged`` (:func:`_stream`): 2.5 × the arrivals, half the prompts from policies 3-4 versions old
+TransferQueue. ``damaged`` (:func:`_stream`): 2.5 × the arrivals, every other prompt from policies 3-4 versions old
 (stale at once), and each turn invalid with probability 0.09 (one of four defects; a record whose fields change shape
 is put on its own). Every wait has a deadline: divopd's ``sample_timeout_s`` and a watchdog per row that dumps the
 stacks and exits.
@@ -67,7 +67,7 @@ def _stream(batch_size: int, steps: int, seed: int, arrival: float, damaged: boo
         for _ in range(prompts_per_step):
             uid = f"p{uid_n:07d}"  # verl takes a prompt's uid as key.split("_")[0]: no underscore in it
             uid_n += 1
-            lag = 3 + int(rng.integers(0, 2)) if damaged and rng.random() < 0.5 else int(rng.integers(0, 3))
+            lag = 3 + int(rng.integers(0, 2)) if damaged and uid_n % 2 else int(rng.integers(0, 3))
             version = max(0, step - lag)
             for s in range(SESSIONS):
                 for t in range(TURNS):
