@@ -7,7 +7,10 @@ Each framework runs in its own venv, so the benchmark runs once per framework:
 
 Rows: B in {64, 256}, the buffer preloaded (every turn in the framework's buffer before the first step) or fed tick by
 tick (each step's arrivals written just before that step's ``sample()``), median and p90 wall time of one ``sample()``
-per step for the framework's default sampler and for divopd's, on the same stream. Target: divopd's median
+per step for the framework's default sampler and for divopd's, on the same stream. ``--stream damaged`` is the
+stream a long asynchronous run delivers: 2.5 × the arrivals, about half of them from policies too old (they expire
+as stale before they are selected) and about 9% invalid (missing teacher, length mismatch, truncated prompt, no
+valid token); divopd reads all of them into its pool. Target: divopd's median
 <= 1.05 x the default's + 5 ms in every row. The measuring code for each framework lives beside this file
 (``bench_integrations_trinity.py``, ``bench_integrations_verl.py``), each exposing ``measure(batch_sizes, feeds,
 steps, seed) -> list[Row]``.
@@ -24,6 +27,7 @@ from pathlib import Path
 
 FRAMEWORKS = {"trinity": "bench_integrations_trinity", "verl": "bench_integrations_verl"}
 FEEDS = ("preloaded", "ticks")
+STREAMS = ("clean", "damaged")
 
 
 @dataclass
@@ -31,6 +35,7 @@ class Row:
     """One framework × B × feed: ``sample()`` wall times in milliseconds, the default's and divopd's."""
 
     framework: str
+    stream: str
     batch_size: int
     feed: str
     steps: int
@@ -52,12 +57,12 @@ class Row:
 
 def print_table(rows: list[Row]) -> None:
     """The markdown table docs/performance.md quotes."""
-    print("| framework | B | feed | steps | default median (p90) ms | divopd median (p90) ms | target ms | ok "
+    print("| framework | stream | B | feed | steps | default median (p90) ms | divopd median (p90) ms | target ms | ok "
           "| read/step default, divopd |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         reads = "–" if r.default_read is None else f"{r.default_read:.0f}, {r.divopd_read:.0f}"
-        print(f"| {r.framework} | {r.batch_size} | {r.feed} | {r.steps} | {r.default_median_ms:.1f} "
+        print(f"| {r.framework} | {r.stream} | {r.batch_size} | {r.feed} | {r.steps} | {r.default_median_ms:.1f} "
               f"({r.default_p90_ms:.1f}) | {r.divopd_median_ms:.1f} ({r.divopd_p90_ms:.1f}) | {r.target_ms:.1f} | "
               f"{'yes' if r.meets_target else 'NO'} | {reads} |")
 
@@ -69,13 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--feeds", nargs="+", choices=FEEDS, default=list(FEEDS))
     parser.add_argument("--steps", type=int, default=40, help="timed sample() calls per row and sampler")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stream", choices=STREAMS, default="clean",
+                        help="clean, or damaged: half the arrivals stale, about 9%% invalid")
     parser.add_argument("--arrival", type=float, default=1.0,
                         help="turns arriving per step as a multiple of B (1.0: explorer matched to the trainer)")
     parser.add_argument("--json", action="store_true", help="one JSON line per row after the table")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     module = importlib.import_module(FRAMEWORKS[args.framework])
-    extra = {}
+    extra: dict = {"damaged": args.stream == "damaged"}
     if args.arrival != 1.0:
         if "arrival" not in inspect.signature(module.measure).parameters:
             parser.error(f"--arrival is not supported for --framework {args.framework}")

@@ -9,7 +9,8 @@ expire in its pool); above 1.0 divopd reads the surplus into its pool (that is w
 default leaves it queued. ``preloaded``: every step's arrivals written before the first
 ``sample()``; ``ticks``: each step's arrivals written just before that step's ``sample()``. Each sampler reads its
 own queue holding the same stream, and the two run interleaved, step by step (:func:`_row`), so that both see the
-same load on a shared machine.
+same load on a shared machine. ``damaged`` (:func:`_stream`): 2.5 × the arrivals, every other rollout from policies
+3-4 versions old (stale at once), and each turn invalid with probability 0.09 (one of four defects).
 """
 
 from __future__ import annotations
@@ -37,23 +38,37 @@ TURNS = 8
 PROMPT, RESPONSE = 96, 16
 
 
-def _stream(batch_size: int, steps: int, seed: int, arrival: float) -> list[list[Experience]]:
+DEFECTS = ("missing_teacher", "length_mismatch", "prompt_truncated", "no_valid_token")
+
+
+def _stream(batch_size: int, steps: int, seed: int, arrival: float, damaged: bool = False) -> list[list[Experience]]:
     """Per step, the experiences that arrive before it (``arrival`` x B turns, whole rollouts, in arrival order)."""
     rng = np.random.default_rng(seed)
-    per_step = -(-round(batch_size * arrival) // TURNS)
+    per_step = -(-round(batch_size * arrival * (2.5 if damaged else 1)) // TURNS)
     out, rollout = [], 0
     for step in range(steps + 4):
         arrivals = []
         for _ in range(per_step):
-            version = max(0, step - int(rng.integers(0, 3)))
+            lag = 3 + int(rng.integers(0, 2)) if damaged and rollout % 2 else int(rng.integers(0, 3))
+            version = max(0, step - lag)
             for t in range(TURNS):
                 student = -rng.exponential(1.0, RESPONSE).astype(np.float32)
-                arrivals.append(Experience(
+                teacher = torch.from_numpy(student - rng.exponential(0.5, RESPONSE).astype(np.float32))
+                exp = Experience(
                     eid=EID(batch=0, task=rollout, run=0, step=t),
                     tokens=torch.from_numpy(rng.integers(0, 30000, PROMPT + RESPONSE)), prompt_length=PROMPT,
-                    logprobs=torch.from_numpy(student), reward=0.0,
-                    teacher_logprobs=torch.from_numpy(student - rng.exponential(0.5, RESPONSE).astype(np.float32)),
-                    action_mask=torch.ones(RESPONSE, dtype=torch.bool), info={"model_version": version}))
+                    logprobs=torch.from_numpy(student), reward=0.0, teacher_logprobs=teacher,
+                    action_mask=torch.ones(RESPONSE, dtype=torch.bool), info={"model_version": version})
+                defect = DEFECTS[int(rng.integers(0, 4))] if damaged and rng.random() < 0.09 else None
+                if defect == "missing_teacher":
+                    exp.teacher_logprobs = None
+                elif defect == "length_mismatch":
+                    exp.teacher_logprobs = teacher[:-1]
+                elif defect == "prompt_truncated":
+                    exp.truncate_status = "prompt_truncated"
+                elif defect == "no_valid_token":
+                    exp.action_mask = torch.zeros(RESPONSE, dtype=torch.bool)
+                arrivals.append(exp)
             rollout += 1
         out.append(arrivals)
     return out
@@ -103,23 +118,24 @@ async def _row(stream: list[list[Experience]], batch_size: int, feed: str, steps
         for writer in writers.values():
             await writer.release()
             ray.kill(writer.queue)
-    read = {"default": float(batch_size), "divopd": strategies["divopd"].sampler.ledger["received"] / steps}
+    read = {"default": float(batch_size), "divopd": strategies["divopd"].sampler.ledger.received / steps}
     return times, read
 
 
-def measure(batch_sizes: list[int], feeds: list[str], steps: int, seed: int, arrival: float = 1.0) -> list[Row]:
+def measure(batch_sizes: list[int], feeds: list[str], steps: int, seed: int, arrival: float = 1.0,
+            damaged: bool = False) -> list[Row]:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=512 * 2**20, log_to_driver=False)
     rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for b in batch_sizes:
-                stream = _stream(b, steps, seed, arrival)
+                stream = _stream(b, steps, seed, arrival, damaged)
                 for feed in feeds:
                     ms, read = asyncio.run(_row(stream, b, feed, steps, Path(tmp)))
                     res = {kind: (statistics.median(ms[kind]), float(np.percentile(ms[kind], 90))) for kind in KINDS}
-                    rows.append(Row("trinity", b, feed, steps, *res["default"], *res["divopd"],
-                                    default_read=read["default"], divopd_read=read["divopd"]))
+                    rows.append(Row("trinity", "damaged" if damaged else "clean", b, feed, steps, *res["default"],
+                                    *res["divopd"], default_read=read["default"], divopd_read=read["divopd"]))
     finally:
         ray.shutdown()
     return rows

@@ -15,8 +15,10 @@ arrivals put before the first ``sample()``; ``ticks``: each step's arrivals put 
 ``sample()``. After each step the batch's records are cleared, as verl's trainer does after its update (not timed).
 
 verl's buffer lists every partition of TransferQueue, so the two samplers run one after the other on a cleared
-TransferQueue. Every wait has a deadline: divopd's ``sample_timeout_s`` and a watchdog per row that dumps the stacks
-and exits.
+TransferQueue. ``damaged`` (:func:`_stream`): 2.5 × the arrivals, every other prompt from policies 3-4 versions old
+(stale at once), and each turn invalid with probability 0.09 (one of four defects; a record whose fields change shape
+is put on its own). Every wait has a deadline: divopd's ``sample_timeout_s`` and a watchdog per row that dumps the
+stacks and exits.
 """
 
 from __future__ import annotations
@@ -46,21 +48,27 @@ PARTITION = "train"
 ROW_DEADLINE_S = 300.0  # watchdog per row and sampler: dump the stacks and exit
 
 
-Tick = tuple[list[str], dict[str, torch.Tensor], list[dict[str, Any]], list[str], list[dict[str, Any]]]
+Tick = tuple[list[str], dict[str, torch.Tensor], list[dict[str, Any]], list[tuple[str, dict[str, Any], dict[str, Any]]],
+             list[str], list[dict[str, Any]]]
 
 
-def _stream(batch_size: int, steps: int, seed: int, arrival: float) -> list[Tick]:
-    """Per step: the records that arrive before it (keys, stacked fields, tags) and their prompts' markers."""
+DEFECTS = ("missing_teacher", "length_mismatch", "prompt_truncated", "no_valid_token")
+
+
+def _stream(batch_size: int, steps: int, seed: int, arrival: float, damaged: bool = False) -> list[Tick]:
+    """Per step: the records that arrive before it (keys, stacked fields, tags), the records whose fields change
+    shape (put one by one), and their prompts' markers."""
     rng = np.random.default_rng(seed)
     per_prompt = SESSIONS * TURNS
-    prompts_per_step = -(-round(batch_size * arrival) // per_prompt)
+    prompts_per_step = -(-round(batch_size * arrival * (2.5 if damaged else 1)) // per_prompt)
     out, uid_n = [], 0
     for step in range(steps + 4):
-        keys, rows, tags, markers, marker_tags = [], [], [], [], []
+        keys, rows, tags, markers, marker_tags, odd = [], [], [], [], [], []
         for _ in range(prompts_per_step):
             uid = f"p{uid_n:07d}"  # verl takes a prompt's uid as key.split("_")[0]: no underscore in it
             uid_n += 1
-            version = max(0, step - int(rng.integers(0, 3)))
+            lag = 3 + int(rng.integers(0, 2)) if damaged and uid_n % 2 else int(rng.integers(0, 3))
+            version = max(0, step - lag)
             for s in range(SESSIONS):
                 for t in range(TURNS):
                     prompt = rng.integers(1, 30000, PROMPT)
@@ -81,7 +89,19 @@ def _stream(batch_size: int, steps: int, seed: int, arrival: float) -> list[Tick
                     tag = {"status": "success", "prompt_len": PROMPT, "response_len": RESPONSE,
                            "seq_len": PROMPT + RESPONSE, "global_steps": version, "min_global_steps": version,
                            "max_global_steps": version, "prompt_truncated": False}
+                    defect = DEFECTS[int(rng.integers(0, 4))] if damaged and rng.random() < 0.09 else None
+                    if defect == "missing_teacher":
+                        fields = {k: v for k, v in fields.items() if not k.startswith("teacher_")}
+                    elif defect == "length_mismatch":
+                        fields["rollout_log_probs"] = torch.cat([fields["rollout_log_probs"], torch.zeros(1)])
+                    elif defect == "prompt_truncated":
+                        tag["prompt_truncated"] = True
+                    elif defect == "no_valid_token":
+                        fields["response_mask"] = torch.zeros(RESPONSE, dtype=torch.int64)
                     tag[SUMMARY_TAG] = record_summary(key, tag, fields)[1]
+                    if defect in ("missing_teacher", "length_mismatch"):
+                        odd.append((key, fields, tag))
+                        continue
                     keys.append(key)
                     rows.append(fields)
                     tags.append(tag)
@@ -89,14 +109,16 @@ def _stream(batch_size: int, steps: int, seed: int, arrival: float) -> list[Tick
             # the prompt's dispatch step: verl dispatches at global step v + 1 with weights version v
             marker_tags.append({"is_prompt": True, "status": "finished", "global_steps": version + 1})
         stacked = {name: torch.stack([r[name] for r in rows]) for name in rows[0]}
-        out.append((keys, stacked, tags, markers, marker_tags))
+        out.append((keys, stacked, tags, odd, markers, marker_tags))
     return out
 
 
 def _put(tick: Tick) -> None:
     """A tick's records, then its prompts' terminal markers (verl's order: trajectories before the status)."""
-    keys, fields, tags, markers, marker_tags = tick
+    keys, fields, tags, odd, markers, marker_tags = tick
     tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=TensorDict(fields, batch_size=[len(keys)]), tags=tags)
+    for key, one, tag in odd:
+        tq.kv_put(key=key, partition_id=PARTITION, fields=one, tag=tag)
     tq.kv_batch_put(keys=markers, partition_id=PARTITION, tags=marker_tags)
 
 
@@ -141,11 +163,12 @@ def _time(kind: str, stream: list[Tick], batch_size: int, feed: str, steps: int)
     finally:
         faulthandler.cancel_dump_traceback_later()
         _clear_all()
-    read = handed / steps if kind == "default" else rb.sampler.ledger["received"] / steps
+    read = handed / steps if kind == "default" else rb.sampler.ledger.received / steps
     return times, read
 
 
-def measure(batch_sizes: list[int], feeds: list[str], steps: int, seed: int, arrival: float = 1.0) -> list[Row]:
+def measure(batch_sizes: list[int], feeds: list[str], steps: int, seed: int, arrival: float = 1.0,
+            damaged: bool = False) -> list[Row]:
     for b in batch_sizes:
         if b % (SESSIONS * TURNS):
             raise SystemExit(f"--batch-sizes: {b} is not a multiple of {SESSIONS * TURNS} (sessions x turns per "
@@ -158,15 +181,15 @@ def measure(batch_sizes: list[int], feeds: list[str], steps: int, seed: int, arr
         tq.init()
         try:
             for b in batch_sizes:
-                stream = _stream(b, steps, seed, arrival)
+                stream = _stream(b, steps, seed, arrival, damaged)
                 for feed in feeds:
                     res, read = {}, {}
                     for kind in ("default", "divopd"):  # same stream, same machine, one after the other
                         ms, read[kind] = _time(kind, stream, b, feed, steps)
                         res[kind] = (statistics.median(ms), float(np.percentile(ms, 90)))
                         print(f"[verl] B={b} {feed} {kind}: median {res[kind][0]:.1f} ms", file=sys.stderr)
-                    rows.append(Row("verl", b, feed, steps, *res["default"], *res["divopd"],
-                                    default_read=read["default"], divopd_read=read["divopd"]))
+                    rows.append(Row("verl", "damaged" if damaged else "clean", b, feed, steps, *res["default"],
+                                    *res["divopd"], default_read=read["default"], divopd_read=read["divopd"]))
         finally:
             tq.close()
     finally:

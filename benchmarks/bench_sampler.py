@@ -5,9 +5,12 @@ before every timed ``next_batch`` the explorers deliver B fresh turns (``add``),
 the pool, composes B rows and keeps the rest pending. Learner and generating versions stay equal, so nothing
 expires and the pool stays full (the stale scan still runs over every pending turn).
 
-Where the per-turn work happens matters: ``add()`` computes each turn's derived fields (valid mask, ``n_valid``, focus
-score) and its gate verdict once, so ``next_batch`` only reads cached values. The intake table reports that per-turn
-cost (``add()`` of freshly built turns) next to the cost of building a ``Turn`` itself.
+Where the per-turn work happens matters: ``add()`` reads each turn once into its ``Candidate`` (derived fields, focus
+score, gate verdict) and a row of the numpy columns, so ``next_batch`` works on the columns only. The intake table
+reports that per-turn cost (``add()`` of freshly built turns) next to the cost of building a ``Turn`` itself.
+
+Each cell also times the previous sampler (list composers and per-rule selectors, kept as the test oracle in
+``tests/sampler_oracle``) on the same turns in the same run, in brackets.
 
 Turns: rollouts of 1–30 turns, response lengths 16–256 tokens, 5% invalid (no scored token / truncated prompt).
 
@@ -20,7 +23,10 @@ import argparse
 import gc
 import math
 import statistics
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from rich.console import Console
@@ -28,6 +34,17 @@ from rich.table import Table
 
 from divopd import Turn
 from divopd.sampling import SamplerConfig, make_sampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import sampler_oracle.rows  # noqa: E402, F401 — fills the previous sampler's method table
+from sampler_oracle.sampler import SamplerConfig as OldConfig  # noqa: E402
+from sampler_oracle.sampler import make_sampler as old_sampler  # noqa: E402
+
+#: name -> builds a sampler from (method, batch_size, pool_factor): the current one and the previous one
+SAMPLERS: dict[str, Callable] = {
+    "new": lambda m, b, c: make_sampler(SamplerConfig(m, b, pool_factor=c, cap=4, max_staleness=2)),
+    "old": lambda m, b, c: old_sampler(OldConfig(m, b, pool_factor=c, cap=4, max_staleness=2)),
+}
 
 METHODS = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "divopd-focus", "top-b")
 
@@ -75,13 +92,13 @@ class TurnFactory:
 
 
 def time_next_batch(method: str, batch_size: int, pool_factor: float, calls: int, factory: TurnFactory,
-                    base: list[Turn]) -> tuple[list[float], list[float]]:
+                    base: list[Turn], which: str = "new") -> tuple[list[float], list[float]]:
     """CPU and wall seconds of each steady-state ``next_batch``, sorted; ``base`` fills the pool first (untimed).
 
     CPU time (``time.process_time``) is the headline: on a shared machine, wall time also counts the time other
     processes hold the core.
     """
-    sampler = make_sampler(SamplerConfig(method, batch_size, pool_factor=pool_factor, cap=4, max_staleness=2))
+    sampler = SAMPLERS[which](method, batch_size, pool_factor)
     sampler.add(base)
     sampler.next_batch(0)  # the pool is now full: pending + queued
     # a few more than B per call, so that the ~5% invalid arrivals do not slowly drain the pool
@@ -100,15 +117,18 @@ def time_next_batch(method: str, batch_size: int, pool_factor: float, calls: int
     return sorted(cpu), sorted(wall)
 
 
-def time_intake(factory: TurnFactory, n: int) -> tuple[float, float]:
-    """CPU seconds per turn to build a ``Turn`` and to ``add()`` it (derived fields + gate verdict computed there)."""
+def time_intake(factory: TurnFactory, n: int) -> tuple[float, dict[str, float]]:
+    """CPU seconds per turn to build a ``Turn`` and to ``add()`` it (derived fields + gate verdict computed there),
+    for each sampler (fresh turns each: a turn caches its derived fields)."""
     t0 = time.process_time()
-    turns = factory.make(n)
+    factory.make(n)
     build = (time.process_time() - t0) / n
-    sampler = make_sampler(SamplerConfig("divopd", 256))
-    t0 = time.process_time()
-    sampler.add(turns)
-    add = (time.process_time() - t0) / n
+    add = {}
+    for which, make in SAMPLERS.items():
+        turns, sampler = factory.make(n), make("divopd", 256, 4)
+        t0 = time.process_time()
+        sampler.add(turns)
+        add[which] = (time.process_time() - t0) / n
     return build, add
 
 
@@ -117,20 +137,22 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="pools 1024 and 4096 only, fewer calls")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
+    parser.add_argument("--pools", type=int, nargs="*", help="pool sizes c·B (default 1024 ... 100,000)")
     args = parser.parse_args()
     batch_size = args.batch_size
     pools = [4 * batch_size, 16 * batch_size] if args.quick else [1024, 4096, 16384, 65536, 100_000]
+    pools = args.pools or pools
     console = Console(width=160)
     factory = TurnFactory()
 
     build, add = time_intake(factory, 2000 if args.quick else 20000)
     intake = Table(title="Per-turn intake cost (CPU µs per turn)")
     intake.add_column("build Turn")
-    intake.add_column("add(): derived fields + gate verdict + queue")
-    intake.add_row(f"{build * 1e6:.1f}", f"{add * 1e6:.1f}")
+    intake.add_column("add(): candidate + columns (previous sampler)")
+    intake.add_row(f"{build * 1e6:.1f}", f"{add['new'] * 1e6:.1f} ({add['old'] * 1e6:.1f})")
     console.print(intake)
 
-    table = Table(title=f"Median CPU ms per next_batch (wall ms in brackets), B={batch_size}, steady state")
+    table = Table(title=f"Median CPU ms per next_batch (previous sampler in brackets), B={batch_size}, steady state")
     table.add_column("pool (c·B)", justify="right")
     table.add_column("c", justify="right")
     for m in args.methods:
@@ -143,9 +165,10 @@ def main() -> int:
         base = factory.make(pool)
         row = [f"{pool:,}", f"{pool_factor:g}"]
         for m in args.methods:
-            cpu, wall = time_next_batch(m, batch_size, pool_factor, calls, factory, base)
+            cpu, _ = time_next_batch(m, batch_size, pool_factor, calls, factory, base)
+            old, _ = time_next_batch(m, batch_size, pool_factor, calls, factory, base, "old")
             results[(m, pool)] = statistics.median(cpu)
-            row.append(f"{statistics.median(cpu) * 1e3:.2f} ({statistics.median(wall) * 1e3:.2f})")
+            row.append(f"{statistics.median(cpu) * 1e3:.2f} ({statistics.median(old) * 1e3:.2f})")
             if pool == pools[0]:
                 spread[m] = [cpu[0], statistics.median(cpu), cpu[int(0.9 * (len(cpu) - 1))]]
         table.add_row(*row)

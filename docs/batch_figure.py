@@ -62,7 +62,7 @@ def draw(batches: dict[str, Batch], out: Path) -> None:
                                            ("DivOPD (rollout-first, cap k = 4, focus)", "divopd")), strict=True):
         batch = batches[method]
         colors: dict[str, int] = {}
-        for i, turn in enumerate(batch.turns):
+        for i, turn in enumerate(batch.payloads):
             c = colors.setdefault(turn.rollout_id, len(colors))
             ax.add_patch(plt.Rectangle((i % cols, -(i // cols)), 0.92, 0.92, color=cmap(c % 20)))
         ax.set_xlim(-0.2, cols)

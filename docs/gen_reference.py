@@ -213,7 +213,7 @@ def config_page() -> str:
 
 
 def method_rows_section() -> str:
-    """The method rows, in display order, from their records (``divopd.sampling.rows``)."""
+    """The method rows, in display order, from their records (``divopd.sampling.method_rows``)."""
     from divopd.sampling import ROWS
     from divopd.train.packaged import setting_names
 
@@ -224,10 +224,10 @@ def method_rows_section() -> str:
         rows.append((f"`{row.name}`", f"`{row.rule}`", switches or "–", ", ".join(sorted(row.tags)) or "–",
                      row.description.replace("|", "\\|")))
     return ("\n## Method rows\n\n"
-            "A run's `method` names one of these records (`divopd.sampling.rows`): the sampler rule it reads batches "
-            "with, the explorer and learner features it switches on over the setting file's keys (which hold their "
-            "settings: +R's patience, TCOD's eta, TurnOPD's rho) and checks, and the lists it belongs to. Packaged "
-            f"settings: {', '.join(f'`{s}`' for s in setting_names())}.\n\n"
+            "A run's `method` names one of these records (`divopd.sampling.method_rows`): the sampler rule it reads "
+            "batches with, the explorer and learner features it switches on over the setting file's keys (which hold "
+            "their settings: +R's patience, TCOD's eta, TurnOPD's rho) and checks, and the lists it belongs to. "
+            f"Packaged settings: {', '.join(f'`{s}`' for s in setting_names())}.\n\n"
             + _table(("method", "sampler rule", "switches on", "tags", "what"), rows))
 
 

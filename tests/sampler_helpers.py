@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from divopd import Turn
+from divopd.sampling import allocate_rollout_first
 
 #: Single-defect kinds understood by :func:`turn` (``None`` = a valid turn), mapped to the gate code they must get.
 DEFECTS: dict[str, str] = {
@@ -67,3 +70,18 @@ def turn(
 def keys(turns: list[Turn]) -> list[tuple[str, int]]:
     """``(rollout_id, turn_index)`` of each turn, in order."""
     return [t.key for t in turns]
+
+
+def focus_key(t: Turn) -> tuple[float, str, int]:
+    """The paper's focus order as a sort key: disagreement descending, ties by ``(rollout_id, turn_index)``."""
+    return (-t.disagreement, t.rollout_id, t.turn_index)
+
+
+def slots(groups: list, batch_size: int, cap: int | None, tokens: bool = False) -> list[int]:
+    """Per group (visiting order), how many turns :func:`allocate_rollout_first` gives it; ``groups`` are group sizes
+    (turn cap) or, with ``tokens``, each group's response lengths in within-rollout order (token cap)."""
+    lens = groups if tokens else [[1] * n for n in groups]
+    group = np.repeat(np.arange(len(lens)), [len(g) for g in lens]).astype(np.int64)
+    flat = np.array([n for g in lens for n in g], dtype=np.int64)
+    chosen = allocate_rollout_first(group, batch_size, cap, flat if tokens else None)
+    return np.bincount(group[chosen], minlength=len(lens)).tolist()

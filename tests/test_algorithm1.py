@@ -16,7 +16,8 @@ import pytest
 
 from divopd import Turn, gate
 from divopd.sampling import SamplerConfig, make_sampler
-from divopd.sampling.rules import focus_key, pool_capacity
+from divopd.sampling.rules import pool_capacity
+from sampler_helpers import focus_key
 
 B, C, K, DELTA, W = 6, 2, 2, 6, 2
 
@@ -127,14 +128,14 @@ def test_the_sampler_is_algorithm_1(method: str, within: str, seed: int) -> None
             assert batch is None, q
         else:
             composed += 1
-            got = [t.key for t in batch.turns]
+            got = [t.key for t in batch.payloads]
             assert Counter(k[0] for k in got) == Counter(k[0] for k in want["keys"]), (q, got, want["keys"])
             if within == "focus":
                 assert got == want["keys"], q
         for reason in ("stale", "pending_age"):
-            assert after["expired_by_reason"][reason] - before["expired_by_reason"][reason] == \
+            assert after.expired_by_reason[reason] - before.expired_by_reason[reason] == \
                 want["expired"][reason], (q, reason)
-        assert after["invalid"] - before["invalid"] == want["invalid"], q
+        assert after.invalid - before.invalid == want["invalid"], q
     assert composed >= 4  # the stream exercises real compositions
 
 
@@ -157,8 +158,8 @@ def test_invalid_turns_use_up_the_read() -> None:
     sampler = make_sampler(SamplerConfig("divopd", batch_size=2, pool_factor=2, cap=1))
     sampler.add(bad + good)
     batch = sampler.next_batch(0)
-    assert [t.rollout_id for t in batch.turns] == ["g0", "g1"]
-    assert sampler.ledger["invalid"] == 2 and sampler.ledger["pending"] == 0 and sampler.ledger["queued"] == 2
+    assert [t.rollout_id for t in batch.payloads] == ["g0", "g1"]
+    assert sampler.ledger.invalid == 2 and sampler.ledger.pending == 0 and sampler.ledger.queued == 2
 
 
 def test_groups_are_visited_by_first_seen_update_then_rollout_id() -> None:
@@ -171,11 +172,11 @@ def test_groups_are_visited_by_first_seen_update_then_rollout_id() -> None:
         sampler = make_sampler(SamplerConfig("divopd", batch_size=1, pool_factor=3, cap=1, group_order=order,
                                              max_staleness=10))
         sampler.add([turn("z", 0, 1.0), turn("z", 1, 0.5)])
-        assert sampler.next_batch(0).turns[0].key == ("z", 0)
+        assert sampler.next_batch(0).payloads[0].key == ("z", 0)
         sampler.add([turn("b", 0, 9.0), turn("a", 0, 9.0)])
-        assert sampler.next_batch(1).turns[0].key == ("z", 1)  # z's group is the oldest either way
+        assert sampler.next_batch(1).payloads[0].key == ("z", 1)  # z's group is the oldest either way
         batch = sampler.next_batch(2)
-        assert batch.turns[0].rollout_id == ("a" if order == "first-seen" else "b")  # same first-seen: by id
+        assert batch.payloads[0].rollout_id == ("a" if order == "first-seen" else "b")  # same first-seen: by id
 
 
 def test_first_seen_stamps_and_ages_survive_state_dict() -> None:
@@ -188,7 +189,7 @@ def test_first_seen_stamps_and_ages_survive_state_dict() -> None:
         ba, bb = a.next_batch(q), b.next_batch(q)
         assert (ba is None) == (bb is None)
         if ba is not None:
-            assert [t.key for t in ba.turns] == [t.key for t in bb.turns]
+            assert [t.key for t in ba.payloads] == [t.key for t in bb.payloads]
         if q == 10:  # b restarts from a state_dict through JSON
             import json
 

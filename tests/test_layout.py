@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from divopd.sampling import METHODS, ROWS, method_names, method_row
-from divopd.sampling.methods import register_method
+from divopd.sampling import METHODS, ROWS, method_names, method_row, register_method
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src" / "divopd"
@@ -48,10 +47,10 @@ INTEGRATIONS_MAY_IMPORT = ("divopd.sampling", "divopd.experience", "divopd.error
 #: The public API: these names stay exported (``__all__``) from these modules.
 PUBLIC_API = {
     "divopd": ["Rollout", "Turn", "VLLMGenerator", "gate", "__version__"],
-    "divopd.sampling": ["METHODS", "ROWS", "Batch", "Method", "MethodRow", "Sampler", "SamplerConfig",
-                        "allocate_rollout_first", "allocate_rollout_first_tokens", "batch_stats",
-                        "effective_rollouts", "focus_order", "get_method", "is_stale", "make_sampler", "method_names",
-                        "method_row", "register_method", "uniform_order"],
+    "divopd.sampling": ["METHODS", "ROWS", "Batch", "Candidate", "Columns", "Ledger", "Method", "MethodRow", "Rule",
+                        "Sampler", "SamplerConfig", "allocate_rollout_first", "batch_stats", "effective_rollouts",
+                        "focus_order", "get_method", "is_stale", "make_sampler", "method_names", "method_row",
+                        "register_method", "uniform_order", "visiting_order"],
     "divopd.sampling.gate": ["REASONS", "check"],
     "divopd.learn.loss": ["REDUCTIONS", "clipped_surrogate", "effective_mask", "opd_loss", "reduce_tokens",
                           "stopped_advantage", "topk_reverse_kl", "topk_reverse_kl_loss"],
@@ -438,11 +437,11 @@ def test_rows_cover_every_sampler_rule_and_keep_the_old_lists() -> None:
 
 
 def test_a_registered_method_gets_a_row_after_the_built_in_ones() -> None:
-    from divopd.sampling.methods import compose_oldest
+    from divopd.sampling.rules import select_oldest
 
     name = "test-layout-rule"
     try:
-        register_method(name, compose_oldest, "a test rule")
+        register_method(name, select_oldest, "a test rule")
         assert method_names()[-1] == name and ROWS[name].rule == name and not ROWS[name].tags
         from divopd.analysis.report import _method_key
 

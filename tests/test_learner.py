@@ -182,7 +182,7 @@ def test_kill_and_resume_reproduces_the_next_update_bit_for_bit(tok, teacher, tm
         out = []
         for _ in range(steps):
             batch = sampler.next_batch(learner.version)
-            out.append((learner.step(batch), [t.key for t in batch.turns]))
+            out.append((learner.step(batch), [t.key for t in batch.payloads]))
         return out
 
     learner = Learner(student(tok), LearnerConfig(lr=1e-3, weight_decay=0.01), tok)

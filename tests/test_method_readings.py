@@ -19,8 +19,8 @@ from divopd.learn.turnopd import (
     turn_balance_alpha,
     turn_balance_weights,
 )
-from divopd.sampling import METHODS, SamplerConfig, make_sampler
-from divopd.sampling.focus import compose_divopd_focus, task_balance_weights, task_key
+from divopd.sampling import METHODS, Candidate, Columns, SamplerConfig, make_sampler
+from divopd.sampling.earlier_composer import compose_divopd_focus, task_balance_weights
 from sampler_helpers import keys, turn
 from test_learner import make_turns, params_equal, student
 from test_learner import teacher as teacher  # noqa: F401, PLC0414 — module fixtures
@@ -36,8 +36,12 @@ def tturn(rid: str, t: int, task: str | None, score: float = 0.0, n: int = 2, **
     return x
 
 
-def entries(turns):
-    return list(enumerate(turns))
+def pool_of(turns):
+    return Columns.of([Candidate.of(t) for t in turns], turns)
+
+
+def focus_batch(turns, batch_size: int, seed: int):
+    return [turns[i] for i in compose_divopd_focus(pool_of(turns), batch_size, None, np.random.default_rng(seed))]
 
 
 # ---------------------------------------------------------------------------------------------------- top-b
@@ -47,14 +51,14 @@ def test_top_b_is_its_own_gated_row_with_the_global_ranking() -> None:
     s.add([turn("a", 0, score=1), turn("a", 1, score=5), turn("a", 2, score=4), turn("b", 0, score=2),
            turn("c", 0, score=9, defect="missing_teacher")])
     batch = s.next_batch(0)
-    assert keys(batch.turns) == [("a", 1), ("a", 2), ("b", 0)]  # no per-rollout limit: rollout a gives two turns
-    assert s.ledger["invalid"] == 1 and batch.row_weights is None
+    assert keys(batch.payloads) == [("a", 1), ("a", 2), ("b", 0)]  # no per-rollout limit: rollout a gives two turns
+    assert s.ledger.invalid == 1 and batch.row_weights is None
 
 
 # ---------------------------------------------------------------------------------------------------- divopd-focus
 def test_task_groups_fall_back_to_the_rollout_id() -> None:
-    assert task_key(tturn("r1", 0, "pick-apple")) == "task:pick-apple"
-    assert task_key(tturn("r1", 0, None)) == "rollout:r1"
+    assert Candidate.of(tturn("r1", 0, "pick-apple")).task == "task:pick-apple"
+    assert Candidate.of(tturn("r1", 0, None)).task == "rollout:r1"
 
 
 def test_first_pass_caps_a_task_at_three_turns_then_relaxes() -> None:
@@ -63,8 +67,7 @@ def test_first_pass_caps_a_task_at_three_turns_then_relaxes() -> None:
     pool = [tturn(f"{task}{i % 2}", i, task, score=10 - i) for task in ("X", "Y", "Z") for i in range(6)]
     rng_seed = 7
     visit = [["task:X", "task:Y", "task:Z"][j] for j in np.random.default_rng(rng_seed).permutation(3)]
-    out = compose_divopd_focus(entries(pool), 16, None, np.random.default_rng(rng_seed))
-    got = [(t.info["task"], t.turn_index) for _, t in out]
+    got = [(t.info["task"], t.turn_index) for t in focus_batch(pool, 16, rng_seed)]
     first = [(g[5:], i) for g in visit for i in range(3)]
     relax = [(g[5:], 3) for g in visit]
     fill = [(visit[0][5:], 4), (visit[0][5:], 5), (visit[1][5:], 4), (visit[1][5:], 5)]
@@ -77,8 +80,7 @@ def test_token_share_stops_a_task_on_the_first_and_relaxing_passes() -> None:
     pool = [tturn("p", 0, "P", score=9, n=6), tturn("p", 1, "P", score=5, n=1), tturn("p", 2, "P", score=4, n=1),
             tturn("q", 0, "Q", score=1, n=1), tturn("q", 1, "Q", score=0, n=1)]
     for seed in range(4):  # the same batch whatever the group order
-        out = compose_divopd_focus(entries(pool), 4, None, np.random.default_rng(seed))
-        assert [t.key for _, t in out] == [("q", 0), ("q", 1), ("p", 0), ("p", 1)]
+        assert [t.key for t in focus_batch(pool, 4, seed)] == [("q", 0), ("q", 1), ("p", 0), ("p", 1)]
 
 
 def test_no_gate_invalid_turns_are_candidates_selected_and_dead_rows() -> None:
@@ -86,12 +88,12 @@ def test_no_gate_invalid_turns_are_candidates_selected_and_dead_rows() -> None:
     s.add([tturn("a", 0, "A", score=1), tturn("a", 1, "A", score=0, defect="no_valid_token"),
            tturn("b", 0, "B", score=3)])
     batch = s.next_batch(0)
-    assert batch is not None and sorted(keys(batch.turns)) == [("a", 0), ("a", 1), ("b", 0)]
+    assert batch is not None and sorted(keys(batch.payloads)) == [("a", 0), ("a", 1), ("b", 0)]
     ledger = s.ledger
-    assert (ledger["selected"], ledger["invalid"], ledger["pending"]) == (3, 0, 0)
+    assert (ledger.selected, ledger.invalid, ledger.pending) == (3, 0, 0)
     assert batch.stats["dead_rows"] == 1 and batch.stats["invalid"] == 0
     # rows of task A weigh 3 / (2 · 2), the single row of B 3 / (2 · 1): each task weighs B / G = 1.5
-    weights = dict(zip(keys(batch.turns), batch.row_weights, strict=True))
+    weights = dict(zip(keys(batch.payloads), batch.row_weights, strict=True))
     assert weights == {("a", 0): 0.75, ("a", 1): 0.75, ("b", 0): 1.5}
 
 
@@ -101,7 +103,7 @@ def test_group_order_is_one_seeded_permutation_per_composition() -> None:
         out = []
         for _ in range(3):
             s.add([tturn(f"{c}{len(out)}", 0, c, n=8) for c in "ABCDEFGH"[:2]])
-            out.append([t.info["task"] for t in s.next_batch(0).turns])
+            out.append([t.info["task"] for t in s.next_batch(0).payloads])
         return out
 
     assert first_batch_tasks(3) == first_batch_tasks(3)
@@ -114,9 +116,9 @@ def test_group_order_is_one_seeded_permutation_per_composition() -> None:
 
 def test_task_balance_weights_make_tasks_equal_and_average_one() -> None:
     rows = [tturn("a", 0, "T1"), tturn("a", 1, "T1"), tturn("b", 0, "T1"), tturn("c", 0, "T2")]
-    w = task_balance_weights(rows)
+    w = task_balance_weights(pool_of(rows))
     assert w == [4 / 6, 4 / 6, 4 / 6, 2.0] and math.isclose(sum(w), 4)
-    assert task_balance_weights([tturn("a", 0, None), tturn("b", 0, None)]) == [1.0, 1.0]
+    assert task_balance_weights(pool_of([tturn("a", 0, None), tturn("b", 0, None)])) == [1.0, 1.0]
 
 
 def test_only_divopd_focus_skips_the_gate_or_weights_rows() -> None:
@@ -180,7 +182,7 @@ def test_learner_unit_weight_batches_update_exactly_as_plain_turn_lists(tok, tea
         assert batch.row_weights is None
         a = Learner(student(tok), LearnerConfig(lr=1e-2), tok)
         b = Learner(student(tok), LearnerConfig(lr=1e-2), tok)
-        ma, mb = a.step(batch), b.step(list(batch.turns))
+        ma, mb = a.step(batch), b.step(list(batch.payloads))
         assert ma["learner/loss"] == mb["learner/loss"] and params_equal(a.model, b.model)
         assert "learner/row_weight_max" not in ma and "learner/turn_balance_alpha" not in ma
 
@@ -190,7 +192,7 @@ def test_learner_applies_batch_row_weights(tok, teacher) -> None:  # noqa: F811
 
     class Weighted:
         def __init__(self, turns, w):
-            self.turns, self.row_weights = turns, w
+            self.payloads, self.row_weights = turns, w
 
     a = Learner(student(tok), LearnerConfig(lr=1e-2), tok)
     plain = a.step(turns)["learner/loss"]  # unweighted per-row mean (the loss before the update)

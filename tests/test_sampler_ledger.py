@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 
+import numpy as np
 import pytest
 
+from divopd.errors import UsageError
 from divopd.sampling import (
     METHODS,
+    Candidate,
+    Ledger,
     SamplerConfig,
     batch_stats,
     effective_rollouts,
@@ -20,17 +25,17 @@ from sampler_helpers import keys, turn
 LEDGER_KEYS = {"received", "selected", "expired", "invalid", "pending", "queued", "invalid_by_reason"}
 
 
-def identity_holds(ledger: dict) -> bool:
-    parts = ledger["selected"] + ledger["expired"] + ledger["invalid"] + ledger["pending"] + ledger["queued"]
-    return ledger["received"] == parts
+def identity_holds(ledger: Ledger) -> bool:
+    parts = ledger.selected + ledger.expired + ledger.invalid + ledger.pending + ledger.queued
+    return ledger.received == parts
 
 
 # ---------------------------------------------------------------------------------------------------- ledger
 def test_ledger_has_the_issue_s_keys_and_starts_at_zero() -> None:
     ledger = make_sampler(SamplerConfig("divopd", 4)).ledger
-    assert LEDGER_KEYS <= set(ledger)
-    assert all(ledger[k] == 0 for k in LEDGER_KEYS - {"invalid_by_reason"})
-    assert all(v == 0 for v in ledger["invalid_by_reason"].values())
+    assert LEDGER_KEYS <= set(asdict(ledger))
+    assert all(getattr(ledger, k) == 0 for k in LEDGER_KEYS - {"invalid_by_reason"})
+    assert all(v == 0 for v in ledger.invalid_by_reason.values())
 
 
 def test_max_pending_overflow_drops_the_oldest_pending_turns_as_expired() -> None:
@@ -41,8 +46,8 @@ def test_max_pending_overflow_drops_the_oldest_pending_turns_as_expired() -> Non
     # 6 unselected valid turns, 3 allowed: arrivals 2, 3, 4 expire; 5, 6, 7 stay pending
     assert batch.stats["expired"] == 3 and batch.stats["pending"] == 3
     ledger = s.ledger
-    assert (ledger["selected"], ledger["expired"], ledger["pending"]) == (2, 3, 3)
-    assert ledger["expired_by_reason"] == {"stale": 0, "pending_age": 0, "pending_overflow": 3}
+    assert (ledger.selected, ledger.expired, ledger.pending) == (2, 3, 3)
+    assert ledger.expired_by_reason == {"stale": 0, "pending_age": 0, "pending_overflow": 3}
     assert s.next_batch(0).arrivals == [5, 6]
     assert identity_holds(s.ledger)
 
@@ -51,7 +56,7 @@ def test_max_pending_zero_keeps_nothing_between_compositions() -> None:
     s = make_sampler(SamplerConfig("divopd", 2, pool_factor=2, max_pending=0))
     s.add([turn("a", i) for i in range(5)])
     s.next_batch(0)
-    assert s.ledger["pending"] == 0 and s.ledger["expired"] == 2 and s.ledger["queued"] == 1
+    assert s.ledger.pending == 0 and s.ledger.expired == 2 and s.ledger.queued == 1
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -61,28 +66,28 @@ def test_none_selects_nothing(method: str) -> None:
     if method == "vanilla":  # the reader takes invalid turns as rows: 4 queued turns make a batch
         s.add(turn("d", 0))
         assert s.next_batch(0) is not None
-        assert s.next_batch(0) is None and s.ledger["queued"] == 1 and s.ledger["selected"] == 4
+        assert s.next_batch(0) is None and s.ledger.queued == 1 and s.ledger.selected == 4
         return
     if not METHODS[method].gated:  # divopd-focus: no gate, the invalid turn is a candidate and is selected
         batch = s.next_batch(0)
-        assert batch is not None and ("b", 0) in keys(batch.turns)
-        assert (s.ledger["selected"], s.ledger["invalid"], s.ledger["pending"]) == (4, 0, 0)
+        assert batch is not None and ("b", 0) in keys(batch.payloads)
+        assert (s.ledger.selected, s.ledger.invalid, s.ledger.pending) == (4, 0, 0)
         return
     assert s.next_batch(0) is None
     ledger = s.ledger
     # nothing selected; the gate has read the queue: 3 valid turns wait as pending, 1 was rejected with its reason
-    assert (ledger["selected"], ledger["pending"], ledger["invalid"], ledger["queued"]) == (0, 3, 1, 0)
-    assert ledger["invalid_by_reason"]["missing_teacher"] == 1
+    assert (ledger.selected, ledger.pending, ledger.invalid, ledger.queued) == (0, 3, 1, 0)
+    assert ledger.invalid_by_reason["missing_teacher"] == 1
     s.add(turn("e", 0))
     batch = s.next_batch(0)
-    assert batch is not None and set(keys(batch.turns)) == {("a", 0), ("a", 1), ("c", 0), ("e", 0)}
+    assert batch is not None and set(keys(batch.payloads)) == {("a", 0), ("a", 1), ("c", 0), ("e", 0)}
 
 
 def test_add_is_all_or_nothing_on_a_bad_item() -> None:
     s = make_sampler(SamplerConfig("divopd", 2))
     with pytest.raises(TypeError, match="Turn"):
         s.add([turn("a", 0), {"rollout_id": "b"}])
-    assert s.ledger["received"] == 0 and s.ledger["queued"] == 0
+    assert s.ledger.received == 0 and s.ledger.queued == 0
     assert s.add(turn("a", 0)) == [0]
     assert identity_holds(s.ledger)
 
@@ -110,7 +115,7 @@ def _stats_turns() -> list:
 
 
 def test_batch_stats_by_hand() -> None:
-    stats = batch_stats(_stats_turns(), learner_version=3)
+    stats = batch_stats([Candidate.of(t) for t in _stats_turns()], learner_version=3)
     # tokens: r0 = 2 + 4 = 6, r1 = 2 → shares 0.75, 0.25 → 1 / (0.5625 + 0.0625) = 1.6
     assert stats["rows"] == 3 and stats["distinct_rollouts"] == 2
     assert stats["effective_rollouts"] == pytest.approx(1.6)
@@ -127,7 +132,7 @@ def test_batch_stats_through_a_sampler_add_call_counters() -> None:
     s = make_sampler(SamplerConfig("vanilla", 3, max_staleness=2))
     s.add([turn("old", 0, version=0)] + _stats_turns() + [turn("r2", 0, version=3)])
     batch = s.next_batch(3)
-    assert keys(batch.turns) == [("r0", 0), ("r0", 1), ("r1", 0)]
+    assert keys(batch.payloads) == [("r0", 0), ("r0", 1), ("r1", 0)]
     assert batch.stats["effective_rollouts"] == pytest.approx(1.6)
     assert batch.stats["dead_rows"] == 1 and batch.stats["mean_staleness"] == pytest.approx(1.0)
     counters = (batch.stats["expired"], batch.stats["invalid"], batch.stats["pending"], batch.stats["queued"])
@@ -181,7 +186,7 @@ def test_make_sampler_wants_a_config() -> None:
 
 def test_register_method_plugs_a_new_rule_in_everywhere() -> None:
     def newest(pool, batch_size, config, rng):
-        return sorted(pool, key=lambda e: -e[0])[:batch_size]
+        return np.argsort(-pool.arrival)[:batch_size]
 
     register_method("test-newest", newest, "the B newest candidates")
     try:
@@ -189,7 +194,7 @@ def test_register_method_plugs_a_new_rule_in_everywhere() -> None:
         s = make_sampler(SamplerConfig("test-newest", 2, pool_factor=2))
         s.add([turn("a", i, defect="missing_teacher" if i == 3 else None) for i in range(6)])
         # the c·B = 4 read is a0 a1 a2 a3; a3 is rejected (Algorithm 1, step 2): the pool is a0 a1 a2
-        assert keys(s.next_batch(0).turns) == [("a", 2), ("a", 1)]
+        assert keys(s.next_batch(0).payloads) == [("a", 2), ("a", 1)]
         with pytest.raises(ValueError, match="already registered"):
             register_method("test-newest", newest)
     finally:
@@ -201,9 +206,9 @@ def test_register_method_plugs_a_new_rule_in_everywhere() -> None:
 @pytest.mark.parametrize(
     "compose, match",
     [
-        (lambda pool, b, c, r: pool[: b - 1], "returned 1 rows"),
-        (lambda pool, b, c, r: [pool[0]] * b, "twice"),
-        (lambda pool, b, c, r: [(999, pool[0][1]), pool[1]], "not in the candidate pool"),
+        (lambda pool, b, c, r: np.arange(b - 1), "returned 1 rows"),
+        (lambda pool, b, c, r: np.zeros(b, dtype=int), "twice"),
+        (lambda pool, b, c, r: np.array([999, 1]), "not in the candidate pool"),
     ],
 )
 def test_a_misbehaving_method_is_caught(compose, match: str) -> None:
@@ -235,26 +240,46 @@ def test_state_dict_json_round_trip_continues_identically(method: str) -> None:
         a, b = s.next_batch(version), restored.next_batch(version)
         assert (a is None) == (b is None)
         if a is not None:
-            assert a.arrivals == b.arrivals and keys(a.turns) == keys(b.turns) and a.stats == b.stats
+            assert a.arrivals == b.arrivals and keys(a.payloads) == keys(b.payloads) and a.stats == b.stats
         assert s.ledger == restored.ledger
 
 
-def test_load_state_dict_rejects_another_config_or_version() -> None:
+def test_load_state_dict_rejects_another_config() -> None:
     s = make_sampler(SamplerConfig("divopd", 3))
-    with pytest.raises(ValueError, match="saved with"):
+    with pytest.raises(UsageError, match="saved with"):
         make_sampler(SamplerConfig("divopd", 4)).load_state_dict(s.state_dict())
-    with pytest.raises(ValueError, match="version"):
-        s.load_state_dict({**s.state_dict(), "version": 99})
 
 
-def test_recoding_rollout_ids_changes_no_batch() -> None:
-    config = SamplerConfig("divopd", 3, pool_factor=2, cap=1, seed=1)
-    plain, recoded = make_sampler(config), make_sampler(config)
-    for step in range(6):
-        arrivals = [turn(f"r{(step * 5 + i) % 4}", step * 10 + i, score=(i * 3) % 4) for i in range(5)]
-        plain.add(arrivals)
-        recoded.add(arrivals)
-        recoded._recode()  # what a long run does when it has seen many more rollouts than are waiting
-        a, b = plain.next_batch(0), recoded.next_batch(0)
-        assert a.arrivals == b.arrivals
-    assert plain.ledger == recoded.ledger
+@pytest.mark.parametrize("version", [1, 2, 99, None])
+def test_a_state_of_another_version_is_refused_with_one_line_naming_it(version) -> None:
+    s = make_sampler(SamplerConfig("divopd", 3))
+    s.add([turn("a", 0)])
+    state = {**s.state_dict(), "version": version}
+    with pytest.raises(UsageError) as err:
+        make_sampler(SamplerConfig("divopd", 3)).load_state_dict(state)
+    assert f"sampler state version {version!r}" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_payload_is_selected_departed_or_waiting_exactly_once(method: str) -> None:
+    """A caller holding records beside the sampler (a plug-in) gets each one back exactly once: in a batch, from
+    ``take_departed`` (expired or rejected, as many as the ledger counts) or still in ``waiting_payloads``."""
+    s = make_sampler(SamplerConfig(method, 3, pool_factor=2, cap=1, max_staleness=1, max_pending=2,
+                                   max_pending_age=1), track_departed=True)
+    sent, selected, departed = [], [], []
+    for step in range(8):
+        arrivals = [turn(f"r{(step + i) % 4}", 10 * step + i, version=max(0, step - i % 3), score=i % 3,
+                         defect="missing_teacher" if i == 2 else None) for i in range(5)]
+        s.add(arrivals)
+        sent += [t.key for t in arrivals]
+        batch = s.next_batch(step)
+        selected += [] if batch is None else [t.key for t in batch.payloads]
+        departed += [t.key for t in s.take_departed()]
+    waiting = [t.key for t in s.waiting_payloads()]
+    assert sorted(selected + departed + waiting) == sorted(sent)
+    assert len(departed) == s.ledger.expired + s.ledger.invalid > 0 and len(waiting) == s.waiting
+
+
+def test_take_departed_needs_a_tracking_sampler() -> None:
+    with pytest.raises(RuntimeError, match="track_departed"):
+        make_sampler(SamplerConfig("divopd", 2)).take_departed()

@@ -10,12 +10,11 @@ import pytest
 from divopd.sampling import (
     METHODS,
     SamplerConfig,
-    allocate_rollout_first,
     focus_order,
     is_stale,
     make_sampler,
 )
-from sampler_helpers import keys, turn
+from sampler_helpers import keys, slots, turn
 
 
 def sampler(method: str, batch_size: int, **kw):
@@ -49,20 +48,22 @@ def test_is_stale_is_strictly_beyond_the_window() -> None:
     ],
 )
 def test_allocate_rollout_first_by_hand(sizes, batch_size, cap, expected) -> None:
-    assert allocate_rollout_first(sizes, batch_size, cap) == expected
+    assert slots(sizes, batch_size, cap) == expected
 
 
 def test_allocate_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="cap"):
-        allocate_rollout_first([1], 1, 0)
+        slots([1], 1, 0)
     with pytest.raises(ValueError, match="batch_size"):
-        allocate_rollout_first([1], -1, 1)
+        slots([1], -1, 1)
 
 
 def test_focus_order_is_disagreement_descending_ties_by_rollout_then_turn() -> None:
     turns = [turn("b", 0, score=2), turn("a", 1, score=2), turn("a", 0, score=1), turn("c", 0, score=3),
              turn("b", 1, score=-1), turn("a", 2, score=2)]
-    assert keys(focus_order(turns)) == [("c", 0), ("a", 1), ("a", 2), ("b", 0), ("a", 0), ("b", 1)]
+    order = focus_order(np.array([t.disagreement for t in turns]), np.array([t.rollout_id for t in turns]),
+                        np.array([t.turn_index for t in turns]))
+    assert keys([turns[i] for i in order]) == [("c", 0), ("a", 1), ("a", 2), ("b", 0), ("a", 0), ("b", 1)]
 
 
 # ---------------------------------------------------------------------------------------------------- vanilla
@@ -73,14 +74,14 @@ def test_vanilla_reads_arrival_order_drops_stale_and_does_not_gate() -> None:
     batch = s.next_batch(2)
     assert batch is not None
     # ("x", 0) is stale (2 − 0 > 1); the invalid ("z", 0) is read as a dead row
-    assert keys(batch.turns) == [("y", 0), ("x", 1), ("z", 0)]
+    assert keys(batch.payloads) == [("y", 0), ("x", 1), ("z", 0)]
     assert batch.arrivals == [1, 2, 3]
     assert batch.stats["dead_rows"] == 1 and batch.stats["expired"] == 1 and batch.stats["invalid"] == 0
     ledger = s.ledger
-    assert (ledger["received"], ledger["selected"], ledger["expired"], ledger["invalid"]) == (5, 3, 1, 0)
-    assert (ledger["pending"], ledger["queued"]) == (0, 1)
+    assert (ledger.received, ledger.selected, ledger.expired, ledger.invalid) == (5, 3, 1, 0)
+    assert (ledger.pending, ledger.queued) == (0, 1)
     assert s.next_batch(2) is None
-    assert s.ledger["queued"] == 1
+    assert s.ledger.queued == 1
 
 
 # ---------------------------------------------------------------------------------------------------- vanilla-pool
@@ -89,15 +90,15 @@ def test_vanilla_pool_gates_then_takes_the_oldest_valid_turns() -> None:
     s.add([turn("r1", 0, defect="prompt_truncated"), turn("r1", 1), turn("r0", 0), turn("r2", 0), turn("r1", 2),
            turn("r3", 0), turn("r3", 1)])
     b1 = s.next_batch(0)
-    assert keys(b1.turns) == [("r1", 1), ("r0", 0)] and b1.arrivals == [1, 2]
+    assert keys(b1.payloads) == [("r1", 1), ("r0", 0)] and b1.arrivals == [1, 2]
     # Algorithm 1, step 2: the invalid turn uses up one of the c·B = 4 reads, so 3 valid candidates, 1 left pending
     assert b1.stats["invalid"] == 1 and b1.stats["candidates"] == 3 and b1.stats["pending"] == 1
     assert b1.stats["candidate_rollouts"] == 3  # r1, r0, r2 (the invalid r1 turn is not a candidate)
-    assert s.ledger["invalid_by_reason"]["prompt_truncated"] == 1
+    assert s.ledger.invalid_by_reason["prompt_truncated"] == 1
     b2 = s.next_batch(0)
-    assert keys(b2.turns) == [("r2", 0), ("r1", 2)]  # pending first: the oldest
+    assert keys(b2.payloads) == [("r2", 0), ("r1", 2)]  # pending first: the oldest
     b3 = s.next_batch(0)
-    assert keys(b3.turns) == [("r3", 0), ("r3", 1)]
+    assert keys(b3.payloads) == [("r3", 0), ("r3", 1)]
     assert s.next_batch(0) is None
 
 
@@ -113,7 +114,7 @@ def test_nocap_takes_whole_rollouts_oldest_first(seed: int) -> None:
     s = sampler("nocap", 4, pool_factor=2, seed=seed)
     s.add(_three_rollouts())
     batch = s.next_batch(0)
-    ks = keys(batch.turns)
+    ks = keys(batch.payloads)
     assert sorted(ks[:3]) == [("A", 0), ("A", 1), ("A", 2)]  # rollout A whole, first
     assert ks[3] in {("B", 0), ("B", 1)}  # then one (uniformly drawn) turn of B
     assert batch.stats["distinct_rollouts"] == 2
@@ -124,7 +125,7 @@ def test_nocap_within_rollout_order_is_uniform_over_seeds() -> None:
     for seed in range(60):
         s = sampler("nocap", 4, pool_factor=2, seed=seed)
         s.add(_three_rollouts())
-        firsts[keys(s.next_batch(0).turns)[3]] += 1
+        firsts[keys(s.next_batch(0).payloads)[3]] += 1
     assert set(firsts) == {("B", 0), ("B", 1)}  # both turns of B get drawn
 
 
@@ -145,9 +146,9 @@ def test_divopd_cap_passes_and_focus_by_hand() -> None:
     batch = s.next_batch(0)
     # allocation [3, 1, 2]; z by focus: t1 (5), t3 (5, tie → lower turn index after), t2 (3); m: t3 (9), t1 (4)
     # composition order: pass 0 → z rank 0,1, a rank 0, m rank 0,1; pass 1 → z rank 2
-    assert keys(batch.turns) == [("z", 1), ("z", 3), ("a", 0), ("m", 3), ("m", 1), ("z", 2)]
+    assert keys(batch.payloads) == [("z", 1), ("z", 3), ("a", 0), ("m", 3), ("m", 1), ("z", 2)]
     assert batch.stats["distinct_rollouts"] == 3
-    assert s.ledger["pending"] == 4
+    assert s.ledger.pending == 4
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -155,10 +156,10 @@ def test_divopd_base_same_allocation_uniform_turns(seed: int) -> None:
     s = sampler("divopd-base", 6, cap=2, pool_factor=2, seed=seed)
     s.add(_sizes_5_1_4())
     batch = s.next_batch(0)
-    rids = [t.rollout_id for t in batch.turns]
+    rids = [t.rollout_id for t in batch.payloads]
     assert Counter(rids) == {"z": 3, "a": 1, "m": 2}
     assert rids == ["z", "z", "a", "m", "m", "z"]  # same pass/visit layout as divopd
-    assert len(set(keys(batch.turns))) == 6
+    assert len(set(keys(batch.payloads))) == 6
 
 
 def test_divopd_base_draws_differ_between_seeds() -> None:
@@ -166,14 +167,14 @@ def test_divopd_base_draws_differ_between_seeds() -> None:
     for seed in range(20):
         s = sampler("divopd-base", 6, cap=2, pool_factor=2, seed=seed)
         s.add(_sizes_5_1_4())
-        picks.add(tuple(keys(s.next_batch(0).turns)))
+        picks.add(tuple(keys(s.next_batch(0).payloads)))
     assert len(picks) > 1
 
 
 def test_nocap_on_the_same_pool_fills_from_the_oldest_rollout() -> None:
     s = sampler("nocap", 6, cap=2, pool_factor=2)
     s.add(_sizes_5_1_4())
-    rids = [t.rollout_id for t in s.next_batch(0).turns]
+    rids = [t.rollout_id for t in s.next_batch(0).payloads]
     assert Counter(rids) == {"z": 5, "a": 1}
 
 
@@ -182,9 +183,9 @@ def test_pending_turns_of_a_rollout_keep_their_place_in_the_visiting_order() -> 
     s = sampler("divopd", 2, cap=1, pool_factor=3)
     s.add([turn("z", 0, score=1), turn("z", 1, score=2), turn("y", 0), turn("z", 2, score=3), turn("x", 0),
            turn("w", 0)])
-    assert keys(s.next_batch(0).turns) == [("z", 2), ("y", 0)]
+    assert keys(s.next_batch(0).payloads) == [("z", 2), ("y", 0)]
     # pool: z0 z1 x0 w0 (pending, oldest first): z still waits longest, then x, then w
-    assert keys(s.next_batch(0).turns) == [("z", 1), ("x", 0)]
+    assert keys(s.next_batch(0).payloads) == [("z", 1), ("x", 0)]
 
 
 # ---------------------------------------------------------------------------------------------------- top-b
@@ -193,8 +194,8 @@ def test_top_b_ranks_all_candidates_globally() -> None:
     s.add([turn("b", 0, score=2), turn("a", 1, score=2), turn("a", 0, score=1), turn("c", 0, score=3),
            turn("b", 1, score=-1), turn("d", 0, score=8, defect="no_valid_token")])
     batch = s.next_batch(0)
-    assert keys(batch.turns) == [("c", 0), ("a", 1), ("b", 0)]
-    assert s.ledger["invalid_by_reason"]["no_valid_token"] == 1
+    assert keys(batch.payloads) == [("c", 0), ("a", 1), ("b", 0)]
+    assert s.ledger.invalid_by_reason["no_valid_token"] == 1
 
 
 # ---------------------------------------------------------------------------------------------------- across methods
@@ -207,10 +208,10 @@ def test_every_method_expires_stale_pending_and_queued_turns(method: str) -> Non
     s.add([turn("c", 0, version=2), turn("c", 1, version=2)])
     second = s.next_batch(2)  # every version-0 turn is now stale, wherever it waits
     assert second is not None
-    assert all(2 - t.policy_version <= 1 for t in second.turns)
+    assert all(2 - t.policy_version <= 1 for t in second.payloads)
     ledger = s.ledger
-    assert ledger["selected"] + ledger["expired"] + ledger["pending"] + ledger["queued"] == 6
-    assert ledger["expired"] >= 1 and ledger["expired_by_reason"]["stale"] == ledger["expired"]
+    assert ledger.selected + ledger.expired + ledger.pending + ledger.queued == 6
+    assert ledger.expired >= 1 and ledger.expired_by_reason["stale"] == ledger.expired
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -222,4 +223,4 @@ def test_every_method_returns_exactly_batch_size_rows(method: str) -> None:
         batch = s.next_batch(0)
         assert batch is not None and len(batch) == 5 and len(set(batch.arrivals)) == 5
     ledger = s.ledger
-    assert ledger["selected"] == 25
+    assert ledger.selected == 25

@@ -11,9 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from divopd import gate
-from divopd.sampling import METHODS, SamplerConfig, allocate_rollout_first, make_sampler
-from divopd.sampling.rules import focus_key
-from sampler_helpers import turn
+from divopd.sampling import METHODS, Candidate, Columns, Ledger, SamplerConfig, make_sampler
+from sampler_helpers import focus_key, slots, turn
 
 BUILTIN = ("vanilla", "vanilla-pool", "nocap", "divopd-base", "divopd", "top-b", "divopd-focus")
 GATED = BUILTIN[1:-1]  # divopd-focus has no gate
@@ -70,15 +69,15 @@ class Run:
         return [s.next_batch(self.learner) for s in self.samplers]
 
 
-def ledger_identity(ledger: dict) -> bool:
-    parts = ledger["selected"] + ledger["expired"] + ledger["invalid"] + ledger["pending"] + ledger["queued"]
-    return ledger["received"] == parts and sum(ledger["invalid_by_reason"].values()) == ledger["invalid"]
+def ledger_identity(ledger: Ledger) -> bool:
+    parts = ledger.selected + ledger.expired + ledger.invalid + ledger.pending + ledger.queued
+    return ledger.received == parts and sum(ledger.invalid_by_reason.values()) == ledger.invalid
 
 
 def check_batch(config: SamplerConfig, batch, learner: int) -> None:
     """Every guarantee one batch must meet, for its method."""
     B, k, method = config.batch_size, config.cap, config.method
-    turns = batch.turns
+    turns = batch.payloads
     assert len(turns) == B == len(batch.arrivals) == len(set(batch.arrivals))
     assert all(learner - t.policy_version <= config.max_staleness for t in turns), "stale turn selected"
     if method == "vanilla":
@@ -107,10 +106,10 @@ def check_batch(config: SamplerConfig, batch, learner: int) -> None:
     if method in ("divopd", "divopd-base"):
         need = math.ceil(B / k)
         assert len(taken) >= min(need, len(groups)), "fewer than ceil(B/k) rollouts"
-        alloc = allocate_rollout_first([per_group[g] for g in groups], B, k)
+        alloc = slots([per_group[g] for g in groups], B, k)
         assert [taken[g] for g in groups] == alloc
     if method == "nocap":
-        alloc = allocate_rollout_first([per_group[g] for g in groups], B, None)
+        alloc = slots([per_group[g] for g in groups], B, None)
         assert [taken[g] for g in groups] == alloc
     if method == "divopd":  # focus: each rollout's slots hold its top turns, in focus order
         for rid in taken:
@@ -137,12 +136,12 @@ def test_invariants_hold_after_any_program(config: SamplerConfig, prog: list) ->
             check_batch(config, batch, run.learner)
             assert seen.isdisjoint(batch.arrivals), "a turn selected twice"
             seen.update(batch.arrivals)
-            assert batch.stats["pending"] == s.ledger["pending"]
+            assert batch.stats["pending"] == s.ledger.pending
         ledger = s.ledger
         assert ledger_identity(ledger)
-        assert ledger["selected"] == batches * config.batch_size
+        assert ledger.selected == batches * config.batch_size
         if config.max_pending is not None and batch is not None:
-            assert ledger["pending"] <= config.max_pending
+            assert ledger.pending <= config.max_pending
 
 
 @settings(max_examples=100, deadline=None)
@@ -174,7 +173,7 @@ def test_state_dict_json_round_trip_continues_identically(config: SamplerConfig,
         x, y = run.apply(op_)
         assert (x is None) == (y is None)
         if x is not None:
-            assert x.arrivals == y.arrivals and [t.key for t in x.turns] == [t.key for t in y.turns]
+            assert x.arrivals == y.arrivals and [t.key for t in x.payloads] == [t.key for t in y.payloads]
             assert x.stats == y.stats
         assert original.ledger == restored.ledger
 
@@ -199,13 +198,12 @@ def test_divopd_and_divopd_base_allocate_identically_on_the_same_pool(entries, b
     batch_size = min(batch_size, len(pool))
     config = SamplerConfig("divopd", batch_size, cap=cap, seed=seed)
     rng = np.random.default_rng(seed)
-    focus = METHODS["divopd"].compose(list(pool), batch_size, config, rng)
-    base = METHODS["divopd-base"].compose(list(pool), batch_size, config, rng)
-    assert Counter(t.rollout_id for _, t in focus) == Counter(t.rollout_id for _, t in base)
-    # the same layout too: composition order visits rollouts identically
-    assert [t.rollout_id for _, t in focus] == [t.rollout_id for _, t in base]
-    groups = len(counter)
-    assert len({t.rollout_id for _, t in focus}) >= min(groups, math.ceil(batch_size / cap))
+    columns = Columns.of([Candidate.of(t) for _, t in pool], [t for _, t in pool]).stamped(0)
+    focus = columns.rollout_id[METHODS["divopd"].select(columns, batch_size, config, rng)].tolist()
+    base = columns.rollout_id[METHODS["divopd-base"].select(columns, batch_size, config, rng)].tolist()
+    assert Counter(focus) == Counter(base)
+    assert focus == base  # the same layout too: composition order visits rollouts identically
+    assert len(set(focus)) >= min(len(counter), math.ceil(batch_size / cap))
 
 
 @settings(max_examples=60, deadline=None)
@@ -218,5 +216,5 @@ def test_divopd_and_divopd_base_first_batches_share_allocation(prog: list, seed:
         x, y = run.apply(op_)
         if x is not None:  # same inputs so far, so the same pool: the same slots per rollout
             assert y is not None
-            assert [t.rollout_id for t in x.turns] == [t.rollout_id for t in y.turns]
+            assert [t.rollout_id for t in x.payloads] == [t.rollout_id for t in y.payloads]
             return

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from divopd.analysis.replay import ReplayConfig, replay
 from divopd.experience.log import LoggedTurn
-from divopd.sampling import SamplerConfig, allocate_rollout_first, allocate_rollout_first_tokens, make_sampler
+from divopd.sampling import SamplerConfig, make_sampler
 from divopd.train.config import load_config
-from sampler_helpers import turn
+from sampler_helpers import slots, turn
 
 
 # ---------------------------------------------------------------------------------------------------- by hand
@@ -20,33 +20,33 @@ def test_long_turns_get_fewer_slots_than_under_the_turn_cap() -> None:
     # mean length = (4·8 + 4·2 + 4·2) / 12 = 4, so k = 2 allows 8 tokens per rollout on the first pass:
     # A (8-token turns) takes 1 turn, B takes all 4 two-token turns (8 tokens), C takes 1 turn before B = 6 is reached.
     lens = [[8, 8, 8, 8], [2, 2, 2, 2], [2, 2, 2, 2]]
-    assert allocate_rollout_first_tokens(lens, 6, 2) == [1, 4, 1]
-    assert allocate_rollout_first([4, 4, 4], 6, 2) == [2, 2, 2]  # the paper's cap: A holds 16 of 24 tokens
+    assert slots(lens, 6, 2, tokens=True) == [1, 4, 1]
+    assert slots([4, 4, 4], 6, 2) == [2, 2, 2]  # the paper's cap: A holds 16 of 24 tokens
 
 
 def test_a_turn_longer_than_the_allowance_waits_for_a_later_pass() -> None:
     # mean = 16/3; pass 0 allows 5.33 tokens: A's 12-token turn waits, B takes 2 + 2. Pass 1 allows 10.67: still too
     # small for A. Pass 2 allows 16: A gets its turn.
     lens = [[12], [2, 2]]
-    assert allocate_rollout_first_tokens(lens, 2, 1) == [0, 2]
-    assert allocate_rollout_first_tokens(lens, 3, 1) == [1, 2]
+    assert slots(lens, 2, 1, tokens=True) == [0, 2]
+    assert slots(lens, 3, 1, tokens=True) == [1, 2]
 
 
 def test_passes_raise_the_allowance_by_one_mean_length() -> None:
     # mean = 3; k = 1: pass 0 allows 3 tokens (one turn each), pass 1 allows 6 (two each), pass 2 allows 9.
     lens = [[3, 3, 3], [3, 3, 3]]
-    assert allocate_rollout_first_tokens(lens, 2, 1) == [1, 1]
-    assert allocate_rollout_first_tokens(lens, 3, 1) == [2, 1]
-    assert allocate_rollout_first_tokens(lens, 5, 1) == [3, 2]
-    assert allocate_rollout_first_tokens(lens, 9, 1) == [3, 3]  # more slots than turns: everything
+    assert slots(lens, 2, 1, tokens=True) == [1, 1]
+    assert slots(lens, 3, 1, tokens=True) == [2, 1]
+    assert slots(lens, 5, 1, tokens=True) == [3, 2]
+    assert slots(lens, 9, 1, tokens=True) == [3, 3]  # more slots than turns: everything
 
 
 def test_no_cap_and_bad_cap() -> None:
     lens = [[5, 1, 1], [9]]
-    assert allocate_rollout_first_tokens(lens, 3, None) == allocate_rollout_first([3, 1], 3, None) == [3, 0]
-    assert allocate_rollout_first_tokens([], 4, 2) == []
+    assert slots(lens, 3, None, tokens=True) == slots([3, 1], 3, None) == [3, 0]
+    assert slots([], 4, 2, tokens=True) == []
     with pytest.raises(ValueError, match="cap"):
-        allocate_rollout_first_tokens(lens, 3, 0)
+        slots(lens, 3, 0, tokens=True)
 
 
 # ---------------------------------------------------------------------------------------------------- guarantee
@@ -67,7 +67,7 @@ def first_pass_prefix(lens: list[int], allowance: float) -> int:
 @settings(max_examples=300, deadline=None)
 @given(lens=groups, batch_size=st.integers(1, 120), cap=st.integers(1, 8))
 def test_token_cap_guarantee(lens: list[list[int]], batch_size: int, cap: int) -> None:
-    alloc = allocate_rollout_first_tokens(lens, batch_size, cap)
+    alloc = slots(lens, batch_size, cap, tokens=True)
     total_turns = sum(map(len, lens))
     assert sum(alloc) == min(batch_size, total_turns)  # the batch is always filled when there are turns
     assert all(0 <= a <= len(g) for a, g in zip(alloc, lens, strict=True))
@@ -90,7 +90,7 @@ def test_token_cap_guarantee(lens: list[list[int]], batch_size: int, cap: int) -
 )
 def test_equal_lengths_give_the_turn_cap(sizes: list[int], length: int, batch_size: int, cap: int) -> None:
     lens = [[length] * s for s in sizes]
-    assert allocate_rollout_first_tokens(lens, batch_size, cap) == allocate_rollout_first(sizes, batch_size, cap)
+    assert slots(lens, batch_size, cap, tokens=True) == slots(sizes, batch_size, cap)
 
 
 # ---------------------------------------------------------------------------------------------------- sampler path
@@ -110,14 +110,14 @@ def test_sampler_honours_cap_unit_tokens(method: str) -> None:
         sampler.add(hand_turns())
         batch = sampler.next_batch(0)
         assert batch is not None and len(batch) == 6
-        counts[unit] = Counter(t.rollout_id for t in batch.turns)
-        assert sampler.ledger["selected"] == 6 and sampler.ledger["pending"] == 6
+        counts[unit] = Counter(t.rollout_id for t in batch.payloads)
+        assert sampler.ledger.selected == 6 and sampler.ledger.pending == 6
     assert counts["turns"] == {"A": 2, "B": 2, "C": 2}
     assert counts["tokens"] == {"A": 1, "B": 4, "C": 1}
     if method == "divopd":  # focus within the rollout: A's highest-disagreement turn
         sampler = make_sampler(SamplerConfig(method, batch_size=6, pool_factor=2, cap=2, cap_unit="tokens"))
         sampler.add(hand_turns())
-        assert [t.turn_index for t in sampler.next_batch(0).turns if t.rollout_id == "A"] == [3]
+        assert [t.turn_index for t in sampler.next_batch(0).payloads if t.rollout_id == "A"] == [3]
 
 
 def test_replay_and_config_pass_cap_unit() -> None:
@@ -137,11 +137,12 @@ def test_token_cap_follows_the_visiting_order_not_the_arrival_order() -> None:
     """Rollout B (6 turns) arrives before A (2 turns) but A's id sorts first and both are first seen at update 0, so
     A is visited first (Algorithm 1, step 4). With equal lengths the token cap must give the turn cap's batch."""
     from divopd.sampling import SamplerConfig, make_sampler
-    from sampler_helpers import turn as hand_turn
 
     batches = {}
+    from sampler_helpers import turn as hand_turn
+
     for unit in ("turns", "tokens"):
         s = make_sampler(SamplerConfig("divopd-base", 4, pool_factor=2, cap=2, cap_unit=unit, seed=1))
         s.add([hand_turn("B", i) for i in range(6)] + [hand_turn("A", i) for i in range(2)])
-        batches[unit] = [t.rollout_id for t in s.next_batch(0).turns]
+        batches[unit] = [t.rollout_id for t in s.next_batch(0).payloads]
     assert batches["turns"] == ["A", "A", "B", "B"] == batches["tokens"]

@@ -35,7 +35,7 @@ def probe(log: str, batch_size: int, pool_factor: float, cap: int, max_staleness
             sampler.add([a.turn for a in arrivals])
             batch = sampler.next_batch(j)
             if batch is not None:
-                chosen += [t for t in batch.turns if np.isfinite(t.disagreement)]
+                chosen += [t for t in batch.payloads if np.isfinite(t.disagreement)]
         d = np.array([t.disagreement for t in chosen])
         n = np.array([len(t.response_ids) for t in chosen])
         out[method] = (float(d.mean()), float((d < 0).mean()), float(n.mean()))

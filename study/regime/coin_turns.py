@@ -45,7 +45,7 @@ def coin_shares(log: Path, config: SamplerConfig, tokenizer) -> tuple[float, flo
         sampler.add(turns)
         batch = sampler.next_batch(j)
         if batch is not None:
-            trained += [classify(t) for t in batch.turns]
+            trained += [classify(t) for t in batch.payloads]
 
     def shares(rows: list[tuple[bool, bool]]) -> tuple[float, float]:
         coin = [took for view, took in rows if view]

@@ -37,7 +37,7 @@ from divopd.analysis.replay_rules import cell_counts, deliveries, log_updates, r
 from divopd.experience import Turn
 from divopd.experience.log import LoggedTurn, read_log
 from divopd.sampling import METHODS, Sampler, SamplerConfig, make_sampler
-from divopd.sampling.rows import method_names
+from divopd.sampling.method_rows import method_names
 from divopd.sampling.settings import add_sampler_flags, sampler_kwargs, settings_from_args
 
 __all__ = [
@@ -219,8 +219,8 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
         tr.age_sum += float(st["mean_staleness"])
         tr.ema = pd.ema_update(tr.ema, float(st["disagreement_std_across_rollouts"]))
         tr.trained_tokens += int(st["response_tokens"])
-        tr.cells.update(pd.rollout_cells(batch.turns))
-        for turn in batch.turns:
+        tr.cells.update(pd.rollout_cells(batch.payloads))
+        for turn in batch.payloads:
             rid = turn.rollout_id
             tr.selected_per_rollout[rid] += 1
             tr.scored_selected += pd.scored_tokens(turn)
@@ -232,10 +232,10 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
             s[key].append(int(st[key]) if key in _INT_SERIES else float(st[key]))
     s["disagreement_std_ema"].append(tr.ema)
     ledger = tr.sampler.ledger
-    s["selected"].append(ledger["selected"])
-    s["expired"].append(ledger["expired"])
-    s["invalid"].append(ledger["invalid"])
-    s["waiting"].append(ledger["pending"] + ledger["queued"])
+    s["selected"].append(ledger.selected)
+    s["expired"].append(ledger.expired)
+    s["invalid"].append(ledger.invalid)
+    s["waiting"].append(ledger.pending + ledger.queued)
     s["used_rollouts"].append(tr.used_valid)
 
 
@@ -253,9 +253,9 @@ def _method_result(tr: _Track, updates: int, valid: set[str], scored: int,
         "max_rollout_share_mean": divide(tr.share_sum, tr.batches),
         "candidate_rollouts_mean": divide(tr.cand_sum, tr.batches),
         "dead_row_fraction": divide(tr.dead_rows, tr.rows),
-        "selected": ledger["selected"],
-        "expired": ledger["expired"],
-        "invalid": ledger["invalid"],
+        "selected": ledger.selected,
+        "expired": ledger.expired,
+        "invalid": ledger.invalid,
     }
     table = {
         "never_selected_share": coverage["unused_fraction"],
@@ -270,7 +270,7 @@ def _method_result(tr: _Track, updates: int, valid: set[str], scored: int,
         "selection_chain": pd.cell_shares(cells),
     }
     return ({k: result[k] for k in RESULT_KEYS} | {k: table[k] for k in TABLE_KEYS}
-            | {"series": tr.series, "ledger": ledger})
+            | {"series": tr.series, "ledger": asdict(ledger)})
 
 
 def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfig) -> dict[str, Any]:

@@ -1,40 +1,17 @@
-"""DivOPD inside Trinity-RFT: a sample strategy registered as ``divopd`` (``algorithm.sample_strategy: divopd``).
-
-Trinity-RFT's trainer asks its sample strategy for one batch per step (``await strategy.sample(step)``). Its default
-strategy hands over the next ``train_batch_size`` experiences of the experience buffer in arrival order, which is the
-paper's arrival-order reader (``vanilla``). This strategy reads the same buffer with Trinity's own reader and lets a
-divopd rule compose the batch: each :class:`~trinity.common.experience.Experience` (one per student turn) becomes a
-:class:`divopd.Turn`, divopd's own :class:`~divopd.sampling.Sampler` keeps the queue, the pending pool and the ledger
-across steps, and the experiences of the selected turns go back to the trainer in composition order.
+"""DivOPD inside Trinity-RFT: the sample strategy ``divopd`` (``algorithm.sample_strategy: divopd``).
 
 Step ``s`` (the trainer's ``train_step_num + 1``) is composed for learner version ``s − 1``, the model version the
-explorer tags experiences with once the weights of ``s − 1`` updates are synced (``info["model_version"]``):
-
-1. top up: read what the buffer holds now, without waiting, until the sampler has enough non-stale turns to fill
-   its candidate pool (c·B for pooled rules, B for ``vanilla``) or the buffer is empty (what is left stays in
-   Trinity's buffer, so the experiences held here never exceed the pool);
-2. compose with :meth:`Sampler.next_batch`; too few valid turns: wait for the next experience (up to the buffer's
-   ``max_read_timeout``), top up and compose again;
-3. return the B experiences, divopd's metrics (``sampler/...``, ``ledger/...``) in Trinity's metrics dict, and
-   Trinity's representative samples.
-
-Records: ``eid.rid`` (batch/task/run) is the rollout, ``eid.step`` the turn index, ``info["model_version"]`` the
-policy version, ``tokens[prompt_length:]`` the response with ``action_mask``, ``logprobs`` and ``teacher_logprobs``.
-A record without a rollout id or a version stops the run with one line naming the field; one whose content the
-composer cannot use (no teacher log probs, lengths that disagree, a truncated prompt) is rejected by divopd's gate
-and counted under its reason in ``ledger/invalid/<reason>``.
+explorer tags experiences with once the weights of ``s − 1`` updates are synced (``info["model_version"]``).
 """
 
 from __future__ import annotations
 
 import base64
 import time
-from collections import Counter
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import torch
 from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY, SampleStrategy
 from trinity.algorithm.sample_strategy.utils import representative_sample
 from trinity.buffer import get_buffer_reader
@@ -48,17 +25,18 @@ from divopd.integrations.trinity_queue import read_now_function
 from divopd.integrations.trinity_records import (
     experience_to_turn,
     mask_unscored,
-    policy_version,
-    read_turns,
+    read_candidates,
     restore_model_version,
 )
-from divopd.sampling import Batch, Sampler, SamplerConfig, is_stale, ledger_metrics, make_sampler
+from divopd.sampling import Batch, Sampler, SamplerConfig, make_sampler
 
 __all__ = ["STRATEGY_NAME", "DivOPDSampleStrategy", "default_sample_args", "experience_to_turn", "sampler_config"]
 
 #: The name in Trinity's SAMPLE_STRATEGY registry.
 STRATEGY_NAME = "divopd"
-_STATE_VERSION = 1
+_STATE_VERSION = 2
+#: What the sampler holds per turn: the experience, and whether it has a teacher position that is not finite.
+Held = tuple[Experience, bool]
 _WHO = "sample_strategy divopd"
 
 
@@ -87,9 +65,12 @@ def sampler_config(args: dict[str, Any], train_batch_size: int) -> SamplerConfig
         raise UsageError(f"algorithm.sample_strategy_args: {exc}") from None
 
 
-def _has_unscored(exp: Experience) -> bool:
-    """Whether ``exp`` has a teacher log prob that is not finite (a checkpoint's records, flagged on resume)."""
-    return exp.teacher_logprobs is not None and not bool(torch.isfinite(torch.as_tensor(exp.teacher_logprobs)).all())
+def _encode(held: Held) -> list[Any]:
+    return [base64.b64encode(Experience.serialize_many([held[0]])).decode("ascii"), held[1]]
+
+
+def _decode(data: list[Any]) -> Held:
+    return Experience.deserialize_many(base64.b64decode(data[0]))[0], bool(data[1])
 
 
 # ---------------------------------------------------------------------------------------------------- buffer
@@ -113,14 +94,13 @@ class DivOPDSampleStrategy(SampleStrategy):
     """Trinity-RFT sample strategy (``algorithm.sample_strategy: divopd``) that composes each batch with a divopd rule.
 
     It reads the trainer's experience buffer with Trinity's own reader; each ``Experience`` (one per student turn:
-    ``eid.rid`` the rollout, ``eid.step`` the turn, ``info["model_version"]`` the policy version) becomes a
-    :class:`divopd.Turn` in one :class:`~divopd.sampling.Sampler` kept across steps. Step ``s`` is composed for
-    learner version ``s - 1``: it tops the sampler up from what the buffer holds (until the candidate pool can be
-    filled, c·B for pooled rules, B for ``vanilla``), composes with :meth:`~divopd.sampling.Sampler.next_batch`, waits
-    for more experiences (up to the buffer's ``max_read_timeout``) while too few turns are valid, and returns the B
-    experiences in composition order with divopd's ``sampler/...`` and ``ledger/...`` metrics. A record without a
-    rollout id or a version stops the run with one line; one the composer cannot use is rejected by the gate and
-    counted in ``ledger/invalid/<reason>``.
+    ``eid.rid`` the rollout, ``eid.step`` the turn, ``info["model_version"]`` the policy version) enters one
+    :class:`~divopd.sampling.Sampler`, kept across steps, as its :class:`~divopd.sampling.Candidate` with the
+    experience as payload. A step tops the sampler up from what the buffer holds (until the candidate pool can be
+    filled), composes, waits for more experiences (up to the buffer's ``max_read_timeout``) while too few turns are
+    valid, and returns the B experiences in composition order with divopd's ``sampler/...`` and ``ledger/...``
+    metrics. A record without a rollout id or a version stops the run with one line; one the composer cannot use is
+    rejected by the gate and counted in ``ledger/invalid/<reason>``.
 
     Args:
         buffer_config: Trinity's ``buffer`` config (the trainer's experience buffer is read).
@@ -132,14 +112,11 @@ class DivOPDSampleStrategy(SampleStrategy):
     def __init__(self, buffer_config: BufferConfig, **kwargs: Any) -> None:
         super().__init__(buffer_config)
         self.config = sampler_config(kwargs, buffer_config.train_batch_size)
-        self.sampler: Sampler = make_sampler(self.config)
+        self.sampler: Sampler[Held] = make_sampler(self.config)
         storage = _queue_storage(buffer_config)
         self._reader = get_buffer_reader(storage)  # blocking reads: waits up to max_read_timeout
         self._read_fn = read_now_function()  # count and read what the queue holds now, in its actor
         self._wait_s = float(storage.max_read_timeout)
-        # arrival -> (model version, experience, has an unscored teacher position), turns waiting
-        self._held: dict[int, tuple[int, Experience, bool]] = {}
-        self._versions: Counter[int] = Counter()  # model version -> experiences held of that version
         self._closed = False  # the explorer side released the buffer and it is empty
         self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
         self._keep_dir = buffer_config.cache_dir  # <checkpoint job dir>/buffer, where records that stop a run go
@@ -152,7 +129,7 @@ class DivOPDSampleStrategy(SampleStrategy):
     @property
     def held(self) -> int:
         """Experiences held for turns still waiting in the sampler (pending or queued): at most the pool."""
-        return len(self._held)
+        return self.sampler.waiting
 
     # ------------------------------------------------------------------ one step
     async def sample(self, step: int, **kwargs: Any) -> tuple[list[Experience], dict, list]:
@@ -161,14 +138,11 @@ class DivOPDSampleStrategy(SampleStrategy):
         metrics: dict[str, Any] = {}
         with Timer(metrics, "time/read_experience"):
             batch = await self._compose(learner_version)
-        held = [self._held.pop(arrival) for arrival in batch.arrivals]
-        self._versions.subtract(v for v, _, _ in held)
-        self._versions = +self._versions  # only the versions still held
-        experiences = [exp for _, exp, _ in held]
-        self._forget_departed()
+        experiences = [exp for exp, _ in batch.payloads]
         # finite for Trinity's stock OPD advantage: only records with an unscored position (flagged on arrival) change
-        masked = sum(mask_unscored(exp) for _, exp, unscored in held if unscored)
-        metrics.update(self._metrics(batch))
+        masked = sum(mask_unscored(exp) for exp, unscored in batch.payloads if unscored)
+        metrics.update(self.sampler.ledger.as_metrics(batch.stats))
+        metrics["sampler/held_experiences"] = float(self.held)
         metrics["sampler/teacher_masked_tokens"] = float(masked)
         self.set_model_version_metric(experiences, metrics)
         return experiences, metrics, representative_sample(experiences)
@@ -197,8 +171,7 @@ class DivOPDSampleStrategy(SampleStrategy):
         """Read without waiting until the sampler can fill its pool with non-stale turns or the buffer is empty."""
         target = self.config.pool_size if self.sampler.method.pooled else self.config.batch_size
         while not self._closed:
-            fresh = sum(n for v, n in self._versions.items() if not is_stale(v, learner_version,
-                                                                              self.config.max_staleness))
+            fresh = self.sampler.fresh(learner_version)
             if fresh >= target:
                 return
             experiences, drained = await self._read_now(target - fresh)
@@ -245,19 +218,17 @@ class DivOPDSampleStrategy(SampleStrategy):
         """Queue the turns of ``experiences`` in order; a record without a rollout id or version stops the run: it is
         counted and kept (:attr:`stopped`, and a file under Trinity's ``buffer.cache_dir``), the records read with it
         are queued as usual, and the one-line :class:`UsageError` names the first bad record and the file."""
-        turns, bad, error = [], [], None
-        read, unscored = read_turns(experiences)
-        for exp, turn, flag in zip(experiences, read, unscored, strict=True):
-            if isinstance(turn, UsageError):
+        candidates, held, bad, error = [], [], [], None
+        read, unscored = read_candidates(experiences)
+        for exp, candidate, flag in zip(experiences, read, unscored, strict=True):
+            if isinstance(candidate, UsageError):
                 bad.append(exp)
-                error = error or turn
+                error = error or candidate
             else:
-                turns.append((turn, exp, flag))  # flag: a teacher position not finite, masked at hand-over
-        held, versions = self._held, self._versions
-        for arrival, (turn, exp, flag) in zip(self.sampler.add([t for t, _, _ in turns]), turns, strict=True):
-            restore_model_version(exp)
-            held[arrival] = (turn.policy_version, exp, flag)
-            versions[turn.policy_version] += 1
+                restore_model_version(exp)
+                candidates.append(candidate)
+                held.append((exp, flag))  # flag: a teacher position not finite, masked at hand-over
+        self.sampler.add(held, candidates)
         if bad:
             self.stopped += bad
             raise UsageError(f"{error} [{len(self.stopped)} record(s) stopped the run; {self._keep(bad)}]")
@@ -274,25 +245,11 @@ class DivOPDSampleStrategy(SampleStrategy):
             return f"kept in memory only (DivOPDSampleStrategy.stopped): cannot write {path}: {exc.strerror}"
         return f"kept in {path} (Experience.deserialize_many)"
 
-    def _forget_departed(self) -> None:
-        """Drop the experiences of turns that left the sampler unselected (expired, or rejected by the gate)."""
-        if len(self._held) <= self.sampler.waiting:
-            return
-        waiting = self.sampler.waiting_arrivals()
-        for arrival in [a for a in self._held if a not in waiting]:
-            self._versions[self._held.pop(arrival)[0]] -= 1
-
-    # ------------------------------------------------------------------ metrics and messages
-    def _metrics(self, batch: Batch) -> dict[str, float]:
-        """divopd's names: ``sampler/<batch stat>``, ``ledger/<counter>``, ``ledger/{invalid,expired}/<reason>``."""
-        metrics = {f"sampler/{k}": float(v) for k, v in batch.stats.items()} | ledger_metrics(self.sampler.ledger)
-        metrics["sampler/held_experiences"] = float(len(self._held))
-        return metrics
-
+    # ------------------------------------------------------------------ messages
     def _waiting_note(self) -> str:
         ledger = self.sampler.ledger
-        counts = ", ".join(f"{k} {ledger[k]}" for k in ("received", "selected", "expired", "invalid", "pending",
-                                                         "queued"))
+        counts = ", ".join(f"{k} {getattr(ledger, k)}"
+                           for k in ("received", "selected", "expired", "invalid", "pending", "queued"))
         return f"{self.sampler.waiting} turns waiting, too few valid for a batch of {self.config.batch_size} ({counts})"
 
     def _starved(self, learner_version: int) -> str:
@@ -301,37 +258,25 @@ class DivOPDSampleStrategy(SampleStrategy):
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
-        """The sampler's state and the experiences of its waiting turns (JSON-able: Trinity writes it as JSON)."""
-        self._forget_departed()
-        arrivals = sorted(self._held)
-        payload = Experience.serialize_many([self._held[a][1] for a in arrivals]) if arrivals else b""
-        return {
-            "divopd": _STATE_VERSION,
-            "sampler": self.sampler.state_dict(),
-            "arrivals": arrivals,
-            "experiences": base64.b64encode(payload).decode("ascii"),
-        }
+        """The sampler's state with the experiences of its waiting turns (JSON-able: Trinity writes it as JSON)."""
+        return {"divopd": _STATE_VERSION, "sampler": self.sampler.state_dict(_encode)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Resume from :meth:`state_dict`; an empty state (a fresh run) or a queue reader's index changes nothing."""
         if not state_dict or (set(state_dict) <= {"current_index"}):
             return
-        if state_dict.get("divopd") != _STATE_VERSION or "sampler" not in state_dict:
+        if "divopd" not in state_dict or "sampler" not in state_dict:
             raise UsageError(f"{_WHO}: the checkpoint's sample_strategy_state was not written by this strategy "
                              f"(keys {sorted(state_dict)})")
+        if state_dict["divopd"] != _STATE_VERSION:
+            raise UsageError(f"{_WHO}: the checkpoint's sample_strategy_state is version {state_dict['divopd']!r}, "
+                             f"written by another divopd; this one reads version {_STATE_VERSION} only")
         try:
-            self.sampler.load_state_dict(state_dict["sampler"])
-        except (KeyError, TypeError, ValueError) as exc:
+            self.sampler.load_state_dict(state_dict["sampler"], _decode)
+        except UsageError as exc:
             raise UsageError(f"{_WHO}: cannot resume the sampler: {exc}") from None
-        payload = base64.b64decode(state_dict["experiences"])
-        experiences = Experience.deserialize_many(payload) if payload else []
-        arrivals = [int(a) for a in state_dict["arrivals"]]
-        if len(experiences) != len(arrivals) or len(arrivals) != self.sampler.waiting:
-            raise UsageError(f"{_WHO}: the checkpoint holds {len(experiences)} experiences for {len(arrivals)} "
-                             f"arrivals and {self.sampler.waiting} waiting turns")
-        self._held = {a: (int(policy_version(e)), e, _has_unscored(e)) for a, e in zip(arrivals, experiences,
-                                                                                      strict=True)}
-        self._versions = Counter(v for v, _, _ in self._held.values())
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise UsageError(f"{_WHO}: cannot resume the sampler: {exc!r}") from None
 
 
 if STRATEGY_NAME not in SAMPLE_STRATEGY.modules:  # a plug-in directory may load this module a second time

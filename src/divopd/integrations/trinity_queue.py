@@ -1,16 +1,13 @@
-"""What the Trinity-RFT sample strategy asks of Trinity's queue actor (``QueueStorage``) beyond Trinity's own reader.
-
-Trinity's reader has no "read what is there": its ``get_batch`` waits (in 1 s polls) until it has the whole read,
-and its ``length()`` counts payloads, not experiences. :func:`read_now_function` builds a function for Ray's
-``__ray_call__`` on the queue actor that counts the experiences the queue holds now and, in the same round trip,
-reads up to ``limit`` of them with Trinity's own ``get_batch``, which then finds them all and does not wait.
+"""What the Trinity-RFT sample strategy asks of Trinity's queue actor (``QueueStorage``) beyond Trinity's own reader:
+"read what is there" (Trinity's ``get_batch`` waits, in 1 s polls, for a whole read; its ``length()`` counts
+payloads, not experiences).
 
 ``__ray_call__`` runs in a thread of Ray's beside the actor's asyncio event loop, where Trinity's queue lives; the
 count only reads, and the read is handed to that loop (``asyncio.run_coroutine_threadsafe``), so the queue is only
-ever changed from its own loop, as Trinity's reader changes it. The loop is the actor's one running event loop in
-another thread (found once, then kept on the actor object); where there is not exactly one, the function returns the
-count only and the strategy reads that many with Trinity's reader (a second round trip). The function is built as a
-closure so that Ray ships its code by value: the queue actor need not import divopd.
+ever changed from its own loop. The loop is the actor's one running event loop in another thread (found once, then
+kept on the actor object); where there is not exactly one, the strategy reads the counted experiences with Trinity's
+reader (a second round trip). The function is a closure so that Ray ships its code by value: the queue actor need not
+import divopd.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Trinity-RFT ``Experience`` records as divopd sees them, and as Trinity's trainer may receive them.
+"""Trinity-RFT ``Experience`` records as divopd's sampler sees them, and as Trinity's trainer may receive them.
 
-* :func:`experience_to_turn`: the :class:`divopd.Turn` of one experience (one student turn): ``eid.rid`` the rollout,
-  ``eid.step`` the turn, the policy version, ``tokens[prompt_length:]`` the response with ``action_mask``, ``logprobs``
-  and ``teacher_logprobs``.
+* :func:`read_candidates`: the sampler's :class:`~divopd.sampling.Candidate` of each experience of a read (one
+  student turn each: ``eid.rid`` the rollout, ``eid.step`` the turn, the policy version, ``tokens[prompt_length:]``
+  the response with ``action_mask``, ``logprobs`` and ``teacher_logprobs``), computed with a few array operations for
+  the whole read; :func:`experience_to_turn` is the :class:`divopd.Turn` of one experience.
 * :func:`policy_version`: the version that generated the turn. Trinity's ``WorkflowRunner.run_task`` overwrites
   ``info["model_version"]`` with the version at the *task's* start after the workflow returns, so divopd's workflows
   keep the version read before each turn's generate call under ``info["divopd_policy_version"]``
@@ -15,8 +16,6 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING
-from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import numpy as np
@@ -25,9 +24,12 @@ from trinity.common.experience import Experience
 
 from divopd.errors import UsageError
 from divopd.experience import Turn
+from divopd.sampling import Candidate
+from divopd.sampling.candidate import task_key
+from divopd.sampling.gate import verdict
 
-__all__ = ["TURN_VERSION_KEY", "UNSCORED_KEY", "experience_to_turn", "experiences_to_turns", "mask_unscored",
-           "policy_version", "read_turns", "restore_model_version"]
+__all__ = ["TURN_VERSION_KEY", "UNSCORED_KEY", "experience_to_turn", "mask_unscored", "policy_version",
+           "read_candidates", "restore_model_version"]
 
 #: ``info`` key of the policy version that generated the turn (divopd's workflows set it; it beats model_version).
 TURN_VERSION_KEY = "divopd_policy_version"
@@ -47,7 +49,6 @@ def _numpy(tensor: Any, dtype: Any) -> np.ndarray | None:
         if tensor.dtype == _NATIVE.get(dtype) and tensor.dim() == 1 and tensor.device.type == "cpu" \
                 and not tensor.requires_grad:
             return tensor.numpy()  # a view: Turn copies nothing it does not convert
-  # bf16 has no numpy form: go through float32
         if tensor.dtype == torch.bfloat16 or tensor.dtype == torch.float16:
             tensor = tensor.float()
         tensor = tensor.detach().cpu().numpy()
@@ -136,63 +137,55 @@ def mask_unscored(exp: Experience) -> int:
     return masked
 
 
-def experiences_to_turns(experiences: list[Experience]) -> list[Turn | UsageError]:
-    """:func:`experience_to_turn` of each record, in order (a record that stops the run gives its
-    :class:`UsageError` in its place), read in a few array operations over the whole read (:func:`read_turns`)."""
-    return read_turns(experiences)[0]
-
-
-def read_turns(experiences: list[Experience]) -> tuple[list[Turn | UsageError], list[bool]]:
-    """:func:`experiences_to_turns` and, per record, whether its turn has a teacher position that is not finite
-    (what :func:`mask_unscored` will mask at hand-over; False for a record that stops the run).
+def read_candidates(experiences: list[Experience]) -> tuple[list[Candidate | UsageError], list[bool]]:
+    """The :class:`Candidate` of each record, in order (a record that stops the run gives its :class:`UsageError` in
+    its place), and per record whether it has a teacher position that is not finite (what :func:`mask_unscored`
+    masks at hand-over).
 
     The common record (1-d CPU tensors: integer ``tokens``, float ``logprobs`` and ``teacher_logprobs``, a bool
-    ``action_mask``, all of the response's length, and a non-empty response) is read on a fast path: the per-token
-    arrays of the whole read are concatenated once, each turn's arrays are views into them, and the values the gate,
-    the focus score and the batch statistics read (``length_mismatch``, ``valid_mask``, ``n_valid``,
-    ``disagreement``, ``kl_tokens``) are computed with a few array operations for all of them, equal to those
-    :class:`Turn` computes itself (the disagreement is summed over the same compacted values by the same numpy
-    reduction, so the rules rank exactly as :func:`experience_to_turn`'s turns rank). Any other record goes through
+    ``action_mask``, all of the response's length, a non-empty response) is read without building a turn: the
+    per-token arrays of the whole read are concatenated once and the values the gate and the rules read (``n_valid``,
+    ``kl_tokens``, ``disagreement``) are computed for all of them at once, equal to those :class:`Turn` computes (the
+    disagreement is summed over the same values by the same numpy reduction). Any other record goes through
     :func:`experience_to_turn`."""
-    out: list[Turn | UsageError | None] = [None] * len(experiences)
-    fast: list[tuple[int, Experience, dict[str, Any]]] = []
+    out: list[Candidate | UsageError | None] = [None] * len(experiences)
+    unscored = [False] * len(experiences)
+    fast: list[tuple[int, Experience, tuple[str, int, int, bool, str]]] = []
     for i, exp in enumerate(experiences):
         head = _fast_head(exp)
         if head is not None:
             fast.append((i, exp, head))
             continue
         try:
-            out[i] = experience_to_turn(exp)
+            turn = experience_to_turn(exp)
         except UsageError as exc:
             out[i] = exc
-    unscored = [isinstance(turn, Turn) and _has_nonfinite(turn) for turn in out]
-    _precompute([t for t in out if isinstance(t, Turn)])
+            continue
+        out[i] = Candidate.of(turn)
+        unscored[i] = turn.teacher_logprobs is not None and not bool(np.isfinite(turn.teacher_logprobs).all())
     if fast:
         try:
-            turns, masked = _fast_turns(fast)
+            read = _fast_candidates(fast)
         except _NotFast:
-            turns, masked = [experience_to_turn(exp) for _, exp, _ in fast], None
-            _precompute(turns)
-        for k, ((i, _, _), turn) in enumerate(zip(fast, turns, strict=True)):
-            out[i] = turn
-            unscored[i] = _has_nonfinite(turn) if masked is None else masked[k]
+            read = [_slow(exp) for _, exp, _ in fast]
+        for (i, _, _), (candidate, flag) in zip(fast, read, strict=True):
+            out[i], unscored[i] = candidate, flag
     return out, unscored  # type: ignore[return-value]  (every slot is filled)
 
 
-def _has_nonfinite(turn: Turn) -> bool:
-    return turn.teacher_logprobs is not None and not bool(np.isfinite(turn.teacher_logprobs).all())
+def _slow(exp: Experience) -> tuple[Candidate, bool]:
+    turn = experience_to_turn(exp)
+    return Candidate.of(turn), turn.teacher_logprobs is not None and not bool(np.isfinite(turn.teacher_logprobs).all())
 
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _INTS = (torch.int64, torch.int32)
-#: Turn's fields with their defaults, for turns assembled on the fast path (a field Turn gains is set to its default)
-_TURN_DEFAULTS: dict[str, Any] = {f.name: None if f.default is MISSING else f.default for f in dataclass_fields(Turn)}
 
 
-def _fast_head(exp: Experience) -> dict[str, Any] | None:
-    """The scalar fields of ``exp``'s turn when the record qualifies for the fast path of :func:`read_turns`, else
-    ``None`` (then :func:`experience_to_turn` reads it, and raises for a record that stops the run). The device and
-    ``requires_grad`` of the tensors are checked on their concatenation (:func:`_fast_turns`)."""
+def _fast_head(exp: Experience) -> tuple[str, int, int, bool, str] | None:
+    """``(rollout id, turn index, version, prompt truncated, task group)`` when the record qualifies for the fast
+    path of :func:`read_candidates`, else ``None`` (then :func:`experience_to_turn` reads it, and raises for a record
+    that stops the run). The device and ``requires_grad`` of the tensors are checked on their concatenation."""
     eid, info = exp.eid, exp.info
     if eid is None or type(info) is not dict or info.get(UNSCORED_KEY):
         return None
@@ -214,39 +207,23 @@ def _fast_head(exp: Experience) -> dict[str, Any] | None:
     n = tokens.shape[0] - prompt_length
     if n <= 0 or student.shape[0] != n or teacher.shape[0] != n or mask.shape[0] != n:
         return None
-    task = info.get("task")
-    turn_info = {"task": eid.tid if task is None and "task" not in info else task}
-    success = info.get("success")
-    if success is not None:
-        turn_info["success"] = bool(success)
-    return {**_TURN_DEFAULTS, "rollout_id": eid.rid, "turn_index": step, "policy_version": version,
-            "prompt_truncated": exp.truncate_status == "prompt_truncated", "info": turn_info}
+    rid = eid.rid
+    return rid, step, version, exp.truncate_status == "prompt_truncated", task_key(info.get("task", eid.tid), rid)
 
 
-def _fast_turns(fast: list[tuple[int, Experience, dict[str, Any]]]) -> tuple[list[Turn], list[bool]]:
-    """The turns of the fast-path records of one read, and whether each has a teacher position that is not finite."""
+def _fast_candidates(fast: list[tuple[int, Experience, tuple[str, int, int, bool, str]]]
+                     ) -> list[tuple[Candidate, bool]]:
+    """The candidates of the fast-path records of one read, and whether each has a teacher position not finite."""
     exps = [exp for _, exp, _ in fast]
-    tokens = _cat([e.tokens for e in exps]).numpy().astype(np.int32)  # Turn's ids are int32
     student = _cat([e.logprobs for e in exps]).to(torch.float32).numpy()
     teacher = _cat([e.teacher_logprobs for e in exps]).to(torch.float32).numpy()
     action = _cat([e.action_mask for e in exps]).numpy()
-    prompts = np.fromiter((e.prompt_length for e in exps), dtype=np.int64, count=len(exps))
-    lengths = np.fromiter((e.tokens.shape[0] for e in exps), dtype=np.int64, count=len(exps)) - prompts
-    starts, ends, valid, n_valid, kl, disagreement = _cached_values(student, teacher, action, lengths)
+    lengths = np.fromiter((e.tokens.shape[0] - e.prompt_length for e in exps), dtype=np.int64, count=len(exps))
+    starts, n_valid, kl, disagreement = _cached_values(student, teacher, action, lengths)
     masked = (np.add.reduceat(~np.isfinite(teacher), starts, dtype=np.int64) > 0).tolist()
-    token_starts = (np.cumsum(prompts + lengths) - prompts - lengths).tolist()
-    turns, new = [], Turn.__new__
-    for (_, _, head), s, e, t, p, nv, k, d in zip(fast, starts, ends, token_starts, prompts.tolist(), n_valid, kl,
-                                                  disagreement, strict=True):
-        head.update(  # every field in Turn's own form, nothing left to convert
-            prompt_ids=tokens[t:t + p], response_ids=tokens[t + p:t + p + e - s], action_mask=action[s:e],
-            student_logprobs=student[s:e], teacher_logprobs=teacher[s:e],
-            # Turn's cached values (functools.cached_property keeps them in the instance dict)
-            length_mismatch=None, valid_mask=valid[s:e], n_valid=nv, kl_tokens=k, disagreement=d)
-        turn = new(Turn)
-        turn.__dict__ = head
-        turns.append(turn)
-    return turns, masked
+    return [(Candidate(rid, step, version, n, nv, k, d, verdict(cut, n, True, True, None, nv), task), flag)
+            for (_, _, (rid, step, version, cut, task)), n, nv, k, d, flag
+            in zip(fast, lengths.tolist(), n_valid, kl, disagreement, masked, strict=True)]
 
 
 class _NotFast(Exception):
@@ -278,38 +255,14 @@ def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def _cached_values(student: np.ndarray, teacher: np.ndarray, action: np.ndarray,
-                   lengths: np.ndarray) -> tuple[list[int], list[int], np.ndarray, list[int], list[int], list[float]]:
-    """For turns whose response arrays are concatenated (``lengths`` each): their ``starts`` and ``ends`` in the
-    concatenation, the concatenated ``valid_mask``, and per turn ``n_valid``, ``kl_tokens`` and ``disagreement``
-    (0 / 0.0 for a turn without a valid token), equal to what :class:`Turn` computes for each on its own."""
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
+                   lengths: np.ndarray) -> tuple[np.ndarray, list[int], list[int], list[float]]:
+    """For turns whose response arrays are concatenated (``lengths`` each): their starts in the concatenation, and
+    per turn ``n_valid``, ``kl_tokens`` and ``disagreement`` (0 / 0.0 without a valid token), equal to what
+    :class:`Turn` computes for each on its own."""
+    starts = np.cumsum(lengths) - lengths
     valid = np.isfinite(teacher) & action  # Turn.valid_mask
     both = valid & np.isfinite(student)  # the positions Turn.disagreement sums over
     n_valid = np.add.reduceat(valid, starts, dtype=np.int64)
     kl = np.add.reduceat(both, starts, dtype=np.int64)  # 0 where n_valid is 0 (no valid position, none of both)
     disagreement = _segment_sums(np.subtract(student, teacher, dtype=np.float64)[both], kl)
-    return (starts.tolist(), ends.tolist(), valid, n_valid.tolist(), kl.tolist(), disagreement.tolist())
-
-
-def _precompute(turns: list[Turn]) -> None:
-    """Fill the cached ``length_mismatch``, ``valid_mask``, ``n_valid`` and ``disagreement`` of ``turns`` whose
-    per-token arrays all have the response's length; the values are those :class:`Turn` computes itself (same masks,
-    the same float64 differences summed over the same positions in the same order). Other turns are left to Turn."""
-    ok = [t for t in turns if t.response_len > 0 and t.teacher_valid_mask is None and t.teacher_topk_ids is None
-          and t.teacher_topk_logprobs is None and t.action_mask is not None and t.student_logprobs is not None
-          and t.teacher_logprobs is not None
-          and t.action_mask.shape[0] == t.student_logprobs.shape[0] == t.teacher_logprobs.shape[0] == t.response_len]
-    if not ok:
-        return
-    lengths = np.fromiter((t.response_len for t in ok), dtype=np.int64, count=len(ok))
-    starts, ends, valid, n_valid, kl, disagreement = _cached_values(
-        np.concatenate([t.student_logprobs for t in ok]), np.concatenate([t.teacher_logprobs for t in ok]),
-        np.concatenate([t.action_mask for t in ok]), lengths)
-    for turn, start, end, n, k, d in zip(ok, starts, ends, n_valid, kl, disagreement, strict=True):
-        cached = turn.__dict__  # functools.cached_property's own slots
-        cached["length_mismatch"] = None
-        cached["valid_mask"] = valid[start:end]
-        cached["n_valid"] = n
-        cached["kl_tokens"] = k
-        cached["disagreement"] = d
+    return starts, n_valid.tolist(), kl.tolist(), disagreement.tolist()

@@ -7,27 +7,12 @@ verl config (docs/integrations/verl.md)::
     trainer.v1.sampler.max_off_policy_threshold=3          # divopd's max_staleness + 1 (the paper's δ = 2)
     +trainer.v1.sampler.sampler_kwargs.method=divopd       # and pool_factor, cap, max_pending_age, ... (paper defaults)
     data.train_batch_size=256                              # B: turns per update (one TransferQueue record per turn)
-
-Each ``sample(global_steps, "train", batch_size)`` reads the records the rollout side put into TransferQueue since the
-last call (one record per student turn, see :mod:`divopd.integrations.verl_records`), adds them to divopd's sampler
-(:class:`divopd.sampling.Sampler`: queue, validity gate, pending pool, ledger — kept across steps), composes exactly
-``batch_size`` turns for learner version ``global_steps − 1`` (verl's current weights version, the convention of its
-staleness metrics) and returns their keys as verl's ``KVBatchMeta``. Turns the sampler expires (stale, pending age,
-overflow) or its gate rejects are cleared from TransferQueue at once and counted in the ledger; the side map from
-arrival to key never holds more than the turns still waiting. A step without enough eligible turns polls again every
-``poll_interval`` seconds, up to ``sample_timeout_s``; then it stops with one line (the ledger and what is missing).
-Validation (``partition_id != "train"``) keeps verl's own rule.
-
-Staleness: a turn expires when ``(global_steps − 1) − min_global_steps > max_staleness``, the same as verl's
-``max_off_policy_threshold`` span rule with ``max_staleness = threshold − 1``; ``sampler_kwargs.max_staleness`` wins
-when given. verl 0.9.1 has no checkpoint hook for a replay buffer: :meth:`state_dict` / :meth:`load_state_dict` are
-there for a trainer that saves them; without them a resumed run re-reads the turns TransferQueue restored as new
-arrivals (nothing lost; their first-seen order is rebuilt).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Any
 
 import transfer_queue as tq
@@ -35,19 +20,19 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from divopd.errors import UsageError
-from divopd.experience import Turn
 from divopd.integrations.verl_records import (
     RECORD_FIELDS,
     SUMMARY_TAG,
     VerlRecordError,
+    candidate_of,
     record_summary,
     safe_fields,
-    summary_turn,
-    turn_from_dict,
 )
-from divopd.sampling import Batch, Sampler, SamplerConfig, ledger_metrics, make_sampler
+from divopd.sampling import Batch, Candidate, Ledger, Sampler, SamplerConfig, make_sampler
 
 __all__ = ["DivOPDReplayBuffer", "DEFAULTS", "VerlRecordError", "batch_metrics", "divopd_config"]
+
+_STATE_VERSION = 2
 
 #: The settings ``sampler_kwargs`` may give, with the paper's defaults (max_staleness: from the threshold, else 2).
 DEFAULTS: dict[str, Any] = {
@@ -79,10 +64,13 @@ def divopd_config(sampler_kwargs: Any, max_off_policy_threshold: int | None, bat
         raise UsageError(f"trainer.v1.sampler.sampler_kwargs: {exc}") from None
 
 
-def batch_metrics(batch: Batch | None, ledger: dict[str, Any]) -> dict[str, float]:
+#: What the sampler holds per turn: the record's TransferQueue key and its tag.
+Held = tuple[str, dict[str, Any]]
+
+
+def batch_metrics(batch: Batch[Held] | None, ledger: Ledger) -> dict[str, float]:
     """divopd's metric names (docs/reference/metrics.md): ``sampler/<stat>`` of the batch and ``ledger/...``."""
-    metrics = {} if batch is None else {f"sampler/{k}": float(v) for k, v in batch.stats.items()}
-    return metrics | ledger_metrics(ledger)
+    return ledger.as_metrics(None if batch is None else batch.stats)
 
 
 def _rows(value: Any) -> list[Any]:
@@ -96,7 +84,8 @@ class DivOPDReplayBuffer(ReplayBuffer):
     Load it with ``trainer.v1.sampler.custom_sampler.path=pkg://divopd.integrations.verl`` and
     ``custom_sampler.name=DivOPDReplayBuffer``; ``sampler_kwargs`` take the :class:`~divopd.sampling.SamplerConfig`
     fields (``method``, ``pool_factor``, ``cap``, ...). Each ``sample(global_steps, "train", batch_size)`` reads the
-    per-turn records the rollout side put into TransferQueue since the last call, adds them to one divopd
+    per-turn records the rollout side put into TransferQueue since the last call, adds each as its
+    :class:`~divopd.sampling.Candidate` (read from divopd's summary tag) with its key and tag as payload to one divopd
     :class:`~divopd.sampling.Sampler` kept across steps, and returns the keys of exactly ``batch_size`` turns composed
     for learner version ``global_steps - 1``. Expired and gate-rejected turns are cleared from TransferQueue at once
     and counted in the ledger; a step short of eligible turns polls every ``poll_interval`` seconds up to
@@ -119,10 +108,8 @@ class DivOPDReplayBuffer(ReplayBuffer):
         self._settings = dict(sampler_kwargs or {})
         divopd_config(self._settings, max_off_policy_threshold, self._settings.get("batch_size") or 1)  # fail early
         self.sample_timeout_s = float(self._settings.get("sample_timeout_s") or DEFAULTS["sample_timeout_s"])
-        self.sampler: Sampler | None = None
-        self._keys: dict[int, str] = {}  # arrival -> TransferQueue key, for every turn still waiting
-        self._tags: dict[str, dict] = {}  # key -> its tag, for every turn still waiting
-        self._handed_out: set[str] = set()  # keys returned to verl that it has not cleared yet
+        self.sampler: Sampler[Held] | None = None
+        self._listed: set[str] = set()  # keys read (waiting, or handed out) that TransferQueue still lists
         self.stopped: list[str] = []  # keys of the records that stopped the run (left in TransferQueue)
 
     # ------------------------------------------------------------------ sampling
@@ -136,7 +123,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
             if batch is not None:
                 return batch, metrics
             if time.monotonic() >= deadline:
-                ledger = {k: v for k, v in self.sampler.ledger.items() if not isinstance(v, dict)}
+                ledger = {k: v for k, v in asdict(self.sampler.ledger).items() if not isinstance(v, dict)}
                 raise UsageError(f"DivOPDReplayBuffer: no batch of {batch_size} turns for step {global_steps} within "
                                  f"sample_timeout_s={self.sample_timeout_s:g} (ledger {ledger}): the rollout side "
                                  "produced too few valid, fresh turns")
@@ -148,36 +135,36 @@ class DivOPDReplayBuffer(ReplayBuffer):
         sampler = self._ensure_sampler(batch_size)
         self.ingest(partition_id)
         batch = sampler.next_batch(int(global_steps) - 1)
-        self._clear_decided(partition_id, batch)
+        departed = [key for key, _ in sampler.take_departed()]  # expired or rejected: cleared at once
+        if departed:
+            self._listed.difference_update(departed)
+            tq.kv_clear(keys=departed, partition_id=partition_id)
         metrics = batch_metrics(batch, sampler.ledger)
         if batch is None:
             return None, metrics
-        keys = [self._keys[a] for a in batch.arrivals]
-        metrics["sampler/teacher_masked_tokens"] = float(self.make_safe(partition_id, keys))
-        for a in batch.arrivals:
-            del self._keys[a]
-        tags = [{k: v for k, v in self._tags.pop(key).items() if k != SUMMARY_TAG} for key in keys]
-        self._handed_out.update(keys)
+        metrics["sampler/teacher_masked_tokens"] = float(self.make_safe(partition_id, batch.payloads))
+        keys = [key for key, _ in batch.payloads]
+        tags = [{k: v for k, v in tag.items() if k != SUMMARY_TAG} for _, tag in batch.payloads]
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
 
     def _ensure_sampler(self, batch_size: int) -> Sampler:
         if self.sampler is None:
-            self.sampler = make_sampler(divopd_config(self._settings, self.max_off_policy_threshold, batch_size))
-            self.sampler.turn_from_dict = turn_from_dict
+            self.sampler = make_sampler(divopd_config(self._settings, self.max_off_policy_threshold, batch_size),
+                                        track_departed=True)
         elif self.sampler.config.batch_size != batch_size:
             raise UsageError(f"DivOPDReplayBuffer: verl asked for {batch_size} rows, the sampler composes "
                              f"{self.sampler.config.batch_size} (keep data.train_batch_size fixed)")
         return self.sampler
 
-    def ingest(self, partition_id: str) -> list[Turn]:
+    def ingest(self, partition_id: str) -> list[Candidate]:
         """Add the records put since the last poll (in TransferQueue's order) to the sampler; clear finished prompts.
 
         A record whose tag carries divopd's summary (:data:`~divopd.integrations.verl_records.SUMMARY_TAG`) is read
         from its tag alone, like verl's own buffer reads; the fields of one without it are fetched once to summarise it.
         """
         listing = (tq.kv_list(partition_id=partition_id) or {}).get(partition_id, {})
-        self._handed_out &= listing.keys()
-        known = set(self._tags) | self._handed_out
+        self._listed &= listing.keys()  # verl cleared the handed-out records it trained on
+        known = self._listed
         keys, tags, done_prompts = [], [], []
         for key, tag in listing.items():
             if tag.get("is_prompt", False):
@@ -193,22 +180,19 @@ class DivOPDReplayBuffer(ReplayBuffer):
                 tags[i] = {**tags[i], SUMMARY_TAG: record_summary(keys[i], tags[i], values)[1]}
             except VerlRecordError as exc:
                 errors[keys[i]] = exc
-        turns: list[Turn] = []
+        candidates: list[Candidate] = []
         for key, tag in zip(keys, tags, strict=True):
             try:
-                turns.append(summary_turn(key, tag))
+                candidates.append(candidate_of(key, tag))
             except VerlRecordError as exc:
                 errors.setdefault(key, exc)
-            except KeyError:  # a summary tag without a field it needs
-                errors.setdefault(key, VerlRecordError(f"verl record {key!r}: tag {SUMMARY_TAG!r} is incomplete"))
         if errors:
             self._stop(partition_id, errors)
-        arrivals = self.sampler.add(turns)
-        self._keys.update(zip(arrivals, keys, strict=True))
-        self._tags.update(zip(keys, tags, strict=True))
+        self.sampler.add(list(zip(keys, tags, strict=True)), candidates)
+        self._listed.update(keys)
         if done_prompts:  # their trajectories were put before their terminal status: all read above
             tq.kv_clear(keys=done_prompts, partition_id=partition_id)
-        return turns
+        return candidates
 
     def _stop(self, partition_id: str, errors: dict[str, VerlRecordError]) -> None:
         """Count the records that stop the run (:attr:`stopped`) and raise one line; nothing is read out of
@@ -238,10 +222,10 @@ class DivOPDReplayBuffer(ReplayBuffer):
                 out.append({f: _rows(data[f])[0] for f in RECORD_FIELDS if f in data.keys()})
             return out
 
-    def make_safe(self, partition_id: str, keys: list[str]) -> int:
+    def make_safe(self, partition_id: str, records: list[Held]) -> int:
         """Rewrite the selected records verl could not train on as they are (:func:`safe_fields`: a teacher value
         that is not finite, a teacher in the one-value-per-token layout); returns the positions that left the mask."""
-        rewrite = [k for k in keys if self._tags[k][SUMMARY_TAG]["rewrite"]]
+        rewrite = [key for key, tag in records if tag[SUMMARY_TAG]["rewrite"]]
         dropped = 0
         for key, values in zip(rewrite, self._read(partition_id, rewrite), strict=True):
             fields, n = safe_fields(values, key)
@@ -249,40 +233,26 @@ class DivOPDReplayBuffer(ReplayBuffer):
             dropped += n
         return dropped
 
-    def _clear_decided(self, partition_id: str, batch: Batch | None) -> None:
-        """Forget and clear from TransferQueue the turns the sampler expired or rejected during this composition."""
-        keep = self.sampler.waiting_arrivals() | set(batch.arrivals if batch is not None else ())
-        gone = [a for a in self._keys if a not in keep]
-        if gone:
-            keys = [self._keys.pop(a) for a in gone]
-            for key in keys:
-                del self._tags[key]
-            tq.kv_clear(keys=keys, partition_id=partition_id)
-
     # ------------------------------------------------------------------ state
+    def waiting_keys(self) -> set[str]:
+        """The keys of the records still waiting in the sampler (pending or queued)."""
+        return set() if self.sampler is None else {key for key, _ in self.sampler.waiting_payloads()}
+
     def state_dict(self) -> dict[str, Any]:
-        """The sampler state (queue, pending pool, ledger) and the waiting turns' keys and tags (JSON-able)."""
-        return {
-            "version": 1,
-            "sampler": None if self.sampler is None else self.sampler.state_dict(),
-            "keys": [[a, k] for a, k in self._keys.items()],
-            "tags": self._tags,
-            "handed_out": sorted(self._handed_out),
-        }
+        """The sampler state (queue, pending pool, ledger) with the waiting records' keys and tags (JSON-able)."""
+        return {"version": _STATE_VERSION, "sampler": None if self.sampler is None else self.sampler.state_dict(list),
+                "read": sorted(self._listed)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (TransferQueue must still hold the waiting turns' records)."""
-        if state.get("version") != 1:
-            raise UsageError(f"DivOPDReplayBuffer state version {state.get('version')!r} is not 1")
+        if state.get("version") != _STATE_VERSION:
+            raise UsageError(f"DivOPDReplayBuffer state version {state.get('version')!r} was written by another "
+                             f"divopd; this one reads version {_STATE_VERSION} only")
         self.sampler = None
         if state["sampler"] is not None:
-            config = SamplerConfig(**state["sampler"]["config"])
-            self.sampler = make_sampler(config)
-            self.sampler.turn_from_dict = turn_from_dict
-            self.sampler.load_state_dict(state["sampler"])
-        self._keys = {int(a): str(k) for a, k in state["keys"]}
-        self._tags = {str(k): dict(t) for k, t in state["tags"].items()}
-        self._handed_out = set(state["handed_out"])
+            self.sampler = make_sampler(SamplerConfig(**state["sampler"]["config"]), track_departed=True)
+            self.sampler.load_state_dict(state["sampler"], tuple)
+        self._listed = set(state["read"])
 
     # ------------------------------------------------------------------ verl's async-trainer hooks
     def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:

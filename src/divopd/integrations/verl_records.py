@@ -14,30 +14,31 @@ at its last ``_``. A record becomes a :class:`~divopd.experience.Turn` from:
 - tags ``min_global_steps`` (the weights version that generated the turn; a ``policy_version`` tag wins when both are
   there), optional ``prompt_truncated``, ``task``, ``env``, ``success``, and divopd's per-turn summary
   (:data:`SUMMARY_TAG`, written by :class:`divopd.integrations.verl_agent_loop.DivOPDAgentLoopWorkerTQ` and by
-  :func:`turn_to_record`): the scalars the composer reads, so that a record carrying it is composed from its tag alone
-  (:class:`SummaryTurn`) and its fields are fetched only when verl needs them rewritten (:func:`safe_fields`).
+  :func:`turn_to_record`): the scalars the composer reads, so that a record carrying it becomes its candidate from its
+  tag alone (:func:`candidate_of`) and its fields are fetched only when verl needs them rewritten (:func:`safe_fields`).
 
-What the composer needs but a record may lack: a record without a parsable key or without a version cannot become a
-turn and raises :class:`VerlRecordError` (one line naming the key and the field); a record without teacher or student
-log probs, or with a per-token field of another length than ``responses``, becomes a turn that divopd's gate rejects
-with its reason (``missing_teacher``, ``missing_student_logprobs``, ``length_mismatch``), counted in the ledger.
-The teacher log prob of a response token is the one whose ``teacher_ids`` entry is that token; a position where no
-column holds the token, or whose value is not finite, is unscored (NaN), as divopd's gate reads it.
+A record without a parsable key or a version raises :class:`VerlRecordError` (one line naming the key and the field);
+one without teacher or student log probs, or with a per-token field of another length than ``responses``, is rejected by
+divopd's gate with its reason, counted in the ledger. The teacher log prob of a response token is the one whose
+``teacher_ids`` entry is that token; a position where no column holds the token, or whose value is not finite, is
+unscored (NaN), as divopd's gate reads it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from divopd.errors import UsageError
 from divopd.experience import Turn
+from divopd.sampling import Candidate
+from divopd.sampling.candidate import task_key
+from divopd.sampling.gate import verdict
 
-__all__ = ["RECORD_FIELDS", "SUMMARY_TAG", "SummaryTurn", "VerlRecordError", "parse_key", "record_summary",
-           "record_to_turn", "safe_fields", "summary_turn", "turn_from_dict", "turn_to_record"]
+__all__ = ["RECORD_FIELDS", "SUMMARY_TAG", "VerlRecordError", "candidate_of", "parse_key", "record_summary",
+           "safe_fields", "turn_to_record"]
 
 #: The value fields the plug-in reads from a record (others, e.g. ``input_ids``, are left to verl).
 RECORD_FIELDS: tuple[str, ...] = (
@@ -122,13 +123,9 @@ def _fields(values: Mapping[str, Any], key: str) -> dict[str, Any]:
     return arrays
 
 
-def record_to_turn(key: str, tag: Mapping[str, Any], values: Mapping[str, Any]) -> Turn:
-    """The turn of one TransferQueue record (``values``: its fields, absent ones missing or ``None``)."""
-    return record_summary(key, tag, values)[0]
-
-
 def record_summary(key: str, tag: Mapping[str, Any], values: Mapping[str, Any]) -> tuple[Turn, dict[str, Any]]:
-    """The record's turn and divopd's summary of it (the :data:`SUMMARY_TAG` tag).
+    """The turn of one TransferQueue record (``values``: its fields, absent ones missing or ``None``) and divopd's
+    summary of it (the :data:`SUMMARY_TAG` tag).
 
     The summary holds what the composer reads (``response_len``, ``length_mismatch``, ``teacher``, ``student``,
     ``n_valid``, ``disagreement``, ``kl_tokens``, ``teacher_masked``) and what verl's trainer needs done to the record
@@ -166,65 +163,19 @@ def record_summary(key: str, tag: Mapping[str, Any], values: Mapping[str, Any]) 
     return turn, summary
 
 
-@dataclass(eq=False)
-class SummaryTurn(Turn):
-    """A turn known by its record's key, tags and divopd summary; its per-token arrays stay in TransferQueue.
-
-    It answers what the sampler reads (the gate's checks, ``response_len``, ``n_valid``, ``disagreement``,
-    ``kl_tokens``) from the summary, with the same values the full turn gives (the writer computed them from it).
-    """
-
-    summary: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def response_len(self) -> int:  # type: ignore[override]
-        return int(self.summary["response_len"])
-
-    @property
-    def length_mismatch(self) -> str | None:  # type: ignore[override]
-        return self.summary["length_mismatch"]
-
-    @property
-    def n_valid(self) -> int:  # type: ignore[override]
-        return int(self.summary["n_valid"])
-
-    @property
-    def disagreement(self) -> float:  # type: ignore[override]
-        return float(self.summary["disagreement"])
-
-    @property
-    def kl_tokens(self) -> int:  # type: ignore[override]
-        return int(self.summary["kl_tokens"])
-
-    @property
-    def teacher_masked_tokens(self) -> int:  # type: ignore[override]
-        return int(self.summary["teacher_masked"])
-
-    @property
-    def valid_mask(self) -> np.ndarray:  # type: ignore[override]
-        raise AttributeError("SummaryTurn: the per-token arrays are in TransferQueue (read the record)")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "summary": dict(self.summary)}
-
-
-def summary_turn(key: str, tag: Mapping[str, Any]) -> SummaryTurn:
-    """The turn of a record whose tag carries divopd's summary (no field is read)."""
+def candidate_of(key: str, tag: Mapping[str, Any]) -> Candidate:
+    """The candidate of a record whose tag carries divopd's summary (no field is read); :class:`VerlRecordError` for
+    a key or version it cannot place, or an incomplete summary."""
     rollout_id, turn_index = parse_key(key)
-    summary = dict(tag[SUMMARY_TAG])
-    info = {name: tag[name] for name in _INFO_TAGS if tag.get(name) is not None}
-    info["verl_key"] = key
-    empty = np.zeros(0, dtype=np.float32)
-    return SummaryTurn(
-        rollout_id=rollout_id, turn_index=turn_index, policy_version=_policy_version(key, tag), prompt_ids=[],
-        response_ids=[], student_logprobs=empty if summary["student"] else None,
-        teacher_logprobs=empty if summary["teacher"] else None,
-        prompt_truncated=bool(tag.get("prompt_truncated", False)), info=info, summary=summary)
-
-
-def turn_from_dict(data: dict[str, Any]) -> Turn:
-    """:meth:`Turn.from_dict` that restores a :class:`SummaryTurn` (the sampler's ``turn_from_dict`` reader)."""
-    return SummaryTurn(**data) if "summary" in data else Turn.from_dict(data)
+    version = _policy_version(key, tag)
+    try:
+        s = tag[SUMMARY_TAG]
+        n, n_valid, truncated = int(s["response_len"]), int(s["n_valid"]), bool(tag.get("prompt_truncated", False))
+        reason = verdict(truncated, n, bool(s["teacher"]), bool(s["student"]), s["length_mismatch"], n_valid)
+        return Candidate(rollout_id, turn_index, version, n, n_valid, int(s["kl_tokens"]), float(s["disagreement"]),
+                         reason, task_key(tag.get("task"), rollout_id))
+    except (KeyError, TypeError, ValueError):
+        raise VerlRecordError(f"verl record {key!r}: tag {SUMMARY_TAG!r} is incomplete") from None
 
 
 def safe_fields(values: Mapping[str, Any], key: str) -> tuple[dict[str, Any], int]:

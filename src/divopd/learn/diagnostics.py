@@ -29,7 +29,7 @@ __all__ = ["full_reverse_kl", "gradient_diagnostics", "opd_gradient", "ranking_s
 
 
 def _turns_of(batch: Any) -> list[Turn]:
-    return list(getattr(batch, "turns", batch))
+    return list(getattr(batch, "payloads", batch))
 
 
 def opd_gradient(model: torch.nn.Module, turns: Sequence[Turn], *, beta: float = 1.0,
@@ -146,7 +146,7 @@ def ranking_stability(model: torch.nn.Module, batch: Any, *, pad_id: int = 0, mi
                       max_tokens_per_batch: int = 8192) -> dict[str, float]:
     """Appendix E.2: do focus rankings made with the generating policy survive the learner's lag?
 
-    Over the valid candidate turns with generating log probabilities (``batch.candidates``, else ``batch.turns``):
+    Over the valid candidate turns with generating log probabilities (``batch.candidates``, else ``batch.payloads``):
     ``diag/focus_spearman`` (all turns), ``diag/focus_spearman_within_rollout`` (mean over rollouts with at least
     ``min_rollout_turns`` such turns: focus only ranks turns inside a rollout's slots), ``diag/focus_turns``,
     ``diag/focus_rollouts`` and ``diag/focus_mean_abs_change`` (mean |current − generating| score).

@@ -95,7 +95,7 @@ def batch_inputs(batch: Batch | Sequence[Turn] | None, config: LearnerConfig, vo
     ``vocab`` ids."""
     if batch is None:
         raise ValueError("Learner.step: batch is None (the sampler was not ready; call next_batch again later)")
-    turns = list(getattr(batch, "turns", batch))  # a Batch, or any object with turns, or the turns
+    turns = list(getattr(batch, "payloads", batch))  # a Batch (its payloads are the turns), or the turns
     if not turns:
         raise ValueError("Learner.step: empty batch (the sampler returns None, not an empty batch, when not ready)")
     inputs = update_inputs(turns, max_prompt_len=config.max_prompt_len,

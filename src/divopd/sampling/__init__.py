@@ -2,49 +2,47 @@
 
 Pure Python + numpy, no torch: usable inside any trainer. Typical use::
 
-    from divopd import Turn
     from divopd.sampling import SamplerConfig, make_sampler
 
     sampler = make_sampler(SamplerConfig("divopd", batch_size=256, pool_factor=4, cap=4, max_staleness=2))
-    sampler.add(turns)                       # arrivals from explorers
+    sampler.add(turns)                       # divopd Turns; a plug-in adds (payloads, candidates)
     batch = sampler.next_batch(learner_version)
     if batch is not None:
-        train_on(batch.turns); print(batch.stats, sampler.ledger)
+        train_on(batch.payloads); print(sampler.ledger.as_metrics(batch.stats))
 """
 
-from divopd.sampling.registry import METHODS, ROWS, Method, MethodRow, Switch, get_method, register_method
-from divopd.sampling.rows import method_names, method_row
-from divopd.sampling.rules import (
-    allocate_rollout_first,
-    allocate_rollout_first_tokens,
-    focus_order,
-    is_stale,
-    uniform_order,
-)
+from divopd.sampling.candidate import Candidate, Columns
+from divopd.sampling.ledger import Ledger
+from divopd.sampling.method_rows import method_names, method_row
+from divopd.sampling.registry import METHODS, ROWS, Method, MethodRow, Rule, Switch, get_method, register_method
+from divopd.sampling.rules import allocate_rollout_first, focus_order, is_stale, uniform_order, visiting_order
 from divopd.sampling.sampler import Batch, Sampler, SamplerConfig, make_sampler
-from divopd.sampling.stats import BatchStats, batch_stats, effective_rollouts, ledger_metrics
+from divopd.sampling.stats import BatchStats, batch_stats, effective_rollouts
 
 __all__ = [
     "METHODS",
     "ROWS",
-    "MethodRow",
-    "Switch",
-    "method_names",
-    "method_row",
     "Batch",
     "BatchStats",
+    "Candidate",
+    "Columns",
+    "Ledger",
     "Method",
+    "MethodRow",
+    "Rule",
     "Sampler",
     "SamplerConfig",
+    "Switch",
     "allocate_rollout_first",
-    "allocate_rollout_first_tokens",
     "batch_stats",
     "effective_rollouts",
-    "ledger_metrics",
     "focus_order",
     "get_method",
     "is_stale",
     "make_sampler",
+    "method_names",
+    "method_row",
     "register_method",
     "uniform_order",
+    "visiting_order",
 ]

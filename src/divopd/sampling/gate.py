@@ -4,15 +4,14 @@
     action mask needed by the loss. If a teacher-valid mask is supplied, it must align with the action mask and share
     at least one valid position. Turns that fail these checks are discarded before batch selection.
 
-:func:`check` returns ``None`` for a valid turn, else exactly one reason code from :data:`REASONS`. When a turn has
-several defects, the first in the order of :data:`REASONS` is reported.
+A turn gets ``None`` (valid) or exactly one reason code from :data:`REASONS`: the first of its defects in that order.
 """
 
 from __future__ import annotations
 
 from divopd.experience.turn import Turn
 
-__all__ = ["REASONS", "check"]
+__all__ = ["REASONS", "check", "verdict"]
 
 #: Reason codes, in the order they are checked.
 REASONS: tuple[str, ...] = (
@@ -25,18 +24,26 @@ REASONS: tuple[str, ...] = (
 )
 
 
-def check(turn: Turn) -> str | None:
-    """Validity gate: ``None`` when ``turn`` may enter a batch, else the reason code of its first defect."""
-    if turn.prompt_truncated:
+def verdict(prompt_truncated: bool, response_len: int, has_teacher: bool, has_student: bool,
+            length_mismatch: str | None, n_valid: int) -> str | None:
+    """The gate over a record's facts: ``None`` when it may enter a batch, else the reason code of its first defect.
+    Framework records that never become a :class:`Turn` are judged here with the facts they carry."""
+    if prompt_truncated:
         return "prompt_truncated"
-    if turn.response_len == 0:
+    if response_len == 0:
         return "empty_response"
-    if turn.teacher_logprobs is None:
+    if not has_teacher:
         return "missing_teacher"
-    if turn.student_logprobs is None:
+    if not has_student:
         return "missing_student_logprobs"
-    if turn.length_mismatch is not None:
+    if length_mismatch is not None:
         return "length_mismatch"
-    if turn.n_valid == 0:
+    if n_valid == 0:
         return "no_valid_token"
     return None
+
+
+def check(turn: Turn) -> str | None:
+    """:func:`verdict` of a :class:`Turn`."""
+    return verdict(turn.prompt_truncated, turn.response_len, turn.teacher_logprobs is not None,
+                   turn.student_logprobs is not None, turn.length_mismatch, turn.n_valid)

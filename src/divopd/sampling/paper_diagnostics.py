@@ -1,19 +1,7 @@
 """The diagnostics of the paper's tables (Appendix: Tables 9, 11, 12, 14, 16 and Figure 6), as pure functions.
 
-Each function is the definition the metrics, the replay and the report use (docs/guides/report.md maps tables to keys):
-
-- Table 9: :func:`turns_per_rollout` (rows ÷ distinct rollouts of a batch) and :func:`kl_per_token` (mean per-token
-  ``student_logprob − teacher_logprob`` over the batch's valid tokens, with the *generating* policy's cached log
-  probabilities); effective rollouts and the top-1 token share are :func:`divopd.sampling.stats.effective_rollouts`
-  and ``max_rollout_share`` of :func:`~divopd.sampling.stats.batch_stats`.
-- Table 11: :func:`gini` of selected-turn counts per valid rollout (zeros included) and :func:`never_selected_share`.
-- Table 12: the mean age of consumed rows is ``mean_staleness`` of :func:`~divopd.sampling.stats.batch_stats`
-  (learner version − generating version, averaged over the batch's rows).
-- Table 14: :func:`depth_bucket` × :func:`outcome` cells (:func:`selection_cells`, :func:`cell_shares`; for turns
-  queued before their rollout ended, :func:`rollout_cells` resolved by :func:`outcome_cells`).
-- Table 16: :func:`scored_tokens` of a turn, :func:`teacher_tokens_per_trained_token` and
-  :func:`never_selected_scored_share`.
-- Figure 6: :func:`ema_update` (α = :data:`EMA_ALPHA`) of ``disagreement_std_across_rollouts``.
+Each function is the definition the metrics, the replay and the report use (docs/guides/report.md maps tables to
+keys; the concentration numbers of Tables 9 and 12 are :func:`~divopd.sampling.stats.batch_stats` keys).
 
 :class:`RunDiagnostics` holds the run-level (cumulative) ones a training run writes per update.
 """
@@ -28,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from divopd.experience.turn import Turn
+from divopd.sampling.candidate import Candidate
 
 __all__ = [
     "DEPTH_BUCKETS",
@@ -68,18 +57,18 @@ OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown")
 
 
 # ---------------------------------------------------------------------------------------------------- Table 9
-def turns_per_rollout(turns: Sequence[Turn]) -> float:
+def turns_per_rollout(turns: Sequence[Turn | Candidate]) -> float:
     """Mean selected turns per distinct rollout of a batch: rows ÷ distinct rollout ids (0 for an empty batch)."""
     rollouts = len({t.rollout_id for t in turns})
     return len(turns) / rollouts if rollouts else 0.0
 
 
-def kl_tokens(turn: Turn) -> int:
+def kl_tokens(turn: Turn | Candidate) -> int:
     """Tokens :attr:`Turn.disagreement` sums over: valid tokens whose student log probability is finite."""
     return turn.kl_tokens
 
 
-def kl_per_token(turns: Iterable[Turn]) -> float:
+def kl_per_token(turns: Iterable[Turn | Candidate]) -> float:
     """The batch's sampled reverse KL per token: Σ (student − teacher log prob) ÷ the number of those tokens.
 
     Summed over the valid tokens with a finite student log probability (:func:`kl_tokens`), with the generating

@@ -1,13 +1,10 @@
 """The method registry: the record types and the two tables every list of methods reads.
 
-* :class:`Method`: a *sampler rule* (its composer, selector, gate and row weights), :data:`METHODS` by name;
-* :class:`MethodRow`: a *method row* of the paper's tables, one record per row: its sampler rule, the explorer and
-  learner features it switches on (:class:`Switch`, config keys), the config check they need, a description and its
-  tags; :data:`ROWS` in display order.
+* :class:`Method`: a *sampler rule* (its selection function, gate and row weights), :data:`METHODS` by name;
+* :class:`MethodRow`: a *method row* of the paper's tables: its sampler rule, the explorer and learner features it
+  switches on (:class:`Switch`, config keys), the config check they need, a description and its tags; :data:`ROWS`.
 
-This module holds the types and the (empty) tables only; the built-in records are declared in
-:mod:`divopd.sampling.rows`, which fills them. It imports nothing of :mod:`divopd.sampling`, so that every module of the
-package (the config, the composers, the records) can import it without an import circle.
+The built-in records are declared in :mod:`divopd.sampling.method_rows`, which fills the tables.
 """
 
 from __future__ import annotations
@@ -15,21 +12,32 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from divopd.experience.turn import Turn
+from divopd.sampling.candidate import Columns
 
-__all__ = ["Entry", "Composer", "Selector", "Method", "Switch", "MethodRow", "METHODS", "ROWS", "add_row",
+__all__ = ["RuleSettings", "Rule", "Method", "Switch", "MethodRow", "METHODS", "ROWS", "add_row",
            "register_method", "get_method", "method_names", "method_row", "row_switches", "check_row"]
 
-Entry = tuple[int, Turn]
-#: ``(pool, batch_size, config, rng) -> entries`` in composition order (``config``: a ``SamplerConfig``).
-Composer = Callable[[list[Entry], int, Any, np.random.Generator], list[Entry]]
-#: A rule over the pool's columns: ``(pool, columns, batch_size, config, rng) -> positions`` (composition order), the
-#: pool being ``{arrival: Turn}`` in the columns' order (``columns``: a ``PoolColumns``).
-Selector = Callable[[dict[int, Turn], Any, int, Any, np.random.Generator], np.ndarray]
+
+class RuleSettings(Protocol):
+    """The settings a selection rule reads (a :class:`~divopd.sampling.SamplerConfig` has them all)."""
+
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def cap(self) -> int: ...
+    @property
+    def cap_unit(self) -> str: ...
+    @property
+    def group_order(self) -> str: ...
+
+
+#: A selection rule: ``(pool, batch_size, settings, rng) -> positions`` of ``batch_size`` distinct pool rows, in
+#: composition order. ``pool`` holds the gated, non-stale candidates in arrival order.
+Rule = Callable[[Columns[Any], int, RuleSettings, np.random.Generator], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -38,24 +46,22 @@ class Method:
 
     Attributes:
         name: the registry name (``SamplerConfig.method``).
-        compose: the composer; ``None`` for the arrival-order reader, which reads the raw queue.
+        select: the rule; ``None`` for the arrival-order reader, which reads the raw queue.
         pooled: True when the method reads a gated candidate pool of ``pool_factor × batch_size`` turns.
         description: one line for ``--help`` and the README.
-        select: optional, the same rule over ``PoolColumns``, returning pool positions in composition order.
         gated: False for a pooled method without the validity gate: invalid turns enter its pool as candidates (and
             count ``selected`` when chosen, else wait like any pending turn); True for every paper rule but
             ``divopd-focus``.
-        row_weights: optional ``turns -> weights`` (one float per selected row, mean 1) put on ``Batch.row_weights``;
+        row_weights: optional ``selected rows -> weights`` (one float per row, mean 1) put on ``Batch.row_weights``;
             ``None`` = unit row weights (the paper's loss).
     """
 
     name: str
-    compose: Composer | None
+    select: Rule | None
     pooled: bool
     description: str
-    select: Selector | None = None
     gated: bool = True
-    row_weights: Callable[[list[Turn]], list[float]] | None = None
+    row_weights: Callable[[Columns[Any]], list[float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,7 @@ class MethodRow:
         return ", ".join(f"{s.key}" for s in self.switches)
 
 
-#: Sampler rules by name (filled by the records of :mod:`divopd.sampling.rows` and by :func:`register_method`).
+#: Sampler rules by name (filled by :mod:`divopd.sampling.method_rows` and by :func:`register_method`).
 METHODS: dict[str, Method] = {}
 #: Every method row, in display order (insertion order).
 ROWS: dict[str, MethodRow] = {}
@@ -124,15 +130,15 @@ def add_row(row: MethodRow) -> MethodRow:
     return row
 
 
-def register_method(name: str, compose: Composer, description: str = "") -> Method:
-    """Register a pooled composer under ``name``, with a tag-less row of the same name (the short way to plug a new
+def register_method(name: str, select: Rule, description: str = "") -> Method:
+    """Register a pooled rule under ``name``, with a tag-less row of the same name (the short way to plug a new
     selection rule in; a row with tags or switches is a :class:`MethodRow` given to :func:`add_row`)."""
     if not name or not isinstance(name, str):
         raise ValueError("method name must be a non-empty str")
     stale = ROWS.get(name)
     if name in METHODS or (stale is not None and stale.rule in METHODS):
         raise ValueError(f"method {name!r} is already registered")
-    method = Method(name=name, compose=compose, pooled=True, description=description)
+    method = Method(name=name, select=select, pooled=True, description=description)
     if stale is not None:  # a row whose rule was taken out of METHODS: it reads the new rule, in its old place
         METHODS[name] = method
         ROWS[name] = MethodRow(name, method, description)

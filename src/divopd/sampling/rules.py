@@ -1,192 +1,160 @@
-"""The paper's selection rules, one named function each (Section 3, "coverage" and "focus").
+"""The paper's selection rules (Section 3 and Algorithm 1), one function each, over the pool's :class:`Columns`.
 
-These functions work on plain lists and ints so that they can be read, tested and reused on their own; the
-:class:`~divopd.sampling.sampler.Sampler` wires them to the queue, the pool and the ledger.
+A rule returns pool positions in composition order; :mod:`divopd.sampling.method_rows` names the rules a method row
+reads batches with.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 
-from divopd.experience.turn import Turn
+from divopd.sampling.candidate import Columns
+from divopd.sampling.registry import Rule, RuleSettings
 
-__all__ = [
-    "is_stale",
-    "allocate_rollout_first",
-    "allocate_rollout_first_array",
-    "allocate_rollout_first_tokens",
-    "slot_pass",
-    "focus_key",
-    "focus_order",
-    "uniform_order",
-]
+__all__ = ["is_stale", "pool_capacity", "pending_expiry", "visiting_order", "focus_order", "uniform_order",
+           "allocate_rollout_first", "select_oldest", "select_top_b", "rollout_first"]
 
 
-def is_stale(policy_version: int, learner_version: int, max_staleness: int) -> bool:
-    """A turn is stale when ``learner_version − policy_version > max_staleness``; stale turns expire."""
+def is_stale(policy_version: int | np.ndarray, learner_version: int, max_staleness: int) -> bool | np.ndarray:
+    """Staleness (Algorithm 1, step 1): a turn expires when ``learner_version − policy_version > max_staleness``."""
     return learner_version - policy_version > max_staleness
-
-
-def allocate_rollout_first(group_sizes: Sequence[int], batch_size: int, cap: int | None) -> list[int]:
-    """Rollout-first allocation: how many slots each rollout group receives.
-
-    Paper: "the composer groups valid turns by rollout ID and visits the longest-waiting groups first. On the first
-    pass through these groups, each rollout contributes at most k turns […]. If the batch is not full, each additional
-    pass raises the cap by one. Thus k limits the first pass, not the final number of turns per rollout."
-
-    Args:
-        group_sizes: number of candidate turns of each rollout, in visiting order (longest-waiting first).
-        batch_size: B, the number of slots to fill.
-        cap: k, the first-pass cap; ``None`` means no cap (k = ∞).
-
-    Returns:
-        Slots per group (same order). Their sum is ``min(batch_size, sum(group_sizes))``.
-    """
-    if batch_size < 0:
-        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
-    if cap is not None and cap < 1:
-        raise ValueError(f"cap must be >= 1 or None, got {cap}")
-    alloc = [0] * len(group_sizes)
-    remaining = batch_size
-    limit = max(group_sizes, default=0) if cap is None else cap
-    open_groups = [g for g, size in enumerate(group_sizes) if size > 0]
-    while remaining > 0 and open_groups:
-        still_open = []
-        for g in open_groups:
-            if remaining == 0:
-                break
-            take = min(limit, group_sizes[g]) - alloc[g]
-            if take > 0:
-                take = min(take, remaining)
-                alloc[g] += take
-                remaining -= take
-            if alloc[g] < group_sizes[g]:
-                still_open.append(g)
-        open_groups = still_open
-        limit += 1  # pass j + 1 lets each rollout hold at most k + j + 1 turns
-    return alloc
-
-
-def allocate_rollout_first_array(
-    group_sizes: Sequence[int] | np.ndarray, batch_size: int, cap: int | None
-) -> np.ndarray:
-    """:func:`allocate_rollout_first` in closed form over a numpy array (the same allocation, for large pools).
-
-    After passes 0..j every rollout holds ``min(size, k + j)`` turns. If pass 0 already fills the batch, rollouts take
-    ``min(size, k)`` in visiting order until B runs out. Otherwise find the last complete pass j (the largest j with
-    ``Σ min(size, k + j) <= B``, by bisection) and give one more slot, in visiting order, to the first rollouts that
-    still have turns, until the batch is full: that is the partial pass j + 1.
-    """
-    if batch_size < 0:
-        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
-    if cap is not None and cap < 1:
-        raise ValueError(f"cap must be >= 1 or None, got {cap}")
-    sizes = np.asarray(group_sizes, dtype=np.int64)
-    if int(sizes.sum()) <= batch_size:
-        return sizes.copy()
-    first = sizes if cap is None else np.minimum(sizes, cap)
-    filled = np.cumsum(first)
-    if filled[-1] >= batch_size:  # the batch fills during pass 0 (always so without a cap)
-        alloc = np.zeros_like(sizes)
-        cut = int(np.searchsorted(filled, batch_size))  # first rollout at which the running total reaches B
-        alloc[:cut] = first[:cut]
-        alloc[cut] = batch_size - (int(filled[cut - 1]) if cut else 0)
-        return alloc
-    lo, hi = 0, int(sizes.max()) - cap  # Σ min(size, k + lo) < B  and  Σ min(size, k + hi) = Σ size > B
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if int(np.minimum(sizes, cap + mid).sum()) <= batch_size:
-            lo = mid
-        else:
-            hi = mid
-    alloc = np.minimum(sizes, cap + lo)
-    short = batch_size - int(alloc.sum())
-    if short:
-        alloc[np.flatnonzero(sizes > cap + lo)[:short]] += 1
-    return alloc
-
-
-def allocate_rollout_first_tokens(
-    group_token_lens: Sequence[Sequence[int]], batch_size: int, cap: int | None
-) -> list[int]:
-    """Rollout-first allocation with a token-share cap (``cap_unit: tokens``, beyond the paper).
-
-    The paper's cap counts turns, "so it does not bound a rollout's token share when response lengths vary". Here the
-    first-pass allowance of each rollout is ``cap / batch_size`` of the batch's token budget, the budget being
-    ``batch_size × mean response length of the candidates`` (so the allowance is ``cap × mean length`` tokens, and
-    equals the turn cap when all lengths are equal). A rollout takes its turns in within-rollout order while they fit
-    in its allowance; each further pass raises the allowance by one mean length, exactly as the turn cap is raised by
-    one turn. A single turn longer than the allowance waits for a later pass.
-
-    Guarantee: after the first pass no rollout holds more than ``cap × mean length`` response tokens.
-
-    Args:
-        group_token_lens: per group (visiting order), the response lengths of its turns in within-rollout order.
-        batch_size: B.
-        cap: k; ``None`` means no cap.
-
-    Returns:
-        Slots per group: each group takes a prefix of its ordered turns.
-    """
-    if cap is None:
-        return allocate_rollout_first([len(g) for g in group_token_lens], batch_size, None)
-    if cap < 1:
-        raise ValueError(f"cap must be >= 1 or None, got {cap}")
-    all_lens = [n for g in group_token_lens for n in g]
-    if not all_lens:
-        return [0] * len(group_token_lens)
-    unit = max(sum(all_lens) / len(all_lens), 1.0)
-    alloc = [0] * len(group_token_lens)
-    used = [0] * len(group_token_lens)
-    remaining = batch_size
-    passes = 0
-    allowance = cap * unit
-    open_groups = [g for g, lens in enumerate(group_token_lens) if lens]
-    while remaining > 0 and open_groups:
-        still_open = []
-        for g in open_groups:
-            lens = group_token_lens[g]
-            while remaining > 0 and alloc[g] < len(lens) and used[g] + lens[alloc[g]] <= allowance:
-                used[g] += lens[alloc[g]]
-                alloc[g] += 1
-                remaining -= 1
-            if alloc[g] < len(lens):
-                still_open.append(g)
-            if remaining == 0:
-                break
-        open_groups = still_open
-        passes += 1
-        allowance = (cap + passes) * unit
-    return alloc
-
-
-def slot_pass(rank: int, cap: int | None) -> int:
-    """The pass in which the turn of within-rollout ``rank`` (0-based) gets its slot under a turn cap ``k``."""
-    return 0 if cap is None else max(0, rank - cap + 1)
-
-
-def focus_key(turn: Turn) -> tuple[float, str, int]:
-    """Sort key of focus: disagreement descending, ties by ``(rollout_id, turn_index)``."""
-    return (-turn.disagreement, turn.rollout_id, turn.turn_index)
-
-
-def focus_order(turns: Sequence[Turn]) -> list[Turn]:
-    """Focus: rank turns by cached disagreement Σ_{i∈V_u}(log π_v(u) − log π_teacher), descending.
-
-    Paper: "DivOPD ranks its valid turns by the cached score over its valid tokens V_u, in descending order, breaking
-    ties by (rid, t), on every pass."
-    """
-    return sorted(turns, key=focus_key)
-
-
-def uniform_order(n: int, rng: np.random.Generator) -> np.ndarray:
-    """Uniform within-rollout order (DivOPD-base): random sort keys from one seeded permutation per composition."""
-    return rng.random(n)
 
 
 def pool_capacity(batch_size: int, pool_factor: float) -> int:
     """Candidate pool size ``c·B`` (rounded up; float noise such as 1.1 × 100 = 110.00000000000001 is ignored)."""
     return int(math.ceil(round(pool_factor * batch_size, 9)))
+
+
+def pending_expiry(seen: np.ndarray, update: int, max_pending_age: int | None,
+                   max_pending: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Algorithm 1, step 8, over the unselected pool (arrival order, first-seen updates ``seen``): the rows first
+    seen more than W updates ago (``pending_age``), and of the rest the oldest beyond ``max_pending``
+    (``pending_overflow``). Returns the two boolean masks."""
+    old = np.zeros(len(seen), dtype=bool) if max_pending_age is None else update - seen > max_pending_age
+    overflow = np.zeros(len(seen), dtype=bool)
+    if max_pending is not None:
+        kept = np.flatnonzero(~old)
+        overflow[kept[:max(0, len(kept) - max_pending)]] = True
+    return old, overflow
+
+
+def visiting_order(pool: Columns, group_order: str = "first-seen") -> np.ndarray:
+    """Algorithm 1, step 4: the visiting ordinal of each row's rollout group, groups ordered by their oldest
+    first-seen update, ties by rollout id (``group_order: arrival``: by their oldest arrival). Arrival order inside
+    a group is the pool's own."""
+    ids, first, inverse = np.unique(pool.rollout_id, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if group_order == "arrival":
+        oldest = first
+    else:
+        oldest = np.full(len(ids), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(oldest, inverse, pool.seen)
+    ordinal = np.empty(len(ids), dtype=np.intp)
+    ordinal[np.argsort(oldest, kind="stable")] = np.arange(len(ids))
+    return ordinal[inverse]
+
+
+def focus_order(disagreement: np.ndarray, rollout: np.ndarray, turn_index: np.ndarray,
+                group: np.ndarray | None = None) -> np.ndarray:
+    """Focus: positions by cached disagreement Σ_{i∈V_u}(log π_v(u) − log π_teacher), descending, ties by
+    ``(rollout, turn_index)`` then position; inside each ``group`` (ascending) when given.
+
+    Paper: "DivOPD ranks its valid turns by the cached score over its valid tokens V_u, in descending order, breaking
+    ties by (rid, t), on every pass."
+    """
+    keys = (turn_index, rollout, -disagreement) + (() if group is None else (group,))
+    return np.lexsort(keys)
+
+
+def uniform_order(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Uniform within-rollout order (DivOPD-base): random sort keys, one draw per composition."""
+    return rng.random(n)
+
+
+def allocate_rollout_first(group: np.ndarray, batch_size: int, cap: int | None,
+                           lengths: np.ndarray | None = None) -> np.ndarray:
+    """Rollout-first allocation: which turns the batch takes, in composition order.
+
+    ``group`` is each turn's rollout group in visiting order, the turns sorted by (group, within-rollout rank). Pass
+    0 gives every group up to cap k turns, in visiting order; pass j ≥ 1 raises each group's limit to k + j; the
+    batch takes the first B turns by (pass, group, rank). ``cap`` None: no cap (whole groups in visiting order).
+
+    ``lengths`` (``cap_unit: tokens``, beyond the paper): the cap counts response tokens, a first-pass allowance of
+    ``cap × mean length`` per group raised by one mean length per pass; a turn longer than its allowance waits for a
+    later pass. The chosen turns are then laid out by their turn-count pass, as the turn cap lays them out.
+
+    Returns positions into ``group``.
+    """
+    if batch_size < 0:
+        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+    if cap is not None and cap < 1:
+        raise ValueError(f"cap must be >= 1 or None, got {cap}")
+    n = len(group)
+    start = np.searchsorted(group, group, side="left")
+    rank = np.arange(n) - start
+    if cap is None:
+        passes = np.zeros(n, dtype=np.int64)
+    elif lengths is None:
+        passes = np.maximum(rank - cap + 1, 0)
+    else:
+        passes = _token_passes(np.asarray(lengths, dtype=np.int64), start, cap)
+    chosen = np.lexsort((group, passes))[:batch_size]
+    if lengths is not None and cap is not None:
+        chosen = chosen[np.lexsort((chosen, np.maximum(rank[chosen] - cap + 1, 0)))]
+    return chosen
+
+
+def _token_passes(lengths: np.ndarray, start: np.ndarray, cap: int) -> np.ndarray:
+    """Per turn, the first pass p whose allowance ``(cap + p) × mean length`` holds its group's tokens up to it."""
+    unit = max(int(lengths.sum()) / len(lengths), 1.0) if len(lengths) else 1.0
+    total = np.cumsum(lengths)
+    held = total - (total - lengths)[start]  # the group's tokens up to and including this turn
+    passes = np.maximum(np.ceil(held / unit) - cap, 0).astype(np.int64)
+    while (low := held > (cap + passes) * unit).any():
+        passes[low] += 1
+    while (high := (passes > 0) & (held <= (cap + passes - 1) * unit)).any():
+        passes[high] -= 1
+    return passes
+
+
+def select_oldest(pool: Columns, batch_size: int, settings: RuleSettings, rng: np.random.Generator) -> np.ndarray:
+    """``vanilla-pool``: the B oldest candidates by arrival."""
+    return np.argsort(pool.arrival, kind="stable")[:batch_size]
+
+
+def select_top_b(pool: Columns, batch_size: int, settings: RuleSettings, rng: np.random.Generator) -> np.ndarray:
+    """``top-b`` (the paper's "Top-B (no rollout limit)"): the B best candidates in focus order, no rollout limit.
+
+    Only candidates that can reach the top B (ties at the boundary included) are put in focus order."""
+    neg = -pool.disagreement
+    rows = np.arange(len(pool))
+    if len(pool) > 2 * batch_size:
+        rows = np.flatnonzero(neg <= np.partition(neg, batch_size - 1)[batch_size - 1])
+    order = focus_order(pool.disagreement[rows], pool.rollout_id[rows], pool.turn_index[rows])
+    return rows[order[:batch_size]]
+
+
+def rollout_first(within: str, capped: bool) -> Rule:
+    """The rule of a rollout-first method: rollout groups in visiting order, ``within`` each group focus order
+    (``divopd``) or a uniform order (``divopd-base``), allocated by :func:`allocate_rollout_first` with cap k
+    (``capped``) or none (``nocap``), in the unit of ``cap_unit``."""
+    if within not in ("focus", "uniform"):
+        raise ValueError(f"within-rollout order must be 'focus' or 'uniform', got {within!r}")
+
+    def select(pool: Columns, batch_size: int, settings: RuleSettings, rng: np.random.Generator) -> np.ndarray:
+        group = visiting_order(pool, settings.group_order)
+        if within == "focus":
+            order = focus_order(pool.disagreement, group, pool.turn_index, group)
+        elif settings.group_order == "arrival":  # one key per turn, drawn in pool order
+            order = np.lexsort((uniform_order(len(pool), rng), group))
+        else:  # one key per turn, drawn in visiting order
+            keys = np.empty(len(pool))
+            keys[np.argsort(group, kind="stable")] = uniform_order(len(pool), rng)
+            order = np.lexsort((keys, group))
+        lengths = pool.response_len[order] if settings.cap_unit == "tokens" else None
+        return order[allocate_rollout_first(group[order], batch_size, settings.cap if capped else None, lengths)]
+
+    select.__name__ = f"rollout_first_{within}_{'cap' if capped else 'nocap'}"
+    return select

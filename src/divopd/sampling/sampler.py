@@ -1,159 +1,180 @@
-"""The sampler: queue, validity gate, candidate pool with pending turns, staleness expiry, and the ledger.
+"""The sampler: queue, validity gate, candidate pool with pending turns, expiry, and the ledger, over candidate columns.
 
 Data path (paper, Algorithm 1, "core DivOPD changes only queue consumption")::
 
-    add(turns) ──► queue (arrival order) ──► [pooled methods] gate on entry ──► pool = pending + fresh (≤ c·B)
-                                                                                   │ compose B turns (method)
-                                                                                   ▼
-                                               unselected valid turns ──► pending (until stale / max_pending)
+    add(payloads, candidates) ──► queue (arrival order) ──► [pooled methods] gate ──► pool = pending + fresh (≤ c·B)
+                                                                                         │ rule picks B rows
+                                                                                         ▼
+                                          unselected valid turns ──► pending (until stale / W / max_pending)
 
-Every turn ends in exactly one ledger bucket: ``selected``, ``expired`` (stale, or pushed out of a full pending
-pool), ``invalid`` (rejected by the gate, with its reason), or is still waiting (``pending`` in the pool, ``queued``
-not yet read). Invariant: ``received == selected + expired + invalid + pending + queued``. A pooled method without
-the gate (``Method.gated`` False: ``divopd-focus``) pools invalid turns as candidates: one it selects is ``selected``.
-
-Cost placement: ``add`` computes each turn's gate verdict and focus score once (cached on the turn); the verdict is
-applied (pooled, or counted ``invalid``) when the turn is read into the pool, so the ledger is as if the gate ran there.
+Every turn ends in exactly one ledger bucket: ``selected``, ``expired`` (stale, first seen more than W updates ago,
+or pushed out of a full pending pool), ``invalid`` (rejected by the gate, with its reason), or is still waiting
+(``pending`` in the pool, ``queued`` not yet read). A pooled method without the gate (``Method.gated`` False:
+``divopd-focus``) pools invalid turns as candidates: one it selects is ``selected``.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 import divopd.sampling.gate as gate
+from divopd.errors import UsageError
 from divopd.experience.turn import Turn
+from divopd.sampling.candidate import Candidate, Columns
 from divopd.sampling.config import SamplerConfig
-from divopd.sampling.methods import PoolColumns
-from divopd.sampling.registry import Entry, get_method
+from divopd.sampling.ledger import Ledger
+from divopd.sampling.registry import get_method
+from divopd.sampling.rules import is_stale, pending_expiry
 from divopd.sampling.stats import BatchStats, batch_stats
 
-__all__ = ["SamplerConfig", "Batch", "Sampler", "make_sampler"]
+__all__ = ["STATE_VERSION", "SamplerConfig", "Batch", "Sampler", "make_sampler"]
 
+P = TypeVar("P")
+
+#: The version of :meth:`Sampler.state_dict`'s format; :meth:`Sampler.load_state_dict` reads only this one.
+STATE_VERSION = 3
 
 
 @dataclass
-class Batch:
+class Batch(Generic[P]):
     """A composed learner batch.
 
     Attributes:
-        turns: the selected turns, in composition order (exactly ``batch_size``).
+        payloads: the selected turns' payloads (what the caller added: a divopd ``Turn``, a framework record), in
+            composition order (exactly ``batch_size``).
         arrivals: the sampler's arrival number of each selected turn.
         learner_version: the learner version the batch was composed for.
         stats: composition statistics (see :func:`divopd.sampling.stats.batch_stats`) plus ``expired`` and ``invalid``
             (during this call), ``pending`` and ``queued`` (after it), ``candidates`` (pool size inspected) and
             ``candidate_rollouts`` (distinct rollouts among the valid candidates).
-        candidates: the valid candidate turns the method chose from (pooled methods; for ``vanilla`` the batch).
+        candidates: the payloads of the valid candidates the method chose from (pooled methods; for ``vanilla`` the
+            batch).
         first_seen: the update at which each candidate entered the pool (aligned with ``candidates``; pooled
             methods only).
-        row_weights: per-row loss weights (aligned with ``turns``, mean 1) from the method's ``row_weights``
+        row_weights: per-row loss weights (aligned with ``payloads``, mean 1) from the method's ``row_weights``
             (``divopd-focus``'s task balance); ``None`` = unit weights, the paper's loss.
     """
 
-    turns: list[Turn]
+    payloads: list[P]
     arrivals: list[int]
     learner_version: int
     stats: BatchStats
-    candidates: list[Turn] = field(default_factory=list, repr=False)
+    candidates: list[P] = field(default_factory=list, repr=False)
     first_seen: list[int] = field(default_factory=list, repr=False)
     row_weights: list[float] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
-        return len(self.turns)
+        return len(self.payloads)
 
 
-class Sampler:
-    """Queue + pool + ledger around one registered selection method. Build with :func:`make_sampler`."""
+class Sampler(Generic[P]):
+    """Queue + pool + ledger around one registered selection method; one opaque payload per candidate. Build with
+    :func:`make_sampler`."""
 
-    def __init__(self, config: SamplerConfig) -> None:
+    def __init__(self, config: SamplerConfig, track_departed: bool = False) -> None:
         self.config = config
         self.method = get_method(config.method)
-        # arrival -> (turn, gate reason, column row), not yet read; the gate runs once per turn, at arrival, and its
-        # verdict is applied (counted, pooled or rejected) when the turn is read into the pool
-        self._queue: OrderedDict[int, tuple[Turn, str | None, tuple]] = OrderedDict()
-        self._expiry: list[tuple[int, int]] = []  # heap of (policy_version, arrival) over queued turns
-        self._pending: dict[int, Turn] = {}  # arrival -> turn: gated, unselected, in arrival order
-        self._seen: dict[int, int] = {}  # arrival -> first-seen update q of each pending turn (Algorithm 1, step 3)
-        self._columns = PoolColumns.empty()  # the pending turns' scalars, aligned with the order of self._pending
-        self._codes: dict[str, int] = {}  # rollout id -> int code of PoolColumns.group
+        self._queue: deque[Columns[P]] = deque()  # not yet read into the pool: chunks in arrival order
+        self._pool: Columns[P] = Columns.empty()  # pending: gated, unselected, first-seen stamped
         self._next_arrival = 0
         self._compositions = 0
-        self._counts = {"received": 0, "selected": 0, "expired": 0, "invalid": 0}
-        self._invalid_by_reason: dict[str, int] = dict.fromkeys(gate.REASONS, 0)
-        self._expired_by_reason: dict[str, int] = {"stale": 0, "pending_age": 0, "pending_overflow": 0}
-        #: how :meth:`load_state_dict` rebuilds a saved turn (a caller whose turns are a :class:`Turn` subclass, e.g.
-        #: a framework plug-in's summary turns, sets its own reader)
-        self.turn_from_dict: Callable[[dict[str, Any]], Turn] = Turn.from_dict
+        self._ledger = Ledger()
+        #: payloads of the turns that left unselected (expired or rejected), kept for :meth:`take_departed`
+        self._departed: list[Columns[P]] | None = [] if track_departed else None
 
     # ------------------------------------------------------------------ intake
-    def add(self, turns: Turn | Iterable[Turn]) -> list[int]:
+    def add(self, payloads: P | Iterable[P], candidates: Sequence[Candidate] | None = None) -> list[int]:
         """Queue arrivals; returns their arrival numbers (the sampler numbers turns in arrival order).
 
-        Each turn's derived fields (valid mask, ``n_valid``, focus score) and gate verdict are computed here, once, so
-        that :meth:`next_batch` only reads cached values.
+        ``candidates``: one :class:`Candidate` per payload, built by the caller's adapter; ``None`` when the payloads
+        are divopd :class:`Turn` objects (each is read with :meth:`Candidate.of`).
         """
-        turns = [turns] if isinstance(turns, Turn) else list(turns)
-        for turn in turns:  # check all first: a bad item must not leave half the call queued and uncounted
-            if not isinstance(turn, Turn):
-                raise TypeError(f"Sampler.add expects divopd.Turn objects, got {type(turn).__name__}")
-        arrivals = []
-        for turn in turns:
-            arrival = self._next_arrival
-            self._next_arrival += 1
-            self._enqueue(arrival, turn)
-            arrivals.append(arrival)
-        self._counts["received"] += len(arrivals)
-        return arrivals
+        items: list[Any] = [payloads] if isinstance(payloads, Turn) else list(payloads)  # type: ignore[arg-type]
+        if candidates is None:
+            for item in items:  # check all first: a bad item must not leave half the call queued and uncounted
+                if not isinstance(item, Turn):
+                    raise TypeError(f"Sampler.add expects divopd.Turn objects, got {type(item).__name__}")
+            candidates = [Candidate.of(t) for t in items]
+        elif len(candidates) != len(items):
+            raise ValueError(f"Sampler.add: {len(candidates)} candidates for {len(items)} payloads")
+        first = self._next_arrival
+        self._next_arrival += len(items)
+        self._ledger.received += len(items)
+        if items:
+            self._queue.append(Columns.of(candidates, items, first))
+            if len(self._queue) > 64:  # many small adds: one chunk, so that a composition visits few
+                self._queue = deque([Columns.join(list(self._queue))])
+        return list(range(first, self._next_arrival))
 
-    def _enqueue(self, arrival: int, turn: Turn) -> None:
-        reason = gate.check(turn)
-        if len(self._codes) > 4 * self.waiting + 4096:  # forget the codes of rollouts no longer waiting
-            self._recode()
-        row = self._row(arrival, turn)
-        self._queue[arrival] = (turn, reason, row)
-        heapq.heappush(self._expiry, (turn.policy_version, arrival))
-
-    def _row(self, arrival: int, turn: Turn) -> tuple[int, int, int, float, int]:
-        """The turn's :class:`PoolColumns` row (this computes and caches its focus score)."""
-        codes = self._codes
-        code = codes.setdefault(turn.rollout_id, len(codes))
-        return (arrival, turn.policy_version, code, -turn.disagreement, turn.turn_index)
-
-    def _recode(self) -> None:
-        self._codes = {}
-        for arrival, (turn, reason, _) in list(self._queue.items()):
-            self._queue[arrival] = (turn, reason, self._row(arrival, turn))
-        self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending.items()])
+    def _read_queue(self, n: int) -> Columns[P]:
+        """The first ``n`` queued rows (fewer when fewer are queued), taken off the queue."""
+        parts: list[Columns[P]] = []
+        while n > 0 and self._queue:
+            head = self._queue[0]
+            if len(head) <= n:
+                parts.append(self._queue.popleft())
+            else:
+                parts.append(head.take(slice(0, n)))
+                self._queue[0] = head.take(slice(n, None))
+            n -= len(parts[-1])
+        return Columns.join(parts)
 
     # ------------------------------------------------------------------ ledger
-    def waiting_arrivals(self) -> set[int]:
-        """Arrival numbers of the turns still waiting (queued or pending): what a caller holding records beside the
-        sampler keeps; every other arrival was selected, expired or rejected."""
-        return set(self._queue) | set(self._pending)
-
     @property
-    def ledger(self) -> dict[str, Any]:
-        """Counters; ``received == selected + expired + invalid + pending + queued`` always holds."""
-        return {
-            **self._counts,
-            "pending": len(self._pending),
-            "queued": len(self._queue),
-            "invalid_by_reason": dict(self._invalid_by_reason),
-            "expired_by_reason": dict(self._expired_by_reason),
-        }
+    def ledger(self) -> Ledger:
+        """A snapshot of the counters; ``received == selected + expired + invalid + pending + queued``."""
+        led = self._ledger
+        return replace(led, pending=len(self._pool), queued=self.queued,
+                       invalid_by_reason=dict(led.invalid_by_reason), expired_by_reason=dict(led.expired_by_reason))
 
     @property
     def waiting(self) -> int:
         """Turns not yet decided (pending + queued)."""
-        return len(self._pending) + len(self._queue)
+        return len(self._pool) + self.queued
+
+    @property
+    def queued(self) -> int:
+        """Turns not yet read into the pool."""
+        return sum(len(c) for c in self._queue)
+
+    def fresh(self, learner_version: int) -> int:
+        """Waiting turns that are not stale at ``learner_version``."""
+        stale = self.config.max_staleness
+        return sum(int(np.count_nonzero(~is_stale(c.policy_version, learner_version, stale)))
+                   for c in (self._pool, *self._queue))
+
+    def waiting_payloads(self) -> list[P]:
+        """The payloads of the turns still waiting (pending, then queued), in that order."""
+        return [p for c in (self._pool, *self._queue) for p in c.payloads()]
+
+    def take_departed(self) -> list[P]:
+        """The payloads of the turns that left unselected (expired, or rejected by the gate) since the last call
+        (a sampler built with ``track_departed``: a caller that must release their records)."""
+        if self._departed is None:
+            raise RuntimeError("Sampler.take_departed needs a sampler built with track_departed=True")
+        out = [p for c in self._departed for p in c.payloads()]
+        self._departed = []
+        return out
+
+    def _drop(self, cols: Columns[P], gone: np.ndarray, reason: str | None) -> Columns[P]:
+        """``cols`` without the rows ``gone`` (a mask), counted expired for ``reason`` (``None``: already counted)."""
+        n = int(np.count_nonzero(gone))
+        if n == 0:
+            return cols
+        if reason is not None:
+            self._ledger.expired += n
+            self._ledger.expired_by_reason[reason] += n
+        if self._departed is not None:
+            self._departed.append(cols.take(gone))
+        return cols.take(~gone)
 
     # ------------------------------------------------------------------ composition
-    def next_batch(self, learner_version: int) -> Batch | None:
+    def next_batch(self, learner_version: int) -> Batch[P] | None:
         """Compose exactly ``batch_size`` turns for ``learner_version``, or ``None`` when too few are eligible.
 
         Stale turns are expired first, wherever they sit. ``None`` selects nothing; pooled methods may still have
@@ -162,220 +183,128 @@ class Sampler:
         if isinstance(learner_version, bool) or not isinstance(learner_version, (int, np.integer)):
             raise TypeError(f"learner_version must be an int, got {learner_version!r}")
         learner_version = int(learner_version)
-        before_expired, before_invalid = self._counts["expired"], self._counts["invalid"]
-        self._expire_stale(learner_version)
-        if self.method.pooled:
-            selected, candidates, first_seen = self._compose_pooled(learner_version)
-        else:
-            selected = self._read_arrival_order()
-            candidates, first_seen = None, []
-        if selected is None:
+        led = self._ledger
+        before_expired, before_invalid = led.expired, led.invalid
+        stale = self.config.max_staleness  # Algorithm 1, step 1
+        self._pool = self._drop(self._pool, is_stale(self._pool.policy_version, learner_version, stale), "stale")
+        self._queue = deque(c for c in (self._drop(c, is_stale(c.policy_version, learner_version, stale), "stale")
+                                        for c in self._queue) if len(c))
+        composed = self._compose_pooled(learner_version) if self.method.pooled else self._read_arrival_order()
+        if composed is None:
             return None
-        self._counts["selected"] += len(selected)
-        turns = [t for _, t in selected]
-        stats = batch_stats(turns, learner_version)
+        chosen, pool = composed
+        led.selected += len(chosen)
+        stats = batch_stats(chosen.candidates(), learner_version)
         stats.update(
-            expired=self._counts["expired"] - before_expired,
-            invalid=self._counts["invalid"] - before_invalid,
-            pending=len(self._pending),
-            queued=len(self._queue),
-            candidates=len(candidates) if candidates is not None else len(turns),
-            candidate_rollouts=len({t.rollout_id for t in (candidates if candidates is not None else turns)}),
+            expired=led.expired - before_expired,
+            invalid=led.invalid - before_invalid,
+            pending=len(self._pool),
+            queued=self.queued,
+            candidates=len(pool),
+            candidate_rollouts=len(set(pool.rollout_id.tolist())),
         )
         return Batch(
-            turns=turns,
-            arrivals=[a for a, _ in selected],
+            payloads=chosen.payloads(),
+            arrivals=chosen.arrival.tolist(),
             learner_version=learner_version,
             stats=stats,
-            candidates=candidates if candidates is not None else list(turns),
-            first_seen=first_seen,
-            row_weights=None if self.method.row_weights is None else self.method.row_weights(turns),
+            candidates=pool.payloads(),
+            first_seen=pool.seen.tolist() if self.method.pooled else [],
+            row_weights=None if self.method.row_weights is None else self.method.row_weights(chosen),
         )
 
-    def _expire_stale(self, learner_version: int) -> None:
-        """Drop every stale turn (queue and pending), counting it ``expired``."""
-        threshold = learner_version - self.config.max_staleness  # rules.is_stale ⟺ policy_version < threshold
-        heap = self._expiry
-        while heap and heap[0][0] < threshold:
-            _, arrival = heapq.heappop(heap)
-            if self._queue.pop(arrival, None) is not None:
-                self._expire(1, "stale")
-        if len(heap) > 2 * len(self._queue) + 1024:  # drop entries of turns already read from the queue
-            self._expiry = [(t.policy_version, a) for a, (t, _, _) in self._queue.items()]
-            heapq.heapify(self._expiry)
-        if self._pending:
-            stale = self._columns.version < threshold  # rules.is_stale
-            if stale.any():
-                self._drop_pending(self._columns.arrival[stale])
-                self._columns = self._columns.take(np.flatnonzero(~stale))
-                self._expire(int(np.count_nonzero(stale)), "stale")
-
-    def _drop_pending(self, arrivals: np.ndarray) -> None:
-        pending, seen = self._pending, self._seen
-        for arrival in arrivals.tolist():
-            del pending[arrival]
-            del seen[arrival]
-
-    def _expire(self, n: int, reason: str) -> None:
-        self._counts["expired"] += n
-        self._expired_by_reason[reason] += n
-
-    def _read_arrival_order(self) -> list[Entry] | None:
+    def _read_arrival_order(self) -> tuple[Columns[P], Columns[P]] | None:
         """``vanilla``: the next B (non-stale) turns in arrival order, ungated."""
         batch_size = self.config.batch_size
-        if len(self._queue) < batch_size:
+        if self.queued < batch_size:
             return None
-        popitem = self._queue.popitem
-        out = []
-        for _ in range(batch_size):
-            arrival, (turn, _, _) = popitem(last=False)
-            out.append((arrival, turn))
-        return out
+        chosen = self._read_queue(batch_size)
+        return chosen, chosen
 
-    def _fill_pool(self, update: int) -> tuple[dict[int, Turn], PoolColumns]:
-        """Algorithm 1, steps 2-3: pending turns, then fresh queued turns until |P| + |F| = c·B. Invalid fresh turns
-        use up part of that read and are discarded (counted ``invalid``); valid ones are stamped first-seen ``update``.
-        A method with ``gated=False`` (``divopd-focus``) pools invalid turns too (they are never counted ``invalid``).
-        """
-        gated = self.method.gated
-        pool, seen = self._pending, self._seen
-        room = self.config.pool_size - len(pool)
-        popitem = self._queue.popitem
-        rows = []
-        invalid = 0
-        while room > 0 and self._queue:
-            arrival, (turn, reason, row) = popitem(last=False)
-            room -= 1
-            if reason is None or not gated:
-                pool[arrival] = turn
-                seen[arrival] = update
-                rows.append(row)
-            else:
-                invalid += 1
-                self._invalid_by_reason[reason] += 1
-        self._counts["invalid"] += invalid
-        self._columns = self._columns.concat(PoolColumns.from_rows(rows))
-        return pool, self._columns
-
-    def _visiting_order(self, pool: dict[int, Turn], columns: PoolColumns) -> np.ndarray | None:
-        """Algorithm 1, step 4: pool positions with rollout groups by oldest first-seen update, ties by rollout id
-        (then arrival inside a group); ``None`` for ``group_order: arrival`` (the pool's own arrival order)."""
-        if self.config.group_order == "arrival":
-            return None
-        arrivals = columns.arrival.tolist()
-        seen = np.fromiter((self._seen[a] for a in arrivals), dtype=np.int64, count=len(arrivals))
-        _, first, inverse = np.unique(columns.group, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        oldest = np.full(len(first), np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(oldest, inverse, seen)
-        ids = [pool[arrivals[i]].rollout_id for i in first.tolist()]
-        id_rank = np.empty(len(ids), dtype=np.int64)
-        id_rank[sorted(range(len(ids)), key=ids.__getitem__)] = np.arange(len(ids))
-        return np.lexsort((columns.arrival, id_rank[inverse], oldest[inverse]))
-
-    def _compose_pooled(self, learner_version: int) -> tuple[list[Entry] | None, list[Turn] | None, list[int]]:
-        """Algorithm 1 for a pooled method: ``(selected, candidates, their first-seen updates)``."""
-        pool, columns = self._fill_pool(learner_version)
+    def _compose_pooled(self, update: int) -> tuple[Columns[P], Columns[P]] | None:
+        """Algorithm 1 for a pooled method: ``(selected rows, the pool they were chosen from)``."""
+        read = self._read_queue(self.config.pool_size - len(self._pool))  # steps 2-3
+        if self.method.gated:
+            invalid = read.reason >= 0
+            if invalid.any():
+                counts = np.bincount(read.reason[invalid], minlength=len(gate.REASONS)).tolist()
+                for reason, n in zip(gate.REASONS, counts, strict=True):
+                    self._ledger.invalid_by_reason[reason] += n
+                self._ledger.invalid += int(np.count_nonzero(invalid))
+                read = self._drop(read, invalid, None)
+        pool = self._pool = Columns.join([self._pool, read.stamped(update)])
         batch_size = self.config.batch_size
         if len(pool) < batch_size:
-            return None, None, []
+            return None
         rng = np.random.default_rng([self.config.seed, self._compositions])
         self._compositions += 1
+        positions = np.asarray(self.method.select(pool, batch_size, self.config, rng), dtype=np.intp)  # steps 4-7
         name = self.config.method
-        keep = np.ones(len(pool), dtype=bool)
-        # the rule sees the pool with its rollout groups in visiting order (first appearance = visited first)
-        perm = self._visiting_order(pool, columns)
-        if self.method.select is not None:  # a built-in rule over the columns: pool positions
-            ordered = columns if perm is None else columns.take(perm)
-            positions = self.method.select(pool, ordered, batch_size, self.config, rng)
-            if perm is not None:
-                positions = perm[positions]
-            selected = [(a, pool[a]) for a in columns.arrival[positions].tolist()]
-            keep[positions] = False
-        else:
-            entries = list(pool.items())
-            if perm is not None:
-                entries = [entries[i] for i in perm.tolist()]
-            selected = self.method.compose(entries, batch_size, self.config, rng)
-            chosen = {a for a, _ in selected}
-            keep = np.fromiter((a not in chosen for a in pool), dtype=bool, count=len(pool))
-        if len(selected) != batch_size:
-            raise RuntimeError(f"method {name!r} returned {len(selected)} rows, expected {batch_size}")
-        if len({a for a, _ in selected}) != batch_size:
-            raise RuntimeError(f"method {name!r} selected a turn twice")
-        pending_index = np.flatnonzero(keep)
-        if len(pool) - len(pending_index) != batch_size:  # arrivals are unique: a chosen turn is not in the pool
+        if len(positions) != batch_size:
+            raise RuntimeError(f"method {name!r} returned {len(positions)} rows, expected {batch_size}")
+        if ((positions < 0) | (positions >= len(pool))).any():
             raise RuntimeError(f"method {name!r} selected a turn that is not in the candidate pool")
-        candidates = list(pool.values())
-        first_seen = [self._seen[a] for a in pool]
-        for arrival, _ in selected:
-            del pool[arrival]
-            del self._seen[arrival]
-        pending_index = self._expire_old_pending(columns, pending_index, learner_version)
-        if self.config.max_pending is not None and len(pending_index) > self.config.max_pending:
-            overflow = len(pending_index) - self.config.max_pending
-            self._drop_pending(columns.arrival[pending_index[:overflow]])
-            self._expire(overflow, "pending_overflow")
-            pending_index = pending_index[overflow:]
-        self._columns = columns.take(pending_index)
-        return selected, candidates, first_seen
-
-    def _expire_old_pending(self, columns: PoolColumns, pending_index: np.ndarray, update: int) -> np.ndarray:
-        """Algorithm 1, step 8: keep the unselected valid turns first seen at most W updates ago."""
-        age_limit = self.config.max_pending_age
-        if age_limit is None or len(pending_index) == 0:
-            return pending_index
-        seen = self._seen
-        arrivals = columns.arrival[pending_index]
-        old = np.fromiter((update - seen[a] > age_limit for a in arrivals.tolist()), dtype=bool, count=len(arrivals))
-        if old.any():
-            self._drop_pending(arrivals[old])
-            self._expire(int(np.count_nonzero(old)), "pending_age")
-        return pending_index[~old]
+        keep = np.ones(len(pool), dtype=bool)
+        keep[positions] = False
+        if len(pool) - int(np.count_nonzero(keep)) != batch_size:
+            raise RuntimeError(f"method {name!r} selected a turn twice")
+        rest = pool.take(keep)
+        old, overflow = pending_expiry(rest.seen, update, self.config.max_pending_age, self.config.max_pending)
+        rest = self._drop(rest, old, "pending_age")  # step 8
+        self._pool = self._drop(rest, overflow[~old], "pending_overflow")
+        return pool.take(positions), pool
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
-        """All that is needed to continue exactly: config, counters, queued and pending turns (JSON-able)."""
+    def state_dict(self, encode: Callable[[P], Any] = Turn.to_dict) -> dict[str, Any]:  # type: ignore[assignment]
+        """All that is needed to continue exactly (JSON-able): config, counters, and every waiting turn as
+        ``[arrival, candidate, encode(payload)]`` (``queue``) or ``[arrival, candidate, encode(payload),
+        first-seen update]`` (``pending``)."""
+        queue, led = Columns.join(list(self._queue)), self._ledger
+
+        def rows(cols: Columns[P]) -> Iterable[tuple[int, Candidate, P, int]]:
+            return zip(cols.arrival.tolist(), cols.candidates(), cols.payloads(), cols.seen.tolist(), strict=True)
+
         return {
-            "version": 2,
+            "version": STATE_VERSION,
             "config": asdict(self.config),
             "next_arrival": self._next_arrival,
             "compositions": self._compositions,
-            "counts": dict(self._counts),
-            "invalid_by_reason": dict(self._invalid_by_reason),
-            "expired_by_reason": dict(self._expired_by_reason),
-            "queue": [[a, t.to_dict()] for a, (t, _, _) in self._queue.items()],
-            "pending": [[a, t.to_dict(), self._seen[a]] for a, t in self._pending.items()],
+            "counts": {"received": led.received, "selected": led.selected, "expired": led.expired,
+                       "invalid": led.invalid},
+            "invalid_by_reason": dict(led.invalid_by_reason),
+            "expired_by_reason": dict(led.expired_by_reason),
+            "queue": [[a, c.to_dict(), encode(p)] for a, c, p, _ in rows(queue)],
+            "pending": [[a, c.to_dict(), encode(p), s] for a, c, p, s in rows(self._pool)],
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output; the config must match this sampler's."""
-        if state.get("version") not in (1, 2):
-            raise ValueError(f"unsupported sampler state version {state.get('version')!r}")
+    def load_state_dict(self, state: Mapping[str, Any],
+                        decode: Callable[[Any], P] = Turn.from_dict) -> None:  # type: ignore[assignment]
+        """Restore :meth:`state_dict` output (``decode`` reads a payload back); the config must match this sampler's.
+        A state of another format version is refused with one line."""
+        version = state.get("version") if isinstance(state, Mapping) else None
+        if version != STATE_VERSION:
+            raise UsageError(f"sampler state version {version!r} was written by another divopd; this one reads "
+                             f"sampler state version {STATE_VERSION} only (start a new run, or resume with the divopd "
+                             "that wrote it)")
         saved = SamplerConfig(**state["config"])
         if saved != self.config:
-            raise ValueError(f"sampler state was saved with {saved}, this sampler has {self.config}")
+            raise UsageError(f"sampler state was saved with {saved}, this sampler has {self.config}")
         self._next_arrival = int(state["next_arrival"])
         self._compositions = int(state["compositions"])
-        self._counts = {k: int(v) for k, v in state["counts"].items()}
-        self._invalid_by_reason = {k: int(v) for k, v in state["invalid_by_reason"].items()}
-        self._expired_by_reason = {"stale": 0, "pending_age": 0, "pending_overflow": 0}
-        self._expired_by_reason.update({k: int(v) for k, v in state["expired_by_reason"].items()})
-        self._queue = OrderedDict()
-        self._expiry = []
-        self._codes = {}
-        self._pending, self._seen = {}, {}
-        for a, d, *stamp in state["pending"]:  # version 1 states carry no first-seen stamp: use the turn's version
-            turn = self.turn_from_dict(d)
-            self._pending[int(a)] = turn
-            self._seen[int(a)] = int(stamp[0]) if stamp else turn.policy_version
-        self._columns = PoolColumns.from_rows([self._row(a, t) for a, t in self._pending.items()])
-        for a, d in state["queue"]:
-            self._enqueue(int(a), self.turn_from_dict(d))
+        self._ledger = Ledger(**{k: int(v) for k, v in state["counts"].items()},
+                              invalid_by_reason={k: int(v) for k, v in state["invalid_by_reason"].items()},
+                              expired_by_reason={k: int(v) for k, v in state["expired_by_reason"].items()})
+
+        def columns(entries: list[list[Any]], stamped: bool) -> Columns[P]:
+            return Columns.of([Candidate(**e[1]) for e in entries], [decode(e[2]) for e in entries],
+                              [int(e[0]) for e in entries], [int(e[3]) for e in entries] if stamped else None)
+
+        self._pool = columns(state["pending"], True)
+        self._queue = deque([columns(state["queue"], False)])
 
 
-def make_sampler(config: SamplerConfig) -> Sampler:
-    """Build the sampler for ``config.method``."""
+def make_sampler(config: SamplerConfig, track_departed: bool = False) -> Sampler[Any]:
+    """Build the sampler for ``config.method`` (``track_departed``: see :meth:`Sampler.take_departed`)."""
     if not isinstance(config, SamplerConfig):
         raise TypeError(f"make_sampler expects a SamplerConfig, got {type(config).__name__}")
-    return Sampler(config)
+    return Sampler(config, track_departed)

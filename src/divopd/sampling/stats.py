@@ -7,10 +7,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TypedDict
 
-from divopd.experience.turn import Turn
+from divopd.sampling.candidate import Candidate
 from divopd.sampling.paper_diagnostics import kl_per_token, turns_per_rollout
 
-__all__ = ["BatchStats", "batch_stats", "effective_rollouts", "ledger_metrics"]
+__all__ = ["BatchStats", "batch_stats", "effective_rollouts"]
 
 
 class BatchStats(TypedDict, total=False):
@@ -49,18 +49,10 @@ def effective_rollouts(shares: Sequence[float]) -> float:
     return 1.0 / total if total > 0 else 0.0
 
 
-def batch_stats(turns: Sequence[Turn], learner_version: int) -> BatchStats:
-    """Composition statistics of one batch.
-
-    Keys: ``rows``, ``distinct_rollouts``, ``effective_rollouts`` (1/Σ p_r², p_r = rollout r's share of the batch's
-    response tokens; row shares when the batch has no response token), ``max_rollout_share``, ``dead_rows`` (rows
-    with no valid token), ``response_tokens``, ``valid_tokens``, ``mean_staleness`` (learner − generating version),
-    ``max_staleness``, ``version_min``/``version_max``/``version_mean``, ``disagreement_mean`` (per row) and
-    ``disagreement_std_across_rollouts`` (population std, across the batch's distinct rollouts, of each rollout's
-    disagreement summed over its selected turns in the batch: Figure 6), ``turns_per_rollout`` (rows ÷ distinct
-    rollouts, Table 9) and ``kl_per_token`` (Table 9, :func:`~divopd.sampling.paper_diagnostics.kl_per_token`).
-    ``mean_staleness`` is Table 12's mean age of consumed rows.
-    """
+def batch_stats(turns: Sequence[Candidate], learner_version: int) -> BatchStats:
+    """Composition statistics of one batch (its rows as candidates): the keys of :class:`BatchStats` up to
+    ``kl_per_token``. Token shares are of the batch's response tokens (row shares when it has none); the disagreement
+    std is the population std, across the batch's rollouts, of each rollout's summed disagreement (Figure 6)."""
     rows = len(turns)
     if rows == 0:
         return {"rows": 0, "distinct_rollouts": 0, "effective_rollouts": 0.0, "max_rollout_share": 0.0, "dead_rows": 0}
@@ -99,14 +91,3 @@ def batch_stats(turns: Sequence[Turn], learner_version: int) -> BatchStats:
         "turns_per_rollout": turns_per_rollout(turns),
         "kl_per_token": kl_per_token(turns),
     }
-
-
-def ledger_metrics(ledger: dict) -> dict[str, float]:
-    """A sampler ledger (:attr:`divopd.sampling.Sampler.ledger`) under divopd's metric names: ``ledger/<counter>``,
-    ``ledger/invalid/<reason>`` and ``ledger/expired/<reason>``."""
-    metrics = {f"ledger/{k}": float(v) for k, v in ledger.items() if not isinstance(v, dict)}
-    for reason, count in ledger["invalid_by_reason"].items():
-        metrics[f"ledger/invalid/{reason}"] = float(count)
-    for reason, count in ledger["expired_by_reason"].items():
-        metrics[f"ledger/expired/{reason}"] = float(count)
-    return metrics

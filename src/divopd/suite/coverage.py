@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from divopd.analysis.format import fmt, mean
-from divopd.sampling.rows import method_names
+from divopd.sampling.method_rows import method_names
 
 __all__ = ["PAPER_RULES", "run_coverage", "coverage_markdown"]
 

@@ -182,7 +182,7 @@ def _follow(procs: list[tuple[str, Path, subprocess.Popen]], board: _Board) -> N
 def replay_vanilla_log(run_dir: Path, out: Path, batch_size: int, updates: int) -> dict[str, Any]:
     """Replay the selection rules over one run's own experience log (the paper's shared-buffer replay)."""
     from divopd.analysis.replay import ReplayConfig, plot_replay, replay, write_json
-    from divopd.sampling.rows import method_names
+    from divopd.sampling.method_rows import method_names
 
     cfg = ReplayConfig(methods=method_names("demo-replay"),
                        batch_size=batch_size, updates=updates)

@@ -23,7 +23,7 @@ from typing import Any
 from divopd.analysis.format import fmt, md_table, pyplot, save_figure
 from divopd.analysis.replay import ReplayConfig, plot_replay, replay, write_json
 from divopd.analysis.simulate import PRESETS, simulate
-from divopd.sampling.rows import method_names
+from divopd.sampling.method_rows import method_names
 
 __all__ = ["DEMO_METHODS", "run_replay_demo", "summary_rows", "markdown_table", "main"]
 

@@ -51,8 +51,8 @@ class PlanSetting(_Strict):
 
 
 class PlanMethod(_Strict):
-    """One method row: a config method (a row of divopd.sampling.rows, run on the plan's setting), its label (default:
-    the method), overrides."""
+    """One method row: a config method (a row of divopd.sampling.method_rows, run on the plan's setting), its label
+    (default: the method), overrides."""
 
     method: str
     label: str | None = None

@@ -2,7 +2,7 @@
 
 A setting file (the packaged ones: :mod:`divopd.train.packaged`, ``divopd train coin6-dart``) holds every key of a run;
 its ``method:`` names the method row, and ``--method X`` / ``--set method=X`` picks another. The row's record
-(:mod:`divopd.sampling.rows`) decides the sampler rule and switches its explorer and learner features on over the
+(:mod:`divopd.sampling.method_rows`) decides the sampler rule and switches its explorer and learner features on over the
 file's keys (:func:`~divopd.sampling.registry.row_switches`; the file holds their settings, e.g. +R's patience), then
 the config is checked against it (:func:`~divopd.sampling.registry.check_row`):
 

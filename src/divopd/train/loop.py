@@ -128,7 +128,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                 with timed("time/wait_s", times):
                     rollouts = runtime.poll(timeout=0)
                 _intake(trainer, watchdog, rollouts, times)
-            stalled = watchdog.after_intake(trainer.sampler.ledger["invalid_by_reason"], trainer.version)
+            stalled = watchdog.after_intake(trainer.sampler.ledger.invalid_by_reason, trainer.version)
             if stalled is not None:
                 break
             with at.stage():  # a composed batch counts its turns `selected`: no boundary until its update is out
@@ -163,7 +163,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                 trainer.checkpoint()
             if progress is not None:
                 progress.on_update(trainer, metrics)
-            watchdog.progressed(trainer.sampler.ledger["invalid_by_reason"])  # after the schedule: in-line evals
+            watchdog.progressed(trainer.sampler.ledger.invalid_by_reason)  # after the schedule: in-line evals
     except KeyboardInterrupt:  # a second Ctrl-C while a stage (or a poll) was running
         interrupted = True
         if not at.clean:
@@ -202,7 +202,7 @@ def _watchdog(trainer: Trainer) -> Watchdog:
     runtime = trainer.cfg.runtime
     watchdog = Watchdog(runtime.stall_timeout_s, trainer.cfg.sampler.batch_size,
                         rejected_turns_warning=runtime.rejected_turns_warning)
-    watchdog.progressed(trainer.sampler.ledger["invalid_by_reason"])
+    watchdog.progressed(trainer.sampler.ledger.invalid_by_reason)
     return watchdog
 
 

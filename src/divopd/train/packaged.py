@@ -2,7 +2,7 @@
 demo's prebuilt models. Nothing here reads a repository checkout: every path is relative to the installed package.
 
 * :data:`CONFIGS`: ``divopd/configs/<setting>.yaml``, one file per experimental setting; its ``method:`` names the
-  default method row, ``--method`` / ``--set method=X`` picks another (:mod:`divopd.sampling.rows`).
+  default method row, ``--method`` / ``--set method=X`` picks another (:mod:`divopd.sampling.method_rows`).
 * :data:`SHIPPED`: ``divopd/shipped/<setting>/{teacher,student}``, the prebuilt models of a setting's recipe
   (:mod:`divopd.suite.models` copies them into the cache instead of training them again).
 

@@ -44,7 +44,7 @@ def restore_runtime(trainer: Any, runtime: Any) -> bool:
                                                      write_ids=cfg.log_token_ids)
         return False
     if cfg.log_experience:  # restored: it produces the turns logged past the checkpoint again
-        rundir.cut_log_past_checkpoint(run_dir / EXPERIENCE, trainer.sampler.ledger["received"])
+        rundir.cut_log_past_checkpoint(run_dir / EXPERIENCE, trainer.sampler.ledger.received)
         trainer.log_writer = ExperienceLogWriter(run_dir / EXPERIENCE, rows_per_file=1 << 16,
                                                  write_ids=cfg.log_token_ids)
     trainer._arrived_since_update = int(trainer.state.since_update.get("arrived") or 0)

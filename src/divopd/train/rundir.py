@@ -215,7 +215,7 @@ def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
     ``needs_topk`` (``learner.estimator: topk``): the log holds no teacher top-k, which that loss needs, so each
     re-queued turn enters without its teacher scores (:func:`_without_teacher`): the gate rejects it, counted
     ``invalid`` / ``missing_teacher`` in the ledger, instead of training it with a different loss."""
-    start = sampler.ledger["received"]  # arrivals are numbered 0, 1, ... so this is the next one
+    start = sampler.ledger.received  # arrivals are numbered 0, 1, ... so this is the next one
     gaps = missing_arrivals(log_dir, None) if Path(log_dir).is_dir() else []
     gap = next((max(a, start) for a, b in gaps if b >= start), None)
     if gap is not None:  # an unreadable part past the checkpoint: what follows it cannot keep its arrival numbers
@@ -261,7 +261,7 @@ def recover_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
         if requeued:
             log.info("resume: %d logged turns past the checkpoint queued again", requeued)
         return requeued
-    dropped = truncate_log(log_dir, sampler.ledger["received"]) if Path(log_dir).is_dir() else 0
+    dropped = truncate_log(log_dir, sampler.ledger.received) if Path(log_dir).is_dir() else 0
     if dropped:
         log.warning("resume: %d turns logged after the checkpoint were never received by the restored sampler "
                     "(log_token_ids is off, so they cannot be queued again); removed from the log", dropped)
@@ -276,7 +276,7 @@ def open_log(cfg: Any, log_dir: Path, sampler: Sampler, state: Any, version: int
     again (:func:`recover_logged_turns`). Returns the writer (``None`` when ``exact``: the lockstep runtime cuts the
     log once its state is back, :meth:`~divopd.train.trainer.Trainer.attach_runtime`)."""
     moved = set_aside_unreadable_parts(log_dir)
-    received = sampler.ledger["received"]
+    received = sampler.ledger.received
     gaps = missing_arrivals(log_dir, received) if moved and received else []
     lost = sum(b - a + 1 for a, b in gaps)
     for part in moved:

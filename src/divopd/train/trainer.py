@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from divopd.experience.log import ExperienceLogWriter
 from divopd.experience.metrics import MetricsWriter, final_five, peak_sr
 from divopd.learn.checkpoint import WeightHandle, atomic_write_text, latest_checkpoint
 from divopd.learn.protocol import LearnerProtocol
-from divopd.sampling import Batch, Sampler, ledger_metrics, make_sampler
+from divopd.sampling import Batch, Sampler, make_sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
 from divopd.train import rundir
 from divopd.train.checkpoints import checkpoint_write, prune_checkpoints
@@ -193,9 +193,8 @@ class Trainer:
     def update_metrics(self, batch: Batch) -> dict[str, float]:
         """The sampler's, ledger's, queue's and explorers' metrics of one update (``sampler/``, ``ledger/``, ...),
         with the paper's run-level diagnostics (Table 16 counters, the Figure 6 EMA)."""
-        metrics = {f"sampler/{k}": float(v) for k, v in batch.stats.items()}
+        metrics = self.sampler.ledger.as_metrics(batch.stats)
         metrics.update(self.paper.observe_batch(batch.stats))
-        metrics.update(ledger_metrics(self.sampler.ledger))
         metrics["queue/arrivals"] = float(self._arrived_since_update)
         metrics["queue/arrival_drain_ratio"] = self.arrival_drain_ratio()
         if self.state.producer_intervals:
@@ -222,8 +221,8 @@ class Trainer:
         return out
 
     def arrival_drain_ratio(self) -> float:
-        """Turns received ÷ turns the learner has drained (updates × B)."""
-        return self.sampler.ledger["received"] / max(1, self.learner.version * self.cfg.sampler.batch_size)
+        """Producer load: turns received ÷ turns the learner has drained (updates × B)."""
+        return self.sampler.ledger.received / max(1, self.learner.version * self.cfg.sampler.batch_size)
 
     def producer_load(self) -> float | None:
         """The paper's producer load (Table 2), arrival rate ÷ the learner's drain rate: turns received per
@@ -231,7 +230,7 @@ class Trainer:
         the learner waits), it falls below 1 when the producer is slower than the learner. ``None`` without intervals
         (only the lockstep runtime counts them: one per ``env_steps_per_update`` steps)."""
         n = self.state.producer_intervals
-        return self.sampler.ledger["received"] / (n * self.cfg.sampler.batch_size) if n else None
+        return self.sampler.ledger.received / (n * self.cfg.sampler.batch_size) if n else None
 
     # ------------------------------------------------------------------ checkpoint
     def checkpoint(self) -> Path | None:
@@ -284,7 +283,7 @@ class Trainer:
             "elapsed_s": self.elapsed(),
             "learner_tokens_total": self.learner.tokens_total,
             "learner_compute_s_total": self.learner.compute_s_total,
-            "ledger": self.sampler.ledger,
+            "ledger": asdict(self.sampler.ledger),
             "rollouts": self.state.rollouts,
             "turns": self.state.turns,
             "arrival_drain_ratio": self.arrival_drain_ratio(),

@@ -19,7 +19,7 @@ from trinity.common.experience import EID, Experience
 from divopd.analysis.replay_rules import deliveries
 from divopd.experience import Turn
 from divopd.experience.log import read_log
-from divopd.sampling import Sampler, SamplerConfig, make_sampler
+from divopd.sampling import Ledger, Sampler, SamplerConfig, make_sampler
 
 #: The sampler settings of the logged run and of every replay of its log (B, c, k, delta), and its updates.
 SETTINGS = {"batch_size": 4, "pool_factor": 2, "cap": 2, "max_staleness": 2}
@@ -33,7 +33,7 @@ class Tick:
     update: int
     delivered: list[Turn]
     selected: list[tuple[str, int]] | None  # (rollout_id, turn_index) in composition order; None = starved
-    ledger: dict
+    ledger: Ledger
 
 
 def damage(turn: Turn, arrival: int) -> Turn:
@@ -55,7 +55,7 @@ def reference(log: Path, config: SamplerConfig, updates: int, damaged: bool = Fa
         turns = [a.turn for a in arrivals]
         sampler.add(turns)
         batch = sampler.next_batch(j)
-        selected = None if batch is None else [t.key for t in batch.turns]
+        selected = None if batch is None else [t.key for t in batch.payloads]
         ticks.append(Tick(j, turns, selected, sampler.ledger))
     return ticks, sampler
 

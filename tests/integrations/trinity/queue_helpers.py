@@ -14,6 +14,7 @@ from trinity.buffer import BufferWriter, get_buffer_writer
 from trinity.common.config import BufferConfig, ExperienceBufferConfig
 
 import divopd.integrations.trinity  # noqa: F401  (importing it registers "divopd"; test_plugin covers --plugin-dir)
+from divopd.sampling import Ledger
 
 
 def buffer_config(folder: Path, batch_size: int, max_read_timeout: float = 60.0) -> BufferConfig:
@@ -43,6 +44,6 @@ async def queue_writer(config: BufferConfig) -> AsyncIterator[BufferWriter]:
         ray.kill(writer.queue)
 
 
-def assert_ledger_identity(ledger: dict) -> None:
-    parts = ledger["selected"] + ledger["expired"] + ledger["invalid"] + ledger["pending"] + ledger["queued"]
-    assert ledger["received"] == parts, ledger
+def assert_ledger_identity(ledger: Ledger) -> None:
+    parts = ledger.selected + ledger.expired + ledger.invalid + ledger.pending + ledger.queued
+    assert ledger.received == parts, ledger

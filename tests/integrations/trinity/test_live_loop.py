@@ -121,7 +121,7 @@ async def _live_loop(log: Path, tmp_path: Path) -> None:
         ray.kill(trainer.sample_strategy._reader.queue)
     ledger = trainer.sample_strategy.sampler.ledger
     assert trainer.train_step_num >= 6, f"only {trainer.train_step_num} steps"
-    assert ledger["received"] == len(written) > 0  # every written experience was read and is in one ledger bucket
+    assert ledger.received == len(written) > 0  # every written experience was read and is in one ledger bucket
     assert_ledger_identity(ledger)
-    assert ledger["selected"] == len(seen) == batch_size * trainer.train_step_num
+    assert ledger.selected == len(seen) == batch_size * trainer.train_step_num
     assert seen <= set(written)

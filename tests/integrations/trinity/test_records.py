@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +16,8 @@ from trinity.common.experience import EID, Experience  # noqa: E402
 from divopd.errors import UsageError  # noqa: E402
 from divopd.experience.log import read_log  # noqa: E402
 from divopd.integrations.trinity import experience_to_turn  # noqa: E402
-from divopd.integrations.trinity_records import experiences_to_turns, read_turns  # noqa: E402
-from divopd.sampling import gate  # noqa: E402
+from divopd.integrations.trinity_records import read_candidates  # noqa: E402
+from divopd.sampling import Candidate, gate  # noqa: E402
 
 
 def test_a_logged_turn_survives_the_trip_through_an_experience(divopd_log: Path) -> None:
@@ -51,10 +50,10 @@ def test_bfloat16_log_probs_and_unscored_positions() -> None:
     assert turn.disagreement == pytest.approx(0.5)
 
 
-def test_a_whole_read_gets_the_same_gate_and_focus_values_as_each_turn_alone() -> None:
-    """``experiences_to_turns`` computes the cached per-turn values for a read at once: they equal Turn's own exactly
-    (NaN teacher positions, non-action tokens, a non-finite student log prob, lengths 1..20, a mismatch, a bad
-    record)."""
+def test_a_whole_read_gets_the_candidate_each_record_gives_alone() -> None:
+    """:func:`read_candidates` computes the gate and focus values of a whole read at once: each candidate equals the
+    one of the record's own :class:`Turn`, disagreement exactly (NaN teacher positions, non-action tokens, a
+    non-finite student log prob, lengths 1..20, a mismatch, a record that stops the run)."""
     rng = np.random.default_rng(3)
     exps = []
     for i in range(60):
@@ -71,23 +70,18 @@ def test_a_whole_read_gets_the_same_gate_and_focus_values_as_each_turn_alone() -
                                action_mask=torch.from_numpy(mask), info={"model_version": 1}))
     exps.append(Experience(eid=EID(batch=0, task=99, run=0, step=0), tokens=torch.arange(8), prompt_length=5,
                            info={}))  # no version: stops the run
-    fast = experiences_to_turns(exps)
-    assert isinstance(fast[-1], UsageError)
-    for exp, turn in zip(exps[:-1], fast[:-1], strict=True):
-        alone = experience_to_turn(exp)
-        assert (turn.length_mismatch, turn.n_valid, gate.check(turn)) == (alone.length_mismatch, alone.n_valid,
-                                                                          gate.check(alone))
-        np.testing.assert_array_equal(turn.valid_mask, alone.valid_mask)
-        assert turn.disagreement == alone.disagreement  # exactly: the rules rank by it
-    assert sum(t.n_valid > 0 for t in fast[:-1]) > 40
+    read, _ = read_candidates(exps)
+    assert isinstance(read[-1], UsageError)
+    for exp, candidate in zip(exps[:-1], read[:-1], strict=True):
+        assert candidate == Candidate.of(experience_to_turn(exp))  # disagreement exactly: the rules rank by it
+    assert sum(c.n_valid > 0 for c in read[:-1]) > 40 and sum(c.reason == "length_mismatch" for c in read[:-1]) == 1
 
 
-def test_the_fast_read_gives_the_turn_each_record_gives_alone() -> None:
-    """:func:`read_turns` reads the common record on a fast path (one concatenation per field for the whole read):
-    every field and cached value of each turn equals :func:`experience_to_turn`'s, dtypes included, for bf16 / fp16 /
-    fp64 log probs, int32 tokens, a recorded task and outcome, a truncated prompt, records that take the per-record
-    path (a 2-d mask, an empty response, a non-bool mask, the unscored flag) mixed into the same read; and the
-    per-record flag of a teacher position that is not finite."""
+def test_the_fast_read_gives_the_candidate_each_record_gives_alone() -> None:
+    """The fast path of :func:`read_candidates` (one concatenation per field for the whole read) gives each record
+    the candidate of its own :class:`Turn`, for bf16 / fp16 / fp64 log probs, int32 tokens, a recorded task and
+    outcome, a truncated prompt, records that take the per-record path (a non-bool mask, an empty response, the
+    unscored flag) mixed into the same read; and the per-record flag of a teacher position that is not finite."""
     rng = np.random.default_rng(5)
     exps = []
     for i in range(40):
@@ -110,17 +104,10 @@ def test_the_fast_read_gives_the_turn_each_record_gives_alone() -> None:
     exps[13].action_mask = exps[13].action_mask.int()  # not bool: the per-record path
     exps[17].info["divopd_unscored"] = True  # flagged unscored: the per-record path
     exps[19].tokens, exps[19].prompt_length = exps[19].tokens[:4], 4  # empty response: the per-record path
-    turns, unscored = read_turns(exps)
-    for exp, turn, flag in zip(exps, turns, unscored, strict=True):
+    read, unscored = read_candidates(exps)
+    for exp, candidate, flag in zip(exps, read, unscored, strict=True):
         alone = experience_to_turn(exp)
-        assert json.dumps(turn.to_dict(), sort_keys=True) == json.dumps(alone.to_dict(), sort_keys=True), exp.eid
-        for name in ("prompt_ids", "response_ids", "action_mask", "student_logprobs", "teacher_logprobs"):
-            a, b = getattr(turn, name), getattr(alone, name)
-            assert (a is None) == (b is None) and (a is None or (a.dtype == b.dtype and a.shape == b.shape)), name
-        assert (turn.length_mismatch, turn.n_valid, turn.kl_tokens, gate.check(turn)) == (
-            alone.length_mismatch, alone.n_valid, alone.kl_tokens, gate.check(alone))
-        assert turn.disagreement == alone.disagreement  # exactly: the rules rank by it
-        np.testing.assert_array_equal(turn.valid_mask, alone.valid_mask)
+        assert candidate == Candidate.of(alone), exp.eid
         assert flag == (alone.teacher_logprobs is not None and not np.isfinite(alone.teacher_logprobs).all())
-    assert sum(unscored) >= 7 and sum(gate.check(t) is None for t in turns) > 20
-
+    assert sum(unscored) >= 7 and sum(c.reason is None for c in read) > 20
+    assert {c.reason for c in read} >= {None, "prompt_truncated", "empty_response", "missing_teacher"}

@@ -63,8 +63,8 @@ async def _replay_through_trinity(log: Path, tmp_path: Path, method: str, damage
             assert_ledger_identity(ledger)
             # what reached the pool is counted exactly as the replay counts it; the rest may still sit in Trinity
             for key in ("selected", "invalid", "pending", "invalid_by_reason"):
-                assert ledger[key] == tick.ledger[key], (key, tick.update)
-            assert ledger["expired"] <= tick.ledger["expired"]
+                assert getattr(ledger, key) == getattr(tick.ledger, key), (key, tick.update)
+            assert ledger.expired <= tick.ledger.expired
             assert plugin.held == plugin.sampler.waiting <= config.pool_size
             j = tick.update
             assert metrics["sampler/effective_rollouts"] == pytest.approx(series["effective_rollouts"][j])
@@ -72,9 +72,9 @@ async def _replay_through_trinity(log: Path, tmp_path: Path, method: str, damage
                                                                                series["invalid"][j])
             assert metrics["sample/model_version/max"] <= j and samples
     final = ticks[-1].ledger
-    assert final["expired_by_reason"]["stale"] > 0  # the stream does exercise staleness ...
+    assert final.expired_by_reason["stale"] > 0  # the stream does exercise staleness ...
     rule = get_method(method)
-    assert (final["invalid"] > 0) == (damaged and rule.pooled and rule.gated)  # ... and, damaged, the gate
+    assert (final.invalid > 0) == (damaged and rule.pooled and rule.gated)  # ... and, damaged, the gate
 
 
 def _experience(rollout: int, step: int, version: int | None, n: int = 3, **over) -> Experience:
@@ -107,10 +107,10 @@ def test_stale_and_invalid_records_are_counted_as_such(ray_local, tmp_path: Path
             assert len(batch) == 4 and all(e.info["model_version"] >= 3 for e in batch)
             ledger = plugin.sampler.ledger
             assert_ledger_identity(ledger)
-            assert ledger["expired_by_reason"]["stale"] == metrics["ledger/expired/stale"] == 3
-            assert ledger["invalid_by_reason"] == dict.fromkeys(REASONS, 1)
+            assert ledger.expired_by_reason["stale"] == metrics["ledger/expired/stale"] == 3
+            assert ledger.invalid_by_reason == dict.fromkeys(REASONS, 1)
             assert all(metrics[f"ledger/invalid/{r}"] == 1 for r in REASONS)
-            assert (ledger["received"], ledger["selected"], ledger["pending"]) == (15, 4, 2)
+            assert (ledger.received, ledger.selected, ledger.pending) == (15, 4, 2)
             assert plugin.held == 2  # the experiences of expired and rejected turns are not kept
 
     asyncio.run(run())
@@ -132,10 +132,10 @@ def test_a_record_without_identity_or_version_stops_with_one_line(ray_local, tmp
             await writer.write([_experience(0, 0, 0), _experience(0, 1, 0, **record)])
             with pytest.raises(UsageError, match=field) as err:
                 await plugin.sample(1)
-            assert "\n" not in str(err.value) and plugin.sampler.ledger["received"] < 2  # the bad record is not queued
+            assert "\n" not in str(err.value) and plugin.sampler.ledger.received < 2  # the bad record is not queued
             # ... but counted and kept: in the strategy, and in a file beside Trinity's buffer
             assert "1 record(s) stopped the run" in str(err.value) and len(plugin.stopped) == 1
-            assert plugin.sampler.ledger["received"] == 1  # the valid record read with it is queued, not lost
+            assert plugin.sampler.ledger.received == 1  # the valid record read with it is queued, not lost
             kept = list(tmp_path.glob("cache/divopd-stopped-records-*.bin"))
             assert len(kept) == 1 and str(kept[0]) in str(err.value)
             written = Experience.deserialize_many(kept[0].read_bytes())

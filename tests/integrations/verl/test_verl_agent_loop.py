@@ -107,6 +107,6 @@ def test_verls_tq_worker_writes_one_scored_record_per_turn_and_the_plugin_reads_
         assert [(t.rollout_id, t.turn_index, t.policy_version) for t in turns] == [("u1_0", i, 4) for i in range(3)]
         assert [t.n_valid for t in turns] == [2, 3, 1]
         assert turns[1].disagreement == pytest.approx((-0.3 + 1) + (-0.4 + 1) + (-0.5 + 1))
-        assert rb.sampler.ledger["received"] == 3 and rb.sampler.ledger["invalid"] == 0
+        assert rb.sampler.ledger.received == 3 and rb.sampler.ledger.invalid == 0
     finally:
         clear_partition(partition)

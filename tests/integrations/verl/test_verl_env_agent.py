@@ -174,7 +174,7 @@ def test_verls_worker_plays_a_divopd_env_and_writes_one_teacher_scored_record_pe
         batch_size = 6
         batch, metrics = rb.sample_nowait(global_steps=5, partition_id="train", batch_size=batch_size)
         assert batch is not None and len(batch.keys) == batch_size and ledger_identity(rb.sampler.ledger)
-        assert rb.sampler.ledger["received"] == len(records)
+        assert rb.sampler.ledger.received == len(records)
         picked = tq.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=[
             "prompts", "responses", "response_mask", "rollout_log_probs", "teacher_logprobs"])
         masked = sum(records[k][SUMMARY_TAG]["unscored"] for k in batch.keys)

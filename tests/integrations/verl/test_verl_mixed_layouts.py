@@ -53,7 +53,7 @@ def test_records_mixing_both_teacher_layouts_are_read_and_handed_over_in_verls_l
         rb = make_buffer("divopd", cap=1)
         batch, metrics = rb.sample_nowait(global_steps=1, partition_id=partition, batch_size=6)
         assert batch is not None and sorted(batch.keys) == sorted(keys.values())
-        assert rb.sampler.ledger["invalid"] == 0 and ledger_identity(rb.sampler.ledger)
+        assert rb.sampler.ledger.invalid == 0 and ledger_identity(rb.sampler.ledger)
         assert metrics["sampler/teacher_masked_tokens"] == 1
         data = tq.kv_batch_get(keys=batch.keys, partition_id=partition,
                                select_fields=["teacher_logprobs", "teacher_ids", "response_mask"])
@@ -89,7 +89,7 @@ def test_a_record_that_stops_the_run_is_counted_and_kept_with_the_records_read_b
         assert "\n" not in str(err.value) and key in str(err.value)
         assert rb.stopped == [key]
         assert trajectory_keys(partition) == {key, *good}  # nothing read out, nothing lost
-        assert rb.sampler.ledger["received"] == 0
+        assert rb.sampler.ledger.received == 0
         with pytest.raises(VerlRecordError):  # a rerun of the step stops again, and counts the record once
             rb.sample_nowait(global_steps=1, partition_id=partition, batch_size=3)
         assert rb.stopped == [key]

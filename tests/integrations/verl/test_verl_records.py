@@ -15,8 +15,15 @@ from divopd.errors import UsageError  # noqa: E402
 from divopd.experience import Turn  # noqa: E402
 from divopd.experience.log import read_log  # noqa: E402
 from divopd.integrations.verl import DivOPDReplayBuffer, divopd_config  # noqa: E402
-from divopd.integrations.verl_records import VerlRecordError, parse_key, record_to_turn, turn_to_record  # noqa: E402
-from divopd.sampling import gate  # noqa: E402
+from divopd.integrations.verl_records import (  # noqa: E402
+    SUMMARY_TAG,
+    VerlRecordError,
+    candidate_of,
+    parse_key,
+    record_summary,
+    turn_to_record,
+)
+from divopd.sampling import Candidate, gate  # noqa: E402
 
 
 def _values(fields: dict) -> dict:
@@ -27,11 +34,12 @@ def test_every_logged_turn_survives_the_record_round_trip() -> None:
     n = 0
     for turn, _, _ in read_log(FIXTURE_LOG):
         key, fields, tag = turn_to_record(turn)
-        back = record_to_turn(key, tag, _values(fields))
+        back = record_summary(key, tag, _values(fields))[0]
         assert back.key == turn.key and back.policy_version == turn.policy_version
         assert back.n_valid == turn.n_valid and back.disagreement == turn.disagreement
         assert np.array_equal(back.valid_mask, turn.valid_mask) and gate.check(back) == gate.check(turn)
         assert back.info["task"] == turn.info["task"] and back.info["verl_key"] == key
+        assert candidate_of(key, tag) == Candidate.of(turn)  # what the sampler reads, from the tag alone
         n += 1
     assert n == 240
 
@@ -44,7 +52,7 @@ def test_teacher_rows_are_matched_to_the_response_tokens_by_id() -> None:
     lps = torch.tensor([[-0.9, -2.0], [-0.1, -2.0], [-0.3, -0.7], [-1.0, -1.5], [0.0, 0.0]])
     values = {"prompts": prompts, "responses": responses, "response_mask": torch.ones(3, dtype=torch.int64),
               "rollout_log_probs": torch.tensor([-0.5, -0.5, -0.5]), "teacher_logprobs": lps, "teacher_ids": ids}
-    turn = record_to_turn("u_0_2", {"min_global_steps": 3}, values)
+    turn = record_summary("u_0_2", {"min_global_steps": 3}, values)[0]
     assert (turn.rollout_id, turn.turn_index, turn.policy_version) == ("u_0", 2, 3)
     np.testing.assert_array_equal(turn.teacher_logprobs[:2], np.float32([-0.1, -0.7]))
     assert np.isnan(turn.teacher_logprobs[2])  # token 5 is not among the teacher's ids: unscored
@@ -63,7 +71,8 @@ def test_a_record_missing_what_the_loss_needs_is_a_turn_the_gate_rejects(drop, c
     fields.pop(drop, None)
     if change is not None:
         fields[change[0]] = change[1]
-    assert gate.check(record_to_turn(key, tag, fields)) == reason
+    turn, summary = record_summary(key, tag, fields)
+    assert gate.check(turn) == candidate_of(key, {**tag, SUMMARY_TAG: summary}).reason == reason
 
 
 @pytest.mark.parametrize(("key", "tag", "values", "names"), [
@@ -77,9 +86,9 @@ def test_a_record_without_identity_or_version_stops_with_one_line(key: str, tag:
                                                                   names: str) -> None:
     with pytest.raises(VerlRecordError, match=names) as err:
         if values or "min_global_steps" not in tag or tag["min_global_steps"] >= 0:
-            record_to_turn(key, tag, values or {"prompts": torch.tensor([1]), "responses": torch.tensor([2])})
+            record_summary(key, tag, values or {"prompts": torch.tensor([1]), "responses": torch.tensor([2])})[0]
         else:
-            record_to_turn(key, tag, {"prompts": torch.tensor([1]), "responses": torch.tensor([2])})
+            record_summary(key, tag, {"prompts": torch.tensor([1]), "responses": torch.tensor([2])})[0]
     assert isinstance(err.value, UsageError) and "\n" not in str(err.value)
 
 

@@ -10,6 +10,7 @@ must be counted as such and cleared from TransferQueue.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
@@ -56,8 +57,8 @@ def _drive(rb: DivOPDReplayBuffer, partition: str, log_ticks: list[list[Turn]], 
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["responses"])
             assert data.batch_size[0] == B
             tq.kv_clear(keys=batch.keys, partition_id=partition)
-        waiting = rb.sampler.ledger["pending"] + rb.sampler.ledger["queued"]
-        assert trajectory_keys(partition) == set(rb._tags) and len(rb._keys) == waiting, j  # nothing leaks
+        waiting = rb.sampler.ledger.pending + rb.sampler.ledger.queued
+        assert trajectory_keys(partition) == rb.waiting_keys() and len(rb.waiting_keys()) == waiting, j  # no leak
         out.append((None if batch is None else [parse_key(k) for k in batch.keys], metrics))
     return out
 
@@ -82,11 +83,11 @@ def test_selects_what_divopd_replay_selects_update_by_update(transfer_queue, tmp
             assert metrics["sampler/effective_rollouts"] == pytest.approx(series["effective_rollouts"][j])
             assert metrics["sampler/rows"] == B
     ledger = rb.sampler.ledger
-    assert ledger == report["ledger"]
-    assert ledger["expired_by_reason"]["stale"] > 0
+    assert asdict(ledger) == report["ledger"]
+    assert ledger.expired_by_reason["stale"] > 0
     if get_method(method).pooled and get_method(method).gated:  # ungated rules train on them (dead rows), as replay
-        assert ledger["invalid_by_reason"]["missing_teacher"] > 0
-        assert ledger["invalid_by_reason"]["missing_student_logprobs"] > 0
+        assert ledger.invalid_by_reason["missing_teacher"] > 0
+        assert ledger.invalid_by_reason["missing_student_logprobs"] > 0
 
 
 def test_a_state_round_trip_mid_stream_gives_the_same_next_batches(transfer_queue, tmp_path) -> None:

@@ -93,7 +93,7 @@ def test_verls_trainer_loads_the_plugin_and_samples_while_a_rollout_thread_write
         producer.join(timeout=60)
         assert not errors and not producer.is_alive()
         waiting = rb.get_sampleable_count(steps + 1, "train")  # reads what the rollout put after the last sample
-        assert waiting == rb.sampler.waiting > 0 and trajectory_keys("train") == set(rb._tags)
+        assert waiting == rb.sampler.waiting > 0 and trajectory_keys("train") == rb.waiting_keys()
     finally:
         clear_partition("train")
     assert all(m["ledger/selected"] == (i + 1) * batch_size for i, m in enumerate(aggregated))

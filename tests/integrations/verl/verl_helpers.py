@@ -16,7 +16,7 @@ from divopd.experience import Turn
 from divopd.experience.log import ExperienceLogWriter, read_log
 from divopd.integrations.verl import DivOPDReplayBuffer
 from divopd.integrations.verl_records import turn_to_record
-from divopd.sampling import make_sampler
+from divopd.sampling import Ledger, make_sampler
 
 #: The real experience log of a lockstep ``divopd train`` run (made by make_fixture.py, command in its docstring).
 FIXTURE_LOG = Path(__file__).resolve().parent / "data" / "tiny-lockstep" / "experience"
@@ -59,7 +59,7 @@ def reference_batches(log: Path, method: str) -> list[list[tuple[str, int]] | No
     for j, turns in enumerate(ticks(log)):
         sampler.add(turns)
         batch = sampler.next_batch(j)
-        out.append(None if batch is None else [t.key for t in batch.turns])
+        out.append(None if batch is None else [t.key for t in batch.payloads])
     return out
 
 
@@ -105,6 +105,6 @@ def make_buffer(method: str, **kwargs: Any) -> DivOPDReplayBuffer:
                               refill_fn=None)
 
 
-def ledger_identity(ledger: dict) -> bool:
-    parts = ledger["selected"] + ledger["expired"] + ledger["invalid"] + ledger["pending"] + ledger["queued"]
-    return ledger["received"] == parts
+def ledger_identity(ledger: Ledger) -> bool:
+    parts = ledger.selected + ledger.expired + ledger.invalid + ledger.pending + ledger.queued
+    return ledger.received == parts

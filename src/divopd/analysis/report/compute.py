@@ -25,7 +25,7 @@ from divopd.experience.metrics import (
     peak_sr,
     speedup,
 )
-from divopd.sampling.rows import method_names
+from divopd.sampling.method_rows import method_names
 from divopd.train.config import PLACEMENT_KEYS
 
 __all__ = ["COMPOSITION", "COMPOSITION_LABELS", "DIAGNOSTICS", "METHOD_ORDER", "PAIRED_TESTS", "build_report",

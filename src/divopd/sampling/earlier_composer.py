@@ -8,9 +8,9 @@ relaxing, and enables per-rollout task-balance loss weights." It gives no code a
   method flag): an invalid turn that is selected is counted ``selected`` and trained as vanilla would train it (a
   dead row when it has no valid token; a truncated-prompt or logprob-less turn still trains on its valid tokens);
   an unselected one waits in the pending pool like any other candidate.
-* **Task groups.** A turn's group is its task, ``turn.info["task"]`` when the explorer recorded one (every divopd
-  explorer does), else its rollout id (a rollout is then its own task). Groups are visited in a seeded random order:
-  the group names are sorted, then permuted once per composition with the sampler's rng (``rng.permutation``).
+* **Task groups.** A turn's group is its task (``Candidate.task``: ``turn.info["task"]`` when the explorer recorded
+  one, as every divopd explorer does, else its rollout id: a rollout is then its own task). Groups are visited in a
+  seeded random order: the group names are sorted, then permuted once per composition with the sampler's rng.
 * **Ranking.** Inside a group: disagreement s(u) descending, ties by ``(rollout_id, turn_index)``, then arrival.
 * **First pass.** Each group, in visiting order, appends its best unselected turns while it holds fewer than
   :data:`FOCUS_TURN_CAP` (3) turns and the next turn keeps its selected response tokens within the *token share*:
@@ -30,76 +30,47 @@ Output order: by pass, then group visiting order, then rank inside the group.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
-from divopd.experience.turn import Turn
-from divopd.sampling.config import SamplerConfig
-from divopd.sampling.rules import focus_key
+from divopd.sampling.candidate import Columns
+from divopd.sampling.registry import RuleSettings
+from divopd.sampling.rules import focus_order
 
-__all__ = ["FOCUS_TURN_CAP", "FOCUS_TOKEN_SHARE", "task_key", "compose_divopd_focus", "task_balance_weights"]
+__all__ = ["FOCUS_TURN_CAP", "FOCUS_TOKEN_SHARE", "compose_divopd_focus", "task_balance_weights"]
 
 #: First-pass turn cap of a task group (the paper: "caps a group at three turns").
 FOCUS_TURN_CAP = 3
 #: First-pass (and relaxing-pass) token share of a task group (the paper: "a task's token share at 25%").
 FOCUS_TOKEN_SHARE = 0.25
 
-Entry = tuple[int, Turn]
 
-
-def task_key(turn: Turn) -> str:
-    """The turn's task group: ``"task:<info['task']>"``, or ``"rollout:<rollout_id>"`` without a recorded task."""
-    task = turn.info.get("task") if turn.info else None
-    return f"task:{task}" if task is not None else f"rollout:{turn.rollout_id}"
-
-
-def compose_divopd_focus(
-    pool: list[Entry], batch_size: int, config: SamplerConfig | None, rng: np.random.Generator
-) -> list[Entry]:
+def compose_divopd_focus(pool: Columns, batch_size: int, settings: RuleSettings | None,
+                         rng: np.random.Generator) -> np.ndarray:
     """``divopd-focus``: no gate; task groups in seeded random order, each ranked by disagreement; a first pass of at
     most 3 turns and a 25% token share per group, then sweeps without the turn cap and finally without either cap."""
-    if batch_size <= 0 or not pool:
-        return []
-    members: dict[str, list[int]] = {}
-    for i, (_, turn) in enumerate(pool):
-        members.setdefault(task_key(turn), []).append(i)
-    names = sorted(members)
-    visit = [names[j] for j in rng.permutation(len(names)).tolist()]
-    ranked = [sorted(members[g], key=lambda i: (*focus_key(pool[i][1]), pool[i][0])) for g in visit]
-    lens = [turn.response_len for _, turn in pool]
-    share = FOCUS_TOKEN_SHARE * batch_size * (sum(lens) / len(lens))
-    taken = [0] * len(ranked)
-    used = [0] * len(ranked)
-    out: list[Entry] = []
-
-    def sweep(turn_cap: int | None, token_cap: float | None) -> None:
-        for g, group in enumerate(ranked):
-            while len(out) < batch_size and taken[g] < len(group):
-                if turn_cap is not None and taken[g] >= turn_cap:
-                    break
-                i = group[taken[g]]
-                if token_cap is not None and used[g] + lens[i] > token_cap:
-                    break
-                out.append(pool[i])
-                taken[g] += 1
-                used[g] += lens[i]
-            if len(out) == batch_size:
-                return
-
-    sweep(FOCUS_TURN_CAP, share)  # first pass
-    if len(out) < batch_size:
-        sweep(None, share)  # relaxing: the turn cap goes, the token share stays
-    if len(out) < batch_size:
-        sweep(None, None)  # fill: no cap left
-    return out
+    if batch_size <= 0 or len(pool) == 0:
+        return np.zeros(0, dtype=np.intp)
+    names, inverse = np.unique(pool.task, return_inverse=True)
+    ordinal = np.empty(len(names), dtype=np.intp)
+    ordinal[rng.permutation(len(names))] = np.arange(len(names))
+    group = ordinal[inverse.reshape(-1)]
+    order = focus_order(pool.disagreement, pool.rollout_id, pool.turn_index, group)
+    group = group[order]
+    lengths = pool.response_len[order]
+    share = FOCUS_TOKEN_SHARE * batch_size * (int(lengths.sum()) / len(lengths))
+    total = np.cumsum(lengths)
+    start = np.searchsorted(group, group, side="left")
+    fits = total - (total - lengths)[start] <= share  # the group's tokens up to this turn fit the share
+    first = fits & (np.arange(len(group)) - start < FOCUS_TURN_CAP)
+    sweep = np.where(first, 0, np.where(fits, 1, 2))  # first pass, relaxing (no turn cap), fill (no cap)
+    return order[np.lexsort((group, sweep))[:batch_size]]
 
 
-def task_balance_weights(turns: Sequence[Turn]) -> list[float]:
+def task_balance_weights(selected: Columns) -> list[float]:
     """Per-row loss weights ``B / (G · n_g)``: every task group of the batch weighs ``B / G``; the weights average 1."""
-    keys = [task_key(t) for t in turns]
+    keys = selected.task.tolist()
     counts: dict[str, int] = {}
     for k in keys:
         counts[k] = counts.get(k, 0) + 1
-    n, g = len(turns), len(counts)
+    n, g = len(keys), len(counts)
     return [n / (g * counts[k]) for k in keys]

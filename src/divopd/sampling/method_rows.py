@@ -3,7 +3,7 @@ report, replay, demo and doc page reads.
 
 A *row* is what a run's ``method`` names; its record (:class:`~divopd.sampling.registry.MethodRow`) declares
 
-- its **sampler rule** (a :class:`~divopd.sampling.registry.Method`: composer, selector, gate, row weights). Most rows
+- its **sampler rule** (a :class:`~divopd.sampling.registry.Method`: selection rule, gate, row weights). Most rows
   are their own rule; three read batches with another row's rule and change the run elsewhere;
 - the **explorer and learner features** it switches on (:class:`~divopd.sampling.registry.Switch`, config keys):
   ``divopd-r`` teacher recovery (+R), ``tcod-f2b`` the TCOD-F2B horizon curriculum, ``turnopd`` TurnOPD's adaptive
@@ -14,22 +14,14 @@ A *row* is what a run's ``method`` names; its record (:class:`~divopd.sampling.r
   on shared buffers), ``replay`` (the default rules of ``divopd replay``), ``demo-replay`` (the rules
   ``python -m divopd.suite.demo_replay`` and the demo's replay table compare).
 
-Adding a row is one record here (its composer beside the others in :mod:`divopd.sampling.methods`, or in a module of
-its own when it is long, like :mod:`divopd.sampling.focus`) and its test; :func:`register_method` adds a tag-less row
-for a bare composer.
+Adding a row is one record here (its rule beside the others in :mod:`divopd.sampling.rules`, or in a module of its own
+when it is long, like :mod:`divopd.sampling.earlier_composer`) and its test; :func:`register_method` adds a tag-less
+row for a bare rule.
 """
 
 from __future__ import annotations
 
-from divopd.sampling.focus import compose_divopd_focus, task_balance_weights
-from divopd.sampling.methods import (
-    compose_focus_first,
-    compose_oldest,
-    rollout_first,
-    rollout_first_select,
-    select_focus_first,
-    select_oldest,
-)
+from divopd.sampling.earlier_composer import compose_divopd_focus, task_balance_weights
 from divopd.sampling.registry import (
     ROWS,
     Method,
@@ -42,6 +34,7 @@ from divopd.sampling.registry import (
     register_method,
     row_switches,
 )
+from divopd.sampling.rules import rollout_first, select_oldest, select_top_b
 
 __all__ = ["MethodRow", "Switch", "ROWS", "method_names", "method_row", "add_row", "register_method", "row_switches",
            "check_row", "VANILLA", "DIVOPD"]
@@ -55,7 +48,7 @@ def _row(name: str, sampler: Method, description: str, tags: tuple[str, ...] = (
 
 
 def _rollout_first_rule(name: str, within: str, capped: bool, description: str) -> Method:
-    return Method(name, rollout_first(within, capped), True, description, rollout_first_select(within, capped))
+    return Method(name, rollout_first(within, capped), True, description)
 
 
 #: The sampler rules that more than one row reads batches with.
@@ -63,8 +56,7 @@ VANILLA = Method("vanilla", None, False, "arrival-order reader: next B non-stale
 DIVOPD = _rollout_first_rule("divopd", "focus", True, "pool + gate + rollout-first cap k, focus within")
 
 _row("vanilla", VANILLA, "arrival-order reader: the next B non-stale turns, no gate", _ALL)
-_row("vanilla-pool", Method("vanilla-pool", compose_oldest, True, "pool + gate, then the B oldest turns by arrival",
-                            select_oldest),
+_row("vanilla-pool", Method("vanilla-pool", select_oldest, True, "pool + gate, then the B oldest turns by arrival"),
      "pool + gate, then the B oldest turns by arrival", ("paper", "demo-replay"))
 _row("nocap", _rollout_first_rule("nocap", "uniform", False, "pool + gate + rollout-first, k=∞, uniform within"),
      "pool + gate + rollout-first, k = ∞, uniform within", ("paper", "coverage", "demo-replay"))
@@ -77,8 +69,8 @@ _row("divopd-focus", Method("divopd-focus", compose_divopd_focus, True,
                             "first pass, task-balance row weights", gated=False, row_weights=task_balance_weights),
      "earlier composer: no gate, task groups in seeded random order, 3-turn / 25%-token first pass, task-balance row "
      "weights", ("paper",))
-_row("top-b", Method("top-b", compose_focus_first, True, "pool + gate + Top-B: all valid turns ranked by disagreement, "
-                     "no per-rollout limit", select_focus_first),
+_row("top-b", Method("top-b", select_top_b, True, "pool + gate + Top-B: all valid turns ranked by disagreement, "
+                     "no per-rollout limit"),
      "pool + gate + Top-B: all valid turns ranked by disagreement, no per-rollout limit", ("paper",))
 _row("divopd-r", DIVOPD, "DivOPD + teacher recovery (+R) in no-progress rollouts", ("paper",),
      (Switch("explorer.recovery.enabled", "explorer"),))
