@@ -8,7 +8,6 @@ of two; gloo has no PREMUL_SUM for a divide factor of 1). Clipping uses the glob
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -77,25 +76,11 @@ def shard_model(model: torch.nn.Module, mesh: Any, config: LearnerConfig) -> tor
 class _RankLearner(Learner):
     """The learner on one rank: clipping by the global norm of the sharded gradients."""
 
-    def _optimizer_step(self) -> tuple[float, bool]:
+    def _grad_norm(self) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
-        cfg = self.config
-        grads = [p.grad for p in self.params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, 2.0)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        grad_norm = float(norm)
-        skipped = not math.isfinite(grad_norm)
-        if skipped:
-            self.skipped_updates += 1
-        else:
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grads_with_norm_(self.params, cfg.grad_clip, norm)
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.version += 1
-        return grad_norm, skipped
+        norm = super()._grad_norm()
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def _np(t: torch.Tensor | None) -> np.ndarray | None:

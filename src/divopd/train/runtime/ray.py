@@ -33,7 +33,7 @@ from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.protocol import EvalResult, StatelessRuntime
-from divopd.train.runtime.common import build_explorer, load_teacher
+from divopd.train.runtime.common import build_explorer, first_line, load_teacher
 from divopd.train.runtime.ray_teacher import RemoteTeacher, TeacherWatch, start_shared_teacher
 from divopd.train.watchdog import note_stall
 
@@ -156,9 +156,6 @@ class RayRuntime(StatelessRuntime):
 
     ``learner_ranks``: where the sharded learner's ranks run (``LearnerProtocol.rank_info``), for the summary's
     ``placement``."""
-
-    #: free-running explorer actors: production is not paced in learner-step intervals
-    producer_intervals: int | None = None
 
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int,
                  learner_ranks: list[dict[str, Any]] | None = None) -> None:
@@ -338,8 +335,7 @@ class RayRuntime(StatelessRuntime):
             try:
                 out.extend(self._take(ref))
             except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
-                log.info("explorer actor %d ended at the stop without finishing its rollout: %s", i,
-                         str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+                log.info("explorer actor %d ended at the stop without finishing its rollout: %s", i, first_line(exc))
         if running and timeout > 0:
             log.info("stop: %d explorer rollouts still running end unfinished (never produced, never received)",
                      len(running))
@@ -352,8 +348,7 @@ class RayRuntime(StatelessRuntime):
             try:
                 teacher = ray.get(self._teacher.stats.remote(), timeout=30)
             except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
-                log.warning("the shared teacher actor gave no stats at the stop: %s",
-                            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+                log.warning("the shared teacher actor gave no stats at the stop: %s", first_line(exc))
             assert self._teacher_watch is not None
             teacher["teacher_restarts"] = self._teacher_watch.restarts
             ray.kill(self._teacher, no_restart=True)

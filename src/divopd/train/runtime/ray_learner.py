@@ -21,6 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from divopd.learn.dist_worker import RankWorker, free_port
 from divopd.learn.ranks import REPLY_SLACK_S, LearnerRankError, ReplyDeadline
 from divopd.train.config import TrainConfig
+from divopd.train.runtime.common import first_line
 from divopd.train.runtime.ray import init_ray
 
 __all__ = ["RankActor", "RayRanks", "ray_ranks"]
@@ -115,9 +116,8 @@ class RayRanks:
                 ray.get(ready[0], timeout=30)
             except (RayActorError, RayTaskError) as exc:
                 self.close()
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise LearnerRankError(f"learner rank {index[ready[0]]} of {self.world_size} (Ray actor) failed "
-                                       f"during {method!r}: {first}; the sharded learner stopped") from None
+                                       f"during {method!r}: {first_line(exc)}; the sharded learner stopped") from None
         return ray.get(refs, timeout=30)
 
     def close(self) -> None:

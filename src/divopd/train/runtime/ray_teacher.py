@@ -25,7 +25,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from divopd.experience.turn import ResponseScores
 from divopd.explore.generation import Generation
 from divopd.train.config import TrainConfig
-from divopd.train.runtime.common import load_teacher
+from divopd.train.runtime.common import first_line, load_teacher
 from divopd.train.watchdog import note_stall
 
 __all__ = ["RemoteTeacher", "TeacherActor", "TeacherTimeoutError", "TeacherWatch", "start_shared_teacher"]
@@ -116,7 +116,7 @@ class TeacherWatch:
             try:
                 ray.get(self._ping, timeout=0)
             except RayActorError as exc:  # restarts spent: the explorers' turns arrive unscored (watchdog rule)
-                self.dead = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                self.dead = first_line(exc)
                 log.error("the shared teacher actor is dead for good (%s); its turns arrive unscored", self.dead)
                 note_stall("teacher scoring", "the shared teacher actor", f"dead for good: {self.dead}")
             self._ping, self._answered = None, now

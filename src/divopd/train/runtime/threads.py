@@ -150,9 +150,6 @@ def _take(q: queue.Queue, timeout: float) -> list[Any]:
 class ThreadsRuntime(StatelessRuntime):
     """The :class:`~divopd.train.protocol.Runtime` of explorer threads in this process (``runtime.kind: threads``)."""
 
-    #: free-running explorer threads: production is not paced in learner-step intervals
-    producer_intervals: int | None = None
-
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
         self.cfg = cfg
         torch.set_num_threads(cfg.runtime.torch_threads)
