@@ -14,7 +14,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,14 +247,9 @@ def is_tied(model: torch.nn.Module, key: str) -> bool:
     return out is not None and inp is not None and out.weight is inp.weight and key.endswith("lm_head.weight")
 
 
-def copy_state_dict(model: torch.nn.Module, transform: Callable[[torch.Tensor], torch.Tensor] | None = None
-                    ) -> dict[str, torch.Tensor]:
-    """A detached CPU copy of ``model.state_dict()`` (optionally transformed, e.g. cast)."""
-    out = {}
-    for k, v in model.state_dict().items():
-        t = v.detach().to("cpu", copy=True)
-        out[k] = transform(t) if transform else t
-    return out
+def copy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of ``model.state_dict()``."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def load_dcp_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str | Path) -> None:

@@ -1,6 +1,4 @@
-"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded, driven
-through :class:`RankWorker`'s public methods by a transport (a spawned process, :mod:`divopd.learn.ranks`, or a Ray
-actor, :mod:`divopd.train.runtime.ray_learner`).
+"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded.
 
 FSDP2's reduce-scatter averages the gradients over the ranks, so each rank scales its loss by N (exact for N a power
 of two; gloo has no PREMUL_SUM for a divide factor of 1). Clipping uses the global norm over the sharded gradients.
@@ -88,10 +86,7 @@ def _np(t: torch.Tensor | None) -> np.ndarray | None:
 
 
 class RankWorker:
-    """One learner rank: :meth:`setup` joins the process group and builds the FSDP2-sharded model and its AdamW,
-    :meth:`step` runs an update on this rank's rows with the whole batch's loss denominators, and the rest gathers
-    the full state dict, saves and loads sharded checkpoints and leaves the group. A transport (a spawned process or
-    a Ray actor per rank) calls these methods."""
+    """One learner rank, whose public methods a transport (a spawned process or a Ray actor per rank) calls."""
 
     def __init__(self) -> None:
         self.learner: _RankLearner | None = None

@@ -110,11 +110,9 @@ def logged_rollout_ids(log_dir: Path) -> set[str]:
 
 
 def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:
-    """The run's frozen :class:`~divopd.explore.teacher.Teacher` and its tokenizer: an
-    :class:`~divopd.explore.teacher.HFTeacher` (eval mode, no grad), or with ``teacher.backend: vllm`` a
-    :class:`~divopd.explore.vllm_engine.VLLMGenerator`, or with ``teacher.backend: server`` a
-    :class:`~divopd.explore.teacher_server.ServerTeacher` (the tokenizer: ``teacher.path``'s); with a vocabulary
-    other than the student's, wrapped so it scores the student's token ids (:func:`bridge_vocabularies`)."""
+    """The run's frozen :class:`~divopd.explore.teacher.Teacher` of ``teacher.backend`` (HF, vLLM or server) and its
+    tokenizer; with a vocabulary other than the student's, wrapped so it scores the student's token ids
+    (:func:`bridge_vocabularies`)."""
     teacher, tokenizer = _teacher_backend(cfg)
     return bridge_vocabularies(cfg, teacher, tokenizer), tokenizer
 

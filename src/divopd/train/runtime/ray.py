@@ -7,12 +7,8 @@
 
 Each explorer actor has one ``collect`` call in flight, so a slow learner does not stall production (turns wait in the
 sampler, where staleness expires them). A dead explorer actor is restarted by Ray (``runtime.max_explorer_restarts``)
-with rollout ids and a seed of its own (:func:`actor_incarnation`), and its lost call is resubmitted; a collect call
-past ``runtime.explorer_timeout_s`` gets its actor killed for Ray to restart. Bad input only the actor meets (an
-``explorer.env_kwargs`` value the environment rejects) is not restarted: the driver raises it as it is (one line,
-exit 2). Every other ``ray.get`` here waits 30 s at most. ``produced_turns`` counts the turns of every collect call
-that finished, all of which the loop receives (the ledger's ``received``). Local runs start Ray on loopback;
-``runtime.ray_address`` names a cluster.
+and its lost call is resubmitted; bad input only the actor meets (an ``explorer.env_kwargs`` value the environment
+rejects) is raised by the driver as it is (one line, exit 2). Every other ``ray.get`` here waits 30 s at most.
 """
 
 from __future__ import annotations

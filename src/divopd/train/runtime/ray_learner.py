@@ -1,12 +1,7 @@
-"""Learner ranks as Ray actors (``runtime.kind: ray`` with ``learner.world_size > 1``).
-
-One placement group holds one bundle per rank (``runtime.learner_cpus`` CPUs, ``runtime.learner_gpus`` GPUs and
-``runtime.learner_resources`` custom resources each, strategy ``PACK``: on one node when it fits, which NCCL likes
-best). Rank 0's actor names a free port on its node; every rank joins one ``torch.distributed`` process group there
-and runs a :class:`~divopd.learn.dist_worker.RankWorker`. The driver's
-:class:`~divopd.learn.sharded.ShardedLearner` sends commands through :class:`RayRanks`; a rank actor that dies
-(its node lost, killed, out of memory) ends the others and raises
-:class:`~divopd.learn.ranks.LearnerRankError`, as with spawned ranks.
+"""Learner ranks as Ray actors (``runtime.kind: ray`` with ``learner.world_size > 1``): one placement group of one
+bundle per rank (strategy ``PACK``: on one node when it fits, which NCCL likes best), each rank a
+:class:`~divopd.learn.dist_worker.RankWorker` in one ``torch.distributed`` process group at rank 0's node. A rank
+actor that dies ends the others and raises :class:`~divopd.learn.ranks.LearnerRankError`, as with spawned ranks.
 """
 
 from __future__ import annotations

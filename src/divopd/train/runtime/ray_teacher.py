@@ -4,10 +4,8 @@
                       ◄─ per turn (logprobs, top-k) ─────────────┘   (and generate(...) for +R takeovers)
 
 The actor holds the model once (``teacher.actor_gpus`` GPUs) and serves the explorers' batched calls in arrival
-order. Every call waits at most ``runtime.teacher_timeout_s``; a call past it fails and its turns are retried one by
-one, else left unscored. The driver watches the actor (:class:`TeacherWatch`, from the loop's polls): an answer overdue
-by ``runtime.teacher_timeout_s`` kills the actor and Ray restarts it (``runtime.max_teacher_restarts``). A teacher dead
-for good fails every call at once: the turns arrive unscored and the watchdog's teacher rule stops the run (exit 3).
+order. A teacher dead for good fails every call at once: the turns arrive unscored and the watchdog's teacher rule
+stops the run (exit 3).
 """
 
 from __future__ import annotations
