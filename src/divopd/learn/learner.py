@@ -36,7 +36,6 @@ from divopd.learn.checkpoint import (
     atomic_dir,
     checkpoint_state_text,
     copy_state_dict,
-    learner_counters,
     load_dcp_optimizer,
     read_state,
     restore_learner_state,
@@ -211,10 +210,6 @@ class Learner:
         with atomic_dir(path) as tmp:
             self.model.save_pretrained(tmp)
         return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth)
-
-    def state(self) -> dict[str, Any]:
-        """The version, counters and depth statistics a checkpoint holds."""
-        return learner_counters(self)
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """Write model (HF safetensors) + tokenizer + ``optimizer.pt`` + ``state.json`` (version, counters, config,

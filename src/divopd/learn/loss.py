@@ -24,8 +24,6 @@ Tensor names carry their axes: ``_NL`` = [rows, response positions], ``_NLK`` = 
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 __all__ = [
@@ -39,7 +37,6 @@ __all__ = [
     "topk_reverse_kl_loss",
 ]
 
-Reduction = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"]
 REDUCTIONS: tuple[str, ...] = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum")
 LOG_RATIO_CLAMP = 20.0
 

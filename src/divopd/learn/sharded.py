@@ -25,7 +25,6 @@ from divopd.learn.checkpoint import (
     atomic_dir,
     checkpoint_state_text,
     is_tied,
-    learner_counters,
     read_state,
     restore_learner_state,
 )
@@ -162,10 +161,6 @@ class ShardedLearner:
         with atomic_dir(path) as tmp:
             self._model.save_pretrained(tmp)
         return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth)
-
-    def state(self) -> dict[str, Any]:
-        """The version, counters and depth statistics a checkpoint holds."""
-        return learner_counters(self)
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """HF folder + tokenizer + ``dcp/`` (model and optimizer shards, which a resume reshards to any number of
