@@ -225,9 +225,7 @@ def topk_reverse_kl_loss(
         student_topk_logprobs: [N, L, k] log π_θ at the teacher's top-k ids of each position.
         teacher_topk_logprobs: [N, L, k] the teacher's top-k log probabilities (NaN/−inf = entry missing).
         mask: [N, L] bool, action ∧ teacher-valid.
-        beta: distillation coefficient β (scales the loss).
-        reduction: as in :func:`opd_loss`; dead rows stay in the denominator.
-        row_weights: as in :func:`opd_loss`.
+        beta, reduction, row_weights: as in :func:`opd_loss` (dead rows stay in the denominator).
         tail: keep the student's mass outside the top-k as one more category (see :func:`topk_reverse_kl`).
 
     Returns:

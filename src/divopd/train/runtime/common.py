@@ -27,34 +27,12 @@ from divopd.learn.checkpoint import WeightHandle
 from divopd.models import load_model, load_tokenizer
 from divopd.train.config import TrainConfig
 
-__all__ = ["LatestWeights", "bridge_vocabularies", "build_explorer", "check_vocabularies", "explorer_seed",
-           "first_line", "fresh_session", "load_teacher", "logged_rollout_ids", "rollout_id_prefix", "step_limit",
-           "vllm_generator"]
+__all__ = ["bridge_vocabularies", "build_explorer", "check_vocabularies", "explorer_seed", "first_line",
+           "fresh_session", "load_teacher", "logged_rollout_ids", "rollout_id_prefix", "step_limit", "vllm_generator"]
 
 # transformers' from_pretrained swaps process-global state (meta-device init); loading in two threads at once races.
 _LOAD_LOCK = threading.Lock()
 log = logging.getLogger(__name__)
-
-
-class LatestWeights:
-    """The newest published weight handle, shared with explorer workers (thread-safe)."""
-
-    def __init__(self, handle: WeightHandle) -> None:
-        self._lock = threading.Lock()
-        self._handle = handle
-
-    def set(self, handle: WeightHandle) -> None:
-        with self._lock:
-            if handle.version >= self._handle.version:
-                self._handle = handle
-
-    def get(self) -> WeightHandle:
-        with self._lock:
-            return self._handle
-
-    @property
-    def version(self) -> int:
-        return self.get().version
 
 
 def first_line(exc: BaseException) -> str:
