@@ -125,19 +125,23 @@ class RankWorker:
     def step(self, inputs: UpdateInputs, groups: list[np.ndarray], n_rows: int, total_valid: int,
              weights: np.ndarray | None) -> RankStep:
         """Forward/backward of this rank's rows (global denominators), then the sharded clip and AdamW step."""
+        import resource  # POSIX only: imported where a rank runs
+
         learner = self._learner()
         learner.optimizer.zero_grad(set_to_none=True)
         acc = learner.accumulate(inputs, groups, weights, n_rows=n_rows, total_valid=total_valid, weighted=True,
                                  scale=float(self.world_size))
         t0 = time.perf_counter()
         grad_norm, skipped = learner._optimizer_step()
-        if learner.device.type == "cuda":
+        cuda = learner.device.type == "cuda"
+        if cuda:
             torch.cuda.synchronize(learner.device)
         outputs = [MicroBatchOutput(o.idx, _np(o.logprobs), _np(o.old_logprobs), _np(o.topk_logprobs), _np(o.scored))
                    for o in acc.outputs]
         return RankStep(outputs=outputs, tokens=acc.tokens, input_slots=acc.input_slots, t_fb=acc.t_fb,
                         t_opt=time.perf_counter() - t0, grad_norm=grad_norm, skipped=skipped,
-                        peak_rss_mb=_peak_rss_mb(), peak_cuda_mb=_peak_cuda_mb(learner.device))
+                        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                        peak_cuda_mb=torch.cuda.max_memory_allocated(learner.device) / 2**20 if cuda else 0.0)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Every rank takes part; rank 0 returns the full CPU state dict (``full_state_dict``, ``cpu_offload``)."""
@@ -194,14 +198,3 @@ class RankWorker:
         if self.learner is None:
             raise RuntimeError("learner rank used before setup()")
         return self.learner
-
-
-def _peak_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _peak_cuda_mb(device: torch.device) -> float:
-    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
-

@@ -32,7 +32,7 @@ from divopd.experience.log.parts import missing_arrivals
 from divopd.learn.checkpoint import atomic_write_text, checkpoint_dirs, read_state, remove_interrupted_writes
 from divopd.sampling import Sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
-from divopd.train.checkpoints import resume_checkpoint
+from divopd.train.checkpoints import resume_checkpoint, unused_path
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.runlock import LOCK, run_lock
 
@@ -161,11 +161,7 @@ def set_aside_stranded_run(run_dir: Path) -> Path | None:
     if not names:
         return None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside = Path(run_dir) / f"{STRANDED_PREFIX}{stamp}"
-    n = 1
-    while aside.exists():
-        n += 1
-        aside = Path(run_dir) / f"{STRANDED_PREFIX}{stamp}-{n}"
+    aside = unused_path(Path(run_dir) / f"{STRANDED_PREFIX}{stamp}")
     aside.mkdir()
     for name in names:
         (Path(run_dir) / name).rename(aside / name)

@@ -248,9 +248,8 @@ class RayRuntime(StatelessRuntime):
             except ActorUnavailableError:  # restarting (the death was counted when it was seen): ask again soon
                 if not self._restarting[i]:
                     self._count_failure(i, "its actor is restarting")
-                if self._failures[i] > self.cfg.runtime.max_explorer_restarts:
-                    continue
-                self._parked[i] = time.monotonic() + 1.0
+                if self._failures[i] <= self.cfg.runtime.max_explorer_restarts:
+                    self._parked[i] = time.monotonic() + 1.0
                 continue
             except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
                 raise_input_error(exc)
