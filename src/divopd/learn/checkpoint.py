@@ -1,11 +1,8 @@
 """Atomic checkpoints and versioned weight handles.
 
-A checkpoint directory (``checkpoints/update-NNNNNN/``) holds the model in Hugging Face format and the tokenizer,
-``optimizer.pt`` (tensors only, loaded with ``weights_only=True``), ``state.json`` (learner version, counters, config,
-torch RNG and ``extra_state`` such as the sampler's state, as plain JSON: never pickle) and, written last,
-``manifest.json`` (:mod:`divopd.learn.manifest`). It is written to a temporary sibling and renamed into place
-(:func:`atomic_dir`): a crash leaves the previous checkpoint or the new one, plus a temporary folder
-:func:`remove_interrupted_writes` removes at the next start.
+A checkpoint directory (``checkpoints/update-NNNNNN/``) holds the HF model and tokenizer, ``optimizer.pt`` (tensors
+only, loaded with ``weights_only=True``), ``state.json`` (plain JSON, never pickle) and, written last,
+``manifest.json`` (:mod:`divopd.learn.manifest`).
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,9 +88,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
-#: What an interrupted :func:`atomic_dir` write of a run's checkpoint leaves in ``checkpoints/``: the new
-#: checkpoint being written (``.update-N.tmp-*``, from :func:`tempfile.mkdtemp`) and the old one moved aside
-#: (``.update-N.old-PID``, present only between the two renames).
+#: What an interrupted :func:`atomic_dir` write leaves in ``checkpoints/`` (:func:`remove_interrupted_writes`).
 _TMP_CHECKPOINT = re.compile(r"\.(update-\d+)\.tmp-[A-Za-z0-9_]+")
 _OLD_CHECKPOINT = re.compile(r"\.(update-\d+)\.old-\d+")
 
@@ -126,9 +121,8 @@ def remove_interrupted_writes(checkpoints_dir: str | os.PathLike) -> list[str]:
 
 
 def to_json_safe(obj: Any) -> Any:
-    """Convert numpy scalars/arrays and tuples to plain JSON types (non-finite floats stay floats: the file is written
-    with ``allow_nan=True`` and Python's ``json`` reads NaN/Infinity back); raise ``TypeError`` naming the offending
-    type for anything else (no pickle fallback)."""
+    """Convert numpy scalars/arrays and tuples to plain JSON types (non-finite floats stay floats: Python's ``json``
+    writes and reads NaN/Infinity); raise ``TypeError`` naming the type for anything else (no pickle fallback)."""
     import numpy as np
 
     if isinstance(obj, dict):
@@ -212,19 +206,14 @@ def latest_checkpoint(checkpoints_dir: str | os.PathLike) -> Path | None:
 
 @dataclass
 class WeightHandle:
-    """A published snapshot of the learner's weights, for explorers to load at their own pace.
+    """A published snapshot of the learner's weights, for explorers to load at their own pace: a CPU ``state_dict``
+    copy (in-process and Ray publication) or a saved HF folder ``path``."""
 
-    Attributes:
-        version: learner version of these weights (number of updates applied).
-        state_dict: a CPU copy of the model's ``state_dict`` (in-process and Ray object-ref publication), or ``None``.
-        path: a saved HF model folder holding the weights, or ``None``.
-        depth_disagreement: the learner's running per-turn-depth disagreement means published with these weights
-            (``learner.depth_stats``; TurnOPD's depth budget reads them), or ``None``.
-    """
-
+    #: learner version of these weights (number of updates applied)
     version: int
     state_dict: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     path: str | None = None
+    #: the learner's per-turn-depth disagreement means (``learner.depth_stats``; TurnOPD's depth budget reads them)
     depth_disagreement: tuple[float | None, ...] | None = None
 
     def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -258,19 +247,13 @@ def is_tied(model: torch.nn.Module, key: str) -> bool:
     return out is not None and inp is not None and out.weight is inp.weight and key.endswith("lm_head.weight")
 
 
-def copy_state_dict(model: torch.nn.Module, transform: Callable[[torch.Tensor], torch.Tensor] | None = None
-                    ) -> dict[str, torch.Tensor]:
-    """A detached CPU copy of ``model.state_dict()`` (optionally transformed, e.g. cast)."""
-    out = {}
-    for k, v in model.state_dict().items():
-        t = v.detach().to("cpu", copy=True)
-        out[k] = transform(t) if transform else t
-    return out
+def copy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of ``model.state_dict()``."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def load_dcp_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str | Path) -> None:
-    """The single-process learner resuming a sharded checkpoint: read its optimizer shards (``dcp/``) into
-    ``optimizer``."""
+    """Read a sharded checkpoint's optimizer shards (``dcp/``) into a single-process learner's ``optimizer``."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     from divopd.learn import safe_dcp as dcp  # the index and values read without unpickling code

@@ -1,13 +1,5 @@
-"""Diagnostics of the paper's Appendix E, run every N updates on a composed batch (``batch.candidates`` = the pool).
-
-* :func:`gradient_diagnostics` (E.3): cosine and projection of the selected batch's OPD gradient onto the mean gradient
-  of all valid candidate turns, and the mean pairwise cosine between per-row gradients of the batch.
-* :func:`ranking_stability` (E.2): Spearman correlation between turns' focus scores computed with the generating policy
-  (the cached disagreement) and with the current learner.
-* :func:`full_reverse_kl`: the exact full-vocabulary reverse KL(π_θ ‖ π_T) at the valid positions of some turns (for
-  tiny models whose teacher is at hand; a ground truth the sampled estimate can be checked against).
-
-None of these change the model or leave gradients on it.
+"""Diagnostics of the paper's Appendix E, run every N updates on a composed batch (``batch.candidates`` = the pool),
+and the exact full-vocabulary reverse KL of tiny models. None of these change the model or leave gradients on it.
 """
 
 from __future__ import annotations
@@ -104,17 +96,9 @@ def gradient_diagnostics(model: torch.nn.Module, batch: Any, *, beta: float = 1.
 
 def _rankdata(x: np.ndarray) -> np.ndarray:
     """Ranks 1..n with ties given their average rank."""
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), dtype=np.float64)
-    sx = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and sx[j + 1] == sx[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
-        i = j + 1
-    return ranks
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    last = np.cumsum(counts)  # the rank of each distinct value's last copy
+    return (last - (counts - 1) / 2.0)[inverse]
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:

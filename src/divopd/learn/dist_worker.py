@@ -1,6 +1,4 @@
-"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded, driven
-through :class:`RankWorker`'s public methods by a transport (a spawned process, :mod:`divopd.learn.ranks`, or a Ray
-actor, :mod:`divopd.train.runtime.ray_learner`).
+"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded.
 
 FSDP2's reduce-scatter averages the gradients over the ranks, so each rank scales its loss by N (exact for N a power
 of two; gloo has no PREMUL_SUM for a divide factor of 1). Clipping uses the global norm over the sharded gradients.
@@ -8,7 +6,6 @@ of two; gloo has no PREMUL_SUM for a divide factor of 1). Clipping uses the glob
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -77,25 +74,11 @@ def shard_model(model: torch.nn.Module, mesh: Any, config: LearnerConfig) -> tor
 class _RankLearner(Learner):
     """The learner on one rank: clipping by the global norm of the sharded gradients."""
 
-    def _optimizer_step(self) -> tuple[float, bool]:
+    def _grad_norm(self) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
-        cfg = self.config
-        grads = [p.grad for p in self.params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, 2.0)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        grad_norm = float(norm)
-        skipped = not math.isfinite(grad_norm)
-        if skipped:
-            self.skipped_updates += 1
-        else:
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grads_with_norm_(self.params, cfg.grad_clip, norm)
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.version += 1
-        return grad_norm, skipped
+        norm = super()._grad_norm()
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def _np(t: torch.Tensor | None) -> np.ndarray | None:
@@ -103,10 +86,7 @@ def _np(t: torch.Tensor | None) -> np.ndarray | None:
 
 
 class RankWorker:
-    """One learner rank: :meth:`setup` joins the process group and builds the FSDP2-sharded model and its AdamW,
-    :meth:`step` runs an update on this rank's rows with the whole batch's loss denominators, and the rest gathers
-    the full state dict, saves and loads sharded checkpoints and leaves the group. A transport (a spawned process or
-    a Ray actor per rank) calls these methods."""
+    """One learner rank, whose public methods a transport (a spawned process or a Ray actor per rank) calls."""
 
     def __init__(self) -> None:
         self.learner: _RankLearner | None = None
@@ -145,19 +125,23 @@ class RankWorker:
     def step(self, inputs: UpdateInputs, groups: list[np.ndarray], n_rows: int, total_valid: int,
              weights: np.ndarray | None) -> RankStep:
         """Forward/backward of this rank's rows (global denominators), then the sharded clip and AdamW step."""
+        import resource  # POSIX only: imported where a rank runs
+
         learner = self._learner()
         learner.optimizer.zero_grad(set_to_none=True)
         acc = learner.accumulate(inputs, groups, weights, n_rows=n_rows, total_valid=total_valid, weighted=True,
                                  scale=float(self.world_size))
         t0 = time.perf_counter()
         grad_norm, skipped = learner._optimizer_step()
-        if learner.device.type == "cuda":
+        cuda = learner.device.type == "cuda"
+        if cuda:
             torch.cuda.synchronize(learner.device)
         outputs = [MicroBatchOutput(o.idx, _np(o.logprobs), _np(o.old_logprobs), _np(o.topk_logprobs), _np(o.scored))
                    for o in acc.outputs]
         return RankStep(outputs=outputs, tokens=acc.tokens, input_slots=acc.input_slots, t_fb=acc.t_fb,
                         t_opt=time.perf_counter() - t0, grad_norm=grad_norm, skipped=skipped,
-                        peak_rss_mb=_peak_rss_mb(), peak_cuda_mb=_peak_cuda_mb(learner.device))
+                        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                        peak_cuda_mb=torch.cuda.max_memory_allocated(learner.device) / 2**20 if cuda else 0.0)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Every rank takes part; rank 0 returns the full CPU state dict (``full_state_dict``, ``cpu_offload``)."""
@@ -214,14 +198,3 @@ class RankWorker:
         if self.learner is None:
             raise RuntimeError("learner rank used before setup()")
         return self.learner
-
-
-def _peak_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _peak_cuda_mb(device: torch.device) -> float:
-    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
-

@@ -36,7 +36,6 @@ from divopd.learn.checkpoint import (
     atomic_dir,
     checkpoint_state_text,
     copy_state_dict,
-    learner_counters,
     load_dcp_optimizer,
     read_state,
     restore_learner_state,
@@ -66,10 +65,8 @@ CHECKPOINT_FORMAT = 1
 class Learner:
     """The single-process learner (:class:`~divopd.learn.protocol.LearnerProtocol`).
 
-    Args:
-        model: any causal LM (e.g. from :func:`divopd.models.load_model`); moved to ``config.device``/``config.dtype``.
-        config: :class:`LearnerConfig`.
-        tokenizer: optional; its pad id is used for padding and it is saved with checkpoints.
+    ``model`` (any causal LM) is moved to ``config.device``/``config.dtype``; ``tokenizer`` (optional) gives the pad
+    id and is saved with checkpoints.
     """
 
     def __init__(self, model: torch.nn.Module, config: LearnerConfig, tokenizer: Any = None) -> None:
@@ -182,17 +179,22 @@ class Learner:
         ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
         (self.model(input_ids=ids).logits.sum() * 0.0).backward()
 
+    def _grad_norm(self) -> torch.Tensor:
+        """The global L2 norm of the gradients."""
+        return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None], 2.0)
+
     def _optimizer_step(self) -> tuple[float, bool]:
         """Clip the gradient and take the AdamW step (skipped, and counted, when the norm is not finite); zero the
         gradients; ``version += 1``. Returns (gradient norm, skipped)."""
         cfg = self.config
-        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        norm = self._grad_norm()
+        grad_norm = float(norm)
         skipped = not math.isfinite(grad_norm)
         if skipped:
-            self.optimizer.zero_grad(set_to_none=True)
             self.skipped_updates += 1
         else:
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grads_with_norm_(self.params, cfg.grad_clip, norm)
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
@@ -208,10 +210,6 @@ class Learner:
         with atomic_dir(path) as tmp:
             self.model.save_pretrained(tmp)
         return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth)
-
-    def state(self) -> dict[str, Any]:
-        """The version, counters and depth statistics a checkpoint holds."""
-        return learner_counters(self)
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """Write model (HF safetensors) + tokenizer + ``optimizer.pt`` + ``state.json`` (version, counters, config,

@@ -24,8 +24,6 @@ Tensor names carry their axes: ``_NL`` = [rows, response positions], ``_NLK`` = 
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 __all__ = [
@@ -39,7 +37,6 @@ __all__ = [
     "topk_reverse_kl_loss",
 ]
 
-Reduction = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"]
 REDUCTIONS: tuple[str, ...] = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum")
 LOG_RATIO_CLAMP = 20.0
 
@@ -228,9 +225,7 @@ def topk_reverse_kl_loss(
         student_topk_logprobs: [N, L, k] log π_θ at the teacher's top-k ids of each position.
         teacher_topk_logprobs: [N, L, k] the teacher's top-k log probabilities (NaN/−inf = entry missing).
         mask: [N, L] bool, action ∧ teacher-valid.
-        beta: distillation coefficient β (scales the loss).
-        reduction: as in :func:`opd_loss`; dead rows stay in the denominator.
-        row_weights: as in :func:`opd_loss`.
+        beta, reduction, row_weights: as in :func:`opd_loss` (dead rows stay in the denominator).
         tail: keep the student's mass outside the top-k as one more category (see :func:`topk_reverse_kl`).
 
     Returns:

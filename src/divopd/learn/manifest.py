@@ -1,10 +1,9 @@
 """A checkpoint's manifest and its verification before a resume trusts it (no torch: ``divopd train`` uses it at
 start).
 
-``manifest.json``, the last file written into a checkpoint, lists every file with its size and a cheap hash (BLAKE2b of
-the size, the first and the last MiB): sizes catch a truncated or extended file, the hash a replaced one or damaged
-ends, and verifying a many-GB model reads 2 MiB per file. A checkpoint without a manifest is checked as far as its
-files' formats allow (:func:`verify_checkpoint`).
+``manifest.json``, the last file written into a checkpoint, lists every file with its size and a cheap hash
+(:func:`file_digest`): sizes catch a truncated or extended file, the hash a replaced one or damaged ends, and verifying
+a many-GB model reads 2 MiB per file.
 """
 
 from __future__ import annotations
@@ -23,10 +22,10 @@ __all__ = ["CHECKPOINT_NAME", "DCP_DIR", "MANIFEST_FILE", "OPTIMIZER_FILE", "STA
 
 STATE_FILE = "state.json"
 OPTIMIZER_FILE = "optimizer.pt"
-#: A sharded checkpoint's model and optimizer shards (``torch.distributed.checkpoint``), :mod:`divopd.learn.sharded`
+#: A sharded checkpoint's model and optimizer shards (``torch.distributed.checkpoint``)
 DCP_DIR = "dcp"
 MANIFEST_FILE = "manifest.json"
-#: ``state.json`` ``format`` of a checkpoint written by N learner ranks (``divopd.learn.learner.SHARDED_FORMAT``)
+#: ``state.json`` ``format`` of a checkpoint written by N learner ranks
 SHARDED_FORMAT = 2
 MANIFEST_FORMAT = "divopd-checkpoint-manifest-v1"
 _EDGE = 1 << 20  # bytes hashed at each end of a file

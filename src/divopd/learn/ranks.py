@@ -1,10 +1,6 @@
 """Learner ranks as processes spawned on this machine (the lockstep and threads runtimes' ``learner.world_size > 1``).
-
-:class:`ProcessRanks` runs one :class:`~divopd.learn.dist_worker.RankWorker` per spawned process behind a pipe. While
-it waits for replies it watches the processes: a rank that exits or raises ends the others at once and raises
-:class:`LearnerRankError` naming the rank, its pid and its exit code. The ranks die with the driver
-(:func:`~divopd.explore.children.die_with_parent`) and ignore a terminal's Ctrl-C: the driver checkpoints through them,
-then closes them.
+The ranks die with the driver (:func:`~divopd.explore.children.die_with_parent`) and ignore a terminal's Ctrl-C: the
+driver checkpoints through them, then closes them.
 """
 
 from __future__ import annotations
@@ -36,12 +32,11 @@ class Ranks(Protocol):
 
 
 def _rank_main(rank: int, world_size: int, init_method: str, setup: dict[str, Any], conn: Connection,
-               parent_pid: int | None = None) -> None:
+               parent_pid: int) -> None:
     from divopd.explore.children import die_with_parent
     from divopd.learn.dist_worker import RankWorker
 
-    if parent_pid is not None:
-        die_with_parent(parent_pid)  # SIGINT is blocked here (ProcessRanks starts it so): the driver stops the rank
+    die_with_parent(parent_pid)  # SIGINT is blocked here (ProcessRanks starts it so): the driver stops the rank
 
     worker = RankWorker()
     try:
@@ -96,7 +91,9 @@ class ReplyDeadline:
 
 
 class ProcessRanks:
-    """N learner ranks as spawned processes with a gloo (CPU) or NCCL (CUDA) process group among them."""
+    """N learner ranks as spawned processes (a :class:`~divopd.learn.dist_worker.RankWorker` each, behind a pipe) with
+    a gloo (CPU) or NCCL (CUDA) process group among them. A rank that exits or raises ends the others at once and
+    raises :class:`LearnerRankError` naming the rank, its pid and its exit code."""
 
     def __init__(self, world_size: int, setup: dict[str, Any], call_timeout_s: float | None = None) -> None:
         import torch.multiprocessing as mp

@@ -2,10 +2,7 @@
 
 ``init_process_group(init_method="tcp://127.0.0.1:PORT")`` starts rank 0's ``TCPStore`` server on *every* interface
 (``0.0.0.0`` / ``::``) whatever the address says, so anyone who can reach the host could talk to the store while the
-ranks meet. :func:`rendezvous_store` builds the same store, but rank 0 first binds a socket to exactly the
-``init_method`` host and hands it to the store (``master_listen_fd``): with the spawned ranks' ``127.0.0.1`` it is
-reachable from this host only; with the Ray runtime's node address (ranks on several hosts) it listens on that one
-interface, not all of them. The other ranks connect as clients.
+ranks meet; here rank 0 binds exactly the ``init_method`` host (loopback for spawned ranks, the node's address on Ray).
 """
 
 from __future__ import annotations

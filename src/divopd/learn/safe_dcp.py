@@ -2,11 +2,8 @@
 
 ``torch.distributed.checkpoint`` reads its index (``.metadata``) with plain ``pickle.load`` and every non-tensor value
 (the optimizer's ``param_groups``) with ``torch.load(weights_only=False)``, so a received checkpoint could run any code
-on ``--resume``. Here :class:`SafeMetadataUnpickler` rebuilds ``.metadata`` from an allow-list of the exact classes a
-DCP index holds (anything else is refused before it is looked up), :func:`read_metadata` checks the shard files are
-plain names inside the folder, and :func:`load` is the stock ``dcp.load`` with a :class:`SafeFileSystemReader` and a
-:class:`SafeLoadPlanner` (non-tensor values with ``weights_only=True``). A refused file raises
-:class:`UnsafeCheckpointError`, one line naming the file. Use it as ``from divopd.learn import safe_dcp as dcp``.
+on ``--resume``; a refused file here raises :class:`UnsafeCheckpointError`, one line naming the file. Use it as
+``from divopd.learn import safe_dcp as dcp``.
 """
 
 from __future__ import annotations
@@ -54,9 +51,8 @@ class UnsafeCheckpointError(UsageError, ValueError):
 
 
 class SafeMetadataUnpickler(pickle.Unpickler):
-    """An unpickler for a DCP index (``.metadata``) that builds only the allow-listed classes (``ALLOWED_GLOBALS``:
-    the DCP metadata dataclasses, ``torch.Size``, paths) and torch dtypes and layouts; any other global, and any
-    persistent id, is refused before it is looked up, so nothing in the file runs."""
+    """An unpickler for a DCP index (``.metadata``) that builds only :data:`ALLOWED_GLOBALS` and torch dtypes and
+    layouts; any other global, and any persistent id, is refused before it is looked up, so nothing in the file runs."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in ALLOWED_GLOBALS:

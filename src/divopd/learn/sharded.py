@@ -1,18 +1,9 @@
 """The sharded learner (``learner.world_size > 1``): the learner's interface in the driver, N FSDP2 ranks
 (:mod:`divopd.learn.dist_worker`) doing the work.
 
-One update: the driver prepares the batch's inputs as the single-process learner does and sends each rank a
-contiguous part with the batch's global denominators (N rows, dead rows included; the valid tokens for
-``token-mean``), so the ranks' summed gradients are the single-process gradient. The ranks return their micro-batch
-outputs, from which the driver computes the whole batch's ``learner/*`` metrics with the single-process code: loss and
-weights agree with ``world_size: 1`` to float rounding.
-
-Publication: rank 0 gathers the full state dict once per version into the driver's CPU copy of the model (for
-evaluation and the diagnostics) and hands it to the explorers (``last_publish_s``: the gather's seconds).
-
-Checkpoints (:data:`~divopd.learn.manifest.SHARDED_FORMAT`): the HF folder and tokenizer from the gathered weights,
-``state.json``, and ``dcp/`` — model and optimizer shards (``torch.distributed.checkpoint``) that a resume reshards to
-any number of ranks, and that the single-process learner reads too.
+Each rank gets a contiguous part of the batch with the batch's global denominators (N rows, dead rows included; the
+valid tokens for ``token-mean``), so the ranks' summed gradients are the single-process gradient; the driver computes
+the whole batch's ``learner/*`` metrics from the ranks' outputs with the single-process code.
 """
 
 from __future__ import annotations
@@ -34,7 +25,6 @@ from divopd.learn.checkpoint import (
     atomic_dir,
     checkpoint_state_text,
     is_tied,
-    learner_counters,
     read_state,
     restore_learner_state,
 )
@@ -62,11 +52,8 @@ def split_rows(n: int, world_size: int) -> list[np.ndarray]:
 class ShardedLearner:
     """The learner over ``config.world_size`` FSDP2 ranks; same methods and counters as :class:`Learner`.
 
-    Args:
-        source: the HF model folder every rank (and the driver's CPU copy) loads.
-        config: :class:`LearnerConfig` with ``world_size`` >= 2.
-        ranks: builds the ranks from ``(world_size, setup kwargs)``; default :class:`ProcessRanks` (spawned here).
-    """
+    ``source``: the HF model folder every rank (and the driver's CPU copy) loads; ``ranks`` builds the ranks from
+    ``(world_size, setup kwargs)`` (default :class:`ProcessRanks`, spawned here)."""
 
     def __init__(self, source: str, config: LearnerConfig, ranks: RanksFactory | None = None) -> None:
         self.config = config
@@ -163,7 +150,8 @@ class ShardedLearner:
         return state
 
     def publish(self, path: str | Path | None = None) -> WeightHandle:
-        """Rank 0 gathers the full state dict once per version; an in-memory handle, or (``path``) an HF folder."""
+        """Rank 0 gathers the full state dict once per version into the driver's CPU model (``last_publish_s``: the
+        gather's seconds); an in-memory handle, or (``path``) an HF folder."""
         t0 = time.perf_counter()
         state = self._gather()
         self.last_publish_s = time.perf_counter() - t0
@@ -174,12 +162,9 @@ class ShardedLearner:
             self._model.save_pretrained(tmp)
         return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth)
 
-    def state(self) -> dict[str, Any]:
-        """The version, counters and depth statistics a checkpoint holds."""
-        return learner_counters(self)
-
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
-        """HF folder + tokenizer + ``dcp/`` (model and optimizer shards) + ``state.json``, atomically."""
+        """HF folder + tokenizer + ``dcp/`` (model and optimizer shards, which a resume reshards to any number of
+        ranks and the single-process learner reads too) + ``state.json``, atomically."""
         text = checkpoint_state_text(self, SHARDED_FORMAT, extra_state, world_size=self.world_size)
         model = self.model
         with atomic_dir(path, manifest=True) as tmp:

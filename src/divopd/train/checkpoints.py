@@ -18,7 +18,7 @@ from divopd.errors import UsageError
 from divopd.learn.manifest import checkpoint_dirs, verify_checkpoint  # no torch: divopd train imports it
 
 __all__ = ["DAMAGED_SUFFIX", "EXIT_CHECKPOINT_WRITE", "CheckpointWriteError", "checkpoint_write", "disk_full_line",
-           "is_disk_full", "prune_checkpoints", "resume_checkpoint"]
+           "is_disk_full", "prune_checkpoints", "resume_checkpoint", "unused_path"]
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +114,16 @@ def resume_checkpoint(run_dir: Path, flag: str = "--resume") -> Path | None:
 
 
 def _set_aside(ckpt: Path) -> Path:
-    target = ckpt.with_name(ckpt.name + DAMAGED_SUFFIX)
+    target = unused_path(ckpt.with_name(ckpt.name + DAMAGED_SUFFIX))
+    os.rename(ckpt, target)
+    return target
+
+
+def unused_path(path: Path) -> Path:
+    """``path``, or the first of ``path-2``, ``path-3``, ... that does not exist (nothing is ever overwritten)."""
+    target = path
     n = 1
     while target.exists():
         n += 1
-        target = ckpt.with_name(f"{ckpt.name}{DAMAGED_SUFFIX}-{n}")
-    os.rename(ckpt, target)
+        target = path.with_name(f"{path.name}-{n}")
     return target

@@ -3,8 +3,6 @@
 Decoding follows ``eval.temperature`` (0.4, seeded by the run seed) or ``eval.greedy`` (``--set eval.greedy=true``).
 The environment, prompt and step limit come from the run's ``config.yaml`` (found beside the checkpoint folder, i.e.
 ``RUN_DIR/checkpoints/update-N/../../config.yaml``) or from ``--config``; recovery is always off, as in the paper.
-
-The command line (``add_arguments``, ``run``) is :mod:`divopd.commands.eval`.
 """
 
 from __future__ import annotations

@@ -8,26 +8,11 @@
         publish              the new weights go to every explorer
         evaluate/checkpoint  on their schedules
 
-Stopping: ``updates`` reached, ``max_seconds`` passed, or a :class:`~divopd.train.interrupt.StopRequest` (Ctrl-C /
-SIGTERM) seen at a stage boundary. Then (1) the runtime stops its explorers and hands over every rollout that
-finished but was not taken yet (it enters the ledger as queued: received, never lost); (2) the final snapshot is
-evaluated (not after a stop request); (3) the trainer checkpoints; (4) ``summary.json`` is written.
-
-Failing: an exception (or a second Ctrl-C) inside a stage — from a poll through composing a batch to publishing its
-update — stops the runtime at once, without a final evaluation, checkpoint or ``summary.json``, and re-raises: the
-newest checkpoint on disk stays the last good one (its sampler state never counts an untrained batch ``selected``),
-and ``--resume`` trains from it again. A failure at a stage boundary (the explorers died while the loop waited)
-checkpoints first.
-
-Stalling (:mod:`divopd.train.watchdog`, ``runtime.stall_timeout_s``; 0 = off): no rollout and no completed update for
-that long while the loop waits for rollouts, or a teacher that cannot score (the last 4·B turns received all without
-teacher log probs), stops the run at that boundary as a stop request does (no final evaluation), with ``stalled`` —
-the one-line reason, naming the stage and what it waited on — in ``summary.json``.
-
-Stage times: every update record carries ``time/wait_s`` (in the runtime's poll and waiting for rollouts),
-``time/compose_s`` (composing, failed attempts included) since the previous update, ``time/update_s``,
-``time/publish_s``, and the explorer seconds the rollouts that arrived since the previous update report
-(``time/generate_s``, ``time/env_s``, ``time/score_s``).
+Stopping: ``updates`` reached, ``max_seconds`` passed, a :class:`~divopd.train.interrupt.StopRequest` (Ctrl-C /
+SIGTERM) seen at a stage boundary, or a stall (:mod:`divopd.train.watchdog`): the run ends in :func:`_finish`. An
+exception (or a second Ctrl-C) inside a stage — from a poll through composing a batch to publishing its update —
+ends it in :func:`_abort`, without a final evaluation, checkpoint or ``summary.json``: the newest checkpoint on disk
+stays the last good one (its sampler state never counts an untrained batch ``selected``).
 """
 
 from __future__ import annotations

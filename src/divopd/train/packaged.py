@@ -1,12 +1,5 @@
 """The files divopd ships inside the package (package data, so that a wheel has them): the setting configs and the
 demo's prebuilt models. Nothing here reads a repository checkout: every path is relative to the installed package.
-
-* :data:`CONFIGS`: ``divopd/configs/<setting>.yaml``, one file per experimental setting; its ``method:`` names the
-  default method row, ``--method`` / ``--set method=X`` picks another (:mod:`divopd.sampling.method_rows`).
-* :data:`SHIPPED`: ``divopd/shipped/<setting>/{teacher,student}``, the prebuilt models of a setting's recipe
-  (:mod:`divopd.suite.models` copies them into the cache instead of training them again).
-
-:func:`config_path` turns what ``divopd train`` is given (a setting name or a file path) into a file.
 """
 
 from __future__ import annotations
@@ -18,9 +11,10 @@ from divopd.errors import ConfigError
 __all__ = ["CONFIGS", "SHIPPED", "setting_names", "config_path"]
 
 _PACKAGE = Path(__file__).resolve().parents[1]
-#: The packaged setting configs, ``<setting>.yaml``.
+#: The packaged setting configs, ``<setting>.yaml``, one per experimental setting; its ``method:`` names the default
+#: method row (:mod:`divopd.sampling.rows`).
 CONFIGS = _PACKAGE / "configs"
-#: The packaged prebuilt models, ``<setting>/{teacher,student}``.
+#: The packaged prebuilt models, ``<setting>/{teacher,student}`` (:mod:`divopd.suite.models` copies them to the cache).
 SHIPPED = _PACKAGE / "shipped"
 
 

@@ -135,9 +135,6 @@ def vllm_build() -> tuple[str, str] | None:
     return version, build
 
 
-_VLLM_PROBE = "import vllm; print(vllm.__version__)"
-
-
 def vllm_check(import_timeout: float) -> Check:
     """vLLM: installed (metadata), its build (CPU or CUDA) and, with ``import_timeout`` > 0, whether it imports
     (in a subprocess under that deadline: vLLM's import takes seconds to tens of seconds)."""
@@ -148,7 +145,7 @@ def vllm_check(import_timeout: float) -> Check:
     version, build = found
     if import_timeout <= 0:
         return Check("vllm", OK, f"{version} ({build} build; import not tried)")
-    ok, out = run_probe(_VLLM_PROBE, import_timeout, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    ok, out = run_probe("import vllm; print(vllm.__version__)", import_timeout, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     if not ok:
         return Check("vllm", NOT_AVAILABLE, f"{version} ({build} build) does not import: {out}", fix)
     return Check("vllm", OK, f"{version} ({build} build; imports)")

@@ -71,10 +71,12 @@ class Runtime(Protocol):
 
 
 class StatelessRuntime:
-    """The :class:`Runtime` members of a runtime that keeps no state of its own and evaluates in the background."""
+    """The :class:`Runtime` members of a runtime that keeps no state of its own, evaluates in the background and does
+    not pace production (threads, Ray)."""
 
     evaluates_in_place = False
     keeps_state = False
+    producer_intervals: int | None = None
 
     def state_dict(self, weights_dir: Path) -> dict[str, Any] | None:
         return None

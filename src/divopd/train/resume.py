@@ -13,7 +13,6 @@ import logging
 from typing import Any
 
 from divopd.errors import UsageError
-from divopd.experience.log import ExperienceLogWriter
 from divopd.explore.replay import ReplayError
 from divopd.train import rundir
 from divopd.train.rundir import EXPERIENCE, EXPLORER_WEIGHTS
@@ -31,22 +30,22 @@ def restore_runtime(trainer: Any, runtime: Any) -> bool:
         raise UsageError(f"--resume {run_dir}: runtime.kind {cfg.runtime.kind} cannot restore the checkpoint's "
                          "runtime state (a lockstep run's)")
     state, trainer.resume_runtime = trainer.resume_runtime, None
+    exact = True
     try:
         runtime.load_state_dict(state, run_dir / EXPLORER_WEIGHTS)  # replays the envs
     except ReplayError as exc:  # the runtime is left as built (fresh explorers)
         log.warning("resume: %s; resuming as the threads runtime resumes: the turns logged past the checkpoint are "
                     "queued again and the episodes running at it start over (the run is no longer exact)", exc)
-        if cfg.log_experience:
+        exact = False
+    if cfg.log_experience:
+        if exact:  # restored: it produces the turns logged past the checkpoint again
+            rundir.cut_log_past_checkpoint(run_dir / EXPERIENCE, trainer.sampler.ledger.received)
+        else:
             trainer.state.turns += rundir.recover_logged_turns(
                 run_dir / EXPERIENCE, trainer.sampler, trainer.version, trainer.paper,
                 log_token_ids=cfg.log_token_ids, needs_topk=cfg.learner.estimator == "topk")
-            trainer.log_writer = ExperienceLogWriter(run_dir / EXPERIENCE, rows_per_file=1 << 16,
-                                                     write_ids=cfg.log_token_ids)
-        return False
-    if cfg.log_experience:  # restored: it produces the turns logged past the checkpoint again
-        rundir.cut_log_past_checkpoint(run_dir / EXPERIENCE, trainer.sampler.ledger.received)
-        trainer.log_writer = ExperienceLogWriter(run_dir / EXPERIENCE, rows_per_file=1 << 16,
-                                                 write_ids=cfg.log_token_ids)
-    trainer._arrived_since_update = int(trainer.state.since_update.get("arrived") or 0)
-    trainer._intervals_seen = trainer.state.since_update.get("intervals_seen")
-    return True
+        trainer.log_writer = rundir.log_writer(cfg, run_dir / EXPERIENCE)
+    if exact:
+        trainer._arrived_since_update = int(trainer.state.since_update.get("arrived") or 0)
+        trainer._intervals_seen = trainer.state.since_update.get("intervals_seen")
+    return exact

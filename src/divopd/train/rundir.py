@@ -1,11 +1,7 @@
-"""A run directory: opening it for a fresh run or a resume (:func:`open_run_dir`), what it holds, how divopd
-recognises one as its own, removing what a run wrote, and queueing again the turns its experience log holds past the
-checkpoint a resume starts from (:func:`requeue_logged_turns`).
-
-divopd writes, overwrites and deletes only inside a directory it made a run: a fresh run marks its directory with
-:data:`MARKER` (``.divopd-run``) when it creates or claims it (a new or empty folder). A directory written by an older
-divopd, without the marker, is recognised by divopd's own layout: a ``config.yaml`` beside a ``metrics.jsonl``. Any
-other non-empty folder is refused with one line (:func:`claim_run_dir`, :func:`check_is_run`)."""
+"""A run directory: opening it for a fresh run or a resume (:func:`open_run_dir`), recognising one as divopd's own
+(:func:`is_run_dir`), removing what a run wrote, and queueing again the turns its experience log holds past the
+checkpoint a resume starts from (:func:`requeue_logged_turns`). divopd writes, overwrites and deletes only inside a
+directory it made a run (:func:`claim_run_dir`)."""
 
 from __future__ import annotations
 
@@ -23,7 +19,6 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from divopd.errors import RunExistsError, UsageError
-from divopd.experience import Turn
 from divopd.experience.log import (
     ExperienceLogError,
     ExperienceLogWriter,
@@ -37,7 +32,7 @@ from divopd.experience.log.parts import missing_arrivals
 from divopd.learn.checkpoint import atomic_write_text, checkpoint_dirs, read_state, remove_interrupted_writes
 from divopd.sampling import Sampler
 from divopd.sampling.paper_diagnostics import RunDiagnostics
-from divopd.train.checkpoints import resume_checkpoint
+from divopd.train.checkpoints import resume_checkpoint, unused_path
 from divopd.train.config import TrainConfig, dump_config, load_config
 from divopd.train.runlock import LOCK, run_lock
 
@@ -49,13 +44,11 @@ EXPERIENCE = "experience"
 EXPLORER_WEIGHTS = "explorer-weights"
 #: The marker file a fresh run writes into the directory it creates or claims.
 MARKER = ".divopd-run"
-#: Everything a run writes into its directory: the resolved config, metrics, summary, TensorBoard events, the
-#: experience log, the checkpoints, the explorer weights of the lockstep runtime's checkpoints, the marker and the
-#: lock of the process writing it (:mod:`divopd.train.runlock`).
-RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE, CHECKPOINTS, EXPLORER_WEIGHTS,
-               MARKER, LOCK)
-#: The run files (of :data:`RUN_ENTRIES`) a fresh run moves aside from a run directory that holds no checkpoint.
+#: The run files a fresh run moves aside from a run directory that holds no checkpoint: the resolved config,
+#: metrics, summary, TensorBoard events, experience log, checkpoints and the lockstep runtime's explorer weights.
 STRANDED_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE, CHECKPOINTS, EXPLORER_WEIGHTS)
+#: Everything a run writes into its directory: its run files, the marker and the lock of the process writing it.
+RUN_ENTRIES = (*STRANDED_ENTRIES, MARKER, LOCK)
 #: The folder (a UTC time appended) those files go to, inside the run directory: nothing is deleted.
 STRANDED_PREFIX = "stranded-"
 
@@ -180,11 +173,7 @@ def set_aside_stranded_run(run_dir: Path) -> Path | None:
     if not names:
         return None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside = Path(run_dir) / f"{STRANDED_PREFIX}{stamp}"
-    n = 1
-    while aside.exists():
-        n += 1
-        aside = Path(run_dir) / f"{STRANDED_PREFIX}{stamp}-{n}"
+    aside = unused_path(Path(run_dir) / f"{STRANDED_PREFIX}{stamp}")
     aside.mkdir()
     for name in names:
         (Path(run_dir) / name).rename(aside / name)
@@ -205,7 +194,7 @@ def remove_run_files(run_dir: Path, names: Iterable[str] = RUN_ENTRIES, keep: It
             path.unlink(missing_ok=True)
 
 
-def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics | None = None,
+def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics,
                          needs_topk: bool = False) -> int:
     """Queue again the turns logged after the checkpoint (arrival >= the sampler's next arrival number); ``paper``
     counts them as received (their teacher-scored tokens), as the trainer's intake did before the restart. The log
@@ -213,8 +202,8 @@ def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
     resumed run queued them, so the turns it logs next keep ``arrival_update`` non-decreasing.
 
     ``needs_topk`` (``learner.estimator: topk``): the log holds no teacher top-k, which that loss needs, so each
-    re-queued turn enters without its teacher scores (:func:`_without_teacher`): the gate rejects it, counted
-    ``invalid`` / ``missing_teacher`` in the ledger, instead of training it with a different loss."""
+    re-queued turn enters without its teacher scores: the gate rejects it, counted ``invalid`` / ``missing_teacher``
+    in the ledger, instead of training it with a different loss."""
     start = sampler.ledger.received  # arrivals are numbered 0, 1, ... so this is the next one
     gaps = missing_arrivals(log_dir, None) if Path(log_dir).is_dir() else []
     gap = next((max(a, start) for a, b in gaps if b >= start), None)
@@ -237,11 +226,10 @@ def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
                 continue
             turn = logged.turn
             if needs_topk and turn.teacher_topk_logprobs is None:
-                turn = _without_teacher(turn)
+                turn = dataclasses.replace(turn, teacher_logprobs=None, teacher_valid_mask=None)
                 unscored += 1
             (arrival,) = sampler.add([turn])
-            if paper is not None:
-                paper.observe_received([logged.turn])
+            paper.observe_received([logged.turn])
             if arrival != logged.arrival:
                 raise RuntimeError(f"resume: log arrival {logged.arrival} does not follow the checkpoint ({arrival})")
             n += 1
@@ -290,7 +278,12 @@ def open_log(cfg: Any, log_dir: Path, sampler: Sampler, state: Any, version: int
         state.turns += recover_logged_turns(log_dir, sampler, version, RunDiagnostics(state.diagnostics),
                                             log_token_ids=cfg.log_token_ids,
                                             needs_topk=cfg.learner.estimator == "topk")
-    return None if exact else ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
+    return None if exact else log_writer(cfg, log_dir)
+
+
+def log_writer(cfg: TrainConfig, log_dir: Path) -> ExperienceLogWriter:
+    """The writer that appends the run's turns to its experience log."""
+    return ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
 
 
 def cut_log_past_checkpoint(log_dir: Path, received: int) -> int:
@@ -303,13 +296,6 @@ def cut_log_past_checkpoint(log_dir: Path, received: int) -> int:
         log.info("resume: %d turns logged after the checkpoint removed from the log; the restored lockstep runtime "
                  "produces them again", dropped)
     return dropped
-
-
-def _without_teacher(turn: Turn) -> Turn:
-    """``turn`` without its teacher scores: a logged turn cannot give the top-k estimator its teacher top-k, so it
-    enters the queue as unscored and the gate counts it ``missing_teacher``."""
-    return dataclasses.replace(turn, teacher_logprobs=None, teacher_valid_mask=None)
-
 
 
 def runtime_weight_files(runtime_state: dict[str, Any] | None) -> set[str]:

@@ -1,12 +1,10 @@
 """One process writes a run directory at a time: an OS lock on ``RUN_DIR/.divopd-lock`` (:data:`LOCK`), held for
-the ``with`` block of :func:`run_lock`.
+the ``with`` block of :func:`run_lock`, taken before anything is written there.
 
-A fresh run takes it right after it creates (or finds) its directory and before it writes anything there
-(:func:`divopd.train.rundir.claim_run_dir`); ``--resume`` takes it before it touches the run's files; the trainer
-holds it until the run's files are closed. ``fcntl.flock`` locks belong to an open file, which the kernel closes when
-the process dies, SIGKILL included, so a lock is never left stale. The file holds the holder's pid and host, for the
-message: a second process is refused with one line naming that pid (:class:`RunLockedError`, exit 2), before it
-writes anything. Within one process the lock is re-entrant. Where ``flock`` is missing (not POSIX) there is no lock.
+``fcntl.flock`` locks belong to an open file, which the kernel closes when the process dies, SIGKILL included, so a
+lock is never left stale. The file holds the holder's pid and host, for the message: a second process is refused
+with one line naming that pid (:class:`RunLockedError`, exit 2). Where ``flock`` is missing (not POSIX) there is no
+lock.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Stage times and the stall watchdog of the one loop (:func:`divopd.train.loop.run_loop`).
 
-:class:`Watchdog` watches for three ways a run can wait forever (all off with ``runtime.stall_timeout_s: 0``):
-
-* **no progress**: no rollout arrived and no update completed for ``runtime.stall_timeout_s`` seconds while the loop
-  waited for rollouts (explorers hung in an environment, an engine or a teacher call that never returns);
-* **a teacher that cannot score**: the last ``4·B`` turns received all arrived without teacher log probs (the gate's
-  ``missing_teacher``): no turn can ever be trained, so the loop would spin;
-* **a gate that rejects every turn**: ``runtime.rejected_turns_warning`` turns rejected with no update since the last
-  one give one warning naming the top reason and the config key that governs it (:data:`REASON_KEYS`); 4× as many
-  stop the run.
-
-Stopping checkpoints at that stage boundary, writes ``stalled`` (the one-line reason) into ``summary.json``, and
-``divopd train`` exits :data:`EXIT_STALLED`. Components with deadlines of their own (the Ray runtime's explorer and
-teacher actors) report what they saw stall with :func:`note_stall`; the stop line names the newest note. (An
-in-process vLLM engine call past its deadline is named by the engine's own error line,
-:mod:`divopd.explore.call_deadline`.)
+:class:`Watchdog` watches for three ways a run can wait forever: no progress (:meth:`Watchdog.stalled_waiting`), a
+teacher that cannot score (:meth:`Watchdog.teacher_failed`) and a gate that rejects every turn
+(:meth:`Watchdog.gate_rejecting`). Stopping checkpoints at that stage boundary, writes ``stalled`` (the one-line
+reason) into ``summary.json``, and ``divopd train`` exits :data:`EXIT_STALLED`.
 """
 
 from __future__ import annotations
@@ -118,13 +107,12 @@ class Watchdog:
     def enabled(self) -> bool:
         return self.stall_timeout_s > 0
 
-    def progressed(self, invalid_by_reason: Mapping[str, int] | None = None) -> None:
+    def progressed(self, invalid_by_reason: Mapping[str, int]) -> None:
         """An update completed (or the loop (re)started): the stall clock starts again; the gate watch counts from
         the ledger's ``invalid_by_reason`` now."""
         self._last_progress = self._now()
         self._warned = False
-        self._rejected_at_update = None if invalid_by_reason is None else {k: int(v) for k, v in
-                                                                            invalid_by_reason.items()}
+        self._rejected_at_update = {k: int(v) for k, v in invalid_by_reason.items()}
 
     def after_intake(self, invalid_by_reason: Mapping[str, int], version: int) -> str | None:
         """The rules checked after each intake: :meth:`teacher_failed`, then :meth:`gate_rejecting`."""

@@ -27,33 +27,18 @@ from divopd.learn.checkpoint import WeightHandle
 from divopd.models import load_model, load_tokenizer
 from divopd.train.config import TrainConfig
 
-__all__ = ["LatestWeights", "bridge_vocabularies", "build_explorer", "check_vocabularies", "load_teacher",
-           "explorer_seed", "fresh_session", "logged_rollout_ids", "rollout_id_prefix", "step_limit", "vllm_generator"]
+__all__ = ["bridge_vocabularies", "build_explorer", "check_vocabularies", "explorer_seed", "first_line",
+           "fresh_session", "load_teacher", "logged_rollout_ids", "rollout_id_prefix", "step_limit", "vllm_generator"]
 
 # transformers' from_pretrained swaps process-global state (meta-device init); loading in two threads at once races.
 _LOAD_LOCK = threading.Lock()
 log = logging.getLogger(__name__)
 
 
-class LatestWeights:
-    """The newest published weight handle, shared with explorer workers (thread-safe)."""
-
-    def __init__(self, handle: WeightHandle) -> None:
-        self._lock = threading.Lock()
-        self._handle = handle
-
-    def set(self, handle: WeightHandle) -> None:
-        with self._lock:
-            if handle.version >= self._handle.version:
-                self._handle = handle
-
-    def get(self) -> WeightHandle:
-        with self._lock:
-            return self._handle
-
-    @property
-    def version(self) -> int:
-        return self.get().version
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, or its type's name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def explorer_seed(cfg: TrainConfig, explorer_id: int, session: int, incarnation: int = 0) -> int:
@@ -103,11 +88,9 @@ def logged_rollout_ids(log_dir: Path) -> set[str]:
 
 
 def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:
-    """The run's frozen :class:`~divopd.explore.teacher.Teacher` and its tokenizer: an
-    :class:`~divopd.explore.teacher.HFTeacher` (eval mode, no grad), or with ``teacher.backend: vllm`` a
-    :class:`~divopd.explore.vllm_engine.VLLMGenerator`, or with ``teacher.backend: server`` a
-    :class:`~divopd.explore.teacher_server.ServerTeacher` (the tokenizer: ``teacher.path``'s); with a vocabulary
-    other than the student's, wrapped so it scores the student's token ids (:func:`bridge_vocabularies`)."""
+    """The run's frozen :class:`~divopd.explore.teacher.Teacher` of ``teacher.backend`` (HF, vLLM or server) and its
+    tokenizer; with a vocabulary other than the student's, wrapped so it scores the student's token ids
+    (:func:`bridge_vocabularies`)."""
     teacher, tokenizer = _teacher_backend(cfg)
     return bridge_vocabularies(cfg, teacher, tokenizer), tokenizer
 

@@ -7,12 +7,8 @@
 
 Each explorer actor has one ``collect`` call in flight, so a slow learner does not stall production (turns wait in the
 sampler, where staleness expires them). A dead explorer actor is restarted by Ray (``runtime.max_explorer_restarts``)
-with rollout ids and a seed of its own (:func:`actor_incarnation`), and its lost call is resubmitted; a collect call
-past ``runtime.explorer_timeout_s`` gets its actor killed for Ray to restart. Bad input only the actor meets (an
-``explorer.env_kwargs`` value the environment rejects) is not restarted: the driver raises it as it is (one line,
-exit 2). Every other ``ray.get`` here waits 30 s at most. ``produced_turns`` counts the turns of every collect call
-that finished, all of which the loop receives (the ledger's ``received``). Local runs start Ray on loopback;
-``runtime.ray_address`` names a cluster.
+and its lost call is resubmitted; bad input only the actor meets (an ``explorer.env_kwargs`` value the environment
+rejects) is raised by the driver as it is (one line, exit 2). Every other ``ray.get`` here waits 30 s at most.
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.protocol import EvalResult, StatelessRuntime
-from divopd.train.runtime.common import build_explorer, load_teacher
+from divopd.train.runtime.common import build_explorer, first_line, load_teacher
 from divopd.train.runtime.ray_teacher import RemoteTeacher, TeacherWatch, start_shared_teacher
 from divopd.train.watchdog import note_stall
 
@@ -157,9 +153,6 @@ class RayRuntime(StatelessRuntime):
     ``learner_ranks``: where the sharded learner's ranks run (``LearnerProtocol.rank_info``), for the summary's
     ``placement``."""
 
-    #: free-running explorer actors: production is not paced in learner-step intervals
-    producer_intervals: int | None = None
-
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int,
                  learner_ranks: list[dict[str, Any]] | None = None) -> None:
         self.cfg = cfg
@@ -255,9 +248,8 @@ class RayRuntime(StatelessRuntime):
             except ActorUnavailableError:  # restarting (the death was counted when it was seen): ask again soon
                 if not self._restarting[i]:
                     self._count_failure(i, "its actor is restarting")
-                if self._failures[i] > self.cfg.runtime.max_explorer_restarts:
-                    continue
-                self._parked[i] = time.monotonic() + 1.0
+                if self._failures[i] <= self.cfg.runtime.max_explorer_restarts:
+                    self._parked[i] = time.monotonic() + 1.0
                 continue
             except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
                 raise_input_error(exc)
@@ -338,8 +330,7 @@ class RayRuntime(StatelessRuntime):
             try:
                 out.extend(self._take(ref))
             except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
-                log.info("explorer actor %d ended at the stop without finishing its rollout: %s", i,
-                         str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+                log.info("explorer actor %d ended at the stop without finishing its rollout: %s", i, first_line(exc))
         if running and timeout > 0:
             log.info("stop: %d explorer rollouts still running end unfinished (never produced, never received)",
                      len(running))
@@ -352,8 +343,7 @@ class RayRuntime(StatelessRuntime):
             try:
                 teacher = ray.get(self._teacher.stats.remote(), timeout=30)
             except (RayActorError, RayTaskError, ray.exceptions.GetTimeoutError) as exc:
-                log.warning("the shared teacher actor gave no stats at the stop: %s",
-                            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+                log.warning("the shared teacher actor gave no stats at the stop: %s", first_line(exc))
             assert self._teacher_watch is not None
             teacher["teacher_restarts"] = self._teacher_watch.restarts
             ray.kill(self._teacher, no_restart=True)

@@ -1,12 +1,7 @@
-"""Learner ranks as Ray actors (``runtime.kind: ray`` with ``learner.world_size > 1``).
-
-One placement group holds one bundle per rank (``runtime.learner_cpus`` CPUs, ``runtime.learner_gpus`` GPUs and
-``runtime.learner_resources`` custom resources each, strategy ``PACK``: on one node when it fits, which NCCL likes
-best). Rank 0's actor names a free port on its node; every rank joins one ``torch.distributed`` process group there
-and runs a :class:`~divopd.learn.dist_worker.RankWorker`. The driver's
-:class:`~divopd.learn.sharded.ShardedLearner` sends commands through :class:`RayRanks`; a rank actor that dies
-(its node lost, killed, out of memory) ends the others and raises
-:class:`~divopd.learn.ranks.LearnerRankError`, as with spawned ranks.
+"""Learner ranks as Ray actors (``runtime.kind: ray`` with ``learner.world_size > 1``): one placement group of one
+bundle per rank (strategy ``PACK``: on one node when it fits, which NCCL likes best), each rank a
+:class:`~divopd.learn.dist_worker.RankWorker` in one ``torch.distributed`` process group at rank 0's node. A rank
+actor that dies ends the others and raises :class:`~divopd.learn.ranks.LearnerRankError`, as with spawned ranks.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from divopd.learn.dist_worker import RankWorker, free_port
 from divopd.learn.ranks import REPLY_SLACK_S, LearnerRankError, ReplyDeadline
 from divopd.train.config import TrainConfig
+from divopd.train.runtime.common import first_line
 from divopd.train.runtime.ray import init_ray
 
 __all__ = ["RankActor", "RayRanks", "ray_ranks"]
@@ -115,9 +111,8 @@ class RayRanks:
                 ray.get(ready[0], timeout=30)
             except (RayActorError, RayTaskError) as exc:
                 self.close()
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise LearnerRankError(f"learner rank {index[ready[0]]} of {self.world_size} (Ray actor) failed "
-                                       f"during {method!r}: {first}; the sharded learner stopped") from None
+                                       f"during {method!r}: {first_line(exc)}; the sharded learner stopped") from None
         return ray.get(refs, timeout=30)
 
     def close(self) -> None:

@@ -4,10 +4,8 @@
                       ◄─ per turn (logprobs, top-k) ─────────────┘   (and generate(...) for +R takeovers)
 
 The actor holds the model once (``teacher.actor_gpus`` GPUs) and serves the explorers' batched calls in arrival
-order. Every call waits at most ``runtime.teacher_timeout_s``; a call past it fails and its turns are retried one by
-one, else left unscored. The driver watches the actor (:class:`TeacherWatch`, from the loop's polls): an answer overdue
-by ``runtime.teacher_timeout_s`` kills the actor and Ray restarts it (``runtime.max_teacher_restarts``). A teacher dead
-for good fails every call at once: the turns arrive unscored and the watchdog's teacher rule stops the run (exit 3).
+order. A teacher dead for good fails every call at once: the turns arrive unscored and the watchdog's teacher rule
+stops the run (exit 3).
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from divopd.experience.turn import ResponseScores
 from divopd.explore.generation import Generation
 from divopd.train.config import TrainConfig
-from divopd.train.runtime.common import load_teacher
+from divopd.train.runtime.common import first_line, load_teacher
 from divopd.train.watchdog import note_stall
 
 __all__ = ["RemoteTeacher", "TeacherActor", "TeacherTimeoutError", "TeacherWatch", "start_shared_teacher"]
@@ -116,7 +114,7 @@ class TeacherWatch:
             try:
                 ray.get(self._ping, timeout=0)
             except RayActorError as exc:  # restarts spent: the explorers' turns arrive unscored (watchdog rule)
-                self.dead = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                self.dead = first_line(exc)
                 log.error("the shared teacher actor is dead for good (%s); its turns arrive unscored", self.dead)
                 note_stall("teacher scoring", "the shared teacher actor", f"dead for good: {self.dead}")
             self._ping, self._answered = None, now

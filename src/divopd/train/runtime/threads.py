@@ -27,13 +27,34 @@ from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.interrupt import fault_point
 from divopd.train.protocol import EvalResult, StatelessRuntime
-from divopd.train.runtime.common import LatestWeights, build_explorer, load_teacher
+from divopd.train.runtime.common import build_explorer, load_teacher
 
 __all__ = ["ThreadsRuntime"]
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_JOIN_S = 60  # how long shutdown waits for each explorer thread to finish its rollout in hand
+
+
+class LatestWeights:
+    """The newest published weight handle, shared with explorer workers (thread-safe)."""
+
+    def __init__(self, handle: WeightHandle) -> None:
+        self._lock = threading.Lock()
+        self._handle = handle
+
+    def set(self, handle: WeightHandle) -> None:
+        with self._lock:
+            if handle.version >= self._handle.version:
+                self._handle = handle
+
+    def get(self) -> WeightHandle:
+        with self._lock:
+            return self._handle
+
+    @property
+    def version(self) -> int:
+        return self.get().version
 
 
 class ExplorerWorker(threading.Thread):
@@ -149,9 +170,6 @@ def _take(q: queue.Queue, timeout: float) -> list[Any]:
 
 class ThreadsRuntime(StatelessRuntime):
     """The :class:`~divopd.train.protocol.Runtime` of explorer threads in this process (``runtime.kind: threads``)."""
-
-    #: free-running explorer threads: production is not paced in learner-step intervals
-    producer_intervals: int | None = None
 
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
         self.cfg = cfg
