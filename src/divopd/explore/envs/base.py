@@ -33,7 +33,7 @@ import abc
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-__all__ = ["SPLITS", "Env", "EnvCrash", "ProgressTracker", "StepResult", "action_in"]
+__all__ = ["SPLITS", "Env", "EnvCrash", "EnvSetupError", "ProgressTracker", "StepResult", "action_in"]
 
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 
@@ -42,6 +42,11 @@ StepResult = tuple[str, float, bool, dict[str, Any]]
 
 class EnvCrash(RuntimeError):
     """The environment process failed (not a bad action): the rollout ends and the instance is replaced."""
+
+
+class EnvSetupError(RuntimeError):
+    """The environment cannot start on this machine: its package or its data is missing. The message is one line that
+    names what to install or set (the extra, the download command, the variable)."""
 
 
 def action_in(action: str, actions: Iterable[str]) -> bool:
