@@ -28,7 +28,8 @@ PY_EXAMPLES = sorted((ROOT / "examples").rglob("*.py"))
 
 #: Commands that cannot run on this CPU machine, and where they are covered instead.
 ELSEWHERE: dict[str, str] = {
-    "pip install": "package install (tests/integrations/test_install_lines.py resolves the install lines)",
+    "pip install": "package install (tests/integrations/test_install_lines.py resolves the GPU install lines)",
+    "uv pip install": "package install (tests/integrations/test_install_lines.py resolves it)",
     "make setup-": "builds a framework venv (the suite's own setup)",
     "make test-": "the framework test suites themselves",
     "trinity run": "GPU launch; its config is read by Trinity's loader in tests/integrations/trinity/test_plugin.py",
