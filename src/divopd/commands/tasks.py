@@ -116,4 +116,20 @@ def run(args: argparse.Namespace) -> int:
     write(rows, out)
     print(f"{out}: {len(rows)} {args.split} tasks of {cfg.explorer.env} ({cfg.setting}, {cfg.method}) "
           f"for {args.framework}")
+    if args.framework == "trinity":
+        print(trinity_batch_size_line(cfg))
     return 0
+
+
+def trinity_batch_size_line(cfg: Any, repeat_times: int = 1) -> str:
+    """The suggested Trinity ``buffer.batch_size`` (tasks per explore step) for ``cfg``'s B and horizon: the matched
+    dispatch rule (:mod:`divopd.integrations.dispatch`) at the default ``target_arrival_ratio``, from half the
+    horizon as the turns per task."""
+    from divopd.integrations.dispatch import TARGET_ARRIVAL_RATIO, ArrivalDispatch, start_turns_per_session
+
+    batch, horizon = int(cfg.sampler.batch_size), int(cfg.explorer.max_steps)
+    rule = ArrivalDispatch(batch_size=batch, horizon=horizon, sessions_per_prompt=repeat_times)
+    return (f"suggested Trinity buffer.batch_size: {rule.suggested_prompts_per_step()} (tasks per explore step = "
+            f"target_arrival_ratio {TARGET_ARRIVAL_RATIO:g} x B {batch} / {start_turns_per_session(horizon):g} turns "
+            f"per task, half the horizon {horizon}; divide by algorithm.repeat_times; the strategy warns at the first "
+            "steps when the measured ratio is off)")

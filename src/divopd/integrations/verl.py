@@ -36,6 +36,8 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from divopd.errors import UsageError
 from divopd.experience import Turn
+from divopd.integrations.verl_dispatch import DEFAULTS as DISPATCH_DEFAULTS
+from divopd.integrations.verl_dispatch import verl_dispatch
 from divopd.integrations.verl_records import (
     RECORD_FIELDS,
     SUMMARY_TAG,
@@ -54,6 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "method": "divopd", "batch_size": None, "pool_factor": 4, "cap": 4, "max_staleness": None, "max_pending": None,
     "max_pending_age": 8, "cap_unit": "turns", "group_order": "first-seen", "seed": 0, "sample_timeout_s": 3600.0,
 }
+DEFAULTS.update(DISPATCH_DEFAULTS)  # target_arrival_ratio, horizon, experience_dir, dispatch (verl_dispatch)
 
 
 def divopd_config(sampler_kwargs: Any, max_off_policy_threshold: int | None, batch_size: int) -> SamplerConfig:
@@ -124,6 +127,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         self._tags: dict[str, dict] = {}  # key -> its tag, for every turn still waiting
         self._handed_out: set[str] = set()  # keys returned to verl that it has not cleared yet
         self.stopped: list[str] = []  # keys of the records that stopped the run (left in TransferQueue)
+        self.dispatch = verl_dispatch(self._settings, refill_fn, trainer_mode)  # sessions per step, metrics, log
 
     # ------------------------------------------------------------------ sampling
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
@@ -131,6 +135,8 @@ class DivOPDReplayBuffer(ReplayBuffer):
         if partition_id != "train":
             return super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
         deadline = time.monotonic() + self.sample_timeout_s
+        self._ensure_sampler(batch_size)
+        self.dispatch.before_step(global_steps)  # the matched dispatch starts this step's sessions
         while True:
             batch, metrics = self.sample_nowait(global_steps, partition_id, batch_size)
             if batch is not None:
@@ -146,6 +152,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
                       ) -> tuple[KVBatchMeta | None, dict[str, float]]:
         """One poll: read new records, compose once; ``(None, metrics)`` when too few turns are eligible."""
         sampler = self._ensure_sampler(batch_size)
+        self.dispatch.version = int(global_steps) - 1
         self.ingest(partition_id)
         batch = sampler.next_batch(int(global_steps) - 1)
         self._clear_decided(partition_id, batch)
@@ -154,6 +161,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
             return None, metrics
         keys = [self._keys[a] for a in batch.arrivals]
         metrics["sampler/teacher_masked_tokens"] = float(self.make_safe(partition_id, keys))
+        metrics.update(self.dispatch.step(sampler.ledger))
         for a in batch.arrivals:
             del self._keys[a]
         tags = [{k: v for k, v in self._tags.pop(key).items() if k != SUMMARY_TAG} for key in keys]
@@ -163,6 +171,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
     def _ensure_sampler(self, batch_size: int) -> Sampler:
         if self.sampler is None:
             self.sampler = make_sampler(divopd_config(self._settings, self.max_off_policy_threshold, batch_size))
+            self.dispatch.set_batch_size(batch_size)
             self.sampler.turn_from_dict = turn_from_dict
         elif self.sampler.config.batch_size != batch_size:
             raise UsageError(f"DivOPDReplayBuffer: verl asked for {batch_size} rows, the sampler composes "
@@ -204,6 +213,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         if errors:
             self._stop(partition_id, errors)
         arrivals = self.sampler.add(turns)
+        self.dispatch.observe(turns, arrivals)
         self._keys.update(zip(arrivals, keys, strict=True))
         self._tags.update(zip(keys, tags, strict=True))
         if done_prompts:  # their trajectories were put before their terminal status: all read above
