@@ -81,13 +81,16 @@ class PluginRun:
         if not self.horizon_given and horizon >= 1 and self.dispatch.finished_sessions == 0:
             self.dispatch.horizon = int(horizon)
 
-    def observe(self, turns: list[Turn], arrivals: list[int], learner_version: int) -> None:
-        """Turns the plug-in received for ``learner_version``, with the sampler's arrival numbers."""
+    def observe(self, turns: list[Turn], arrivals: list[int], learner_version: int,
+                full: Any = None) -> None:
+        """Turns the plug-in received for ``learner_version``, with the sampler's arrival numbers. ``full``: where the
+        sampler holds summaries (verl's tags), a function giving the turns with their per-token arrays, for the log."""
         if not turns:
             return
         self.dispatch.observe([t.rollout_id for t in turns])
         if self.log_writer is not None:
-            self.log_writer.extend(turns, max(0, int(learner_version)), arrivals)
+            logged = turns if full is None else full(turns)
+            self.log_writer.extend(logged, max(0, int(learner_version)), arrivals)
 
     def step(self, ledger: Mapping[str, Any], backlog: int | None = None) -> dict[str, float]:
         """Close a step: its metrics (``sampler/arrival_ratio``, ...), its warnings logged. ``backlog``: turns the

@@ -213,7 +213,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         if errors:
             self._stop(partition_id, errors)
         arrivals = self.sampler.add(turns)
-        self.dispatch.observe(turns, arrivals)
+        self.dispatch.observe(turns, arrivals, lambda ks: self._read(partition_id, ks))
         self._keys.update(zip(arrivals, keys, strict=True))
         self._tags.update(zip(keys, tags, strict=True))
         if done_prompts:  # their trajectories were put before their terminal status: all read above

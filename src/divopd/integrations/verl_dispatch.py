@@ -71,6 +71,19 @@ def verl_dispatch(sampler_kwargs: dict[str, Any], refill_fn: Any, trainer_mode: 
     return VerlDispatch(plugin, refill_fn, trainer_mode, str(sampler_kwargs.get("dispatch") or "matched"))
 
 
+def _full_turns(turns: list[Any], read: Any) -> list[Any]:
+    """The turns with their per-token arrays, rebuilt from the records' fields (for the experience log)."""
+    from divopd.integrations.verl_records import record_summary
+
+    keys = [t.info["verl_key"] for t in turns]
+    out = []
+    for turn, key, values in zip(turns, keys, read(keys), strict=True):
+        tag = {k: v for k, v in turn.info.items() if k != "verl_key"}
+        tag.update(policy_version=turn.policy_version, prompt_truncated=turn.prompt_truncated)
+        out.append(record_summary(key, tag, values)[0])
+    return out
+
+
 class VerlDispatch:
     """The buffer's side: ``before_step`` starts the step's sessions through the linked manager."""
 
@@ -125,8 +138,10 @@ class VerlDispatch:
         """B, once verl asks for its first batch."""
         self.plugin.dispatch.batch_size = int(batch_size)
 
-    def observe(self, turns: list[Any], arrivals: list[int]) -> None:
-        self.plugin.observe(turns, arrivals, self.version)
+    def observe(self, turns: list[Any], arrivals: list[int], read: Any = None) -> None:
+        """Turns the buffer received (summaries read from tags); ``read(keys)`` gives their records' fields, fetched
+        only for the experience log."""
+        self.plugin.observe(turns, arrivals, self.version, None if read is None else lambda ts: _full_turns(ts, read))
 
     def step(self, ledger: dict[str, Any]) -> dict[str, float]:
         """Close a step: the plug-in's metrics, plus the prompts held and released so far."""
