@@ -39,6 +39,8 @@ python -m verl.trainer.main_ppo \
   trainer.v1.sampler.custom_sampler.name=DivOPDReplayBuffer \
   trainer.v1.sampler.max_off_policy_threshold=3 \
   +trainer.v1.sampler.sampler_kwargs.method=divopd \
+  +trainer.v1.sampler.sampler_kwargs.target_arrival_ratio=2.0 \
+  +trainer.v1.sampler.sampler_kwargs.experience_dir=runs/scienceworld-divopd/experience \
   trainer.nnodes=1 \
   trainer.n_gpus_per_node=4 \
   trainer.project_name=divopd \

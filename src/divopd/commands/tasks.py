@@ -109,11 +109,18 @@ def run(args: argparse.Namespace) -> int:
     method = [f"method={args.method}"] if args.method else []
     cfg = load_config(args.config, [*method, *args.overrides])
     rows = task_rows(cfg, args.split, args.limit)
+    missing = [d for d in (out.parent, *out.parent.parents) if not d.exists()]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot create its directory {out.parent} ({one_line(exc, 200)})") from None
-    write(rows, out)
+    try:
+        write(rows, out)
+    except UsageError:
+        for d in missing:  # the folders made for it, left empty by a refused file
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
     print(f"{out}: {len(rows)} {args.split} tasks of {cfg.explorer.env} ({cfg.setting}, {cfg.method}) "
           f"for {args.framework}")
     if args.framework == "trinity":
