@@ -35,6 +35,7 @@ ELSEWHERE: dict[str, str] = {
     "trinity run": "GPU launch; its config is read by Trinity's loader in tests/integrations/trinity/test_plugin.py",
     "python -m verl.trainer.main_ppo": "GPU launch; composed by verl's Hydra in tests/integrations/verl",
     "hf download": "fetches model weights from the hub",
+    "PYTHONPATH=src .venv-verl/bin/python examples/try_verl.py": "in the verl venv: verl/test_verl_try.py runs it",
     "alfworld-download": "fetches ALFWorld's game files from the network",
     "export ALFWORLD_DATA": "points at ALFWorld's game files (absent here)",
 }

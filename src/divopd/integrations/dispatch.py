@@ -103,6 +103,16 @@ class ArrivalDispatch:
         return self.finished_turns / self.finished_sessions
 
     @property
+    def ratios(self) -> list[float]:
+        """The arrival ratio of every step closed so far."""
+        return list(self._ratios)
+
+    @property
+    def rollouts_observed(self) -> int:
+        """Distinct rollouts whose turns arrived (the newest :data:`SEEN_LIMIT` remembered)."""
+        return len(self._seen)
+
+    @property
     def arrived_this_step(self) -> int:
         """Turns :meth:`observe` saw since the previous step closed."""
         return self._arrived_this_step
