@@ -180,3 +180,21 @@ def test_the_examples_run_the_packaged_setting_or_say_why_on_line_one() -> None:
         assert cfg["student"]["path"] in text and cfg["teacher"]["path"] in text, path.name
         batch = cfg["sampler"]["batch_size"]
         assert re.search(rf"(?:train_batch_size[:=]\s*{batch}\b)", text), (path.name, batch)
+
+
+def test_the_trinity_examples_start_the_tasks_divopd_tasks_suggests() -> None:
+    """Each Trinity example's ``buffer.batch_size`` is what ``divopd tasks ... --for trinity`` prints for its setting
+    (the matched dispatch at target_arrival_ratio 2, from half the horizon)."""
+    import yaml
+
+    from divopd.commands.tasks import trinity_batch_size_line
+    from divopd.train.config import load_config
+
+    for path in TRINITY_EXAMPLES:
+        example = yaml.safe_load(path.read_text())
+        env = path.stem.split("-")[0]
+        line = trinity_batch_size_line(load_config(env), repeat_times=example["algorithm"].get("repeat_times", 1))
+        suggested = int(re.search(r"buffer\.batch_size: (\d+)", line).group(1))
+        assert example["buffer"]["batch_size"] == suggested, (path.name, line)
+        args = example["algorithm"]["sample_strategy_args"]
+        assert args["target_arrival_ratio"] == 2.0 and args["horizon"] == load_config(env).explorer.max_steps
