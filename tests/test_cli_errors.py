@@ -164,8 +164,10 @@ CASES: list[tuple[str, list[str], str, str]] = [
     # tasks
     ("tasks-bad-limit", ["tasks", "tiny", "--for", "trinity", "--split", "train", "--out", "{d}/t.jsonl", "--limit",
                          "0"], "--limit must be >= 1", ""),
-    ("tasks-out-dir-missing", ["tasks", "tiny", "--for", "trinity", "--split", "train", "--out",
-                               "{d}/no-dir/t.jsonl"], "no such directory", ""),
+    ("tasks-out-parent-is-a-file", ["tasks", "tiny", "--for", "trinity", "--split", "train", "--out",
+                                    "{d}/text.parquet/t.jsonl"], "is not a directory", ""),
+    ("tasks-alfworld-not-set-up", ["tasks", "alfworld", "--for", "trinity", "--split", "train", "--out",
+                                   "{d}/alfworld/t.jsonl"], "pip install 'divopd[alfworld]'", ""),
     ("tasks-missing-config", ["tasks", "{d}/no-such.yaml", "--for", "trinity", "--split", "train", "--out",
                               "{d}/t.parquet"], "no such config file", ""),
     # bench
@@ -209,6 +211,7 @@ def test_bad_input_is_one_line_and_exit_2(inputs: Path, argv: list[str], needle:
     argv, needle = _fill(argv, inputs), needle.replace("{d}", str(inputs))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("DIVOPD_DEBUG", raising=False)
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)  # the ALFWorld case: its setup is missing
     if how == SUB:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         out = subprocess.run([sys.executable, "-m", "divopd", *argv], capture_output=True, text=True, env=env,

@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--for", dest="framework", required=True, choices=sorted(FORMATS),
                         help="the framework whose task-file format to write")
     parser.add_argument("--split", required=True, help="the environment's task split (train, dev, test)")
-    parser.add_argument("--out", required=True, help="the task file to write (an existing file is never overwritten)")
+    parser.add_argument("--out", required=True, help="the task file to write; its folder is created when missing (an "
+                        "existing file is never overwritten)")
     parser.add_argument("--limit", type=int, help="only the first N tasks of the split")
 
 
@@ -51,18 +52,22 @@ def task_rows(cfg: Any, split: str, limit: int | None = None) -> list[dict[str, 
     """One framework-neutral row per task of ``split`` of ``cfg``'s environment (a :class:`TrainConfig`), in the
     environment's order, at most ``limit``. Raises :class:`UsageError` (one line) when the environment cannot be
     built or lists no task for ``split``."""
-    from divopd.explore.envs import EnvCrash, make_env
+    from divopd.explore.envs import EnvCrash, EnvSetupError, make_env
 
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be >= 1, got {limit}")
     explorer = cfg.explorer
     try:
         env = make_env(explorer.env, **explorer.env_kwargs)
+    except EnvSetupError as exc:
+        raise UsageError(f"explorer.env {explorer.env!r} is not set up here: {one_line(exc, 1000)}") from None
     except (ImportError, EnvCrash, OSError, TypeError, ValueError) as exc:
         raise UsageError(f"explorer.env {explorer.env!r}: cannot build the environment to list its tasks: "
-                         f"{one_line(exc, 300)}") from None
+                         f"{one_line(exc, 1000)}") from None
     try:
         tasks = list(env.tasks(split))
+    except EnvSetupError as exc:
+        raise UsageError(f"explorer.env {explorer.env!r} is not set up here: {one_line(exc, 1000)}") from None
     except (EnvCrash, OSError, KeyError, ValueError) as exc:
         raise UsageError(f"--split {split!r}: environment {explorer.env!r} cannot list it: {one_line(exc, 300)}") \
             from None
@@ -98,13 +103,40 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists():
         raise UsageError(f"--out {out}: exists; divopd never overwrites a file (remove it or choose another path)")
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {out}: no such directory {out.parent}")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise UsageError(f"--out {out}: {out.parent} exists and is not a directory")
     write = writer(args.framework)
     method = [f"method={args.method}"] if args.method else []
     cfg = load_config(args.config, [*method, *args.overrides])
     rows = task_rows(cfg, args.split, args.limit)
-    write(rows, out)
+    missing = [d for d in (out.parent, *out.parent.parents) if not d.exists()]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create its directory {out.parent} ({one_line(exc, 200)})") from None
+    try:
+        write(rows, out)
+    except UsageError:
+        for d in missing:  # the folders made for it, left empty by a refused file
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
     print(f"{out}: {len(rows)} {args.split} tasks of {cfg.explorer.env} ({cfg.setting}, {cfg.method}) "
           f"for {args.framework}")
+    if args.framework == "trinity":
+        print(trinity_batch_size_line(cfg))
     return 0
+
+
+def trinity_batch_size_line(cfg: Any, repeat_times: int = 1) -> str:
+    """The suggested Trinity ``buffer.batch_size`` (tasks per explore step) for ``cfg``'s B and horizon: the matched
+    dispatch rule (:mod:`divopd.integrations.dispatch`) at the default ``target_arrival_ratio``, from half the
+    horizon as the turns per task."""
+    from divopd.integrations.dispatch import TARGET_ARRIVAL_RATIO, ArrivalDispatch, start_turns_per_session
+
+    batch, horizon = int(cfg.sampler.batch_size), int(cfg.explorer.max_steps)
+    rule = ArrivalDispatch(batch_size=batch, horizon=horizon, sessions_per_prompt=repeat_times)
+    return (f"suggested Trinity buffer.batch_size: {rule.suggested_prompts_per_step()} (tasks per explore step = "
+            f"target_arrival_ratio {TARGET_ARRIVAL_RATIO:g} x B {batch} / {start_turns_per_session(horizon):g} turns "
+            f"per task, half the horizon {horizon}; divide by algorithm.repeat_times; the strategy warns at the first "
+            "steps when the measured ratio is off)")

@@ -101,6 +101,15 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
      "metrics.jsonl): action positions of the batch the teacher did not score (NaN or infinite log prob), taken out "
      "of the framework's mask (Trinity's `action_mask`, verl's `response_mask` / `loss_mask`) with a finite "
      "placeholder before the framework's advantage or loss sees them."),
+    ("sampler/arrival_ratio", "update", "Framework plug-ins only: turns that arrived since the previous step ÷ B "
+     "(turns generated and teacher-scored per trained turn; the dispatch target is `target_arrival_ratio`, 2.0 by "
+     "default; below 1 the composer is starved)."),
+    ("sampler/sessions_started", "update", "Framework plug-ins only: rollout sessions started at this step (verl: by "
+     "the DivOPD buffer's dispatch; Trinity-RFT: sessions whose turns arrived, the explorer starts them)."),
+    ("sampler/turns_per_session", "update", "Framework plug-ins only: running mean of turns per session that came "
+     "back (before the first one: half the env's horizon), the m of the dispatch rule."),
+    ("sampler/expired_share", "update", "Framework plug-ins only: turns expired at this step ÷ turns that arrived "
+     "since the previous step (about 1 − 1/ρ at an arrival ratio ρ with a pooled rule)."),
     ("sampler/candidate_rollouts", "update", "Distinct rollouts among the valid candidates (the paper's pool regime: "
      "≥ 4·⌈B/k⌉ on average)."),
     # ledger

@@ -21,6 +21,8 @@ from trinity.common.experience import Experience
 from trinity.utils.timer import Timer
 
 from divopd.errors import UsageError, one_line
+from divopd.integrations.plugin_run import DEFAULTS as PLUGIN_DEFAULTS
+from divopd.integrations.plugin_run import TRINITY_HINT, PluginRun, split_plugin_args
 from divopd.integrations.trinity_queue import read_now_function
 from divopd.integrations.trinity_records import (
     experience_to_turn,
@@ -46,12 +48,12 @@ def default_sample_args() -> dict[str, Any]:
     args: dict[str, Any] = {"method": "divopd", "batch_size": None}
     for f in fields(SamplerConfig):
         args.setdefault(f.name, f.default)
-    return args
+    return args | PLUGIN_DEFAULTS  # target_arrival_ratio, horizon, experience_dir: the plug-in's (PluginRun)
 
 
 def sampler_config(args: dict[str, Any], train_batch_size: int) -> SamplerConfig:
     """The :class:`SamplerConfig` of ``sample_strategy_args``; a bad key or value is one :class:`UsageError` line."""
-    defaults = default_sample_args()
+    defaults, args = split_plugin_args(default_sample_args())[1], split_plugin_args(args)[1]
     unknown = sorted(set(args) - set(defaults))
     if unknown:
         raise UsageError(f"algorithm.sample_strategy_args: unknown key {unknown[0]!r} for sample_strategy "
@@ -121,6 +123,9 @@ class DivOPDSampleStrategy(SampleStrategy):
         self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
         self._keep_dir = buffer_config.cache_dir  # <checkpoint job dir>/buffer, where records that stop a run go
         self.stopped: list[Experience] = []  # records that stopped the run (no rollout id / version), kept
+        self.plugin = PluginRun(split_plugin_args(kwargs)[0], self.config.batch_size, _WHO,
+                                "algorithm.sample_strategy_args", config_hint=TRINITY_HINT)
+        self._learner_version = 0  # the version the step being composed is for (turns read are logged with it)
 
     @classmethod
     def default_args(cls) -> dict:
@@ -134,7 +139,7 @@ class DivOPDSampleStrategy(SampleStrategy):
     # ------------------------------------------------------------------ one step
     async def sample(self, step: int, **kwargs: Any) -> tuple[list[Experience], dict, list]:
         """Exactly ``batch_size`` experiences for trainer step ``step`` (learner version ``step − 1``)."""
-        learner_version = int(step) - 1
+        learner_version = self._learner_version = int(step) - 1
         metrics: dict[str, Any] = {}
         with Timer(metrics, "time/read_experience"):
             batch = await self._compose(learner_version)
@@ -144,6 +149,7 @@ class DivOPDSampleStrategy(SampleStrategy):
         metrics.update(self.sampler.ledger.as_metrics(batch.stats))
         metrics["sampler/held_experiences"] = float(self.held)
         metrics["sampler/teacher_masked_tokens"] = float(masked)
+        metrics.update(self.plugin.step(self.sampler.ledger, backlog=self._known))
         self.set_model_version_metric(experiences, metrics)
         return experiences, metrics, representative_sample(experiences)
 
@@ -228,7 +234,9 @@ class DivOPDSampleStrategy(SampleStrategy):
                 restore_model_version(exp)
                 candidates.append(candidate)
                 held.append((exp, flag))  # flag: a teacher position not finite, masked at hand-over
-        self.sampler.add(held, candidates)
+        arrivals = self.sampler.add(held, candidates)
+        self.plugin.observe([c.rollout_id for c in candidates], arrivals, self._learner_version,
+                            lambda: [experience_to_turn(exp) for exp, _ in held])
         if bad:
             self.stopped += bad
             raise UsageError(f"{error} [{len(self.stopped)} record(s) stopped the run; {self._keep(bad)}]")
@@ -259,6 +267,7 @@ class DivOPDSampleStrategy(SampleStrategy):
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
         """The sampler's state with the experiences of its waiting turns (JSON-able: Trinity writes it as JSON)."""
+        self.plugin.compact()  # the experience log's parts merged at each checkpoint, as divopd train does
         return {"divopd": _STATE_VERSION, "sampler": self.sampler.state_dict(_encode)}
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -20,6 +20,8 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from divopd.errors import UsageError
+from divopd.integrations.verl_dispatch import DEFAULTS as DISPATCH_DEFAULTS
+from divopd.integrations.verl_dispatch import full_turns, verl_dispatch
 from divopd.integrations.verl_records import (
     RECORD_FIELDS,
     SUMMARY_TAG,
@@ -39,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "method": "divopd", "batch_size": None, "pool_factor": 4, "cap": 4, "max_staleness": None, "max_pending": None,
     "max_pending_age": 8, "cap_unit": "turns", "group_order": "first-seen", "seed": 0, "sample_timeout_s": 3600.0,
 }
+DEFAULTS.update(DISPATCH_DEFAULTS)  # target_arrival_ratio, horizon, experience_dir, dispatch (verl_dispatch)
 
 
 def divopd_config(sampler_kwargs: Any, max_off_policy_threshold: int | None, batch_size: int) -> SamplerConfig:
@@ -111,6 +114,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         self.sampler: Sampler[Held] | None = None
         self._listed: set[str] = set()  # keys read (waiting, or handed out) that TransferQueue still lists
         self.stopped: list[str] = []  # keys of the records that stopped the run (left in TransferQueue)
+        self.dispatch = verl_dispatch(self._settings, refill_fn, trainer_mode)  # sessions per step, metrics, log
 
     # ------------------------------------------------------------------ sampling
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
@@ -118,6 +122,8 @@ class DivOPDReplayBuffer(ReplayBuffer):
         if partition_id != "train":
             return super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
         deadline = time.monotonic() + self.sample_timeout_s
+        self._ensure_sampler(batch_size)
+        self.dispatch.before_step(global_steps)  # the matched dispatch starts this step's sessions
         while True:
             batch, metrics = self.sample_nowait(global_steps, partition_id, batch_size)
             if batch is not None:
@@ -133,6 +139,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
                       ) -> tuple[KVBatchMeta | None, dict[str, float]]:
         """One poll: read new records, compose once; ``(None, metrics)`` when too few turns are eligible."""
         sampler = self._ensure_sampler(batch_size)
+        self.dispatch.version = int(global_steps) - 1
         self.ingest(partition_id)
         batch = sampler.next_batch(int(global_steps) - 1)
         departed = [key for key, _ in sampler.take_departed()]  # expired or rejected: cleared at once
@@ -145,12 +152,14 @@ class DivOPDReplayBuffer(ReplayBuffer):
         metrics["sampler/teacher_masked_tokens"] = float(self.make_safe(partition_id, batch.payloads))
         keys = [key for key, _ in batch.payloads]
         tags = [{k: v for k, v in tag.items() if k != SUMMARY_TAG} for _, tag in batch.payloads]
+        metrics.update(self.dispatch.step(sampler.ledger))
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
 
     def _ensure_sampler(self, batch_size: int) -> Sampler:
         if self.sampler is None:
             self.sampler = make_sampler(divopd_config(self._settings, self.max_off_policy_threshold, batch_size),
                                         track_departed=True)
+            self.dispatch.set_batch_size(batch_size)
         elif self.sampler.config.batch_size != batch_size:
             raise UsageError(f"DivOPDReplayBuffer: verl asked for {batch_size} rows, the sampler composes "
                              f"{self.sampler.config.batch_size} (keep data.train_batch_size fixed)")
@@ -188,7 +197,9 @@ class DivOPDReplayBuffer(ReplayBuffer):
                 errors.setdefault(key, exc)
         if errors:
             self._stop(partition_id, errors)
-        self.sampler.add(list(zip(keys, tags, strict=True)), candidates)
+        arrivals = self.sampler.add(list(zip(keys, tags, strict=True)), candidates)
+        self.dispatch.observe([c.rollout_id for c in candidates], arrivals,
+                              lambda: full_turns(keys, tags, lambda ks: self._read(partition_id, ks)))
         self._listed.update(keys)
         if done_prompts:  # their trajectories were put before their terminal status: all read above
             tq.kv_clear(keys=done_prompts, partition_id=partition_id)

@@ -34,6 +34,7 @@ from verl.experimental.agent_loop import AgentLoopOutput
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 
 import divopd.integrations.verl_env_agent  # noqa: F401  (registers divopd_env_agent in the worker processes)
+from divopd.integrations.verl_dispatch import claim
 from divopd.integrations.verl_records import SUMMARY_TAG, record_summary
 
 __all__ = ["DivOPDAgentLoopManagerTQ", "DivOPDAgentLoopWorkerTQ", "split_turns", "turn_spans"]
@@ -113,8 +114,31 @@ DivOPDAgentLoopWorkerTQ = ray.remote(_DivOPDWorker)
 
 
 class DivOPDAgentLoopManagerTQ(AgentLoopManagerTQ):
-    """verl's TQ agent-loop manager with :data:`DivOPDAgentLoopWorkerTQ` workers."""
+    """verl's TQ agent-loop manager with :data:`DivOPDAgentLoopWorkerTQ` workers.
+
+    With the DivOPD buffer's matched dispatch (:mod:`divopd.integrations.verl_dispatch`, the default), the training
+    prompts verl submits are held, and the buffer starts the sessions each step (:meth:`start_sessions`); validation
+    prompts, and every prompt when no DivOPD buffer is built in this process, are dispatched at once as verl does."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.agent_loop_workers_class = DivOPDAgentLoopWorkerTQ  # the workers start later, in create()
+        self.dispatch: Any = None
+        self._looked = False
+
+    def generate_sequences(self, prompts: Any) -> None:
+        if not self._looked:  # the first submission: link the buffer's dispatch (the config is final by now)
+            self._looked = True
+            self.dispatch = claim()
+            if self.dispatch is not None:
+                data = self.config.data
+                self.dispatch.link(self, self.config.actor_rollout_ref.rollout.n,
+                                   data.get("gen_batch_size", None) or data.train_batch_size)
+        if self.dispatch is None or ("validate" in prompts.keys() and bool(prompts["validate"])):
+            return super().generate_sequences(prompts)
+        self.dispatch.hold(prompts)
+        return None
+
+    def start_sessions(self, prompts: Any) -> None:
+        """Dispatch ``prompts`` to the workers now (verl's own dispatch of a batch)."""
+        super().generate_sequences(prompts)

@@ -13,11 +13,11 @@ import inspect
 from typing import Any
 
 from divopd.errors import ConfigError
-from divopd.explore.envs.base import SPLITS, Env, EnvCrash, ProgressTracker, StepResult
+from divopd.explore.envs.base import SPLITS, Env, EnvCrash, EnvSetupError, ProgressTracker, StepResult
 from divopd.explore.envs.scienceworld import scienceworld_paper_split
 
-__all__ = ["ENVS", "SPLITS", "Env", "EnvCrash", "ProgressTracker", "StepResult", "check_env_name", "env_class",
-           "make_env", "scienceworld_paper_split"]
+__all__ = ["ENVS", "SPLITS", "Env", "EnvCrash", "EnvSetupError", "ProgressTracker", "StepResult", "check_env_name",
+           "env_class", "make_env", "scienceworld_paper_split"]
 
 #: registry name -> (module, class name)
 ENVS: dict[str, tuple[str, str]] = {

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from divopd.explore.envs.base import Env, EnvCrash, StepResult, action_in
+from divopd.explore.envs.base import Env, EnvCrash, EnvSetupError, StepResult, action_in
 
 __all__ = [
     "ALFWORLD_SPLITS",
@@ -62,7 +62,7 @@ _SETUP_HELP = (
 )
 
 
-class AlfWorldSetupError(RuntimeError):
+class AlfWorldSetupError(EnvSetupError):
     """ALFWorld cannot start: the data folder or the package is missing. The message says what to set."""
 
 

@@ -6,7 +6,7 @@ import abc
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-__all__ = ["SPLITS", "Env", "EnvCrash", "ProgressTracker", "StepResult", "action_in"]
+__all__ = ["SPLITS", "Env", "EnvCrash", "EnvSetupError", "ProgressTracker", "StepResult", "action_in"]
 
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 
@@ -16,6 +16,11 @@ StepResult = tuple[str, float, bool, dict[str, Any]]
 class EnvCrash(RuntimeError):
     """The environment's backend failed (a dead JVM, a failed HTTP call, a call past its deadline), not a bad action:
     the rollout ends and the instance is replaced. Adapters raise no other type for a backend error."""
+
+
+class EnvSetupError(RuntimeError):
+    """The environment cannot start on this machine: its package or its data is missing. The message is one line that
+    names what to install or set (the extra, the download command, the variable)."""
 
 
 def action_in(action: str, actions: Iterable[str]) -> bool:
