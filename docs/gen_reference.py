@@ -209,7 +209,7 @@ def config_page() -> str:
                 _table(("key", "type", "default", "meaning"), rows), "\n</div>\n"]
         if top in long_defaults:
             out += ["\nLong defaults (they wrap here instead of widening the table):\n\n", *long_defaults[top]]
-    return "".join(out) + method_rows_section()
+    return "".join(out) + method_rows_section() + plugin_keys_section()
 
 
 def method_rows_section() -> str:
@@ -229,6 +229,23 @@ def method_rows_section() -> str:
             "their settings: +R's patience, TCOD's eta, TurnOPD's rho) and checks, and the lists it belongs to. "
             f"Packaged settings: {', '.join(f'`{s}`' for s in setting_names())}.\n\n"
             + _table(("method", "sampler rule", "switches on", "tags", "what"), rows))
+
+
+def plugin_keys_section() -> str:
+    """The keys of the framework plug-ins (``divopd.integrations.plugin_keys``, the tables they validate with)."""
+    from divopd.integrations.plugin_keys import TRINITY_ARGS, VERL_KWARGS, plugin_key_reference
+
+    out = ["\n## Plug-in keys\n\n",
+           "The DivOPD composer inside another trainer takes its settings from that trainer's config, not from this "
+           "schema (unknown keys are errors there too): Trinity-RFT's `algorithm.sample_strategy_args` "
+           "([guide](../integrations/trinity.md)) and verl's `trainer.v1.sampler.sampler_kwargs` "
+           "([guide](../integrations/verl.md)).\n"]
+    for title, defaults in (("Trinity-RFT: `algorithm.sample_strategy_args`", TRINITY_ARGS),
+                            ("verl: `trainer.v1.sampler.sampler_kwargs`", VERL_KWARGS)):
+        rows = [(f"`{key}`", "none" if default is None else f"`{default}`", escape_cell(meaning))
+                for key, default, meaning in plugin_key_reference(defaults)]
+        out += [f"\n### {title}\n\n", _table(("key", "default", "meaning"), rows)]
+    return "".join(out)
 
 
 def metrics_page() -> str:

@@ -51,10 +51,7 @@ def prose_lines(text: str) -> list[tuple[int, str]]:
 #: a line citing another project's tracker (``huggingface/trl#6705``): its bare ``#N`` are that project's, not ours
 UPSTREAM = re.compile(r"[\w.-]+/[\w.-]+#\d+")
 #: pages whose history another change is removing: each entry must still hold history (else drop it from here)
-NOT_YET: dict[str, str] = {
-    "docs/integrations/trinity.md": "load average",
-    "docs/integrations/verl.md": "the machine of 2026-12-05",
-}
+NOT_YET: dict[str, str] = {}
 
 
 def history(text: str) -> list[str]:

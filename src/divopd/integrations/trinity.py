@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from trinity.common.experience import Experience
 from trinity.utils.timer import Timer
 
 from divopd.errors import UsageError, one_line
-from divopd.integrations.plugin_run import DEFAULTS as PLUGIN_DEFAULTS
+from divopd.integrations.plugin_keys import TRINITY_ARGS
 from divopd.integrations.plugin_run import TRINITY_HINT, PluginRun, split_plugin_args
 from divopd.integrations.trinity_queue import read_now_function
 from divopd.integrations.trinity_records import (
@@ -43,12 +42,8 @@ _WHO = "sample_strategy divopd"
 
 
 def default_sample_args() -> dict[str, Any]:
-    """``sample_strategy_args`` and their defaults: the paper's values (``SamplerConfig``'s defaults), the rule
-    ``divopd``, and ``batch_size`` None = Trinity's ``buffer.train_batch_size``."""
-    args: dict[str, Any] = {"method": "divopd", "batch_size": None}
-    for f in fields(SamplerConfig):
-        args.setdefault(f.name, f.default)
-    return args | PLUGIN_DEFAULTS  # target_arrival_ratio, horizon, experience_dir: the plug-in's (PluginRun)
+    """``sample_strategy_args`` and their defaults (:data:`~divopd.integrations.plugin_keys.TRINITY_ARGS`)."""
+    return dict(TRINITY_ARGS)
 
 
 def sampler_config(args: dict[str, Any], train_batch_size: int) -> SamplerConfig:

@@ -20,7 +20,7 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from divopd.errors import UsageError
-from divopd.integrations.verl_dispatch import DEFAULTS as DISPATCH_DEFAULTS
+from divopd.integrations.plugin_keys import VERL_KWARGS
 from divopd.integrations.verl_dispatch import full_turns, verl_dispatch
 from divopd.integrations.verl_records import (
     RECORD_FIELDS,
@@ -36,12 +36,8 @@ __all__ = ["DivOPDReplayBuffer", "DEFAULTS", "VerlRecordError", "batch_metrics",
 
 _STATE_VERSION = 2
 
-#: The settings ``sampler_kwargs`` may give, with the paper's defaults (max_staleness: from the threshold, else 2).
-DEFAULTS: dict[str, Any] = {
-    "method": "divopd", "batch_size": None, "pool_factor": 4, "cap": 4, "max_staleness": None, "max_pending": None,
-    "max_pending_age": 8, "cap_unit": "turns", "group_order": "first-seen", "seed": 0, "sample_timeout_s": 3600.0,
-}
-DEFAULTS.update(DISPATCH_DEFAULTS)  # target_arrival_ratio, horizon, experience_dir, dispatch (verl_dispatch)
+#: The settings ``sampler_kwargs`` may give, with their defaults (:mod:`divopd.integrations.plugin_keys`).
+DEFAULTS: dict[str, Any] = VERL_KWARGS
 
 
 def divopd_config(sampler_kwargs: Any, max_off_policy_threshold: int | None, batch_size: int) -> SamplerConfig:
