@@ -22,6 +22,7 @@ turns trained), starved steps, wall seconds per step. Prints a Markdown table (d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -87,7 +88,7 @@ def run(dispatch: str, method: str, steps: int, batch_size: int, models: dict[st
             selected_rollouts.update(k.rsplit("_", 1)[0] for k in batch.keys)
             tq.kv_clear(keys=batch.keys, partition_id="train")
         times.append(time.perf_counter() - t0)
-    ledger = rb.sampler.ledger
+    ledger = dataclasses.asdict(rb.sampler.ledger)
     rule = rb.dispatch.plugin.dispatch
     trained = ledger["selected"]
     clear = list((tq.kv_list(partition_id="train") or {}).get("train", {}))

@@ -67,12 +67,12 @@ def test_replaying_the_buffers_log_gives_the_statistics_it_reported(transfer_que
             assert metrics[f"ledger/{name}"] == series[name][j], (j, name)
         if composed:
             assert metrics["sampler/effective_rollouts"] == pytest.approx(series["effective_rollouts"][j]), j
-    assert len(list(read_log(out))) == rb.sampler.ledger["received"]
+    assert len(list(read_log(out))) == rb.sampler.ledger.received
     done = subprocess.run([sys.executable, "-m", "divopd", "tune-cap", str(out), "--batch-size", str(B)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     arrived = sum(m["sampler/arrival_ratio"] for c, m in steps if c) * B
-    assert arrived <= rb.sampler.ledger["received"]
+    assert arrived <= rb.sampler.ledger.received
 
 
 def _prompts(n: int, start: int, validate: bool = False, horizon: int = 12):
