@@ -211,15 +211,23 @@ class WeightHandle:
         path: a saved HF model folder holding the weights, or ``None``.
         depth_disagreement: the learner's running per-turn-depth disagreement means published with these weights
             (``learner.depth_stats``; TurnOPD's depth budget reads them), or ``None``.
+        adapter: a LoRA student's adapter settings (:func:`divopd.learn.lora.adapter_settings`): ``state_dict`` /
+            ``path`` then hold the adapter's tensors only; ``None`` = the whole model.
     """
 
     version: int
     state_dict: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     path: str | None = None
     depth_disagreement: tuple[float | None, ...] | None = None
+    adapter: dict[str, Any] | None = None
 
     def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
         """Copy these weights into ``model`` (same architecture), in place, keeping its dtype and device."""
+        if self.adapter is not None:  # a LoRA student: the adapter version (injected into model on first use)
+            from divopd.learn.lora import apply_adapter, read_adapter
+
+            state = self.state_dict if self.state_dict is not None else read_adapter(str(self.path))[0]
+            return apply_adapter(model, state, self.adapter)
         if self.state_dict is not None:
             model.load_state_dict(self.state_dict, strict=True)
         elif self.path is not None:

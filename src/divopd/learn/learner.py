@@ -38,13 +38,13 @@ from divopd.learn.checkpoint import (
     STATE_FILE,
     WeightHandle,
     atomic_dir,
-    copy_state_dict,
     decode_rng_state,
     encode_rng_state,
     load_dcp_optimizer,
     read_state,
     to_json_safe,
 )
+from divopd.learn.lora import adapter_settings, is_adapter_folder, load_adapter_model, published_weights, save_weights
 from divopd.learn.manifest import SHARDED_FORMAT as _SHARDED_FORMAT
 from divopd.learn.rows import Rows, _micro_batches, prepare_rows
 from divopd.learn.settings import LearnerConfig
@@ -300,10 +300,12 @@ class Learner:
         atomically, which explorers load with ``handle.load_into(model)``."""
         depth = None if self.depth_stats is None else self.depth_stats.published()
         if path is None:
-            return WeightHandle(version=self.version, state_dict=copy_state_dict(self.model), depth_disagreement=depth)
+            return WeightHandle(version=self.version, state_dict=published_weights(self.model),
+                                depth_disagreement=depth, adapter=adapter_settings(self.model))
         with atomic_dir(path) as tmp:
-            self.model.save_pretrained(tmp)
-        return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth)
+            save_weights(self.model, tmp)
+        return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth,
+                            adapter=adapter_settings(self.model))
 
     def state(self) -> dict[str, Any]:
         state: dict[str, Any] = {
@@ -329,7 +331,7 @@ class Learner:
         }
         text = json.dumps(state, allow_nan=True)
         with atomic_dir(path, manifest=True) as tmp:
-            self.model.save_pretrained(tmp, safe_serialization=True)
+            save_weights(self.model, tmp)  # a LoRA student: its adapter only (divopd.learn.lora)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp)
             torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
@@ -349,7 +351,9 @@ class Learner:
                              f"{SHARDED_FORMAT} (sharded)")
         if config is None:
             config = LearnerConfig(**state["config"])
-        if (Path(path) / "tokenizer_config.json").is_file():
+        if is_adapter_folder(path):  # a LoRA student: the base model with the checkpoint's adapter
+            model, tokenizer = load_adapter_model(path, dtype=config.dtype, device=config.device)
+        elif (Path(path) / "tokenizer_config.json").is_file():
             model, tokenizer = load_model(str(path), dtype=config.dtype, device=config.device)
         else:
             from transformers import AutoModelForCausalLM
