@@ -30,9 +30,10 @@ import torch
 from divopd.errors import UsageError
 from divopd.learn.lora_settings import LoraSettings
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "LoraSettings", "LoraError", "adapter_base", "adapter_settings",
-           "add_adapter", "apply_adapter", "check_lora", "has_adapter", "is_adapter_folder", "load_adapter_model",
-           "merged_model", "published_weights", "read_adapter", "save_weights"]
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "LoraError", "LoraSettings", "adapter_base", "adapter_settings",
+           "add_adapter", "apply_adapter", "check_lora", "handle_adapter", "has_adapter", "is_adapter_folder",
+           "load_adapter_model", "merge_adapter", "merged_model", "published_weights", "read_adapter", "save_weights",
+           "write_adapter"]
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -270,6 +271,31 @@ def _unwrap(model: torch.nn.Module) -> None:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, module.get_base_layer())
+
+
+def handle_adapter(handle: Any) -> dict[str, torch.Tensor]:
+    """The adapter tensors of a published LoRA handle (its ``state_dict``, or the adapter folder at its ``path``)."""
+    state = getattr(handle, "state_dict", None)
+    return state if state is not None else read_adapter(str(handle.path))[0]
+
+
+def merge_adapter(base: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor], settings: Mapping[str, Any]
+                  ) -> dict[str, torch.Tensor]:
+    """The base model's tensors (``base``: name → tensor, HF names) with the adapter merged in: every wrapped linear
+    layer's ``W + (α / r) · B · A``; the other tensors as they are (not copied)."""
+    scale = float(settings["lora_alpha"]) / int(settings["r"])
+    merged = dict(base)
+    for key, a in state.items():
+        if ".lora_A." not in key:
+            continue
+        module = key.split(".lora_A.")[0]
+        b = state[key.replace(".lora_A.", ".lora_B.")]
+        name = f"{module}.weight"
+        if name not in base:
+            raise ValueError(f"adapter module {module} has no {name} in the base model's weights")
+        w = base[name]
+        merged[name] = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)
+    return merged
 
 
 def check_lora(path: str, settings: LoraSettings, world_size: int = 1) -> str:
