@@ -211,15 +211,17 @@ def apply_adapter(model: torch.nn.Module, state: Mapping[str, torch.Tensor], set
                               settings.get("base_model_name_or_path"))
         _inject(model, config, str(settings.get("base_model_name_or_path") or type(model).__name__))
         model.eval()
-    own = {k: v for k, v in model.state_dict().items() if ".lora_" in k}
-    names = {k.replace(".default.", "."): k for k in own}
-    if set(names) != set(state):
-        missing, extra = sorted(set(names) - set(state)), sorted(set(state) - set(names))
+    own = getattr(model, "_divopd_lora_tensors", None)
+    if own is None:  # the adapter's tensors under their published names, found once
+        own = {k.replace(".default.", "."): p for k, p in model.named_parameters() if ".lora_" in k}
+        model._divopd_lora_tensors = own  # type: ignore[assignment]
+    if own.keys() != state.keys():
+        missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
         raise ValueError(f"adapter weights do not fit the student's adapter (missing {missing[:3]}, unexpected "
                          f"{extra[:3]})")
     with torch.no_grad():
-        for short, full in names.items():
-            own[full].copy_(state[short])
+        for name, tensor in own.items():
+            tensor.copy_(state[name])
     return model
 
 
@@ -257,6 +259,7 @@ def merged_model(model: torch.nn.Module) -> torch.nn.Module:
             module.merge()
     _unwrap(model)
     del model._divopd_lora
+    model.__dict__.pop("_divopd_lora_tensors", None)
     if hasattr(model, "peft_config"):
         del model.peft_config
     return model
