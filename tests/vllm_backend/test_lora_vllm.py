@@ -20,7 +20,7 @@ from vllm_helpers import ENGINE, hf_logprobs, tiny_llama_folder  # noqa: E402
 
 from divopd import VLLMGenerator  # noqa: E402
 from divopd.explore.generation import HFGenerator  # noqa: E402
-from divopd.explore.vllm_engine import lora_engine_kwargs  # noqa: E402
+from divopd.explore.vllm_engine import VLLMEngineError, lora_engine_kwargs  # noqa: E402
 from divopd.learn.lora import LoraSettings, adapter_settings, add_adapter, merged_model, published_weights  # noqa: E402
 from divopd.models import load_model  # noqa: E402
 from explorer_helpers import env_tokenizer  # noqa: E402
@@ -76,8 +76,12 @@ def test_each_adapter_version_generates_and_scores_as_the_merged_hf_model(gen: V
         assert [o.response_ids for o in out] == [r.response_ids for r in ref]
         for o, p in zip(out, prompts, strict=True):
             np.testing.assert_allclose(o.logprobs, hf_logprobs(merged, p, o.response_ids), atol=ATOL)
-        scores = gen.score(prompts, [o.response_ids for o in out])
-        for lp, o, p in zip(scores, out, prompts, strict=True):
+        responses = [o.response_ids for o in out]
+        if gen._engine_kwargs.get("enable_lora"):  # the CPU build's LoRA kernel fails on prompt log probs: refused
+            with pytest.raises(VLLMEngineError, match="prompt log probs under a LoRA adapter"):
+                gen.score(prompts, responses)
+            continue
+        for lp, o, p in zip(gen.score(prompts, responses), out, prompts, strict=True):
             np.testing.assert_allclose(lp, hf_logprobs(merged, p, o.response_ids), atol=ATOL)
 
 

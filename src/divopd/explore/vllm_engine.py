@@ -347,6 +347,10 @@ class VLLMGenerator:
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=topk, temperature=0.0, detokenize=False)
         lora = self._lora
+        if lora is not None and self._on_cpu:
+            raise VLLMEngineError("VLLMGenerator.score: prompt log probs under a LoRA adapter fail inside vLLM's CPU "
+                                  "build (its LoRA logits kernel); score with an engine without enable_lora (the "
+                                  "adapter merged in) or on a GPU build")
         outs = self._guarded("score", lambda llm: llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs],
                                                                params, use_tqdm=False, lora_request=lora))
         return [cut_prompt_logprobs(out.prompt_logprobs, len(p), list(r), topk, _read_engine_entry)
