@@ -99,3 +99,27 @@ def test_the_adapter_folder_is_what_the_engine_reads(tmp_path: Path, folder: str
     again, got = read_adapter(tmp_path / "a")
     assert got["r"] == RANK and sorted(again) == sorted(state)
     assert all(torch.equal(again[k], state[k]) for k in state)
+
+
+def test_a_lockstep_lora_run_with_a_vllm_student_loads_each_adapter_version(tmp_path: Path) -> None:
+    """`divopd train` with student.lora.rank 8 and a vLLM student engine: every published adapter version reaches the
+    engine (rollouts carry it) and the checkpoint is the adapter only."""
+    from vllm_helpers import RUN_ENGINE, tiny_llama_pair
+
+    from divopd.experience.log import read_log
+    from divopd.train import train
+    from test_train import assert_ledger_identity, tiny_config
+
+    models = tiny_llama_pair(tmp_path / "models")
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(models, run_dir, "divopd", **{
+        "explorer.generation.backend": "vllm", "explorer.generation.vllm": RUN_ENGINE,
+        "explorer.prompt.max_prompt_tokens": 1000, "runtime.kind": "lockstep", "updates": 4,
+        "runtime.lockstep.env_steps_per_update": 6, "student.lora.rank": RANK, "checkpoint.every": 4})
+    summary = train(cfg)
+    assert summary["updates"] == 4 and not summary["interrupted"]
+    assert_ledger_identity(summary["ledger"])
+    turns = list(read_log(run_dir / "experience"))
+    assert max(t.turn.policy_version for t in turns) >= 2
+    ckpt = run_dir / "checkpoints" / "update-000004"
+    assert (ckpt / "adapter_model.safetensors").is_file() and not (ckpt / "model.safetensors").exists()
