@@ -213,6 +213,30 @@ def test_a_bf16_lora_learner_steps(tiny_models: dict[str, str]) -> None:  # noqa
     assert all(p.dtype == torch.bfloat16 for p in learner.model.parameters())
 
 
+@pytest.mark.slow
+def test_the_ray_runtime_ships_adapters_not_models(tiny_models: dict[str, str], tmp_path: Path,  # noqa: F811
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short Ray LoRA run: every handle put into the object store holds the adapter's tensors only."""
+    pytest.importorskip("ray")
+    from divopd.train import train
+    from divopd.train.runtime import ray as ray_runtime
+    from test_train import tiny_config
+
+    shipped: list[list[str]] = []
+    real = ray_runtime.RayRuntime.publish
+
+    def spy(self: object, handle: object) -> None:
+        shipped.append(sorted(handle.state_dict))  # type: ignore[attr-defined]
+        real(self, handle)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ray_runtime.RayRuntime, "publish", spy)
+    cfg = tiny_config(tiny_models, tmp_path / "ray", "divopd", **{"runtime.kind": "ray", "runtime.ray_num_cpus": 2,
+                                                                   **LORA})
+    summary = train(cfg)
+    assert summary["updates"] == 3 and len(shipped) >= 3
+    assert all(keys and all(".lora_" in k for k in keys) for keys in shipped)
+
+
 # ---------------------------------------------------------------------------------------------------- bad input
 @pytest.fixture(scope="module")
 def adapter_folder(tiny_models: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
