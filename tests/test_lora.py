@@ -102,6 +102,14 @@ def test_divopd_eval_of_a_lora_checkpoint_equals_the_runs_last_evaluation(lora_r
     assert keys and {k: got[k] for k in keys} == {k: last[k] for k in keys}
 
 
+def test_divopd_report_reads_a_lora_run(lora_run: dict, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    assert cli.main(["report", str(lora_run["run_dir"]), "--out", str(out), "--no-plots"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    seeds = report["settings"]["test-tiny"]["methods"]["divopd"]["seeds"]
+    assert seeds[0]["finished"] and seeds[0]["last_update"] == 6
+
+
 def _greedy(model: torch.nn.Module, prompts: list[list[int]], n: int = 6) -> list[list[int]]:
     out = []
     for p in prompts:
