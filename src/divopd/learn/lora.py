@@ -55,8 +55,12 @@ def _peft() -> Any:
 
 
 def _linear_names(model: torch.nn.Module) -> list[str]:
-    """The last name part of every linear layer of ``model`` (what ``target_modules`` may name)."""
-    return sorted({name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)})
+    """The last name part of every linear layer of ``model`` (what ``target_modules`` may name): ``nn.Linear`` and
+    transformers' ``Conv1D`` (GPT-2's linear layers), both of which PEFT wraps."""
+    from transformers.pytorch_utils import Conv1D
+
+    return sorted({name.rsplit(".", 1)[-1] for name, mod in model.named_modules()
+                   if isinstance(mod, (torch.nn.Linear, Conv1D))})
 
 
 def _target_names(model: torch.nn.Module, settings: LoraSettings, where: str) -> list[str]:
