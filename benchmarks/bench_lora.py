@@ -4,6 +4,7 @@ For each variant (``full``, then each ``--ranks`` value) a fresh child process l
 adapters on every linear layer but the head, α = 2·rank) and measures:
 
 * ``step s`` — median ``Learner.step`` seconds on one batch of synthetic multi-turn rows (after one warm-up step);
+  ``--step-times ROUNDS`` measures the variants' steps interleaved in one process instead, wall and CPU seconds;
 * ``peak RSS`` — the process's peak resident memory while the steps run (sampled every 5 ms);
 * ``optimizer`` — bytes of AdamW state (moments of the trainable tensors);
 * ``checkpoint`` — bytes ``save_checkpoint`` writes (weights or adapter, optimizer, state);
@@ -17,7 +18,7 @@ The model folder is built offline as the Makefile's ``cache/smollm2-135m`` targe
 (``benchmarks/build_smollm2.py``).
 
 Usage: ``.venv-vllm/bin/python benchmarks/bench_lora.py [--model cache/smollm2-135m] [--ranks 8 64] [--rows 8]
-[--steps 3] [--no-vllm]``
+[--steps 3] [--no-vllm] [--step-times ROUNDS]``
 """
 
 from __future__ import annotations
@@ -117,6 +118,36 @@ def learner_variant(model_path: str, rank: int, rows: int, steps: int) -> dict[s
             "checkpoint_bytes": ckpt, "publish_hf_s": statistics.median(publish)}
 
 
+def interleaved_steps(model_path: str, ranks: list[int], rows: int, rounds: int) -> list[dict[str, Any]]:
+    """Step time of every variant in one process, their steps interleaved (full, rank a, rank b, full, ...), as wall
+    and CPU seconds (this process's user + system time): on a machine shared with other jobs the wall time follows
+    the load, the CPU time much less."""
+    import torch
+
+    from divopd.learn.learner import Learner, LearnerConfig
+    from divopd.learn.lora import LoraSettings, add_adapter
+    from divopd.models import load_model
+
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    learners = []
+    for rank in [0, *ranks]:
+        model, tok = load_model(model_path)
+        if rank:
+            add_adapter(model, LoraSettings(rank=rank), base=model_path)
+        learners.append((rank, Learner(model, LearnerConfig(lr=1e-5 if not rank else 1e-4), tok)))
+    turns = synthetic_turns(learners[0][1].model.get_input_embeddings().num_embeddings, rows)
+    times: dict[int, list[tuple[float, float]]] = {rank: [] for rank, _ in learners}
+    for r in range(rounds + 1):  # round 0 warms up (allocates the AdamW moments)
+        for rank, learner in learners:
+            w0, c0 = time.perf_counter(), time.process_time()
+            learner.step(turns)
+            if r:
+                times[rank].append((time.perf_counter() - w0, time.process_time() - c0))
+    return [{"variant": "full" if not rank else f"rank {rank}",
+             "wall_s": statistics.median(t[0] for t in ts), "cpu_s": statistics.median(t[1] for t in ts)}
+            for rank, ts in times.items()]
+
+
 def vllm_variant(model_path: str, rank: int, per_request: bool) -> float:
     """Seconds from a weight update to the first generated token on a CPU engine, minus a bare one-token call."""
     import torch
@@ -172,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--no-vllm", action="store_true")
+    p.add_argument("--step-times", type=int, metavar="ROUNDS", help="only the interleaved step times, ROUNDS each")
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -184,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     if not (Path(args.model) / "config.json").is_file():
         print(f"{args.model}: no model folder (build it: make cache/smollm2-135m/config.json)", file=sys.stderr)
         return 2
+    if args.step_times:
+        print("| variant | step wall s | step CPU s |\n|---|---|---|")
+        for r in interleaved_steps(args.model, args.ranks, args.rows, args.step_times):
+            print(f"| {r['variant']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} |")
+        return 0
     try:
         import vllm  # noqa: F401
 
