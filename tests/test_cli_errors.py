@@ -103,6 +103,10 @@ CASES: list[tuple[str, list[str], str, str]] = [
     ("eval-no-config-beside", ["eval", "{d}/ckpt"], "no config.yaml found beside {d}/ckpt", ""),
     ("eval-bad-config", ["eval", "{d}/ckpt", "--config", "{d}/syntax.yaml"], "syntax.yaml", ""),
     ("eval-bad-tasks", ["eval", "{d}/ckpt", "--config", "{d}/good.yaml", "--tasks", "0"], "--tasks", ""),
+    # export
+    ("export-missing-checkpoint", ["export", "{d}/no-ckpt", "--out", "{d}/exported"],
+     "checkpoint: no checkpoint folder at {d}/no-ckpt", ""),
+    ("export-out-exists", ["export", "{d}/ckpt", "--out", "{d}/student"], "--out: {d}/student already exists", ""),
     # report
     ("report-not-a-run-dir", ["report", "{d}/emptydir", "--out", "{d}/rep"], "not a run directory", SUB),
     ("report-missing-dir", ["report", "{d}/no-runs", "--out", "{d}/rep"], "{d}/no-runs: not a directory", ""),
@@ -354,7 +358,7 @@ def test_the_command_modules_and_the_config_schema_do_not_import_torch() -> None
     """A bad flag or a missing config file is answered before torch and transformers load (seconds of import on a
     small CPU): the CLI, every command module and the config schema import neither (checked in a fresh interpreter)."""
     modules = ["divopd.cli", "divopd.train.config", *(f"divopd.commands.{name}" for name in
-                                                      ("bench", "eval", "replay", "report", "sft", "simulate",
+                                                      ("bench", "eval", "export", "replay", "report", "sft", "simulate",
                                                        "train", "tune_cap"))]
     code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")

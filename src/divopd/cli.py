@@ -22,6 +22,7 @@ from typing import NoReturn
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("divopd.commands.train", "run asynchronous OPD training from a YAML config"),
     "eval": ("divopd.commands.eval", "evaluate a checkpoint (student-only rollouts)"),
+    "export": ("divopd.commands.export", "a checkpoint's student as a Hugging Face folder (LoRA: adapter or --merged)"),
     "report": ("divopd.commands.report", "compare run directories: SR curves, time-to-target, nAUC, plots"),
     "sft": ("divopd.commands.sft",
             "behaviour cloning on an environment's gold trajectories (tiny teachers, warm starts)"),

@@ -125,6 +125,10 @@ def check_model_folder(path: str | os.PathLike, key: str, *, marker: str = "conf
     p = Path(text).expanduser()
     if p.is_dir():
         if not (p / marker).is_file():
+            if marker == "config.json" and (p / "adapter_config.json").is_file():
+                raise UsageError(f"{key}: {text} is a PEFT adapter without its base model (adapter_config.json, no "
+                                 f"config.json); point {key} at the base model folder, or merge it first: divopd "
+                                 f"export {text} --merged --out DIR")
             raise UsageError(f"{key}: {text} is not {what} (no {marker})")
         return
     if p.exists():

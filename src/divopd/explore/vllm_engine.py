@@ -37,13 +37,29 @@ from divopd.explore.vllm_model import (
 )
 from divopd.explore.vllm_weights import NcclWeightSync, check_state_dict, reload_in_place
 
-__all__ = ["VLLMEngineError", "VLLMGenerator", "PromptTooLongError", "check_model"]
+__all__ = ["VLLMEngineError", "VLLMGenerator", "PromptTooLongError", "check_model", "lora_engine_kwargs"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Default KV-cache size of a CPU engine (the CPU build otherwise reserves 92% of the machine's memory).
 CPU_KV_CACHE_BYTES = 512 * 2**20
+
+
+#: The LoRA ranks a vLLM engine's ``max_lora_rank`` may take.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_engine_kwargs(rank: int) -> dict[str, Any]:
+    """The engine options of a LoRA student's engine (``student.lora.rank`` = ``rank`` > 0): ``enable_lora`` with the
+    smallest ``max_lora_rank`` vLLM allows that holds ``rank``, one adapter at a time; each version's adapter is then
+    loaded per request (:meth:`VLLMGenerator.update_adapter`). Rank 0 (full fine-tuning): none."""
+    if rank <= 0:
+        return {}
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise UsageError(f"student.lora.rank {rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1}
 
 
 class PromptTooLongError(ValueError):
@@ -176,6 +192,9 @@ class VLLMGenerator:
         self._engine_kwargs = dict(dtype=dtype, max_model_len=max_model_len, seed=self.seed, skip_tokenizer_init=True,
                                    logprobs_mode="raw_logprobs", **kwargs)
         self._latest: list[tuple[str, Any]] | None = None  # the newest weights pushed in, re-applied on a restart
+        self._lora: Any = None  # a LoRA student's newest adapter (a LoRARequest) on an engine with enable_lora
+        self._lora_dir: Any = None
+        self._base: dict[str, Any] | None = None  # the folder's weights, for merged LoRA updates (no enable_lora)
         self.weight_version = 0
         self.last_update_s = 0.0
         self._sync: NcclWeightSync | None = None
@@ -198,8 +217,11 @@ class VLLMGenerator:
             raise VLLMEngineError(f"{self.model_path}: vLLM cannot load this model: {_first_line(exc)}") from exc
 
     def restart(self) -> None:
-        """Rebuild the engine from the model folder and re-apply the newest weights pushed in."""
+        """Rebuild the engine from the model folder and re-apply the newest weights pushed in (a LoRA adapter is
+        re-read from its folder by the next request)."""
+        adapter, self._lora_dir = (self._lora, self._lora_dir), None
         self.close()
+        self._lora, self._lora_dir = adapter
         self._llm = self._start_engine()
         if self._latest is not None:
             self._push(self._latest, self.weight_version)
@@ -207,6 +229,9 @@ class VLLMGenerator:
     def close(self) -> None:
         """Shut the engine down (a later call raises until :meth:`restart`)."""
         llm, self._llm = getattr(self, "_llm", None), None
+        if getattr(self, "_lora_dir", None) is not None:
+            self._lora_dir.cleanup()
+            self._lora_dir, self._lora = None, None
         if self._sync is not None:
             self._sync.close()
             self._sync = None
@@ -279,7 +304,8 @@ class VLLMGenerator:
                 max_tokens=min(max_new_tokens, self.max_model_len - len(p)), logprobs=0,
                 stop_token_ids=list(self.stop_ids), detokenize=False))
         inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outs = self._guarded("generate", lambda llm: llm.generate(inputs, params, use_tqdm=False))
+        lora = self._lora
+        outs = self._guarded("generate", lambda llm: llm.generate(inputs, params, use_tqdm=False, lora_request=lora))
         results = []
         for out in outs:
             c = out.outputs[0]
@@ -306,8 +332,13 @@ class VLLMGenerator:
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=topk, temperature=0.0, detokenize=False)
+        lora = self._lora
+        if lora is not None and self._on_cpu:
+            raise VLLMEngineError("VLLMGenerator.score: prompt log probs under a LoRA adapter fail inside vLLM's CPU "
+                                  "build (its LoRA logits kernel); score with an engine without enable_lora (the "
+                                  "adapter merged in) or on a GPU build")
         outs = self._guarded("score", lambda llm: llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs],
-                                                               params, use_tqdm=False))
+                                                               params, use_tqdm=False, lora_request=lora))
         return [cut_prompt_logprobs(out.prompt_logprobs, len(p), list(r), topk, _read_engine_entry)
                 for out, p, r in zip(outs, prompts, responses, strict=True)]
 
@@ -323,6 +354,46 @@ class VLLMGenerator:
         version = self.weight_version + 1 if version is None else int(version)
         self._guarded("update_weights", lambda _llm: self._push(pairs, version))
         self._latest = pairs
+        self.last_update_s = time.perf_counter() - t0
+        return self.last_update_s
+
+    def update_adapter(self, state: dict[str, Any], settings: dict[str, Any], version: int | None = None) -> float:
+        """Serve a LoRA student's adapter version (``state``: its tensors; ``settings``: ``r``, ``lora_alpha``,
+        ``target_modules``; :mod:`divopd.learn.lora`). An engine built with ``enable_lora`` loads the adapter per
+        request (a ``LoRARequest`` for each version's adapter folder); any other engine gets the adapter merged into
+        the folder's base weights, reloaded in place (:meth:`update_weights`). Returns the seconds it took."""
+        version = self.weight_version + 1 if version is None else int(version)
+        if not self._engine_kwargs.get("enable_lora"):
+            from divopd.learn.lora import merge_adapter
+
+            if self._base is None:
+                from types import SimpleNamespace
+
+                from divopd.explore.vllm_weights import handle_state_dict
+
+                self._base = handle_state_dict(SimpleNamespace(state_dict=None, path=self.model_path))
+            return self.update_weights(merge_adapter(self._base, state, settings), version)
+        import tempfile
+        from pathlib import Path
+
+        from vllm.lora.request import LoRARequest
+
+        from divopd.learn.lora import write_adapter
+
+        t0 = time.perf_counter()
+        if self._lora_dir is None:
+            self._lora_dir = tempfile.TemporaryDirectory(prefix="divopd-lora-")
+        folder = Path(self._lora_dir.name) / f"v{version:06d}"
+        write_adapter(folder, state, {**settings, "base_model_name_or_path": self.model_path})
+        old, self._lora = self._lora, LoRARequest(f"student-v{version}", version + 1, str(folder))
+        if old is not None:  # the engine drops the previous version; its folder goes with it
+            with contextlib.suppress(Exception):
+                self._llm.llm_engine.remove_lora(old.lora_int_id)
+            import shutil
+
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self._llm.reset_prefix_cache()
+        self.weight_version = version
         self.last_update_s = time.perf_counter() - t0
         return self.last_update_s
 

@@ -22,7 +22,11 @@ def apply_weights(handle: Any, student: Any | None, backend: Any) -> float:
     if student is not None:
         handle.load_into(student)
     push = getattr(backend, "update_weights", None)
-    if push is not None:
+    if push is not None and getattr(handle, "adapter", None) is not None:  # a LoRA student: the adapter version
+        from divopd.learn.lora import handle_adapter
+
+        backend.update_adapter(handle_adapter(handle), handle.adapter, version=int(handle.version))
+    elif push is not None:
         from divopd.explore.vllm_weights import handle_state_dict
 
         push(handle_state_dict(handle), version=int(handle.version))

@@ -207,7 +207,8 @@ def latest_checkpoint(checkpoints_dir: str | os.PathLike) -> Path | None:
 @dataclass
 class WeightHandle:
     """A published snapshot of the learner's weights, for explorers to load at their own pace: a CPU ``state_dict``
-    copy (in-process and Ray publication) or a saved HF folder ``path``."""
+    copy (in-process and Ray publication) or a saved HF folder ``path``; for a LoRA student
+    (``adapter``: :func:`divopd.learn.lora.adapter_settings`) the adapter's tensors only."""
 
     #: learner version of these weights (number of updates applied)
     version: int
@@ -215,9 +216,15 @@ class WeightHandle:
     path: str | None = None
     #: the learner's per-turn-depth disagreement means (``learner.depth_stats``; TurnOPD's depth budget reads them)
     depth_disagreement: tuple[float | None, ...] | None = None
+    adapter: dict[str, Any] | None = None
 
     def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
         """Copy these weights into ``model`` (same architecture), in place, keeping its dtype and device."""
+        if self.adapter is not None:  # a LoRA student: the adapter version (injected into model on first use)
+            from divopd.learn.lora import apply_adapter, read_adapter
+
+            state = self.state_dict if self.state_dict is not None else read_adapter(str(self.path))[0]
+            return apply_adapter(model, state, self.adapter)
         if self.state_dict is not None:
             model.load_state_dict(self.state_dict, strict=True)
         elif self.path is not None:

@@ -35,12 +35,12 @@ from divopd.learn.checkpoint import (
     WeightHandle,
     atomic_dir,
     checkpoint_state_text,
-    copy_state_dict,
     load_dcp_optimizer,
     read_state,
     restore_learner_state,
 )
 from divopd.learn.inputs import UpdateInputs, batch_inputs, batch_row_weights, micro_batches, pad_token_id
+from divopd.learn.lora import adapter_settings, is_adapter_folder, load_adapter_model, published_weights, save_weights
 from divopd.learn.manifest import SHARDED_FORMAT
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import DepthStats
@@ -206,10 +206,12 @@ class Learner:
         atomically, which explorers load with ``handle.load_into(model)``."""
         depth = None if self.depth_stats is None else self.depth_stats.published()
         if path is None:
-            return WeightHandle(version=self.version, state_dict=copy_state_dict(self.model), depth_disagreement=depth)
+            return WeightHandle(version=self.version, state_dict=published_weights(self.model),
+                                depth_disagreement=depth, adapter=adapter_settings(self.model))
         with atomic_dir(path) as tmp:
-            self.model.save_pretrained(tmp)
-        return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth)
+            save_weights(self.model, tmp)
+        return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth,
+                            adapter=adapter_settings(self.model))
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """Write model (HF safetensors) + tokenizer + ``optimizer.pt`` + ``state.json`` (version, counters, config,
@@ -217,7 +219,7 @@ class Learner:
         ``path``."""
         text = checkpoint_state_text(self, CHECKPOINT_FORMAT, extra_state)
         with atomic_dir(path, manifest=True) as tmp:
-            self.model.save_pretrained(tmp, safe_serialization=True)
+            save_weights(self.model, tmp)  # a LoRA student: its adapter only (divopd.learn.lora)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp)
             torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
@@ -237,7 +239,9 @@ class Learner:
                              f"{SHARDED_FORMAT} (sharded)")
         if config is None:
             config = LearnerConfig(**state["config"])
-        if (Path(path) / "tokenizer_config.json").is_file():
+        if is_adapter_folder(path):  # a LoRA student: the base model with the checkpoint's adapter
+            model, tokenizer = load_adapter_model(path, dtype=config.dtype, device=config.device)
+        elif (Path(path) / "tokenizer_config.json").is_file():
             model, tokenizer = load_model(str(path), dtype=config.dtype, device=config.device)
         else:
             from transformers import AutoModelForCausalLM

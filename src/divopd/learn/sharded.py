@@ -30,6 +30,7 @@ from divopd.learn.checkpoint import (
 )
 from divopd.learn.inputs import batch_inputs, batch_row_weights, micro_batches, pad_token_id
 from divopd.learn.learner import Learner
+from divopd.learn.lora import LoraSettings, add_adapter, check_lora, is_adapter_folder
 from divopd.learn.manifest import SHARDED_FORMAT
 from divopd.learn.protocol import LearnerProtocol
 from divopd.learn.ranks import LearnerRankError, ProcessRanks, Ranks
@@ -213,17 +214,25 @@ def process_ranks(collective_timeout_s: float, call_timeout_s: float | None = No
     return make
 
 
-def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None = None) -> LearnerProtocol:
-    """A fresh learner on the HF model at ``path``: one process (``world_size: 1``) or sharded."""
+def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None = None,
+                  lora: LoraSettings | None = None) -> LearnerProtocol:
+    """A fresh learner on the HF model at ``path``: one process (``world_size: 1``) or sharded; ``lora`` (rank > 0):
+    a LoRA student (:mod:`divopd.learn.lora`; one process only)."""
+    if lora is not None and lora.enabled and config.world_size > 1:
+        check_lora(path, lora, config.world_size)  # one line: the sharded learner does not train adapters
     if config.world_size > 1:
         return ShardedLearner(path, config, ranks)
     model, tokenizer = load_model(path, dtype=config.dtype, device=config.device)
+    if lora is not None and lora.enabled:
+        add_adapter(model, lora, base=path, seed=config.seed)
     return Learner(model, config, tokenizer)
 
 
 def learner_from_checkpoint(path: str | Path, config: LearnerConfig, ranks: RanksFactory | None = None
                             ) -> tuple[LearnerProtocol, dict[str, Any]]:
     """Resume any checkpoint (single-process or sharded, any N) with ``config.world_size`` ranks."""
+    if config.world_size > 1 and is_adapter_folder(path):
+        check_lora(str(path), LoraSettings(rank=1), config.world_size)  # the one line: LoRA is one process only
     if config.world_size > 1:
         return ShardedLearner.from_checkpoint(path, config, ranks)
     return Learner.from_checkpoint(path, config)

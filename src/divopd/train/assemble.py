@@ -96,7 +96,7 @@ def make_learner(cfg: TrainConfig, checkpoint: Path | None) -> tuple[LearnerProt
     ranks = RUNTIMES[cfg.runtime.kind].learner_ranks(cfg) if cfg.learner.world_size > 1 else None
     if checkpoint is not None:
         return learner_from_checkpoint(checkpoint, cfg.learner, ranks)
-    return build_learner(cfg.student.path, cfg.learner, ranks), {}
+    return build_learner(cfg.student.path, cfg.learner, ranks, lora=cfg.student.lora), {}
 
 
 def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None) -> tuple[Trainer, bool]:

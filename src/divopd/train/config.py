@@ -31,6 +31,7 @@ from divopd.explore.envs import SPLITS, check_env_name
 from divopd.explore.settings import ExplorerConfig, VLLMSettings
 from divopd.explore.tcod import TCODConfig
 from divopd.explore.teacher_server import ServerSettings
+from divopd.learn.lora_settings import LoraSettings
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import TurnOPDConfig
 from divopd.sampling import METHODS, ROWS, SamplerConfig, method_names
@@ -76,6 +77,13 @@ class ModelRef(_Strict):
     path: str = Field(description="HF model name or local folder (e.g. one written by `divopd sft`).")
     dtype: str = Field("float32", description="float32 | bfloat16 | float16.")
     device: str = Field("cpu", description="Torch device for this model (explorers and teacher scoring).")
+
+
+class StudentRef(ModelRef):
+    """The student: a causal LM, trained whole or through LoRA adapters (``lora.rank > 0``)."""
+
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters (PEFT); rank 0 = full "
+                               "fine-tuning.")
 
 
 class TeacherRef(ModelRef):
@@ -212,7 +220,7 @@ class TrainConfig(_Strict):
     run_dir: str | None = Field(None, description="Explicit run directory (overrides out_dir layout).")
     updates: int = Field(100, ge=1, description="Learner updates to run.")
     max_seconds: float | None = Field(None, gt=0, description="Stop (and checkpoint) after this much wall time.")
-    student: ModelRef
+    student: StudentRef
     teacher: TeacherRef
     sampler: SamplerSettings = Field(default_factory=SamplerSettings)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)

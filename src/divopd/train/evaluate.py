@@ -8,6 +8,7 @@ The environment, prompt and step limit come from the run's ``config.yaml`` (foun
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from divopd.errors import InputFileError, UsageError, check_model_folder
 from divopd.train.config import load_config
@@ -26,20 +27,24 @@ def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
         raise InputFileError(f"checkpoint: no checkpoint folder at {checkpoint}")
-    check_model_folder(checkpoint, "checkpoint", what="a checkpoint or model folder")
+    adapter = _adapter_handle(checkpoint)  # a LoRA checkpoint: its base model with the adapter
+    if adapter is None:
+        check_model_folder(checkpoint, "checkpoint", what="a checkpoint or model folder")
     config = Path(config) if config else find_config(checkpoint)
     if config is None:
         raise InputFileError(f"no config.yaml found beside {checkpoint}; pass --config")
     if tasks is not None and tasks < 1:
         raise UsageError(f"--tasks must be at least 1, got {tasks}")
-    over = [f"student.path={checkpoint}"] + list(overrides or [])
+    base = checkpoint if adapter is None else adapter.adapter["base_model_name_or_path"]  # type: ignore[index]
+    over = [f"student.path={base}"] + list(overrides or [])
     if split:
         over.append(f"explorer.eval_split={split}")
     cfg = load_config(config, over)
     from divopd.train.assemble import build_explorer  # torch and transformers: only once the input is valid
 
     # the checkpoint's learner version is reported as eval/policy_version
-    explorer = build_explorer(cfg, 0, 0, None, None, evaluation=True, policy_version=_checkpoint_version(checkpoint))
+    explorer = build_explorer(cfg, 0, 0, adapter, None, evaluation=True,
+                              policy_version=_checkpoint_version(checkpoint))
     try:
         results = explorer.evaluate(num_tasks=tasks or cfg.eval.tasks, **cfg.eval.sampling(cfg.seed))
     finally:
@@ -54,3 +59,22 @@ def _checkpoint_version(checkpoint: Path) -> int:
     if not (checkpoint / STATE_FILE).is_file():
         return 0
     return int(read_state(checkpoint).get("learner", {}).get("version", 0))
+
+
+def _adapter_handle(checkpoint: Path) -> Any:
+    """A LoRA checkpoint (an adapter folder) as the published handle of its version, else ``None``; one line when its
+    base model is gone."""
+    from divopd.learn.lora import is_adapter_folder
+
+    if not is_adapter_folder(checkpoint):
+        return None
+    from divopd.learn.checkpoint import WeightHandle
+    from divopd.learn.lora import read_adapter
+
+    state, settings = read_adapter(checkpoint)
+    base = settings.get("base_model_name_or_path")
+    if not base:
+        raise UsageError(f"checkpoint: {checkpoint} is a LoRA adapter that names no base model "
+                         "(base_model_name_or_path in adapter_config.json)")
+    check_model_folder(base, f"the base model of {checkpoint}")
+    return WeightHandle(version=_checkpoint_version(checkpoint), state_dict=state, adapter=settings)

@@ -116,6 +116,20 @@ def vocabulary_check(cfg: TrainConfig) -> Check:
     return Check("vocabulary", OK, match.describe() if match.kind != "identical" else "identical")
 
 
+def lora_check(cfg: TrainConfig) -> Check:
+    """``student.lora``: the adapters fit the student (target modules it has, a model PEFT can wrap, one learner
+    process), checked on the meta device without loading weights; rank 0 = full fine-tuning."""
+    lora = cfg.student.lora
+    if not lora.enabled:
+        return Check("student.lora", NOT_NEEDED, "rank 0 (full fine-tuning)")
+    from divopd.learn.lora import check_lora
+
+    try:
+        return Check("student.lora", OK, check_lora(cfg.student.path, lora, cfg.learner.world_size))
+    except UsageError as exc:
+        return _from_error("student.lora", exc, "fix student.lora (docs/guides/training.md, LoRA students)")
+
+
 def _device_problem(key: str, device: str, dtype: str | None) -> tuple[str, str] | None:
     import torch
 
@@ -357,6 +371,7 @@ def config_checks(cfg: TrainConfig, *, doctor: bool = False, run_dir: Path | Non
     models_ok = all(r.status == OK for r in rows)
     rows += device_checks(cfg)
     rows.append(vocabulary_check(cfg) if models_ok else Check("vocabulary", SKIPPED, "a model folder is missing"))
+    rows.append(lora_check(cfg) if models_ok else Check("student.lora", SKIPPED, "a model folder is missing"))
     if models_ok:
         rows += vllm_checks(cfg)
     rows.append(server_check(cfg))

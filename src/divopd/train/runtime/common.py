@@ -176,7 +176,8 @@ def build_explorer(
     student, backend = None, None
     if cfg.explorer.generation.backend == "vllm":
         seed = explorer_seed(cfg, explorer_id, session, incarnation)
-        backend = vllm_generator(cfg.student.path, cfg.student.dtype, seed, cfg.explorer.generation.vllm, cfg)
+        backend = vllm_generator(cfg.student.path, cfg.student.dtype, seed, cfg.explorer.generation.vllm, cfg,
+                                 lora_rank=cfg.student.lora.rank)
         tokenizer = backend.tokenizer
         if version > 0:  # version 0 is the folder's own weights
             apply_weights(handle, None, backend)
@@ -206,13 +207,15 @@ def build_explorer(
     )
 
 
-def vllm_generator(path: str, dtype: str, seed: int, engine: VLLMSettings, cfg: TrainConfig) -> Any:
-    """A :class:`~divopd.explore.vllm_engine.VLLMGenerator` for ``path`` with the ``engine`` options."""
-    from divopd.explore.vllm_engine import VLLMGenerator
+def vllm_generator(path: str, dtype: str, seed: int, engine: VLLMSettings, cfg: TrainConfig,
+                   lora_rank: int = 0) -> Any:
+    """A :class:`~divopd.explore.vllm_engine.VLLMGenerator` for ``path`` with the ``engine`` options; ``lora_rank``
+    > 0: a LoRA student's engine (:func:`~divopd.explore.vllm_engine.lora_engine_kwargs`)."""
+    from divopd.explore.vllm_engine import VLLMGenerator, lora_engine_kwargs
 
     with _LOAD_LOCK:
         return VLLMGenerator(path, dtype=dtype, seed=seed, stop_on_newline=cfg.explorer.generation.stop_on_newline,
-                             **engine.generator_kwargs())
+                             **{**lora_engine_kwargs(lora_rank), **engine.generator_kwargs()})
 
 
 def step_limit(cfg: TrainConfig, weights: WeightHandle | int) -> int:
