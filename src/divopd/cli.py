@@ -25,9 +25,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("divopd.commands.report", "compare run directories: SR curves, time-to-target, nAUC, plots"),
     "sft": ("divopd.commands.sft",
             "behaviour cloning on an environment's gold trajectories (tiny teachers, warm starts)"),
-    "simulate": ("divopd.commands.simulate", "write a synthetic asynchronous experience log"),
-    "replay": ("divopd.commands.replay", "replay selection rules over an experience log"),
-    "tune-cap": ("divopd.commands.tune_cap", "choose the cap k from an experience log"),
+    "simulate": ("divopd.analysis.simulate", "write a synthetic asynchronous experience log"),
+    "replay": ("divopd.analysis.replay", "replay selection rules over an experience log"),
+    "tune-cap": ("divopd.analysis.tune_cap", "choose the cap k from an experience log"),
     "bench": ("divopd.commands.bench", "run the paper benchmark suite (resumable; --dry-run, --only, --report)"),
     "doctor": ("divopd.commands.doctor", "what this machine offers and what a config needs (a table; exit 2 on a "
                "blocker)"),

@@ -52,6 +52,7 @@ __all__ = [
     "render_selection_chain",
     "render_table",
     "replay",
+    "resolve_source",
     "rollout_coverage",
     "run",
     "write_json",
@@ -171,24 +172,22 @@ class _Track:
 
 
 # ---------------------------------------------------------------------------------------------------- replay
-def _open(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfig
-          ) -> tuple[str | None, int, Iterable[LoggedTurn]]:
-    """(log name or None, U ticks, the turn stream) of a replay source."""
+def resolve_source(source: str | os.PathLike | Iterable[LoggedTurn], updates: int | None, what: str,
+                   reuse: bool = False) -> tuple[str | None, Any, int]:
+    """(log name or None, the source, U ticks) of a replay source; an iterable becomes a list when U must be counted
+    from it or ``reuse`` (read once per pass)."""
     log_name = None
     if isinstance(source, (str, os.PathLike)):
         log_name = str(source)
-        updates = config.updates if config.updates is not None else log_updates(source)
-        stream: Iterable[LoggedTurn] = read_log(source)
-    else:
-        if config.updates is None:
-            source = list(source)
+        if updates is None:
+            updates = log_updates(source)
+    elif reuse or updates is None:
+        source = list(source)
+        if updates is None:
             updates = max((t.arrival_update for t in source), default=-1) + 1
-        else:
-            updates = config.updates
-        stream = source
     if updates < 1:
-        raise ValueError("replay: the log is empty and no --updates was given")
-    return log_name, updates, stream
+        raise ValueError(f"{what}: the log is empty and no --updates was given")
+    return log_name, source, updates
 
 
 #: The per-tick series taken from a batch's stats (None on a tick without a batch).
@@ -283,7 +282,8 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
     :data:`RESULT_KEYS` and :data:`TABLE_KEYS`, plus ``series`` (:data:`SERIES_KEYS`) and the sampler's final
     ``ledger``.
     """
-    log_name, updates, stream = _open(source, config)
+    log_name, source, updates = resolve_source(source, config.updates, "replay")
+    stream: Iterable[LoggedTurn] = read_log(source) if log_name is not None else source
     tracks = {m: _Track(make_sampler(config.sampler_config(m))) for m in config.methods}
     delivered_rollouts: set[str] = set()
     valid: set[str] = set()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from divopd.analysis.format import mean as _mean
-from divopd.analysis.replay import ReplayConfig, log_updates, replay, write_json
+from divopd.analysis.replay import ReplayConfig, replay, resolve_source, write_json
 from divopd.analysis.tune_cap_output import markdown_table, plot_tune_cap, render_table, title
 from divopd.experience.log import LoggedTurn
 from divopd.sampling.settings import add_sampler_flags, settings_from_args
@@ -155,25 +155,6 @@ def _caps(rows: Sequence[dict[str, Any]]) -> str:
     return "k ∈ {" + ", ".join(str(r["cap"]) for r in rows) + "}"
 
 
-def _source(log: str | os.PathLike | Iterable[LoggedTurn], updates: int | None) -> tuple[str | None, Any, int]:
-    """(log name or None, what each replay pass reads, U ticks) of a tune-cap source."""
-    if updates is not None and updates < 1:
-        raise ValueError(f"--updates must be >= 1, got {updates}")
-    log_name = None
-    if isinstance(log, (str, os.PathLike)):
-        log_name = str(log)
-        if updates is None:
-            updates = log_updates(log)
-        source: Any = log
-    else:
-        source = list(log)  # replayed once per k
-        if updates is None:
-            updates = max((t.arrival_update for t in source), default=-1) + 1
-    if updates < 1:
-        raise ValueError("tune-cap: the log is empty and no --updates was given")
-    return log_name, source, updates
-
-
 def tune_cap(
     log: str | os.PathLike | Iterable[LoggedTurn],
     caps: Sequence[int | str] | str = DEFAULT_CAPS,
@@ -206,23 +187,16 @@ def tune_cap(
             f"{', '.join(CAP_METHODS)}"
         )
     cap_list = parse_caps(caps)
-    log_name, source, updates = _source(log, updates)
+    shared = {"batch_size": batch_size, "pool_factor": pool_factor, "max_staleness": max_staleness,
+              "max_pending": max_pending, "cap_unit": cap_unit, "max_pending_age": max_pending_age,
+              "group_order": group_order}
+    if updates is not None and updates < 1:
+        raise ValueError(f"--updates must be >= 1, got {updates}")
+    log_name, source, updates = resolve_source(log, updates, "tune-cap", reuse=True)
     rows = []
     first: dict[str, Any] | None = None
     for cap in cap_list:
-        config = ReplayConfig(
-            methods=(method,),
-            batch_size=batch_size,
-            pool_factor=pool_factor,
-            cap=cap,
-            max_staleness=max_staleness,
-            updates=updates,
-            seed=seed,
-            max_pending=max_pending,
-            cap_unit=cap_unit,
-            max_pending_age=max_pending_age,
-            group_order=group_order,
-        )
+        config = ReplayConfig(methods=(method,), cap=cap, updates=updates, seed=seed, **shared)
         result = replay(source, config)
         first = first or result
         rows.append(_cap_row(cap, batch_size, result["methods"][method]))

@@ -14,9 +14,7 @@
    batch composition) and ``divopd replay`` of the selection rules over the vanilla run's own experience log.
 
 Progress: one bar per run on a terminal, otherwise the runs' log lines (every 10 updates and every evaluation),
-prefixed with the run. Everything lands in ``runs/demo/`` (report: ``runs/demo/report/report.md``). Options::
-
-    python -m divopd.suite.demo [--seeds 0 1 2] [--updates 40] [--methods vanilla divopd] [--jobs 2] [--out runs/demo]
+prefixed with the run. Everything lands in ``runs/demo/`` (report: ``runs/demo/report/report.md``). Options: ``--help``.
 """
 
 from __future__ import annotations
