@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from divopd.analysis.format import fmt, md_table, pyplot, save_figure
+from divopd.analysis.format import fmt, md_table, pyplot, rich_table, save_figure
 
 __all__ = ["markdown_table", "plot_tune_cap", "render_table", "table_rows", "title"]
 
@@ -61,15 +61,7 @@ def title(result: dict[str, Any]) -> str:
 
 def render_table(result: dict[str, Any]):  # -> rich.table.Table
     """A rich table, one row per k; the recommended k is marked ←."""
-    from rich.table import Table
-
-    header, rows = table_rows(result)
-    table = Table(title=title(result))
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    return table
+    return rich_table(*table_rows(result), title(result))
 
 
 def markdown_table(result: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from divopd.analysis.format import fmt, md_table, pyplot, save_figure
+from divopd.analysis.format import fmt, md_table, pyplot, rich_table, save_figure
 from divopd.analysis.replay import ReplayConfig, plot_replay, replay, write_json
 from divopd.analysis.simulate import PRESETS, simulate
 from divopd.sampling.method_rows import method_names
@@ -145,15 +145,10 @@ def run_replay_demo(
     (out / "table.md").write_text(table)
     plot_summary(rows, out / "summary.png")
 
-    from rich.table import Table
-
-    rt = Table(title=f"shared-buffer replay, B={batch_size}, c=4, k=4, S=2, {updates} updates")
-    columns = [(_SHORT.get(h, h), cell) for h, _, cell in TABLE if h in PRINTED]
-    for h, _ in columns:
-        rt.add_column(h, justify="left" if h in ("preset", "method") else "right")
-    for r in rows:
-        rt.add_row(*(cell(r) for _, cell in columns))
-    console.print(rt)
+    columns = [(_SHORT.get(h, h), align, cell) for h, align, cell in TABLE if h in PRINTED]
+    console.print(rich_table([h for h, _, _ in columns], ([cell(r) for _, _, cell in columns] for r in rows),
+                             f"shared-buffer replay, B={batch_size}, c=4, k=4, S=2, {updates} updates",
+                             align="".join(a for _, a, _ in columns)))
     console.print(f"wrote {out}/table.md, {out}/summary.png and per-preset .parquet/.json/.png")
     return results
 
