@@ -67,55 +67,20 @@ RESULT_KEYS: tuple[str, ...] = (
     "effective_rollouts_mean", "max_rollout_share_mean", "candidate_rollouts_mean", "dead_row_fraction", "selected",
     "expired", "invalid")
 #: The diagnostics of the paper's tables in each method's entry (after :data:`RESULT_KEYS`).
-TABLE_KEYS: tuple[str, ...] = (
-    "never_selected_share",
-    "selection_gini",
-    "turns_per_rollout_mean",
-    "kl_per_token_mean",
-    "mean_age",
-    "disagreement_std_ema",
-    "teacher_tokens_per_trained_token",
-    "never_selected_scored_share",
-    "selected_by_cell",
-    "selection_chain",
-)
+TABLE_KEYS: tuple[str, ...] = ("never_selected_share", "selection_gini", "turns_per_rollout_mean", "kl_per_token_mean",
+                               "mean_age", "disagreement_std_ema", "teacher_tokens_per_trained_token",
+                               "never_selected_scored_share", "selected_by_cell", "selection_chain")
 #: Per-update series of each method (one value per tick; ``None`` where the tick was starved).
-SERIES_KEYS: tuple[str, ...] = (
-    "batch",
-    "effective_rollouts",
-    "max_rollout_share",
-    "dead_rows",
-    "distinct_rollouts",
-    "candidate_rollouts",
-    "mean_staleness",
-    "selected",
-    "expired",
-    "invalid",
-    "waiting",
-    "used_rollouts",
-    "turns_per_rollout",
-    "kl_per_token",
-    "disagreement_std_ema",
-)
+SERIES_KEYS: tuple[str, ...] = ("batch", "effective_rollouts", "max_rollout_share", "dead_rows", "distinct_rollouts",
+                                "candidate_rollouts", "mean_staleness", "selected", "expired", "invalid", "waiting",
+                                "used_rollouts", "turns_per_rollout", "kl_per_token", "disagreement_std_ema")
 
 
 @dataclass
 class ReplayConfig:
-    """Settings shared by every replayed method.
-
-    Attributes:
-        methods: sampler method names (``divopd.sampling.METHODS``), replayed side by side.
-        batch_size: B, rows per update.
-        pool_factor: c, candidate pool ``c·B`` of the pooled methods.
-        cap: k, first-pass per-rollout cap.
-        max_staleness: S; a turn expires when ``learner_version − policy_version > S``.
-        updates: U, number of ticks; ``None`` = through the log's last ``arrival_update``.
-        seed: sampler seed (uniform within-rollout order).
-        max_pending: cap on pending turns (``None`` = none).
-        cap_unit: ``"turns"`` (the paper's cap) or ``"tokens"`` (token-share cap, see ``SamplerConfig``).
-        max_pending_age: W, pending turns first seen more than W updates ago expire (``None`` = no limit).
-        group_order: ``"first-seen"`` (Algorithm 1) or ``"arrival"`` (see ``SamplerConfig``).
-    """
+    """Settings shared by every replayed method: ``methods`` (``divopd.sampling.METHODS``, replayed side by side),
+    ``updates`` (U ticks; ``None`` = through the log's last ``arrival_update``), the sampler ``seed``, and the sampler
+    settings of :class:`~divopd.sampling.SamplerConfig` under the same names (B, c, k, S, W, ...)."""
 
     methods: Sequence[str] = DEFAULT_METHODS
     batch_size: int = 256
@@ -334,8 +299,7 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", help="experience log: a .parquet file or a directory of part-*.parquet files")
     parser.add_argument(
-        "--methods",
-        default=None,
+        "--methods", default=None,
         help=f"comma-separated sampler methods (default {','.join(DEFAULT_METHODS)}, or with --selection-chain "
         f"{','.join(CHAIN_METHODS)}; known: {', '.join(METHODS)})",
     )
@@ -370,10 +334,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     console.print(render_table(result))
     console.print(render_diagnostics(result))
-    console.print(
-        f"delivered {result['delivered_turns']} turns of {result['delivered_rollouts']} rollouts over "
-        f"{result['updates']} updates; arrival/drain ratio {result['arrival_drain_ratio']:.2f}"
-    )
+    console.print(f"delivered {result['delivered_turns']} turns of {result['delivered_rollouts']} rollouts over "
+                  f"{result['updates']} updates; arrival/drain ratio {result['arrival_drain_ratio']:.2f}")
     if chain is not None:
         console.print(render_selection_chain(result))
         if chain:

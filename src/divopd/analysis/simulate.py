@@ -282,12 +282,8 @@ def simulate(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="alfworld", help="environment preset")
     parser.add_argument("--explorers", type=int, default=8, help="E, explorers running rollouts (default 8)")
-    parser.add_argument(
-        "--rollouts-per-update",
-        type=float,
-        default=None,
-        help="R, rollouts finished per learner update (default: the preset's, load ≈ 2 at B=256)",
-    )
+    parser.add_argument("--rollouts-per-update", type=float, default=None,
+                        help="R, rollouts finished per learner update (default: the preset's, load ≈ 2 at B=256)")
     parser.add_argument("--updates", type=int, default=100, help="U, learner updates to simulate (default 100)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=256, help="B, the drain rate for the printed load ratio")
@@ -319,16 +315,8 @@ def run(args: argparse.Namespace) -> int:
     if out.suffix != ".parquet" and out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: a file that is not a .parquet log; give FILE.parquet or a directory")
     try:
-        s = simulate(
-            preset,
-            out,
-            explorers=args.explorers,
-            rollouts_per_update=args.rollouts_per_update,
-            updates=args.updates,
-            seed=args.seed,
-            batch_size=args.batch_size,
-            overwrite=args.force,
-        )
+        s = simulate(preset, out, explorers=args.explorers, rollouts_per_update=args.rollouts_per_update,
+                     updates=args.updates, seed=args.seed, batch_size=args.batch_size, overwrite=args.force)
     except (ValueError, FileExistsError) as exc:
         if isinstance(exc, UsageError):
             raise
@@ -339,8 +327,6 @@ def run(args: argparse.Namespace) -> int:
         f"{s.mean_failure_horizon or 0:.1f}); truncated prompts {s.truncated_turns} "
         f"({100 * s.truncated_turns / max(s.turns, 1):.1f}%)"
     )
-    console.print(
-        f"measured arrival/drain ratio: {s.turns_per_update:.1f} turns/update ÷ B={s.batch_size} = "
-        f"{s.arrival_drain_ratio:.2f}"
-    )
+    console.print(f"measured arrival/drain ratio: {s.turns_per_update:.1f} turns/update ÷ B={s.batch_size} = "
+                  f"{s.arrival_drain_ratio:.2f}")
     return 0

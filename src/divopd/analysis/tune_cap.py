@@ -115,15 +115,8 @@ def recommend_cap(
     """Pick k from :func:`tune_cap`'s rows: the fewest starved ticks, then unused fraction within ``unused_tol`` of
     the best, then effective rollouts ≥ ``(1 − eff_tol)`` × the best among those, then the largest k left (coverage
     and spread are what a cap buys; among caps a replay cannot tell apart, the loosest fragments rollouts least).
-
-    Args:
-        rows: per-cap rows of :func:`tune_cap` (keys ``cap``, ``starved``, ``unused_fraction``,
-            ``effective_rollouts_mean``).
-        unused_tol: absolute tolerance on the unused fraction (0.02 = 2 points).
-        eff_tol: relative tolerance on the effective rollouts (0.10 = within 10 %).
-
-    Returns:
-        ``(cap, reason)``; cap is ``None`` when no k composed a batch.
+    ``unused_tol`` is absolute (0.02 = 2 points), ``eff_tol`` relative (0.10 = within 10 %). Returns ``(cap, reason)``;
+    cap is ``None`` when no k composed a batch.
     """
     if unused_tol < 0 or not 0 <= eff_tol < 1:
         raise ValueError(f"unused_tol must be >= 0 and eff_tol in [0, 1), got {unused_tol}, {eff_tol}")

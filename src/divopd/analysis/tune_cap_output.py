@@ -11,20 +11,8 @@ from divopd.analysis.format import fmt, md_table, pyplot, rich_table, save_figur
 __all__ = ["markdown_table", "plot_tune_cap", "render_table", "table_rows", "title"]
 
 #: Column headers of the table, one row per k.
-HEADER: tuple[str, ...] = (
-    "k",
-    "starved",
-    "used / valid",
-    "undecided",
-    "unused",
-    "eff. rollouts",
-    "max share",
-    "distinct/batch (min)",
-    "⌈B/k⌉ met",
-    "staleness",
-    "dead rows",
-    "expired",
-)
+HEADER: tuple[str, ...] = ("k", "starved", "used / valid", "undecided", "unused", "eff. rollouts", "max share",
+                           "distinct/batch (min)", "⌈B/k⌉ met", "staleness", "dead rows", "expired")
 
 
 def _row(r: dict[str, Any], recommended: int | str | None) -> list[str]:
