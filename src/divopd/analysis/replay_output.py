@@ -19,22 +19,10 @@ TABLE_HEADER: tuple[str, ...] = ("method", "updates", "starved", "valid", "used"
 
 
 def _row(name: str, m: dict[str, Any]) -> list[str]:
-    return [
-        name,
-        str(m["updates"]),
-        str(m["starved"]),
-        str(m["valid_rollouts"]),
-        str(m["used_rollouts"]),
-        str(m["undecided_rollouts"]),
-        fmt(m["unused_fraction"], pct=True),
-        fmt(m["effective_rollouts_mean"], 2),
-        fmt(m["max_rollout_share_mean"], pct=True),
-        fmt(m["candidate_rollouts_mean"], 1),
-        fmt(m["dead_row_fraction"], pct=True),
-        str(m["selected"]),
-        str(m["expired"]),
-        str(m["invalid"]),
-    ]
+    return [name, str(m["updates"]), str(m["starved"]), str(m["valid_rollouts"]), str(m["used_rollouts"]),
+            str(m["undecided_rollouts"]), fmt(m["unused_fraction"], pct=True), fmt(m["effective_rollouts_mean"], 2),
+            fmt(m["max_rollout_share_mean"], pct=True), fmt(m["candidate_rollouts_mean"], 1),
+            fmt(m["dead_row_fraction"], pct=True), str(m["selected"]), str(m["expired"]), str(m["invalid"])]
 
 
 def render_table(result: dict[str, Any], title: str | None = None):  # -> rich.table.Table

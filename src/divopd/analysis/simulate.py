@@ -14,7 +14,7 @@ import argparse
 import heapq
 import math
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +45,6 @@ class SimulationSummary:
     turns_per_update: float
     batch_size: int
     arrival_drain_ratio: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # ---------------------------------------------------------------------------------------------------- the rules

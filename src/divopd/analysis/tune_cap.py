@@ -109,9 +109,8 @@ def _cap_row(cap: int, batch_size: int, m: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def recommend_cap(
-    rows: Sequence[dict[str, Any]], unused_tol: float = 0.02, eff_tol: float = 0.10
-) -> tuple[int | str | None, str]:
+def recommend_cap(rows: Sequence[dict[str, Any]], unused_tol: float = 0.02,
+                  eff_tol: float = 0.10) -> tuple[int | str | None, str]:
     """Pick k from :func:`tune_cap`'s rows: the fewest starved ticks, then unused fraction within ``unused_tol`` of
     the best, then effective rollouts ≥ ``(1 − eff_tol)`` × the best among those, then the largest k left (coverage
     and spread are what a cap buys; among caps a replay cannot tell apart, the loosest fragments rollouts least).
@@ -130,9 +129,8 @@ def recommend_cap(
     unused = [r["unused_fraction"] for r in keep if r["unused_fraction"] is not None]
     if unused:
         best = min(unused)
-        keep = [
-            r for r in keep if r["unused_fraction"] is not None and r["unused_fraction"] <= best + unused_tol + 1e-12
-        ]
+        keep = [r for r in keep
+                if r["unused_fraction"] is not None and r["unused_fraction"] <= best + unused_tol + 1e-12]
         steps.append(f"unused fraction within {100 * unused_tol:g} points of the best {100 * best:.1f}%: {_caps(keep)}")
     else:
         steps.append("no valid rollout decided: coverage not compared")
@@ -148,23 +146,11 @@ def _caps(rows: Sequence[dict[str, Any]]) -> str:
     return "k ∈ {" + ", ".join(str(r["cap"]) for r in rows) + "}"
 
 
-def tune_cap(
-    log: str | os.PathLike | Iterable[LoggedTurn],
-    caps: Sequence[int | str] | str = DEFAULT_CAPS,
-    *,
-    method: str = "divopd-base",
-    batch_size: int = 256,
-    pool_factor: float = 4,
-    max_staleness: int = 2,
-    updates: int | None = None,
-    cap_unit: str = "turns",
-    seed: int = 0,
-    max_pending: int | None = None,
-    unused_tol: float = 0.02,
-    eff_tol: float = 0.10,
-    max_pending_age: int | None = 8,
-    group_order: str = "first-seen",
-) -> dict[str, Any]:
+def tune_cap(log: str | os.PathLike | Iterable[LoggedTurn], caps: Sequence[int | str] | str = DEFAULT_CAPS, *,
+             method: str = "divopd-base", batch_size: int = 256, pool_factor: float = 4, max_staleness: int = 2,
+             updates: int | None = None, cap_unit: str = "turns", seed: int = 0, max_pending: int | None = None,
+             unused_tol: float = 0.02, eff_tol: float = 0.10, max_pending_age: int | None = 8,
+             group_order: str = "first-seen") -> dict[str, Any]:
     """Replay ``log`` with ``method`` at every cap in ``caps`` and recommend one (rule: :func:`recommend_cap`).
 
     Every k sees the same experience, tick by tick (the replay's delivery rule); one replay pass per k.
