@@ -1,12 +1,6 @@
-"""Input errors of the ``divopd`` commands: one class, one line each.
-
-Any command raises :class:`UsageError` (or a subclass: config, experience log, report and plan errors) for input that
-cannot be used — a missing or malformed file, an unknown config key, a value out of range, a model path that is not a
-model folder. :func:`divopd.cli.main` prints it as ``divopd <command>: error: <message>`` (one line) and exits 2;
-any other exception is a bug and keeps its traceback. ``divopd --debug`` (or ``DIVOPD_DEBUG=1``) shows the traceback
-of input errors too.
-
-Nothing heavy is imported here: the helpers run before torch or transformers are loaded.
+"""Input errors of the ``divopd`` commands: :class:`UsageError` and its subclasses (config, experience log, report
+and plan errors) for input that cannot be used, each one line; :mod:`divopd.cli` states the policy (one line,
+exit 2). Nothing heavy is imported here: the helpers run before torch or transformers are loaded.
 """
 
 from __future__ import annotations
