@@ -152,9 +152,8 @@ class _Chunk:
         return pa.RecordBatch.from_arrays([columns[f.name] for f in fields], schema=pa.schema(fields))
 
 
-def _rollout_rows(
-    preset: Preset, rng: np.random.Generator, success: bool, horizon: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _rollout_rows(preset: Preset, rng: np.random.Generator, success: bool,
+                  horizon: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(response_len, prompt_len, truncated, student logprobs flat, teacher logprobs flat) of one rollout."""
     resp = np.clip(np.rint(rng.lognormal(math.log(preset.response_median), preset.response_sigma, horizon)), 4, 512)
     obs = np.clip(np.rint(rng.lognormal(math.log(preset.obs_median), preset.obs_sigma, horizon)), 1, 4096)
@@ -211,17 +210,9 @@ def _summary(preset: Preset, counts: dict[str, int], updates: int, explorers: in
     )
 
 
-def simulate(
-    preset: Preset | str,
-    out: str | os.PathLike,
-    explorers: int = 8,
-    rollouts_per_update: float | None = None,
-    updates: int = 100,
-    seed: int = 0,
-    batch_size: int = 256,
-    overwrite: bool = False,
-    row_group_size: int = 16384,
-) -> SimulationSummary:
+def simulate(preset: Preset | str, out: str | os.PathLike, explorers: int = 8, rollouts_per_update: float | None = None,
+             updates: int = 100, seed: int = 0, batch_size: int = 256, overwrite: bool = False,
+             row_group_size: int = 16384) -> SimulationSummary:
     """Run the synthetic producer for ``updates`` learner updates and write its experience log to ``out``.
 
     Rollouts that would finish at or after ``updates`` are not written (their turns never reach the queue).

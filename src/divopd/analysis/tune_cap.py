@@ -161,10 +161,8 @@ def tune_cap(log: str | os.PathLike | Iterable[LoggedTurn], caps: Sequence[int |
         ``reason`` and ``rule`` (the tolerances).
     """
     if method in _CAPLESS:
-        raise ValueError(
-            f"method {method!r} {_CAPLESS[method]}: the cap does not change its batches; use one of "
-            f"{', '.join(CAP_METHODS)}"
-        )
+        raise ValueError(f"method {method!r} {_CAPLESS[method]}: the cap does not change its batches; use one of "
+                         f"{', '.join(CAP_METHODS)}")
     cap_list = parse_caps(caps)
     shared = {"batch_size": batch_size, "pool_factor": pool_factor, "max_staleness": max_staleness,
               "max_pending": max_pending, "cap_unit": cap_unit, "max_pending_age": max_pending_age,

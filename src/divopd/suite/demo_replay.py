@@ -35,22 +35,11 @@ def summary_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for preset, r in results.items():
         for method, m in r["methods"].items():
-            rows.append(
-                {
-                    "preset": preset,
-                    "load": r["arrival_drain_ratio"],
-                    "method": method,
-                    "valid": m["valid_rollouts"],
-                    "used": m["used_rollouts"],
-                    "undecided": m["undecided_rollouts"],
-                    "unused": m["unused_fraction"],
-                    "eff": m["effective_rollouts_mean"],
-                    "max_share": m["max_rollout_share_mean"],
-                    "dead": m["dead_row_fraction"],
-                    "expired": m["expired"],
-                    "invalid": m["invalid"],
-                }
-            )
+            rows.append({"preset": preset, "load": r["arrival_drain_ratio"], "method": method,
+                         "valid": m["valid_rollouts"], "used": m["used_rollouts"], "undecided": m["undecided_rollouts"],
+                         "unused": m["unused_fraction"], "eff": m["effective_rollouts_mean"],
+                         "max_share": m["max_rollout_share_mean"], "dead": m["dead_row_fraction"],
+                         "expired": m["expired"], "invalid": m["invalid"]})
     return rows
 
 
@@ -110,14 +99,9 @@ def plot_summary(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
     save_figure(fig, path)
 
 
-def run_replay_demo(
-    out_dir: str | os.PathLike = "runs/demo-replay",
-    presets: tuple[str, ...] = tuple(PRESETS),
-    updates: int = 100,
-    seed: int = 0,
-    batch_size: int = 256,
-    methods: tuple[str, ...] = DEMO_METHODS,
-) -> dict[str, dict[str, Any]]:
+def run_replay_demo(out_dir: str | os.PathLike = "runs/demo-replay", presets: tuple[str, ...] = tuple(PRESETS),
+                    updates: int = 100, seed: int = 0, batch_size: int = 256,
+                    methods: tuple[str, ...] = DEMO_METHODS) -> dict[str, dict[str, Any]]:
     """Simulate each preset at its default load (≈ 2), replay ``methods`` over each log, write everything to
     ``out_dir`` (``<preset>.parquet/.json/.png``, ``table.md``, ``summary.png``) and return the replay results."""
     from rich.console import Console
@@ -135,11 +119,9 @@ def run_replay_demo(
         write_json(result, out / f"{name}.json")
         plot_replay(result, out / f"{name}.png", title=f"{name}-like preset, arrival/drain {s.arrival_drain_ratio:.2f}")
         results[name] = result
-        console.print(
-            f"{name}: {s.turns} turns, {s.rollouts} rollouts, truncated prompts "
-            f"{100 * s.truncated_turns / max(s.turns, 1):.1f}%, arrival/drain {s.arrival_drain_ratio:.2f} "
-            f"({time.perf_counter() - t0:.1f}s)"
-        )
+        console.print(f"{name}: {s.turns} turns, {s.rollouts} rollouts, truncated prompts "
+                      f"{100 * s.truncated_turns / max(s.turns, 1):.1f}%, arrival/drain {s.arrival_drain_ratio:.2f} "
+                      f"({time.perf_counter() - t0:.1f}s)")
     rows = summary_rows(results)
     table = markdown_table(rows)
     (out / "table.md").write_text(table)
