@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from divopd.errors import UsageError
-from divopd.suite.models import RECIPES, SHIPPED, default_cache, prepare_models, recipe_for
+from divopd.suite.models import SHIPPED, default_cache, prepare_models, recipe_for
 from divopd.train.packaged import CONFIGS as PACKAGED_CONFIGS
 from divopd.train.packaged import config_path
 
@@ -40,12 +40,6 @@ from divopd.train.packaged import config_path
 SETTING = "coin6-dart"
 #: Its packaged setting file.
 CONFIGS = PACKAGED_CONFIGS / f"{SETTING}.yaml"
-
-#: The demo's environment and prompt (those of the ``coin6-dart`` model recipe; the setting file uses the same values,
-#: a test checks that they agree).
-ENV = RECIPES[SETTING].env
-ENV_KWARGS = RECIPES[SETTING].env_kwargs
-PROMPT = RECIPES[SETTING].prompt
 
 
 _UPDATE = re.compile(r"update (\d+) SR ")
