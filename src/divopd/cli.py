@@ -18,6 +18,8 @@ import os
 import sys
 from typing import NoReturn
 
+from divopd.errors import env_flag
+
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("divopd.commands.train", "run asynchronous OPD training from a YAML config"),
@@ -47,13 +49,6 @@ THIRD_PARTY_LOGGERS: tuple[str, ...] = (
 #: Environment variables that turn third-party progress bars off (huggingface_hub and transformers read theirs when
 #: imported; tqdm's is the default of every bar); set unless ``--verbose``, kept where the user set them.
 QUIET_PROGRESS_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
-
-_TRUE = ("1", "true", "yes", "on")
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUE
-
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (``divopd train: error: ...; see divopd train --help``)."""
@@ -139,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    debug = args.debug = args.debug or _env_flag("DIVOPD_DEBUG")
-    quiet_third_party_loggers(args.verbose or _env_flag("DIVOPD_VERBOSE"))
+    debug = args.debug = args.debug or env_flag("DIVOPD_DEBUG")
+    quiet_third_party_loggers(args.verbose or env_flag("DIVOPD_VERBOSE"))
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops cleanly by itself): no traceback

@@ -19,6 +19,7 @@ __all__ = [
     "check_tokenizer_folder",
     "describe_validation_error",
     "describe_yaml_error",
+    "env_flag",
     "hf_offline",
     "one_line",
 ]
@@ -83,10 +84,14 @@ def describe_yaml_error(exc: Any) -> str:
     return one_line(f"{where}{problem}")
 
 
+def env_flag(name: str) -> bool:
+    """Whether environment variable ``name`` is set to 1, true, yes or on."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def hf_offline() -> bool:
     """Whether ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` asks for no network."""
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return env_flag("HF_HUB_OFFLINE") or env_flag("TRANSFORMERS_OFFLINE")
 
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
