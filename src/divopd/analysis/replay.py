@@ -6,9 +6,6 @@ Every method sees exactly the same experience, tick by tick (:func:`replay`):
 - before tick ``j``, every logged turn with ``arrival_update ≤ j`` not yet delivered is added, in arrival order;
 - the method's sampler is asked for a batch; a tick without a batch is counted ``starved``.
 
-Coverage: :func:`~divopd.analysis.replay_rules.rollout_coverage`; the diagnostics of the paper's tables:
-:data:`TABLE_KEYS` (definitions in :mod:`divopd.sampling.paper_diagnostics`).
-
 The log is read once and streamed: all methods advance in lockstep and share the same :class:`~divopd.Turn` objects,
 so memory holds the turns some sampler still waits on (bounded by the staleness window), one record batch, and a few
 dozen bytes per rollout of bookkeeping.

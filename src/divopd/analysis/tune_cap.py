@@ -5,10 +5,9 @@ up to 7.9 points over k ∈ {3…6}, its Table 19). :func:`tune_cap` replays one
 :func:`~divopd.analysis.replay.replay`, one pass per k) with a rollout-first method at each candidate k and reports, per
 k, what the cap is for: coverage of valid rollouts (``unused_fraction``), spread within a batch (effective rollouts,
 largest rollout share, distinct rollouts per batch and whether the first pass found the ⌈B/k⌉ rollouts the cap
-promises), dead rows, starved ticks and staleness. :func:`recommend_cap` then picks one k: the caps that starve the
-learner least, of those the ones within tolerance of the best coverage, then of the best spread, and the loosest left
-(why this order: docs/guides/tune-cap.md). A replay measures selection, not learning: check the pick against training
-runs where you can.
+promises), dead rows, starved ticks and staleness; :func:`recommend_cap` picks one k (why its order:
+docs/guides/tune-cap.md). A replay measures selection, not learning: check the pick against training runs where you
+can.
 """
 
 from __future__ import annotations
