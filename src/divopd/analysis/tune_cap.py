@@ -180,19 +180,8 @@ def tune_cap(log: str | os.PathLike | Iterable[LoggedTurn], caps: Sequence[int |
     pick, reason = recommend_cap(rows, unused_tol=unused_tol, eff_tol=eff_tol)
     return {
         "log": log_name,
-        "config": {
-            "method": method,
-            "caps": [cap_label(c) for c in cap_list],
-            "batch_size": batch_size,
-            "pool_factor": pool_factor,
-            "max_staleness": max_staleness,
-            "updates": updates,
-            "cap_unit": cap_unit,
-            "seed": seed,
-            "max_pending": max_pending,
-            "max_pending_age": max_pending_age,
-            "group_order": group_order,
-        },
+        "config": {"method": method, "caps": [cap_label(c) for c in cap_list], **shared, "updates": updates,
+                   "seed": seed},
         "updates": updates,
         "delivered_turns": first["delivered_turns"],
         "delivered_rollouts": first["delivered_rollouts"],
