@@ -358,8 +358,8 @@ def test_the_command_modules_and_the_config_schema_do_not_import_torch() -> None
     """A bad flag or a missing config file is answered before torch and transformers load (seconds of import on a
     small CPU): the CLI, every command module and the config schema import neither (checked in a fresh interpreter)."""
     modules = ["divopd.cli", "divopd.train.config", *(f"divopd.commands.{name}" for name in
-                                                      ("bench", "eval", "export", "replay", "report", "sft", "simulate",
-                                                       "train", "tune_cap"))]
+                                                      ("bench", "eval", "export", "report", "sft", "train")),
+               *(f"divopd.analysis.{name}" for name in ("replay", "simulate", "tune_cap"))]
     code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -22,11 +22,12 @@ SHIPPED = PACKAGED_MODELS / "coin6-dart"
 
 def test_the_demo_runs_the_documented_methods_on_the_documented_setting() -> None:
     assert demo.CONFIGS == CONFIGS / "coin6-dart.yaml" and demo.SETTING == "coin6-dart"
+    recipe = recipe_for(demo.SETTING)  # the demo's models: the setting file plays the same game with the same prompt
     for method in ("vanilla", "divopd"):
         cfg = load_config(demo.SETTING, [f"method={method}"])
         assert cfg.method == method and cfg.runtime.kind == "lockstep" and cfg.updates == 40
-        assert cfg.explorer.env == demo.ENV and cfg.explorer.env_kwargs == demo.ENV_KWARGS
-        for key, value in demo.PROMPT.items():
+        assert cfg.explorer.env == recipe.env and cfg.explorer.env_kwargs == recipe.env_kwargs
+        for key, value in recipe.prompt.items():
             assert getattr(cfg.explorer.prompt, key) == value
         assert (cfg.student.path, cfg.teacher.path) == ("cache/coin6-dart/student", "cache/coin6-dart/teacher")
 

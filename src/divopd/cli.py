@@ -18,6 +18,8 @@ import os
 import sys
 from typing import NoReturn
 
+from divopd.errors import env_flag
+
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("divopd.commands.train", "run asynchronous OPD training from a YAML config"),
@@ -26,9 +28,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("divopd.commands.report", "compare run directories: SR curves, time-to-target, nAUC, plots"),
     "sft": ("divopd.commands.sft",
             "behaviour cloning on an environment's gold trajectories (tiny teachers, warm starts)"),
-    "simulate": ("divopd.commands.simulate", "write a synthetic asynchronous experience log"),
-    "replay": ("divopd.commands.replay", "replay selection rules over an experience log"),
-    "tune-cap": ("divopd.commands.tune_cap", "choose the cap k from an experience log"),
+    "simulate": ("divopd.analysis.simulate", "write a synthetic asynchronous experience log"),
+    "replay": ("divopd.analysis.replay", "replay selection rules over an experience log"),
+    "tune-cap": ("divopd.analysis.tune_cap", "choose the cap k from an experience log"),
     "bench": ("divopd.commands.bench", "run the paper benchmark suite (resumable; --dry-run, --only, --report)"),
     "doctor": ("divopd.commands.doctor", "what this machine offers and what a config needs (a table; exit 2 on a "
                "blocker)"),
@@ -48,13 +50,6 @@ THIRD_PARTY_LOGGERS: tuple[str, ...] = (
 #: Environment variables that turn third-party progress bars off (huggingface_hub and transformers read theirs when
 #: imported; tqdm's is the default of every bar); set unless ``--verbose``, kept where the user set them.
 QUIET_PROGRESS_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
-
-_TRUE = ("1", "true", "yes", "on")
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUE
-
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (``divopd train: error: ...; see divopd train --help``)."""
@@ -140,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    debug = args.debug = args.debug or _env_flag("DIVOPD_DEBUG")
-    quiet_third_party_loggers(args.verbose or _env_flag("DIVOPD_VERBOSE"))
+    debug = args.debug = args.debug or env_flag("DIVOPD_DEBUG")
+    quiet_third_party_loggers(args.verbose or env_flag("DIVOPD_VERBOSE"))
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops cleanly by itself): no traceback

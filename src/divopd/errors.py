@@ -1,12 +1,6 @@
-"""Input errors of the ``divopd`` commands: one class, one line each.
-
-Any command raises :class:`UsageError` (or a subclass: config, experience log, report and plan errors) for input that
-cannot be used — a missing or malformed file, an unknown config key, a value out of range, a model path that is not a
-model folder. :func:`divopd.cli.main` prints it as ``divopd <command>: error: <message>`` (one line) and exits 2;
-any other exception is a bug and keeps its traceback. ``divopd --debug`` (or ``DIVOPD_DEBUG=1``) shows the traceback
-of input errors too.
-
-Nothing heavy is imported here: the helpers run before torch or transformers are loaded.
+"""Input errors of the ``divopd`` commands: :class:`UsageError` and its subclasses (config, experience log, report
+and plan errors) for input that cannot be used, each one line; :mod:`divopd.cli` states the policy (one line,
+exit 2). Nothing heavy is imported here: the helpers run before torch or transformers are loaded.
 """
 
 from __future__ import annotations
@@ -25,6 +19,7 @@ __all__ = [
     "check_tokenizer_folder",
     "describe_validation_error",
     "describe_yaml_error",
+    "env_flag",
     "hf_offline",
     "one_line",
 ]
@@ -89,10 +84,14 @@ def describe_yaml_error(exc: Any) -> str:
     return one_line(f"{where}{problem}")
 
 
+def env_flag(name: str) -> bool:
+    """Whether environment variable ``name`` is set to 1, true, yes or on."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def hf_offline() -> bool:
     """Whether ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` asks for no network."""
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return env_flag("HF_HUB_OFFLINE") or env_flag("TRANSFORMERS_OFFLINE")
 
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")

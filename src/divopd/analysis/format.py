@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["MISSING", "divide", "dump_json", "fmt", "json_safe", "md_table", "mean", "pyplot", "save_figure"]
+__all__ = ["MISSING", "divide", "dump_json", "fmt", "json_safe", "md_table", "mean", "pyplot", "rich_table",
+           "save_figure"]
 
 #: What a table shows for a missing number.
 MISSING = "–"
@@ -78,6 +79,19 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str | 
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
     return out
+
+
+def rich_table(header: Sequence[str], rows: Iterable[Sequence[str]], title: str, align: str | None = None,
+               **table_kwargs: Any) -> Any:
+    """A ``rich.table.Table``; ``align`` as :func:`md_table`'s, default: the first column left, the others right."""
+    from rich.table import Table
+
+    table = Table(title=title, **table_kwargs)
+    for h, a in zip(header, align or "l" + "r" * (len(header) - 1), strict=True):
+        table.add_column(h, justify="left" if a == "l" else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 # ------------------------------------------------------------------------------------------------------ figures

@@ -6,9 +6,6 @@ Every method sees exactly the same experience, tick by tick (:func:`replay`):
 - before tick ``j``, every logged turn with ``arrival_update ≤ j`` not yet delivered is added, in arrival order;
 - the method's sampler is asked for a batch; a tick without a batch is counted ``starved``.
 
-Coverage: :func:`~divopd.analysis.replay_rules.rollout_coverage`; the diagnostics of the paper's tables:
-:data:`TABLE_KEYS` (definitions in :mod:`divopd.sampling.paper_diagnostics`).
-
 The log is read once and streamed: all methods advance in lockstep and share the same :class:`~divopd.Turn` objects,
 so memory holds the turns some sampler still waits on (bounded by the staleness window), one record batch, and a few
 dozen bytes per rollout of bookkeeping.
@@ -52,6 +49,7 @@ __all__ = [
     "render_selection_chain",
     "render_table",
     "replay",
+    "resolve_source",
     "rollout_coverage",
     "run",
     "write_json",
@@ -66,55 +64,20 @@ RESULT_KEYS: tuple[str, ...] = (
     "effective_rollouts_mean", "max_rollout_share_mean", "candidate_rollouts_mean", "dead_row_fraction", "selected",
     "expired", "invalid")
 #: The diagnostics of the paper's tables in each method's entry (after :data:`RESULT_KEYS`).
-TABLE_KEYS: tuple[str, ...] = (
-    "never_selected_share",
-    "selection_gini",
-    "turns_per_rollout_mean",
-    "kl_per_token_mean",
-    "mean_age",
-    "disagreement_std_ema",
-    "teacher_tokens_per_trained_token",
-    "never_selected_scored_share",
-    "selected_by_cell",
-    "selection_chain",
-)
+TABLE_KEYS: tuple[str, ...] = ("never_selected_share", "selection_gini", "turns_per_rollout_mean", "kl_per_token_mean",
+                               "mean_age", "disagreement_std_ema", "teacher_tokens_per_trained_token",
+                               "never_selected_scored_share", "selected_by_cell", "selection_chain")
 #: Per-update series of each method (one value per tick; ``None`` where the tick was starved).
-SERIES_KEYS: tuple[str, ...] = (
-    "batch",
-    "effective_rollouts",
-    "max_rollout_share",
-    "dead_rows",
-    "distinct_rollouts",
-    "candidate_rollouts",
-    "mean_staleness",
-    "selected",
-    "expired",
-    "invalid",
-    "waiting",
-    "used_rollouts",
-    "turns_per_rollout",
-    "kl_per_token",
-    "disagreement_std_ema",
-)
+SERIES_KEYS: tuple[str, ...] = ("batch", "effective_rollouts", "max_rollout_share", "dead_rows", "distinct_rollouts",
+                                "candidate_rollouts", "mean_staleness", "selected", "expired", "invalid", "waiting",
+                                "used_rollouts", "turns_per_rollout", "kl_per_token", "disagreement_std_ema")
 
 
 @dataclass
 class ReplayConfig:
-    """Settings shared by every replayed method.
-
-    Attributes:
-        methods: sampler method names (``divopd.sampling.METHODS``), replayed side by side.
-        batch_size: B, rows per update.
-        pool_factor: c, candidate pool ``c·B`` of the pooled methods.
-        cap: k, first-pass per-rollout cap.
-        max_staleness: S; a turn expires when ``learner_version − policy_version > S``.
-        updates: U, number of ticks; ``None`` = through the log's last ``arrival_update``.
-        seed: sampler seed (uniform within-rollout order).
-        max_pending: cap on pending turns (``None`` = none).
-        cap_unit: ``"turns"`` (the paper's cap) or ``"tokens"`` (token-share cap, see ``SamplerConfig``).
-        max_pending_age: W, pending turns first seen more than W updates ago expire (``None`` = no limit).
-        group_order: ``"first-seen"`` (Algorithm 1) or ``"arrival"`` (see ``SamplerConfig``).
-    """
+    """Settings shared by every replayed method: ``methods`` (``divopd.sampling.METHODS``, replayed side by side),
+    ``updates`` (U ticks; ``None`` = through the log's last ``arrival_update``), the sampler ``seed``, and the sampler
+    settings of :class:`~divopd.sampling.SamplerConfig` under the same names (B, c, k, S, W, ...)."""
 
     methods: Sequence[str] = DEFAULT_METHODS
     batch_size: int = 256
@@ -171,24 +134,22 @@ class _Track:
 
 
 # ---------------------------------------------------------------------------------------------------- replay
-def _open(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfig
-          ) -> tuple[str | None, int, Iterable[LoggedTurn]]:
-    """(log name or None, U ticks, the turn stream) of a replay source."""
+def resolve_source(source: str | os.PathLike | Iterable[LoggedTurn], updates: int | None, what: str,
+                   reuse: bool = False) -> tuple[str | None, Any, int]:
+    """(log name or None, the source, U ticks) of a replay source; an iterable becomes a list when U must be counted
+    from it or ``reuse`` (read once per pass)."""
     log_name = None
     if isinstance(source, (str, os.PathLike)):
         log_name = str(source)
-        updates = config.updates if config.updates is not None else log_updates(source)
-        stream: Iterable[LoggedTurn] = read_log(source)
-    else:
-        if config.updates is None:
-            source = list(source)
+        if updates is None:
+            updates = log_updates(source)
+    elif reuse or updates is None:
+        source = list(source)
+        if updates is None:
             updates = max((t.arrival_update for t in source), default=-1) + 1
-        else:
-            updates = config.updates
-        stream = source
     if updates < 1:
-        raise ValueError("replay: the log is empty and no --updates was given")
-    return log_name, updates, stream
+        raise ValueError(f"{what}: the log is empty and no --updates was given")
+    return log_name, source, updates
 
 
 #: The per-tick series taken from a batch's stats (None on a tick without a batch).
@@ -283,7 +244,8 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
     :data:`RESULT_KEYS` and :data:`TABLE_KEYS`, plus ``series`` (:data:`SERIES_KEYS`) and the sampler's final
     ``ledger``.
     """
-    log_name, updates, stream = _open(source, config)
+    log_name, source, updates = resolve_source(source, config.updates, "replay")
+    stream: Iterable[LoggedTurn] = read_log(source) if log_name is not None else source
     tracks = {m: _Track(make_sampler(config.sampler_config(m))) for m in config.methods}
     delivered_rollouts: set[str] = set()
     valid: set[str] = set()
@@ -334,8 +296,7 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", help="experience log: a .parquet file or a directory of part-*.parquet files")
     parser.add_argument(
-        "--methods",
-        default=None,
+        "--methods", default=None,
         help=f"comma-separated sampler methods (default {','.join(DEFAULT_METHODS)}, or with --selection-chain "
         f"{','.join(CHAIN_METHODS)}; known: {', '.join(METHODS)})",
     )
@@ -370,10 +331,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     console.print(render_table(result))
     console.print(render_diagnostics(result))
-    console.print(
-        f"delivered {result['delivered_turns']} turns of {result['delivered_rollouts']} rollouts over "
-        f"{result['updates']} updates; arrival/drain ratio {result['arrival_drain_ratio']:.2f}"
-    )
+    console.print(f"delivered {result['delivered_turns']} turns of {result['delivered_rollouts']} rollouts over "
+                  f"{result['updates']} updates; arrival/drain ratio {result['arrival_drain_ratio']:.2f}")
     if chain is not None:
         console.print(render_selection_chain(result))
         if chain:

@@ -7,67 +7,31 @@ import os
 from pathlib import Path
 from typing import Any
 
-from divopd.analysis.format import dump_json, fmt, md_table, pyplot, save_figure
+from divopd.analysis.format import dump_json, fmt, md_table, pyplot, rich_table, save_figure
 
 __all__ = ["DIAGNOSTIC_COLUMNS", "chain_rows", "paper_sources", "plot_replay", "render_diagnostics",
            "render_selection_chain", "render_table", "write_json", "write_selection_chain"]
 
-#: Columns of the printed table: (header, justify).
-TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("method", "left"),
-    ("updates", "right"),
-    ("starved", "right"),
-    ("valid", "right"),
-    ("used", "right"),
-    ("undecided", "right"),
-    ("unused", "right"),
-    ("eff. rollouts", "right"),
-    ("max share", "right"),
-    ("pool rollouts", "right"),
-    ("dead rows", "right"),
-    ("selected", "right"),
-    ("expired", "right"),
-    ("invalid", "right"),
-)
+#: Headers of the printed table.
+TABLE_HEADER: tuple[str, ...] = ("method", "updates", "starved", "valid", "used", "undecided", "unused",
+                                 "eff. rollouts", "max share", "pool rollouts", "dead rows", "selected", "expired",
+                                 "invalid")
 
 
 def _row(name: str, m: dict[str, Any]) -> list[str]:
-    return [
-        name,
-        str(m["updates"]),
-        str(m["starved"]),
-        str(m["valid_rollouts"]),
-        str(m["used_rollouts"]),
-        str(m["undecided_rollouts"]),
-        fmt(m["unused_fraction"], pct=True),
-        fmt(m["effective_rollouts_mean"], 2),
-        fmt(m["max_rollout_share_mean"], pct=True),
-        fmt(m["candidate_rollouts_mean"], 1),
-        fmt(m["dead_row_fraction"], pct=True),
-        str(m["selected"]),
-        str(m["expired"]),
-        str(m["invalid"]),
-    ]
+    return [name, str(m["updates"]), str(m["starved"]), str(m["valid_rollouts"]), str(m["used_rollouts"]),
+            str(m["undecided_rollouts"]), fmt(m["unused_fraction"], pct=True), fmt(m["effective_rollouts_mean"], 2),
+            fmt(m["max_rollout_share_mean"], pct=True), fmt(m["candidate_rollouts_mean"], 1),
+            fmt(m["dead_row_fraction"], pct=True), str(m["selected"]), str(m["expired"]), str(m["invalid"])]
 
 
 def render_table(result: dict[str, Any], title: str | None = None):  # -> rich.table.Table
     """A rich table of the per-method results."""
-    from rich.table import Table
-
     cfg = result["config"]
     unit = " (token share)" if cfg.get("cap_unit") == "tokens" else ""
-    table = Table(
-        title=title
-        or (
-            f"replay: U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} k={cfg['cap']}{unit} "
-            f"S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}"
-        )
-    )
-    for h, justify in TABLE_COLUMNS:
-        table.add_column(h, justify=justify)
-    for name, m in result["methods"].items():
-        table.add_row(*_row(name, m))
-    return table
+    title = title or (f"replay: U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} k={cfg['cap']}"
+                      f"{unit} S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}")
+    return rich_table(TABLE_HEADER, [_row(name, m) for name, m in result["methods"].items()], title)
 
 
 #: The diagnostics table: (header, result key, digits or "pct", the paper's table or figure that reports it).
@@ -99,15 +63,11 @@ def paper_sources() -> str:
 
 def render_diagnostics(result: dict[str, Any], title: str | None = None):  # -> rich.table.Table
     """A rich table of the diagnostics per method, with :func:`paper_sources` as its footnote."""
-    from rich.table import Table
-
-    table = Table(title=title or "diagnostics per method", caption=paper_sources(), caption_justify="left")
-    table.add_column("method", justify="left")
-    for header, *_ in DIAGNOSTIC_COLUMNS:
-        table.add_column(header, justify="right")
-    for name, m in result["methods"].items():
-        table.add_row(name, *(_cell(m.get(key), digits) for _, key, digits, _ in DIAGNOSTIC_COLUMNS))
-    return table
+    header = ["method", *(h for h, *_ in DIAGNOSTIC_COLUMNS)]
+    rows = [[name, *(_cell(m.get(key), digits) for _, key, digits, _ in DIAGNOSTIC_COLUMNS)]
+            for name, m in result["methods"].items()]
+    return rich_table(header, rows, title or "diagnostics per method", caption=paper_sources(),
+                      caption_justify="left")
 
 
 def chain_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -131,15 +91,9 @@ def chain_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 def render_selection_chain(result: dict[str, Any], title: str | None = None):  # -> rich.table.Table
     """Table 14: where each rule's selected turns come from (shares of its selected turns per cell)."""
-    from rich.table import Table
-
     header, rows = chain_rows(result)
-    table = Table(title=title or "selection chain (Table 14): share of selected turns by turn depth × outcome")
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i < 2 else "right")
-    for row in rows:
-        table.add_row(*row)
-    return table
+    return rich_table(header, rows, title or "selection chain (Table 14): share of selected turns by turn depth × "
+                      "outcome", align="ll" + "r" * (len(header) - 2))
 
 
 def write_selection_chain(result: dict[str, Any], path: str | os.PathLike) -> None:

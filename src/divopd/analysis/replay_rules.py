@@ -30,10 +30,9 @@ def deliveries(stream: Iterable[LoggedTurn], updates: int) -> Iterator[tuple[int
         batch: list[LoggedTurn] = []
         while nxt is not None and nxt.arrival_update <= j:
             if last is not None and (nxt.arrival <= last.arrival or nxt.arrival_update < last.arrival_update):
-                raise ValueError(
-                    f"replay input out of order: (arrival {nxt.arrival}, arrival_update {nxt.arrival_update}) after "
-                    f"(arrival {last.arrival}, arrival_update {last.arrival_update})"
-                )
+                raise ValueError(f"replay input out of order: (arrival {nxt.arrival}, arrival_update "
+                                 f"{nxt.arrival_update}) after (arrival {last.arrival}, arrival_update "
+                                 f"{last.arrival_update})")
             if nxt.arrival_update < 0:
                 raise ValueError(f"replay input: negative arrival_update {nxt.arrival_update} at arrival {nxt.arrival}")
             batch.append(nxt)

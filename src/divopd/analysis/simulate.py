@@ -14,7 +14,7 @@ import argparse
 import heapq
 import math
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +45,6 @@ class SimulationSummary:
     turns_per_update: float
     batch_size: int
     arrival_drain_ratio: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # ---------------------------------------------------------------------------------------------------- the rules
@@ -155,9 +152,8 @@ class _Chunk:
         return pa.RecordBatch.from_arrays([columns[f.name] for f in fields], schema=pa.schema(fields))
 
 
-def _rollout_rows(
-    preset: Preset, rng: np.random.Generator, success: bool, horizon: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _rollout_rows(preset: Preset, rng: np.random.Generator, success: bool,
+                  horizon: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(response_len, prompt_len, truncated, student logprobs flat, teacher logprobs flat) of one rollout."""
     resp = np.clip(np.rint(rng.lognormal(math.log(preset.response_median), preset.response_sigma, horizon)), 4, 512)
     obs = np.clip(np.rint(rng.lognormal(math.log(preset.obs_median), preset.obs_sigma, horizon)), 1, 4096)
@@ -214,17 +210,9 @@ def _summary(preset: Preset, counts: dict[str, int], updates: int, explorers: in
     )
 
 
-def simulate(
-    preset: Preset | str,
-    out: str | os.PathLike,
-    explorers: int = 8,
-    rollouts_per_update: float | None = None,
-    updates: int = 100,
-    seed: int = 0,
-    batch_size: int = 256,
-    overwrite: bool = False,
-    row_group_size: int = 16384,
-) -> SimulationSummary:
+def simulate(preset: Preset | str, out: str | os.PathLike, explorers: int = 8, rollouts_per_update: float | None = None,
+             updates: int = 100, seed: int = 0, batch_size: int = 256, overwrite: bool = False,
+             row_group_size: int = 16384) -> SimulationSummary:
     """Run the synthetic producer for ``updates`` learner updates and write its experience log to ``out``.
 
     Rollouts that would finish at or after ``updates`` are not written (their turns never reach the queue).
@@ -282,12 +270,8 @@ def simulate(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="alfworld", help="environment preset")
     parser.add_argument("--explorers", type=int, default=8, help="E, explorers running rollouts (default 8)")
-    parser.add_argument(
-        "--rollouts-per-update",
-        type=float,
-        default=None,
-        help="R, rollouts finished per learner update (default: the preset's, load ≈ 2 at B=256)",
-    )
+    parser.add_argument("--rollouts-per-update", type=float, default=None,
+                        help="R, rollouts finished per learner update (default: the preset's, load ≈ 2 at B=256)")
     parser.add_argument("--updates", type=int, default=100, help="U, learner updates to simulate (default 100)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=256, help="B, the drain rate for the printed load ratio")
@@ -319,16 +303,8 @@ def run(args: argparse.Namespace) -> int:
     if out.suffix != ".parquet" and out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: a file that is not a .parquet log; give FILE.parquet or a directory")
     try:
-        s = simulate(
-            preset,
-            out,
-            explorers=args.explorers,
-            rollouts_per_update=args.rollouts_per_update,
-            updates=args.updates,
-            seed=args.seed,
-            batch_size=args.batch_size,
-            overwrite=args.force,
-        )
+        s = simulate(preset, out, explorers=args.explorers, rollouts_per_update=args.rollouts_per_update,
+                     updates=args.updates, seed=args.seed, batch_size=args.batch_size, overwrite=args.force)
     except (ValueError, FileExistsError) as exc:
         if isinstance(exc, UsageError):
             raise
@@ -339,8 +315,6 @@ def run(args: argparse.Namespace) -> int:
         f"{s.mean_failure_horizon or 0:.1f}); truncated prompts {s.truncated_turns} "
         f"({100 * s.truncated_turns / max(s.turns, 1):.1f}%)"
     )
-    console.print(
-        f"measured arrival/drain ratio: {s.turns_per_update:.1f} turns/update ÷ B={s.batch_size} = "
-        f"{s.arrival_drain_ratio:.2f}"
-    )
+    console.print(f"measured arrival/drain ratio: {s.turns_per_update:.1f} turns/update ÷ B={s.batch_size} = "
+                  f"{s.arrival_drain_ratio:.2f}")
     return 0

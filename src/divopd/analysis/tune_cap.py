@@ -5,10 +5,9 @@ up to 7.9 points over k ∈ {3…6}, its Table 19). :func:`tune_cap` replays one
 :func:`~divopd.analysis.replay.replay`, one pass per k) with a rollout-first method at each candidate k and reports, per
 k, what the cap is for: coverage of valid rollouts (``unused_fraction``), spread within a batch (effective rollouts,
 largest rollout share, distinct rollouts per batch and whether the first pass found the ⌈B/k⌉ rollouts the cap
-promises), dead rows, starved ticks and staleness. :func:`recommend_cap` then picks one k: the caps that starve the
-learner least, of those the ones within tolerance of the best coverage, then of the best spread, and the loosest left
-(why this order: docs/guides/tune-cap.md). A replay measures selection, not learning: check the pick against training
-runs where you can.
+promises), dead rows, starved ticks and staleness; :func:`recommend_cap` picks one k (why its order:
+docs/guides/tune-cap.md). A replay measures selection, not learning: check the pick against training runs where you
+can.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from divopd.analysis.format import mean as _mean
-from divopd.analysis.replay import ReplayConfig, log_updates, replay, write_json
+from divopd.analysis.replay import ReplayConfig, replay, resolve_source, write_json
 from divopd.analysis.tune_cap_output import markdown_table, plot_tune_cap, render_table, title
 from divopd.experience.log import LoggedTurn
 from divopd.sampling.settings import add_sampler_flags, settings_from_args
@@ -109,21 +108,13 @@ def _cap_row(cap: int, batch_size: int, m: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def recommend_cap(
-    rows: Sequence[dict[str, Any]], unused_tol: float = 0.02, eff_tol: float = 0.10
-) -> tuple[int | str | None, str]:
+def recommend_cap(rows: Sequence[dict[str, Any]], unused_tol: float = 0.02,
+                  eff_tol: float = 0.10) -> tuple[int | str | None, str]:
     """Pick k from :func:`tune_cap`'s rows: the fewest starved ticks, then unused fraction within ``unused_tol`` of
     the best, then effective rollouts ≥ ``(1 − eff_tol)`` × the best among those, then the largest k left (coverage
     and spread are what a cap buys; among caps a replay cannot tell apart, the loosest fragments rollouts least).
-
-    Args:
-        rows: per-cap rows of :func:`tune_cap` (keys ``cap``, ``starved``, ``unused_fraction``,
-            ``effective_rollouts_mean``).
-        unused_tol: absolute tolerance on the unused fraction (0.02 = 2 points).
-        eff_tol: relative tolerance on the effective rollouts (0.10 = within 10 %).
-
-    Returns:
-        ``(cap, reason)``; cap is ``None`` when no k composed a batch.
+    ``unused_tol`` is absolute (0.02 = 2 points), ``eff_tol`` relative (0.10 = within 10 %). Returns ``(cap, reason)``;
+    cap is ``None`` when no k composed a batch.
     """
     if unused_tol < 0 or not 0 <= eff_tol < 1:
         raise ValueError(f"unused_tol must be >= 0 and eff_tol in [0, 1), got {unused_tol}, {eff_tol}")
@@ -137,9 +128,8 @@ def recommend_cap(
     unused = [r["unused_fraction"] for r in keep if r["unused_fraction"] is not None]
     if unused:
         best = min(unused)
-        keep = [
-            r for r in keep if r["unused_fraction"] is not None and r["unused_fraction"] <= best + unused_tol + 1e-12
-        ]
+        keep = [r for r in keep
+                if r["unused_fraction"] is not None and r["unused_fraction"] <= best + unused_tol + 1e-12]
         steps.append(f"unused fraction within {100 * unused_tol:g} points of the best {100 * best:.1f}%: {_caps(keep)}")
     else:
         steps.append("no valid rollout decided: coverage not compared")
@@ -155,42 +145,11 @@ def _caps(rows: Sequence[dict[str, Any]]) -> str:
     return "k ∈ {" + ", ".join(str(r["cap"]) for r in rows) + "}"
 
 
-def _source(log: str | os.PathLike | Iterable[LoggedTurn], updates: int | None) -> tuple[str | None, Any, int]:
-    """(log name or None, what each replay pass reads, U ticks) of a tune-cap source."""
-    if updates is not None and updates < 1:
-        raise ValueError(f"--updates must be >= 1, got {updates}")
-    log_name = None
-    if isinstance(log, (str, os.PathLike)):
-        log_name = str(log)
-        if updates is None:
-            updates = log_updates(log)
-        source: Any = log
-    else:
-        source = list(log)  # replayed once per k
-        if updates is None:
-            updates = max((t.arrival_update for t in source), default=-1) + 1
-    if updates < 1:
-        raise ValueError("tune-cap: the log is empty and no --updates was given")
-    return log_name, source, updates
-
-
-def tune_cap(
-    log: str | os.PathLike | Iterable[LoggedTurn],
-    caps: Sequence[int | str] | str = DEFAULT_CAPS,
-    *,
-    method: str = "divopd-base",
-    batch_size: int = 256,
-    pool_factor: float = 4,
-    max_staleness: int = 2,
-    updates: int | None = None,
-    cap_unit: str = "turns",
-    seed: int = 0,
-    max_pending: int | None = None,
-    unused_tol: float = 0.02,
-    eff_tol: float = 0.10,
-    max_pending_age: int | None = 8,
-    group_order: str = "first-seen",
-) -> dict[str, Any]:
+def tune_cap(log: str | os.PathLike | Iterable[LoggedTurn], caps: Sequence[int | str] | str = DEFAULT_CAPS, *,
+             method: str = "divopd-base", batch_size: int = 256, pool_factor: float = 4, max_staleness: int = 2,
+             updates: int | None = None, cap_unit: str = "turns", seed: int = 0, max_pending: int | None = None,
+             unused_tol: float = 0.02, eff_tol: float = 0.10, max_pending_age: int | None = 8,
+             group_order: str = "first-seen") -> dict[str, Any]:
     """Replay ``log`` with ``method`` at every cap in ``caps`` and recommend one (rule: :func:`recommend_cap`).
 
     Every k sees the same experience, tick by tick (the replay's delivery rule); one replay pass per k.
@@ -201,28 +160,19 @@ def tune_cap(
         ``reason`` and ``rule`` (the tolerances).
     """
     if method in _CAPLESS:
-        raise ValueError(
-            f"method {method!r} {_CAPLESS[method]}: the cap does not change its batches; use one of "
-            f"{', '.join(CAP_METHODS)}"
-        )
+        raise ValueError(f"method {method!r} {_CAPLESS[method]}: the cap does not change its batches; use one of "
+                         f"{', '.join(CAP_METHODS)}")
     cap_list = parse_caps(caps)
-    log_name, source, updates = _source(log, updates)
+    shared = {"batch_size": batch_size, "pool_factor": pool_factor, "max_staleness": max_staleness,
+              "max_pending": max_pending, "cap_unit": cap_unit, "max_pending_age": max_pending_age,
+              "group_order": group_order}
+    if updates is not None and updates < 1:
+        raise ValueError(f"--updates must be >= 1, got {updates}")
+    log_name, source, updates = resolve_source(log, updates, "tune-cap", reuse=True)
     rows = []
     first: dict[str, Any] | None = None
     for cap in cap_list:
-        config = ReplayConfig(
-            methods=(method,),
-            batch_size=batch_size,
-            pool_factor=pool_factor,
-            cap=cap,
-            max_staleness=max_staleness,
-            updates=updates,
-            seed=seed,
-            max_pending=max_pending,
-            cap_unit=cap_unit,
-            max_pending_age=max_pending_age,
-            group_order=group_order,
-        )
+        config = ReplayConfig(methods=(method,), cap=cap, updates=updates, seed=seed, **shared)
         result = replay(source, config)
         first = first or result
         rows.append(_cap_row(cap, batch_size, result["methods"][method]))
@@ -230,19 +180,8 @@ def tune_cap(
     pick, reason = recommend_cap(rows, unused_tol=unused_tol, eff_tol=eff_tol)
     return {
         "log": log_name,
-        "config": {
-            "method": method,
-            "caps": [cap_label(c) for c in cap_list],
-            "batch_size": batch_size,
-            "pool_factor": pool_factor,
-            "max_staleness": max_staleness,
-            "updates": updates,
-            "cap_unit": cap_unit,
-            "seed": seed,
-            "max_pending": max_pending,
-            "max_pending_age": max_pending_age,
-            "group_order": group_order,
-        },
+        "config": {"method": method, "caps": [cap_label(c) for c in cap_list], **shared, "updates": updates,
+                   "seed": seed},
         "updates": updates,
         "delivered_turns": first["delivered_turns"],
         "delivered_rollouts": first["delivered_rollouts"],

@@ -6,43 +6,23 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from divopd.analysis.format import fmt, md_table, pyplot, save_figure
+from divopd.analysis.format import fmt, md_table, pyplot, rich_table, save_figure
 
 __all__ = ["markdown_table", "plot_tune_cap", "render_table", "table_rows", "title"]
 
 #: Column headers of the table, one row per k.
-HEADER: tuple[str, ...] = (
-    "k",
-    "starved",
-    "used / valid",
-    "undecided",
-    "unused",
-    "eff. rollouts",
-    "max share",
-    "distinct/batch (min)",
-    "⌈B/k⌉ met",
-    "staleness",
-    "dead rows",
-    "expired",
-)
+HEADER: tuple[str, ...] = ("k", "starved", "used / valid", "undecided", "unused", "eff. rollouts", "max share",
+                           "distinct/batch (min)", "⌈B/k⌉ met", "staleness", "dead rows", "expired")
 
 
 def _row(r: dict[str, Any], recommended: int | str | None) -> list[str]:
     mark = " ←" if r["cap"] == recommended else ""
-    return [
-        f"{r['cap']}{mark}",
-        str(r["starved"]),
-        f"{r['used_rollouts']} / {r['valid_rollouts']}",
-        str(r["undecided_rollouts"]),
-        fmt(r["unused_fraction"], pct=True),
-        fmt(r["effective_rollouts_mean"]),
-        fmt(r["max_rollout_share_mean"], pct=True),
-        f"{fmt(r['distinct_rollouts_mean'])} ({fmt(r['distinct_rollouts_min'], 0)})",
-        f"{fmt(r['cap_binds_fraction'], pct=True)} of {r['promised_rollouts']}",
-        fmt(r["mean_staleness"], 2),
-        fmt(r["dead_row_fraction"], pct=True),
-        str(r["expired"]),
-    ]
+    return [f"{r['cap']}{mark}", str(r["starved"]), f"{r['used_rollouts']} / {r['valid_rollouts']}",
+            str(r["undecided_rollouts"]), fmt(r["unused_fraction"], pct=True), fmt(r["effective_rollouts_mean"]),
+            fmt(r["max_rollout_share_mean"], pct=True),
+            f"{fmt(r['distinct_rollouts_mean'])} ({fmt(r['distinct_rollouts_min'], 0)})",
+            f"{fmt(r['cap_binds_fraction'], pct=True)} of {r['promised_rollouts']}", fmt(r["mean_staleness"], 2),
+            fmt(r["dead_row_fraction"], pct=True), str(r["expired"])]
 
 
 def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -53,23 +33,13 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 def title(result: dict[str, Any]) -> str:
     cfg = result["config"]
     unit = "token-share cap" if cfg["cap_unit"] == "tokens" else "turn cap"
-    return (
-        f"tune-cap {cfg['method']} ({unit}): U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} "
-        f"S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}"
-    )
+    return (f"tune-cap {cfg['method']} ({unit}): U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} "
+            f"S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}")
 
 
 def render_table(result: dict[str, Any]):  # -> rich.table.Table
     """A rich table, one row per k; the recommended k is marked ←."""
-    from rich.table import Table
-
-    header, rows = table_rows(result)
-    table = Table(title=title(result))
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    return table
+    return rich_table(*table_rows(result), title(result))
 
 
 def markdown_table(result: dict[str, Any]) -> str:

@@ -38,13 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    target_all = None
-    targets: dict[str, float] = {}
-    for setting, tau in args.target:
-        if setting is None:
-            target_all = tau
-        else:
-            targets[setting] = tau
+    targets = {setting: tau for setting, tau in args.target if setting is not None}  # the last one per setting wins
+    target_all = next((tau for setting, tau in reversed(args.target) if setting is None), None)
     if args.budget is not None and args.budget < 0:
         raise ReportError(f"--budget must be >= 0, got {args.budget}")
     runs = [load_run(p) for p in find_run_dirs(args.run_dirs)]  # ReportError: one line, exit 2 (divopd.cli)

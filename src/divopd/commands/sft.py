@@ -109,24 +109,14 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
                           max_steps: int = 30, noise: float = 0.0, seed: int = 0,
                           game: str = "coin", epsilon: float = 0.0,
                           miss: float = 0.0) -> tuple[list[dict[str, Any]], int]:
-    """Play each task's expert trajectory; returns (one record per step, number of tasks whose trajectory failed).
+    """Play each task's expert trajectory (:func:`_expert_policy`); returns (one record per step, number of tasks whose
+    trajectory failed). A record holds the prompt's parts (first observation, history, valid actions) and the action,
+    so any tokenizer can encode it later.
 
-    ``expert="gold"`` replays the env's gold path; ``"explore"`` asks the ``game``'s observable-state expert at every
-    step (up to ``max_steps``): :func:`~divopd.explore.envs.coin_expert.coin_explorer_action` on ``coin``,
-    :func:`~divopd.explore.envs.twc_expert.twc_putaway_action` towards the gold path's goal on ``twc``. A record holds
-    the prompt's parts (first observation, history, valid actions) and the action, so it can be encoded with any
-    tokenizer later.
-
-    ``noise`` > 0 (``explore`` only): with that probability per step a random action from the valid actions and
-    the game's :data:`NOISE_ACTIONS` is executed instead of the expert's, while the step's record keeps the expert's
-    action as its label; every episode's records are kept then (the labels are the expert's whatever the outcome), and
-    ``failed`` counts the episodes that did not end in success. ``seed`` fixes the perturbations.
-
-    ``epsilon`` > 0 (``explore`` on ``coin`` only): where the expert moves, with that probability a random listed move
-    is both executed and recorded, so the records clone an epsilon-greedy searcher (:func:`epsilon_move`); every
-    episode's records are kept then. ``miss`` > 0 (likewise): where the expert takes the coin, with that probability
-    a random listed move is executed and recorded instead (:func:`miss_move`). Perturbations, epsilon moves and missed
-    coins draw from one generator seeded by ``seed`` (a zero probability draws nothing).
+    ``noise`` executes a random action from the valid ones and the game's :data:`NOISE_ACTIONS` while the record keeps
+    the expert's label; ``epsilon`` (:func:`epsilon_move`) and ``miss`` (:func:`miss_move`) change both. With any of
+    them every episode's records are kept, whatever its outcome. All draws come from one generator seeded by ``seed``
+    (a zero probability draws nothing).
     """
     import random
 
@@ -163,14 +153,12 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
 
 
 def epsilon_move(action: str, valid: list[str], epsilon: float, rng: Any) -> str:
-    """The epsilon-greedy searcher's action: the expert's ``action``, except that a move is replaced, with probability
-    ``epsilon``, by a uniformly random listed move (possibly the same one). Other actions are kept."""
+    """The epsilon-greedy searcher's action: a move of the expert may become a random listed move (the same one too)."""
     return _random_move_instead(action, valid, epsilon, rng, swap=action.startswith("move "))
 
 
 def miss_move(action: str, valid: list[str], miss: float, rng: Any) -> str:
-    """The coin-missing searcher's action: the expert's ``action``, except that ``take coin`` is replaced, with
-    probability ``miss``, by a uniformly random listed move (when a move is listed). Other actions are kept."""
+    """The coin-missing searcher's action: the expert's ``take coin`` may become a random listed move."""
     return _random_move_instead(action, valid, miss, rng, swap=action == "take coin")
 
 

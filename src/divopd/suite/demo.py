@@ -14,9 +14,7 @@
    batch composition) and ``divopd replay`` of the selection rules over the vanilla run's own experience log.
 
 Progress: one bar per run on a terminal, otherwise the runs' log lines (every 10 updates and every evaluation),
-prefixed with the run. Everything lands in ``runs/demo/`` (report: ``runs/demo/report/report.md``). Options::
-
-    python -m divopd.suite.demo [--seeds 0 1 2] [--updates 40] [--methods vanilla divopd] [--jobs 2] [--out runs/demo]
+prefixed with the run. Everything lands in ``runs/demo/`` (report: ``runs/demo/report/report.md``). Options: ``--help``.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from divopd.errors import UsageError
-from divopd.suite.models import RECIPES, SHIPPED, default_cache, prepare_models, recipe_for
+from divopd.suite.models import SHIPPED, default_cache, prepare_models, recipe_for
 from divopd.train.packaged import CONFIGS as PACKAGED_CONFIGS
 from divopd.train.packaged import config_path
 
@@ -42,12 +40,6 @@ from divopd.train.packaged import config_path
 SETTING = "coin6-dart"
 #: Its packaged setting file.
 CONFIGS = PACKAGED_CONFIGS / f"{SETTING}.yaml"
-
-#: The demo's environment and prompt (those of the ``coin6-dart`` model recipe; the setting file uses the same values,
-#: a test checks that they agree).
-ENV = RECIPES[SETTING].env
-ENV_KWARGS = RECIPES[SETTING].env_kwargs
-PROMPT = RECIPES[SETTING].prompt
 
 
 _UPDATE = re.compile(r"update (\d+) SR ")

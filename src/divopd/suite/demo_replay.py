@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from divopd.analysis.format import fmt, md_table, pyplot, save_figure
+from divopd.analysis.format import fmt, md_table, pyplot, rich_table, save_figure
 from divopd.analysis.replay import ReplayConfig, plot_replay, replay, write_json
 from divopd.analysis.simulate import PRESETS, simulate
 from divopd.sampling.method_rows import method_names
@@ -35,22 +35,11 @@ def summary_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for preset, r in results.items():
         for method, m in r["methods"].items():
-            rows.append(
-                {
-                    "preset": preset,
-                    "load": r["arrival_drain_ratio"],
-                    "method": method,
-                    "valid": m["valid_rollouts"],
-                    "used": m["used_rollouts"],
-                    "undecided": m["undecided_rollouts"],
-                    "unused": m["unused_fraction"],
-                    "eff": m["effective_rollouts_mean"],
-                    "max_share": m["max_rollout_share_mean"],
-                    "dead": m["dead_row_fraction"],
-                    "expired": m["expired"],
-                    "invalid": m["invalid"],
-                }
-            )
+            rows.append({"preset": preset, "load": r["arrival_drain_ratio"], "method": method,
+                         "valid": m["valid_rollouts"], "used": m["used_rollouts"], "undecided": m["undecided_rollouts"],
+                         "unused": m["unused_fraction"], "eff": m["effective_rollouts_mean"],
+                         "max_share": m["max_rollout_share_mean"], "dead": m["dead_row_fraction"],
+                         "expired": m["expired"], "invalid": m["invalid"]})
     return rows
 
 
@@ -110,14 +99,9 @@ def plot_summary(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
     save_figure(fig, path)
 
 
-def run_replay_demo(
-    out_dir: str | os.PathLike = "runs/demo-replay",
-    presets: tuple[str, ...] = tuple(PRESETS),
-    updates: int = 100,
-    seed: int = 0,
-    batch_size: int = 256,
-    methods: tuple[str, ...] = DEMO_METHODS,
-) -> dict[str, dict[str, Any]]:
+def run_replay_demo(out_dir: str | os.PathLike = "runs/demo-replay", presets: tuple[str, ...] = tuple(PRESETS),
+                    updates: int = 100, seed: int = 0, batch_size: int = 256,
+                    methods: tuple[str, ...] = DEMO_METHODS) -> dict[str, dict[str, Any]]:
     """Simulate each preset at its default load (≈ 2), replay ``methods`` over each log, write everything to
     ``out_dir`` (``<preset>.parquet/.json/.png``, ``table.md``, ``summary.png``) and return the replay results."""
     from rich.console import Console
@@ -135,25 +119,18 @@ def run_replay_demo(
         write_json(result, out / f"{name}.json")
         plot_replay(result, out / f"{name}.png", title=f"{name}-like preset, arrival/drain {s.arrival_drain_ratio:.2f}")
         results[name] = result
-        console.print(
-            f"{name}: {s.turns} turns, {s.rollouts} rollouts, truncated prompts "
-            f"{100 * s.truncated_turns / max(s.turns, 1):.1f}%, arrival/drain {s.arrival_drain_ratio:.2f} "
-            f"({time.perf_counter() - t0:.1f}s)"
-        )
+        console.print(f"{name}: {s.turns} turns, {s.rollouts} rollouts, truncated prompts "
+                      f"{100 * s.truncated_turns / max(s.turns, 1):.1f}%, arrival/drain {s.arrival_drain_ratio:.2f} "
+                      f"({time.perf_counter() - t0:.1f}s)")
     rows = summary_rows(results)
     table = markdown_table(rows)
     (out / "table.md").write_text(table)
     plot_summary(rows, out / "summary.png")
 
-    from rich.table import Table
-
-    rt = Table(title=f"shared-buffer replay, B={batch_size}, c=4, k=4, S=2, {updates} updates")
-    columns = [(_SHORT.get(h, h), cell) for h, _, cell in TABLE if h in PRINTED]
-    for h, _ in columns:
-        rt.add_column(h, justify="left" if h in ("preset", "method") else "right")
-    for r in rows:
-        rt.add_row(*(cell(r) for _, cell in columns))
-    console.print(rt)
+    columns = [(_SHORT.get(h, h), align, cell) for h, align, cell in TABLE if h in PRINTED]
+    console.print(rich_table([h for h, _, _ in columns], ([cell(r) for _, _, cell in columns] for r in rows),
+                             f"shared-buffer replay, B={batch_size}, c=4, k=4, S=2, {updates} updates",
+                             align="".join(a for _, a, _ in columns)))
     console.print(f"wrote {out}/table.md, {out}/summary.png and per-preset .parquet/.json/.png")
     return results
 

@@ -254,8 +254,7 @@ def shipped_models_for(setting: str, student_path: str, teacher_path: str) -> di
 def use_shipped_models(setting: str, student_path: str, teacher_path: str) -> list[str]:
     """On the first ``divopd train <setting>`` of a packaged setting whose prebuilt models the package ships, copy them
     to where the setting reads them (``cache/<setting>``, relative to the working directory) unless they are there
-    already; one line says where. Does nothing when the config points its models elsewhere (``--set student.path``)
-    or the setting ships no models. Returns the names copied."""
+    already or the config points its models elsewhere (``--set student.path``). Returns the names copied."""
     cache = Path("cache") / setting
     shipped = SHIPPED / setting
     if setting not in RECIPES or not shipped.is_dir():
@@ -268,9 +267,8 @@ def use_shipped_models(setting: str, student_path: str, teacher_path: str) -> li
 def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny", shipped: Path | None = None) -> dict[str, Path]:
     """Build (once) the recipe's teacher and student in ``cache``; returns ``{"teacher": ..., "student": ...}``.
 
-    Only into folders divopd writes: a ``cache/teacher`` or ``cache/student`` that exists without divopd's
-    ``recipe-args.json`` (and is not empty) is refused (a UsageError naming it) before anything is copied or built;
-    a build stamps its folder before it writes into it. A folder that is already complete (``sft.json`` for an SFT
+    A folder divopd did not write is refused first (:func:`_refuse_foreign`); a build stamps its folder before it
+    writes into it (:func:`_claim`). A folder that is already complete (``sft.json`` for an SFT
     model, ``config.json`` for a random-init one) and was built from the same recipe arguments
     (``recipe-args.json``) is kept; otherwise it is rebuilt, and a rebuilt teacher rebuilds the student too (they
     share the teacher's tokenizer). ``shipped``: a folder of prebuilt models

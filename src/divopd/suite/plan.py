@@ -131,20 +131,19 @@ class Plan(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
-        if self.own_config:
-            if not self.config_file.is_file():
-                raise ValueError(f"configs {self.configs!r}: no such config file (a path is relative to the working "
-                                 "directory)")
-        else:
-            _check_name(self.configs, "configs")
-        if not self.own_config and not self.config_file.is_file():
-            raise ValueError(f"configs {self.configs!r}: no packaged setting of that name; settings: "
-                             f"{', '.join(setting_names())}")
-        from divopd.suite.models import RECIPES
+        if self.own_config and not self.config_file.is_file():
+            raise ValueError(f"configs {self.configs!r}: no such config file (a path is relative to the working "
+                             "directory)")
+        if not self.own_config:
+            from divopd.suite.models import RECIPES
 
-        if not self.own_config and self.configs not in RECIPES:
-            raise ValueError(f"configs {self.configs!r}: its models have no recipe in divopd.suite.models "
-                             f"(known: {', '.join(RECIPES)})")
+            _check_name(self.configs, "configs")
+            if not self.config_file.is_file():
+                raise ValueError(f"configs {self.configs!r}: no packaged setting of that name; settings: "
+                                 f"{', '.join(setting_names())}")
+            if self.configs not in RECIPES:
+                raise ValueError(f"configs {self.configs!r}: its models have no recipe in divopd.suite.models "
+                                 f"(known: {', '.join(RECIPES)})")
         for method in [m.method for m in self.methods] + ([self.sweeps.cap.method] if self.sweeps.cap else []):
             _check_method(method)  # every row is a method row of the registry
         for what, seeds in (("seeds", self.seeds), ("load sweep: seeds", self.sweeps.load and self.sweeps.load.seeds),

@@ -3,10 +3,6 @@
 Runs are grouped by ``config.yaml``'s ``setting`` and ``method``; the runs of one method are its seeds and must not
 differ in anything else. Written to ``--out``: ``report.md`` (the tables per setting, geometric-mean speedups, notes),
 ``report.json`` (the same numbers) and PNGs per setting. The rules (τ, U, ±, ratios) are docs/guides/report.md's.
-
-Modules: :mod:`~divopd.analysis.report.load` (run directories), :mod:`~divopd.analysis.report.compute` (the numbers),
-:mod:`~divopd.analysis.report.render` (Markdown and JSON), :mod:`~divopd.analysis.report.plot` (figures); the command
-is :mod:`divopd.commands.report`.
 """
 
 from __future__ import annotations

@@ -279,23 +279,16 @@ def _method_entry(setting: str, method: str, runs: list[Run], u_budget: float | 
     agg = {k: _agg(seeds, k) for k in ("peak_sr", "final_five_mean", "nauc")}
     reached = [s for s in seeds if s["reached_target"]]
     for k in ("tokens_to_target", "compute_s_to_target"):
-        vals = [s[k] for s in reached if s[k] is not None]
-        agg[k] = {"mean": _mean(vals), "std": _sd(vals), "n": len(vals), "ci95": bootstrap_ci(vals)}
+        agg[k] = _agg(reached, k)  # over the seeds that reached τ
     agg["reached_target"] = {"n": len(reached), "of": len(seeds)}
     if tau is not None and 0 < len(reached) < len(seeds):
-        notes.append(
-            f"{setting}/{method}: reached τ={tau:g} in {len(reached)} of {len(seeds)} seeds; "
-            "its cost to τ is the mean over those seeds"
-        )
+        notes.append(f"{setting}/{method}: reached τ={tau:g} in {len(reached)} of {len(seeds)} seeds; its cost to τ is "
+                     "the mean over those seeds")
     if len(seeds) == 1 and seeds[0]["final_five_std"] is not None:
         agg["final_five_mean"]["std_checkpoints"] = seeds[0]["final_five_std"]
     comp_keys = seeds[0]["composition"].keys() if seeds else []
-    agg["composition"] = {
-        k: _mean([s["composition"][k] for s in seeds if s["composition"][k] is not None]) for k in comp_keys
-    }
-    agg["diagnostics"] = {
-        k: _mean([s["diagnostics"][k] for s in seeds if s["diagnostics"][k] is not None]) for k, *_ in DIAGNOSTICS
-    }
+    agg["composition"] = {k: _mean([s["composition"][k] for s in seeds]) for k in comp_keys}
+    agg["diagnostics"] = {k: _mean([s["diagnostics"][k] for s in seeds]) for k, *_ in DIAGNOSTICS}
     uncovered = [s["seed"] for s in seeds if s["nauc"] is None and s["n_evals"]]
     if u_budget is not None and uncovered:
         notes.append(f"{setting}/{method}: seed(s) {uncovered} do not cover the budget U={u_budget}; no nAUC")
@@ -339,11 +332,8 @@ def _geometric_means(settings: dict[str, Any], baseline: str) -> dict[str, Any]:
         entry: dict[str, Any] = {}
         for kind in ("tokens", "compute"):
             present = [s for s in settings.values() if method in s["methods"]]
-            vals = [
-                s["methods"][method]["ratios"][kind]
-                for s in present
-                if s["methods"][method]["ratios"] and s["methods"][method]["ratios"][kind] is not None
-            ]
+            vals = [s["methods"][method]["ratios"][kind] for s in present
+                    if s["methods"][method]["ratios"] and s["methods"][method]["ratios"][kind] is not None]
             finite = [v for v in vals if math.isfinite(v)]
             entry[kind] = {"geomean": geometric_mean(finite), "n_settings": len(finite), "of": len(present)}
         entry["min_seeds"] = min((len(s["methods"][m]["seeds"]) for s in present for m in (method, baseline)
@@ -369,16 +359,9 @@ def _sample_size_notes(settings: dict[str, Any], baseline: str) -> list[str]:
     return notes
 
 
-def build_report(
-    runs: Sequence[Run],
-    *,
-    baseline: str = "vanilla",
-    targets: dict[str, float] | None = None,
-    target_all: float | None = None,
-    budget: float | None = None,
-    rule: str = "trapezoid",
-    group_anyway: bool = False,
-) -> dict[str, Any]:
+def build_report(runs: Sequence[Run], *, baseline: str = "vanilla", targets: dict[str, float] | None = None,
+                 target_all: float | None = None, budget: float | None = None, rule: str = "trapezoid",
+                 group_anyway: bool = False) -> dict[str, Any]:
     """All numbers of the report as one JSON-able dict (the content of report.json). Runs of one method whose configs
     differ beyond the seed raise :class:`ReportError` naming the keys and runs; ``group_anyway`` pools them as seeds
     with a note."""

@@ -42,7 +42,6 @@ class Run:
         return max(us) if us else None
 
 
-
 def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
     """Run directories named on the command line: a dir holding ``config.yaml``, or every such dir below it."""
     found: list[Path] = []
@@ -56,13 +55,10 @@ def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
         if not below:
             raise ReportError(f"{p}: no config.yaml in it or below it (not a run directory)")
         found.extend(below)
-    seen: set[Path] = set()
-    unique = []
+    unique: dict[Path, Path] = {}  # each directory once, as first named
     for p in found:
-        if p.resolve() not in seen:
-            seen.add(p.resolve())
-            unique.append(p)
-    return unique
+        unique.setdefault(p.resolve(), p)
+    return list(unique.values())
 
 
 def _load_config(path: Path) -> dict[str, Any]:
@@ -168,12 +164,9 @@ def load_run(path: str | Path) -> Run:
             run_.notes.append(f"{mpath}:{r['_line']}: second eval at update {u}; the later line is used")
         tokens = r.get("learner/tokens_total")
         compute = r.get("learner/compute_s_total")
-        by_update[u] = EvalPoint(
-            update=u,
-            sr=100.0 * float(r["eval/success_rate"]),
-            tokens=float(tokens) if tokens is not None else at("learner/tokens_total", u),
-            compute_s=float(compute) if compute is not None else at("learner/compute_s_total", u),
-        )
+        by_update[u] = EvalPoint(update=u, sr=100.0 * float(r["eval/success_rate"]),
+                                 tokens=float(tokens) if tokens is not None else at("learner/tokens_total", u),
+                                 compute_s=float(compute) if compute is not None else at("learner/compute_s_total", u))
     run_.evals = [by_update[u] for u in sorted(by_update)]
     if not run_.evals:
         run_.notes.append(f"{path}: no evaluation yet")
