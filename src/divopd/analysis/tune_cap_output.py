@@ -17,12 +17,20 @@ HEADER: tuple[str, ...] = ("k", "starved", "used / valid", "undecided", "unused"
 
 def _row(r: dict[str, Any], recommended: int | str | None) -> list[str]:
     mark = " ←" if r["cap"] == recommended else ""
-    return [f"{r['cap']}{mark}", str(r["starved"]), f"{r['used_rollouts']} / {r['valid_rollouts']}",
-            str(r["undecided_rollouts"]), fmt(r["unused_fraction"], pct=True), fmt(r["effective_rollouts_mean"]),
-            fmt(r["max_rollout_share_mean"], pct=True),
-            f"{fmt(r['distinct_rollouts_mean'])} ({fmt(r['distinct_rollouts_min'], 0)})",
-            f"{fmt(r['cap_binds_fraction'], pct=True)} of {r['promised_rollouts']}", fmt(r["mean_staleness"], 2),
-            fmt(r["dead_row_fraction"], pct=True), str(r["expired"])]
+    return [
+        f"{r['cap']}{mark}",
+        str(r["starved"]),
+        f"{r['used_rollouts']} / {r['valid_rollouts']}",
+        str(r["undecided_rollouts"]),
+        fmt(r["unused_fraction"], pct=True),
+        fmt(r["effective_rollouts_mean"]),
+        fmt(r["max_rollout_share_mean"], pct=True),
+        f"{fmt(r['distinct_rollouts_mean'])} ({fmt(r['distinct_rollouts_min'], 0)})",
+        f"{fmt(r['cap_binds_fraction'], pct=True)} of {r['promised_rollouts']}",
+        fmt(r["mean_staleness"], 2),
+        fmt(r["dead_row_fraction"], pct=True),
+        str(r["expired"]),
+    ]
 
 
 def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -33,8 +41,10 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 def title(result: dict[str, Any]) -> str:
     cfg = result["config"]
     unit = "token-share cap" if cfg["cap_unit"] == "tokens" else "turn cap"
-    return (f"tune-cap {cfg['method']} ({unit}): U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} "
-            f"S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}")
+    return (
+        f"tune-cap {cfg['method']} ({unit}): U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} "
+        f"S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}"
+    )
 
 
 def render_table(result: dict[str, Any]):  # -> rich.table.Table
