@@ -64,9 +64,16 @@ def _results_table(s: dict[str, Any]) -> list[str]:
         a = m["aggregate"]
         r = m["ratios"] or {}
         reached = a["reached_target"]
-        rows.append([method, str(reached["of"]), _pm_ci(a["peak_sr"]), _pm_ci(a["final_five_mean"]), _pm_ci(a["nauc"]),
-                     MISSING if s["target"] is None else f"{reached['n']}/{reached['of']}",
-                     _ratio(r.get("tokens")), _ratio(r.get("compute"))])
+        rows.append([
+            method,
+            str(reached["of"]),
+            _pm_ci(a["peak_sr"]),
+            _pm_ci(a["final_five_mean"]),
+            _pm_ci(a["nauc"]),
+            MISSING if s["target"] is None else f"{reached['n']}/{reached['of']}",
+            _ratio(r.get("tokens")),
+            _ratio(r.get("compute")),
+        ])
     header = ["method", "seeds", "peak SR", "final-five SR", "nAUC", "reached τ", "tokens-to-τ ×", "compute-to-τ ×"]
     return md_table(header, rows)
 
@@ -132,9 +139,18 @@ def _seed_table(s: dict[str, Any]) -> list[str]:
         for sd in m["seeds"]:
             ff = sd["final_five_mean"]
             ff_s = MISSING if ff is None else f"{ff:.1f} ± {sd['final_five_std']:.1f} (n={sd['final_five_n']})"
-            rows.append([method, str(sd["seed"]), "done" if sd["finished"] else "running", str(sd["n_evals"]),
-                         fmt(sd["peak_sr"]), ff_s, fmt(sd["nauc"]), fmt(sd["update_to_target"], 0),
-                         _count(sd["tokens_to_target"]), _count(sd["compute_s_to_target"], 1)])
+            rows.append([
+                method,
+                str(sd["seed"]),
+                "done" if sd["finished"] else "running",
+                str(sd["n_evals"]),
+                fmt(sd["peak_sr"]),
+                ff_s,
+                fmt(sd["nauc"]),
+                fmt(sd["update_to_target"], 0),
+                _count(sd["tokens_to_target"]),
+                _count(sd["compute_s_to_target"], 1),
+            ])
     header = ["method", "seed", "state", "evals", "peak", "final-five", "nAUC", "update→τ", "tokens→τ", "compute s→τ"]
     return ["Per seed.", "", *md_table(header, rows)]
 
