@@ -454,6 +454,28 @@ MESSAGES: dict[str, tuple[str, ...]] = {
         "stalled at the gate: {what}; no batch can be composed (runtime.rejected_turns_warning = ",
         "checkpointed at update {summary['updates']}: resume with "),
     "divopd train: interrupted": ('print(f"divopd {args.command}: interrupted"',),
+    "stopped at update N, checkpointed; continue with:": (
+        "divopd train: stopped at update {summary['updates']}, checkpointed; continue with:",),
+    "is finished (N of N updates); nothing to resume": (
+        "is finished ({loaded.updates} of {loaded.updates} updates); nothing to resume (its summary: ",),
+    "unknown key sampler.kap; did you mean `sampler.cap`?": (
+        'f"unknown key {key}" + (f"; did you mean `{near}`?" if near else "")',),
+    "the runs differ in more than the seed": (
+        "the runs differ in more than the seed: {unlike}; report them apart, or pass --group-anyway to pool them as seeds",),
+    "student.lora.rank > 0 needs PEFT, which is not installed": (
+        "student.lora.rank > 0 needs PEFT, which is not installed; {PEFT_FIX}",),
+    "student.lora.target_modules: NAME not in PATH": (
+        "student.lora.target_modules: {', '.join(unknown)} not in {where} ({type(model).__name__}); its linear modules: ",),
+    "student.lora: PEFT cannot wrap": ("student.lora: PEFT cannot wrap {where} ({type(model).__name__}): {first}",),
+    "student.lora.dropout: only 0.0 is supported": ("only 0.0 is supported, got {v}: the learner runs the student in eval",),
+    "the sharded learner (FSDP2) does not train LoRA adapters": (
+        "the sharded learner (FSDP2) does not train LoRA adapters; use learner.world_size: 1 (a LoRA learner holds "
+        "optimizer state for the adapter only) or student.lora.rank: 0",),
+    "is a PEFT adapter without its base model": (
+        "is a PEFT adapter without its base model (adapter_config.json, no config.json); point {key} at the base model "
+        "folder, or merge it first: divopd export {text} --merged --out DIR",),
+    "already exists and is not an empty folder; name a new folder": (
+        "already exists and is not an empty folder; name a new folder",),
     "is in use by another divopd process (pid N on HOST)": (
         "is in use by another divopd process ({holder}), which is writing this run; wait for it to end (or stop it "
         "with Ctrl-C), then run the command again", 'f"pid {os.getpid()} on {socket.gethostname()}'),
