@@ -58,7 +58,7 @@ def test_gradient_diagnostics_degenerate_cases(setup):
 
     class Fake:  # a batch whose pool is exactly its rows: the two gradients coincide
         def __init__(self, rows, pool):
-            self.turns, self.candidates = rows, pool
+            self.payloads, self.candidates = rows, pool
 
     same = gradient_diagnostics(gen, Fake(turns[:5], turns[:5]))
     assert same["diag/grad_cos_pool"] == pytest.approx(1.0, abs=1e-5)

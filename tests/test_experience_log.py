@@ -397,7 +397,7 @@ def test_the_task_survives_the_log_so_divopd_focus_groups_replay_and_resume_alik
         s = make_sampler(SamplerConfig("divopd-focus", batch_size=6, pool_factor=3, seed=3))
         s.add(ts)
         b = s.next_batch(0)
-        return [t.key for t in b.turns], b.row_weights
+        return [t.key for t in b.payloads], b.row_weights
 
     assert batch(back) == batch(turns)
     old = pq.read_table(tmp_path / "t.parquet").drop(["task"])
