@@ -461,13 +461,17 @@ MESSAGES: dict[str, tuple[str, ...]] = {
     "unknown key sampler.kap; did you mean `sampler.cap`?": (
         'f"unknown key {key}" + (f"; did you mean `{near}`?" if near else "")',),
     "the runs differ in more than the seed": (
-        "the runs differ in more than the seed: {unlike}; report them apart, or pass --group-anyway to pool them as seeds",),
+        "the runs differ in more than the seed: {unlike}; report them apart, or pass --group-anyway to pool them as "
+        "seeds",),
     "student.lora.rank > 0 needs PEFT, which is not installed": (
         "student.lora.rank > 0 needs PEFT, which is not installed; {PEFT_FIX}",),
     "student.lora.target_modules: NAME not in PATH": (
-        "student.lora.target_modules: {', '.join(unknown)} not in {where} ({type(model).__name__}); its linear modules: ",),
-    "student.lora: PEFT cannot wrap": ("student.lora: PEFT cannot wrap {where} ({type(model).__name__}): {first}",),
-    "student.lora.dropout: only 0.0 is supported": ("only 0.0 is supported, got {v}: the learner runs the student in eval",),
+        "student.lora.target_modules: {', '.join(unknown)} not in {where} ({type(model).__name__}); its linear "
+        "modules: ",),
+    "student.lora: PEFT cannot wrap": (
+        "student.lora: PEFT cannot wrap {where} ({type(model).__name__}): {first}",),
+    "student.lora.dropout: only 0.0 is supported": (
+        "only 0.0 is supported, got {v}: the learner runs the student in eval",),
     "the sharded learner (FSDP2) does not train LoRA adapters": (
         "the sharded learner (FSDP2) does not train LoRA adapters; use learner.world_size: 1 (a LoRA learner holds "
         "optimizer state for the adapter only) or student.lora.rank: 0",),
