@@ -10,6 +10,7 @@ GPUs): not run here.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import types
 from pathlib import Path
@@ -41,6 +42,9 @@ OVERRIDES = with_values(read_script(SCIENCEWORLD)[0], {
 
 
 def _trainer_buffer(overrides: list[str]) -> tuple[DivOPDReplayBuffer, object]:
+    # the example's experience log goes to a fresh folder of each test, not into the repository's runs/
+    log_dir = tempfile.mkdtemp(prefix="divopd-verl-log-")
+    overrides = with_values(overrides, {"+trainer.v1.sampler.sampler_kwargs.experience_dir": f"{log_dir}/experience"})
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         config = compose(config_name="ppo_trainer", overrides=overrides)
