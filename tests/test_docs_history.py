@@ -50,8 +50,6 @@ def prose_lines(text: str) -> list[tuple[int, str]]:
 
 #: a line citing another project's tracker (``huggingface/trl#6705``): its bare ``#N`` are that project's, not ours
 UPSTREAM = re.compile(r"[\w.-]+/[\w.-]+#\d+")
-#: pages whose history another change is removing: each entry must still hold history (else drop it from here)
-NOT_YET: dict[str, str] = {}
 
 
 def history(text: str) -> list[str]:
@@ -68,11 +66,7 @@ def history(text: str) -> list[str]:
 
 @pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(REPO)))
 def test_no_development_history_on_user_pages(page: Path) -> None:
-    name = str(page.relative_to(REPO))
     found = history(page.read_text())
-    if name in NOT_YET:
-        assert found and NOT_YET[name] in " ".join(found), f"{name} is clean now: remove it from NOT_YET"
-        return
     assert not found, (f"{page.relative_to(REPO)} narrates how it was built (say what the code does, or move the "
                        "date into the measurement's table or 'Measured DATE' line):\n" + "\n".join(found))
 
