@@ -25,13 +25,18 @@ class _Remote:
 class HFServer:
     """What verl's vLLM server returns, from an HF model (``version``: the weights version it reports)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, unscored_every: int = 0) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(path).eval()
         self.version = 0
         self.calls = 0
+        self.unscored_every = unscored_every  # as teacher: every this many calls, the last position unscored (NaN)
         self.generate = _Remote(self._generate)
+
+    def weights_version(self) -> int:
+        """The weights version the server reports with each sampled response."""
+        return self.version
 
     async def _generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict, **_: Any) -> Any:
         import torch
@@ -43,6 +48,8 @@ class HFServer:
             with torch.no_grad():
                 logp = torch.log_softmax(self.model(ids).logits[0, :-1].float(), dim=-1)
             rows = logp.gather(-1, ids[0, 1:, None])[:, 0].tolist()
+            if self.unscored_every and self.calls % self.unscored_every == 0:
+                rows[-1] = float("nan")  # the last response token: a position the teacher could not score
             return TokenOutput(token_ids=[0], extra_fields={
                 "prompt_ids": [[t] for t in prompt_ids[1:]] + [[0]], "prompt_logprobs": [[v] for v in rows] + [[0.0]]})
         torch.manual_seed(self.calls)
@@ -53,7 +60,7 @@ class HFServer:
         logits = torch.stack(out.logits, dim=1)[0].float()
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, response[:, None])[:, 0]
         return TokenOutput(token_ids=response.tolist(), log_probs=logprobs.tolist(),
-                           extra_fields={"global_steps": self.version})
+                           extra_fields={"global_steps": self.weights_version()})
 
 
 def server_client(config: Any, server: HFServer) -> Any:

@@ -35,70 +35,20 @@ import verl  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from real_envs import ENVS, env_setting  # noqa: E402
 from verl.trainer.ppo.core_algos import agg_loss, kl_penalty  # noqa: E402
-from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
-from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 from verl_helpers import clear_partition, ledger_identity, make_buffer  # noqa: E402
 
 from divopd.commands.tasks import task_rows  # noqa: E402
 from divopd.integrations.verl_agent_loop import _DivOPDWorker  # noqa: E402
 from divopd.integrations.verl_env_agent import AGENT_NAME  # noqa: E402
 from divopd.integrations.verl_records import SUMMARY_TAG, parse_key  # noqa: E402
+from divopd.integrations.verl_try import HFServer, server_client  # noqa: E402
 
 
-class _Remote:
-    def __init__(self, fn: Any) -> None:
-        self.remote = fn  # ``await server.generate.remote(...)``: a coroutine is awaitable like an ObjectRef
+class _HFServer(HFServer):
+    """divopd's stand-in for verl's vLLM server, its weights synced every 5 calls, so long episodes span versions."""
 
-
-class _HFServer:
-    """What verl's vLLM server returns, from an HF model: sampling (student) or prompt log probs (teacher)."""
-
-    def __init__(self, path: str, unscored_every: int = 0) -> None:
-        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
-        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path).eval()
-        self.calls = 0
-        self.unscored_every = unscored_every
-        self.generate = _Remote(self._generate)
-
-    def version(self) -> int:  # the weights version: a sync every 5 calls, so long episodes span versions
+    def weights_version(self) -> int:
         return 3 + self.calls // 5
-
-    async def _generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict, **_: Any) -> TokenOutput:
-        self.calls += 1
-        ids = torch.tensor([prompt_ids])
-        if "prompt_logprobs" in sampling_params:  # the teacher: vLLM's prompt log probs, K = 1
-            with torch.no_grad():
-                logp = torch.log_softmax(self.model(ids).logits[0, :-1].float(), dim=-1)
-            rows = logp.gather(-1, ids[0, 1:, None])[:, 0].tolist()
-            if self.unscored_every and self.calls % self.unscored_every == 0:
-                rows[-1] = float("nan")  # the last response token: a position the teacher could not score
-            return TokenOutput(token_ids=[0], extra_fields={
-                "prompt_ids": [[t] for t in prompt_ids[1:]] + [[0]], "prompt_logprobs": [[v] for v in rows] + [[0.0]]})
-        torch.manual_seed(self.calls)
-        with torch.no_grad():
-            out = self.model.generate(ids, max_new_tokens=int(sampling_params["max_tokens"]), do_sample=True,
-                                      output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-        response = out.sequences[0, ids.shape[1]:]
-        logits = torch.stack(out.logits, dim=1)[0].float()
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, response[:, None])[:, 0]
-        return TokenOutput(token_ids=response.tolist(), log_probs=logprobs.tolist(),
-                           extra_fields={"global_steps": self.version()})
-
-
-class _Client(LLMServerClient):
-    """verl's server client, its load balancer replaced by one in-process server."""
-
-    def __init__(self, config: Any, server: _HFServer) -> None:
-        super().__init__(config, load_balancer_handle=None)
-        self.server = server
-
-    async def _acquire_server(self, request_id: str, **extra: Any) -> tuple[str, Any]:
-        return "hf-0", self.server
-
-    def _release_server(self, server_id: str, request_id: str | None = None) -> None:
-        return None
 
 
 def _config(models: dict[str, str]) -> Any:
@@ -128,8 +78,9 @@ def test_verls_worker_plays_a_divopd_env_and_writes_one_teacher_scored_record_pe
     assert cfg.explorer.env == env
     config = _config(models)
     student, teacher = _HFServer(models["student"]), _HFServer(models["teacher"], unscored_every=1)
-    worker = _DivOPDWorker(config, llm_client=_Client(config, student),
-                           teacher_client={"default": _Client(config, teacher)})  # verl keys one teacher "default"
+    # verl keys one teacher "default"
+    worker = _DivOPDWorker(config, llm_client=server_client(config, student),
+                           teacher_client={"default": server_client(config, teacher)})
     rows = task_rows(cfg, "train", limit=limit)
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
     clear_partition("train")
