@@ -80,6 +80,8 @@ def test_the_shipped_models_are_the_recipes_build_and_are_copied_not_trained(tmp
     assert models_mod.copy_shipped(other, recipe, SHIPPED) == [] and not other.exists()
 
 
+# Slow: the demo config twice; by default lockstep determinism: test_lockstep.py::test_same_seed_same_run_bit_for_bit
+@pytest.mark.slow
 def test_a_short_lockstep_run_of_the_demo_config_is_deterministic(tmp_path: Path) -> None:
     pytest.importorskip("textworld_express")
     models = {"student": SHIPPED / "student", "teacher": SHIPPED / "teacher"}

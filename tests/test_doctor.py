@@ -229,13 +229,14 @@ def test_doctor_input_errors_are_one_line(capsys: pytest.CaptureFixture[str]) ->
 
 # ------------------------------------------------------------------------------------- divopd train, same checks
 @no_cuda
-def test_train_on_cuda_without_cuda_is_one_line_and_no_run_directory(models: dict[str, str], tmp_path: Path) -> None:
+def test_train_on_cuda_without_cuda_is_one_line_and_no_run_directory(models: dict[str, str], tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     config = _config(models, tmp_path)
-    out = subprocess.run([sys.executable, "-m", "divopd", "train", str(config), "--no-progress",
-                          "--set", "student.device=cuda"], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=False)
-    assert out.returncode == 2, out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.strip() and " INFO " not in line]
+    capsys.readouterr()
+    code = main(["train", str(config), "--no-progress", "--set", "student.device=cuda"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip() and " INFO " not in line]
     assert lines == [f"divopd train: error: student.device: cuda needs CUDA, but torch {torch.__version__} is a "
                      "CPU-only build; set student.device: cpu or install a CUDA build of torch "
                      "(https://pytorch.org/get-started/locally/)"]

@@ -100,6 +100,8 @@ def test_a_stopped_scienceworld_jvm_is_killed_at_the_deadline() -> None:
         env.close()
 
 
+# Slow: by default a stopped JVM is killed at its deadline: the two tests above
+@pytest.mark.slow
 def test_closing_an_env_whose_jvm_is_stopped_ends() -> None:
     env = _twx(share_jvm=False, call_timeout_s=2.0)
     proc = env._env._gateway.java_process

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from divopd.experience.log import read_log
@@ -97,6 +98,8 @@ def test_a_second_fresh_run_into_the_same_run_dir_is_refused_naming_the_holder(
     assert_ledger_identity(summary["ledger"])
 
 
+# Slow: four runs; by default the refusal: test_a_second_fresh_run_into_the_same_run_dir_is_refused_naming_the_holder
+@pytest.mark.slow
 def test_a_second_resume_is_refused_and_a_killed_holder_leaves_no_stale_lock(
         tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     run_dir = tmp_path / "run"

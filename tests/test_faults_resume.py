@@ -143,10 +143,10 @@ def _check_resumed_equals(run_dir: Path, ref: dict) -> dict:
     return summary
 
 
-#: The kill points the default suite runs: the explorer's (poll), the learner's (update), the evaluation and the
-#: checkpoint write; log, compose and publish resume by the same path (the checkpoint of update 2, the log cut after
-#: it) and run under -m slow (a kill -9 while the log is written: tests/test_faults_killrec.py).
-SLOW_KILLS = ("log", "compose", "publish")
+#: The kill points the default suite runs: the explorer's (poll), the learner's (update) and the
+#: checkpoint write; log, compose, publish and eval resume by the same path (the checkpoint of update 2, the log cut
+#: after it) and run under -m slow (a kill -9 while the log is written: tests/test_faults_killrec.py).
+SLOW_KILLS = ("log", "compose", "publish", "eval")
 
 
 @pytest.mark.parametrize("phase", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_KILLS else p for p in KILLS])
@@ -184,6 +184,8 @@ def test_ctrl_c_then_resume_equals_the_uninterrupted_run(
     _check_resumed_equals(run_dir, reference)
 
 
+# Slow: three runs; by default a single kill: test_sigkill_at_each_phase_then_resume_equals_the_uninterrupted_run[poll]
+@pytest.mark.slow
 def test_a_killed_resume_resumes_again_and_still_equals_the_uninterrupted_run(
         reference: dict, tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """Killed, resumed and killed again (in the resumed session, inside a poll), then resumed once more."""

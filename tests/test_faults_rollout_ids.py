@@ -86,6 +86,8 @@ def _wait_restarted(ray: Any, actor: Any, old_pid: int, deadline_s: float = 120.
     raise AssertionError(f"the explorer actor was not restarted within {deadline_s:.0f} s")
 
 
+# Slow: a Ray session; by default: test_ids_after_a_second_resume_from_one_checkpoint_never_repeat_logged_ones
+@pytest.mark.slow
 def test_a_restarted_ray_explorer_actor_takes_new_ids_and_seed(tiny_models: dict[str, str],  # noqa: F811
                                                                tmp_path: Path) -> None:
     """A real restart: ``ray.kill(actor, no_restart=False)`` and Ray's ``max_restarts`` bring the actor back; the

@@ -111,6 +111,9 @@ def twx_reference(tiny_models: dict[str, str], tmp_path_factory: pytest.TempPath
     return {"summary": summary, "series": _series(run_dir), "log": _log_table(run_dir)}
 
 
+# Slow: JVM envs; by default a terminal Ctrl-C:
+# test_cli_user.py::test_ctrl_c_in_a_terminal_ends_with_the_resume_command
+@pytest.mark.slow
 def test_a_terminal_ctrl_c_leaves_the_jvms_to_divopd_then_resume_equals_the_uninterrupted_run(
         twx_reference: dict, tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """kill -INT -PGID during a TextWorld-Express lockstep run: the JVMs (own process group) do not see it; divopd
@@ -181,6 +184,9 @@ def test_a_double_ctrl_c_inside_a_poll_never_checkpoints_the_half_done_poll(
     _check_resumed_equals(run_dir, reference)
 
 
+# Slow: spawned ranks; by default a terminal Ctrl-C:
+# test_cli_user.py::test_ctrl_c_in_a_terminal_ends_with_the_resume_command
+@pytest.mark.slow
 def test_a_terminal_ctrl_c_leaves_the_spawned_learner_ranks_to_divopd(
         tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """learner.world_size 2 (two spawned ranks): a group SIGINT does not reach the ranks; the driver checkpoints

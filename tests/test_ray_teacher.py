@@ -33,6 +33,8 @@ def test_one_shared_teacher_actor_scores_for_every_explorer(tiny_models: dict[st
     assert all(np.isfinite(t.teacher_logprobs).all() for t in turns)
 
 
+# Slow: a Ray session; by default the Ray runtime: test_train.py::test_ray_runtime
+@pytest.mark.slow
 def test_two_explorer_actors_are_scored_by_the_one_teacher_actor(tiny_models: dict[str, str],  # noqa: F811
                                                                  tmp_path: Path) -> None:
     """Both explorers' rollouts, collected to the end, are scored by the shared actor: one call per rollout."""

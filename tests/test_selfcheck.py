@@ -5,6 +5,7 @@ device row as skipped with the reason and exits 2 with one line; bad input is on
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +19,18 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu" / "selfcheck.py"
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1"}
+
+
+def _in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The script's ``main`` in this process (its exit code, stdout and stderr): the refusals run no check."""
+    spec = importlib.util.spec_from_file_location("selfcheck", SCRIPT)
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    capsys.readouterr()
+    code = script.main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess([str(SCRIPT), *args], code, out.out, out.err)
 
 
 def _run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -60,6 +73,8 @@ def _check_cpu_rows(only: list[str], tmp_path: Path) -> dict[str, dict]:
     return by
 
 
+# Slow: every check on the CPU; by default its refusals below
+@pytest.mark.slow
 def test_selfcheck_on_the_cpu_passes_and_writes_one_json_line_per_check(tmp_path: Path) -> None:
     _check_cpu_rows(SMALL, tmp_path)
 
@@ -72,9 +87,11 @@ def test_every_selfcheck_row_but_ray_passes_on_the_cpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the skip path is the CPU machine's")
-def test_cuda_asked_on_a_machine_without_cuda_skips_every_device_row_and_exits_2(tmp_path: Path) -> None:
+def test_cuda_asked_on_a_machine_without_cuda_skips_every_device_row_and_exits_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cuda.jsonl"
-    proc = _run("--device", "cuda", "--out", str(out), "--only", "hf_explorer", "fsdp2", "train_lockstep")
+    proc = _in_process(capsys, "--device", "cuda", "--out", str(out),
+                       "--only", "hf_explorer", "fsdp2", "train_lockstep")
     assert proc.returncode == 2
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["check"] for r in rows] == ["hf_explorer", "fsdp2", "train_lockstep"]
@@ -85,13 +102,13 @@ def test_cuda_asked_on_a_machine_without_cuda_skips_every_device_row_and_exits_2
     assert "Traceback" not in proc.stderr
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     mine = tmp_path / "notes.txt"
     mine.write_text("my notes\n")
     for args, needle in ((["--only", "warp_drive"], "unknown check warp_drive"),
                          (["--smollm2", str(tmp_path / "nope")], "not an HF model folder"),
                          (["--out", str(mine)], "not overwriting it")):
-        proc = _run("--device", "cpu", *args, timeout=300)
+        proc = _in_process(capsys, "--device", "cpu", *args)
         assert proc.returncode == 2 and proc.stdout == ""
         assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and needle in proc.stderr
     assert mine.read_text() == "my notes\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from divopd.cli import main
@@ -26,6 +27,8 @@ def test_gold_examples_are_the_prompts_the_explorer_would_build():
     assert msgs[-1]["content"].endswith("take coin")  # the coin room lists the action the gold path takes
 
 
+# Slow: by default `divopd sft` runs in test_docs_commands.py's own-model guide (a teacher and a warm start)
+@pytest.mark.slow
 def test_sft_trains_a_tiny_model_that_beats_random_on_held_out_tasks(tmp_path, capsys):
     torch.set_num_threads(1)
     out = tmp_path / "teacher"

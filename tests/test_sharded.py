@@ -71,6 +71,8 @@ def test_world_size_2_gives_the_single_process_run(tiny_models: dict[str, str], 
     assert (last / "dcp" / ".metadata").is_file() and (last / "config.json").is_file()
 
 
+# Slow: by default the spawned ranks: test_world_size_2_gives_the_single_process_run
+@pytest.mark.slow
 def test_the_threads_runtime_spawns_the_ranks_too(tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """Ranks start by themselves under the threads runtime as under lockstep (explorer threads beside the ranks)."""
     summary = _run(tiny_models, tmp_path / "threads", 2, updates=3, **{"runtime.kind": "threads"})

@@ -223,6 +223,8 @@ def _train_in_a_subprocess(cfg: TrainConfig, tmp_path: Path) -> subprocess.Popen
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 
+# Slow: by default: test_faults_resume.py::test_sigkill_at_each_phase_then_resume_equals_the_uninterrupted_run
+@pytest.mark.slow
 def test_kill_and_resume(tiny_models: dict[str, str], tmp_path: Path) -> None:
     """kill -9 mid-run, then --resume: the ledger stays whole, no arrival is logged twice, training continues."""
     run_dir = tmp_path / "killed"
@@ -287,6 +289,8 @@ def test_tiny_config_matches_its_models() -> None:
         assert getattr(cfg.explorer.prompt, key) == value
 
 
+# Slow: by default: test_faults_resume.py::test_ctrl_c_then_resume_equals_the_uninterrupted_run, test_interrupt.py
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_and_exits(tiny_models: dict[str, str], tmp_path: Path) -> None:
     """SIGINT (Ctrl-C) mid-run: the run checkpoints, exits with 130, and --resume finishes it."""
     run_dir = tmp_path / "interrupted"
