@@ -41,7 +41,8 @@ ROWS: list[tuple[str, tuple[str, ...], str]] = [
      "the default suite (tiny models) and `make test-vllm` (per-request and merged adapters on vLLM's CPU build); "
      "the sharded learner refuses LoRA"),
     ("Trinity-RFT strategy + workflows (`sample_strategy: divopd`, `divopd_*_workflow`)", (),
-     "`make test-trinity`: Trinity-RFT 0.6.0's real queue, WorkflowRunner and part of `Trainer.train` on CPU, HF "
+     "`make test-trinity` and `examples/try_trinity.py`: Trinity-RFT 0.6.0's real queue, WorkflowRunner and part "
+     "of `Trainer.train` on CPU, HF "
      "engines in place of vLLM ([Trinity-RFT](integrations/trinity.md)); `trinity run` never ran"),
     ("verl buffer + agent loop + matched dispatch (`DivOPDReplayBuffer`, `divopd_env_agent`)", (),
      "`make test-verl` and `examples/try_verl.py`: verl 0.9.1's real TQ agent-loop worker and TransferQueue on CPU, "

@@ -36,6 +36,8 @@ ELSEWHERE: dict[str, str] = {
     "python -m verl.trainer.main_ppo": "GPU launch; composed by verl's Hydra in tests/integrations/verl",
     "hf download": "fetches model weights from the hub",
     "PYTHONPATH=src .venv-verl/bin/python examples/try_verl.py": "in the verl venv: verl/test_verl_try.py runs it",
+    "PYTHONPATH=src .venv-trinity/bin/python examples/try_trinity.py":
+        "in the Trinity venv: trinity/test_try_trinity.py runs it",
     "alfworld-download": "fetches ALFWorld's game files from the network",
     "export ALFWORLD_DATA": "points at ALFWorld's game files (absent here)",
 }

@@ -8,7 +8,6 @@ engines need a GPU), experiences into Trinity's real queue, batches from DivOPDS
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -16,19 +15,17 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("trinity.common.workflows")
-#: Trinity's ModelWrapper imports vLLM at import time; without vLLM (this CPU venv) an import-only stand-in
-STUB = str(Path(__file__).resolve().parent / "vllm_stub")
-if importlib.util.find_spec("vllm") is None:
-    sys.path.insert(0, STUB)
+#: Trinity's ModelWrapper imports vLLM at import time; without vLLM (this CPU venv) import-only placeholders
+from divopd.integrations.trinity_try import engines, trinity_config  # noqa: E402  (before Trinity's model module)
 
-import hf_engine  # noqa: E402
+# isort: split
 import ray  # noqa: E402
 import torch  # noqa: E402
 from datasets import load_dataset  # noqa: E402
 from queue_helpers import assert_ledger_identity, buffer_config, queue_writer, strategy  # noqa: E402
 from real_envs import ENVS, env_setting  # noqa: E402
 from trinity.algorithm.advantage_fn.on_policy_distill_advantage import OnPolicyDistillAdvantage  # noqa: E402
-from trinity.common.config import Config, InferenceModelConfig  # noqa: E402
+from trinity.common.config import Config  # noqa: E402
 from trinity.common.experience import Experience  # noqa: E402
 from trinity.common.workflows import WORKFLOWS, Task  # noqa: E402
 from trinity.explorer.workflow_runner import WorkflowRunner  # noqa: E402
@@ -40,26 +37,16 @@ from divopd.integrations.trinity_tasks import write_tasks  # noqa: E402
 from divopd.train.config import load_config  # noqa: E402
 from tiny_models import build_tiny_models  # noqa: E402
 
-ray.cloudpickle.register_pickle_by_value(hf_engine)
 RUNS = 2  # repeat_times: runs per task (eid.run)
 
 
 def _config(models: dict[str, str]) -> Config:
-    config = Config()
-    config.explorer.rollout_model = InferenceModelConfig(model_path=models["student"])
-    config.explorer.auxiliary_models = [InferenceModelConfig(model_path=models["teacher"])]
-    return config
+    return trinity_config(models)
 
 
 def _engines(config: Config, models: dict[str, str]) -> list:
-    """The named actors Trinity's Allocator looks up: ``<explorer>_rollout_model_0_0``, ``..._auxiliary_0_...``."""
-    name = config.explorer.name
-    path = os.pathsep.join([STUB, *sys.path[1:], os.environ.get("PYTHONPATH", "")])
-    engine = ray.remote(num_cpus=0)(hf_engine.HFInferenceModel)
-    env = {"env_vars": {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}}
-    return [engine.options(name=f"{name}_{role}_model_0_0", runtime_env=env).remote(model_config, models[key])
-            for role, model_config, key in (("rollout", config.explorer.rollout_model, "student"),
-                                             ("auxiliary_0", config.explorer.auxiliary_models[0], "teacher"))]
+    """The named actors Trinity's Allocator looks up (divopd.integrations.trinity_try's HF engines)."""
+    return engines(config, models, os.pathsep.join([*sys.path[1:], os.environ.get("PYTHONPATH", "")]))
 
 
 #: env (tests/integrations/real_envs.py) -> (Trinity workflow, tasks, overrides). ``scienceworld`` runs through its
