@@ -143,10 +143,11 @@ def _check_resumed_equals(run_dir: Path, ref: dict) -> dict:
     return summary
 
 
-#: The kill points the default suite runs: the explorer's (poll), the learner's (update) and the
-#: checkpoint write; log, compose, publish and eval resume by the same path (the checkpoint of update 2, the log cut
-#: after it) and run under -m slow (a kill -9 while the log is written: tests/test_faults_killrec.py).
-SLOW_KILLS = ("log", "compose", "publish", "eval")
+#: The kill points the default suite runs: the explorer's (poll) and the learner's (update); log, compose, publish,
+#: eval and checkpoint resume by the same path (the checkpoint of update 2, the log cut after it) and run under
+#: -m slow (a kill -9 while the log is written: tests/test_faults_killrec.py; torn checkpoint writes:
+#: tests/test_faults_checkpoint.py).
+SLOW_KILLS = ("log", "compose", "publish", "eval", "checkpoint")
 
 
 @pytest.mark.parametrize("phase", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_KILLS else p for p in KILLS])

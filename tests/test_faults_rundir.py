@@ -43,10 +43,18 @@ def _user_folder(folder: Path) -> dict[str, str]:
     return _tree(folder)
 
 
-def _cli_train(cfg_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "divopd.cli", "train", str(cfg_path), "--no-progress", *args],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=cfg_path.parent)
+def _cli(capfd: pytest.CaptureFixture[str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """``divopd ARGV`` through the command line's entry point in this process: its exit code and output."""
+    from divopd.cli import main
+
+    capfd.readouterr()
+    code = main(list(argv))
+    out = capfd.readouterr()
+    return subprocess.CompletedProcess(list(argv), code, out.out, out.err)
+
+
+def _cli_train(capfd: pytest.CaptureFixture[str], cfg_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return _cli(capfd, "train", str(cfg_path), "--no-progress", *args)
 
 
 def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -91,17 +99,19 @@ def _claims(tmp_path: Path, held: contextlib.ExitStack) -> None:
 
 
 def test_run_dir_into_a_users_folder_is_refused_and_nothing_changes(tiny_models: dict[str, str],  # noqa: F811
-                                                                     tmp_path: Path) -> None:
+                                                                     tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "mine"
     before = _user_folder(folder)
     cfg = tiny_config(tiny_models, tmp_path / "unused", "divopd", updates=1)
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    line = _one_error_line(_cli_train(tmp_path / "cfg.yaml", "--run-dir", str(folder)))
+    line = _one_error_line(_cli_train(capfd, tmp_path / "cfg.yaml", "--run-dir", str(folder)))
     assert "not a divopd run directory" in line and str(folder) in line
     assert _tree(folder) == before and not (folder / MARKER).exists()
 
 
-def test_bad_input_into_a_users_folder_deletes_nothing(tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+def test_bad_input_into_a_users_folder_deletes_nothing(tiny_models: dict[str, str], tmp_path: Path,  # noqa: F811
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
     """A bad env argument surfaces only once the explorer builds its env: the run stops with one line, and the
     user's folder (even one holding a config.yaml, checkpoints/, experience/) keeps every file, byte for byte."""
     folder = tmp_path / "mine"
@@ -110,7 +120,7 @@ def test_bad_input_into_a_users_folder_deletes_nothing(tiny_models: dict[str, st
     data = cfg.model_dump(mode="json")
     data["explorer"]["env_kwargs"] = {"num_rooms": 1}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(data))
-    _one_error_line(_cli_train(tmp_path / "cfg.yaml"))
+    _one_error_line(_cli_train(capfd, tmp_path / "cfg.yaml"))
     assert _tree(folder) == before
 
 
@@ -131,7 +141,8 @@ def test_bad_input_into_an_empty_folder_removes_only_what_it_wrote(tiny_models: 
 
 
 def test_resume_without_a_checkpoint_refuses_and_keeps_log_and_metrics(tiny_models: dict[str, str],  # noqa: F811
-                                                                       tmp_path: Path) -> None:
+                                                                       tmp_path: Path,
+                                                                       capfd: pytest.CaptureFixture[str]) -> None:
     """A run stopped before its first checkpoint: --resume has nothing to restore, says so in one line (exit 2),
     and deletes nothing (its experience log and metrics stay)."""
     run = tmp_path / "run"
@@ -141,13 +152,12 @@ def test_resume_without_a_checkpoint_refuses_and_keeps_log_and_metrics(tiny_mode
     (run / "summary.json").unlink()
     before = _tree(run)
     assert any(name.startswith("experience/") for name in before) and "metrics.jsonl" in before
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "divopd.cli", "train", "--resume", str(run), "--no-progress"],
-                          capture_output=True, text=True, timeout=600, env=env)
+    proc = _cli(capfd, "train", "--resume", str(run), "--no-progress")
     line = _one_error_line(proc)
     assert "nothing to resume from" in line and f"divopd train {run}/config.yaml --run-dir {run}" in line
     assert _without_lock(_tree(run)) == _without_lock(before)
     # what the refusal's line says to do: a fresh run there, its old files moved aside, nothing deleted
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-m", "divopd.cli", "train", str(run / "config.yaml"), "--run-dir", str(run),
                            "--no-progress"], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
