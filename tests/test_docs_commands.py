@@ -472,9 +472,6 @@ MESSAGES: dict[str, tuple[str, ...]] = {
         "student.lora: PEFT cannot wrap {where} ({type(model).__name__}): {first}",),
     "student.lora.dropout: only 0.0 is supported": (
         "only 0.0 is supported, got {v}: the learner runs the student in eval",),
-    "the sharded learner (FSDP2) does not train LoRA adapters": (
-        "the sharded learner (FSDP2) does not train LoRA adapters; use learner.world_size: 1 (a LoRA learner holds "
-        "optimizer state for the adapter only) or student.lora.rank: 0",),
     "is a PEFT adapter without its base model": (
         "is a PEFT adapter without its base model (adapter_config.json, no config.json); point {key} at the base model "
         "folder, or merge it first: divopd export {text} --merged --out DIR",),

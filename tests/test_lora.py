@@ -263,7 +263,6 @@ BAD = [
     ({"student.lora.rank": 4, "student.lora.dropout": 0.1}, "student.lora.dropout: only 0.0 is supported"),
     ({"student.lora.rank": 4, "student.lora.target_modules": "[qkv_proj]"},
      "student.lora.target_modules: qkv_proj not in"),
-    ({"student.lora.rank": 4, "learner.world_size": 2}, "the sharded learner (FSDP2) does not train LoRA adapters"),
     ({"student.lora.rank": 4, "student.path": "ADAPTER"}, "is a PEFT adapter without its base model"),
 ]
 

@@ -15,6 +15,7 @@ import torch
 from divopd.learn.sharded import LearnerRankError, split_rows
 from divopd.train import train
 from divopd.train.assemble import open_run, run_trainer
+from test_faults_resume import _timed
 from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 
 UPDATES = 4
@@ -46,6 +47,13 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert set(a) == set(b)
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _close(a: object, b: object) -> bool:
+    """Equal, or (numbers) within the tolerance of the runs above: 1e-4, relative above 1."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return a == b or abs(a - b) <= 1e-4 * max(1.0, abs(a))
+    return a == b
 
 
 def test_split_rows_covers_every_row_once() -> None:
@@ -174,3 +182,74 @@ def test_dcp_checkpoints_reshard_and_the_options_run(tmp_path: Path) -> None:
         assert abs(bf16.step(turns)["learner/loss"] - first[0]) <= 1e-2
     finally:
         bf16.close()
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tiny_models: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    """A LoRA run (rank 4) with 1 process (``ws1/``) and with 2 ranks (``ws2/``), checkpoints at updates 2 and 4."""
+    pytest.importorskip("peft")
+    root = tmp_path_factory.mktemp("lora-sharded")
+    lora = {"student.lora.rank": 4, "learner.lr": 10 * LR, "checkpoint.keep": 2}
+    for ws in (1, 2):
+        assert _run(tiny_models, root / f"ws{ws}", ws, **lora)["updates"] == UPDATES
+    return root
+
+
+def test_a_lora_student_with_2_ranks_gives_the_single_process_lora_run(lora_runs: Path) -> None:
+    """FSDP2 over a PEFT-injected student: the same adapters on every rank, AdamW on the adapter only; the run, its
+    published adapters and its adapter-only checkpoints (PEFT's files, DCP shards of the adapter) are the one-process
+    LoRA learner's, and its checkpoint resumes on 2 ranks and on 1 process to the one-process resume's next update."""
+    from safetensors.torch import load_file
+
+    from divopd.learn.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+    from divopd.learn.safe_dcp import read_metadata
+
+    rows1, rows2 = read_metrics(lora_runs / "ws1"), read_metrics(lora_runs / "ws2")
+    assert [r["kind"] for r in rows1] == [r["kind"] for r in rows2] and len(rows1) > UPDATES
+    for a, b in zip(rows1, rows2, strict=True):
+        # every untimed value; the padded input slots are per rank's micro-batches, not the batch's
+        keys = [k for k in a if not _timed(k) and k != "learner/input_slots"]
+        assert keys and set(keys) <= set(b)
+        bad = {k: (a[k], b[k]) for k in keys if not _close(a[k], b[k])}
+        assert not bad, bad
+    losses = [r["learner/loss"] for r in rows1 if r["kind"] == "update"]
+    assert len(losses) == UPDATES and len(set(losses)) > 1, "the adapter trains: the loss moves"
+    last1, last2 = (lora_runs / d / "checkpoints" / "update-000004" for d in ("ws1", "ws2"))
+    a1, a2 = load_file(str(last1 / ADAPTER_WEIGHTS)), load_file(str(last2 / ADAPTER_WEIGHTS))
+    assert _max_diff(a1, a2) <= 1e-5 and max(float(t.abs().max()) for k, t in a2.items() if "lora_B" in k) > 0
+    assert all(".lora_A." in k or ".lora_B." in k for k in a2), "the adapter's tensors only"
+    assert (last2 / ADAPTER_CONFIG).is_file() and not (last2 / "config.json").exists()
+    assert not list(last2.glob("model*.safetensors"))
+    tensors = [k for k in read_metadata(last2 / "dcp").state_dict_metadata if not k.startswith("optim.param_groups")]
+    assert any(k.startswith("model.") for k in tensors) and any(k.startswith("optim.state.") for k in tensors)
+    assert all(".lora_" in k for k in tensors), [k for k in tensors if ".lora_" not in k][:3]
+    _check_lora_resumes(lora_runs, [("ws2", 1), ("ws2", 2)])
+
+
+@pytest.mark.slow
+def test_a_one_process_lora_checkpoint_resumes_on_2_ranks(lora_runs: Path) -> None:
+    _check_lora_resumes(lora_runs, [("ws1", 2)])
+
+
+def _check_lora_resumes(root: Path, cases: list[tuple[str, int]]) -> None:
+    """Each (run, world size): that run's update-2 checkpoint, resumed with that many ranks, takes the one-process
+    run's resumed next update (the adapter, its AdamW moments and the counters restored)."""
+    from divopd.learn.checkpoint import read_state
+    from divopd.learn.learner import Learner, LearnerConfig
+    from divopd.learn.sharded import learner_from_checkpoint
+    from test_lora import _turns
+
+    ref_ckpt = root / "ws1" / "checkpoints" / "update-000002"
+    cfg = LearnerConfig(**read_state(ref_ckpt)["config"])
+    ref, _ = Learner.from_checkpoint(ref_ckpt, cfg)
+    turns = _turns(ref.model.get_input_embeddings().num_embeddings)
+    expected, adapter = ref.step(turns)["learner/loss"], ref.publish().state_dict
+    for run, ws in cases:
+        learner, _ = learner_from_checkpoint(root / run / "checkpoints" / "update-000002",
+                                             cfg.model_copy(update={"world_size": ws}))
+        try:
+            assert learner.version == 2 and abs(learner.step(turns)["learner/loss"] - expected) <= 1e-4, (run, ws)
+            handle = learner.publish()
+            assert handle.adapter is not None and _max_diff(handle.state_dict, adapter) <= 1e-5, (run, ws)
+        finally:
+            learner.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ import yaml
 
 pytest.importorskip("vllm")
 
-from vllm_helpers import ROOT, SMOLLM2, hf_logprobs, tiny_llama_pair  # noqa: E402
+from vllm_helpers import ROOT, SMOLLM2, Served, free_port, hf_logprobs, tiny_llama_pair  # noqa: E402
 
 from divopd.cli import main  # noqa: E402
 from divopd.experience.log import read_log  # noqa: E402
@@ -39,63 +38,6 @@ from divopd.train import train  # noqa: E402
 from test_train import assert_ledger_identity, read_metrics, tiny_config  # noqa: E402
 
 ATOL = 2e-3
-#: How long a server may take to answer /v1/models after its start (2 loaded cores: ~30-60 s).
-START_DEADLINE_S = 420.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Served:
-    """A ``vllm serve`` process (vLLM's OpenAI API server module; the CPU build's ``vllm`` script cannot find its
-    own distribution name) for one model folder, in a process group of its own, ended by its PID."""
-
-    def __init__(self, folder: str, log: Path, max_model_len: int) -> None:
-        self.folder, self.log_path, self.max_model_len = folder, log, max_model_len
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.folder,
-               "--served-model-name", "teacher", "--host", "127.0.0.1", "--port", str(self.port), "--dtype",
-               "float32", "--enforce-eager", "--max-model-len", str(self.max_model_len), "--kv-cache-memory-bytes",
-               str(2**27), "--seed", "0"]
-        env = {**os.environ, "VLLM_CPU_CI_ENV": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its engine core as a child process
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        deadline = time.monotonic() + START_DEADLINE_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"vllm serve exited ({self.proc.returncode}): {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/models", timeout=5) as resp:
-                    if json.loads(resp.read())["data"]:
-                        return
-            except OSError:
-                time.sleep(1.0)
-        self.stop()
-        pytest.fail(f"vllm serve did not answer within {START_DEADLINE_S:.0f} s: {self.log_tail()}")
-
-    def log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-2000:]
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        """End the server's process group (its engine core with it), by the server's PID; wait for it."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, sig)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def llama_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return tiny_llama_pair(tmp_path_factory.mktemp("server-models"))

@@ -17,10 +17,10 @@ import torch
 
 from divopd.learn.inputs import UpdateInputs
 from divopd.learn.learner import Learner
+from divopd.learn.lora import LoraSettings, has_adapter, load_student
 from divopd.learn.rendezvous import rendezvous_store
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.update import MicroBatchOutput, RankStep
-from divopd.models import load_model
 
 __all__ = ["RankWorker", "decoder_layers", "free_port", "shard_model"]
 
@@ -92,12 +92,16 @@ class RankWorker:
         self.learner: _RankLearner | None = None
         self.rank = -1
         self.world_size = 1
+        self.lora = False  # a LoRA student: only the adapter's (trainable) tensors are gathered and saved
 
     def setup(self, rank: int, world_size: int, init_method: str, source: str, config: dict[str, Any],
               threads: int = 1, deterministic: bool = False, local_device: int | None = None,
-              collective_timeout_s: float = COLLECTIVE_TIMEOUT_S) -> dict[str, Any]:
-        """Join the process group, load ``source`` (an HF folder), shard it and build the optimizer. Every collective
-        and the rendezvous fail after ``collective_timeout_s`` seconds without their peers."""
+              collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, lora: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
+        """Join the process group, load ``source`` (an HF folder, or a LoRA checkpoint's adapter folder), add fresh
+        adapters when ``lora`` (``student.lora``) asks for them, shard it and build the optimizer (over the trainable
+        tensors: the adapter's of a LoRA student). Every collective and the rendezvous fail after
+        ``collective_timeout_s`` seconds without their peers."""
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -115,7 +119,9 @@ class RankWorker:
                                 rank=rank, world_size=world_size, timeout=timeout)
         self.rank, self.world_size = rank, world_size
         mesh = init_device_mesh(device.type, (world_size,))
-        model, tokenizer = load_model(source, dtype=cfg.dtype, device=str(device))
+        settings = None if lora is None else LoraSettings(**lora)
+        model, tokenizer = load_student(source, dtype=cfg.dtype, device=str(device), lora=settings, seed=cfg.seed)
+        self.lora = has_adapter(model)
         self.fqns = [n for n, p in model.named_parameters() if p.requires_grad]
         shard_model(model, mesh, cfg)
         self.learner = _RankLearner(model, cfg, tokenizer)
@@ -143,22 +149,35 @@ class RankWorker:
                         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
                         peak_cuda_mb=torch.cuda.max_memory_allocated(learner.device) / 2**20 if cuda else 0.0)
 
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Every rank takes part; rank 0 returns the full CPU state dict (``full_state_dict``, ``cpu_offload``)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    def _options(self, **kwargs: Any) -> Any:
+        """State-dict options; a LoRA student's leave out the frozen base (``ignore_frozen_params``)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(self._learner().model, options=options)
+        return StateDictOptions(ignore_frozen_params=self.lora, **kwargs)
+
+    def _trained(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A LoRA student's model state: its trained tensors only (``ignore_frozen_params`` keeps a frozen output
+        head tied to the embeddings, which ``named_parameters`` does not list under its own name)."""
+        return {k: v for k, v in state.items() if k in self.fqns} if self.lora else state
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Every rank takes part; rank 0 returns the full CPU state dict (``full_state_dict``, ``cpu_offload``): a
+        LoRA student's adapter tensors only."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        options = self._options(full_state_dict=True, cpu_offload=True)
+        state = self._trained(get_model_state_dict(self._learner().model, options=options))
         return state if self.rank == 0 else None
 
     def save(self, path: str) -> None:
-        """Model and optimizer shards with ``torch.distributed.checkpoint`` (a directory every rank writes into)."""
+        """Model and optimizer shards with ``torch.distributed.checkpoint`` (a directory every rank writes into); a
+        LoRA student's adapter and its optimizer state only."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         learner = self._learner()
-        model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+        model_state, optim_state = get_state_dict(learner.model, learner.optimizer, options=self._options())
+        dcp.save({"model": self._trained(model_state), "optim": optim_state}, checkpoint_id=path)
 
     def load(self, path: str) -> None:
         """Resume from a :meth:`save` directory written by any number of ranks (DCP reshards on load)."""
@@ -167,11 +186,14 @@ class RankWorker:
         from divopd.learn import safe_dcp as dcp  # the index and values read without unpickling code
 
         learner = self._learner()
-        model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
-        state = {"model": model_state, "optim": optim_state}
+        options = self._options()
+        model_state, optim_state = get_state_dict(learner.model, learner.optimizer, options=options)
+        state = {"model": self._trained(model_state), "optim": optim_state}
         dcp.load(state, checkpoint_id=path)
+        # a LoRA student's state is its trained tensors, every one of them (DCP fails on a missing one): the frozen
+        # base stays as loaded
         set_state_dict(learner.model, learner.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+                       optim_state_dict=state["optim"], options=self._options(strict=not self.lora))
 
     def load_full_optimizer(self, path: str) -> None:
         """Resume the optimizer from a single-process checkpoint's ``optimizer.pt`` (indexed by parameter order)."""

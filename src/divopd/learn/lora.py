@@ -32,8 +32,8 @@ from divopd.learn.lora_settings import LoraSettings
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "LoraError", "LoraSettings", "adapter_base", "adapter_settings",
            "add_adapter", "apply_adapter", "check_lora", "handle_adapter", "has_adapter", "is_adapter_folder",
-           "load_adapter_model", "merge_adapter", "merged_model", "published_weights", "read_adapter", "save_weights",
-           "write_adapter"]
+           "load_adapter_model", "load_student", "merge_adapter", "merged_model", "published_weights", "read_adapter",
+           "save_weights", "write_adapter"]
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -252,6 +252,21 @@ def load_adapter_model(path: str | os.PathLike, *, dtype: str = "float32", devic
     return model, tokenizer
 
 
+def load_student(source: str, *, dtype: str = "float32", device: str = "cpu", lora: LoraSettings | None = None,
+                 seed: int = 0) -> tuple[torch.nn.Module, Any]:
+    """A learner's student and tokenizer: an adapter folder (a LoRA checkpoint) is its base with that adapter
+    (:func:`load_adapter_model`); any other ``source`` is the HF model there, with fresh adapters (seeded by ``seed``)
+    when ``lora`` is enabled. Every learner rank and the driver's copy load it alike, so they start equal."""
+    if is_adapter_folder(source):
+        return load_adapter_model(source, dtype=dtype, device=device)
+    from divopd.models import load_model
+
+    model, tokenizer = load_model(source, dtype=dtype, device=device)
+    if lora is not None and lora.enabled:
+        add_adapter(model, lora, base=source, seed=seed)
+    return model, tokenizer
+
+
 def merged_model(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` with its adapters merged into the base weights and removed (a plain HF model, in place)."""
     if not has_adapter(model):
@@ -305,13 +320,9 @@ def merge_adapter(base: Mapping[str, torch.Tensor], state: Mapping[str, torch.Te
     return merged
 
 
-def check_lora(path: str, settings: LoraSettings, world_size: int = 1) -> str:
+def check_lora(path: str, settings: LoraSettings) -> str:
     """Whether ``settings`` can wrap the student at ``path``, without loading its weights (the model is built on the
     meta device from its config): a one-line description for ``divopd doctor``, or :class:`LoraError`."""
-    if world_size > 1:
-        raise LoraError(f"student.lora.rank {settings.rank} with learner.world_size {world_size}: the sharded learner "
-                        "(FSDP2) does not train LoRA adapters; use learner.world_size: 1 (a LoRA learner holds "
-                        "optimizer state for the adapter only) or student.lora.rank: 0")
     _peft()
     from transformers import AutoConfig, AutoModelForCausalLM
 

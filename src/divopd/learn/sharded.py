@@ -4,6 +4,10 @@
 Each rank gets a contiguous part of the batch with the batch's global denominators (N rows, dead rows included; the
 valid tokens for ``token-mean``), so the ranks' summed gradients are the single-process gradient; the driver computes
 the whole batch's ``learner/*`` metrics from the ranks' outputs with the single-process code.
+
+A LoRA student (``student.lora.rank > 0``) is sharded as it is: every rank injects the same seeded adapters before
+``fully_shard``, AdamW holds the adapter's tensors only, and publication, checkpoints (the adapter folder in PEFT's
+format, and ``dcp/`` with the adapter's shards and their optimizer state) and resume move the adapter only.
 """
 
 from __future__ import annotations
@@ -30,14 +34,13 @@ from divopd.learn.checkpoint import (
 )
 from divopd.learn.inputs import batch_inputs, batch_row_weights, micro_batches, pad_token_id
 from divopd.learn.learner import Learner
-from divopd.learn.lora import LoraSettings, add_adapter, check_lora, is_adapter_folder
+from divopd.learn.lora import LoraSettings, adapter_settings, has_adapter, load_student, published_weights, save_weights
 from divopd.learn.manifest import SHARDED_FORMAT
 from divopd.learn.protocol import LearnerProtocol
 from divopd.learn.ranks import LearnerRankError, ProcessRanks, Ranks
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import DepthStats
 from divopd.learn.update import RankStep, UpdateStats, whole_batch_metrics
-from divopd.models import load_model
 
 __all__ = ["LearnerRankError", "ShardedLearner", "build_learner", "learner_from_checkpoint", "process_ranks",
            "split_rows"]
@@ -53,13 +56,16 @@ def split_rows(n: int, world_size: int) -> list[np.ndarray]:
 class ShardedLearner:
     """The learner over ``config.world_size`` FSDP2 ranks; same methods and counters as :class:`Learner`.
 
-    ``source``: the HF model folder every rank (and the driver's CPU copy) loads; ``ranks`` builds the ranks from
+    ``source``: the HF model folder (or a LoRA checkpoint's adapter folder) every rank (and the driver's CPU copy)
+    loads; ``lora``: fresh adapters on it (``student.lora``); ``ranks`` builds the ranks from
     ``(world_size, setup kwargs)`` (default :class:`ProcessRanks`, spawned here)."""
 
-    def __init__(self, source: str, config: LearnerConfig, ranks: RanksFactory | None = None) -> None:
+    def __init__(self, source: str, config: LearnerConfig, ranks: RanksFactory | None = None,
+                 lora: LoraSettings | None = None) -> None:
         self.config = config
         torch.manual_seed(config.seed)
-        model, self.tokenizer = load_model(source, dtype=config.dtype, device="cpu")
+        lora = lora if lora is not None and lora.enabled else None
+        model, self.tokenizer = load_student(source, dtype=config.dtype, device="cpu", lora=lora, seed=config.seed)
         self._model = model.eval()
         self._vocab = model.get_input_embeddings().num_embeddings
         self.pad_id = pad_token_id(model, self.tokenizer)
@@ -74,7 +80,8 @@ class ShardedLearner:
         self.last_step: list[RankStep] = []  # every rank's reply to the newest update
         self._model_version = 0
         setup = {"source": str(source), "config": config.model_dump(mode="json"), "threads": torch.get_num_threads(),
-                 "deterministic": torch.are_deterministic_algorithms_enabled()}
+                 "deterministic": torch.are_deterministic_algorithms_enabled(),
+                 "lora": None if lora is None else lora.model_dump(mode="json")}
         self.ranks = (ranks or ProcessRanks)(config.world_size, setup)
 
     @property
@@ -142,6 +149,14 @@ class ShardedLearner:
     # ------------------------------------------------------------------ publication and checkpoints
     def _gather(self) -> dict[str, torch.Tensor]:
         state = self._call("full_state_dict")[0]
+        if has_adapter(self._model):  # the adapter's tensors only: the frozen base is the driver's own already
+            _, unexpected = self._model.load_state_dict(state, strict=False)
+            trained = {k for k, p in self._model.named_parameters() if p.requires_grad}
+            if unexpected or set(state) != trained:
+                raise LearnerRankError(f"the ranks' adapter does not fit the driver's (unexpected {unexpected[:3]}, "
+                                       f"missing {sorted(trained - set(state))[:3]})")
+            self._model_version = self.version
+            return state
         own = self._model.state_dict()
         for key in own:
             if key not in state and is_tied(self._model, key):
@@ -151,25 +166,29 @@ class ShardedLearner:
         return state
 
     def publish(self, path: str | Path | None = None) -> WeightHandle:
-        """Rank 0 gathers the full state dict once per version into the driver's CPU model (``last_publish_s``: the
-        gather's seconds); an in-memory handle, or (``path``) an HF folder."""
+        """Rank 0 gathers the full state dict (a LoRA student's adapter) once per version into the driver's CPU model
+        (``last_publish_s``: the gather's seconds); an in-memory handle, or (``path``) an HF (adapter) folder."""
         t0 = time.perf_counter()
         state = self._gather()
+        adapter = adapter_settings(self._model)
+        if adapter is not None:  # the published names and copies of the one-process LoRA learner
+            state = published_weights(self._model)
         self.last_publish_s = time.perf_counter() - t0
         depth = None if self.depth_stats is None else self.depth_stats.published()
         if path is None:
-            return WeightHandle(version=self.version, state_dict=state, depth_disagreement=depth)
+            return WeightHandle(version=self.version, state_dict=state, depth_disagreement=depth, adapter=adapter)
         with atomic_dir(path) as tmp:
-            self._model.save_pretrained(tmp)
-        return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth)
+            save_weights(self._model, tmp)
+        return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth, adapter=adapter)
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
-        """HF folder + tokenizer + ``dcp/`` (model and optimizer shards, which a resume reshards to any number of
-        ranks and the single-process learner reads too) + ``state.json``, atomically."""
+        """HF folder (a LoRA student's adapter folder) + tokenizer + ``dcp/`` (model and optimizer shards, which a
+        resume reshards to any number of ranks and the single-process learner reads too) + ``state.json``,
+        atomically."""
         text = checkpoint_state_text(self, SHARDED_FORMAT, extra_state, world_size=self.world_size)
         model = self.model
         with atomic_dir(path, manifest=True) as tmp:
-            model.save_pretrained(tmp, safe_serialization=True)
+            save_weights(model, tmp)  # a LoRA student: its adapter only (divopd.learn.lora)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp)
             self._call("save", [(str(tmp / DCP_DIR),)] * self.world_size)
@@ -179,7 +198,8 @@ class ShardedLearner:
     @classmethod
     def from_checkpoint(cls, path: str | Path, config: LearnerConfig | None = None,
                         ranks: RanksFactory | None = None) -> tuple[ShardedLearner, dict[str, Any]]:
-        """Resume from a sharded (any N, resharded) or a single-process checkpoint."""
+        """Resume from a sharded (any N, resharded) or a single-process checkpoint (a LoRA one: the base its
+        ``adapter_config.json`` names with the checkpoint's adapter, on every rank)."""
         state = read_state(path)
         config = config if config is not None else LearnerConfig(**state["config"])
         if state.get("format") == SHARDED_FORMAT:  # refuse a planted index in one line, before any rank starts
@@ -217,22 +237,17 @@ def process_ranks(collective_timeout_s: float, call_timeout_s: float | None = No
 def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None = None,
                   lora: LoraSettings | None = None) -> LearnerProtocol:
     """A fresh learner on the HF model at ``path``: one process (``world_size: 1``) or sharded; ``lora`` (rank > 0):
-    a LoRA student (:mod:`divopd.learn.lora`; one process only)."""
-    if lora is not None and lora.enabled and config.world_size > 1:
-        check_lora(path, lora, config.world_size)  # one line: the sharded learner does not train adapters
+    a LoRA student (:mod:`divopd.learn.lora`)."""
     if config.world_size > 1:
-        return ShardedLearner(path, config, ranks)
-    model, tokenizer = load_model(path, dtype=config.dtype, device=config.device)
-    if lora is not None and lora.enabled:
-        add_adapter(model, lora, base=path, seed=config.seed)
+        return ShardedLearner(path, config, ranks, lora=lora)
+    model, tokenizer = load_student(path, dtype=config.dtype, device=config.device, lora=lora, seed=config.seed)
     return Learner(model, config, tokenizer)
 
 
 def learner_from_checkpoint(path: str | Path, config: LearnerConfig, ranks: RanksFactory | None = None
                             ) -> tuple[LearnerProtocol, dict[str, Any]]:
-    """Resume any checkpoint (single-process or sharded, any N) with ``config.world_size`` ranks."""
-    if config.world_size > 1 and is_adapter_folder(path):
-        check_lora(str(path), LoraSettings(rank=1), config.world_size)  # the one line: LoRA is one process only
+    """Resume any checkpoint (single-process or sharded, any N; full fine-tuning or LoRA) with ``config.world_size``
+    ranks."""
     if config.world_size > 1:
         return ShardedLearner.from_checkpoint(path, config, ranks)
     return Learner.from_checkpoint(path, config)

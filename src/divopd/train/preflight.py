@@ -117,15 +117,15 @@ def vocabulary_check(cfg: TrainConfig) -> Check:
 
 
 def lora_check(cfg: TrainConfig) -> Check:
-    """``student.lora``: the adapters fit the student (target modules it has, a model PEFT can wrap, one learner
-    process), checked on the meta device without loading weights; rank 0 = full fine-tuning."""
+    """``student.lora``: the adapters fit the student (target modules it has, a model PEFT can wrap), checked on the
+    meta device without loading weights; rank 0 = full fine-tuning."""
     lora = cfg.student.lora
     if not lora.enabled:
         return Check("student.lora", NOT_NEEDED, "rank 0 (full fine-tuning)")
     from divopd.learn.lora import check_lora
 
     try:
-        return Check("student.lora", OK, check_lora(cfg.student.path, lora, cfg.learner.world_size))
+        return Check("student.lora", OK, check_lora(cfg.student.path, lora))
     except UsageError as exc:
         return _from_error("student.lora", exc, "fix student.lora (docs/guides/training.md, LoRA students)")
 
