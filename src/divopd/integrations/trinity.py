@@ -118,8 +118,11 @@ class DivOPDSampleStrategy(SampleStrategy):
         self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
         self._keep_dir = buffer_config.cache_dir  # <checkpoint job dir>/buffer, where records that stop a run go
         self.stopped: list[Experience] = []  # records that stopped the run (no rollout id / version), kept
+        # the experience log belongs to the run of Trinity's checkpoint job dir (buffer.cache_dir is <job dir>/buffer)
+        job_dir = str(Path(buffer_config.cache_dir).parent) if buffer_config.cache_dir else None
         self.plugin = PluginRun(split_plugin_args(kwargs)[0], self.config.batch_size, _WHO,
-                                "algorithm.sample_strategy_args", config_hint=TRINITY_HINT)
+                                "algorithm.sample_strategy_args", config_hint=TRINITY_HINT, framework="Trinity-RFT",
+                                run=job_dir)
         self._learner_version = 0  # the version the step being composed is for (turns read are logged with it)
 
     @classmethod
@@ -266,8 +269,13 @@ class DivOPDSampleStrategy(SampleStrategy):
         return {"divopd": _STATE_VERSION, "sampler": self.sampler.state_dict(_encode)}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Resume from :meth:`state_dict`; an empty state (a fresh run) or a queue reader's index changes nothing."""
+        """Resume from :meth:`state_dict`; an empty state (a fresh run) or a queue reader's index changes nothing.
+
+        Trinity's trainer calls it once, right after building the strategy, with its checkpoint's state (empty for a
+        fresh run): the experience log is opened then, for a fresh run, or continued for the resumed one without the
+        turns logged past the checkpoint (those from the restored sampler's next arrival number on)."""
         if not state_dict or (set(state_dict) <= {"current_index"}):
+            self.plugin.start()
             return
         if "divopd" not in state_dict or "sampler" not in state_dict:
             raise UsageError(f"{_WHO}: the checkpoint's sample_strategy_state was not written by this strategy "
@@ -281,6 +289,8 @@ class DivOPDSampleStrategy(SampleStrategy):
             raise UsageError(f"{_WHO}: cannot resume the sampler: {exc}") from None
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise UsageError(f"{_WHO}: cannot resume the sampler: {exc!r}") from None
+        received = self.sampler.ledger.received  # arrivals are numbered 0, 1, ...: the next one
+        self.plugin.start(resume_arrival=received, next_arrival=received)
 
 
 if STRATEGY_NAME not in SAMPLE_STRATEGY.modules:  # a plug-in directory may load this module a second time
