@@ -147,7 +147,7 @@ class DivOPDSampleStrategy(SampleStrategy):
         metrics.update(self.sampler.ledger.as_metrics(batch.stats))
         metrics["sampler/held_experiences"] = float(self.held)
         metrics["sampler/teacher_masked_tokens"] = float(masked)
-        metrics.update(self.plugin.step(self.sampler.ledger, backlog=self._known))
+        metrics.update(self.plugin.step(self.sampler.ledger, backlog=await self._count_unread()))
         self.set_model_version_metric(experiences, metrics)
         return experiences, metrics, representative_sample(experiences)
 
@@ -183,6 +183,20 @@ class DivOPDSampleStrategy(SampleStrategy):
                 self._add(experiences)
             if drained:  # the buffer held no more when asked: no second round trip to find it empty
                 return
+
+    async def _count_unread(self) -> int:
+        """The experiences Trinity's queue holds now, unread (one round trip, nothing read): the step's backlog, whose
+        growth counts as arrived in ``sampler/arrival_ratio``. A step that reads only what its pool needs leaves the
+        rest in the queue; counted only when a read asks, the arrivals would show at the step that next counts them
+        (0, then a multiple of the step's), not at the step they came in."""
+        if self._closed:
+            return 0
+        try:
+            _, available, _ = await self._reader.queue.__ray_call__.remote(self._read_fn, 0, self._wait_s)
+        except StopAsyncIteration:
+            return 0
+        self._known = int(available)
+        return self._known
 
     async def _read_now(self, limit: int) -> tuple[list[Experience], bool]:
         """Up to ``limit`` experiences the buffer holds now, without waiting, and whether that was all it held

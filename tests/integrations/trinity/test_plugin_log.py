@@ -8,6 +8,7 @@ back to the checkpoint, and the whole log still replays to what the two sessions
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import subprocess
 import sys
@@ -85,6 +86,35 @@ def test_each_step_reports_the_arrival_ratio_and_warns_when_out_of_band(ray_loca
     band = [r.getMessage() for r in caplog.records if "outside" in r.getMessage()]
     assert bool(band) == (not 1.0 <= mean <= 4.0), (mean, band)
     assert all("buffer.batch_size" in line and "\n" not in line for line in band)
+
+
+def test_the_arrival_ratio_counts_each_steps_arrivals_at_that_step(ray_local, divopd_log: Path,
+                                                                    tmp_path: Path) -> None:
+    """Three batches' worth of turns arrive before each step and the pooled strategy reads only what its pool needs:
+    the rest stays in Trinity's queue, and still counts as arrived at its own step (a ratio of 3 at every step), not
+    later when a read happens to count the queue."""
+    turns = [lt.turn for lt in read_log(divopd_log)]
+    ranks = rollout_ranks(divopd_log)
+    per_step, b = 3 * SETTINGS["batch_size"], SETTINGS["batch_size"]
+    steps = min(5, len(turns) // per_step)
+
+    async def go() -> list[float]:
+        buffer = buffer_config(tmp_path, b)
+        ratios = []
+        async with queue_writer(buffer) as writer:
+            plugin = strategy(buffer, method="divopd", **SETTINGS)
+            plugin.load_state_dict({})
+            for step in range(1, steps + 1):
+                chunk = turns[(step - 1) * per_step:step * per_step]
+                await writer.write([to_experience(dataclasses.replace(t, policy_version=step - 1), ranks[t.rollout_id])
+                                    for t in chunk])
+                _, metrics, _ = await plugin.sample(step)
+                ratios.append(metrics["sampler/arrival_ratio"])
+            assert plugin.sampler.ledger.received < steps * per_step  # some turns were left in the queue unread
+        return ratios
+
+    assert steps >= 3
+    assert asyncio.run(go()) == [per_step / b] * steps
 
 
 def test_a_bad_dispatch_setting_is_one_line(ray_local, tmp_path: Path) -> None:
