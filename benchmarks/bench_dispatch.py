@@ -16,7 +16,9 @@ learner version = step − 1).
 
 Per dispatch and rule (``divopd``, and ``vanilla``, the arrival-order reader): turns generated and teacher-scored per
 trained turn, expired share of them, effective rollouts per batch, unused share of the rollouts received (none of their
-turns trained), starved steps, wall seconds per step. Prints a Markdown table (docs/performance.md, "Dispatch").
+turns trained), starved steps, the arrival ratio from step 5 on (mean, min–max), wall seconds per step. Prints a
+Markdown table and each row's arrival ratio step by step (docs/performance.md, "Dispatch"). Trinity-RFT's side:
+``bench_dispatch_trinity.py``.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class _Manager:
 
 
 def run(dispatch: str, method: str, steps: int, batch_size: int, models: dict[str, str], rows: list[dict]
-        ) -> dict[str, float]:
+        ) -> dict[str, Any]:
     import transfer_queue as tq
 
     from divopd.integrations.verl import DivOPDReplayBuffer
@@ -101,7 +103,8 @@ def run(dispatch: str, method: str, steps: int, batch_size: int, models: dict[st
             "starved_steps": float(starved), "s_per_step": statistics.median(times),
             "ratio_from_5": float(np.mean(rule.ratios[4:] or [0.0])),
             "ratio_min_from_5": float(min(rule.ratios[4:] or [0.0])),
-            "ratio_max_from_5": float(max(rule.ratios[4:] or [0.0]))}
+            "ratio_max_from_5": float(max(rule.ratios[4:] or [0.0])),
+            "ratios": rule.ratios}
 
 
 def _take(reservoir: list[list[dict]], n: int) -> list[dict]:
@@ -154,6 +157,10 @@ def main() -> None:
               f"{r['effective_rollouts']:.1f} | {r['unused_share']:.0%} | {r['starved_steps']:.0f} | "
               f"{r['ratio_from_5']:.2f} ({r['ratio_min_from_5']:.2f}–{r['ratio_max_from_5']:.2f}) | "
               f"{r['s_per_step']:.2f} |")
+    print("\nArrival ratio per step (turns arrived ÷ B), steps 1, 2, ...:\n")
+    for (d, m), r in results.items():
+        name = "verl's" if d == "verl" else "matched"
+        print(f"- {name}, {m}: {' '.join(f'{x:.2f}' for x in r['ratios'])}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from divopd.errors import UsageError
+from divopd.experience.log import ExperienceLogWriter
 from divopd.integrations.dispatch import ArrivalDispatch
+from divopd.integrations.plugin_log import PluginLog
+from test_faults_killrec import _turn  # tests/, on the path through tests/conftest.py
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "## `divopd tasks` and the framework plug-ins"
@@ -35,6 +39,9 @@ MESSAGES: dict[str, tuple[str, ...]] = {
                                             "turn), got ",),
     "cannot write the experience log there": ("{where}.experience_dir {directory!r}: cannot write the experience log "
                                               "there ",),
+    "already holds an earlier run's experience log": (),  # produced below
+    "holds files divopd did not write": (": holds files divopd did not write ",
+                                         "; give this run a new or empty experience_dir"),
     "reads a queue experience buffer": (" reads a queue experience buffer: set ",),
     "sampler_kwargs: unknown key(s)": ("trainer.v1.sampler.sampler_kwargs: unknown key(s) {unknown}; known: ",),
     "sampler_kwargs.dispatch: one of": ("trainer.v1.sampler.sampler_kwargs.dispatch: one of ",),
@@ -87,3 +94,13 @@ def test_the_dispatch_warnings_are_the_quoted_lines(caplog: pytest.LogCaptureFix
     assert lines[0] in quoted, lines[0]
     assert lines[1].replace("step 2: 32 turns", "step N: K turns") in quoted, lines[1]
     logging.getLogger(__name__).info("%s", lines)
+
+
+
+def test_the_experience_dir_refusal_is_the_quoted_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the verl example's relative path, holding the log of a run before
+    log = Path("runs/scienceworld-divopd/experience")
+    ExperienceLogWriter(log).extend([_turn("r")], arrival_update=0)
+    with pytest.raises(UsageError) as err:
+        PluginLog(log, "trainer.v1.sampler.sampler_kwargs", "verl")
+    assert str(err.value) in _quoted(), str(err.value)

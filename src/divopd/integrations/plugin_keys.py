@@ -39,7 +39,9 @@ KEY_MEANINGS: dict[str, str] = {
     "horizon": "The env's step limit, for the start value of turns per session (half of it); none = from the "
                "task rows (verl), else 30.",
     "experience_dir": "A directory that receives divopd's experience log of every turn the plug-in received "
-                      "(`divopd replay DIR`, `divopd tune-cap DIR`); none = no log.",
+                      "(`divopd replay DIR`, `divopd tune-cap DIR`); none = no log. A fresh run refuses one that "
+                      "holds an earlier run's log; a run the framework resumes continues its own, cut back to the "
+                      "checkpoint.",
     "sample_timeout_s": "Seconds a step waits for enough valid, fresh turns before one error line.",
     "dispatch": "`matched`: the buffer starts ρ*·B / (turns per session) sessions a step through divopd's agent-loop "
                 "manager; `verl`: verl's own per-step dispatch (the buffer only measures).",

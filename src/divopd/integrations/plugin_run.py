@@ -10,19 +10,22 @@ Settings (in verl's ``sampler_kwargs`` / Trinity's ``sample_strategy_args``, bes
 - ``experience_dir`` (none): a directory that receives divopd's experience log (``part-*.parquet``, the format and
   the compaction of ``divopd train``: :class:`~divopd.experience.log.ExperienceLogWriter`): every turn the plug-in
   received, in arrival order, with ``arrival_update`` = the learner version it was received for, so
-  ``divopd replay DIR`` and ``divopd tune-cap DIR`` run on a Trinity or verl run.
+  ``divopd replay DIR`` and ``divopd tune-cap DIR`` run on a Trinity or verl run. A fresh run refuses a directory
+  that holds an earlier run's log; a run the framework resumes continues its own
+  (:class:`~divopd.integrations.plugin_log.PluginLog`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-from divopd.errors import UsageError, one_line
+from divopd.errors import UsageError
 from divopd.experience import Turn
+from divopd.experience.log import ExperienceLogWriter
 from divopd.integrations.dispatch import TARGET_ARRIVAL_RATIO, ArrivalDispatch, check_target
+from divopd.integrations.plugin_log import PluginLog
 from divopd.sampling.ledger import Ledger
 
 __all__ = ["COMPACT_EVERY", "DEFAULTS", "DEFAULT_HORIZON", "TRINITY_HINT", "PluginRun", "split_plugin_args"]
@@ -51,10 +54,13 @@ class PluginRun:
     """Per-step bookkeeping of one plug-in run. ``who`` names the plug-in and ``where`` its settings in the framework's
     config (for one-line errors and warnings); ``config_hint`` is the framework's config line that sets the sessions
     per step where the plug-in cannot, a format string with ``{value}`` (Trinity: ``buffer.batch_size: {value}``),
-    with ``sessions_per_prompt`` sessions per entry of it."""
+    with ``sessions_per_prompt`` sessions per entry of it. ``framework`` names the framework and ``run`` its
+    checkpoint folder of this run (the experience log's owner: :class:`~divopd.integrations.plugin_log.PluginLog`);
+    the log is opened by :meth:`start` once the framework has said whether it resumes, or fresh at the first turn."""
 
     def __init__(self, settings: Mapping[str, Any], batch_size: int, who: str, where: str,
-                 config_hint: str | None = None, sessions_per_prompt: int = 1, asynchronous: bool = False) -> None:
+                 config_hint: str | None = None, sessions_per_prompt: int = 1, asynchronous: bool = False,
+                 framework: str = "the framework", run: str | None = None) -> None:
         self.who = who
         target = check_target(settings.get("target_arrival_ratio", TARGET_ARRIVAL_RATIO), where)
         horizon = settings.get("horizon")
@@ -66,16 +72,21 @@ class PluginRun:
                                         asynchronous=asynchronous, config_hint=config_hint)
         self._expired = 0  # the ledger's expired count at the previous step
         self._backlog = 0  # turns the framework held unread at the previous step (Trinity's queue)
-        self.log_writer = None
         directory = settings.get("experience_dir")
-        if directory:
-            from divopd.experience.log import ExperienceLogWriter
+        self.experience = PluginLog(str(directory), where, framework, run) if directory else None
 
-            try:
-                self.log_writer = ExperienceLogWriter(Path(str(directory)))
-            except (OSError, ValueError) as exc:
-                raise UsageError(f"{where}.experience_dir {directory!r}: cannot write the experience log there "
-                                 f"({one_line(exc, 200)})") from None
+    @property
+    def log_writer(self) -> ExperienceLogWriter | None:
+        """The experience log's writer once it is open (``None``: no ``experience_dir``, or not started yet)."""
+        return None if self.experience is None else self.experience.writer
+
+    def start(self, resume_update: int | None = None, resume_arrival: int | None = None, next_arrival: int = 0
+              ) -> None:
+        """The framework starts this run afresh (no argument) or resumes it from a checkpoint: open the experience log
+        (:meth:`PluginLog.start <divopd.integrations.plugin_log.PluginLog.start>`); nothing without
+        ``experience_dir``."""
+        if self.experience is not None:
+            self.experience.start(resume_update, resume_arrival, next_arrival)
 
     def set_horizon(self, horizon: int) -> None:
         """The env's step limit read from the task rows (unless ``horizon`` was given); before any session is back."""
@@ -89,8 +100,10 @@ class PluginRun:
         if not rollout_ids:
             return
         self.dispatch.observe(list(rollout_ids))
-        if self.log_writer is not None and turns is not None:
-            self.log_writer.extend(turns(), max(0, int(learner_version)), arrivals)
+        if self.experience is not None and turns is not None:
+            self.start(next_arrival=arrivals[0])  # a run nobody said resumes is a fresh one
+            offset = self.experience.offset
+            self.log_writer.extend(turns(), max(0, int(learner_version)), [a + offset for a in arrivals])
 
     def step(self, ledger: Ledger, backlog: int | None = None) -> dict[str, float]:
         """Close a step: its metrics (``sampler/arrival_ratio``, ...), its warnings logged. ``backlog``: turns the

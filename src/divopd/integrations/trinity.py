@@ -118,8 +118,11 @@ class DivOPDSampleStrategy(SampleStrategy):
         self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
         self._keep_dir = buffer_config.cache_dir  # <checkpoint job dir>/buffer, where records that stop a run go
         self.stopped: list[Experience] = []  # records that stopped the run (no rollout id / version), kept
+        # the experience log belongs to the run of Trinity's checkpoint job dir (buffer.cache_dir is <job dir>/buffer)
+        job_dir = str(Path(buffer_config.cache_dir).parent) if buffer_config.cache_dir else None
         self.plugin = PluginRun(split_plugin_args(kwargs)[0], self.config.batch_size, _WHO,
-                                "algorithm.sample_strategy_args", config_hint=TRINITY_HINT)
+                                "algorithm.sample_strategy_args", config_hint=TRINITY_HINT, framework="Trinity-RFT",
+                                run=job_dir)
         self._learner_version = 0  # the version the step being composed is for (turns read are logged with it)
 
     @classmethod
@@ -144,7 +147,7 @@ class DivOPDSampleStrategy(SampleStrategy):
         metrics.update(self.sampler.ledger.as_metrics(batch.stats))
         metrics["sampler/held_experiences"] = float(self.held)
         metrics["sampler/teacher_masked_tokens"] = float(masked)
-        metrics.update(self.plugin.step(self.sampler.ledger, backlog=self._known))
+        metrics.update(self.plugin.step(self.sampler.ledger, backlog=await self._count_unread()))
         self.set_model_version_metric(experiences, metrics)
         return experiences, metrics, representative_sample(experiences)
 
@@ -180,6 +183,20 @@ class DivOPDSampleStrategy(SampleStrategy):
                 self._add(experiences)
             if drained:  # the buffer held no more when asked: no second round trip to find it empty
                 return
+
+    async def _count_unread(self) -> int:
+        """The experiences Trinity's queue holds now, unread (one round trip, nothing read): the step's backlog, whose
+        growth counts as arrived in ``sampler/arrival_ratio``. A step that reads only what its pool needs leaves the
+        rest in the queue; counted only when a read asks, the arrivals would show at the step that next counts them
+        (0, then a multiple of the step's), not at the step they came in."""
+        if self._closed:
+            return 0
+        try:
+            _, available, _ = await self._reader.queue.__ray_call__.remote(self._read_fn, 0, self._wait_s)
+        except StopAsyncIteration:
+            return 0
+        self._known = int(available)
+        return self._known
 
     async def _read_now(self, limit: int) -> tuple[list[Experience], bool]:
         """Up to ``limit`` experiences the buffer holds now, without waiting, and whether that was all it held
@@ -266,8 +283,13 @@ class DivOPDSampleStrategy(SampleStrategy):
         return {"divopd": _STATE_VERSION, "sampler": self.sampler.state_dict(_encode)}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Resume from :meth:`state_dict`; an empty state (a fresh run) or a queue reader's index changes nothing."""
+        """Resume from :meth:`state_dict`; an empty state (a fresh run) or a queue reader's index changes nothing.
+
+        Trinity's trainer calls it once, right after building the strategy, with its checkpoint's state (empty for a
+        fresh run): the experience log is opened then, for a fresh run, or continued for the resumed one without the
+        turns logged past the checkpoint (those from the restored sampler's next arrival number on)."""
         if not state_dict or (set(state_dict) <= {"current_index"}):
+            self.plugin.start()
             return
         if "divopd" not in state_dict or "sampler" not in state_dict:
             raise UsageError(f"{_WHO}: the checkpoint's sample_strategy_state was not written by this strategy "
@@ -281,6 +303,8 @@ class DivOPDSampleStrategy(SampleStrategy):
             raise UsageError(f"{_WHO}: cannot resume the sampler: {exc}") from None
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise UsageError(f"{_WHO}: cannot resume the sampler: {exc!r}") from None
+        received = self.sampler.ledger.received  # arrivals are numbered 0, 1, ...: the next one
+        self.plugin.start(resume_arrival=received, next_arrival=received)
 
 
 if STRATEGY_NAME not in SAMPLE_STRATEGY.modules:  # a plug-in directory may load this module a second time

@@ -21,7 +21,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from divopd.errors import UsageError
 from divopd.integrations.plugin_keys import VERL_KWARGS
-from divopd.integrations.verl_dispatch import full_turns, verl_dispatch
+from divopd.integrations.verl_dispatch import full_turns, verl_dispatch, verl_resume_point
 from divopd.integrations.verl_records import (
     RECORD_FIELDS,
     SUMMARY_TAG,
@@ -110,7 +110,9 @@ class DivOPDReplayBuffer(ReplayBuffer):
         self.sampler: Sampler[Held] | None = None
         self._listed: set[str] = set()  # keys read (waiting, or handed out) that TransferQueue still lists
         self.stopped: list[str] = []  # keys of the records that stopped the run (left in TransferQueue)
-        self.dispatch = verl_dispatch(self._settings, refill_fn, trainer_mode)  # sessions per step, metrics, log
+        # sessions per step, metrics, and the experience log (continued where verl resumes this run)
+        self.dispatch = verl_dispatch(self._settings, refill_fn, trainer_mode,
+                                      verl_resume_point(sampler_kwargs, trainer_config))
 
     # ------------------------------------------------------------------ sampling
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:

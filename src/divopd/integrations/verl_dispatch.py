@@ -13,6 +13,13 @@ first and through ``refill_fn`` when it runs short (stamped with the step that s
 dispatch therefore fills the reservoir and starts nothing. Validation batches pass straight through. Without divopd's
 manager (verl's own, or a trainer that never links one), or with ``sampler_kwargs.dispatch=verl``, nothing is held:
 verl dispatches as it does, and the buffer only measures (the same metrics).
+
+The experience log (``sampler_kwargs.experience_dir``) belongs to the run of one checkpoint folder
+(``trainer.default_local_dir``): :func:`verl_resume_point` reads, from verl's config at the buffer's construction,
+whether verl resumes (``trainer.resume_mode``: ``auto`` finds the newest checkpoint with verl's own
+``find_latest_ckpt_path``, ``resume_path`` names it, ``disable`` starts afresh) and from which ``global_step_K``; the
+resumed run continues the log without the rows logged at learner version K or later (verl's first resumed step, K + 1,
+composes for version K), and a fresh run refuses a directory that holds a log.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +37,8 @@ from divopd.integrations.plugin_run import DEFAULTS as PLUGIN_DEFAULTS
 from divopd.integrations.plugin_run import PluginRun, split_plugin_args
 from divopd.sampling.ledger import Ledger
 
-__all__ = ["DEFAULTS", "DISPATCH_MODES", "RESERVOIR_STEPS", "VerlDispatch", "claim", "verl_dispatch"]
+__all__ = ["DEFAULTS", "DISPATCH_MODES", "RESERVOIR_STEPS", "VerlDispatch", "claim", "verl_dispatch",
+           "verl_resume_point"]
 
 log = logging.getLogger("divopd.integrations")
 
@@ -65,11 +74,49 @@ def _horizon(prompts: Any) -> int | None:
         return None
 
 
-def verl_dispatch(sampler_kwargs: dict[str, Any], refill_fn: Any, trainer_mode: str) -> VerlDispatch:
-    """The buffer's dispatch and plug-in bookkeeping from its ``sampler_kwargs`` (one line on a bad value)."""
+def verl_resume_point(*nodes: Any) -> tuple[str | None, int | None]:
+    """``(the run's checkpoint folder, the global step verl resumes from)`` read from verl's config, which the buffer
+    reaches through any of ``nodes`` (its ``sampler_kwargs`` / ``trainer_config``, nodes of verl's composed config),
+    as verl's ``_load_checkpoint`` decides it; ``(None, None)`` where no node leads to verl's config, and a step of
+    ``None`` for a fresh run."""
+    root = None
+    for node in nodes:
+        try:
+            root = node._get_root()
+            trainer = root.trainer
+            break
+        except Exception:  # a plain dict (a buffer built by hand), or a config without a trainer section
+            root = None
+    if root is None:
+        return None, None
+    folder = trainer.get("default_local_dir")
+    folder = None if folder is None else os.path.abspath(str(folder))
+    mode = trainer.get("resume_mode", "auto")
+    if mode == "auto" and folder is not None:
+        from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+        found = find_latest_ckpt_path(folder)
+    elif mode == "resume_path" and trainer.get("resume_from_path"):
+        found = os.path.abspath(str(trainer.resume_from_path))
+        folder = os.path.dirname(found.rstrip(os.sep))
+    else:
+        found = None
+    try:
+        step = None if found is None else int(str(found).rstrip(os.sep).split("global_step_")[-1])
+    except ValueError:
+        step = None
+    return folder, step
+
+
+def verl_dispatch(sampler_kwargs: dict[str, Any], refill_fn: Any, trainer_mode: str,
+                  resume: tuple[str | None, int | None] = (None, None)) -> VerlDispatch:
+    """The buffer's dispatch and plug-in bookkeeping from its ``sampler_kwargs`` (one line on a bad value); ``resume``
+    is :func:`verl_resume_point`: the experience log is opened for a fresh run or continued for the resumed one."""
     settings = split_plugin_args({k: v for k, v in sampler_kwargs.items() if k != "dispatch"})[0]
+    run, step = resume
     plugin = PluginRun(settings, int(sampler_kwargs.get("batch_size") or 1), "DivOPDReplayBuffer",
-                       "trainer.v1.sampler.sampler_kwargs")
+                       "trainer.v1.sampler.sampler_kwargs", framework="verl", run=run)
+    plugin.start(resume_update=step)  # the buffer's sampler numbers arrivals from 0 again: the log goes on after them
     return VerlDispatch(plugin, refill_fn, trainer_mode, str(sampler_kwargs.get("dispatch") or "matched"))
 
 

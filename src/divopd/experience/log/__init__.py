@@ -10,7 +10,7 @@ width and float16/32/64 log probabilities; the teacher top-k arrays of a Turn ar
 from __future__ import annotations
 
 from divopd.experience.log.parts import compact_parts as compact_parts
-from divopd.experience.log.parts import log_files, requeue_at_update, truncate_log
+from divopd.experience.log.parts import first_arrival_at_update, log_files, requeue_at_update, truncate_log
 from divopd.experience.log.parts import part_files as part_files
 from divopd.experience.log.parts import set_aside_unreadable_parts as set_aside_unreadable_parts
 from divopd.experience.log.reader import iter_record_batches, read_log, row_to_turn
@@ -34,6 +34,7 @@ __all__ = [
     "ExperienceLogError",
     "ExperienceLogWriter",
     "LoggedTurn",
+    "first_arrival_at_update",
     "iter_record_batches",
     "log_files",
     "read_log",

@@ -243,6 +243,21 @@ def truncate_log(path: str | os.PathLike, first_dropped_arrival: int) -> int:
     return dropped
 
 
+def first_arrival_at_update(path: str | os.PathLike, update: int) -> int | None:
+    """The arrival number of the first row of a directory log logged at learner update ``update`` or later
+    (``arrival_update >= update``), ``None`` when there is none: where :func:`truncate_log` cuts a log back to a
+    checkpoint known by its update (a framework plug-in resumed from its framework's checkpoint of that step)."""
+    d = Path(path)
+    if not d.is_dir():
+        raise ExperienceLogError(f"{d}: first_arrival_at_update works on a directory of part files")
+    for part in part_files(d):
+        cols = pq.read_table(part, columns=["arrival", "arrival_update"])
+        late = np.flatnonzero(cols.column("arrival_update").to_numpy() >= update)
+        if len(late):
+            return int(cols.column("arrival").to_numpy()[late[0]])
+    return None
+
+
 def requeue_at_update(path: str | os.PathLike, first_arrival: int, update: int) -> int:
     """Log the rows with ``arrival >= first_arrival`` as entering the queue at learner update ``update`` at most (their
     ``arrival_update`` is lowered to ``update``); returns the rows changed.
