@@ -221,10 +221,18 @@ def test_a_bf16_lora_learner_steps(tiny_models: dict[str, str]) -> None:  # noqa
     assert all(p.dtype == torch.bfloat16 for p in learner.model.parameters())
 
 
+#: The Ray runs' resources: one process learner; or 2 learner ranks (Ray actors, FSDP2) beside one explorer.
+RAY_LEARNERS = {1: {"runtime.ray_num_cpus": 2},
+                2: {"learner.world_size": 2, "runtime.ray_num_cpus": 4, "runtime.learner_cpus": 1,
+                    "runtime.explorer_cpus": 1, "runtime.num_explorers": 1}}
+
+
 @pytest.mark.slow
-def test_the_ray_runtime_ships_adapters_not_models(tiny_models: dict[str, str], tmp_path: Path,  # noqa: F811
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A short Ray LoRA run: every handle put into the object store holds the adapter's tensors only."""
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_ray_runtime_ships_adapters_not_models(world_size: int, tiny_models: dict[str, str],  # noqa: F811
+                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short Ray LoRA run (one learner process, or 2 learner ranks): every handle put into the object store holds
+    the adapter's tensors only."""
     pytest.importorskip("ray")
     from divopd.train import train
     from divopd.train.runtime import ray as ray_runtime
@@ -238,7 +246,7 @@ def test_the_ray_runtime_ships_adapters_not_models(tiny_models: dict[str, str], 
         real(self, handle)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ray_runtime.RayRuntime, "publish", spy)
-    cfg = tiny_config(tiny_models, tmp_path / "ray", "divopd", **{"runtime.kind": "ray", "runtime.ray_num_cpus": 2,
+    cfg = tiny_config(tiny_models, tmp_path / "ray", "divopd", **{"runtime.kind": "ray", **RAY_LEARNERS[world_size],
                                                                    **LORA})
     summary = train(cfg)
     assert summary["updates"] == 3 and len(shipped) >= 3
