@@ -253,7 +253,9 @@ def _run_with_an_actor_stopped(ray: Any, cfg: Any, name: str) -> tuple[dict[str,
 @pytest.mark.slow
 def test_a_stopped_shared_teacher_actor_is_restarted_and_the_run_goes_on(
         ray_session: Any, tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
-    cfg = _ray_cfg(tiny_models, tmp_path / "run", **{"teacher.shared": True, "runtime.teacher_timeout_s": 5})
+    # the deadline also bounds the restarted actor's start (a new process importing torch and loading the teacher):
+    # 20 s holds it on a loaded 2-core machine, where 5 s killed every restart before it answered
+    cfg = _ray_cfg(tiny_models, tmp_path / "run", **{"teacher.shared": True, "runtime.teacher_timeout_s": 20})
     summary, pid = _run_with_an_actor_stopped(ray_session, cfg, "divopd-teacher")
     assert summary["teacher_restarts"] >= 1 and _gone(pid)
 
