@@ -11,7 +11,8 @@ prints one from half the horizon, and the strategy's warning names one from the 
 
 Run in the Trinity venv (CPU, a local Ray for Trinity's queue and the engines):
 
-    PYTHONPATH=src .venv-trinity/bin/python benchmarks/bench_dispatch_trinity.py [--steps 20] [--batch-size 32]
+    PYTHONPATH=src .venv-trinity/bin/python benchmarks/bench_dispatch_trinity.py [--steps 20] [--batch-size 32] \
+      [--rows suggestion,own]
 
 Real: Trinity-RFT 0.6.0's ``WorkflowRunner`` (``run_task``) playing divopd's ``divopd_opd_workflow`` on the
 pure-Python ``tiny`` env (horizon 12, task rows from ``divopd tasks``), Trinity's ``ModelWrapper`` in front of the
@@ -171,7 +172,10 @@ async def _rows(args: Any, suggested: int, horizon: int, methods: list[str], row
 
     runner = WorkflowRunner(config, rollout_model_id=0, auxiliary_model_ids=[0], runner_id=0)
     # the cheap rows first; the warning's value (when it differs) next; Trinity's own sizing last
-    plan = [("`divopd tasks`' suggestion", suggested), ("Trinity's own (B tasks a step)", args.batch_size)]
+    chosen = args.rows.split(",")
+    plan = [("`divopd tasks`' suggestion", suggested)] if "suggestion" in chosen else []
+    if "own" in chosen:
+        plan.append(("Trinity's own (B tasks a step)", args.batch_size))
     named: list[str] = []
     while plan:
         name, n = plan.pop(0)
@@ -204,6 +208,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--methods", default="divopd,vanilla")
+    parser.add_argument("--rows", default="suggestion,own",
+                        help="suggestion: divopd tasks' value (then the warning's, when it warns); own: B tasks a step")
     args = parser.parse_args()
 
     if importlib.util.find_spec("vllm") is None:
