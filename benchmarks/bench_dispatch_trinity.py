@@ -11,7 +11,8 @@ prints one from half the horizon, and the strategy's warning names one from the 
 
 Run in the Trinity venv (CPU, a local Ray for Trinity's queue and the engines):
 
-    PYTHONPATH=src .venv-trinity/bin/python benchmarks/bench_dispatch_trinity.py [--steps 20] [--batch-size 32]
+    PYTHONPATH=src .venv-trinity/bin/python benchmarks/bench_dispatch_trinity.py [--steps 20] [--batch-size 32] \
+      [--rows suggestion,own]
 
 Real: Trinity-RFT 0.6.0's ``WorkflowRunner`` (``run_task``) playing divopd's ``divopd_opd_workflow`` on the
 pure-Python ``tiny`` env (horizon 12, task rows from ``divopd tasks``), Trinity's ``ModelWrapper`` in front of the
@@ -170,19 +171,36 @@ async def _rows(args: Any, suggested: int, horizon: int, methods: list[str], row
     from trinity.explorer.workflow_runner import WorkflowRunner
 
     runner = WorkflowRunner(config, rollout_model_id=0, auxiliary_model_ids=[0], runner_id=0)
-    plan = [("Trinity's own (B tasks a step)", args.batch_size), ("`divopd tasks`' suggestion", suggested)]
+    # the cheap rows first; the warning's value (when it differs) next; Trinity's own sizing last
+    chosen = args.rows.split(",")
+    plan = [("`divopd tasks`' suggestion", suggested)] if "suggestion" in chosen else []
+    if "own" in chosen:
+        plan.append(("Trinity's own (B tasks a step)", args.batch_size))
     named: list[str] = []
     while plan:
         name, n = plan.pop(0)
         results[(name, n)], lines = await run(n, methods, args.steps, args.batch_size, horizon, rows, runner,
                                               engines, folder)
+        _print_rows(name, n, results[(name, n)])
         named += [f"{name}, {n} tasks: {line}" for line in dict.fromkeys(lines)]
+        print("\n".join(named[-len(dict.fromkeys(lines)):] if lines else []), file=sys.stderr, flush=True)
         band = [line for line in lines if "outside" in line]
         if name != "the strategy's warning" and band:
             value = int(re.search(r"buffer.batch_size: (\d+)", band[0]).group(1))
             if value not in {k for _, k in results} | {k for _, k in plan}:
-                plan.append(("the strategy's warning", value))
+                plan.insert(0, ("the strategy's warning", value))
     return named
+
+
+def _print_rows(name: str, n: int, by_method: dict[str, dict[str, Any]]) -> None:
+    """One row's table lines, printed as soon as it is measured."""
+    for m, r in by_method.items():
+        print(f"| {n} ({name}) | {m} | {r['turns_per_trained']:.2f} | {r['expired_share']:.0%} | {r['unread']} | "
+              f"{r['effective_rollouts']:.1f} | {r['unused_share']:.0%} | {np.mean(r['from_5']):.2f} "
+              f"({min(r['from_5']):.2f}–{max(r['from_5']):.2f}) | {r['starved']} | {r['s_per_step']:.2f} |",
+              flush=True)
+        print(f"{n} tasks, {m}, arrival ratio per step: {' '.join(f'{x:.2f}' for x in r['ratios'])}",
+              file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -190,6 +208,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--methods", default="divopd,vanilla")
+    parser.add_argument("--rows", default="suggestion,own",
+                        help="suggestion: divopd tasks' value (then the warning's, when it warns); own: B tasks a step")
     args = parser.parse_args()
 
     if importlib.util.find_spec("vllm") is None:
@@ -218,6 +238,13 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False)
     results: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
     named: list[str] = []
+    print(f"Trinity-RFT 0.6.0 WorkflowRunner + queue, tiny env (horizon {horizon}), B = {args.batch_size}, "
+          f"repeat_times 1, {args.steps} synchronous steps, target_arrival_ratio 2.0\n")
+    print(f"`divopd tasks ... --for trinity` prints: {suggestion}\n")
+    print("| buffer.batch_size | rule | turns generated / trained | expired share (of read) | left unread | "
+          "effective rollouts / batch | unused share of rollouts read | arrival ratio, steps 5+ (min–max) | "
+          "starved steps | s / step |")
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
@@ -234,18 +261,6 @@ def main() -> None:
                 ray.kill(actor)
     finally:
         ray.shutdown()
-    print(f"Trinity-RFT 0.6.0 WorkflowRunner + queue, tiny env (horizon {horizon}), B = {args.batch_size}, "
-          f"repeat_times 1, {args.steps} synchronous steps, target_arrival_ratio 2.0\n")
-    print(f"`divopd tasks ... --for trinity` prints: {suggestion}\n")
-    print("| buffer.batch_size | rule | turns generated / trained | expired share (of read) | left unread | "
-          "effective rollouts / batch | unused share of rollouts read | arrival ratio, steps 5+ (min–max) | "
-          "starved steps | s / step |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for (name, n), by_method in results.items():
-        for m, r in by_method.items():
-            print(f"| {n} ({name}) | {m} | {r['turns_per_trained']:.2f} | {r['expired_share']:.0%} | {r['unread']} | "
-                  f"{r['effective_rollouts']:.1f} | {r['unused_share']:.0%} | {np.mean(r['from_5']):.2f} "
-                  f"({min(r['from_5']):.2f}–{max(r['from_5']):.2f}) | {r['starved']} | {r['s_per_step']:.2f} |")
     print("\nArrival ratio per step (sampler/arrival_ratio), steps 1, 2, ...:\n")
     for (_, n), by_method in results.items():
         for m, r in by_method.items():

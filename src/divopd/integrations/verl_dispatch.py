@@ -85,7 +85,7 @@ def verl_resume_point(*nodes: Any) -> tuple[str | None, int | None]:
             root = node._get_root()
             trainer = root.trainer
             break
-        except Exception:  # a plain dict (a buffer built by hand), or a config without a trainer section
+        except (AttributeError, KeyError):  # a plain dict (a buffer built by hand), or no trainer section
             root = None
     if root is None:
         return None, None
