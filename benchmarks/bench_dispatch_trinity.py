@@ -19,7 +19,7 @@ pure-Python ``tiny`` env (horizon 12, task rows from ``divopd tasks``), Trinity'
 student and the teacher, Trinity's queue (writer and reader) and
 :class:`~divopd.integrations.trinity.DivOPDSampleStrategy` (``divopd``, and ``vanilla``, the arrival-order reader).
 Stand-ins, as tests/integrations/trinity runs them: the vLLM engines (an HF model behind Trinity's engine interface,
-``tests/integrations/trinity/hf_engine.py``: random tiny student and teacher) and Trinity's explorer/trainer loop
+``divopd.integrations.trinity_try``: random tiny student and teacher) and Trinity's explorer/trainer loop
 (this script: explore step ``s`` at model version ``s − 1`` runs the step's tasks one after another, writes their
 experiences to one queue per rule, then each rule's strategy samples step ``s``). Both rules read the same experiences.
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import logging
 import os
 import re
@@ -47,9 +46,6 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-TRINITY_TESTS = ROOT / "tests" / "integrations" / "trinity"
-STUB = TRINITY_TESTS / "vllm_stub"  # Trinity's ModelWrapper imports vLLM at import time; this CPU venv has none
 #: A step short of valid turns waits this long for more (none come: the step's tasks ran), then counts as starved.
 READ_TIMEOUT_S = 5.0
 
@@ -63,20 +59,6 @@ class _Warnings(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
-
-
-def _engines(config: Any, models: dict[str, str]) -> list:
-    """The named actors Trinity's Allocator looks up: ``<explorer>_rollout_model_0_0``, ``..._auxiliary_0_...``."""
-    import hf_engine
-    import ray
-
-    name = config.explorer.name
-    path = os.pathsep.join([str(STUB), *sys.path[1:], os.environ.get("PYTHONPATH", "")])
-    engine = ray.remote(num_cpus=0)(hf_engine.HFInferenceModel)
-    env = {"env_vars": {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}}
-    return [engine.options(name=f"{name}_{role}_model_0_0", runtime_env=env).remote(model_config, models[key])
-            for role, model_config, key in (("rollout", config.explorer.rollout_model, "student"),
-                                             ("auxiliary_0", config.explorer.auxiliary_models[0], "teacher"))]
 
 
 def _buffer(folder: Path, batch_size: int) -> Any:
@@ -212,14 +194,13 @@ def main() -> None:
                         help="suggestion: divopd tasks' value (then the warning's, when it warns); own: B tasks a step")
     args = parser.parse_args()
 
-    if importlib.util.find_spec("vllm") is None:
-        sys.path.insert(0, str(STUB))
-    sys.path.insert(0, str(TRINITY_TESTS))
-    import hf_engine
+    # first: without vLLM (a CPU) it registers import-only placeholders for the vLLM modules Trinity imports
+    from divopd.integrations.trinity_try import engines, trinity_config
+
+    # isort: split
     import ray
     import torch
     from datasets import load_dataset
-    from trinity.common.config import Config, InferenceModelConfig
 
     import divopd.integrations.trinity_workflow  # noqa: F401  (registers the divopd_* workflows)
     from divopd.commands.tasks import task_rows, trinity_batch_size_line
@@ -228,7 +209,6 @@ def main() -> None:
     from divopd.train.config import load_config
 
     torch.set_num_threads(1)
-    ray.cloudpickle.register_pickle_by_value(hf_engine)
     cfg = load_config("tiny", ["explorer.env=tiny", "explorer.env_kwargs={}", f"sampler.batch_size={args.batch_size}"])
     horizon = int(cfg.explorer.max_steps)
     suggestion = trinity_batch_size_line(cfg)
@@ -252,13 +232,13 @@ def main() -> None:
             (folder / "tasks").mkdir()
             write_tasks(task_rows(cfg, "train"), folder / "tasks" / "train.jsonl")
             rows = list(load_dataset(str(folder / "tasks"), split="train"))  # what Trinity's TaskFileReader reads
-            config = Config()
-            config.explorer.rollout_model = InferenceModelConfig(model_path=models["student"])
-            config.explorer.auxiliary_models = [InferenceModelConfig(model_path=models["teacher"])]
-            engines = _engines(config, models)
-            named += asyncio.run(_rows(args, suggested, horizon, methods, rows, config, engines, folder, results))
-            for actor in engines:
-                ray.kill(actor)
+            config = trinity_config(models)
+            actors = engines(config, models, os.pathsep.join([*sys.path[1:], os.environ.get("PYTHONPATH", "")]))
+            try:
+                named += asyncio.run(_rows(args, suggested, horizon, methods, rows, config, actors, folder, results))
+            finally:
+                for actor in actors:
+                    ray.kill(actor)
     finally:
         ray.shutdown()
     print("\nArrival ratio per step (sampler/arrival_ratio), steps 1, 2, ...:\n")
