@@ -236,8 +236,7 @@ def test_disk_full_at_a_checkpoint_write_is_one_line_and_resume_finishes(
         assert _tree(good) == before and verify_checkpoint(good) is None
         assert not (run / "summary.json").exists()
         filler.unlink(missing_ok=True)
-        proc = _cli("--resume", str(run))
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        train(resume=run)  # room again: the resume finishes the run
         summary = json.loads((run / "summary.json").read_text())
         assert summary["updates"] == UPDATES
         assert_ledger_identity(summary["ledger"])

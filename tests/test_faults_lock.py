@@ -73,8 +73,8 @@ def test_the_lock_is_one_process_at_a_time_and_reentrant_in_it(tmp_path: Path) -
 def test_a_second_fresh_run_into_the_same_run_dir_is_refused_naming_the_holder(
         tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     run_dir = tmp_path / "run"
-    first = _write(tiny_config(tiny_models, run_dir, "divopd", updates=8, seed=0), tmp_path / "a.yaml")
-    second = _write(tiny_config(tiny_models, run_dir, "divopd", updates=8, seed=1), tmp_path / "b.yaml")
+    first = _write(tiny_config(tiny_models, run_dir, "divopd", updates=4, seed=0), tmp_path / "a.yaml")
+    second = _write(tiny_config(tiny_models, run_dir, "divopd", updates=4, seed=1), tmp_path / "b.yaml")
     a = subprocess.Popen(_cmd(str(first)), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_holding(run_dir, a)
@@ -92,8 +92,8 @@ def test_a_second_fresh_run_into_the_same_run_dir_is_refused_naming_the_holder(
     # on disk: the first run alone (one seed, each update once, every received turn logged once)
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["seed"] == 0
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["seed"] == 0 and summary["updates"] == 8
-    assert [r["update"] for r in read_metrics(run_dir) if r["kind"] == "update"] == list(range(1, 9))
+    assert summary["seed"] == 0 and summary["updates"] == 4
+    assert [r["update"] for r in read_metrics(run_dir) if r["kind"] == "update"] == list(range(1, 5))
     assert [t.arrival for t in read_log(run_dir / "experience")] == list(range(summary["ledger"]["received"]))
     assert_ledger_identity(summary["ledger"])
 

@@ -119,6 +119,9 @@ def test_ranks_that_all_stop_end_at_the_call_deadline(tiny_models: dict[str, str
         learner.close()
 
 
+# Slow: by default the reply deadline:
+# test_the_reply_deadline_is_the_call_deadline_until_a_rank_answers_then_the_collective_one
+@pytest.mark.slow
 def test_a_rank_stopped_outside_a_collective_ends_the_ranks_at_the_reply_deadline(
         tiny_models: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """A call without a collective (``set_state``): rank 0 answers, the SIGSTOPped rank 1 cannot; the driver waits

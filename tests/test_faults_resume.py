@@ -143,11 +143,11 @@ def _check_resumed_equals(run_dir: Path, ref: dict) -> dict:
     return summary
 
 
-#: The kill points the default suite runs: the explorer's (poll) and the learner's (update); log, compose, publish,
-#: eval and checkpoint resume by the same path (the checkpoint of update 2, the log cut after it) and run under
+#: The kill point the default suite runs: the explorer's (poll); log, compose, update, publish, eval and
+#: checkpoint resume by the same path (the checkpoint of update 2, the log cut after it) and run under
 #: -m slow (a kill -9 while the log is written: tests/test_faults_killrec.py; torn checkpoint writes:
 #: tests/test_faults_checkpoint.py).
-SLOW_KILLS = ("log", "compose", "publish", "eval", "checkpoint")
+SLOW_KILLS = ("log", "compose", "update", "publish", "eval", "checkpoint")
 
 
 @pytest.mark.parametrize("phase", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_KILLS else p for p in KILLS])
@@ -173,7 +173,10 @@ def test_sigkill_at_each_phase_then_resume_equals_the_uninterrupted_run(
     assert {f.name for f in weights.iterdir()} == named if weights.is_dir() else not named
 
 
-@pytest.mark.parametrize("phase", ["poll", pytest.param("compose", marks=pytest.mark.slow)])
+# Slow: by default a terminal Ctrl-C: test_cli_user.py::test_ctrl_c_in_a_terminal_ends_with_the_resume_command, and
+# SIGINT in every phase: test_interrupt.py
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["poll", "compose"])
 def test_ctrl_c_then_resume_equals_the_uninterrupted_run(
         phase: str, reference: dict, tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """A stop request (SIGINT) checkpoints at the next stage boundary, between two updates (after polls whose turns

@@ -49,6 +49,8 @@ def test_same_seed_same_run_bit_for_bit(tiny_models: dict[str, str], tmp_path: P
     assert _log_table(tmp_path / "a") == _log_table(tmp_path / "b")
 
 
+# Slow: by default determinism: test_same_seed_same_run_bit_for_bit
+@pytest.mark.slow
 def test_another_seed_is_another_run(tiny_models: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     _lockstep(tiny_models, tmp_path / "a", seed=0)
     _lockstep(tiny_models, tmp_path / "b", seed=1)

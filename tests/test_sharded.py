@@ -195,6 +195,9 @@ def lora_runs(tiny_models: dict[str, str], tmp_path_factory: pytest.TempPathFact
     return root
 
 
+# Slow: two LoRA runs; by default the sharded learner: test_world_size_2_gives_the_single_process_run, and LoRA:
+# tests/test_lora.py
+@pytest.mark.slow
 def test_a_lora_student_with_2_ranks_gives_the_single_process_lora_run(lora_runs: Path) -> None:
     """FSDP2 over a PEFT-injected student: the same adapters on every rank, AdamW on the adapter only; the run, its
     published adapters and its adapter-only checkpoints (PEFT's files, DCP shards of the adapter) are the one-process
