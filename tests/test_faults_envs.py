@@ -69,7 +69,8 @@ def _twx(**kwargs: Any) -> Any:
                     **kwargs)
 
 
-@pytest.mark.parametrize("share_jvm", [True, False], ids=["shared-jvm", "own-jvm"])
+@pytest.mark.parametrize("share_jvm", [True, pytest.param(False, marks=pytest.mark.slow)],
+                         ids=["shared-jvm", "own-jvm"])
 def test_a_stopped_twx_jvm_is_killed_at_the_deadline_and_the_call_is_an_env_crash(share_jvm: bool) -> None:
     env = _twx(call_timeout_s=2.0, share_jvm=share_jvm)
     proc = env._env._gateway.java_process

@@ -77,6 +77,9 @@ def _logged_past_newest_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
     return ckpt, int(sum((a >= start).sum() for a in arrivals))
 
 
+# Slow: by default a kill -9 and resume:
+# test_faults_resume.py::test_sigkill_at_each_phase_then_resume_equals_the_uninterrupted_run
+@pytest.mark.slow
 def test_kill_9_then_resume_queues_again_every_turn_logged_after_the_checkpoint(
         tiny_models: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
     run_dir = tmp_path / "killed"

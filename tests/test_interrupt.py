@@ -75,7 +75,8 @@ def test_every_phase_is_covered() -> None:
     assert set(AT) == set(PHASES)
 
 
-@pytest.mark.parametrize("phase", PHASES)
+#: ``load`` (a stop while the models load) is slow: the stop is seen at the same boundary as ``start``
+@pytest.mark.parametrize("phase", [pytest.param(p, marks=pytest.mark.slow) if p == "load" else p for p in PHASES])
 def test_sigint_in_any_phase_checkpoints_and_exits_130(phase: str, tiny_models: dict[str, str],  # noqa: F811
                                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir = tmp_path / "run"

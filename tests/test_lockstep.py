@@ -57,7 +57,7 @@ def test_another_seed_is_another_run(tiny_models: dict[str, str], tmp_path: Path
     assert _log_table(tmp_path / "a") != _log_table(tmp_path / "b")
 
 
-@pytest.mark.parametrize("steps", [3, 12])
+@pytest.mark.parametrize("steps", [pytest.param(3, marks=pytest.mark.slow), 12])
 def test_env_steps_per_update_sets_the_producer_load(tiny_models: dict[str, str], tmp_path: Path,  # noqa: F811
                                                       steps: int) -> None:
     summary = _lockstep(tiny_models, tmp_path / "run", **{"runtime.lockstep.env_steps_per_update": steps})
