@@ -39,7 +39,7 @@ ROWS: list[tuple[str, tuple[str, ...], str]] = [
      "validated by the schema only ([reproduce](guides/reproduce.md))"),
     ("LoRA students (`student.lora`): adapter-only learner, publish, checkpoints, `divopd export`", (),
      "the default suite (tiny models) and `make test-vllm` (per-request and merged adapters on vLLM's CPU build); "
-     "the sharded learner refuses LoRA"),
+     "the sharded learner trains adapters over gloo (`-m slow`); `vllm serve` loads `divopd export`'s folders"),
     ("Trinity-RFT strategy + workflows (`sample_strategy: divopd`, `divopd_*_workflow`)", (),
      "`make test-trinity` and `examples/try_trinity.py`: Trinity-RFT 0.6.0's real queue, WorkflowRunner and part "
      "of `Trainer.train` on CPU, HF "
