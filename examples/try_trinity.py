@@ -21,23 +21,6 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
-
-
-async def play(config: Any, tasks: list) -> list:
-    """Each task through Trinity's ``WorkflowRunner``, one run each: its experiences, one per student turn."""
-    from trinity.common.experience import Experience
-    from trinity.explorer.workflow_runner import WorkflowRunner
-
-    runner = WorkflowRunner(config, rollout_model_id=0, auxiliary_model_ids=[0], runner_id=0)
-    experiences: list = []
-    for i, task in enumerate(tasks):
-        task.batch_id, task.task_id = "try", i
-        status, payload = await runner.run_task(task, batch_id="try", repeat_times=1)
-        if not status.ok:
-            raise SystemExit(f"try_trinity: task {i} failed in Trinity's workflow runner: {status.message}")
-        experiences += Experience.deserialize_many(payload)
-    return experiences
 
 
 async def compose(experiences: list, folder: Path, batch_size: int) -> tuple[list, dict]:
@@ -76,7 +59,7 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     # first: without vLLM (a CPU) it registers import-only placeholders for the vLLM modules Trinity imports
-    from divopd.integrations.trinity_try import engines, trinity_config
+    from divopd.integrations.trinity_try import engines, play_tasks, trinity_config
 
     # isort: split
     from trinity.common.workflows import WORKFLOWS, Task
@@ -104,7 +87,7 @@ def main() -> None:
             config = trinity_config(models)
             actors = engines(config, models, os.pathsep.join(sys.path))
             try:
-                experiences = asyncio.run(play(config, tasks))
+                experiences = asyncio.run(play_tasks(config, tasks))
                 scored = ray.get(actors[1].__ray_call__.remote(lambda engine: engine.scored))
             finally:
                 for actor in actors:

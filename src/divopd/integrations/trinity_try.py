@@ -16,7 +16,7 @@ import sys
 import types
 from typing import Any
 
-__all__ = ["HFInferenceModel", "engines", "trinity_config", "vllm_placeholders"]
+__all__ = ["HFInferenceModel", "engines", "play_tasks", "trinity_config", "vllm_placeholders"]
 
 #: The vLLM modules Trinity-RFT 0.6.0's ``trinity.common.models.model`` imports at import time.
 VLLM_MODULES = ("vllm", "vllm.config", "vllm.inputs", "vllm.entrypoints", "vllm.entrypoints.chat_utils",
@@ -135,3 +135,19 @@ def engines(config: Any, models: dict[str, str], pythonpath: str) -> list[Any]:
     return [engine.options(name=f"{name}_{role}_model_0_0", runtime_env=env).remote(model_config, models[key])
             for role, model_config, key in (("rollout", config.explorer.rollout_model, "student"),
                                              ("auxiliary_0", config.explorer.auxiliary_models[0], "teacher"))]
+
+
+async def play_tasks(config: Any, tasks: list[Any], batch_id: str = "try") -> list[Experience]:
+    """Each task through Trinity's ``WorkflowRunner`` (one run each, on the engines :func:`engines` started): their
+    experiences, one per student turn. A task the runner reports failed raises ``RuntimeError`` with its message."""
+    from trinity.explorer.workflow_runner import WorkflowRunner
+
+    runner = WorkflowRunner(config, rollout_model_id=0, auxiliary_model_ids=[0], runner_id=0)
+    experiences: list[Experience] = []
+    for i, task in enumerate(tasks):
+        task.batch_id, task.task_id = batch_id, i
+        status, payload = await runner.run_task(task, batch_id=batch_id, repeat_times=1)
+        if not status.ok:
+            raise RuntimeError(f"task {i} failed in Trinity's workflow runner: {status.message}")
+        experiences += Experience.deserialize_many(payload)
+    return experiences

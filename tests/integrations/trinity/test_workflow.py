@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("trinity.common.workflows")
 #: Trinity's ModelWrapper imports vLLM at import time; without vLLM (this CPU venv) import-only placeholders
-from divopd.integrations.trinity_try import engines, trinity_config  # noqa: E402  (before Trinity's model module)
+from divopd.integrations.trinity_try import engines, play_tasks, trinity_config  # noqa: E402  (before Trinity's model module)
 
 # isort: split
 import ray  # noqa: E402
@@ -167,7 +167,7 @@ def test_under_plus_r_the_teacher_generates_the_takeover_turns_through_its_trini
     config = _config(models)
     engines = _engines(config, models)
     try:
-        experiences = asyncio.run(_run_plain(config, tasks))
+        experiences = asyncio.run(play_tasks(config, tasks, batch_id="b0"))
         teacher_calls = ray.get(engines[1].__ray_call__.remote(lambda engine: engine.calls))
     finally:
         for actor in engines:
@@ -183,14 +183,3 @@ def test_under_plus_r_the_teacher_generates_the_takeover_turns_through_its_trini
         assert info["teacher_turns"] <= 1 and len(exps) + info["teacher_turns"] == info["horizon"]
     for exps in took_over:  # the teacher's step is missing from the emitted turn indices (eid.step = env step)
         assert {e.eid.step for e in exps} < set(range(exps[0].info["horizon"]))
-
-
-async def _run_plain(config: Config, tasks: list) -> list[Experience]:
-    runner = WorkflowRunner(config, rollout_model_id=0, auxiliary_model_ids=[0], runner_id=0)
-    experiences: list[Experience] = []
-    for i, task in enumerate(tasks):
-        task.batch_id, task.task_id = "b0", i
-        status, payload = await runner.run_task(task, batch_id="b0", repeat_times=1)
-        assert status.ok, status.message
-        experiences += Experience.deserialize_many(payload)
-    return experiences
