@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,14 @@ from trinity.utils.timer import Timer
 from divopd.errors import UsageError, one_line
 from divopd.integrations.plugin_keys import TRINITY_ARGS
 from divopd.integrations.plugin_run import TRINITY_HINT, PluginRun, split_plugin_args
-from divopd.integrations.trinity_queue import read_now_function
+from divopd.integrations.trinity_queue import StaleHeader, read_now_function
 from divopd.integrations.trinity_records import (
+    TURN_VERSION_KEY,
     experience_to_turn,
     mask_unscored,
     read_candidates,
     restore_model_version,
+    stale_candidate,
 )
 from divopd.sampling import Batch, Sampler, SamplerConfig, make_sampler
 
@@ -36,8 +39,9 @@ __all__ = ["STRATEGY_NAME", "DivOPDSampleStrategy", "default_sample_args", "expe
 #: The name in Trinity's SAMPLE_STRATEGY registry.
 STRATEGY_NAME = "divopd"
 _STATE_VERSION = 2
-#: What the sampler holds per turn: the experience, and whether it has a teacher position that is not finite.
-Held = tuple[Experience, bool]
+#: What the sampler holds per turn: the experience, and whether it has a teacher position that is not finite. A record
+#: that arrived stale was left in the queue actor unserialized (``None``): it expires before it could be selected.
+Held = tuple[Experience | None, bool]
 _WHO = "sample_strategy divopd"
 
 
@@ -112,7 +116,7 @@ class DivOPDSampleStrategy(SampleStrategy):
         self.sampler: Sampler[Held] = make_sampler(self.config)
         storage = _queue_storage(buffer_config)
         self._reader = get_buffer_reader(storage)  # blocking reads: waits up to max_read_timeout
-        self._read_fn = read_now_function()  # count and read what the queue holds now, in its actor
+        self._read_fn = read_now_function(TURN_VERSION_KEY)  # count and read what the queue holds now, in its actor
         self._wait_s = float(storage.max_read_timeout)
         self._closed = False  # the explorer side released the buffer and it is empty
         self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
@@ -124,6 +128,9 @@ class DivOPDSampleStrategy(SampleStrategy):
                                 "algorithm.sample_strategy_args", config_hint=TRINITY_HINT, framework="Trinity-RFT",
                                 run=job_dir)
         self._learner_version = 0  # the version the step being composed is for (turns read are logged with it)
+        self._counted_for: int | None = None  # the step whose read counted the queue (_known is its backlog)
+        # the actor leaves records that arrive stale unserialized, unless the experience log needs their arrays
+        self.drop_stale_in_queue = self.plugin.experience is None
 
     @classmethod
     def default_args(cls) -> dict:
@@ -147,7 +154,8 @@ class DivOPDSampleStrategy(SampleStrategy):
         metrics.update(self.sampler.ledger.as_metrics(batch.stats))
         metrics["sampler/held_experiences"] = float(self.held)
         metrics["sampler/teacher_masked_tokens"] = float(masked)
-        metrics.update(self.plugin.step(self.sampler.ledger, backlog=await self._count_unread()))
+        backlog = self._known if self._counted_for == learner_version else await self._count_unread()
+        metrics.update(self.plugin.step(self.sampler.ledger, backlog=backlog))
         self.set_model_version_metric(experiences, metrics)
         return experiences, metrics, representative_sample(experiences)
 
@@ -165,6 +173,7 @@ class DivOPDSampleStrategy(SampleStrategy):
             try:  # too few valid turns: wait for the next experience
                 experiences = await self._reader.read(1)
                 self._known = max(self._known - 1, 0)  # it may have been one of those counted
+                self._counted_for = None
                 self._add(experiences)
             except TimeoutError:
                 raise TimeoutError(self._starved(learner_version)) from None
@@ -178,9 +187,9 @@ class DivOPDSampleStrategy(SampleStrategy):
             fresh = self.sampler.fresh(learner_version)
             if fresh >= target:
                 return
-            experiences, drained = await self._read_now(target - fresh)
-            if experiences:
-                self._add(experiences)
+            experiences, stale, drained = await self._read_now(target - fresh, learner_version)
+            if experiences or stale:
+                self._add(experiences, stale)
             if drained:  # the buffer held no more when asked: no second round trip to find it empty
                 return
 
@@ -188,57 +197,72 @@ class DivOPDSampleStrategy(SampleStrategy):
         """The experiences Trinity's queue holds now, unread (one round trip, nothing read): the step's backlog, whose
         growth counts as arrived in ``sampler/arrival_ratio``. A step that reads only what its pool needs leaves the
         rest in the queue; counted only when a read asks, the arrivals would show at the step that next counts them
-        (0, then a multiple of the step's), not at the step they came in."""
+        (0, then a multiple of the step's), not at the step they came in. A step whose read asked the queue actor
+        takes that count instead (:meth:`sample`)."""
         if self._closed:
             return 0
         try:
-            _, available, _ = await self._reader.queue.__ray_call__.remote(self._read_fn, 0, self._wait_s)
+            _, _, available, _ = await self._reader.queue.__ray_call__.remote(self._read_fn, 0, self._wait_s)
         except StopAsyncIteration:
             return 0
         self._known = int(available)
         return self._known
 
-    async def _read_now(self, limit: int) -> tuple[list[Experience], bool]:
-        """Up to ``limit`` experiences the buffer holds now, without waiting, and whether that was all it held
-        (``[]`` when it is empty or closed).
+    async def _read_now(self, limit: int, learner_version: int
+                        ) -> tuple[list[Experience], list[StaleHeader], bool]:
+        """Up to ``limit`` records the buffer holds now, without waiting: the experiences, the headers of the records
+        that arrived stale (left unserialized in the queue actor: they expire at this step's composition), and
+        whether that was all the buffer held (nothing when it is empty or closed).
 
         Trinity's reader waits for a full read (its ``get_batch`` polls the queue in 1 s steps) and its ``length``
         counts payloads, not experiences: so ask the queue actor, in one round trip, how many experiences it holds and
-        for up to ``limit`` of them (:func:`~divopd.integrations.trinity_queue.read_now_function`: Trinity's own
-        ``get_batch`` on the actor's event loop, sized by the count, so it does not wait). This strategy is the queue's
-        only reader, so what a count saw and a read left behind is still there: a read that needs no more than that
-        goes straight to Trinity's reader (one round trip a step once the pool is full, as Trinity's own)."""
+        for up to ``limit`` of them (:func:`~divopd.integrations.trinity_queue.read_now_function`). This strategy is
+        the queue's only reader, so what a count saw and a read left behind is still there: without
+        :attr:`drop_stale_in_queue`, a read that needs no more than that goes straight to Trinity's reader."""
+        stale_below = learner_version - self.config.max_staleness if self.drop_stale_in_queue else None
+        stale: list[StaleHeader] = []
         try:
-            if limit <= self._known:
+            if limit <= self._known and stale_below is None:
                 available, data = self._known, None
             else:
-                data, available, closed = await self._reader.queue.__ray_call__.remote(self._read_fn, limit,
-                                                                                       self._wait_s)
+                data, stale, available, closed = await self._reader.queue.__ray_call__.remote(
+                    self._read_fn, limit, self._wait_s, stale_below)
+                self._counted_for = learner_version
                 if available == 0:
                     self._closed = self._closed or closed
                     self._known = 0
-                    return [], True
-            n = min(available, limit)
-            if data is None:  # counted only (or known): read them with Trinity's reader, which now does not wait
-                experiences = await self._reader.read(n)
+                    return [], [], True
+            if data is None and not stale:  # counted only (or known): Trinity's reader, which now does not wait
+                experiences = await self._reader.read(min(available, limit))
             else:
-                experiences = Experience.deserialize_many(data)
-                if len(experiences) != n:
-                    raise TimeoutError(f"{_WHO}: the queue held {available} experiences but gave {len(experiences)} "
-                                       f"of the {n} asked for")
+                experiences = [] if data is None else Experience.deserialize_many(data)
+                taken = len(experiences) + len(stale)
+                if taken > available or (len(experiences) != min(available, limit) and taken != available):
+                    raise TimeoutError(f"{_WHO}: the queue held {available} experiences but gave "
+                                       f"{len(experiences)} and {len(stale)} stale for the {limit} asked for")
         except StopAsyncIteration:
             self._closed, self._known = True, 0
-            return [], True
-        self._known = available - n
-        return experiences, available <= limit
+            return [], [], True
+        self._known = available - len(experiences) - len(stale)
+        return experiences, stale, self._known == 0
 
-    def _add(self, experiences: list[Experience]) -> None:
-        """Queue the turns of ``experiences`` in order; a record without a rollout id or version stops the run: it is
-        counted and kept (:attr:`stopped`, and a file under Trinity's ``buffer.cache_dir``), the records read with it
-        are queued as usual, and the one-line :class:`UsageError` names the first bad record and the file."""
+    def _add(self, experiences: list[Experience], stale: Sequence[StaleHeader] = ()) -> None:
+        """Queue the turns of ``experiences`` and of the ``stale`` headers, in arrival order (a header sits at its
+        position in the read); a record without a rollout id or version stops the run: it is counted and kept
+        (:attr:`stopped`, and a file under Trinity's ``buffer.cache_dir``), the records read with it are queued as
+        usual, and the one-line :class:`UsageError` names the first bad record and the file."""
         candidates, held, bad, error = [], [], [], None
         read, unscored = read_candidates(experiences)
-        for exp, candidate, flag in zip(experiences, read, unscored, strict=True):
+        records = iter(zip(experiences, read, unscored, strict=True))
+        headers = iter(stale)
+        head = next(headers, None)
+        for position in range(len(experiences) + len(stale)):
+            if head is not None and head[0] == position:
+                candidates.append(stale_candidate(*head[1:]))
+                held.append((None, False))
+                head = next(headers, None)
+                continue
+            exp, candidate, flag = next(records)
             if isinstance(candidate, UsageError):
                 bad.append(exp)
                 error = error or candidate

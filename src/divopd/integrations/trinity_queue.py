@@ -1,13 +1,11 @@
 """What the Trinity-RFT sample strategy asks of Trinity's queue actor (``QueueStorage``) beyond Trinity's own reader:
-"read what is there" (Trinity's ``get_batch`` waits, in 1 s polls, for a whole read; its ``length()`` counts
-payloads, not experiences).
+"count and read what is there, without waiting", and "leave the stale records unserialized".
 
 ``__ray_call__`` runs in a thread of Ray's beside the actor's asyncio event loop, where Trinity's queue lives; the
-count only reads, and the read is handed to that loop (``asyncio.run_coroutine_threadsafe``), so the queue is only
-ever changed from its own loop. The loop is the actor's one running event loop in another thread (found once, then
-kept on the actor object); where there is not exactly one, the strategy reads the counted experiences with Trinity's
-reader (a second round trip). The function is a closure so that Ray ships its code by value: the queue actor need not
-import divopd.
+count only reads, and taking records is handed to that loop (``asyncio.run_coroutine_threadsafe``), so the queue is
+only ever changed from its own loop. The loop is the actor's one running event loop in another thread (found once,
+then kept on the actor object); where there is not exactly one, the strategy reads with Trinity's reader. The
+function is a closure so that Ray ships its code by value: the queue actor need not import divopd.
 """
 
 from __future__ import annotations
@@ -15,18 +13,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ReadNow", "read_now_function"]
+__all__ = ["ReadNow", "StaleHeader", "read_now_function"]
 
-#: ``(serialized experiences or None, experiences the queue held before the read, closed and empty)``
-ReadNow = tuple[bytes | None, int, bool]
+#: A record left unserialized because it arrived stale: ``(position in the read, rollout id, turn index, policy
+#: version, info["task"] or eid.tid)``.
+StaleHeader = tuple[int, str, int, int, Any]
+#: ``(serialized experiences or None, the stale records' headers, experiences the queue held before the read,
+#: closed and empty)``
+ReadNow = tuple[bytes | None, list[StaleHeader], int, bool]
 
 
-def read_now_function() -> Callable[[Any, int, float], ReadNow]:
-    """``read_now(storage, limit, timeout)`` for ``__ray_call__`` on Trinity's ``QueueStorage`` actor: the count of
-    experiences the queue holds (the unread rest of a payload in ``exp_pool`` plus the experiences of the queued
-    payloads), and, when that is not 0 and the actor's event loop is known, the first ``min(count, limit)`` of them
-    as Trinity's ``get_batch`` serializes them (``None`` otherwise: read them with Trinity's reader). ``timeout`` is
-    the deadline of that read (it does not wait: the experiences are there, and this strategy is the only reader)."""
+def read_now_function(version_key: str) -> Callable[..., ReadNow]:
+    """``read_now(storage, limit, timeout, stale_below=None)`` for ``__ray_call__`` on Trinity's ``QueueStorage``
+    actor: the count of experiences the queue holds (the unread rest of a payload in ``exp_pool`` plus the
+    experiences of the queued payloads), and, when that is not 0 and the actor's event loop is known, the next
+    ``min(count, limit)`` of them as Trinity's ``get_batch`` would serialize them (``None`` otherwise: read them with
+    Trinity's reader). With ``stale_below``, a record whose policy version (``info[version_key]``, else
+    ``info["model_version"]``) is an int in ``[0, stale_below)`` and whose rollout id and turn index are readable is
+    stale: it is taken but not serialized, only its :data:`StaleHeader` comes back (its position among the records
+    taken), and it does not count towards ``limit`` (the take ends at ``limit`` experiences or at the count).
+    ``timeout`` is the deadline of the take (it does not wait: the records are there, and the strategy is the only
+    reader)."""
 
     def actor_loop(storage: Any) -> Any:
         import asyncio
@@ -42,7 +49,38 @@ def read_now_function() -> Callable[[Any, int, float], ReadNow]:
             storage.__dict__["_divopd_event_loop"] = loop
         return loop or None
 
-    def read_now(storage: Any, limit: int, timeout: float) -> ReadNow:
+    def stale_header(position: int, exp: Any, stale_below: int) -> StaleHeader | None:
+        eid, info = exp.eid, exp.info
+        if eid is None or type(info) is not dict:
+            return None
+        version = info.get(version_key, info.get("model_version"))
+        if type(version) is not int or not 0 <= version < stale_below or type(eid.step) is not int or eid.step < 0:
+            return None
+        if eid.batch in ("", None) and eid.task in ("", None):
+            return None
+        return position, eid.rid, eid.step, version, info.get("task", eid.tid)
+
+    async def take(storage: Any, n: int, most: int, timeout: float, stale_below: int | None
+                   ) -> tuple[list[Any], list[StaleHeader]]:
+        """The next records, in order (the unread rest of a payload first, then the queued payloads; the rest of the
+        last one stays in ``exp_pool``, as with Trinity's ``get_batch``), until ``n`` of them are not stale or
+        ``most`` are taken: the experiences, and the stale records' headers."""
+        import asyncio
+
+        pool, taken, stale = storage.exp_pool, [], []
+        while len(taken) < n and len(taken) + len(stale) < most:
+            if not pool:
+                pool.extend(await asyncio.wait_for(storage.queue.get(), timeout))
+                continue
+            exp = pool.popleft()
+            head = None if stale_below is None else stale_header(len(taken) + len(stale), exp, stale_below)
+            if head is None:
+                taken.append(exp)
+            else:
+                stale.append(head)
+        return taken, stale
+
+    def read_now(storage: Any, limit: int, timeout: float, stale_below: int | None = None) -> ReadNow:
         import asyncio
 
         queue = storage.queue
@@ -58,11 +96,13 @@ def read_now_function() -> Callable[[Any, int, float], ReadNow]:
         n = min(available, limit)
         loop = actor_loop(storage) if n > 0 else None
         if loop is None:
-            return None, available, closed
-        future = asyncio.run_coroutine_threadsafe(storage.get_batch(n, timeout=timeout), loop)
+            return None, [], available, closed
+        future = asyncio.run_coroutine_threadsafe(take(storage, n, available, timeout, stale_below), loop)
         try:
-            return future.result(timeout=timeout + 30.0), available, closed
+            taken, stale = future.result(timeout=timeout + 30.0)
         except StopAsyncIteration:  # closed and empty (cannot happen with n counted, but Trinity may say so)
-            return None, 0, True
+            return None, [], 0, True
+        data = type(taken[0]).serialize_many(taken) if taken else None
+        return data, stale, available, closed
 
     return read_now

@@ -29,7 +29,7 @@ from divopd.sampling.candidate import task_key
 from divopd.sampling.gate import verdict
 
 __all__ = ["TURN_VERSION_KEY", "UNSCORED_KEY", "experience_to_turn", "mask_unscored", "policy_version",
-           "read_candidates", "restore_model_version"]
+           "read_candidates", "restore_model_version", "stale_candidate"]
 
 #: ``info`` key of the policy version that generated the turn (divopd's workflows set it; it beats model_version).
 TURN_VERSION_KEY = "divopd_policy_version"
@@ -171,6 +171,13 @@ def read_candidates(experiences: list[Experience]) -> tuple[list[Candidate | Usa
         for (i, _, _), (candidate, flag) in zip(fast, read, strict=True):
             out[i], unscored[i] = candidate, flag
     return out, unscored  # type: ignore[return-value]  (every slot is filled)
+
+
+def stale_candidate(rollout_id: str, turn_index: int, policy_version: int, task: Any) -> Candidate:
+    """The candidate of a record that arrived stale and stayed unserialized in the queue actor: the sampler expires it
+    (``ledger/expired/stale``) at the composition it is read for, before the gate or a rule reads more than its
+    version, so its token counts are 0."""
+    return Candidate(rollout_id, turn_index, policy_version, 0, 0, 0, 0.0, None, task_key(task, rollout_id))
 
 
 def _slow(exp: Experience) -> tuple[Candidate, bool]:

@@ -116,6 +116,46 @@ def test_stale_and_invalid_records_are_counted_as_such(ray_local, tmp_path: Path
     asyncio.run(run())
 
 
+def test_records_that_arrive_stale_stay_unserialized_and_change_nothing(ray_local, tmp_path: Path) -> None:
+    """The queue actor leaves a record that is stale at the step it is read for unserialized (only its header comes
+    back); the batches, the ledger and the arrival numbers are those of reading every record in full (as the
+    strategy does when the experience log needs every turn's arrays)."""
+
+    async def run(drop: bool) -> tuple[list, list, int, int]:
+        buffer = buffer_config(tmp_path, 4)
+        async with queue_writer(buffer) as writer:
+            plugin = strategy(buffer, method="divopd", pool_factor=2, cap=2, max_staleness=1)
+            assert plugin.drop_stale_in_queue
+            plugin.drop_stale_in_queue = drop
+            headers, full, read_now = [], [], plugin._read_now
+
+            async def spy(limit: int, learner_version: int) -> tuple:
+                experiences, stale, drained = await read_now(limit, learner_version)
+                headers.extend(stale)
+                full.extend(experiences)
+                return experiences, stale, drained
+
+            plugin._read_now = spy
+            keys, ledgers = [], []
+            for step in range(1, 6):  # every other rollout 3 versions old (stale), one with no valid token
+                old = [_experience(10 * step, t, max(step - 4, 0)) for t in range(3)] if step > 2 else []
+                new = [_experience(10 * step + 1, t, step - 1) for t in range(3)]
+                dead = [_experience(10 * step + 2, 0, step - 1, action_mask=torch.zeros(3, dtype=torch.bool))]
+                await writer.write(old + new + dead + [_experience(10 * step + 3, 0, step - 1)])
+                batch, metrics, _ = await plugin.sample(step)
+                keys.append([(e.eid.task, e.eid.step) for e in batch])
+                ledger = plugin.sampler.ledger
+                assert_ledger_identity(ledger)
+                ledgers.append((ledger, metrics["sampler/expired"], plugin.sampler.ledger.received))
+            return keys, ledgers, len(headers), len(full)
+
+    kept, ledgers_kept, headers_kept, full_kept = asyncio.run(run(True))
+    read, ledgers_read, headers_read, full_read = asyncio.run(run(False))
+    assert kept == read and ledgers_kept == ledgers_read
+    assert ledgers_kept[-1][0].expired_by_reason["stale"] > 0 and ledgers_kept[-1][0].invalid > 0
+    assert headers_read == 0 and headers_kept > 0 and full_kept + headers_kept == full_read
+
+
 @pytest.mark.parametrize(("record", "field"), [
     ({"info": {}}, "model_version"),
     ({"info": {"model_version": "3"}}, "model_version"),
