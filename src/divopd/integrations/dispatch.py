@@ -1,25 +1,8 @@
 """The producer matched to the composer: how many rollout sessions a framework starts per trainer step.
 
-A step trains B turns; the composer needs some surplus to choose from (the paper's pool regime: about 1.5–2 turns
-generated and teacher-scored per trained turn; `divopd simulate`'s presets run at 1.92). The *arrival ratio* of a step
-is the turns that arrived since the previous step divided by B. :class:`ArrivalDispatch` keeps it near one target
-ρ* (``target_arrival_ratio``, default :data:`TARGET_ARRIVAL_RATIO`) by sizing the sessions started per step:
-
-    sessions per step  s = ρ* · B / m,  m = mean turns per finished session
-
-where m is the running mean over the sessions finished so far; before the first one it is the start value
-:func:`start_turns_per_session` = half the environment's horizon H (any true mean between H/4 and H then keeps the
-first steps' ratio within [ρ*/2, 2ρ*]); the fraction of a session a step cannot start is carried to the next. In
-asynchronous mode, sessions still running when a step ends are counted: the sessions to start are
-``s · (1 + lag) − in_flight``, ``lag`` = the mean number of steps a session takes to come back (0 in synchronous
-mode), so the in-flight sessions cover the rollout latency. With ``rollout.n`` sessions per prompt, the prompts to
-submit are ⌈sessions / n⌉ (the surplus is carried back too).
-
-Per step, :meth:`ArrivalDispatch.step_metrics` reports ``sampler/arrival_ratio``, ``sampler/sessions_started``,
-``sampler/turns_per_session`` and ``sampler/expired_share`` (turns expired ÷ turns arrived at that step), and
-:meth:`ArrivalDispatch.warnings` returns the one-line warnings: a starved step (ratio < 1: the composer waits or
-cannot choose), and — for a framework where the strategy cannot set the sessions itself (Trinity-RFT) — a ratio
-outside [ρ*/2, 2ρ*] over the first steps, naming the config line and the value to set. Pure Python: no framework import.
+:class:`ArrivalDispatch` keeps a step's arrival ratio (turns arrived since the previous step ÷ B) near ρ*
+(``target_arrival_ratio``) by starting s = ρ*·B / m sessions per step, m = the running mean of turns per finished
+session (:func:`start_turns_per_session` before the first); asynchronous: s·(1 + lag) − in flight. Pure Python.
 """
 
 from __future__ import annotations
@@ -191,7 +174,8 @@ class ArrivalDispatch:
                 "sampler/expired_share": expired / arrived if arrived else 0.0}
 
     def warnings(self, who: str) -> list[str]:
-        """One-line warnings for the step just closed (see the module doc); empty when none is due."""
+        """One-line warnings for the step just closed: a starved step (ratio < 1), and where ``config_hint`` is set, a
+        mean ratio outside [ρ*/2, 2ρ*] over the first steps naming the config value to set; empty when none is due."""
         out = []
         ratio = self._ratios[-1] if self._ratios else None
         if ratio is not None and ratio < 1 and self.steps > 1 and (

@@ -1,13 +1,5 @@
-"""DivOPD's batch composer inside verl 0.9.1's v1 trainer: a ``ReplayBuffer`` for ``custom_sampler``.
-
-verl config (docs/integrations/verl.md)::
-
-    trainer.v1.sampler.custom_sampler.path=pkg://divopd.integrations.verl
-    trainer.v1.sampler.custom_sampler.name=DivOPDReplayBuffer
-    trainer.v1.sampler.max_off_policy_threshold=3          # divopd's max_staleness + 1 (the paper's δ = 2)
-    +trainer.v1.sampler.sampler_kwargs.method=divopd       # and pool_factor, cap, max_pending_age, ... (paper defaults)
-    data.train_batch_size=256                              # B: turns per update (one TransferQueue record per turn)
-"""
+"""DivOPD's batch composer inside verl 0.9.1's v1 trainer: a ``ReplayBuffer`` for ``custom_sampler``
+(docs/integrations/verl.md)."""
 
 from __future__ import annotations
 
@@ -82,16 +74,14 @@ class DivOPDReplayBuffer(ReplayBuffer):
 
     Load it with ``trainer.v1.sampler.custom_sampler.path=pkg://divopd.integrations.verl`` and
     ``custom_sampler.name=DivOPDReplayBuffer``; ``sampler_kwargs`` take the :class:`~divopd.sampling.SamplerConfig`
-    fields (``method``, ``pool_factor``, ``cap``, ...). Each ``sample(global_steps, "train", batch_size)`` reads the
-    per-turn records the rollout side put into TransferQueue since the last call, adds each as its
-    :class:`~divopd.sampling.Candidate` (read from divopd's summary tag) with its key and tag as payload to one divopd
-    :class:`~divopd.sampling.Sampler` kept across steps, and returns the keys of exactly ``batch_size`` turns composed
-    for learner version ``global_steps - 1``. Expired and gate-rejected turns are cleared from TransferQueue at once
-    and counted in the ledger; a step short of eligible turns polls every ``poll_interval`` seconds up to
-    ``sample_timeout_s``, then stops with one line. A turn expires when ``(global_steps - 1) - min_global_steps >
-    max_staleness`` (verl's ``max_off_policy_threshold`` span rule with ``max_staleness = threshold - 1``).
-    Validation batches keep verl's own rule. :meth:`state_dict` / :meth:`load_state_dict` save the pool for a trainer
-    that checkpoints them (verl 0.9.1 has no such hook: a resumed run re-reads what TransferQueue restored).
+    fields (``method``, ``pool_factor``, ``cap``, ...). Each ``sample(global_steps, "train", batch_size)`` adds the
+    per-turn records put into TransferQueue since the last call (each read from divopd's summary tag as its
+    :class:`~divopd.sampling.Candidate`) to one :class:`~divopd.sampling.Sampler` kept across steps, and returns the
+    keys of exactly ``batch_size`` turns composed for learner version ``global_steps - 1``. Expired and rejected turns
+    are cleared from TransferQueue at once and counted in the ledger; a short step polls every ``poll_interval``
+    seconds up to ``sample_timeout_s``, then stops with one line. A turn expires when ``(global_steps - 1) -
+    min_global_steps > max_staleness`` (default: verl's ``max_off_policy_threshold`` − 1). Validation batches keep
+    verl's rule.
     """
 
     def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None,
@@ -213,11 +203,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
 
     @staticmethod
     def _read(partition_id: str, keys: list[str]) -> list[dict[str, Any]]:
-        """The fields of ``keys`` that the composer reads (one batched get; per key where fields differ).
-
-        A field whose records differ in rank (e.g. the two teacher layouts in one read) comes back from TransferQueue
-        as a list rather than a (nested) tensor: both are read row by row.
-        """
+        """The fields of ``keys`` that the composer reads (one batched get; per key where fields differ)."""
         if not keys:
             return []
         try:
@@ -248,7 +234,8 @@ class DivOPDReplayBuffer(ReplayBuffer):
         return set() if self.sampler is None else {key for key, _ in self.sampler.waiting_payloads()}
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampler state (queue, pending pool, ledger) with the waiting records' keys and tags (JSON-able)."""
+        """The sampler state (queue, pending pool, ledger) with the waiting records' keys and tags (JSON-able), for a
+        trainer that checkpoints its buffer (verl 0.9.1 does not)."""
         return {"version": _STATE_VERSION, "sampler": None if self.sampler is None else self.sampler.state_dict(list),
                 "read": sorted(self._listed)}
 

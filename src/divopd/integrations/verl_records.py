@@ -1,27 +1,9 @@
 """verl TransferQueue records ⇄ divopd turns (the record side of :mod:`divopd.integrations.verl`).
 
-A verl v1 agent loop puts one record per agent-loop output into TransferQueue under the key
-``{uid}_{session_id}_{index}`` (``verl/trainer/ppo/v1/agent_loop_tq.py``). For per-turn selection each output is one
-student turn, so the rollout is ``{uid}_{session_id}`` and the turn index is ``index``: :func:`parse_key` splits the key
-at its last ``_``. A record becomes a :class:`~divopd.experience.Turn` from:
-
-- fields ``prompts`` and ``responses`` (token ids), ``response_mask`` (1 = a token the student generated: the action
-  mask), ``rollout_log_probs`` (the generating policy's log probs, verl's name for ``response_logprobs``),
-  ``teacher_logprobs`` with optional ``teacher_ids`` in one of two layouts: verl's teacher manager writes
-  ``[prompt + response, K]`` rows where row ``i`` scores token ``i + 1`` of the sequence (vLLM's prompt log probs,
-  the last row a dummy), so response token ``j`` is row ``P − 1 + j`` (verl's losses slice them so); or one value per
-  response token, ``[response]`` or ``[response, 1]`` (a user's own agent loop);
-- tags ``min_global_steps`` (the weights version that generated the turn; a ``policy_version`` tag wins when both are
-  there), optional ``prompt_truncated``, ``task``, ``env``, ``success``, and divopd's per-turn summary
-  (:data:`SUMMARY_TAG`, written by :class:`divopd.integrations.verl_agent_loop.DivOPDAgentLoopWorkerTQ` and by
-  :func:`turn_to_record`): the scalars the composer reads, so that a record carrying it becomes its candidate from its
-  tag alone (:func:`candidate_of`) and its fields are fetched only when verl needs them rewritten (:func:`safe_fields`).
-
-A record without a parsable key or a version raises :class:`VerlRecordError` (one line naming the key and the field);
-one without teacher or student log probs, or with a per-token field of another length than ``responses``, is rejected by
-divopd's gate with its reason, counted in the ledger. The teacher log prob of a response token is the one whose
-``teacher_ids`` entry is that token; a position where no column holds the token, or whose value is not finite, is
-unscored (NaN), as divopd's gate reads it.
+A record is one student turn under the key ``{uid}_{session_id}_{turn_index}`` (rollout ``{uid}_{session_id}``).
+Its teacher comes in verl's ``[prompt + response, K]`` rows (row ``P − 1 + j`` scores response token ``j``; the value
+whose ``teacher_ids`` entry is the token, none = unscored, NaN) or one value per response token. A record without
+a parsable key, a version or token ids raises :class:`VerlRecordError`; other faults are the gate's reasons.
 """
 
 from __future__ import annotations
@@ -40,9 +22,10 @@ from divopd.sampling.gate import verdict
 __all__ = ["RECORD_FIELDS", "SUMMARY_TAG", "VerlRecordError", "candidate_of", "parse_key", "record_summary",
            "safe_fields", "turn_to_record"]
 
+_FIELD_TYPES = {"prompts": np.int64, "responses": np.int64, "response_mask": np.int64,
+                "rollout_log_probs": np.float32, "teacher_logprobs": np.float32, "teacher_ids": np.int64}
 #: The value fields the plug-in reads from a record (others, e.g. ``input_ids``, are left to verl).
-RECORD_FIELDS: tuple[str, ...] = (
-    "prompts", "responses", "response_mask", "rollout_log_probs", "teacher_logprobs", "teacher_ids")
+RECORD_FIELDS: tuple[str, ...] = tuple(_FIELD_TYPES)
 #: The tag holding divopd's per-turn summary (see :func:`record_summary`).
 SUMMARY_TAG = "divopd"
 _INFO_TAGS = ("task", "env", "success")
@@ -111,12 +94,7 @@ def _per_token(rows: np.ndarray, ids: np.ndarray | None, responses: np.ndarray) 
 
 
 def _fields(values: Mapping[str, Any], key: str) -> dict[str, Any]:
-    arrays = {
-        "prompts": _array(values.get("prompts"), np.int64), "responses": _array(values.get("responses"), np.int64),
-        "response_mask": _array(values.get("response_mask"), np.int64),
-        "rollout_log_probs": _array(values.get("rollout_log_probs"), np.float32),
-        "teacher_logprobs": _array(values.get("teacher_logprobs"), np.float32),
-        "teacher_ids": _array(values.get("teacher_ids"), np.int64)}
+    arrays = {name: _array(values.get(name), dtype) for name, dtype in _FIELD_TYPES.items()}
     for name in ("responses", "prompts"):
         if arrays[name] is None or arrays[name].ndim != 1:
             raise VerlRecordError(f"verl record {key!r}: field {name!r} missing or not 1-d token ids")
