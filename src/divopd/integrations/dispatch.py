@@ -67,7 +67,7 @@ class ArrivalDispatch:
     _last_starved: int | None = None
     _band_warned: bool = False
     _started_this_step: int = 0
-    _arrived_this_step: int = 0
+    arrived_this_step: int = 0  # turns observe() saw since the previous step closed
     _owed: float = 0.0
     _seen: dict[str, None] = field(default_factory=dict)  # rollout ids observed (the newest SEEN_LIMIT), in order
 
@@ -94,11 +94,6 @@ class ArrivalDispatch:
     def rollouts_observed(self) -> int:
         """Distinct rollouts whose turns arrived (the newest :data:`SEEN_LIMIT` remembered)."""
         return len(self._seen)
-
-    @property
-    def arrived_this_step(self) -> int:
-        """Turns :meth:`observe` saw since the previous step closed."""
-        return self._arrived_this_step
 
     @property
     def lag(self) -> float:
@@ -149,7 +144,7 @@ class ArrivalDispatch:
         while len(self._seen) > SEEN_LIMIT:
             self._seen.pop(next(iter(self._seen)))
         self.finished_sessions += new
-        self._arrived_this_step += len(rollout_ids)
+        self.arrived_this_step += len(rollout_ids)
         for _ in range(new):
             if self._started_at:
                 step, left = self._started_at[0]
@@ -165,8 +160,8 @@ class ArrivalDispatch:
         the previous step) came in; ``sessions_started`` overrides the count :meth:`started` gathered."""
         self.steps += 1
         started = self._started_this_step if sessions_started is None else sessions_started
-        arrived = self._arrived_this_step if arrived is None else arrived
-        self._started_this_step = self._arrived_this_step = 0
+        arrived = self.arrived_this_step if arrived is None else arrived
+        self._started_this_step = self.arrived_this_step = 0
         ratio = arrived / self.batch_size
         self._ratios.append(ratio)
         return {"sampler/arrival_ratio": ratio, "sampler/sessions_started": float(started),

@@ -13,7 +13,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from divopd.errors import UsageError
 from divopd.integrations.plugin_keys import VERL_KWARGS
-from divopd.integrations.verl_dispatch import full_turns, verl_dispatch, verl_resume_point
+from divopd.integrations.verl_dispatch import verl_dispatch, verl_resume_point
 from divopd.integrations.verl_records import (
     RECORD_FIELDS,
     SUMMARY_TAG,
@@ -147,7 +147,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         if self.sampler is None:
             self.sampler = make_sampler(divopd_config(self._settings, self.max_off_policy_threshold, batch_size),
                                         track_departed=True)
-            self.dispatch.set_batch_size(batch_size)
+            self.dispatch.plugin.dispatch.batch_size = int(batch_size)
         elif self.sampler.config.batch_size != batch_size:
             raise UsageError(f"DivOPDReplayBuffer: verl asked for {batch_size} rows, the sampler composes "
                              f"{self.sampler.config.batch_size} (keep data.train_batch_size fixed)")
@@ -161,13 +161,12 @@ class DivOPDReplayBuffer(ReplayBuffer):
         """
         listing = (tq.kv_list(partition_id=partition_id) or {}).get(partition_id, {})
         self._listed &= listing.keys()  # verl cleared the handed-out records it trained on
-        known = self._listed
         keys, tags, done_prompts = [], [], []
         for key, tag in listing.items():
             if tag.get("is_prompt", False):
                 if tag.get("status") in ("finished", "failure"):
                     done_prompts.append(key)
-            elif key not in known and tag.get("status") == "success":  # a record being written has no status yet
+            elif key not in self._listed and tag.get("status") == "success":  # a record being written has no status yet
                 keys.append(key)
                 tags.append(tag)
         errors: dict[str, VerlRecordError] = {}
@@ -186,8 +185,8 @@ class DivOPDReplayBuffer(ReplayBuffer):
         if errors:
             self._stop(partition_id, errors)
         arrivals = self.sampler.add(list(zip(keys, tags, strict=True)), candidates)
-        self.dispatch.observe([c.rollout_id for c in candidates], arrivals,
-                              lambda: full_turns(keys, tags, lambda ks: self._read(partition_id, ks)))
+        self.dispatch.observe([c.rollout_id for c in candidates], arrivals, lambda: [  # in full, for the experience log
+            record_summary(k, t, v)[0] for k, t, v in zip(keys, tags, self._read(partition_id, keys), strict=True)])
         self._listed.update(keys)
         if done_prompts:  # their trajectories were put before their terminal status: all read above
             tq.kv_clear(keys=done_prompts, partition_id=partition_id)

@@ -104,14 +104,6 @@ def verl_dispatch(sampler_kwargs: dict[str, Any], refill_fn: Any, trainer_mode: 
     return VerlDispatch(plugin, refill_fn, trainer_mode, str(sampler_kwargs.get("dispatch") or "matched"))
 
 
-def full_turns(keys: list[str], tags: list[dict[str, Any]], read: Callable[[list[str]], list[Any]]) -> list[Any]:
-    """The turns of the records ``keys`` (with their ``tags``) with their per-token arrays, read with ``read(keys)``
-    (for the experience log)."""
-    from divopd.integrations.verl_records import record_summary
-
-    return [record_summary(key, tag, values)[0] for key, tag, values in zip(keys, tags, read(keys), strict=True)]
-
-
 class VerlDispatch:
     """The buffer's side: ``before_step`` starts the step's sessions through the linked manager."""
 
@@ -140,31 +132,24 @@ class VerlDispatch:
 
     def hold(self, prompts: Any) -> None:
         """Keep a training prompt batch verl submitted; release the oldest surplus past the reservoir's size."""
+        import transfer_queue as tq
+
         horizon = _horizon(prompts)
         if horizon is not None:
             self.plugin.set_horizon(horizon)
         self.reservoir.append(prompts)
         limit = RESERVOIR_STEPS * max(self.plugin.dispatch.prompts_to_submit(), self.gen_batch_size)
         while len(self.reservoir) > 1 and self.held - len(self.reservoir[0]) >= limit:
-            self._release(self.reservoir.pop(0))
+            keys = [str(k) for k in self.reservoir.pop(0)["uid"]]
+            tq.kv_clear(keys=keys, partition_id="train")  # a surplus prompt released unplayed: its marker cleared
+            self.released += len(keys)
 
     @property
     def held(self) -> int:
         return sum(len(p) for p in self.reservoir)
 
-    def _release(self, prompts: Any) -> None:
-        import transfer_queue as tq
-
-        keys = [str(k) for k in prompts["uid"]]
-        tq.kv_clear(keys=keys, partition_id="train")
-        self.released += len(keys)
-
     # ------------------------------------------------------------------ the buffer's side
     version = 0  # the learner version the buffer composes for now (turns read are logged with it)
-
-    def set_batch_size(self, batch_size: int) -> None:
-        """B, once verl asks for its first batch."""
-        self.plugin.dispatch.batch_size = int(batch_size)
 
     def observe(self, rollout_ids: list[str], arrivals: list[int], turns: Callable[[], list[Any]] | None = None
                 ) -> None:
@@ -196,14 +181,12 @@ class VerlDispatch:
 
         out, need = [], n
         while need > 0 and self.reservoir:
-            head = self.reservoir[0]
-            if len(head) <= need:
-                out.append(self.reservoir.pop(0))
-                need -= len(head)
-            else:
-                out.append(head[:need])
-                self.reservoir[0] = head[need:]
-                need = 0
+            head = self.reservoir.pop(0)
+            if len(head) > need:
+                self.reservoir.insert(0, head[need:])
+                head = head[:need]
+            out.append(head)
+            need -= len(head)
         for piece in out:
             tu.assign_non_tensor_data(piece, "global_steps", global_steps)
         return out[0] if len(out) == 1 else tu.concat_tensordict(out)

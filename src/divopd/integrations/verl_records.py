@@ -20,7 +20,7 @@ from divopd.sampling.candidate import task_key
 from divopd.sampling.gate import verdict
 
 __all__ = ["RECORD_FIELDS", "SUMMARY_TAG", "VerlRecordError", "candidate_of", "parse_key", "record_summary",
-           "safe_fields", "turn_to_record"]
+           "safe_fields"]
 
 _FIELD_TYPES = {"prompts": np.int64, "responses": np.int64, "response_mask": np.int64,
                 "rollout_log_probs": np.float32, "teacher_logprobs": np.float32, "teacher_ids": np.int64}
@@ -199,46 +199,3 @@ def safe_fields(values: Mapping[str, Any], key: str) -> tuple[dict[str, Any], in
         "loss_mask": torch.tensor(mask, dtype=torch.int64),
     }
     return out, int(np.count_nonzero(dropped))
-
-
-def turn_to_record(turn: Turn, summary: bool = True) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """``(key, fields, tag)`` of a divopd turn in verl's layout (torch tensors), as divopd's agent loop puts it.
-
-    The teacher is verl's ``[prompt + response, 1]`` rows (row ``P − 1 + j`` scores response token ``j``, ids = the
-    scored tokens, a dummy last row); a position the turn's ``teacher_valid_mask`` excludes is NaN; a turn without a
-    prompt gets one value per response token. Absent arrays stay absent fields. ``summary``: add divopd's summary tag.
-    """
-    import torch
-
-    prompt, response = np.asarray(turn.prompt_ids), np.asarray(turn.response_ids)
-    p, n = len(prompt), len(response)
-    fields: dict[str, Any] = {
-        "prompts": torch.tensor(prompt, dtype=torch.int64),
-        "responses": torch.tensor(response, dtype=torch.int64),
-        "response_mask": torch.tensor(
-            np.ones(n, dtype=np.int64) if turn.action_mask is None else turn.action_mask.astype(np.int64)),
-    }
-    if turn.student_logprobs is not None:
-        fields["rollout_log_probs"] = torch.tensor(turn.student_logprobs, dtype=torch.float32)
-    if turn.teacher_logprobs is not None:
-        teacher = np.array(turn.teacher_logprobs, dtype=np.float32)
-        if turn.teacher_valid_mask is not None and len(turn.teacher_valid_mask) == len(teacher):
-            teacher[~turn.teacher_valid_mask] = np.nan
-        if p == 0 or len(teacher) != n:
-            fields["teacher_logprobs"] = torch.tensor(teacher)
-        else:
-            rows = np.zeros(p + n, dtype=np.float32)
-            rows[p - 1:p - 1 + n] = teacher
-            ids = np.concatenate([prompt[1:], response, [0]])
-            fields["teacher_logprobs"] = torch.tensor(rows[:, None])
-            fields["teacher_ids"] = torch.tensor(ids[:, None], dtype=torch.int32)
-    tag: dict[str, Any] = {
-        "status": "success", "prompt_len": p, "response_len": n, "seq_len": p + n,
-        "global_steps": turn.policy_version, "min_global_steps": turn.policy_version,
-        "max_global_steps": turn.policy_version, "prompt_truncated": turn.prompt_truncated,
-        **{name: turn.info[name] for name in _INFO_TAGS if turn.info.get(name) is not None},
-    }
-    key = f"{turn.rollout_id}_{turn.turn_index}"
-    if summary:
-        tag[SUMMARY_TAG] = record_summary(key, tag, fields)[1]
-    return key, fields, tag
