@@ -135,24 +135,21 @@ class ArrivalDispatch:
         """Turns arrived, one rollout id per turn. A rollout id seen for the first time is a session that came back
         (its turns arrive together at its end); m = turns observed ÷ sessions observed, so a session whose turns are
         read in two parts still counts once."""
-        new = 0
-        for rid in rollout_ids:
-            self.finished_turns += 1
-            if rid not in self._seen:
-                self._seen[rid] = None
-                new += 1
+        new = [rid for rid in dict.fromkeys(rollout_ids) if rid not in self._seen]
+        self._seen.update(dict.fromkeys(new))
         while len(self._seen) > SEEN_LIMIT:
             self._seen.pop(next(iter(self._seen)))
-        self.finished_sessions += new
+        self.finished_sessions += len(new)
+        self.finished_turns += len(rollout_ids)
         self.arrived_this_step += len(rollout_ids)
-        for _ in range(new):
+        for _ in new:
             if self._started_at:
                 step, left = self._started_at[0]
                 self._lag_sum += self.steps - step
                 self._started_at[0] = (step, left - 1)
                 if left <= 1:
                     self._started_at.pop(0)
-        self.in_flight = max(0, self.in_flight - new)
+        self.in_flight = max(0, self.in_flight - len(new))
 
     def step_metrics(self, expired: int, arrived: int | None = None, sessions_started: int | None = None
                      ) -> dict[str, float]:

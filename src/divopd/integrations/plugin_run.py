@@ -69,9 +69,8 @@ class PluginRun:
 
     def start(self, resume_update: int | None = None, resume_arrival: int | None = None, next_arrival: int = 0
               ) -> None:
-        """The framework starts this run afresh (no argument) or resumes it from a checkpoint: open the experience log
-        (:meth:`PluginLog.start <divopd.integrations.plugin_log.PluginLog.start>`); nothing without
-        ``experience_dir``."""
+        """Open the experience log, fresh (no argument) or resumed from a checkpoint (:meth:`PluginLog.start
+        <divopd.integrations.plugin_log.PluginLog.start>`); nothing without ``experience_dir``."""
         if self.experience is not None:
             self.experience.start(resume_update, resume_arrival, next_arrival)
 
@@ -89,8 +88,8 @@ class PluginRun:
         self.dispatch.observe(list(rollout_ids))
         if self.experience is not None and turns is not None:
             self.start(next_arrival=arrivals[0])  # a run nobody said resumes is a fresh one
-            offset = self.experience.offset
-            self.log_writer.extend(turns(), max(0, int(learner_version)), [a + offset for a in arrivals])
+            self.log_writer.extend(turns(), max(0, int(learner_version)),
+                                   [a + self.experience.offset for a in arrivals])
 
     def step(self, ledger: Ledger, backlog: int | None = None) -> dict[str, float]:
         """Close a step: its metrics (``sampler/arrival_ratio``, ...), its warnings logged. ``backlog``: turns the

@@ -75,13 +75,12 @@ class DivOPDReplayBuffer(ReplayBuffer):
     Load it with ``trainer.v1.sampler.custom_sampler.path=pkg://divopd.integrations.verl`` and
     ``custom_sampler.name=DivOPDReplayBuffer``; ``sampler_kwargs`` take the :class:`~divopd.sampling.SamplerConfig`
     fields (``method``, ``pool_factor``, ``cap``, ...). Each ``sample(global_steps, "train", batch_size)`` adds the
-    per-turn records put into TransferQueue since the last call (each read from divopd's summary tag as its
-    :class:`~divopd.sampling.Candidate`) to one :class:`~divopd.sampling.Sampler` kept across steps, and returns the
-    keys of exactly ``batch_size`` turns composed for learner version ``global_steps - 1``. Expired and rejected turns
-    are cleared from TransferQueue at once and counted in the ledger; a short step polls every ``poll_interval``
-    seconds up to ``sample_timeout_s``, then stops with one line. A turn expires when ``(global_steps - 1) -
-    min_global_steps > max_staleness`` (default: verl's ``max_off_policy_threshold`` − 1). Validation batches keep
-    verl's rule.
+    per-turn records put into TransferQueue since the last call to one :class:`~divopd.sampling.Sampler` kept across
+    steps, and returns the keys of exactly ``batch_size`` turns composed for learner version ``global_steps - 1``.
+    Expired and rejected turns are cleared from TransferQueue at once and counted in the ledger; a short step polls
+    every ``poll_interval`` seconds up to ``sample_timeout_s``, then stops with one line. A turn expires when
+    ``(global_steps - 1) - min_global_steps > max_staleness`` (default: verl's ``max_off_policy_threshold`` − 1).
+    Validation batches keep verl's rule.
     """
 
     def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None,
@@ -155,10 +154,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
 
     def ingest(self, partition_id: str) -> list[Candidate]:
         """Add the records put since the last poll (in TransferQueue's order) to the sampler; clear finished prompts.
-
-        A record whose tag carries divopd's summary (:data:`~divopd.integrations.verl_records.SUMMARY_TAG`) is read
-        from its tag alone, like verl's own buffer reads; the fields of one without it are fetched once to summarise it.
-        """
+        A record is read from divopd's summary tag alone; one without it has its fields fetched once to summarise it."""
         listing = (tq.kv_list(partition_id=partition_id) or {}).get(partition_id, {})
         self._listed &= listing.keys()  # verl cleared the handed-out records it trained on
         keys, tags, done_prompts = [], [], []

@@ -39,7 +39,7 @@ def split_turns(output: AgentLoopOutput) -> list[AgentLoopOutput]:
     logprobs = output.response_logprobs
     turns = []
     for index, (start, end) in enumerate(spans):
-        update: dict[str, Any] = {
+        turns.append(output.model_copy(update={
             "prompt_ids": list(output.prompt_ids) + list(output.response_ids[:start]),
             "response_ids": list(output.response_ids[start:end]),
             "response_mask": [1] * (end - start),
@@ -47,8 +47,7 @@ def split_turns(output: AgentLoopOutput) -> list[AgentLoopOutput]:
             "routed_experts": None,
             "reward_score": output.reward_score if index == len(spans) - 1 else None,
             "extra_fields": {**output.extra_fields, "turn_index": index},
-        }
-        turns.append(output.model_copy(update=update, deep=False))
+        }, deep=False))
     return turns
 
 

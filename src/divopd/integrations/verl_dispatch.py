@@ -60,10 +60,9 @@ def _horizon(prompts: Any) -> int | None:
 
 
 def verl_resume_point(*nodes: Any) -> tuple[str | None, int | None]:
-    """``(the run's checkpoint folder, the global step verl resumes from)`` read from verl's config, which the buffer
-    reaches through any of ``nodes`` (its ``sampler_kwargs`` / ``trainer_config``, nodes of verl's composed config),
-    as verl's ``_load_checkpoint`` decides it; ``(None, None)`` where no node leads to verl's config, and a step of
-    ``None`` for a fresh run."""
+    """``(the run's checkpoint folder, the global step verl resumes from)`` as verl's ``_load_checkpoint`` decides it,
+    read from the config root of any of ``nodes`` (the buffer's ``sampler_kwargs`` / ``trainer_config``); ``(None,
+    None)`` where no node leads to verl's config, a step of ``None`` for a fresh run."""
     for node in nodes:
         try:
             trainer = node._get_root().trainer

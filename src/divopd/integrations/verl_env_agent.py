@@ -48,9 +48,8 @@ class DivOPDEnvAgentLoop(AgentLoopBase):
         budget = min(prompt_cfg.max_prompt_tokens, int(self.rollout_config.prompt_length))
         prompt_cfg = prompt_cfg.model_copy(update={"max_prompt_tokens": budget})
         response_length = int(self.rollout_config.response_length)
-        params = dict(sampling_params)
         max_new = (explorer.get("generation") or {}).get("max_new_tokens")
-        params["max_tokens"] = min(int(max_new), response_length) if max_new else response_length
+        params = {**sampling_params, "max_tokens": min(int(max_new), response_length) if max_new else response_length}
         loop = asyncio.get_running_loop()
         env = make_env(row["env"], **(row.get("env_kwargs") or {}))
         outputs: list[AgentLoopOutput] = []

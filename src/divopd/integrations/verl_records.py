@@ -103,14 +103,8 @@ def _fields(values: Mapping[str, Any], key: str) -> dict[str, Any]:
 
 def record_summary(key: str, tag: Mapping[str, Any], values: Mapping[str, Any]) -> tuple[Turn, dict[str, Any]]:
     """The turn of one TransferQueue record (``values``: its fields, absent ones missing or ``None``) and divopd's
-    summary of it (the :data:`SUMMARY_TAG` tag).
-
-    The summary holds what the composer reads (``response_len``, ``length_mismatch``, ``teacher``, ``student``,
-    ``n_valid``, ``disagreement``, ``kl_tokens``, ``teacher_masked``) and what verl's trainer needs done to the record
-    before it trains on it: ``unscored`` (action positions whose teacher row is not finite: they leave verl's
-    response mask) and ``rewrite`` (the record needs :func:`safe_fields`: such positions, a non-finite value in any
-    teacher row, or a teacher in the one-value-per-token layout, which verl's losses cannot read).
-    """
+    summary of it (the :data:`SUMMARY_TAG` tag): the scalars the composer reads, ``unscored`` (action positions whose
+    teacher row is not finite) and ``rewrite`` (verl's losses cannot read the record before :func:`safe_fields`)."""
     rollout_id, turn_index = parse_key(key)
     version = _policy_version(key, tag)
     a = _fields(values, key)
@@ -157,13 +151,10 @@ def candidate_of(key: str, tag: Mapping[str, Any]) -> Candidate:
 
 
 def safe_fields(values: Mapping[str, Any], key: str) -> tuple[dict[str, Any], int]:
-    """The fields to put back into a record before verl trains on it, and how many positions left its mask.
-
-    The teacher goes into verl's ``[P + R, K]`` layout (a one-value-per-token teacher becomes ``K = 1`` rows with
-    ``teacher_ids`` = the scored tokens); every non-finite teacher value becomes finite (the student's generating log
-    prob at that response position, so the estimator losses see no disagreement there; 0 elsewhere); the action
-    positions whose row was not finite leave ``response_mask`` (and ``loss_mask``, which verl keeps equal to it).
-    """
+    """The fields to put back into a record before verl trains on it, and how many positions left its mask: the
+    teacher in verl's ``[P + R, K]`` layout (one value per token becomes ``K = 1``), every non-finite teacher value the
+    student's log prob at that position (no disagreement there; 0 elsewhere), and the action positions
+    whose row was not finite out of ``response_mask`` and ``loss_mask``."""
     import torch
 
     a = _fields(values, key)
