@@ -8,14 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 __all__ = ["HFServer", "play_prompts", "server_client", "verl_config", "worker"]
-
-
-class _Remote:
-    def __init__(self, fn: Any) -> None:
-        self.remote = fn  # ``await server.generate.remote(...)``: a coroutine is awaitable like an ObjectRef
 
 
 class HFServer:
@@ -28,7 +24,8 @@ class HFServer:
         self.version = 0
         self.calls = 0
         self.unscored_every = unscored_every  # as teacher: every this many calls, the last position unscored (NaN)
-        self.generate = _Remote(self._generate)
+        # ``await server.generate.remote(...)``: a coroutine is awaitable like an ObjectRef
+        self.generate = SimpleNamespace(remote=self._generate)
 
     def weights_version(self) -> int:
         """The weights version the server reports with each sampled response."""
