@@ -1,25 +1,8 @@
 """The producer matched to the composer: how many rollout sessions a framework starts per trainer step.
 
-A step trains B turns; the composer needs some surplus to choose from (the paper's pool regime: about 1.5–2 turns
-generated and teacher-scored per trained turn; `divopd simulate`'s presets run at 1.92). The *arrival ratio* of a step
-is the turns that arrived since the previous step divided by B. :class:`ArrivalDispatch` keeps it near one target
-ρ* (``target_arrival_ratio``, default :data:`TARGET_ARRIVAL_RATIO`) by sizing the sessions started per step:
-
-    sessions per step  s = ρ* · B / m,  m = mean turns per finished session
-
-where m is the running mean over the sessions finished so far; before the first one it is the start value
-:func:`start_turns_per_session` = half the environment's horizon H (any true mean between H/4 and H then keeps the
-first steps' ratio within [ρ*/2, 2ρ*]); the fraction of a session a step cannot start is carried to the next. In
-asynchronous mode, sessions still running when a step ends are counted: the sessions to start are
-``s · (1 + lag) − in_flight``, ``lag`` = the mean number of steps a session takes to come back (0 in synchronous
-mode), so the in-flight sessions cover the rollout latency. With ``rollout.n`` sessions per prompt, the prompts to
-submit are ⌈sessions / n⌉ (the surplus is carried back too).
-
-Per step, :meth:`ArrivalDispatch.step_metrics` reports ``sampler/arrival_ratio``, ``sampler/sessions_started``,
-``sampler/turns_per_session`` and ``sampler/expired_share`` (turns expired ÷ turns arrived at that step), and
-:meth:`ArrivalDispatch.warnings` returns the one-line warnings: a starved step (ratio < 1: the composer waits or
-cannot choose), and — for a framework where the strategy cannot set the sessions itself (Trinity-RFT) — a ratio
-outside [ρ*/2, 2ρ*] over the first steps, naming the config line and the value to set. Pure Python: no framework import.
+:class:`ArrivalDispatch` keeps a step's arrival ratio (turns arrived since the previous step ÷ B) near ρ*
+(``target_arrival_ratio``) by starting s = ρ*·B / m sessions per step, m = the running mean of turns per finished
+session (:func:`start_turns_per_session` before the first); asynchronous: s·(1 + lag) − in flight. Pure Python.
 """
 
 from __future__ import annotations
@@ -84,7 +67,7 @@ class ArrivalDispatch:
     _last_starved: int | None = None
     _band_warned: bool = False
     _started_this_step: int = 0
-    _arrived_this_step: int = 0
+    arrived_this_step: int = 0  # turns observe() saw since the previous step closed
     _owed: float = 0.0
     _seen: dict[str, None] = field(default_factory=dict)  # rollout ids observed (the newest SEEN_LIMIT), in order
 
@@ -111,11 +94,6 @@ class ArrivalDispatch:
     def rollouts_observed(self) -> int:
         """Distinct rollouts whose turns arrived (the newest :data:`SEEN_LIMIT` remembered)."""
         return len(self._seen)
-
-    @property
-    def arrived_this_step(self) -> int:
-        """Turns :meth:`observe` saw since the previous step closed."""
-        return self._arrived_this_step
 
     @property
     def lag(self) -> float:
@@ -157,24 +135,21 @@ class ArrivalDispatch:
         """Turns arrived, one rollout id per turn. A rollout id seen for the first time is a session that came back
         (its turns arrive together at its end); m = turns observed ÷ sessions observed, so a session whose turns are
         read in two parts still counts once."""
-        new = 0
-        for rid in rollout_ids:
-            self.finished_turns += 1
-            if rid not in self._seen:
-                self._seen[rid] = None
-                new += 1
+        new = [rid for rid in dict.fromkeys(rollout_ids) if rid not in self._seen]
+        self._seen.update(dict.fromkeys(new))
         while len(self._seen) > SEEN_LIMIT:
             self._seen.pop(next(iter(self._seen)))
-        self.finished_sessions += new
-        self._arrived_this_step += len(rollout_ids)
-        for _ in range(new):
+        self.finished_sessions += len(new)
+        self.finished_turns += len(rollout_ids)
+        self.arrived_this_step += len(rollout_ids)
+        for _ in new:
             if self._started_at:
                 step, left = self._started_at[0]
                 self._lag_sum += self.steps - step
                 self._started_at[0] = (step, left - 1)
                 if left <= 1:
                     self._started_at.pop(0)
-        self.in_flight = max(0, self.in_flight - new)
+        self.in_flight = max(0, self.in_flight - len(new))
 
     def step_metrics(self, expired: int, arrived: int | None = None, sessions_started: int | None = None
                      ) -> dict[str, float]:
@@ -182,8 +157,8 @@ class ArrivalDispatch:
         the previous step) came in; ``sessions_started`` overrides the count :meth:`started` gathered."""
         self.steps += 1
         started = self._started_this_step if sessions_started is None else sessions_started
-        arrived = self._arrived_this_step if arrived is None else arrived
-        self._started_this_step = self._arrived_this_step = 0
+        arrived = self.arrived_this_step if arrived is None else arrived
+        self._started_this_step = self.arrived_this_step = 0
         ratio = arrived / self.batch_size
         self._ratios.append(ratio)
         return {"sampler/arrival_ratio": ratio, "sampler/sessions_started": float(started),
@@ -191,7 +166,8 @@ class ArrivalDispatch:
                 "sampler/expired_share": expired / arrived if arrived else 0.0}
 
     def warnings(self, who: str) -> list[str]:
-        """One-line warnings for the step just closed (see the module doc); empty when none is due."""
+        """One-line warnings for the step just closed: a starved step (ratio < 1), and where ``config_hint`` is set, a
+        mean ratio outside [ρ*/2, 2ρ*] over the first steps naming the config value to set; empty when none is due."""
         out = []
         ratio = self._ratios[-1] if self._ratios else None
         if ratio is not None and ratio < 1 and self.steps > 1 and (

@@ -1,16 +1,6 @@
-"""The framework plug-ins' experience log (``experience_dir``): opened for a fresh run, or continued for the run the
-framework resumes.
-
-A fresh run needs a directory that holds no log: a missing one is made, and one that holds another run's log is
-refused at the plug-in's construction with one line (:meth:`PluginLog.refusal`) — appending a second run's turns
-would leave a log ``divopd replay`` cannot read. A run the framework resumes from one of its checkpoints continues
-the log its earlier session wrote, known by the marker file :data:`MARKER` that names the run (the framework's
-checkpoint folder), after the rows logged past the checkpoint are dropped (:func:`~divopd.experience.log.truncate_log`,
-as ``divopd train --resume`` cuts its log): those turns were received after the weights the framework restores, and
-the resumed run receives turns in their place. The new rows continue the log's arrival numbers.
-
-divopd writes into ``experience_dir`` only its marker and its log's part files, and refuses a directory that holds
-any other file; it truncates a log only where the marker names the run being resumed.
+"""The framework plug-ins' experience log (``experience_dir``): opened for a fresh run, or continued, cut back to the
+checkpoint (:func:`~divopd.experience.log.truncate_log`), for the run the framework resumes. divopd writes there only
+its marker and its log's part files, and truncates a log only where the marker names the run being resumed.
 """
 
 from __future__ import annotations
@@ -42,19 +32,16 @@ MARKER = ".divopd-plugin-log"
 def _ours(name: str) -> bool:
     """A name divopd's directory log uses: the marker, a part, a part being written, a part set aside unreadable."""
     for suffix in (".tmp", ".unreadable"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
+        name = name.removesuffix(suffix)
     return name == MARKER or PART_PATTERN.match(name) is not None
 
 
 class PluginLog:
-    """The experience log of one plug-in run in ``directory``. ``where`` names the plug-in's settings in the framework's
-    config, ``framework`` the framework (for the one-line messages), ``run`` the framework's checkpoint folder of this
-    run (``None``: unknown, so no earlier log can be recognised as this run's).
+    """The experience log of one plug-in run in ``directory``; ``where`` and ``framework`` name the settings and the
+    framework in the one-line messages, ``run`` the framework's checkpoint folder of this run (``None``: unknown).
 
-    Construction checks the directory and raises :class:`~divopd.errors.UsageError` at once for a file, for files divopd
-    did not write, or for the log of another run; :meth:`start` opens the writer once the framework has said whether
-    it resumes (and refuses this run's own earlier log when it does not)."""
+    Construction raises :class:`~divopd.errors.UsageError` for a file, files divopd did not write, or another run's
+    log; :meth:`start` opens the writer once the framework has said whether it resumes."""
 
     def __init__(self, directory: str | os.PathLike, where: str, framework: str, run: str | None = None) -> None:
         self.path = Path(directory)

@@ -1,18 +1,7 @@
 """What the framework plug-ins add around the composer, shared by Trinity-RFT's strategy and verl's buffer: the
-arrival bookkeeping of the matched dispatch rule (:mod:`divopd.integrations.dispatch`), its per-step metrics and
-warnings, and divopd's experience log of the turns the plug-in received.
-
-Settings (in verl's ``sampler_kwargs`` / Trinity's ``sample_strategy_args``, beside the sampler's; :data:`DEFAULTS`):
-
-- ``target_arrival_ratio`` ρ* (2.0): turns generated and teacher-scored per trained turn that the dispatch aims at;
-- ``horizon`` (none): the env's step limit, for the start value of turns per session (half of it); none = read from
-  the task rows where the plug-in sees them (verl), else :data:`DEFAULT_HORIZON`;
-- ``experience_dir`` (none): a directory that receives divopd's experience log (``part-*.parquet``, the format and
-  the compaction of ``divopd train``: :class:`~divopd.experience.log.ExperienceLogWriter`): every turn the plug-in
-  received, in arrival order, with ``arrival_update`` = the learner version it was received for, so
-  ``divopd replay DIR`` and ``divopd tune-cap DIR`` run on a Trinity or verl run. A fresh run refuses a directory
-  that holds an earlier run's log; a run the framework resumes continues its own
-  (:class:`~divopd.integrations.plugin_log.PluginLog`).
+matched dispatch's bookkeeping (:mod:`divopd.integrations.dispatch`), its per-step metrics and warnings, and the
+experience log of the turns the plug-in received (:mod:`divopd.integrations.plugin_log`). The settings, beside the
+sampler's, are :data:`DEFAULTS` (their meanings: :mod:`divopd.integrations.plugin_keys`).
 """
 
 from __future__ import annotations
@@ -51,12 +40,10 @@ def split_plugin_args(args: Mapping[str, Any] | None) -> tuple[dict[str, Any], d
 
 
 class PluginRun:
-    """Per-step bookkeeping of one plug-in run. ``who`` names the plug-in and ``where`` its settings in the framework's
-    config (for one-line errors and warnings); ``config_hint`` is the framework's config line that sets the sessions
-    per step where the plug-in cannot, a format string with ``{value}`` (Trinity: ``buffer.batch_size: {value}``),
-    with ``sessions_per_prompt`` sessions per entry of it. ``framework`` names the framework and ``run`` its
-    checkpoint folder of this run (the experience log's owner: :class:`~divopd.integrations.plugin_log.PluginLog`);
-    the log is opened by :meth:`start` once the framework has said whether it resumes, or fresh at the first turn."""
+    """Per-step bookkeeping of one plug-in run. ``who`` and ``where`` name the plug-in and its settings in messages;
+    ``config_hint`` (a format string with ``{value}``) is the config line that sets the sessions per step where the
+    plug-in cannot; ``framework`` and ``run`` (its checkpoint folder) own the experience log, which :meth:`start`
+    opens once the framework has said whether it resumes, or the first turn opens fresh."""
 
     def __init__(self, settings: Mapping[str, Any], batch_size: int, who: str, where: str,
                  config_hint: str | None = None, sessions_per_prompt: int = 1, asynchronous: bool = False,
@@ -82,9 +69,8 @@ class PluginRun:
 
     def start(self, resume_update: int | None = None, resume_arrival: int | None = None, next_arrival: int = 0
               ) -> None:
-        """The framework starts this run afresh (no argument) or resumes it from a checkpoint: open the experience log
-        (:meth:`PluginLog.start <divopd.integrations.plugin_log.PluginLog.start>`); nothing without
-        ``experience_dir``."""
+        """Open the experience log, fresh (no argument) or resumed from a checkpoint (:meth:`PluginLog.start
+        <divopd.integrations.plugin_log.PluginLog.start>`); nothing without ``experience_dir``."""
         if self.experience is not None:
             self.experience.start(resume_update, resume_arrival, next_arrival)
 
@@ -102,8 +88,8 @@ class PluginRun:
         self.dispatch.observe(list(rollout_ids))
         if self.experience is not None and turns is not None:
             self.start(next_arrival=arrivals[0])  # a run nobody said resumes is a fresh one
-            offset = self.experience.offset
-            self.log_writer.extend(turns(), max(0, int(learner_version)), [a + offset for a in arrivals])
+            self.log_writer.extend(turns(), max(0, int(learner_version)),
+                                   [a + self.experience.offset for a in arrivals])
 
     def step(self, ledger: Ledger, backlog: int | None = None) -> dict[str, float]:
         """Close a step: its metrics (``sampler/arrival_ratio``, ...), its warnings logged. ``backlog``: turns the

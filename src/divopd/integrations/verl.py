@@ -1,13 +1,5 @@
-"""DivOPD's batch composer inside verl 0.9.1's v1 trainer: a ``ReplayBuffer`` for ``custom_sampler``.
-
-verl config (docs/integrations/verl.md)::
-
-    trainer.v1.sampler.custom_sampler.path=pkg://divopd.integrations.verl
-    trainer.v1.sampler.custom_sampler.name=DivOPDReplayBuffer
-    trainer.v1.sampler.max_off_policy_threshold=3          # divopd's max_staleness + 1 (the paper's δ = 2)
-    +trainer.v1.sampler.sampler_kwargs.method=divopd       # and pool_factor, cap, max_pending_age, ... (paper defaults)
-    data.train_batch_size=256                              # B: turns per update (one TransferQueue record per turn)
-"""
+"""DivOPD's batch composer inside verl 0.9.1's v1 trainer: a ``ReplayBuffer`` for ``custom_sampler``
+(docs/integrations/verl.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +13,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from divopd.errors import UsageError
 from divopd.integrations.plugin_keys import VERL_KWARGS
-from divopd.integrations.verl_dispatch import full_turns, verl_dispatch, verl_resume_point
+from divopd.integrations.verl_dispatch import verl_dispatch, verl_resume_point
 from divopd.integrations.verl_records import (
     RECORD_FIELDS,
     SUMMARY_TAG,
@@ -82,16 +74,13 @@ class DivOPDReplayBuffer(ReplayBuffer):
 
     Load it with ``trainer.v1.sampler.custom_sampler.path=pkg://divopd.integrations.verl`` and
     ``custom_sampler.name=DivOPDReplayBuffer``; ``sampler_kwargs`` take the :class:`~divopd.sampling.SamplerConfig`
-    fields (``method``, ``pool_factor``, ``cap``, ...). Each ``sample(global_steps, "train", batch_size)`` reads the
-    per-turn records the rollout side put into TransferQueue since the last call, adds each as its
-    :class:`~divopd.sampling.Candidate` (read from divopd's summary tag) with its key and tag as payload to one divopd
-    :class:`~divopd.sampling.Sampler` kept across steps, and returns the keys of exactly ``batch_size`` turns composed
-    for learner version ``global_steps - 1``. Expired and gate-rejected turns are cleared from TransferQueue at once
-    and counted in the ledger; a step short of eligible turns polls every ``poll_interval`` seconds up to
-    ``sample_timeout_s``, then stops with one line. A turn expires when ``(global_steps - 1) - min_global_steps >
-    max_staleness`` (verl's ``max_off_policy_threshold`` span rule with ``max_staleness = threshold - 1``).
-    Validation batches keep verl's own rule. :meth:`state_dict` / :meth:`load_state_dict` save the pool for a trainer
-    that checkpoints them (verl 0.9.1 has no such hook: a resumed run re-reads what TransferQueue restored).
+    fields (``method``, ``pool_factor``, ``cap``, ...). Each ``sample(global_steps, "train", batch_size)`` adds the
+    per-turn records put into TransferQueue since the last call to one :class:`~divopd.sampling.Sampler` kept across
+    steps, and returns the keys of exactly ``batch_size`` turns composed for learner version ``global_steps - 1``.
+    Expired and rejected turns are cleared from TransferQueue at once and counted in the ledger; a short step polls
+    every ``poll_interval`` seconds up to ``sample_timeout_s``, then stops with one line. A turn expires when
+    ``(global_steps - 1) - min_global_steps > max_staleness`` (default: verl's ``max_off_policy_threshold`` − 1).
+    Validation batches keep verl's rule.
     """
 
     def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None,
@@ -157,7 +146,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
         if self.sampler is None:
             self.sampler = make_sampler(divopd_config(self._settings, self.max_off_policy_threshold, batch_size),
                                         track_departed=True)
-            self.dispatch.set_batch_size(batch_size)
+            self.dispatch.plugin.dispatch.batch_size = int(batch_size)
         elif self.sampler.config.batch_size != batch_size:
             raise UsageError(f"DivOPDReplayBuffer: verl asked for {batch_size} rows, the sampler composes "
                              f"{self.sampler.config.batch_size} (keep data.train_batch_size fixed)")
@@ -165,19 +154,15 @@ class DivOPDReplayBuffer(ReplayBuffer):
 
     def ingest(self, partition_id: str) -> list[Candidate]:
         """Add the records put since the last poll (in TransferQueue's order) to the sampler; clear finished prompts.
-
-        A record whose tag carries divopd's summary (:data:`~divopd.integrations.verl_records.SUMMARY_TAG`) is read
-        from its tag alone, like verl's own buffer reads; the fields of one without it are fetched once to summarise it.
-        """
+        A record is read from divopd's summary tag alone; one without it has its fields fetched once to summarise it."""
         listing = (tq.kv_list(partition_id=partition_id) or {}).get(partition_id, {})
         self._listed &= listing.keys()  # verl cleared the handed-out records it trained on
-        known = self._listed
         keys, tags, done_prompts = [], [], []
         for key, tag in listing.items():
             if tag.get("is_prompt", False):
                 if tag.get("status") in ("finished", "failure"):
                     done_prompts.append(key)
-            elif key not in known and tag.get("status") == "success":  # a record being written has no status yet
+            elif key not in self._listed and tag.get("status") == "success":  # a record being written has no status yet
                 keys.append(key)
                 tags.append(tag)
         errors: dict[str, VerlRecordError] = {}
@@ -196,8 +181,8 @@ class DivOPDReplayBuffer(ReplayBuffer):
         if errors:
             self._stop(partition_id, errors)
         arrivals = self.sampler.add(list(zip(keys, tags, strict=True)), candidates)
-        self.dispatch.observe([c.rollout_id for c in candidates], arrivals,
-                              lambda: full_turns(keys, tags, lambda ks: self._read(partition_id, ks)))
+        self.dispatch.observe([c.rollout_id for c in candidates], arrivals, lambda: [  # in full, for the experience log
+            record_summary(k, t, v)[0] for k, t, v in zip(keys, tags, self._read(partition_id, keys), strict=True)])
         self._listed.update(keys)
         if done_prompts:  # their trajectories were put before their terminal status: all read above
             tq.kv_clear(keys=done_prompts, partition_id=partition_id)
@@ -213,11 +198,7 @@ class DivOPDReplayBuffer(ReplayBuffer):
 
     @staticmethod
     def _read(partition_id: str, keys: list[str]) -> list[dict[str, Any]]:
-        """The fields of ``keys`` that the composer reads (one batched get; per key where fields differ).
-
-        A field whose records differ in rank (e.g. the two teacher layouts in one read) comes back from TransferQueue
-        as a list rather than a (nested) tensor: both are read row by row.
-        """
+        """The fields of ``keys`` that the composer reads (one batched get; per key where fields differ)."""
         if not keys:
             return []
         try:
@@ -248,7 +229,8 @@ class DivOPDReplayBuffer(ReplayBuffer):
         return set() if self.sampler is None else {key for key, _ in self.sampler.waiting_payloads()}
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampler state (queue, pending pool, ledger) with the waiting records' keys and tags (JSON-able)."""
+        """The sampler state (queue, pending pool, ledger) with the waiting records' keys and tags (JSON-able), for a
+        trainer that checkpoints its buffer (verl 0.9.1 does not)."""
         return {"version": _STATE_VERSION, "sampler": None if self.sampler is None else self.sampler.state_dict(list),
                 "read": sorted(self._listed)}
 

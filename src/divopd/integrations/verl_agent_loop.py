@@ -1,27 +1,6 @@
-"""The rollout-side piece per-turn selection needs in verl 0.9.1: one TransferQueue record per student turn.
-
-verl's own agent loops (``single_turn_agent``, ``tool_agent``) return one ``AgentLoopOutput`` per session: every
-assistant turn concatenated in ``response_ids``, tool/user tokens masked out by ``response_mask``. Its v1 TQ worker
-(``AgentLoopWorkerTQ._agent_loop_postprocess``) already writes one record per output of a list (keys
-``{uid}_{session_id}_{index}``), but scores only the final output with the teacher (verl's "TODO: Support
-output:list[AgentLoopOutput]"). Two small pieces close the gap:
-
-- :func:`split_turns`: one output per assistant turn — turn ``t``'s prompt is the session prompt plus everything before
-  its tokens, its response is its own tokens (all student actions), with its slice of ``response_logprobs``; so the key
-  index is the turn index;
-- :class:`DivOPDAgentLoopManagerTQ` (``actor_rollout_ref.rollout.agent.agent_loop_manager_class=
-  divopd.integrations.verl_agent_loop.DivOPDAgentLoopManagerTQ``): verl's TQ manager whose workers split each output so
-  and score every turn with the teacher before verl writes the records.
-
-A session split by :func:`split_turns` gives every turn the session's ``min_global_steps`` (verl's own loops record
-the weights versions per session): the version of the turn's first token is at least that, so a turn is never kept
-past its staleness limit, and a late turn of a long session may expire early. divopd's own loop
-(:mod:`divopd.integrations.verl_env_agent`, ``divopd_env_agent``) returns one output per turn with that turn's
-version. Before verl writes the records, the worker tags each key (a tag-only put) with divopd's per-turn summary
-(:data:`~divopd.integrations.verl_records.SUMMARY_TAG`, so the replay buffer composes from tags alone) and
-``prompt_truncated``. ``rollout.calculate_log_probs=True`` gives ``response_logprobs``
-(``rollout_log_probs`` in the record), without which divopd's gate rejects the turn (``missing_student_logprobs``).
-``routed_experts`` (MoE router replay) is not split: it is left out of the per-turn outputs.
+"""The rollout side of per-turn selection in verl 0.9.1: one teacher-scored TransferQueue record per student turn
+(verl's TQ worker scores only a session's last output). A turn split from a session output by :func:`split_turns`
+carries the session's ``min_global_steps`` (so it may expire early, never late); ``routed_experts`` is not split.
 """
 
 from __future__ import annotations
@@ -60,7 +39,7 @@ def split_turns(output: AgentLoopOutput) -> list[AgentLoopOutput]:
     logprobs = output.response_logprobs
     turns = []
     for index, (start, end) in enumerate(spans):
-        update: dict[str, Any] = {
+        turns.append(output.model_copy(update={
             "prompt_ids": list(output.prompt_ids) + list(output.response_ids[:start]),
             "response_ids": list(output.response_ids[start:end]),
             "response_mask": [1] * (end - start),
@@ -68,14 +47,12 @@ def split_turns(output: AgentLoopOutput) -> list[AgentLoopOutput]:
             "routed_experts": None,
             "reward_score": output.reward_score if index == len(spans) - 1 else None,
             "extra_fields": {**output.extra_fields, "turn_index": index},
-        }
-        turns.append(output.model_copy(update=update, deep=False))
+        }, deep=False))
     return turns
 
 
 class _DivOPDWorker(AgentLoopWorkerTQ.__ray_actor_class__):  # the class under verl's @ray.remote
-    """verl's TQ worker, writing one record per assistant turn, each scored by the teacher and tagged with divopd's
-    summary."""
+    """verl's TQ worker, writing one record per assistant turn, each teacher-scored and tagged with divopd's summary."""
 
     async def _agent_loop_postprocess(self, output: AgentLoopOutput | list[AgentLoopOutput], validate: bool,
                                       **kwargs: Any) -> None:
@@ -114,11 +91,9 @@ DivOPDAgentLoopWorkerTQ = ray.remote(_DivOPDWorker)
 
 
 class DivOPDAgentLoopManagerTQ(AgentLoopManagerTQ):
-    """verl's TQ agent-loop manager with :data:`DivOPDAgentLoopWorkerTQ` workers.
-
-    With the DivOPD buffer's matched dispatch (:mod:`divopd.integrations.verl_dispatch`, the default), the training
-    prompts verl submits are held, and the buffer starts the sessions each step (:meth:`start_sessions`); validation
-    prompts, and every prompt when no DivOPD buffer is built in this process, are dispatched at once as verl does."""
+    """verl's TQ agent-loop manager with :data:`DivOPDAgentLoopWorkerTQ` workers. Under the DivOPD buffer's matched
+    dispatch (:mod:`divopd.integrations.verl_dispatch`) it holds the training prompts verl submits and the buffer starts
+    the sessions (:meth:`start_sessions`); other prompts are dispatched at once as verl does."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,25 +1,10 @@
 """The matched dispatch inside verl 0.9.1's v1 trainer: the DivOPD buffer decides how many sessions start per step.
 
-verl's levers (``verl/trainer/ppo/v1/trainer_base.py``): every step, ``prepare_step`` → ``_add_batch_to_generate``
-submits one ``data.gen_batch_size`` chunk (default ``data.train_batch_size`` prompts) and the async trainers add
-``num_warmup_batches`` chunks up front; a custom sampler receives ``refill_fn`` (``_add_prompts_to_generate``: an exact
-number of fresh prompts, a multiple of ``gen_batch_size``). Every submission reaches the agent-loop manager's
-``generate_sequences``, and divopd's manager (:class:`~divopd.integrations.verl_agent_loop.DivOPDAgentLoopManagerTQ`)
-is the one the example names. The lever used here: the manager *holds* the training prompts verl submits (a reservoir,
-at most :data:`RESERVOIR_STEPS` steps' worth; older surplus prompts are released: their TransferQueue prompt markers
-cleared, never played), and at each training step the buffer's :class:`VerlDispatch` starts the number of sessions
-the rule of :mod:`divopd.integrations.dispatch` asks for (``prompts = ⌈sessions / rollout.n⌉``), from the reservoir
-first and through ``refill_fn`` when it runs short (stamped with the step that starts them). verl's own per-step
-dispatch therefore fills the reservoir and starts nothing. Validation batches pass straight through. Without divopd's
-manager (verl's own, or a trainer that never links one), or with ``sampler_kwargs.dispatch=verl``, nothing is held:
-verl dispatches as it does, and the buffer only measures (the same metrics).
-
-The experience log (``sampler_kwargs.experience_dir``) belongs to the run of one checkpoint folder
-(``trainer.default_local_dir``): :func:`verl_resume_point` reads, from verl's config at the buffer's construction,
-whether verl resumes (``trainer.resume_mode``: ``auto`` finds the newest checkpoint with verl's own
-``find_latest_ckpt_path``, ``resume_path`` names it, ``disable`` starts afresh) and from which ``global_step_K``; the
-resumed run continues the log without the rows logged at learner version K or later (verl's first resumed step, K + 1,
-composes for version K), and a fresh run refuses a directory that holds a log.
+divopd's agent-loop manager holds the training prompts verl submits (a reservoir of at most :data:`RESERVOIR_STEPS`
+steps' worth; older surplus prompts are released unplayed, their TransferQueue markers cleared); each step the buffer's
+:class:`VerlDispatch` starts the sessions the rule of :mod:`divopd.integrations.dispatch` asks for, from the reservoir
+first, then through verl's ``refill_fn``. Without divopd's manager, or with ``dispatch=verl``, verl dispatches as it
+does and the buffer only measures.
 """
 
 from __future__ import annotations
@@ -75,19 +60,16 @@ def _horizon(prompts: Any) -> int | None:
 
 
 def verl_resume_point(*nodes: Any) -> tuple[str | None, int | None]:
-    """``(the run's checkpoint folder, the global step verl resumes from)`` read from verl's config, which the buffer
-    reaches through any of ``nodes`` (its ``sampler_kwargs`` / ``trainer_config``, nodes of verl's composed config),
-    as verl's ``_load_checkpoint`` decides it; ``(None, None)`` where no node leads to verl's config, and a step of
-    ``None`` for a fresh run."""
-    root = None
+    """``(the run's checkpoint folder, the global step verl resumes from)`` as verl's ``_load_checkpoint`` decides it,
+    read from the config root of any of ``nodes`` (the buffer's ``sampler_kwargs`` / ``trainer_config``); ``(None,
+    None)`` where no node leads to verl's config, a step of ``None`` for a fresh run."""
     for node in nodes:
         try:
-            root = node._get_root()
-            trainer = root.trainer
+            trainer = node._get_root().trainer
             break
         except (AttributeError, KeyError):  # a plain dict (a buffer built by hand), or no trainer section
-            root = None
-    if root is None:
+            continue
+    else:
         return None, None
     folder = trainer.get("default_local_dir")
     folder = None if folder is None else os.path.abspath(str(folder))
@@ -111,21 +93,14 @@ def verl_resume_point(*nodes: Any) -> tuple[str | None, int | None]:
 def verl_dispatch(sampler_kwargs: dict[str, Any], refill_fn: Any, trainer_mode: str,
                   resume: tuple[str | None, int | None] = (None, None)) -> VerlDispatch:
     """The buffer's dispatch and plug-in bookkeeping from its ``sampler_kwargs`` (one line on a bad value); ``resume``
-    is :func:`verl_resume_point`: the experience log is opened for a fresh run or continued for the resumed one."""
+    is :func:`verl_resume_point`: a run resumed from step K continues the experience log without the rows logged at
+    learner version K or later (verl's step K + 1 composes for version K)."""
     settings = split_plugin_args({k: v for k, v in sampler_kwargs.items() if k != "dispatch"})[0]
     run, step = resume
     plugin = PluginRun(settings, int(sampler_kwargs.get("batch_size") or 1), "DivOPDReplayBuffer",
                        "trainer.v1.sampler.sampler_kwargs", framework="verl", run=run)
     plugin.start(resume_update=step)  # the buffer's sampler numbers arrivals from 0 again: the log goes on after them
     return VerlDispatch(plugin, refill_fn, trainer_mode, str(sampler_kwargs.get("dispatch") or "matched"))
-
-
-def full_turns(keys: list[str], tags: list[dict[str, Any]], read: Callable[[list[str]], list[Any]]) -> list[Any]:
-    """The turns of the records ``keys`` (with their ``tags``) with their per-token arrays, read with ``read(keys)``
-    (for the experience log)."""
-    from divopd.integrations.verl_records import record_summary
-
-    return [record_summary(key, tag, values)[0] for key, tag, values in zip(keys, tags, read(keys), strict=True)]
 
 
 class VerlDispatch:
@@ -156,31 +131,24 @@ class VerlDispatch:
 
     def hold(self, prompts: Any) -> None:
         """Keep a training prompt batch verl submitted; release the oldest surplus past the reservoir's size."""
+        import transfer_queue as tq
+
         horizon = _horizon(prompts)
         if horizon is not None:
             self.plugin.set_horizon(horizon)
         self.reservoir.append(prompts)
         limit = RESERVOIR_STEPS * max(self.plugin.dispatch.prompts_to_submit(), self.gen_batch_size)
         while len(self.reservoir) > 1 and self.held - len(self.reservoir[0]) >= limit:
-            self._release(self.reservoir.pop(0))
+            keys = [str(k) for k in self.reservoir.pop(0)["uid"]]
+            tq.kv_clear(keys=keys, partition_id="train")  # a surplus prompt released unplayed: its marker cleared
+            self.released += len(keys)
 
     @property
     def held(self) -> int:
         return sum(len(p) for p in self.reservoir)
 
-    def _release(self, prompts: Any) -> None:
-        import transfer_queue as tq
-
-        keys = [str(k) for k in prompts["uid"]]
-        tq.kv_clear(keys=keys, partition_id="train")
-        self.released += len(keys)
-
     # ------------------------------------------------------------------ the buffer's side
     version = 0  # the learner version the buffer composes for now (turns read are logged with it)
-
-    def set_batch_size(self, batch_size: int) -> None:
-        """B, once verl asks for its first batch."""
-        self.plugin.dispatch.batch_size = int(batch_size)
 
     def observe(self, rollout_ids: list[str], arrivals: list[int], turns: Callable[[], list[Any]] | None = None
                 ) -> None:
@@ -188,7 +156,7 @@ class VerlDispatch:
         self.plugin.observe(rollout_ids, arrivals, self.version, turns)
 
     def step(self, ledger: Ledger) -> dict[str, float]:
-        """Close a step: the plug-in's metrics, plus the prompts held and released so far."""
+        """Close a step: the plug-in's metrics."""
         return self.plugin.step(ledger)
 
     def before_step(self, global_steps: int) -> None:
@@ -212,14 +180,12 @@ class VerlDispatch:
 
         out, need = [], n
         while need > 0 and self.reservoir:
-            head = self.reservoir[0]
-            if len(head) <= need:
-                out.append(self.reservoir.pop(0))
-                need -= len(head)
-            else:
-                out.append(head[:need])
-                self.reservoir[0] = head[need:]
-                need = 0
+            head = self.reservoir.pop(0)
+            if len(head) > need:
+                self.reservoir.insert(0, head[need:])
+                head = head[:need]
+            out.append(head)
+            need -= len(head)
         for piece in out:
             tu.assign_non_tensor_data(piece, "global_steps", global_steps)
         return out[0] if len(out) == 1 else tu.concat_tensordict(out)

@@ -1,29 +1,10 @@
 """``divopd_env_agent``: a verl 0.9.1 agent loop that plays a multi-turn divopd environment, one output per turn.
 
-verl's own agent loops return one output per session and its TQ worker scores only the last one with the teacher.
-This loop plays a divopd :class:`~divopd.explore.envs.Env` (a registry name such as ``tiny``, ``twx``,
-``scienceworld``, ``alfworld``, ``webshop``, or an import path ``module:Class``, as ``explorer.env`` takes) turn by
-turn through verl's rollout server and returns a *list* of :class:`AgentLoopOutput`, one per assistant turn:
-
-- each turn's prompt is built the way divopd's explorer builds it (:func:`divopd.explore.prompting.encode_prompt`:
-  system text, the task, the history under the context budget, the valid actions), so ``prompt_ids`` is the turn's
-  whole context and ``response_ids`` the turn's sampled tokens (``response_mask`` all 1);
-- ``response_logprobs`` are the rollout server's log probs of those tokens (set ``rollout.calculate_log_probs=True``);
-- ``extra_fields`` carry ``min_global_steps`` / ``max_global_steps`` of *that turn's* generate call (verl's server
-  client stamps the weights version on every call), ``turn_index``, ``prompt_truncated``, ``env`` and ``task``;
-- the episode's score is the last output's ``reward_score`` (verl copies it to the others).
-
-With :class:`divopd.integrations.verl_agent_loop.DivOPDAgentLoopManagerTQ` as the manager, every one of these outputs
-is scored by verl's teacher path (``AsyncTeacherLLMServerManager.compute_teacher_logprobs_single``) and written as
-its own TransferQueue record ``{uid}_{session_id}_{turn_index}``: the rollout id is ``{uid}_{session_id}``.
-
-The task comes from the dataset row that ``divopd tasks CONFIG --for verl`` writes
-(:mod:`divopd.integrations.verl_tasks`): ``extra_info.divopd_task`` holds the row (env, env_kwargs, task, max_steps
-and the explorer's prompt / generation settings) as JSON text. Register the loop in verl's worker processes either by
-importing this module (the divopd manager does) or with ``rollout.agent.agent_loop_config_path`` pointing at a YAML
-list entry ``{name: divopd_env_agent, _target_: divopd.integrations.verl_env_agent.DivOPDEnvAgentLoop}``
-(examples/verl/agent_loops.yaml). +R (the teacher taking over a turn) is not played here: verl's teacher path only
-scores, it does not generate.
+Each turn's prompt is built as divopd's explorer builds it (:func:`divopd.explore.prompting.encode_prompt`), and its
+output carries the weights version of *that turn's* generate call (``min_global_steps``), ``turn_index`` and
+``prompt_truncated``; the episode's score is the last output's ``reward_score``. The task is the row
+``divopd tasks CONFIG --for verl`` writes into ``extra_info.divopd_task`` (:mod:`divopd.integrations.verl_tasks`).
+Importing this module registers the loop (divopd's agent-loop manager does). +R is not played: verl's teacher scores.
 """
 
 from __future__ import annotations
@@ -67,9 +48,8 @@ class DivOPDEnvAgentLoop(AgentLoopBase):
         budget = min(prompt_cfg.max_prompt_tokens, int(self.rollout_config.prompt_length))
         prompt_cfg = prompt_cfg.model_copy(update={"max_prompt_tokens": budget})
         response_length = int(self.rollout_config.response_length)
-        params = dict(sampling_params)
         max_new = (explorer.get("generation") or {}).get("max_new_tokens")
-        params["max_tokens"] = min(int(max_new), response_length) if max_new else response_length
+        params = {**sampling_params, "max_tokens": min(int(max_new), response_length) if max_new else response_length}
         loop = asyncio.get_running_loop()
         env = make_env(row["env"], **(row.get("env_kwargs") or {}))
         outputs: list[AgentLoopOutput] = []

@@ -1,27 +1,9 @@
 """verl TransferQueue records ⇄ divopd turns (the record side of :mod:`divopd.integrations.verl`).
 
-A verl v1 agent loop puts one record per agent-loop output into TransferQueue under the key
-``{uid}_{session_id}_{index}`` (``verl/trainer/ppo/v1/agent_loop_tq.py``). For per-turn selection each output is one
-student turn, so the rollout is ``{uid}_{session_id}`` and the turn index is ``index``: :func:`parse_key` splits the key
-at its last ``_``. A record becomes a :class:`~divopd.experience.Turn` from:
-
-- fields ``prompts`` and ``responses`` (token ids), ``response_mask`` (1 = a token the student generated: the action
-  mask), ``rollout_log_probs`` (the generating policy's log probs, verl's name for ``response_logprobs``),
-  ``teacher_logprobs`` with optional ``teacher_ids`` in one of two layouts: verl's teacher manager writes
-  ``[prompt + response, K]`` rows where row ``i`` scores token ``i + 1`` of the sequence (vLLM's prompt log probs,
-  the last row a dummy), so response token ``j`` is row ``P − 1 + j`` (verl's losses slice them so); or one value per
-  response token, ``[response]`` or ``[response, 1]`` (a user's own agent loop);
-- tags ``min_global_steps`` (the weights version that generated the turn; a ``policy_version`` tag wins when both are
-  there), optional ``prompt_truncated``, ``task``, ``env``, ``success``, and divopd's per-turn summary
-  (:data:`SUMMARY_TAG`, written by :class:`divopd.integrations.verl_agent_loop.DivOPDAgentLoopWorkerTQ` and by
-  :func:`turn_to_record`): the scalars the composer reads, so that a record carrying it becomes its candidate from its
-  tag alone (:func:`candidate_of`) and its fields are fetched only when verl needs them rewritten (:func:`safe_fields`).
-
-A record without a parsable key or a version raises :class:`VerlRecordError` (one line naming the key and the field);
-one without teacher or student log probs, or with a per-token field of another length than ``responses``, is rejected by
-divopd's gate with its reason, counted in the ledger. The teacher log prob of a response token is the one whose
-``teacher_ids`` entry is that token; a position where no column holds the token, or whose value is not finite, is
-unscored (NaN), as divopd's gate reads it.
+A record is one student turn under the key ``{uid}_{session_id}_{turn_index}`` (rollout ``{uid}_{session_id}``).
+Its teacher comes in verl's ``[prompt + response, K]`` rows (row ``P − 1 + j`` scores response token ``j``; the value
+whose ``teacher_ids`` entry is the token, none = unscored, NaN) or one value per response token. A record without
+a parsable key, a version or token ids raises :class:`VerlRecordError`; other faults are the gate's reasons.
 """
 
 from __future__ import annotations
@@ -38,11 +20,12 @@ from divopd.sampling.candidate import task_key
 from divopd.sampling.gate import verdict
 
 __all__ = ["RECORD_FIELDS", "SUMMARY_TAG", "VerlRecordError", "candidate_of", "parse_key", "record_summary",
-           "safe_fields", "turn_to_record"]
+           "safe_fields"]
 
+_FIELD_TYPES = {"prompts": np.int64, "responses": np.int64, "response_mask": np.int64,
+                "rollout_log_probs": np.float32, "teacher_logprobs": np.float32, "teacher_ids": np.int64}
 #: The value fields the plug-in reads from a record (others, e.g. ``input_ids``, are left to verl).
-RECORD_FIELDS: tuple[str, ...] = (
-    "prompts", "responses", "response_mask", "rollout_log_probs", "teacher_logprobs", "teacher_ids")
+RECORD_FIELDS: tuple[str, ...] = tuple(_FIELD_TYPES)
 #: The tag holding divopd's per-turn summary (see :func:`record_summary`).
 SUMMARY_TAG = "divopd"
 _INFO_TAGS = ("task", "env", "success")
@@ -111,12 +94,7 @@ def _per_token(rows: np.ndarray, ids: np.ndarray | None, responses: np.ndarray) 
 
 
 def _fields(values: Mapping[str, Any], key: str) -> dict[str, Any]:
-    arrays = {
-        "prompts": _array(values.get("prompts"), np.int64), "responses": _array(values.get("responses"), np.int64),
-        "response_mask": _array(values.get("response_mask"), np.int64),
-        "rollout_log_probs": _array(values.get("rollout_log_probs"), np.float32),
-        "teacher_logprobs": _array(values.get("teacher_logprobs"), np.float32),
-        "teacher_ids": _array(values.get("teacher_ids"), np.int64)}
+    arrays = {name: _array(values.get(name), dtype) for name, dtype in _FIELD_TYPES.items()}
     for name in ("responses", "prompts"):
         if arrays[name] is None or arrays[name].ndim != 1:
             raise VerlRecordError(f"verl record {key!r}: field {name!r} missing or not 1-d token ids")
@@ -125,14 +103,8 @@ def _fields(values: Mapping[str, Any], key: str) -> dict[str, Any]:
 
 def record_summary(key: str, tag: Mapping[str, Any], values: Mapping[str, Any]) -> tuple[Turn, dict[str, Any]]:
     """The turn of one TransferQueue record (``values``: its fields, absent ones missing or ``None``) and divopd's
-    summary of it (the :data:`SUMMARY_TAG` tag).
-
-    The summary holds what the composer reads (``response_len``, ``length_mismatch``, ``teacher``, ``student``,
-    ``n_valid``, ``disagreement``, ``kl_tokens``, ``teacher_masked``) and what verl's trainer needs done to the record
-    before it trains on it: ``unscored`` (action positions whose teacher row is not finite: they leave verl's
-    response mask) and ``rewrite`` (the record needs :func:`safe_fields`: such positions, a non-finite value in any
-    teacher row, or a teacher in the one-value-per-token layout, which verl's losses cannot read).
-    """
+    summary of it (the :data:`SUMMARY_TAG` tag): the scalars the composer reads, ``unscored`` (action positions whose
+    teacher row is not finite) and ``rewrite`` (verl's losses cannot read the record before :func:`safe_fields`)."""
     rollout_id, turn_index = parse_key(key)
     version = _policy_version(key, tag)
     a = _fields(values, key)
@@ -179,13 +151,10 @@ def candidate_of(key: str, tag: Mapping[str, Any]) -> Candidate:
 
 
 def safe_fields(values: Mapping[str, Any], key: str) -> tuple[dict[str, Any], int]:
-    """The fields to put back into a record before verl trains on it, and how many positions left its mask.
-
-    The teacher goes into verl's ``[P + R, K]`` layout (a one-value-per-token teacher becomes ``K = 1`` rows with
-    ``teacher_ids`` = the scored tokens); every non-finite teacher value becomes finite (the student's generating log
-    prob at that response position, so the estimator losses see no disagreement there; 0 elsewhere); the action
-    positions whose row was not finite leave ``response_mask`` (and ``loss_mask``, which verl keeps equal to it).
-    """
+    """The fields to put back into a record before verl trains on it, and how many positions left its mask: the
+    teacher in verl's ``[P + R, K]`` layout (one value per token becomes ``K = 1``), every non-finite teacher value the
+    student's log prob at that position (no disagreement there; 0 elsewhere), and the action positions
+    whose row was not finite out of ``response_mask`` and ``loss_mask``."""
     import torch
 
     a = _fields(values, key)
@@ -221,46 +190,3 @@ def safe_fields(values: Mapping[str, Any], key: str) -> tuple[dict[str, Any], in
         "loss_mask": torch.tensor(mask, dtype=torch.int64),
     }
     return out, int(np.count_nonzero(dropped))
-
-
-def turn_to_record(turn: Turn, summary: bool = True) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """``(key, fields, tag)`` of a divopd turn in verl's layout (torch tensors), as divopd's agent loop puts it.
-
-    The teacher is verl's ``[prompt + response, 1]`` rows (row ``P − 1 + j`` scores response token ``j``, ids = the
-    scored tokens, a dummy last row); a position the turn's ``teacher_valid_mask`` excludes is NaN; a turn without a
-    prompt gets one value per response token. Absent arrays stay absent fields. ``summary``: add divopd's summary tag.
-    """
-    import torch
-
-    prompt, response = np.asarray(turn.prompt_ids), np.asarray(turn.response_ids)
-    p, n = len(prompt), len(response)
-    fields: dict[str, Any] = {
-        "prompts": torch.tensor(prompt, dtype=torch.int64),
-        "responses": torch.tensor(response, dtype=torch.int64),
-        "response_mask": torch.tensor(
-            np.ones(n, dtype=np.int64) if turn.action_mask is None else turn.action_mask.astype(np.int64)),
-    }
-    if turn.student_logprobs is not None:
-        fields["rollout_log_probs"] = torch.tensor(turn.student_logprobs, dtype=torch.float32)
-    if turn.teacher_logprobs is not None:
-        teacher = np.array(turn.teacher_logprobs, dtype=np.float32)
-        if turn.teacher_valid_mask is not None and len(turn.teacher_valid_mask) == len(teacher):
-            teacher[~turn.teacher_valid_mask] = np.nan
-        if p == 0 or len(teacher) != n:
-            fields["teacher_logprobs"] = torch.tensor(teacher)
-        else:
-            rows = np.zeros(p + n, dtype=np.float32)
-            rows[p - 1:p - 1 + n] = teacher
-            ids = np.concatenate([prompt[1:], response, [0]])
-            fields["teacher_logprobs"] = torch.tensor(rows[:, None])
-            fields["teacher_ids"] = torch.tensor(ids[:, None], dtype=torch.int32)
-    tag: dict[str, Any] = {
-        "status": "success", "prompt_len": p, "response_len": n, "seq_len": p + n,
-        "global_steps": turn.policy_version, "min_global_steps": turn.policy_version,
-        "max_global_steps": turn.policy_version, "prompt_truncated": turn.prompt_truncated,
-        **{name: turn.info[name] for name in _INFO_TAGS if turn.info.get(name) is not None},
-    }
-    key = f"{turn.rollout_id}_{turn.turn_index}"
-    if summary:
-        tag[SUMMARY_TAG] = record_summary(key, tag, fields)[1]
-    return key, fields, tag

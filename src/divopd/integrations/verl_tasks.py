@@ -1,18 +1,8 @@
 """verl's dataset files (``data.train_files`` / ``data.val_files``), written by ``divopd tasks CONFIG --for verl``.
 
-verl's ``RLHFDataset`` reads parquet files, one row per prompt; its agent-loop workers pass the row's fields to the
-agent loop named in its ``agent_name`` column. Each row here names divopd's loop (``divopd_env_agent``,
-:mod:`divopd.integrations.verl_env_agent`) and carries divopd's task row (``divopd.commands.tasks.task_rows``: env,
-env_kwargs, split, task, index, max_steps, and the explorer's prompt / generation settings) as JSON *text* in
-``extra_info.divopd_task`` (Arrow would merge dicts of different shapes into one struct type)::
-
-    divopd tasks scienceworld --for verl --split train --out data/scienceworld/train.parquet
-    divopd tasks scienceworld --for verl --split dev --out data/scienceworld/val.parquet
-
-Columns: ``data_source`` (``divopd/<env>``), ``agent_name``, ``prompt`` (one short user message naming the task: the
-loop builds the real prompts from the environment; verl's dataset filters and tokenizes this column), ``ability``,
-``reward_model`` (the loop scores episodes itself: ``{"style": "divopd_env", "ground_truth": ""}``) and
-``extra_info`` (``index``, ``split``, ``divopd_task``). Needs pyarrow (installed with verl and with divopd).
+One parquet row per task, naming divopd's agent loop (``agent_name``) and carrying divopd's task row as JSON *text* in
+``extra_info.divopd_task`` (Arrow would merge dicts of different shapes into one struct type). The ``prompt`` column
+only names the task: the loop builds the real prompts from the environment.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Try divopd's verl agent loop on a CPU: verl's real TQ worker plays a divopd env with HF models standing in for verl's
-vLLM servers, writes one teacher-scored TransferQueue record per turn, and the DivOPD buffer composes a batch.
-
-Used by ``examples/try_verl.py`` (the command a user runs) and ``benchmarks/bench_dispatch.py``. Needs verl 0.9.1 and
-TransferQueue (the verl venv). What stands in: verl's vLLM servers (:class:`HFServer`: an HF model returning what
-verl's server returns: sampled tokens with their log probs and the weights version, or the teacher's prompt log probs
-in verl's ``[P + R, K = 1]`` rows) and its load balancer (:func:`server_client`: one in-process server).
+"""Try divopd's verl agent loop on a CPU (``examples/try_verl.py``, ``benchmarks/bench_dispatch.py``): verl's real TQ
+worker plays a divopd env, HF models (:class:`HFServer`) standing in for verl's vLLM servers and one in-process server
+for its load balancer (:func:`server_client`). Needs the verl venv.
 """
 
 from __future__ import annotations
@@ -12,14 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 __all__ = ["HFServer", "play_prompts", "server_client", "verl_config", "worker"]
-
-
-class _Remote:
-    def __init__(self, fn: Any) -> None:
-        self.remote = fn  # ``await server.generate.remote(...)``: a coroutine is awaitable like an ObjectRef
 
 
 class HFServer:
@@ -32,7 +24,8 @@ class HFServer:
         self.version = 0
         self.calls = 0
         self.unscored_every = unscored_every  # as teacher: every this many calls, the last position unscored (NaN)
-        self.generate = _Remote(self._generate)
+        # ``await server.generate.remote(...)``: a coroutine is awaitable like an ObjectRef
+        self.generate = SimpleNamespace(remote=self._generate)
 
     def weights_version(self) -> int:
         """The weights version the server reports with each sampled response."""

@@ -18,11 +18,17 @@ pytest.importorskip("transfer_queue")
 
 import torch  # noqa: E402
 import transfer_queue as tq  # noqa: E402
-from verl_helpers import clear_partition, ledger_identity, make_buffer, new_partition, trajectory_keys  # noqa: E402
+from verl_helpers import (  # noqa: E402
+    clear_partition,
+    ledger_identity,
+    make_buffer,
+    new_partition,
+    trajectory_keys,
+    turn_to_record,
+)
 
 from divopd.experience import Turn  # noqa: E402
 from divopd.integrations.verl import VerlRecordError  # noqa: E402
-from divopd.integrations.verl_records import turn_to_record  # noqa: E402
 
 N = 4  # response tokens per turn
 

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("verl")
 
 import torch  # noqa: E402
-from verl_helpers import FIXTURE_LOG, SETTINGS, THRESHOLD  # noqa: E402
+from verl_helpers import FIXTURE_LOG, SETTINGS, THRESHOLD, turn_to_record  # noqa: E402
 
 from divopd.errors import UsageError  # noqa: E402
 from divopd.experience import Turn  # noqa: E402
@@ -21,7 +21,6 @@ from divopd.integrations.verl_records import (  # noqa: E402
     candidate_of,
     parse_key,
     record_summary,
-    turn_to_record,
 )
 from divopd.sampling import Candidate, gate  # noqa: E402
 

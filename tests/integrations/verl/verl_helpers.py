@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import transfer_queue as tq
 
 from divopd.analysis.replay import ReplayConfig
@@ -15,7 +16,7 @@ from divopd.analysis.replay_rules import deliveries, log_updates
 from divopd.experience import Turn
 from divopd.experience.log import ExperienceLogWriter, read_log
 from divopd.integrations.verl import DivOPDReplayBuffer
-from divopd.integrations.verl_records import turn_to_record
+from divopd.integrations.verl_records import SUMMARY_TAG, record_summary
 from divopd.sampling import Ledger, make_sampler
 
 #: The real experience log of a lockstep ``divopd train`` run (made by make_fixture.py, command in its docstring).
@@ -23,6 +24,49 @@ FIXTURE_LOG = Path(__file__).resolve().parent / "data" / "tiny-lockstep" / "expe
 #: The run's own settings (B, k, δ) and the plug-in's equivalent verl threshold (δ + 1).
 SETTINGS: dict[str, Any] = {"batch_size": 6, "pool_factor": 4, "cap": 2, "max_staleness": 1}
 THRESHOLD = SETTINGS["max_staleness"] + 1
+
+
+def turn_to_record(turn: Turn, summary: bool = True) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``(key, fields, tag)`` of a divopd turn in verl's layout (torch tensors), as a verl agent loop puts it.
+
+    The teacher is verl's ``[prompt + response, 1]`` rows (row ``P − 1 + j`` scores response token ``j``, ids = the
+    scored tokens, a dummy last row); a position the turn's ``teacher_valid_mask`` excludes is NaN; a turn without a
+    prompt gets one value per response token. Absent arrays stay absent fields. ``summary``: add divopd's summary tag.
+    """
+    import torch
+
+    prompt, response = np.asarray(turn.prompt_ids), np.asarray(turn.response_ids)
+    p, n = len(prompt), len(response)
+    fields: dict[str, Any] = {
+        "prompts": torch.tensor(prompt, dtype=torch.int64),
+        "responses": torch.tensor(response, dtype=torch.int64),
+        "response_mask": torch.tensor(
+            np.ones(n, dtype=np.int64) if turn.action_mask is None else turn.action_mask.astype(np.int64)),
+    }
+    if turn.student_logprobs is not None:
+        fields["rollout_log_probs"] = torch.tensor(turn.student_logprobs, dtype=torch.float32)
+    if turn.teacher_logprobs is not None:
+        teacher = np.array(turn.teacher_logprobs, dtype=np.float32)
+        if turn.teacher_valid_mask is not None and len(turn.teacher_valid_mask) == len(teacher):
+            teacher[~turn.teacher_valid_mask] = np.nan
+        if p == 0 or len(teacher) != n:
+            fields["teacher_logprobs"] = torch.tensor(teacher)
+        else:
+            rows = np.zeros(p + n, dtype=np.float32)
+            rows[p - 1:p - 1 + n] = teacher
+            ids = np.concatenate([prompt[1:], response, [0]])
+            fields["teacher_logprobs"] = torch.tensor(rows[:, None])
+            fields["teacher_ids"] = torch.tensor(ids[:, None], dtype=torch.int32)
+    tag: dict[str, Any] = {
+        "status": "success", "prompt_len": p, "response_len": n, "seq_len": p + n,
+        "global_steps": turn.policy_version, "min_global_steps": turn.policy_version,
+        "max_global_steps": turn.policy_version, "prompt_truncated": turn.prompt_truncated,
+        **{name: turn.info[name] for name in ("task", "env", "success") if turn.info.get(name) is not None},
+    }
+    key = f"{turn.rollout_id}_{turn.turn_index}"
+    if summary:
+        tag[SUMMARY_TAG] = record_summary(key, tag, fields)[1]
+    return key, fields, tag
 
 
 def damaged(turn: Turn, arrival: int) -> Turn:
