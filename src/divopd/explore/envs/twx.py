@@ -10,13 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from divopd.explore.envs._jvm import (
-    DEFAULT_CALL_TIMEOUT_S,
-    NO_STEP_LIMIT,
-    JvmEnv,
-    check_call_timeout,
-    read_timeout_for,
-)
+from divopd.explore.envs._jvm import DEFAULT_CALL_TIMEOUT_S, NO_STEP_LIMIT, JvmEnv, check_call_timeout, read_timeout_for
 from divopd.explore.envs._jvm_hosts import own_package_env, shared_package_env
 from divopd.explore.envs.base import SPLITS, ProgressTracker, StepResult, action_in
 
