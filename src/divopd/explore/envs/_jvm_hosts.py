@@ -27,7 +27,6 @@ from divopd.explore.envs._jvm import (
 __all__ = ["CONSTRUCTION_LOCK", "JavaNotFoundError", "check_java", "construction", "own_package_env",
            "shared_package_env"]
 
-# ---------------------------------------------------------------------------------------------- one JVM per process
 #: Every construction of a package env happens under this lock: :func:`shared_package_env` swaps the package module's
 #: gateway launcher while it builds a guest, and no other construction may see the swap.
 CONSTRUCTION_LOCK = threading.RLock()

@@ -174,12 +174,10 @@ class TextWorldGamesEnv(Env):
             raise ValueError(f"TextWorld task {task!r} is not a game file")
         return task
 
-    def _infos(self, expert: bool) -> Any:
-        return self._textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=expert,
-                                        extras=["walkthrough"] if expert else [])
-
     def _start(self, game_file: str, expert: bool) -> Any:
-        return self._textworld.start(game_file, request_infos=self._infos(expert))
+        infos = self._textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=expert,
+                                         extras=["walkthrough"] if expert else [])
+        return self._textworld.start(game_file, request_infos=infos)
 
     def _close_game(self) -> None:
         if self._env is not None:
@@ -197,12 +195,8 @@ class AlfWorldEnv(TextWorldGamesEnv):
     name = "alfworld"
     _PLAN_KEYS = ("extra.expert_plan",)
 
-    def __init__(
-        self,
-        data_dir: str | os.PathLike | None = None,
-        task_types: Sequence[str] = ALFWORLD_TASK_TYPES,
-        json_dir: str = "json_2.1.1",
-    ) -> None:
+    def __init__(self, data_dir: str | os.PathLike | None = None, task_types: Sequence[str] = ALFWORLD_TASK_TYPES,
+                 json_dir: str = "json_2.1.1") -> None:
         root = data_dir if data_dir is not None else os.environ.get("ALFWORLD_DATA")
         if not root:
             raise AlfWorldSetupError(f"ALFWORLD_DATA is not set and no data_dir was given. {_SETUP_HELP}")
@@ -230,25 +224,21 @@ class AlfWorldEnv(TextWorldGamesEnv):
             raise ValueError(f"ALFWorld task {task!r} has no game file at {path}")
         return str(path)
 
-    def _infos(self, expert: bool) -> Any:
-        return self._textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
-
     def _start(self, game_file: str, expert: bool) -> Any:
         demangler, infos_wrapper, expert_cls, expert_type = self._alfred
         wrappers = [demangler(shuffle=False), infos_wrapper]
         if expert:
             wrappers.append(expert_cls(expert_type=expert_type.PLANNER))
-        return self._textworld.start(game_file, request_infos=self._infos(expert), wrappers=wrappers)
+        infos = self._textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+        return self._textworld.start(game_file, request_infos=infos, wrappers=wrappers)
 
 
 def _import_textworld() -> Any:
     try:
         import textworld
     except ImportError as e:
-        raise AlfWorldSetupError(
-            f"the `textworld` package is not installed ({e}); `pip install 'divopd[alfworld]'` installs it with "
-            "`alfworld`"
-        ) from None
+        raise AlfWorldSetupError(f"the `textworld` package is not installed ({e}); `pip install 'divopd[alfworld]'` "
+                                 "installs it with `alfworld`") from None
     return textworld
 
 

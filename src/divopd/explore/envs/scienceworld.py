@@ -91,15 +91,9 @@ class ScienceWorldEnv(JvmEnv):
     #: (task, simplifications) -> gold actions, shared likewise
     _gold_cache: ClassVar[dict[tuple[str, str], list[str]]] = {}
 
-    def __init__(
-        self,
-        task_names: Sequence[str] | None = None,
-        simplifications: str = "",
-        java_opts_str: str | None = None,
-        split_scheme: str = "package",
-        split_seed: int = 42,
-        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, task_names: Sequence[str] | None = None, simplifications: str = "",
+                 java_opts_str: str | None = None, split_scheme: str = "package", split_seed: int = 42,
+                 call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> None:
         import scienceworld.scienceworld as package
 
         if split_scheme not in SPLIT_SCHEMES:
@@ -123,7 +117,6 @@ class ScienceWorldEnv(JvmEnv):
         self._last_state: tuple[str, str] | None = None
         self._last_score = 0.0
 
-    # ------------------------------------------------------------------ tasks
     def tasks(self, split: str) -> list[str]:
         if split not in SPLITS:
             raise ValueError(f"ScienceWorldEnv: unknown split {split!r}; expected one of {SPLITS}")
@@ -157,7 +150,6 @@ class ScienceWorldEnv(JvmEnv):
             raise ValueError(f"ScienceWorldEnv: task {task!r}: variation out of range (task has {max_var})")
         return name, int(var)
 
-    # ------------------------------------------------------------------ episode
     def reset(self, task: str) -> str:
         name, var = self._parse(task)
         self._call(lambda: self._server.load(name, var, self.simplifications, False))
@@ -209,6 +201,5 @@ class ScienceWorldEnv(JvmEnv):
         """The +R stand-in for the allowed actions: (look text, inventory text) of the current state."""
         return self._last_state
 
-    # ------------------------------------------------------------------ helpers
     def _state(self) -> tuple[str, str]:
         return self._call(lambda: (self._server.freeActionLook(), self._server.freeActionInventory()))

@@ -26,14 +26,8 @@ class TinyEnv(Env):
 
     name = "tiny"
 
-    def __init__(
-        self,
-        num_rooms: int = 5,
-        num_tasks: dict[str, int] | None = None,
-        crash_prob: float = 0.0,
-        filler_words: int = 0,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, num_rooms: int = 5, num_tasks: dict[str, int] | None = None, crash_prob: float = 0.0,
+                 filler_words: int = 0, seed: int = 0) -> None:
         if num_rooms < 2:
             raise ValueError(f"TinyEnv: num_rooms must be >= 2, got {num_rooms}")
         if not 0.0 <= crash_prob <= 1.0:

@@ -58,7 +58,6 @@ class TextWorldExpressEnv(JvmEnv):
         self._task: str | None = None
         self._progress = ProgressTracker()
 
-    # ------------------------------------------------------------------ tasks
     def tasks(self, split: str) -> list[str]:
         if split not in SPLITS:
             raise ValueError(f"TextWorldExpressEnv: unknown split {split!r}; expected one of {SPLITS}")
@@ -87,7 +86,6 @@ class TextWorldExpressEnv(JvmEnv):
         except ValueError:
             raise ValueError(f"TextWorldExpressEnv: bad task {task!r}; expected '<train|dev|test>:<seed>'") from None
 
-    # ------------------------------------------------------------------ episode
     def reset(self, task: str) -> str:
         fold, seed = self._parse(task)
         obs, infos = self._call(lambda: self._env.reset(seed=seed, gameFold=fold, generateGoldPath=True))

@@ -184,15 +184,8 @@ class OfflineWebShopEnv(WebShopEnv):
 
     name = "webshop-offline"
 
-    def __init__(
-        self,
-        seed: int = 0,
-        n_products: int = 300,
-        n_goals: int = 600,
-        n_test: int = 100,
-        n_dev: int = 100,
-        timeout: float = 30.0,
-    ) -> None:
+    def __init__(self, seed: int = 0, n_products: int = 300, n_goals: int = 600, n_test: int = 100, n_dev: int = 100,
+                 timeout: float = 30.0) -> None:
         from divopd.explore.envs.webshop_offline.catalog import CatalogConfig
         from divopd.explore.envs.webshop_offline.server import acquire_shared_server, release_shared_server
 

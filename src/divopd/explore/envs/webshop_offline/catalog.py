@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field
 
 __all__ = ["Catalog", "CatalogConfig", "Goal", "Product", "generate_catalog", "purchase_reward", "tokenize"]
 
-# ------------------------------------------------------------------------------------------------ vocabulary
 _COLORS = ["black", "white", "red", "navy blue", "grey", "green", "pink", "beige", "brown", "yellow"]
 
 # category -> (product types, attribute pool, option groups {name: values}, price range in dollars)
@@ -77,7 +76,6 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN_RE.findall(text.lower())
 
 
-# ------------------------------------------------------------------------------------------------ records
 @dataclass(frozen=True)
 class CatalogConfig:
     """What the generator builds: the same config always yields the same catalogue. Goal ``i`` is WebShop's
@@ -145,9 +143,7 @@ class Goal:
     query: str = field(default="")
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["attributes"] = list(self.attributes)
-        return d
+        return {**asdict(self), "attributes": list(self.attributes)}
 
 
 @dataclass
@@ -172,7 +168,6 @@ class Catalog:
         return list(range(lo, hi))
 
 
-# ------------------------------------------------------------------------------------------------ reward
 def purchase_reward(goal: Goal, product: Product, selected: dict[str, str]) -> float:
     """Reward of buying ``product`` with option choices ``selected`` for ``goal`` (WebShop's reward structure):
     ``r_type · (n_attr + n_opt + n_price) / (|attrs| + |opts| + 1)``, ``r_type`` 1 for the asked product type, 0.5 for
@@ -185,7 +180,6 @@ def purchase_reward(goal: Goal, product: Product, selected: dict[str, str]) -> f
     return r_type * (n_attr + n_opt + n_price) / total
 
 
-# ------------------------------------------------------------------------------------------------ generation
 def generate_catalog(config: CatalogConfig | None = None) -> Catalog:
     """Build the catalogue and goals of ``config`` (deterministic in ``config.seed``)."""
     config = config or CatalogConfig()

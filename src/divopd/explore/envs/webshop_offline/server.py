@@ -173,10 +173,6 @@ def _step(st: _ShopState, body: dict, q: dict) -> dict:
     return {"state": state, "reward": reward, "done": done, "info": info}
 
 
-def _observation(st: _ShopState, body: dict, q: dict) -> str:
-    return st.shop.render(st.session(_int_arg(q, "env_idx")))
-
-
 def _available(st: _ShopState, body: dict, q: dict) -> dict:
     s = st.session(_int_arg(q, "env_idx"))
     return {"has_search_bar": st.shop.has_search_bar(s), "clickables": st.shop.clickables(s)}
@@ -220,7 +216,7 @@ _ROUTES = {
     ("POST", "/create"): _create,
     ("POST", "/reset"): _reset,
     ("POST", "/step"): _step,
-    ("GET", "/observation"): _observation,
+    ("GET", "/observation"): lambda st, b, q: st.shop.render(st.session(_int_arg(q, "env_idx"))),
     ("GET", "/available_actions"): _available,
     ("GET", "/instruction_text"): _instruction,
     ("POST", "/close"): _close,
