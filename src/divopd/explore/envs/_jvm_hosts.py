@@ -41,6 +41,15 @@ def _run_deferred() -> None:  # under CONSTRUCTION_LOCK
         _DEFERRED.pop()()
 
 
+def _run_deferred_if_free() -> None:
+    """Run the deferred releases unless another thread holds :data:`CONSTRUCTION_LOCK` (its holder runs them then)."""
+    while _DEFERRED and CONSTRUCTION_LOCK.acquire(blocking=False):
+        try:
+            _run_deferred()
+        finally:
+            CONSTRUCTION_LOCK.release()
+
+
 @contextlib.contextmanager
 def construction() -> Iterator[None]:
     """Hold :data:`CONSTRUCTION_LOCK`; the releases deferred meanwhile run before it is let go (and any that arrived
@@ -50,11 +59,7 @@ def construction() -> Iterator[None]:
             yield
         finally:
             _run_deferred()
-    while _DEFERRED and CONSTRUCTION_LOCK.acquire(blocking=False):
-        try:
-            _run_deferred()
-        finally:
-            CONSTRUCTION_LOCK.release()
+    _run_deferred_if_free()
 
 
 @dataclass
@@ -152,14 +157,8 @@ def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = 
             _end_host(key, host)
 
     def release() -> None:  # never waits for the lock (it may run as a finalizer): see _DEFERRED
-        if not CONSTRUCTION_LOCK.acquire(blocking=False):
-            _DEFERRED.append(release_held)
-            return
-        try:
-            release_held()
-            _run_deferred()
-        finally:
-            CONSTRUCTION_LOCK.release()
+        _DEFERRED.append(release_held)
+        _run_deferred_if_free()
 
     guest.close = release  # the package's __del__ calls close(): an unclosed guest is released at collection
     return guest, release
