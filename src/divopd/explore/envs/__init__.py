@@ -32,8 +32,7 @@ def check_env_name(name: str) -> None:
     its module is not installed): a registry name of :data:`ENVS`, or ``module:Class``. Raises :class:`ConfigError`."""
     if ":" in name:
         module, _, attr = name.partition(":")
-        dotted = module.split(".")
-        if not all(part.isidentifier() for part in dotted) or not attr.isidentifier():
+        if not all(part.isidentifier() for part in module.split(".")) or not attr.isidentifier():
             raise ConfigError(f"explorer.env: {name!r} is not an import path module:Class (e.g. mypkg.envs:MyEnv)")
     elif name not in ENVS:
         raise ConfigError(f"explorer.env: unknown environment {name!r}; known: {', '.join(ENVS)}, "

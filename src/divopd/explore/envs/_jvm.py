@@ -105,7 +105,6 @@ class Watchdog:
                     watch.proc.kill()
 
 
-#: The process's watchdog (see :class:`Watchdog`).
 WATCHDOG = Watchdog()
 
 

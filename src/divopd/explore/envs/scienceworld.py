@@ -168,12 +168,11 @@ class ScienceWorldEnv(JvmEnv):
         obs = self._call(lambda: self._server.step(action.strip()))
         raw = float(self._call(lambda: self._server.getScore()))
         completed = bool(self._call(lambda: self._server.getCompleted()))
-        success = completed and raw >= 1.0
         failure = raw < 0
         score = max(0.0, min(1.0, raw))
         self._last_state = self._state()
         info = {
-            "success": success,
+            "success": completed and raw >= 1.0,
             "progress": self._progress.update(score, self._last_state),
             "score": score,
             "failure": failure,

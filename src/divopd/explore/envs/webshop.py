@@ -57,8 +57,7 @@ class WebShopEnv(Env):
         self.timeout = timeout
         # a loopback server is never reached through an HTTP(S)_PROXY from the environment
         loopback = urlsplit(self.url).hostname in ("127.0.0.1", "localhost", "::1")
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}) if loopback else
-                                                   urllib.request.ProxyHandler())
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({} if loopback else None))
         self.splits = dict(splits or WEBSHOP_SPLITS)
         self._env_idx: int | None = None
         self._seen: set[str] = set()

@@ -91,17 +91,14 @@ class CatalogConfig:
     max_results: int = 50
 
     def __post_init__(self) -> None:
-        for name in ("n_products", "n_goals", "page_size", "max_results"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"CatalogConfig.{name} must be an int >= 1, got {getattr(self, name)!r}")
-        for name in ("seed", "n_test", "n_dev"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"CatalogConfig.{name} must be an int >= 0, got {getattr(self, name)!r}")
+        for name, least in (("n_products", 1), ("n_goals", 1), ("page_size", 1), ("max_results", 1), ("seed", 0),
+                            ("n_test", 0), ("n_dev", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"CatalogConfig.{name} must be an int >= {least}, got {value!r}")
         if self.n_test + self.n_dev >= self.n_goals:
-            raise ValueError(
-                f"CatalogConfig: n_test + n_dev ({self.n_test} + {self.n_dev}) must be below n_goals ({self.n_goals}) "
-                "so that the train split is not empty"
-            )
+            raise ValueError(f"CatalogConfig: n_test + n_dev ({self.n_test} + {self.n_dev}) must be below n_goals "
+                             f"({self.n_goals}) so that the train split is not empty")
 
 
 @dataclass(frozen=True)
@@ -122,9 +119,8 @@ class Product:
     def search_text(self) -> str:
         """The text the search index sees: title, type, category, attributes, option values, description."""
         option_words = " ".join(v for values in self.options.values() for v in values)
-        return " ".join(
-            [self.title, self.product_type, self.category, " ".join(self.attributes), option_words, self.description]
-        )
+        return " ".join([self.title, self.product_type, self.category, " ".join(self.attributes), option_words,
+                         self.description])
 
 
 @dataclass(frozen=True)
@@ -164,8 +160,7 @@ class Catalog:
         ranges = {"test": (0, c.n_test), "dev": (c.n_test, n_held_out), "train": (n_held_out, c.n_goals)}
         if name not in ranges:
             raise ValueError(f"unknown split {name!r}; known: test, dev, train")
-        lo, hi = ranges[name]
-        return list(range(lo, hi))
+        return list(range(*ranges[name]))
 
 
 def purchase_reward(goal: Goal, product: Product, selected: dict[str, str]) -> float:

@@ -219,9 +219,6 @@ class Shop:
             query = self.catalog.by_asin[goal.target_asin].title
             ranked = self._ranked(query)
         position = ranked.index(goal.target_asin)  # the title query always ranks its product among the kept results
-        actions = [f"search[{query}]"]
-        actions += [f"click[{NEXT}]"] * (position // self.catalog.config.page_size)
-        actions.append(f"click[{goal.target_asin}]")
-        actions += [f"click[{value}]" for value in goal.options.values()]
-        actions.append(f"click[{BUY}]")
-        return actions
+        pages = position // self.catalog.config.page_size
+        return [f"search[{query}]", *[f"click[{NEXT}]"] * pages, f"click[{goal.target_asin}]",
+                *(f"click[{value}]" for value in goal.options.values()), f"click[{BUY}]"]
