@@ -1,7 +1,5 @@
-"""JVM hosts of the package envs (ScienceWorld, TextWorld-Express): a package env on a JVM of its own
-(:func:`own_package_env`) or a guest on this process's one JVM for its package (:func:`shared_package_env`), every
-construction under :data:`CONSTRUCTION_LOCK`, and one line (:class:`JavaNotFoundError`) when there is no ``java``.
-The calls into those JVMs and their deadlines: :mod:`divopd.explore.envs._jvm`."""
+"""JVM hosts of the package envs (ScienceWorld, TextWorld-Express): a JVM of their own or one shared per process, every
+construction under :data:`CONSTRUCTION_LOCK`. The calls into those JVMs: :mod:`divopd.explore.envs._jvm`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """ScienceWorld adapter (``pip install scienceworld``; Java 17, offline; one JVM per instance). Tasks are
-``"<task-name>:<variation>"``, split by the package's variations or by the paper's protocol
-(:func:`scienceworld_paper_split`). Steps call the server directly, never building the package's list of valid
-action/object combinations (thousands of strings): :meth:`ScienceWorldEnv.valid_actions` returns the templates.
+``"<task-name>:<variation>"``; steps call the server directly, never building the package's list of valid
+action/object combinations (thousands of strings).
 
 +R rules: an action is *invalid* when the simulator's parser refuses it ("No known action matches that input." or
 its "Ambiguous request" prompt: no action was taken); an action that parses but fails in the world ("The door is not
