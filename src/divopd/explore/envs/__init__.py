@@ -65,10 +65,11 @@ def make_env(name: str, **kwargs: Any) -> Env:
     unknown name, an argument the constructor does not take or a value it rejects (its ``ValueError``) is a
     :class:`divopd.errors.ConfigError`: one line and exit 2 from ``divopd train``."""
     cls = env_class(name)
+    cls_name = cls.__name__
     try:
         inspect.signature(cls).bind(**kwargs)
     except TypeError as exc:
-        raise ConfigError(f"environment {name!r} ({cls.__name__}): bad env_kwargs {sorted(kwargs)}: {exc}") from exc
+        raise ConfigError(f"environment {name!r} ({cls_name}): bad env_kwargs {sorted(kwargs)}: {exc}") from exc
     try:
         return cls(**kwargs)
     except ConfigError:
