@@ -10,6 +10,7 @@ combinations, which are those of the visible objects: the room's look text and t
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Sequence
 from typing import ClassVar
@@ -48,15 +49,9 @@ def variation_counts(env: ScienceWorldEnv | None = None) -> dict[str, int]:
     """Every task's official number of variations in the installed package, from ``env``'s simulator or one JVM
     started for it; cached per process."""
     if not _VARIATION_COUNTS:
-        own = env is None
-        sim = ScienceWorldEnv() if own else env
-        try:
-            counts = {name: int(sim._call(lambda name=name: sim._server.getTaskMaxVariations(name)))
-                      for name in sim._all_names}
-        finally:
-            if own:
-                sim.close()
-        _VARIATION_COUNTS.update(counts)
+        with ScienceWorldEnv() if env is None else contextlib.nullcontext(env) as sim:
+            _VARIATION_COUNTS.update({name: int(sim._call(lambda name=name: sim._server.getTaskMaxVariations(name)))
+                                      for name in sim._all_names})
     return dict(_VARIATION_COUNTS)
 
 
