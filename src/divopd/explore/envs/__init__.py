@@ -1,10 +1,6 @@
-"""Text environments behind one protocol (:class:`divopd.explore.envs.base.Env`) and a registry (:func:`make_env`).
-
-An environment of your own needs no registration: ``explorer.env: mypkg.envs:MyEnv`` is imported as ``module:Class``
-in the process that builds the environment — the driver under lockstep and threads, each explorer actor under Ray —
-so ``mypkg`` must be importable there. An entry added to :data:`ENVS` at run time lives only in the process that added
-it: Ray actors never see it. Adapters import their package only when built.
-"""
+"""Text environments behind one protocol (:class:`divopd.explore.envs.base.Env`) and a registry (:func:`make_env`);
+an environment of your own is named by its import path ``module:Class``. Adapters import their package only when
+built."""
 
 from __future__ import annotations
 
@@ -32,16 +28,11 @@ ENVS: dict[str, tuple[str, str]] = {
 
 
 def check_env_name(name: str) -> None:
-    """Check the form of an ``explorer.env`` value without importing anything: a registry name of :data:`ENVS`, or
-    an import path ``module:Class`` (a dotted module, one class name). Raises :class:`ConfigError` otherwise.
-
-    The class of an import path is imported and checked by :func:`env_class` where the environment is built, so a
-    finished run's ``config.yaml`` still loads where its module is not installed (e.g. for ``divopd report``).
-    """
+    """Check the form of an ``explorer.env`` value without importing anything (so a run's ``config.yaml`` loads where
+    its module is not installed): a registry name of :data:`ENVS`, or ``module:Class``. Raises :class:`ConfigError`."""
     if ":" in name:
         module, _, attr = name.partition(":")
-        dotted = module.split(".")
-        if not all(part.isidentifier() for part in dotted) or not attr.isidentifier():
+        if not all(part.isidentifier() for part in module.split(".")) or not attr.isidentifier():
             raise ConfigError(f"explorer.env: {name!r} is not an import path module:Class (e.g. mypkg.envs:MyEnv)")
     elif name not in ENVS:
         raise ConfigError(f"explorer.env: unknown environment {name!r}; known: {', '.join(ENVS)}, "
@@ -49,9 +40,8 @@ def check_env_name(name: str) -> None:
 
 
 def env_class(name: str) -> type[Env]:
-    """The :class:`Env` subclass behind an ``explorer.env`` value: a registry name or an import path
-    ``module:Class``, imported in this process. Raises :class:`ConfigError` on one line when the module cannot be
-    imported, has no such attribute, or the attribute is not an :class:`Env` subclass."""
+    """The :class:`Env` subclass behind an ``explorer.env`` value, imported in this process. Raises
+    :class:`ConfigError` when the module cannot be imported or does not hold such a subclass."""
     check_env_name(name)
     if ":" not in name:
         module_name, cls_name = ENVS[name]
@@ -71,14 +61,9 @@ def env_class(name: str) -> type[Env]:
 
 
 def make_env(name: str, **kwargs: Any) -> Env:
-    """Build one environment instance by registry name or import path ``module:Class`` (see :func:`env_class`);
-    ``kwargs`` go to the class's constructor.
-
-    An unknown name, an import path that does not lead to an :class:`Env` subclass, an argument the constructor does
-    not take, or a value it rejects (its ``ValueError``) is a :class:`divopd.errors.ConfigError` (a ``ValueError``):
-    ``explorer.env`` / ``explorer.env_kwargs`` of a config come here, so ``divopd train`` reports them on one line and
-    exits 2.
-    """
+    """Build one environment by registry name or import path ``module:Class``, ``kwargs`` to its constructor. An
+    unknown name, an argument the constructor does not take or a value it rejects (its ``ValueError``) is a
+    :class:`divopd.errors.ConfigError`: one line and exit 2 from ``divopd train``."""
     cls = env_class(name)
     cls_name = cls.__name__
     try:

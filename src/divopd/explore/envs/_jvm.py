@@ -13,6 +13,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from divopd.explore.children import no_quit
@@ -41,17 +42,18 @@ def check_call_timeout(owner: str, value: Any) -> float:
     return float(value)
 
 
+@dataclass
 class _Watch:
     """One watched call: ``fired`` once the watchdog killed its JVM."""
 
-    def __init__(self, proc: Any, deadline: float) -> None:
-        self.proc, self.deadline, self.fired = proc, deadline, False
+    proc: Any
+    deadline: float
+    fired: bool = False
 
 
 class Watchdog:
     """Kills the JVM of a call still running at its deadline (every :func:`jvm_call` and every shutdown): one daemon
-    thread per process, started on demand and ended after a few idle seconds; a watched call costs a dict insert and
-    delete."""
+    thread per process, started on demand and ended after a few idle seconds."""
 
     POLL_S = 0.1
     IDLE_EXIT_S = 5.0
@@ -103,7 +105,6 @@ class Watchdog:
                     watch.proc.kill()
 
 
-#: The process's watchdog (see :class:`Watchdog`).
 WATCHDOG = Watchdog()
 
 
@@ -113,11 +114,9 @@ def _java_process(package_env: Any) -> Any:
 
 @contextlib.contextmanager
 def guarded_gateway(module: Any, read_timeout: float | None = None) -> Iterator[None]:
-    """While a package env is built, make its module launch the JVM with py4j's ``enable_auth``, in a process group of
-    its own (a terminal's Ctrl-C is not for it: divopd closes it), and connect (gateway and callback server) with the
-    token the JVM prints, the gateway's sockets with ``read_timeout`` (s). ``module``
-    is the package module that calls ``launch_gateway(..., return_proc=True)`` and
-    ``JavaGateway(gateway_parameters=..., ...)`` (both packages do)."""
+    """While a package env is built, make ``module`` (the package module that calls ``launch_gateway`` and
+    ``JavaGateway``) launch the JVM with py4j's ``enable_auth`` in a process group of its own (a terminal's Ctrl-C is
+    not for it), and connect with the JVM's token, the gateway's sockets with ``read_timeout`` (s)."""
     from py4j.protocol import escape_new_line
 
     launch, gateway = module.launch_gateway, module.JavaGateway
@@ -175,15 +174,9 @@ def _py4j_quiet() -> Iterator[None]:
 
 
 def guard_finalizer(package_env: Any) -> None:
-    """Make the package env's garbage-collection close quiet; call it right after the package env is created.
-
-    The packages' ``__del__`` calls ``close()``, which talks to the JVM over py4j. On an env the adapter never closed
-    whose JVM has died, py4j logs connection errors with tracebacks, at whatever moment the collector runs, e.g. inside
-    another ``ast.parse``, where CPython 3.11's traceback formatting fails ("AST constructor recursion depth
-    mismatch"). The guard runs the package's real ``close`` with py4j's logger silenced and never raises. The gateway
-    shutdown inside it must still happen on a dead JVM: it stops py4j's own object finalizers from sending their
-    release commands to the dead JVM later. :func:`shutdown_gateway` calls the real ``close`` the same way.
-    """
+    """Make the package env's close at garbage collection (its ``__del__``) quiet and never raising: on a dead JVM py4j
+    logs tracebacks at whatever moment the collector runs (inside an ``ast.parse``, CPython 3.11's traceback formatting
+    fails). Call it right after the package env is created."""
     ref = weakref.ref(package_env)  # no strong cycle: the env stays collectable by reference counting
 
     def close_at_collection() -> None:
@@ -195,12 +188,8 @@ def guard_finalizer(package_env: Any) -> None:
 
 
 def _close_quietly(package_env: Any) -> None:
-    """The package's real ``close``, py4j silenced, then the gateway client marked disconnected.
-
-    On a dead JVM py4j's own shutdown fails before it marks its client disconnected, so every Java object still
-    referenced somewhere (an exception's traceback, say) would later try, from its finalizer, to reconnect to the dead
-    JVM and log the failure with a traceback. A disconnected client makes those finalizers no-ops.
-    """
+    """The package's real ``close``, py4j silenced, then the gateway client marked disconnected: py4j's own shutdown
+    fails on a dead JVM before it does so, and every Java object's finalizer would then reconnect and log."""
     with no_quit():
         with contextlib.suppress(Exception), _py4j_quiet():
             type(package_env).close(package_env)
@@ -213,27 +202,19 @@ def _close_quietly(package_env: Any) -> None:
 
 def shutdown_gateway(package_env: Any, timeout: float = 5.0) -> None:
     """Close a py4j-backed package env and make sure its JVM process has exited (killed after ``timeout`` s; also
-    when the close itself hangs on a stopped JVM).
-
-    The packages' own ``__del__`` calls ``close()`` again at garbage collection; it is replaced by a no-op here so the
-    second call cannot raise on an already closed gateway.
-    """
+    when the close itself hangs on a stopped JVM)."""
     proc = _java_process(package_env)
-    if sys.is_finalizing():  # an env still open at interpreter exit (its __del__): no thread can start now (3.11
-        if proc is not None:  # waits for one forever), so no watchdog; the JVM goes first, then py4j's client
-            with contextlib.suppress(Exception):
-                proc.kill()
-                proc.wait(timeout=timeout)
+    # An env still open at interpreter exit (its __del__): no thread can start now (3.11 waits for one forever), so no
+    # watchdog; the JVM goes first, then py4j's client.
+    finalizing = sys.is_finalizing()
+    if finalizing and proc is not None:
+        with contextlib.suppress(Exception):
+            proc.kill()
+            proc.wait(timeout=timeout)
+    with contextlib.nullcontext() if finalizing or proc is None else WATCHDOG.watching(proc, timeout):
         _close_quietly(package_env)
-        package_env.close = lambda: None
-        return
-    if proc is None:
-        _close_quietly(package_env)
-    else:
-        with WATCHDOG.watching(proc, timeout):
-            _close_quietly(package_env)
-    package_env.close = lambda: None  # the package's __del__ calls close() again
-    if proc is not None:
+    package_env.close = lambda: None  # the package's __del__ calls close() again: it must not raise
+    if proc is not None and not finalizing:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -247,13 +228,9 @@ def jvm_alive(package_env: Any) -> bool:
 
 
 def jvm_call(adapter: Any, fn: Callable[[], Any]) -> Any:
-    """Run ``fn``, a call into ``adapter``'s JVM, under a deadline; a dead JVM, a broken gateway or a call still
-    running after ``adapter.call_timeout_s`` (the JVM is then killed) becomes :class:`EnvCrash`.
-
-    ``adapter`` is a JVM-backed env with ``closed``, ``close()``, ``call_timeout_s`` and its package env as ``_env``.
-    A JVM found dead does not come back: the adapter is closed at once, before the crash is raised, so that no Java
-    object's finalizer reaches for the dead JVM later (:func:`_close_quietly`).
-    """
+    """Run ``fn``, a call into ``adapter``'s JVM (a :class:`JvmEnv`), under a deadline; a dead JVM, a broken gateway
+    or a call still running after ``adapter.call_timeout_s`` (the JVM is then killed) becomes :class:`EnvCrash`. A JVM
+    found dead closes the adapter at once, before the crash is raised (:func:`_close_quietly`)."""
     name = type(adapter).__name__
     if adapter.closed:
         raise EnvCrash(f"{name}: used after close()")

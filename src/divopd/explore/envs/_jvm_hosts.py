@@ -1,7 +1,5 @@
-"""JVM hosts of the package envs (ScienceWorld, TextWorld-Express): a package env on a JVM of its own
-(:func:`own_package_env`) or a guest on this process's one JVM for its package (:func:`shared_package_env`), every
-construction under :data:`CONSTRUCTION_LOCK`, and one line (:class:`JavaNotFoundError`) when there is no ``java``.
-The calls into those JVMs and their deadlines: :mod:`divopd.explore.envs._jvm`."""
+"""JVM hosts of the package envs (ScienceWorld, TextWorld-Express): a JVM of their own or one shared per process, every
+construction under :data:`CONSTRUCTION_LOCK`. The calls into those JVMs: :mod:`divopd.explore.envs._jvm`."""
 
 from __future__ import annotations
 
@@ -27,20 +25,27 @@ from divopd.explore.envs._jvm import (
 __all__ = ["CONSTRUCTION_LOCK", "JavaNotFoundError", "check_java", "construction", "own_package_env",
            "shared_package_env"]
 
-# ---------------------------------------------------------------------------------------------- one JVM per process
 #: Every construction of a package env happens under this lock: :func:`shared_package_env` swaps the package module's
 #: gateway launcher while it builds a guest, and no other construction may see the swap.
 CONSTRUCTION_LOCK = threading.RLock()
-#: Releases of shared-JVM guests that found :data:`CONSTRUCTION_LOCK` held by another thread. A release also runs as
-#: the package's finalizer (``__del__``), in whatever thread the collector runs, even a thread the lock's holder is
-#: waiting for (py4j starts its callback-server thread while a gateway is built): so a release never waits for the
-#: lock; it leaves itself here and the holder runs it before (or right after) it lets the lock go.
+#: Releases of shared-JVM guests that found :data:`CONSTRUCTION_LOCK` held by another thread. A release may run as a
+#: finalizer in a thread the lock's holder waits for (py4j's callback server), so it never waits for the lock: it
+#: leaves itself here and the holder runs it before (or right after) it lets the lock go.
 _DEFERRED: list[Callable[[], None]] = []
 
 
 def _run_deferred() -> None:  # under CONSTRUCTION_LOCK
     while _DEFERRED:
         _DEFERRED.pop()()
+
+
+def _run_deferred_if_free() -> None:
+    """Run the deferred releases unless another thread holds :data:`CONSTRUCTION_LOCK` (its holder runs them then)."""
+    while _DEFERRED and CONSTRUCTION_LOCK.acquire(blocking=False):
+        try:
+            _run_deferred()
+        finally:
+            CONSTRUCTION_LOCK.release()
 
 
 @contextlib.contextmanager
@@ -52,11 +57,7 @@ def construction() -> Iterator[None]:
             yield
         finally:
             _run_deferred()
-    while _DEFERRED and CONSTRUCTION_LOCK.acquire(blocking=False):
-        try:
-            _run_deferred()
-        finally:
-            CONSTRUCTION_LOCK.release()
+    _run_deferred_if_free()
 
 
 @dataclass
@@ -82,15 +83,13 @@ def check_java(what: str = "this environment") -> None:
                                 "runtime (e.g. `apt-get install openjdk-17-jre-headless`) and put it on PATH")
 
 
-def own_package_env(make: Callable[[], Any], opts: str | None = None, module: Any = None,
+def own_package_env(module: Any, make: Callable[[], Any], opts: str | None = None,
                     read_timeout: float | None = None) -> tuple[Any, Callable[[], None]]:
-    """A package env on a JVM of its own (``make()`` under ``opts``, its finalizer guarded; with ``module``, the
-    package module that launches the gateway: :func:`guarded_gateway` with ``read_timeout``), and the function that
-    ends that JVM (:func:`shutdown_gateway`). No ``java`` to start is :class:`JavaNotFoundError`."""
-    what = f"{getattr(module, '__name__', 'this environment').split('.')[0]}"
+    """A package env on a JVM of its own (``make()`` under ``opts``, the gateway of ``module``, the package module,
+    guarded: :func:`guarded_gateway`), and the function that ends that JVM. No ``java``: :class:`JavaNotFoundError`."""
+    what = module.__name__.split(".")[0]
     check_java(what)
-    with construction(), no_quit(), java_opts(opts), (contextlib.nullcontext() if module is None
-                                                         else guarded_gateway(module, read_timeout)):
+    with construction(), no_quit(), java_opts(opts), guarded_gateway(module, read_timeout):
         try:
             env = make()
         except FileNotFoundError as exc:  # java went missing between the check and the start
@@ -112,13 +111,10 @@ def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = 
                        read_timeout: float | None = None) -> tuple[Any, Callable[[], None]]:
     """A package env whose game runs on this process's one JVM for ``module``, and the function that releases it.
 
-    The first call launches the JVM (``make()`` under ``opts``, a host env that plays no game); every call then builds
-    a guest with ``make()`` while ``module.launch_gateway`` and ``module.JavaGateway`` return the host's process and
-    gateway, so the guest gets its own game object (the package's ``PythonInterface``) on the shared JVM: a second
-    instance costs a Java object instead of a JVM start (~1 s). py4j serves each Python thread on its own connection.
-    The release (also run when the guest is collected unclosed) ends the JVM with its last guest. A JVM found dead, or
-    one a new guest cannot reach (killed at a call deadline and still exiting), is replaced at the next call (once); its
-    guests' calls fail, and :func:`jvm_call` turns that into :class:`EnvCrash`.
+    The first call launches the JVM (a host env that plays no game); every call builds a guest with ``make()`` while
+    ``module.launch_gateway`` and ``module.JavaGateway`` return the host's process and gateway, so the guest gets its
+    own game object on the shared JVM. The release (also run when the guest is collected unclosed) ends the JVM with
+    its last guest. A JVM found dead, or one a new guest cannot reach, is replaced (once); its guests' calls fail.
     """
     opts = opts if opts is not None else os.environ.get("DIVOPD_JAVA_OPTS", DEFAULT_JAVA_OPTS)
     key = (module.__name__, opts, os.getpid())
@@ -132,7 +128,7 @@ def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = 
                 host = None
             fresh = host is None
             if host is None:
-                host = _HOSTS[key] = _Host(own_package_env(make, opts, module, read_timeout)[0])
+                host = _HOSTS[key] = _Host(own_package_env(module, make, opts, read_timeout)[0])
             gateway = host.env._gateway
             saved = module.launch_gateway, module.JavaGateway
             module.launch_gateway = lambda *args, _gw=gateway, **kwargs: (None, _gw.java_process)
@@ -159,14 +155,8 @@ def shared_package_env(module: Any, make: Callable[[], Any], opts: str | None = 
             _end_host(key, host)
 
     def release() -> None:  # never waits for the lock (it may run as a finalizer): see _DEFERRED
-        if not CONSTRUCTION_LOCK.acquire(blocking=False):
-            _DEFERRED.append(release_held)
-            return
-        try:
-            release_held()
-            _run_deferred()
-        finally:
-            CONSTRUCTION_LOCK.release()
+        _DEFERRED.append(release_held)
+        _run_deferred_if_free()
 
     guest.close = release  # the package's __del__ calls close(): an unclosed guest is released at collection
     return guest, release

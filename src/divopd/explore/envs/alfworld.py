@@ -1,16 +1,9 @@
-"""ALFWorld (Shridhar et al., 2020) through the real ``alfworld`` package, and plain TextWorld game files.
+"""ALFWorld (Shridhar et al., 2020) through the real ``alfworld`` package, and plain TextWorld game files. The
+package and its data are optional: :class:`AlfWorldEnv` fails at construction with one line naming what is missing.
 
-The package and its data (``alfworld-download``: ``$ALFWORLD_DATA/json_2.1.1/<split>/<task>/<trial>/``) are optional:
-:class:`AlfWorldEnv` fails at construction with one line naming what is missing.
-
-- Splits: ``train``; ``dev`` = ``valid_seen``; ``test`` = ``valid_unseen`` (ALFWorld's names are accepted too). Games
-  are filtered as the package does: the six task types, no ``movable``/``Sliced`` trajectories, only solvable games.
-- Success is the game's ``won``; the score is 1 when won, else 0. Progress is :func:`alfworld_progress` (an
-  observation not seen before in the episode, or the win; ``"Nothing happens."`` never counts).
-- Valid actions are ALFWorld's admissible commands; gold actions come from the package's planner expert.
-- +R rules: an action is *invalid* when it is not among the admissible commands of the state it was taken in (where
-  the game lists them), or the game answers ``"Nothing happens."``; the *allowed actions* are the admissible commands
-  (a game that lists none falls back to the observation).
++R rules: an action is *invalid* when it is not among the admissible commands of the state it was taken in (where the
+game lists them), or the game answers ``"Nothing happens."``; the *allowed actions* are the admissible commands (a game
+that lists none falls back to the observation).
 """
 
 from __future__ import annotations
@@ -24,32 +17,16 @@ from typing import Any
 
 from divopd.explore.envs.base import Env, EnvCrash, EnvSetupError, StepResult, action_in
 
-__all__ = [
-    "ALFWORLD_SPLITS",
-    "ALFWORLD_TASK_TYPES",
-    "AlfWorldEnv",
-    "AlfWorldSetupError",
-    "TextWorldGamesEnv",
-    "alfworld_games",
-    "alfworld_progress",
-]
+__all__ = ["ALFWORLD_SPLITS", "ALFWORLD_TASK_TYPES", "AlfWorldEnv", "AlfWorldSetupError", "TextWorldGamesEnv",
+           "alfworld_games", "alfworld_progress"]
 
 #: divopd split name (and ALFWorld's own) -> ALFWorld data folder
-ALFWORLD_SPLITS: dict[str, str] = {
-    "train": "train",
-    "dev": "valid_seen",
-    "valid_seen": "valid_seen",
-    "test": "valid_unseen",
-    "valid_unseen": "valid_unseen",
-}
+ALFWORLD_SPLITS: dict[str, str] = {"train": "train", "dev": "valid_seen", "valid_seen": "valid_seen",
+                                   "test": "valid_unseen", "valid_unseen": "valid_unseen"}
 #: the six ALFWorld task types (the package's TASK_TYPES)
 ALFWORLD_TASK_TYPES: tuple[str, ...] = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
+    "pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep", "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep", "pick_two_obj_and_place",
 )
 NOTHING_HAPPENS = "Nothing happens."
 log = logging.getLogger(__name__)
@@ -63,26 +40,20 @@ _SETUP_HELP = (
 
 
 class AlfWorldSetupError(EnvSetupError):
-    """ALFWorld cannot start: the data folder or the package is missing. The message says what to set."""
+    """ALFWorld cannot start: the data folder or the package is missing."""
 
 
 def alfworld_progress(observation: str, seen: set[str], won: bool) -> bool:
-    """Whether an ALFWorld step made progress (for +R): the game was won, or the observation is new in this episode
-    and is not ALFWorld's "Nothing happens." (ALFWorld has no intermediate score, so a state change it reports is the
-    available sub-goal signal)."""
-    if won:
-        return True
+    """Whether an ALFWorld step made progress: the game was won, or the observation is new in this episode and is not
+    "Nothing happens." (ALFWorld has no intermediate score)."""
     text = observation.strip()
-    return text != NOTHING_HAPPENS and text not in seen
+    return won or (text != NOTHING_HAPPENS and text not in seen)
 
 
 def alfworld_games(data_dir: str | os.PathLike, split: str, task_types: Sequence[str] = ALFWORLD_TASK_TYPES,
                    json_dir: str = "json_2.1.1") -> list[str]:
-    """Task ids (``<split folder>/<task>/<trial>``, sorted) of the playable games of ``split`` under ``data_dir``.
-
-    Filters as the ``alfworld`` package does: a ``traj_data.json`` whose ``task_type`` is in ``task_types``, a
-    ``game.tw-pddl`` marked ``"solvable": true``, no ``movable`` or ``Sliced`` trajectories.
-    """
+    """Task ids (``<split folder>/<task>/<trial>``, sorted) of the playable games of ``split`` under ``data_dir``,
+    filtered as the ``alfworld`` package does (``task_types``, solvable, no ``movable``/``Sliced`` trajectories)."""
     if split not in ALFWORLD_SPLITS:
         raise ValueError(f"unknown ALFWorld split {split!r}; known: {', '.join(ALFWORLD_SPLITS)}")
     root = Path(data_dir) / json_dir
@@ -113,13 +84,8 @@ def alfworld_games(data_dir: str | os.PathLike, split: str, task_types: Sequence
 
 class TextWorldGamesEnv(Env):
     """TextWorld game files (e.g. made with ``tw-make``) played through ``textworld.start``, without the ALFRED
-    wrappers (the ``alfworld`` extra brings ``textworld``).
-
-    Args:
-        games: game file paths (``.z8``, ``.ulx``, ``.tw-pddl``…) or folders holding them. Tasks are the file paths;
-            ``train``/``dev``/``test`` all list every game unless ``splits`` maps split names to path lists.
-        splits: optional ``{split: [game paths]}``.
-    """
+    wrappers. ``games``: game files or folders holding them; tasks are the file paths, every split lists every game
+    unless ``splits`` maps split names to path lists."""
 
     name = "textworld"
     _GAME_SUFFIXES = (".z8", ".ulx", ".tw-pddl")
@@ -142,7 +108,6 @@ class TextWorldGamesEnv(Env):
         self._seen: set[str] = set()
         self._won = False
 
-    # ------------------------------------------------------------------------------------------ protocol
     def tasks(self, split: str) -> list[str]:
         if self._splits:
             if split not in self._splits:
@@ -204,18 +169,15 @@ class TextWorldGamesEnv(Env):
     def close(self) -> None:
         self._close_game()
 
-    # ------------------------------------------------------------------------------------------ helpers
     def _game_file(self, task: str) -> str:
         if not Path(task).is_file():
             raise ValueError(f"TextWorld task {task!r} is not a game file")
         return task
 
-    def _infos(self, expert: bool) -> Any:
-        return self._textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=expert,
-                                        extras=["walkthrough"] if expert else [])
-
     def _start(self, game_file: str, expert: bool) -> Any:
-        return self._textworld.start(game_file, request_infos=self._infos(expert))
+        infos = self._textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=expert,
+                                         extras=["walkthrough"] if expert else [])
+        return self._textworld.start(game_file, request_infos=infos)
 
     def _close_game(self) -> None:
         if self._env is not None:
@@ -226,23 +188,15 @@ class TextWorldGamesEnv(Env):
 
 
 class AlfWorldEnv(TextWorldGamesEnv):
-    """ALFWorld's TextWorld games (the real ``alfworld`` package).
-
-    Args:
-        data_dir: the ALFWorld data folder; default ``$ALFWORLD_DATA``.
-        task_types: ALFWorld task types to keep (default all six).
-        json_dir: the trajectory folder under ``data_dir`` (``alfworld-download`` makes ``json_2.1.1``).
-    """
+    """ALFWorld's TextWorld games (the real ``alfworld`` package) under ``data_dir`` (default ``$ALFWORLD_DATA``),
+    ``json_dir`` the trajectory folder there; splits: ``train``, ``dev`` = ``valid_seen``, ``test`` =
+    ``valid_unseen``."""
 
     name = "alfworld"
     _PLAN_KEYS = ("extra.expert_plan",)
 
-    def __init__(
-        self,
-        data_dir: str | os.PathLike | None = None,
-        task_types: Sequence[str] = ALFWORLD_TASK_TYPES,
-        json_dir: str = "json_2.1.1",
-    ) -> None:
+    def __init__(self, data_dir: str | os.PathLike | None = None, task_types: Sequence[str] = ALFWORLD_TASK_TYPES,
+                 json_dir: str = "json_2.1.1") -> None:
         root = data_dir if data_dir is not None else os.environ.get("ALFWORLD_DATA")
         if not root:
             raise AlfWorldSetupError(f"ALFWORLD_DATA is not set and no data_dir was given. {_SETUP_HELP}")
@@ -270,25 +224,21 @@ class AlfWorldEnv(TextWorldGamesEnv):
             raise ValueError(f"ALFWorld task {task!r} has no game file at {path}")
         return str(path)
 
-    def _infos(self, expert: bool) -> Any:
-        return self._textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
-
     def _start(self, game_file: str, expert: bool) -> Any:
         demangler, infos_wrapper, expert_cls, expert_type = self._alfred
         wrappers = [demangler(shuffle=False), infos_wrapper]
         if expert:
             wrappers.append(expert_cls(expert_type=expert_type.PLANNER))
-        return self._textworld.start(game_file, request_infos=self._infos(expert), wrappers=wrappers)
+        infos = self._textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+        return self._textworld.start(game_file, request_infos=infos, wrappers=wrappers)
 
 
 def _import_textworld() -> Any:
     try:
         import textworld
     except ImportError as e:
-        raise AlfWorldSetupError(
-            f"the `textworld` package is not installed ({e}); `pip install 'divopd[alfworld]'` installs it with "
-            "`alfworld`"
-        ) from None
+        raise AlfWorldSetupError(f"the `textworld` package is not installed ({e}); `pip install 'divopd[alfworld]'` "
+                                 "installs it with `alfworld`") from None
     return textworld
 
 

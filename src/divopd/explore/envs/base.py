@@ -31,9 +31,7 @@ def action_in(action: str, actions: Iterable[str]) -> bool:
 
 class ProgressTracker:
     """The ``info["progress"]`` rule shared by the adapters: a step made progress when the score rose above its best so
-    far in the episode, or the agent reached a state (e.g. location + inventory) not seen before in the episode.
-    A diagnostic: the +R trigger counts the paper's rule instead (:mod:`divopd.explore.recovery`).
-    """
+    far in the episode, or the agent reached a state (e.g. location + inventory) not seen before in the episode."""
 
     def __init__(self) -> None:
         self.best_score = float("-inf")
@@ -46,46 +44,21 @@ class ProgressTracker:
 
     def update(self, score: float, state: object) -> bool:
         """Record one step; returns whether it made progress."""
-        progressed = False
-        if score > self.best_score:
-            self.best_score = float(score)
-            progressed = True
-        if state not in self.seen:
-            self.seen.add(state)
-            progressed = True
+        progressed = score > self.best_score or state not in self.seen
+        self.best_score = max(self.best_score, float(score))
+        self.seen.add(state)
         return progressed
 
 
 class Env(abc.ABC):
-    """One text-environment instance.
+    """One text-environment instance: implement :meth:`tasks`, :meth:`reset` and :meth:`step`; the rest is optional.
 
-    Subclass it and implement :meth:`tasks`, :meth:`reset` and :meth:`step`; :meth:`valid_actions` (listed in the
-    prompt), :meth:`gold_actions` (for ``divopd sft``), :meth:`allowed_actions_key` and :meth:`close` are optional.
-    Name the class in a config by its import path, ``explorer.env: mypkg.envs:MyEnv`` (every command that takes an
-    environment takes it: ``train``, ``sft --env``, ``eval``, ``bench``).
-
-    The ``info`` dict :meth:`step` returns must hold these keys (more are allowed and ignored):
-
-    - ``success`` (bool): the task is solved; evaluation's success rate counts it.
-    - ``progress`` (bool): this step raised the score or reached a state not seen before in the episode (a
-      diagnostic; :class:`ProgressTracker` implements the rule).
-    - ``score`` (float): the running score, normalised to [0, 1] where the env has one.
-    - ``invalid`` (bool): the action was invalid by the env's rule (state it in the class docstring); +R counts it
-      as a no-progress turn.
-
-    A bad action answers with the environment's feedback as the observation, never an exception; a crashed backend
-    raises :class:`EnvCrash` from :meth:`reset` or :meth:`step` only (the other methods answer from what those
-    fetched). Splits are ``"train"``, ``"dev"`` and ``"test"``; the explorer owns the step limit (set a package's own
-    limit high enough never to end an episode first).
-
-    Class attributes:
-
-    - ``name`` (str): a short name, recorded in ``Turn.info["env"]``.
-    - ``replayable`` (bool, default True): a :meth:`reset` on a task followed by the same actions gives the same
-      observations, whatever the instance did before. A resumed lockstep run rebuilds the episodes that were running at
-      its checkpoint by replaying their actions, which is exact only then; set it False where the instance carries
-      randomness of its own (such a run then resumes as the threads runtime does: the episodes running at the
-      checkpoint start over, and the resume says that it is no longer exact).
+    :meth:`step`'s ``info`` holds at least ``success`` (bool), ``progress`` (bool, :class:`ProgressTracker`'s rule),
+    ``score`` (float, in [0, 1] where the env has one) and ``invalid`` (bool, by the env's rule, stated in its class
+    docstring; +R counts it as a no-progress turn). A bad action answers with the env's feedback, never an exception;
+    a crashed backend raises :class:`EnvCrash` from :meth:`reset` or :meth:`step` only. The explorer owns the step
+    limit. ``name`` is recorded in ``Turn.info["env"]``; ``replayable``: the same task and actions give the same
+    observations, which an exact lockstep resume needs (False where the instance carries randomness of its own).
     """
 
     name: str = "env"
@@ -104,25 +77,23 @@ class Env(abc.ABC):
         """Apply ``action``; returns ``(observation, reward, done, info)``."""
 
     def gold_actions(self, task: str) -> list[str] | None:
-        """An expert action sequence that solves ``task``, where the environment has one.
-
-        May restart the instance on ``task`` to compute it: call it before :meth:`reset`, not mid-episode.
-        """
+        """An expert action sequence that solves ``task``, where the environment has one. May restart the instance on
+        ``task``: call it before :meth:`reset`, not mid-episode."""
         return None
 
     def valid_actions(self) -> list[str] | None:
-        """Currently valid actions, where the environment lists them (for prompts); ``None`` otherwise."""
+        """Currently valid actions, where the environment lists them (for prompts)."""
         return None
 
     def allowed_actions_key(self) -> Hashable | None:
         """The set of currently allowed actions as a hashable key, for the +R rule "a repeated action while the set of
         allowed actions is unchanged": by default the frozenset of :meth:`valid_actions` (``None`` where the env lists
-        none: the explorer then uses the observation text). Adapters whose list is not the real set override it."""
+        none: the explorer then uses the observation text)."""
         actions = self.valid_actions()
         return None if actions is None else frozenset(" ".join(str(a).lower().split()) for a in actions)
 
     def close(self) -> None:
-        """Release the environment's resources (e.g. its JVM); the default has none to release."""
+        """Release the environment's resources (e.g. its JVM)."""
         return None
 
     def __enter__(self) -> Env:

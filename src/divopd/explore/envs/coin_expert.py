@@ -1,10 +1,7 @@
-"""An observable-state expert for TextWorld-Express *coin* (``divopd sft --expert explore``).
-
-The package's gold paths for *coin* know where the coin is and still wander (``move west, move east, move west, ...``):
-a model cloned from them learns the marginal over directions, not a search, and tops out near 70% held-out success
-(``benchmarks/regime/README.md``). :func:`coin_explorer_action` acts on what the prompt shows only: ``take coin`` when
-valid; else towards an unvisited room named in the observation, in the valid actions' order; else back to the
-neighbour left longest ago. Only valid actions are chosen.
+"""An observable-state expert for TextWorld-Express *coin* (``divopd sft --expert explore``): the package's gold
+paths know where the coin is and still wander, so a model cloned from them learns no search.
+:func:`coin_explorer_action` acts on what the prompt shows only: ``take coin`` when valid; else towards an unvisited
+room named in the observation; else back to the neighbour left longest ago. Only valid actions are chosen.
 """
 
 from __future__ import annotations

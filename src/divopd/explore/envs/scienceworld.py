@@ -1,13 +1,6 @@
-"""ScienceWorld adapter (``pip install scienceworld``; Java 17, offline; one JVM of ~250-350 MB per instance).
-
-Tasks are ``"<task-name>:<variation>"`` (30 task types), split by the package's own train/dev/test variations or by
-the paper's protocol (:func:`scienceworld_paper_split`, no ``dev``). Progress is the package's 0-1 score (a negative
-score is a failure and ends the episode); gold actions come from the simulator.
-
-Speed: the package's ``step`` rebuilds the list of valid action/object combinations after every step (~10 steps/s);
-this adapter calls the server directly (~60-140 steps/s) and never asks for that list, which holds thousands of mostly
-meaningless strings: :meth:`ScienceWorldEnv.valid_actions` returns the action *templates*. Gold paths need a separate
-``load`` (seconds for some tasks) and are cached per task.
+"""ScienceWorld adapter (``pip install scienceworld``; Java 17, offline; one JVM per instance). Tasks are
+``"<task-name>:<variation>"``; steps call the server directly, never building the package's list of valid
+action/object combinations (thousands of strings).
 
 +R rules: an action is *invalid* when the simulator's parser refuses it ("No known action matches that input." or
 its "Ambiguous request" prompt: no action was taken); an action that parses but fails in the world ("The door is not
@@ -17,17 +10,12 @@ combinations, which are those of the visible objects: the room's look text and t
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from divopd.explore.envs._jvm import (
-    DEFAULT_CALL_TIMEOUT_S,
-    NO_STEP_LIMIT,
-    JvmEnv,
-    check_call_timeout,
-    read_timeout_for,
-)
+from divopd.explore.envs._jvm import DEFAULT_CALL_TIMEOUT_S, NO_STEP_LIMIT, JvmEnv, check_call_timeout, read_timeout_for
 from divopd.explore.envs._jvm_hosts import own_package_env
 from divopd.explore.envs.base import SPLITS, ProgressTracker, StepResult
 
@@ -58,36 +46,21 @@ _VARIATION_COUNTS: dict[str, int] = {}  # task name -> official variation count,
 
 
 def variation_counts(env: ScienceWorldEnv | None = None) -> dict[str, int]:
-    """Every task's official number of variations N (``getTaskMaxVariations``) in the installed package.
-
-    Uses ``env``'s simulator when given, else starts (and closes) one JVM (~1-2 s); cached per process.
-    """
+    """Every task's official number of variations in the installed package, from ``env``'s simulator or one JVM
+    started for it; cached per process."""
     if not _VARIATION_COUNTS:
-        own = env is None
-        sim = ScienceWorldEnv() if own else env
-        try:
-            counts = {name: int(sim._call(lambda name=name: sim._server.getTaskMaxVariations(name)))
-                      for name in sim._all_names}
-        finally:
-            if own:
-                sim.close()
-        _VARIATION_COUNTS.update(counts)
+        with ScienceWorldEnv() if env is None else contextlib.nullcontext(env) as sim:
+            _VARIATION_COUNTS.update({name: int(sim._call(lambda name=name: sim._server.getTaskMaxVariations(name)))
+                                      for name in sim._all_names})
     return dict(_VARIATION_COUNTS)
 
 
 def scienceworld_paper_split(seed: int = 42, env: ScienceWorldEnv | None = None,
                              ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-    """The paper's ScienceWorld split (Appendix Table 6): ``(training, held_out)`` lists of ``(task name, variation)``.
-
-    Training uses the 17 task types of :data:`PAPER_TRAIN_TYPES`, held-out the 13 disjoint types of
-    :data:`PAPER_HELD_OUT_TYPES`. Per type, variation ids ``0 .. N // 2 - 1`` are kept (the first half; ``N`` the
-    official count of the installed package, :func:`variation_counts`), listed type by type in the order above, then
-    each list is shuffled once with ``random.Random(seed).shuffle`` (one fresh ``Random(seed)`` per list). With
-    scienceworld 1.2.3 and ``seed=42``: 2,294 training and 1,308 held-out instances. Training cycles through the
-    training list; every evaluation uses the first 256 held-out instances.
-
-    ``env``: an open :class:`ScienceWorldEnv` to read the counts from (else one JVM is started once per process).
-    """
+    """The paper's ScienceWorld split (Appendix Table 6): ``(training, held_out)`` lists of ``(task name, variation)``
+    over :data:`PAPER_TRAIN_TYPES` and :data:`PAPER_HELD_OUT_TYPES`. Per type, variation ids ``0 .. N // 2 - 1``
+    (:func:`variation_counts`), listed type by type, then each list shuffled with a fresh ``random.Random(seed)``.
+    ``env``: an open :class:`ScienceWorldEnv` to read the counts from."""
     counts = variation_counts(env)
     missing = sorted(set(PAPER_TRAIN_TYPES + PAPER_HELD_OUT_TYPES) - set(counts))
     if missing:
@@ -101,18 +74,9 @@ def scienceworld_paper_split(seed: int = 42, env: ScienceWorldEnv | None = None,
 
 
 class ScienceWorldEnv(JvmEnv):
-    """One ScienceWorld simulator (one JVM).
-
-    Args:
-        task_names: restrict the tasks listed by :meth:`tasks` to these task types (default: all 30).
-        simplifications: the package's simplification string (e.g. ``"easy"``).
-        java_opts_str: JVM options (default: a capped heap, see :mod:`divopd.explore.envs._jvm`).
-        split_scheme: ``"package"`` (the package's train/dev/test variations) or ``"paper"``
-            (:func:`scienceworld_paper_split`: ``"train"`` / ``"test"`` are the paper's shuffled training / held-out
-            lists, in that order).
-        split_seed: the shuffle seed of the ``"paper"`` scheme (the paper's: 42).
-        call_timeout_s: the deadline of one call into the JVM (:class:`~divopd.explore.envs._jvm.JvmEnv`).
-    """
+    """One ScienceWorld simulator (one JVM). ``task_names`` narrows the task types; ``simplifications`` is the
+    package's string (e.g. ``"easy"``); ``split_scheme`` ``"paper"`` lists :func:`scienceworld_paper_split`'s training
+    and held-out lists (shuffled with ``split_seed``) as ``train`` and ``test``."""
 
     name = "scienceworld"
 
@@ -121,22 +85,16 @@ class ScienceWorldEnv(JvmEnv):
     #: (task, simplifications) -> gold actions, shared likewise
     _gold_cache: ClassVar[dict[tuple[str, str], list[str]]] = {}
 
-    def __init__(
-        self,
-        task_names: Sequence[str] | None = None,
-        simplifications: str = "",
-        java_opts_str: str | None = None,
-        split_scheme: str = "package",
-        split_seed: int = 42,
-        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, task_names: Sequence[str] | None = None, simplifications: str = "",
+                 java_opts_str: str | None = None, split_scheme: str = "package", split_seed: int = 42,
+                 call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> None:
         import scienceworld.scienceworld as package
 
         if split_scheme not in SPLIT_SCHEMES:
             raise ValueError(f"ScienceWorldEnv: unknown split_scheme {split_scheme!r}; expected one of {SPLIT_SCHEMES}")
         self.call_timeout_s = check_call_timeout("ScienceWorldEnv", call_timeout_s)
-        self._env, self._release = own_package_env(lambda: package.ScienceWorldEnv(envStepLimit=NO_STEP_LIMIT),
-                                                    java_opts_str, package, read_timeout_for(self.call_timeout_s))
+        self._env, self._release = own_package_env(package, lambda: package.ScienceWorldEnv(envStepLimit=NO_STEP_LIMIT),
+                                                    java_opts_str, read_timeout_for(self.call_timeout_s))
         self._server = self._env.server
         all_names = list(self._call(self._env.get_task_names))
         unknown = sorted(set(task_names or []) - set(all_names))
@@ -153,7 +111,6 @@ class ScienceWorldEnv(JvmEnv):
         self._last_state: tuple[str, str] | None = None
         self._last_score = 0.0
 
-    # ------------------------------------------------------------------ tasks
     def tasks(self, split: str) -> list[str]:
         if split not in SPLITS:
             raise ValueError(f"ScienceWorldEnv: unknown split {split!r}; expected one of {SPLITS}")
@@ -187,7 +144,6 @@ class ScienceWorldEnv(JvmEnv):
             raise ValueError(f"ScienceWorldEnv: task {task!r}: variation out of range (task has {max_var})")
         return name, int(var)
 
-    # ------------------------------------------------------------------ episode
     def reset(self, task: str) -> str:
         name, var = self._parse(task)
         self._call(lambda: self._server.load(name, var, self.simplifications, False))
@@ -206,12 +162,11 @@ class ScienceWorldEnv(JvmEnv):
         obs = self._call(lambda: self._server.step(action.strip()))
         raw = float(self._call(lambda: self._server.getScore()))
         completed = bool(self._call(lambda: self._server.getCompleted()))
-        success = completed and raw >= 1.0
         failure = raw < 0
         score = max(0.0, min(1.0, raw))
         self._last_state = self._state()
         info = {
-            "success": success,
+            "success": completed and raw >= 1.0,
             "progress": self._progress.update(score, self._last_state),
             "score": score,
             "failure": failure,
@@ -239,6 +194,5 @@ class ScienceWorldEnv(JvmEnv):
         """The +R stand-in for the allowed actions: (look text, inventory text) of the current state."""
         return self._last_state
 
-    # ------------------------------------------------------------------ helpers
     def _state(self) -> tuple[str, str]:
         return self._call(lambda: (self._server.freeActionLook(), self._server.freeActionInventory()))

@@ -1,9 +1,7 @@
 """A tiny pure-Python text game for fast explorer tests (no JVM, thousands of steps per second).
 
-+R rules: an action is *invalid* when it is not in :meth:`TinyEnv.valid_actions` of the state it was taken in (the
-game answers "Unknown action", "You cannot go that way" or "There is no coin here"); the *allowed actions* are that
-list. Knobs for tests: ``crash_prob`` makes :meth:`step` raise :class:`EnvCrash` at random (seeded), ``filler_words``
-lengthens every observation (to exercise the prompt's context budget).
++R rules: an action is *invalid* when it is not in :meth:`TinyEnv.valid_actions` of the state it was taken in (or the
+game refuses it); the *allowed actions* are that list.
 """
 
 from __future__ import annotations
@@ -23,19 +21,13 @@ _FILLER = "the walls are plain and the floor is dusty".split()
 
 class TinyEnv(Env):
     """Corridor-and-coin game: ``num_rooms`` rooms in a row, the task names the room that holds the coin, and the
-    agent walks there and takes it (gold path: move towards it, ``take coin``). An action outside
-    :meth:`valid_actions` is refused and marked ``info["invalid"]``."""
+    agent walks there and takes it. Test knobs: ``crash_prob`` makes :meth:`step` raise :class:`EnvCrash` at random
+    (seeded), ``filler_words`` lengthens every observation."""
 
     name = "tiny"
 
-    def __init__(
-        self,
-        num_rooms: int = 5,
-        num_tasks: dict[str, int] | None = None,
-        crash_prob: float = 0.0,
-        filler_words: int = 0,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, num_rooms: int = 5, num_tasks: dict[str, int] | None = None, crash_prob: float = 0.0,
+                 filler_words: int = 0, seed: int = 0) -> None:
         if num_rooms < 2:
             raise ValueError(f"TinyEnv: num_rooms must be >= 2, got {num_rooms}")
         if not 0.0 <= crash_prob <= 1.0:
@@ -53,7 +45,6 @@ class TinyEnv(Env):
         self._progress = ProgressTracker()
         self.closed = False
 
-    # ------------------------------------------------------------------ tasks
     def tasks(self, split: str) -> list[str]:
         if split not in SPLITS:
             raise ValueError(f"TinyEnv: unknown split {split!r}; expected one of {SPLITS}")
@@ -66,10 +57,9 @@ class TinyEnv(Env):
             rng = random.Random(int(seed))
         except ValueError:
             raise ValueError(f"TinyEnv: bad task {task!r}; expected 'split:seed', e.g. 'train:3'") from None
-        start, coin = rng.sample(range(self.num_rooms), 2)
+        start, coin = rng.sample(range(self.num_rooms), 2)  # distinct rooms
         return start, coin
 
-    # ------------------------------------------------------------------ episode
     def reset(self, task: str) -> str:
         self._check_open()
         self._task = task
@@ -129,7 +119,6 @@ class TinyEnv(Env):
     def close(self) -> None:
         self.closed = True
 
-    # ------------------------------------------------------------------ helpers
     def _look(self) -> str:
         text = f"You are in room {self._room}."
         if self._room == self._coin_room and not self._has_coin:
@@ -144,21 +133,20 @@ class TinyEnv(Env):
 
 
 def tiny_corpus(num_tasks: int = 30) -> list[str]:
-    """Text of the tiny env (observations and gold actions of the first ``num_tasks`` train tasks, plus a line of
-    its vocabulary) to build a tokenizer for tiny models that can play it."""
+    """Text of the tiny env (its vocabulary, the observations and gold actions of the first ``num_tasks`` train
+    tasks) to build a tokenizer for tiny models that can play it."""
     env = TinyEnv()
     texts = ["You are an agent. Valid actions: move east west take coin"]
     for task in env.tasks("train")[:num_tasks]:
         texts.append(env.reset(task))
-        for action in env.gold_actions(task) or []:
+        for action in env.gold_actions(task):
             texts += [action, env.step(action)[0]]
     return texts
 
 
 def env_corpus(env_name: str, env_kwargs: dict[str, Any], episodes: int = 6, steps: int = 6) -> list[str]:
-    """Text of any registered env for a tiny tokenizer: the prompt's fixed text, then ``episodes`` short train
-    episodes (first observation, the listed valid actions, the observations after cycling through them, ``steps``
-    at most). The env is closed (a JVM env's JVM ended) even on failure."""
+    """Text of any registered env for a tiny tokenizer: the prompt's fixed text, then ``episodes`` train episodes of
+    at most ``steps`` steps cycling through the listed valid actions (observations and action lists)."""
     from divopd.explore.envs import make_env
     from divopd.explore.prompting import DEFAULT_SYSTEM, PromptConfig
 
@@ -181,8 +169,7 @@ def env_corpus(env_name: str, env_kwargs: dict[str, Any], episodes: int = 6, ste
 
 def build_tiny_pair(out: Path, size: str = "0.2m", texts: list[str] | None = None) -> dict[str, str]:
     """A random-init student (seed 0) and teacher (seed 1) sharing a word-level tokenizer built from ``texts``
-    (default :func:`tiny_corpus`; :func:`env_corpus` for another env), saved under ``out/{student,teacher}`` (well
-    under a second, offline); returns their paths."""
+    (default :func:`tiny_corpus`), saved under ``out/{student,teacher}``; returns their paths."""
     from divopd.models.tiny import build_model, build_tokenizer
 
     tok = build_tokenizer(tiny_corpus() if texts is None else texts)

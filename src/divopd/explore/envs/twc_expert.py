@@ -1,9 +1,6 @@
-"""An observable-state expert for TextWorld-Express *twc* (``divopd sft --expert explore``, env game ``twc``).
-
-The package's gold path (``look around, take O, [open C,] put O in C``) only shows the states on that path, so a model
-cloned from it has never seen the object in a wrong container. :func:`twc_putaway_action` takes the gold path's goal
-(the last ``put O in C``) and labels any state from its valid actions: ``put O in C``, else ``open C``, else ``take
-O``, else ``look around`` (never the gold path's opening ``look around``: successes take 2-3 steps).
+"""An observable-state expert for TextWorld-Express *twc* (``divopd sft --expert explore``): the package's gold path
+shows only its own states. :func:`twc_putaway_action` labels any state towards the gold path's goal (its last ``put O
+in C``): ``put O in C``, else ``open C``, else ``take O``, else ``look around``.
 """
 
 from __future__ import annotations

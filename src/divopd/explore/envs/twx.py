@@ -1,14 +1,6 @@
-"""TextWorld-Express adapter (``pip install textworld-express``; offline, ~1,000+ steps/s).
-
-Instances share one JVM per process (``share_jvm=True``; ~300 MB with the default heap cap), each with its own game
-object, so a second instance starts in milliseconds; the JVM ends with the last instance's ``close()``. A crashed JVM
-fails every instance on it (:class:`EnvCrash`); the next new instance starts a fresh one.
-
-Games: ``coin``, ``cookingworld``, ``twc``, ``mapreader``, ``arithmetic``, ``sorting``, ``simonsays``,
-``peckingorder``; ``params`` is the package's ``gameParams`` string. Tasks are ``"<fold>:<seed>"`` over the package's
-train/dev/test seed folds. ``dev_from_train=N`` makes the last N train seeds the dev split (removed from train), for
-games such as ``twc`` whose dev and test folds hold objects the train fold never shows. The default, ``coin`` with
-three rooms and no doors or distractors (gold paths of 2-9 steps), is the CPU demo's and CI's environment.
+"""TextWorld-Express adapter (``pip install textworld-express``; offline). Instances share one JVM per process
+(``share_jvm=True``), each with its own game object; the JVM ends with the last instance's ``close()``. Tasks are
+``"<fold>:<seed>"`` over the package's seed folds; ``dev_from_train=N`` makes the last N train seeds the dev split.
 
 +R rules: an action is *invalid* when it is not among the package's ``validActions`` of the state it was taken in, or
 the game answers "Unknown action" / "I'm not sure what you mean"; the *allowed actions* are those ``validActions``.
@@ -18,13 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from divopd.explore.envs._jvm import (
-    DEFAULT_CALL_TIMEOUT_S,
-    NO_STEP_LIMIT,
-    JvmEnv,
-    check_call_timeout,
-    read_timeout_for,
-)
+from divopd.explore.envs._jvm import DEFAULT_CALL_TIMEOUT_S, NO_STEP_LIMIT, JvmEnv, check_call_timeout, read_timeout_for
 from divopd.explore.envs._jvm_hosts import own_package_env, shared_package_env
 from divopd.explore.envs.base import SPLITS, ProgressTracker, StepResult, action_in
 
@@ -51,20 +37,16 @@ class TextWorldExpressEnv(JvmEnv):
             raise ValueError(f"TextWorldExpressEnv: unknown game {game!r}; expected one of {GAME_NAMES}")
         if isinstance(dev_from_train, bool) or not isinstance(dev_from_train, int) or dev_from_train < 0:
             raise ValueError(f"TextWorldExpressEnv: dev_from_train must be an integer >= 0, got {dev_from_train!r}")
+        if not isinstance(share_jvm, bool):
+            raise ValueError(f"TextWorldExpressEnv: share_jvm must be true or false, got {share_jvm!r}")
         self.game = game
         self.params = params
         self.dev_from_train = dev_from_train
-        if not isinstance(share_jvm, bool):
-            raise ValueError(f"TextWorldExpressEnv: share_jvm must be true or false, got {share_jvm!r}")
         self.share_jvm = share_jvm
         self.call_timeout_s = check_call_timeout("TextWorldExpressEnv", call_timeout_s)
-
-        def make() -> Any:
-            return _PackageEnv(envStepLimit=NO_STEP_LIMIT)
-
-        read_timeout = read_timeout_for(self.call_timeout_s)  # a shared JVM keeps its first instance's
-        self._env, self._release = (shared_package_env(package, make, java_opts_str, read_timeout) if share_jvm
-                                    else own_package_env(make, java_opts_str, package, read_timeout))
+        host = shared_package_env if share_jvm else own_package_env  # a shared JVM keeps its first read timeout
+        self._env, self._release = host(package, lambda: _PackageEnv(envStepLimit=NO_STEP_LIMIT), java_opts_str,
+                                        read_timeout_for(self.call_timeout_s))
         try:
             self._env.load(game, params)  # raises ValueError on a bad params string
         except Exception:
@@ -76,7 +58,6 @@ class TextWorldExpressEnv(JvmEnv):
         self._task: str | None = None
         self._progress = ProgressTracker()
 
-    # ------------------------------------------------------------------ tasks
     def tasks(self, split: str) -> list[str]:
         if split not in SPLITS:
             raise ValueError(f"TextWorldExpressEnv: unknown split {split!r}; expected one of {SPLITS}")
@@ -90,7 +71,6 @@ class TextWorldExpressEnv(JvmEnv):
         return [f"{split}:{s}" for s in self._fold_seeds(split)]
 
     def _fold_seeds(self, fold: str) -> list[int]:
-        """The package's seeds of one fold (asked once per instance)."""
         if fold not in self._seeds:
             getter = {"train": "getSeedsTrain", "dev": "getSeedsDev", "test": "getSeedsTest"}[fold]
             self._seeds[fold] = self._call(lambda: [int(s) for s in getattr(self._env.server, getter)()])
@@ -106,7 +86,6 @@ class TextWorldExpressEnv(JvmEnv):
         except ValueError:
             raise ValueError(f"TextWorldExpressEnv: bad task {task!r}; expected '<train|dev|test>:<seed>'") from None
 
-    # ------------------------------------------------------------------ episode
     def reset(self, task: str) -> str:
         fold, seed = self._parse(task)
         obs, infos = self._call(lambda: self._env.reset(seed=seed, gameFold=fold, generateGoldPath=True))
@@ -146,5 +125,5 @@ class TextWorldExpressEnv(JvmEnv):
 
 
 def _state(infos: dict[str, Any]) -> tuple[str, str]:
-    """The state key for the progress rule: where the agent is and what it carries."""
+    """The progress rule's state: where the agent is and what it carries."""
     return (infos.get("look", ""), infos.get("inventory", ""))

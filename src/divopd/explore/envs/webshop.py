@@ -1,19 +1,15 @@
 """WebShop over HTTP (Yao et al., 2022): the adapter for a server speaking AgentGym's WebShop JSON protocol, which the
-project's offline shop (:mod:`divopd.explore.envs.webshop_offline`) serves too. Actions are ``search[query]`` and
-``click[button]``.
+project's offline shop (:mod:`divopd.explore.envs.webshop_offline`) serves too. Only transport failures raise
+:class:`EnvCrash`; a bad action is the server's business (its page with an error text, reward 0).
 
-- Tasks are goal indices (``session_id``). The offline shop lists its splits at ``/divopd/tasks``; for a real server
-  WebShop's convention holds: goals 0–499 ``test``, 500–1499 ``dev``, 1500 onwards ``train`` (``splits`` overrides).
-- Reward comes from the server (on ``click[buy now]``); ``info["success"]`` is reward 1.
-- A malformed or unavailable action is the server's business (the page with its error text, reward 0). Only
-  transport failures (server gone, timeout, HTTP error, non-JSON reply) raise :class:`EnvCrash`.
-- +R rules: an action is *invalid* when the server rejects it (``info["error"]``) or it is not available on its page
-  (``search[...]`` without a search bar, ``click[b]`` with ``b`` not a button of the page). The *allowed actions* are
-  :meth:`WebShopEnv.valid_actions`; the query is part of the action, so only the same search repeated is a repeat.
++R rules: an action is *invalid* when the server rejects it (``info["error"]``) or it is not available on its page
+(``search[...]`` without a search bar, ``click[b]`` with ``b`` not a button of the page). The *allowed actions* are
+:meth:`WebShopEnv.valid_actions`; the query is part of the action, so only the same search repeated is a repeat.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import urllib.error
@@ -25,17 +21,14 @@ from divopd.explore.envs.base import Env, EnvCrash, StepResult
 
 __all__ = ["WEBSHOP_SPLITS", "OfflineWebShopEnv", "WebShopEnv", "webshop_action_available", "webshop_progress"]
 
-#: WebShop's goal-index split (its baseline code: the first 500 human goals test, the next 1000 dev, the rest train;
-#: 12,087 human goals in all).
+#: WebShop's goal-index split of its 12,087 human goals (its baseline code), for servers without ``/divopd/tasks``
 WEBSHOP_SPLITS: dict[str, tuple[int, int]] = {"test": (0, 500), "dev": (500, 1500), "train": (1500, 12087)}
 
 
 def webshop_progress(page: str, seen: set[str], reward: float, best_reward: float, rejected: bool) -> bool:
-    """Whether a WebShop step made progress (for +R): the reward rose, or the step reached a page not seen before
-    in this episode. A step the server rejected (error text, page unchanged) is never progress."""
-    if rejected:
-        return False
-    return reward > best_reward or page not in seen
+    """Whether a WebShop step made progress: the reward rose, or the step reached a page not seen before in this
+    episode. A step the server rejected (error text, page unchanged) is never progress."""
+    return not rejected and (reward > best_reward or page not in seen)
 
 
 def webshop_action_available(action: str, available: dict) -> bool:
@@ -51,13 +44,9 @@ def webshop_action_available(action: str, available: dict) -> bool:
 
 
 class WebShopEnv(Env):
-    """One browser session on a WebShop HTTP server.
-
-    Args:
-        url: base URL of the server, e.g. ``http://127.0.0.1:36001``.
-        timeout: seconds to wait for one HTTP reply before the call counts as a crash.
-        splits: goal-index ranges per split for servers without ``/divopd/tasks`` (default :data:`WEBSHOP_SPLITS`).
-    """
+    """One browser session on the WebShop server at ``url``; ``timeout``: seconds one HTTP reply may take before the
+    call is an :class:`EnvCrash`; ``splits``: goal-index ranges (default :data:`WEBSHOP_SPLITS`). Tasks are goal
+    indices; reward is the server's, ``info["success"]`` reward 1."""
 
     name = "webshop"
 
@@ -68,13 +57,11 @@ class WebShopEnv(Env):
         self.timeout = timeout
         # a loopback server is never reached through an HTTP(S)_PROXY from the environment
         loopback = urlsplit(self.url).hostname in ("127.0.0.1", "localhost", "::1")
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}) if loopback else
-                                                   urllib.request.ProxyHandler())
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({} if loopback else None))
         self.splits = dict(splits or WEBSHOP_SPLITS)
         self._env_idx: int | None = None
         self._seen: set[str] = set()
         self._best = 0.0
-        self._done = False
         self._available: dict | None = None  # /available_actions of the current page (fetched once per page)
         try:
             self._env_idx = int(self._call("POST", "/create"))
@@ -85,7 +72,6 @@ class WebShopEnv(Env):
                 "`webshop --port PORT`, and pass its URL."
             ) from None
 
-    # ------------------------------------------------------------------------------------------ protocol
     def tasks(self, split: str) -> list[str]:
         status, payload = self._call_status("GET", "/divopd/tasks", query={"split": split})
         if status == 200:
@@ -107,7 +93,7 @@ class WebShopEnv(Env):
         obs = payload[0] if isinstance(payload, list) else payload
         if not isinstance(obs, str):
             raise EnvCrash(f"WebShop /reset returned {payload!r}, expected [observation, ...]")
-        self._seen, self._best, self._done = {obs}, 0.0, False
+        self._seen, self._best = {obs}, 0.0
         self._available = None
         self._available_actions()  # fetched here, where a failure is the explorer's EnvCrash (see Env.valid_actions)
         return obs
@@ -127,7 +113,6 @@ class WebShopEnv(Env):
         if not rejected:
             self._seen.add(obs)
         self._best = max(self._best, reward)
-        self._done = done
         info: dict[str, Any] = {
             **server_info,
             "success": bool(done and reward >= 1.0),
@@ -162,22 +147,18 @@ class WebShopEnv(Env):
 
     def close(self) -> None:
         if self._env_idx is not None:
-            try:
+            with contextlib.suppress(EnvCrash):  # the server is gone: nothing left to release
                 self._call("POST", "/close", {"env_idx": self._env_idx})
-            except EnvCrash:
-                pass  # the server is gone: nothing left to release
             self._env_idx = None
 
-    # ------------------------------------------------------------------------------------------ HTTP
     def _call(self, method: str, path: str, body: dict | None = None, query: dict | None = None) -> Any:
         status, payload = self._call_status(method, path, body, query)
         if status != 200:
             raise EnvCrash(f"WebShop {method} {path} answered HTTP {status}: {payload}")
         return payload
 
-    def _call_status(
-        self, method: str, path: str, body: dict | None = None, query: dict | None = None
-    ) -> tuple[int, Any]:
+    def _call_status(self, method: str, path: str, body: dict | None = None,
+                     query: dict | None = None) -> tuple[int, Any]:
         url = self.url + path + ("?" + urlencode(query) if query else "")
         data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
         request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
@@ -197,23 +178,13 @@ class WebShopEnv(Env):
 
 
 class OfflineWebShopEnv(WebShopEnv):
-    """:class:`WebShopEnv` on the project's generated shop, served on loopback inside this process.
-
-    Instances with the same catalogue settings share one server (started on first use, stopped when the last
-    instance closes). Arguments are :class:`~divopd.explore.envs.webshop_offline.CatalogConfig` fields.
-    """
+    """:class:`WebShopEnv` on the project's generated shop, served on loopback inside this process; instances with the
+    same :class:`~divopd.explore.envs.webshop_offline.CatalogConfig` fields share one server."""
 
     name = "webshop-offline"
 
-    def __init__(
-        self,
-        seed: int = 0,
-        n_products: int = 300,
-        n_goals: int = 600,
-        n_test: int = 100,
-        n_dev: int = 100,
-        timeout: float = 30.0,
-    ) -> None:
+    def __init__(self, seed: int = 0, n_products: int = 300, n_goals: int = 600, n_test: int = 100, n_dev: int = 100,
+                 timeout: float = 30.0) -> None:
         from divopd.explore.envs.webshop_offline.catalog import CatalogConfig
         from divopd.explore.envs.webshop_offline.server import acquire_shared_server, release_shared_server
 

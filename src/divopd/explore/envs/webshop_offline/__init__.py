@@ -1,9 +1,5 @@
-"""An offline WebShop-style environment: a generated catalogue, BM25 search and a real loopback HTTP server.
-
-WebShop (Yao et al., 2022) needs a 1.18 M-product dataset and a search index that cannot be fetched here, so divopd
-generates a small shop with the same page structure, actions and reward structure, served with the JSON protocol of
-AgentGym's WebShop server: ``WebShopEnv(WebShopServer(CatalogConfig(seed=0)).url)`` talks to it as to a real one.
-"""
+"""An offline WebShop-style environment: a generated catalogue with WebShop's pages, actions and reward structure,
+BM25 search and a real loopback HTTP server speaking AgentGym's WebShop protocol."""
 
 from divopd.explore.envs.webshop_offline.catalog import (
     Catalog,
@@ -26,16 +22,5 @@ def __getattr__(name: str) -> type:
         return WebShopServer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = [
-    "Catalog",
-    "CatalogConfig",
-    "Goal",
-    "Product",
-    "SearchIndex",
-    "ServerLimits",
-    "Shop",
-    "ShopSession",
-    "WebShopServer",
-    "generate_catalog",
-    "purchase_reward",
-]
+__all__ = ["Catalog", "CatalogConfig", "Goal", "Product", "SearchIndex", "ServerLimits", "Shop", "ShopSession",
+           "WebShopServer", "generate_catalog", "purchase_reward"]

@@ -1,14 +1,6 @@
-"""A seeded, generated product catalogue and instruction goals for the offline WebShop-style environment.
-
-Everything here is invented by the generator (no data is downloaded): products have a category, a product type, a
-brand, 3–4 attributes (``"cotton"``, ``"non slip"``…), option groups with a few values each (``color``, ``size``…)
-and a price. A goal is a shopping instruction written from one target product ("i need a machine washable cotton
-t-shirt with color: red and size: medium, and price lower than 30.00 dollars"); any product of the same type with the
-asked attributes, options and price satisfies it, exactly as in WebShop.
-
-The reward of a purchase follows WebShop's structure (Yao et al., 2022): a type-match factor times the fraction of
-goal requirements met, requirements being each asked attribute, each asked option value and the price bound —
-see :func:`purchase_reward`. Success is reward 1.
+"""A seeded, generated product catalogue and instruction goals for the offline WebShop-style environment (nothing is
+downloaded), and the reward of a purchase (:func:`purchase_reward`, WebShop's structure). A goal is written from one
+target product; any product of the same type with the asked attributes, options and price satisfies it.
 """
 
 from __future__ import annotations
@@ -18,17 +10,8 @@ import random
 import re
 from dataclasses import asdict, dataclass, field
 
-__all__ = [
-    "CatalogConfig",
-    "Catalog",
-    "Goal",
-    "Product",
-    "generate_catalog",
-    "purchase_reward",
-    "tokenize",
-]
+__all__ = ["Catalog", "CatalogConfig", "Goal", "Product", "generate_catalog", "purchase_reward", "tokenize"]
 
-# ------------------------------------------------------------------------------------------------ vocabulary
 _COLORS = ["black", "white", "red", "navy blue", "grey", "green", "pink", "beige", "brown", "yellow"]
 
 # category -> (product types, attribute pool, option groups {name: values}, price range in dollars)
@@ -93,20 +76,11 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN_RE.findall(text.lower())
 
 
-# ------------------------------------------------------------------------------------------------ records
 @dataclass(frozen=True)
 class CatalogConfig:
-    """What the generator builds (everything derives from ``seed``).
-
-    Attributes:
-        seed: seeds products and goals; the same config always yields the same catalogue.
-        n_products: number of generated products.
-        n_goals: number of instruction goals; goal ``i`` is WebShop's ``session_id`` ``i``.
-        n_test: goals ``0 .. n_test-1`` form the ``test`` split (WebShop puts its test goals first too).
-        n_dev: the next ``n_dev`` goals form the ``dev`` split; the rest are ``train``.
-        page_size: search results per result page.
-        max_results: search results kept per query (WebShop shows at most 50).
-    """
+    """What the generator builds: the same config always yields the same catalogue. Goal ``i`` is WebShop's
+    ``session_id`` ``i``; goals ``0 .. n_test-1`` are the ``test`` split, the next ``n_dev`` the ``dev`` split, the rest
+    ``train``. ``page_size``: search results per page; ``max_results``: results kept per query."""
 
     seed: int = 0
     n_products: int = 300
@@ -117,17 +91,14 @@ class CatalogConfig:
     max_results: int = 50
 
     def __post_init__(self) -> None:
-        for name in ("n_products", "n_goals", "page_size", "max_results"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"CatalogConfig.{name} must be an int >= 1, got {getattr(self, name)!r}")
-        for name in ("seed", "n_test", "n_dev"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"CatalogConfig.{name} must be an int >= 0, got {getattr(self, name)!r}")
+        for name, least in (("n_products", 1), ("n_goals", 1), ("page_size", 1), ("max_results", 1), ("seed", 0),
+                            ("n_test", 0), ("n_dev", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"CatalogConfig.{name} must be an int >= {least}, got {value!r}")
         if self.n_test + self.n_dev >= self.n_goals:
-            raise ValueError(
-                f"CatalogConfig: n_test + n_dev ({self.n_test} + {self.n_dev}) must be below n_goals ({self.n_goals}) "
-                "so that the train split is not empty"
-            )
+            raise ValueError(f"CatalogConfig: n_test + n_dev ({self.n_test} + {self.n_dev}) must be below n_goals "
+                             f"({self.n_goals}) so that the train split is not empty")
 
 
 @dataclass(frozen=True)
@@ -148,9 +119,8 @@ class Product:
     def search_text(self) -> str:
         """The text the search index sees: title, type, category, attributes, option values, description."""
         option_words = " ".join(v for values in self.options.values() for v in values)
-        return " ".join(
-            [self.title, self.product_type, self.category, " ".join(self.attributes), option_words, self.description]
-        )
+        return " ".join([self.title, self.product_type, self.category, " ".join(self.attributes), option_words,
+                         self.description])
 
 
 @dataclass(frozen=True)
@@ -169,9 +139,7 @@ class Goal:
     query: str = field(default="")
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["attributes"] = list(self.attributes)
-        return d
+        return {**asdict(self), "attributes": list(self.attributes)}
 
 
 @dataclass
@@ -192,25 +160,14 @@ class Catalog:
         ranges = {"test": (0, c.n_test), "dev": (c.n_test, n_held_out), "train": (n_held_out, c.n_goals)}
         if name not in ranges:
             raise ValueError(f"unknown split {name!r}; known: test, dev, train")
-        lo, hi = ranges[name]
-        return list(range(lo, hi))
+        return list(range(*ranges[name]))
 
 
-# ------------------------------------------------------------------------------------------------ reward
 def purchase_reward(goal: Goal, product: Product, selected: dict[str, str]) -> float:
-    """Reward of buying ``product`` with option choices ``selected`` for ``goal`` (WebShop's reward structure).
-
-    ``r = r_type · (n_attr + n_opt + n_price) / (|attrs| + |opts| + 1)``, where ``n_attr`` counts the goal's attributes
-    the product has, ``n_opt`` the goal's option values that were selected, ``n_price`` is 1 when the price is within
-    the bound, and ``r_type`` is 1 for the asked product type, 0.5 for another type of the same category, 0 otherwise.
-    The result lies in [0, 1] and is exactly 1 only when every requirement is met.
-    """
-    if product.product_type == goal.product_type:
-        r_type = 1.0
-    elif product.category == goal.category:
-        r_type = 0.5
-    else:
-        r_type = 0.0
+    """Reward of buying ``product`` with option choices ``selected`` for ``goal`` (WebShop's reward structure):
+    ``r_type · (n_attr + n_opt + n_price) / (|attrs| + |opts| + 1)``, ``r_type`` 1 for the asked product type, 0.5 for
+    another type of the same category, else 0. Exactly 1 only when every requirement is met."""
+    r_type = 1.0 if product.product_type == goal.product_type else 0.5 if product.category == goal.category else 0.0
     n_attr = sum(1 for a in goal.attributes if a in product.attributes)
     n_opt = sum(1 for name, value in goal.options.items() if selected.get(name) == value)
     n_price = 1 if product.price <= goal.price_upper else 0
@@ -218,7 +175,6 @@ def purchase_reward(goal: Goal, product: Product, selected: dict[str, str]) -> f
     return r_type * (n_attr + n_opt + n_price) / total
 
 
-# ------------------------------------------------------------------------------------------------ generation
 def generate_catalog(config: CatalogConfig | None = None) -> Catalog:
     """Build the catalogue and goals of ``config`` (deterministic in ``config.seed``)."""
     config = config or CatalogConfig()
@@ -242,29 +198,17 @@ def _make_product(rng: random.Random, i: int) -> Product:
     attributes = tuple(rng.sample(attr_pool, rng.randint(3, 4)))
     options = {}
     for name, values in option_groups.items():
-        k = rng.randint(2, min(5, len(values)))
-        chosen = rng.sample(values, k)
+        chosen = rng.sample(values, rng.randint(2, min(5, len(values))))
         options[name] = tuple(v for v in values if v in chosen)  # keep the vocabulary's natural order
     price = round(rng.uniform(lo, hi), 2)
-    shown = attributes[:2]
-    title = f"{brand} {' '.join(shown)} {product_type}".strip()
+    title = f"{brand} {' '.join(attributes[:2])} {product_type}".strip()
     description = (
         f"This {product_type} from {brand} is {', '.join(attributes[:-1])} and {attributes[-1]}. "
         f"Available in {len(next(iter(options.values())))} {next(iter(options))} choices."
     )
     features = tuple(f"{a.capitalize()}." for a in attributes)
-    return Product(
-        asin=_make_asin(rng, i),
-        category=category,
-        product_type=product_type,
-        brand=brand,
-        title=title,
-        attributes=attributes,
-        options=options,
-        price=price,
-        description=description,
-        features=features,
-    )
+    return Product(asin=_make_asin(rng, i), category=category, product_type=product_type, brand=brand, title=title,
+                   attributes=attributes, options=options, price=price, description=description, features=features)
 
 
 def _make_goal(rng: random.Random, index: int, target: Product) -> Goal:
@@ -278,15 +222,6 @@ def _make_goal(rng: random.Random, index: int, target: Product) -> Goal:
         f"{rng.choice(_INSTRUCTION_OPENERS)} {article} {' '.join(attributes)} {target.product_type} "
         f"with {option_text}, and price lower than {price_upper:.2f} dollars"
     )
-    query = " ".join([*attributes, target.product_type])
-    return Goal(
-        index=index,
-        instruction=instruction,
-        product_type=target.product_type,
-        category=target.category,
-        attributes=attributes,
-        options=options,
-        price_upper=price_upper,
-        target_asin=target.asin,
-        query=query,
-    )
+    return Goal(index=index, instruction=instruction, product_type=target.product_type, category=target.category,
+                attributes=attributes, options=options, price_upper=price_upper, target_asin=target.asin,
+                query=" ".join([*attributes, target.product_type]))

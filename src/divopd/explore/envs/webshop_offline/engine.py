@@ -1,10 +1,5 @@
-"""The shop's page logic: BM25 search, result pages, item pages, option clicks and purchase.
-
-One :class:`ShopSession` is one browsing episode on a goal. Pages are rendered in WebShop's text mode: items are
-joined by ``[SEP]`` and every clickable is shown in brackets. Actions are WebShop's: ``search[query]`` on the search
-page and ``click[button]`` with a clickable of the current page (buttons compare case-insensitively). A malformed or
-unavailable action leaves the page as it is and returns the page with an ``Error: …`` line in front, reward 0.
-
+"""The shop's page logic: BM25 search, result pages, item pages, option clicks and purchase, rendered in WebShop's
+text mode. A malformed or unavailable action leaves the page as it is and returns it with an ``Error: …`` in front.
 Pages::
 
     search   --search[q]-->  results (page 1) --click[next >] / click[< prev]--> results (page n)
@@ -78,7 +73,6 @@ class Shop:
         self.catalog = catalog
         self.index = SearchIndex(catalog.products)
 
-    # ------------------------------------------------------------------------------------------ episode
     def new_session(self, goal_index: int) -> ShopSession:
         goals = self.catalog.goals
         if not 0 <= goal_index < len(goals):
@@ -110,8 +104,7 @@ class Shop:
             if not tokenize(arg):
                 return "the search query is empty"
             s.query = arg
-            limit = self.catalog.config.max_results
-            s.results = [self.catalog.products[i].asin for i in self.index.search(arg, limit)]
+            s.results = self._ranked(arg)
             s.page, s.page_no = "results", 1
             return None
         button = arg.lower()
@@ -149,10 +142,9 @@ class Shop:
         elif s.page == "detail" and button == PREV:
             s.page, s.detail = "item", None
 
-    # ------------------------------------------------------------------------------------------ pages
     def clickables(self, s: ShopSession) -> list[str]:
         """The buttons of the current page, lower case (WebShop's ``get_available_actions()["clickables"]``)."""
-        if s.page == "search" or s.page == "done":
+        if s.page in ("search", "done"):
             return []
         out = [BACK]
         if s.page == "results":
@@ -213,22 +205,20 @@ class Shop:
         first = (s.page_no - 1) * size
         return first, min(first + size, len(s.results))
 
-    # ------------------------------------------------------------------------------------------ gold
+    def _ranked(self, query: str) -> list[str]:
+        """The ASINs a search for ``query`` keeps, best first."""
+        return [self.catalog.products[i].asin for i in self.index.search(query, self.catalog.config.max_results)]
+
     def gold_actions(self, goal_index: int) -> list[str]:
         """An expert action sequence for goal ``goal_index``: search the goal's keywords (or the target's title when
         the target is not among the kept results), page to the target, open it, pick the asked options, buy."""
         goal = self.catalog.goals[goal_index]
-        limit = self.catalog.config.max_results
-        target = self.catalog.by_asin[goal.target_asin]
         query = goal.query
-        ranked = [self.catalog.products[i].asin for i in self.index.search(query, limit)]
+        ranked = self._ranked(query)
         if goal.target_asin not in ranked:
-            query = target.title
-            ranked = [self.catalog.products[i].asin for i in self.index.search(query, limit)]
+            query = self.catalog.by_asin[goal.target_asin].title
+            ranked = self._ranked(query)
         position = ranked.index(goal.target_asin)  # the title query always ranks its product among the kept results
-        actions = [f"search[{query}]"]
-        actions += [f"click[{NEXT}]"] * (position // self.catalog.config.page_size)
-        actions.append(f"click[{goal.target_asin}]")
-        actions += [f"click[{value}]" for value in goal.options.values()]
-        actions.append(f"click[{BUY}]")
-        return actions
+        pages = position // self.catalog.config.page_size
+        return [f"search[{query}]", *[f"click[{NEXT}]"] * pages, f"click[{goal.target_asin}]",
+                *(f"click[{value}]" for value in goal.options.values()), f"click[{BUY}]"]

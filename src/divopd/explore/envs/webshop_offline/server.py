@@ -1,8 +1,6 @@
 """A real HTTP server for the offline WebShop-style shop, on loopback by default, speaking the JSON protocol of
-AgentGym's WebShop server (the routes of :data:`_ROUTES`), so :class:`~divopd.explore.envs.webshop.WebShopEnv` drives it
-and a user-run WebShop the same way. Extensions under ``/divopd/`` (a real server answers 404; the adapter falls back):
-``info`` (catalogue config), ``tasks?split=`` (goal indices), ``goal?session_id=`` (goal metadata and an expert action
-sequence). Every server is bounded: :mod:`~divopd.explore.envs.webshop_offline.limits`. Run it::
+AgentGym's WebShop server (:data:`_ROUTES`) with extensions under ``/divopd/`` (a real server answers 404 there), within
+:class:`~divopd.explore.envs.webshop_offline.limits.ServerLimits`. Run it::
 
     python -m divopd.explore.envs.webshop_offline.server --port 0 --seed 0 --products 300 --goals 600
 """
@@ -10,6 +8,7 @@ sequence). Every server is bounded: :mod:`~divopd.explore.envs.webshop_offline.l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -60,7 +59,6 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
 
-    # ------------------------------------------------------------------------------------------ plumbing
     def setup(self) -> None:
         self.timeout = self.server.state.limits.timeout_s  # a silent connection is closed after this
         super().setup()
@@ -129,7 +127,6 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("POST")
 
 
-# ---------------------------------------------------------------------------------------------- routes
 def _int_arg(source: dict, key: str, required: bool = True) -> int | None:
     value = source.get(key)
     if value is None:
@@ -176,10 +173,6 @@ def _step(st: _ShopState, body: dict, q: dict) -> dict:
     return {"state": state, "reward": reward, "done": done, "info": info}
 
 
-def _observation(st: _ShopState, body: dict, q: dict) -> str:
-    return st.shop.render(st.session(_int_arg(q, "env_idx")))
-
-
 def _available(st: _ShopState, body: dict, q: dict) -> dict:
     s = st.session(_int_arg(q, "env_idx"))
     return {"has_search_bar": st.shop.has_search_bar(s), "clickables": st.shop.clickables(s)}
@@ -197,11 +190,8 @@ def _close(st: _ShopState, body: dict, q: dict) -> dict:
 
 def _info(st: _ShopState, body: dict, q: dict) -> dict:
     c = st.shop.catalog
-    return {
-        "name": "divopd-webshop-offline",
-        "config": vars(c.config),
-        "splits": {name: len(c.split(name)) for name in ("train", "dev", "test")},
-    }
+    return {"name": "divopd-webshop-offline", "config": vars(c.config),
+            "splits": {name: len(c.split(name)) for name in ("train", "dev", "test")}}
 
 
 def _tasks(st: _ShopState, body: dict, q: dict) -> dict:
@@ -226,7 +216,7 @@ _ROUTES = {
     ("POST", "/create"): _create,
     ("POST", "/reset"): _reset,
     ("POST", "/step"): _step,
-    ("GET", "/observation"): _observation,
+    ("GET", "/observation"): lambda st, b, q: st.shop.render(st.session(_int_arg(q, "env_idx"))),
     ("GET", "/available_actions"): _available,
     ("GET", "/instruction_text"): _instruction,
     ("POST", "/close"): _close,
@@ -244,21 +234,12 @@ class _Server(ThreadingHTTPServer):
         self.state, self.verbose = state, verbose
 
 
-# ---------------------------------------------------------------------------------------------- lifecycle
 class WebShopServer:
-    """The shop served over HTTP, started and stopped from Python.
+    """The shop served over HTTP, started and stopped from Python (``with WebShopServer(config) as server:`` serves
+    at ``server.url`` in a daemon thread)."""
 
-    Example::
-
-        with WebShopServer(CatalogConfig(seed=0), port=0) as server:
-            env = WebShopEnv(server.url)
-            ...
-    """
-
-    def __init__(
-        self, config: CatalogConfig | None = None, host: str = "127.0.0.1", port: int = 0, verbose: bool = False,
-        limits: ServerLimits | None = None,
-    ) -> None:
+    def __init__(self, config: CatalogConfig | None = None, host: str = "127.0.0.1", port: int = 0,
+                 verbose: bool = False, limits: ServerLimits | None = None) -> None:
         self.config = config or CatalogConfig()
         self.limits = limits or ServerLimits()
         state = _ShopState(Shop(generate_catalog(self.config)), self.limits)
@@ -331,8 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m divopd.explore.envs.webshop_offline.server --port 0``."""
     parser = argparse.ArgumentParser(
         prog="python -m divopd.explore.envs.webshop_offline.server",
-        description="Serve the generated WebShop-style shop over HTTP (AgentGym WebShop protocol).",
-    )
+        description="Serve the generated WebShop-style shop over HTTP (AgentGym WebShop protocol).")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     parser.add_argument("--port", type=int, default=0, help="port; 0 picks a free one (printed on start)")
     parser.add_argument("--seed", type=int, default=0, help="catalogue and goal seed")
@@ -348,9 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-sessions", type=int, default=d.max_sessions, help="most open sessions (503 beyond)")
     args = parser.parse_args(argv)
     try:
-        config = CatalogConfig(
-            seed=args.seed, n_products=args.products, n_goals=args.goals, n_test=args.test_goals, n_dev=args.dev_goals
-        )
+        config = CatalogConfig(seed=args.seed, n_products=args.products, n_goals=args.goals, n_test=args.test_goals,
+                               n_dev=args.dev_goals)
         limits = ServerLimits(max_body_bytes=args.max_body_bytes, timeout_s=args.timeout,
                               session_ttl_s=args.session_ttl, max_sessions=args.max_sessions)
     except ValueError as e:
@@ -362,10 +341,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _terminate)
     print(f"divopd webshop-offline serving on {server.url}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     print("divopd webshop-offline stopped", file=sys.stderr, flush=True)
     return 0
 
