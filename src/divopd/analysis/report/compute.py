@@ -1,8 +1,6 @@
 """The numbers of ``divopd report``: per-run SR statistics (peak, final five, nAUC, cost to the target τ), batch
-composition, per-method aggregates over seeds, baseline/method ratios and geometric-mean speedups across settings.
-
-:func:`build_report` returns them as one JSON-able dict, the content of ``report.json``.
-"""
+composition, per-method aggregates over seeds, baseline/method ratios and geometric-mean speedups across settings;
+:func:`build_report` returns them as one JSON-able dict, the content of ``report.json``."""
 
 from __future__ import annotations
 
@@ -78,17 +76,11 @@ SEED_KEYS = ("seed", "setting", "out_dir", "run_dir", *PLACEMENT_KEYS)
 
 #: Per-seed metrics the paired tests compare: (seed_metrics key, label).
 PAIRED_METRICS = (("nauc", "nAUC"), ("tokens_to_target", "tokens-to-τ"))
-COMPOSITION_LABELS = {
-    "effective_rollouts": "eff. rollouts",
-    "max_rollout_share": "max share",
-    "dead_rows": "dead rows",
-    "mean_staleness": "staleness",
-    "disagreement_std_across_rollouts": "disagr. std",
-    "arrival_drain_ratio": "arrival/drain",
-    "producer_load": "producer load",
-    "expired": "expired",
-    "expired_fraction": "expired/recv.",
-}
+#: Column labels of the composition table, in its order.
+COMPOSITION_LABELS = {"effective_rollouts": "eff. rollouts", "max_rollout_share": "max share", "dead_rows": "dead rows",
+                      "mean_staleness": "staleness", "disagreement_std_across_rollouts": "disagr. std",
+                      "arrival_drain_ratio": "arrival/drain", "producer_load": "producer load", "expired": "expired",
+                      "expired_fraction": "expired/recv."}
 
 
 # --------------------------------------------------------------------------------------------------- one run

@@ -46,8 +46,7 @@ def _count(x: float | None, digits: int = 0) -> str:
 
 def _intro(base: str, rule: str) -> list[str]:
     return [
-        "# DivOPD report",
-        "",
+        "# DivOPD report", "",
         f"SR in percent. τ: target SR (default: largest multiple of 5 at or below {base}'s peak SR, mean over its "
         f"seeds). Ratios: {base}/method cost through the first eval reaching τ (mean over the seeds that reached it; "
         f"above 1 favours the method; – = not reached). nAUC: mean SR over [first eval, U] ({rule} rule). "
@@ -64,16 +63,9 @@ def _results_table(s: dict[str, Any]) -> list[str]:
         a = m["aggregate"]
         r = m["ratios"] or {}
         reached = a["reached_target"]
-        rows.append([
-            method,
-            str(reached["of"]),
-            _pm_ci(a["peak_sr"]),
-            _pm_ci(a["final_five_mean"]),
-            _pm_ci(a["nauc"]),
-            MISSING if s["target"] is None else f"{reached['n']}/{reached['of']}",
-            _ratio(r.get("tokens")),
-            _ratio(r.get("compute")),
-        ])
+        rows.append([method, str(reached["of"]), _pm_ci(a["peak_sr"]), _pm_ci(a["final_five_mean"]), _pm_ci(a["nauc"]),
+                     MISSING if s["target"] is None else f"{reached['n']}/{reached['of']}", _ratio(r.get("tokens")),
+                     _ratio(r.get("compute"))])
     header = ["method", "seeds", "peak SR", "final-five SR", "nAUC", "reached τ", "tokens-to-τ ×", "compute-to-τ ×"]
     return md_table(header, rows)
 
@@ -90,14 +82,10 @@ def _paired_table(s: dict[str, Any]) -> list[str]:
                      fmt(t["mean_method"], digits), fmt(t["mean_against"], digits), fmt(t["median_diff"], digits),
                      f"{t['w_plus']:g} / {t['w_minus']:g}",
                      MISSING if t["p_value"] is None else f"{t['p_value']:.3f}" + ("" if t["exact"] else " (normal)")])
-    return [
-        "Paired tests: Wilcoxon signed-rank over the seeds both methods ran (two-sided, exact; zero differences "
-        "dropped). Means and the median difference are method − against over those seeds.",
-        "",
-        *md_table(["comparison", "isolates", "metric", "pairs", "mean (method)", "mean (against)",
-                   "median diff", "W+ / W−", "p"], rows),
-        "",
-    ]
+    return ["Paired tests: Wilcoxon signed-rank over the seeds both methods ran (two-sided, exact; zero differences "
+            "dropped). Means and the median difference are method − against over those seeds.", "",
+            *md_table(["comparison", "isolates", "metric", "pairs", "mean (method)", "mean (against)", "median diff",
+                       "W+ / W−", "p"], rows), ""]
 
 
 def _composition_table(s: dict[str, Any]) -> list[str]:
@@ -108,11 +96,8 @@ def _composition_table(s: dict[str, Any]) -> list[str]:
             _count(c.get(k)) if k == "expired" else fmt(c.get(k), 3 if k.endswith(("share", "fraction")) else 2)
             for k in COMPOSITION_LABELS
         ])
-    return [
-        "Batch composition (per-update means over the run, mean over seeds; expired: final ledger count).",
-        "",
-        *md_table(["method", *COMPOSITION_LABELS.values()], rows),
-    ]
+    return ["Batch composition (per-update means over the run, mean over seeds; expired: final ledger count).", "",
+            *md_table(["method", *COMPOSITION_LABELS.values()], rows)]
 
 
 def _diagnostics_table(s: dict[str, Any]) -> list[str]:
@@ -124,13 +109,9 @@ def _diagnostics_table(s: dict[str, Any]) -> list[str]:
                                for k, *_ in DIAGNOSTICS)])
     header = ["method", *(f"{label} ({where.replace('Table ', 'T').replace('Figure ', 'F')})"
                           for _, _, _, label, where in DIAGNOSTICS)]
-    return [
-        "Diagnostics of the paper's tables (T = table, F = figure; per-update means over the run, teacher tok/trained "
-        "tok and the disagreement-std EMA at the last update; mean over seeds). Tables 11 and 14 come from "
-        "`divopd replay` on a shared buffer.",
-        "",
-        *md_table(header, rows),
-    ]
+    return ["Diagnostics of the paper's tables (T = table, F = figure; per-update means over the run, teacher "
+            "tok/trained tok and the disagreement-std EMA at the last update; mean over seeds). Tables 11 and 14 come "
+            "from `divopd replay` on a shared buffer.", "", *md_table(header, rows)]
 
 
 def _seed_table(s: dict[str, Any]) -> list[str]:
@@ -139,18 +120,9 @@ def _seed_table(s: dict[str, Any]) -> list[str]:
         for sd in m["seeds"]:
             ff = sd["final_five_mean"]
             ff_s = MISSING if ff is None else f"{ff:.1f} ± {sd['final_five_std']:.1f} (n={sd['final_five_n']})"
-            rows.append([
-                method,
-                str(sd["seed"]),
-                "done" if sd["finished"] else "running",
-                str(sd["n_evals"]),
-                fmt(sd["peak_sr"]),
-                ff_s,
-                fmt(sd["nauc"]),
-                fmt(sd["update_to_target"], 0),
-                _count(sd["tokens_to_target"]),
-                _count(sd["compute_s_to_target"], 1),
-            ])
+            rows.append([method, str(sd["seed"]), "done" if sd["finished"] else "running", str(sd["n_evals"]),
+                         fmt(sd["peak_sr"]), ff_s, fmt(sd["nauc"]), fmt(sd["update_to_target"], 0),
+                         _count(sd["tokens_to_target"]), _count(sd["compute_s_to_target"], 1)])
     header = ["method", "seed", "state", "evals", "peak", "final-five", "nAUC", "update→τ", "tokens→τ", "compute s→τ"]
     return ["Per seed.", "", *md_table(header, rows)]
 
