@@ -1,8 +1,5 @@
-"""Formatting shared by the analysis commands and the suite: numbers in tables, strict JSON files, Markdown tables and
-headless matplotlib figures.
-
-One copy of each, so that ``divopd report``, ``replay``, ``tune-cap`` and the demos write numbers the same way.
-"""
+"""Formatting shared by the analysis commands and the suite, so that they write numbers the same way: numbers in
+tables, strict JSON files, Markdown tables and headless matplotlib figures."""
 
 from __future__ import annotations
 

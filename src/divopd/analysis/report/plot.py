@@ -1,6 +1,5 @@
-"""The figures of ``divopd report``, per setting: SR against learner updates, learner tokens and learner compute
-seconds (mean over seeds, band = min–max over seeds), the batch-composition curves and the per-update diagnostics of
-the paper's tables (Figure 6's EMA of the disagreement std among them)."""
+"""The figures of ``divopd report``, per setting: SR against learner updates, tokens and compute seconds, the
+batch-composition curves and the per-update diagnostics of the paper's tables (docs/guides/report.md lists them)."""
 
 from __future__ import annotations
 
@@ -110,23 +109,9 @@ def _curves_figure(setting: str, runs_by_method: dict[str, list[Run]], color: di
     save_figure(fig, path)
 
 
-def _composition_figure(setting: str, runs_by_method: dict[str, list[Run]], color: dict[str, str],
-                        path: Path) -> None:
-    """Batch-composition curves: per-update mean over seeds, lightly smoothed."""
-    panels = [(COMPOSITION_LABELS[n], k) for n, k, how in COMPOSITION if how == "mean"]
-    _curves_figure(setting, runs_by_method, color, path, panels, "batch composition")
-
-
 #: The per-update curves of the diagnostics figure: the paper-table keys not already drawn in the composition figure.
 DIAGNOSTIC_PANELS = [(f"{label} ({where})", key) for _, key, _, label, where in DIAGNOSTICS
                      if key not in {k for _, k, _ in COMPOSITION}]
-
-
-def _diagnostics_figure(setting: str, runs_by_method: dict[str, list[Run]], color: dict[str, str],
-                        path: Path) -> None:
-    """The diagnostics of the paper's tables over updates (unsmoothed: the EMA of Figure 6 is its own smoothing)."""
-    _curves_figure(setting, runs_by_method, color, path, DIAGNOSTIC_PANELS, "diagnostics of the paper's tables",
-                   smooth=False)
 
 
 def plot_setting(setting: str, runs_by_method: dict[str, list[Run]], tau: float | None, out: Path) -> list[str]:
@@ -135,13 +120,12 @@ def plot_setting(setting: str, runs_by_method: dict[str, list[Run]], tau: float 
     slug = _slug(setting)
     color = {m: f"C{i % 10}" for i, m in enumerate(runs_by_method)}  # one colour per method in every figure
     for x, label, stem in SR_AXES:
-        name = f"{slug}_{stem}.png"
-        _sr_figure(setting, runs_by_method, tau, x, label, color, out / name)
-        written.append(name)
-    name = f"{slug}_composition.png"
-    _composition_figure(setting, runs_by_method, color, out / name)
-    written.append(name)
-    name = f"{slug}_diagnostics.png"
-    _diagnostics_figure(setting, runs_by_method, color, out / name)
-    written.append(name)
+        written.append(f"{slug}_{stem}.png")
+        _sr_figure(setting, runs_by_method, tau, x, label, color, out / written[-1])
+    composition = [(COMPOSITION_LABELS[n], k) for n, k, how in COMPOSITION if how == "mean"]
+    for stem, panels, title, smooth in (("composition", composition, "batch composition", True),
+                                        # unsmoothed: the EMA of Figure 6 is its own smoothing
+                                        ("diagnostics", DIAGNOSTIC_PANELS, "diagnostics of the paper's tables", False)):
+        written.append(f"{slug}_{stem}.png")
+        _curves_figure(setting, runs_by_method, color, out / written[-1], panels, title, smooth)
     return written
