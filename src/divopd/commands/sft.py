@@ -1,16 +1,7 @@
-"""``divopd sft``: behaviour cloning on an environment's gold trajectories — the tiny teacher for CPU runs, and the
-students' warm start.
-
-1. Play the gold path of ``--train-tasks`` tasks of the train split; every gold step becomes one example whose prompt is
-   built exactly as the explorer builds it (``encode_prompt``, same template and budget) and whose
-   response is the gold action + eos (:func:`divopd.explore.prompting.encode_action`).
-2. Build a tiny word-level tokenizer on those texts and a tiny Llama (``--size``), or start from ``--init`` (any HF
-   folder, e.g. a previous SFT output for a shorter warm start).
-3. Train with ``train_sft``, save an HF folder (model + tokenizer + ``sft.json`` with the prompt config
-   and the numbers), and report the held-out success rate of greedy student-only episodes on ``--eval-split``.
-
-``--env`` is a registry name or the import path ``module:Class`` of an environment of your own (imported in this
-process, as ``explorer.env`` is by a training run); docs/guides/own-model.md builds a teacher and a student with it.
+"""``divopd sft``: behaviour cloning on an environment's expert trajectories — the tiny teacher for CPU runs, and the
+students' warm start. Each expert step becomes one example whose prompt is built exactly as the explorer builds it and
+whose response is the action + eos; the model (a fresh tiny one, or ``--init``) is trained, saved with ``sft.json`` and
+evaluated greedily on ``--eval-split``. docs/guides/own-model.md builds a teacher and a student for an own environment.
 """
 
 from __future__ import annotations
