@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from divopd.errors import ConfigError, UsageError, check_model_folder, check_tokenizer_folder, describe_validation_error
+
 __all__ = ["EXPERTS", "add_arguments", "collect_gold_examples", "epsilon_move", "miss_move", "run"]
 
 #: ``--expert``: whose trajectories are cloned. ``gold``: the environment's gold path; ``explore``: an observable-state
@@ -100,15 +102,11 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
                           max_steps: int = 30, noise: float = 0.0, seed: int = 0,
                           game: str = "coin", epsilon: float = 0.0,
                           miss: float = 0.0) -> tuple[list[dict[str, Any]], int]:
-    """Play each task's expert trajectory (:func:`_expert_policy`); returns (one record per step, number of tasks whose
-    trajectory failed). A record holds the prompt's parts (first observation, history, valid actions) and the action,
-    so any tokenizer can encode it later.
-
-    ``noise`` executes a random action from the valid ones and the game's :data:`NOISE_ACTIONS` while the record keeps
-    the expert's label; ``epsilon`` (:func:`epsilon_move`) and ``miss`` (:func:`miss_move`) change both. With any of
-    them every episode's records are kept, whatever its outcome. All draws come from one generator seeded by ``seed``
-    (a zero probability draws nothing).
-    """
+    """Play each task's expert trajectory (:func:`_expert_policy`); returns (one record per step: the prompt's parts
+    and the action, for any tokenizer to encode; the number of tasks whose trajectory failed). ``noise`` executes a
+    random action (valid, or of the game's :data:`NOISE_ACTIONS`) while the record keeps the expert's label;
+    ``epsilon`` (:func:`epsilon_move`) and ``miss`` (:func:`miss_move`) change both; with any of them every episode's
+    records are kept. All draws come from one generator seeded by ``seed`` (a zero probability draws nothing)."""
     import random
 
     rng = random.Random(seed)
@@ -173,8 +171,6 @@ def _texts(records: list[dict[str, Any]], prompt_config: Any) -> list[str]:
 
 
 def _json_object(flag: str, text: str) -> dict[str, Any]:
-    from divopd.errors import UsageError
-
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -185,18 +181,10 @@ def _json_object(flag: str, text: str) -> dict[str, Any]:
 
 
 def check_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    """Validate the arguments before anything heavy runs; returns ``(env_kwargs, prompt_config)``.
-
-    Raises :class:`~divopd.errors.UsageError` naming the flag."""
+    """Validate the arguments before anything heavy runs; returns ``(env_kwargs, prompt_config)``. Raises
+    :class:`~divopd.errors.UsageError` naming the flag."""
     from pydantic import ValidationError
 
-    from divopd.errors import (
-        ConfigError,
-        UsageError,
-        check_model_folder,
-        check_tokenizer_folder,
-        describe_validation_error,
-    )
     from divopd.explore.envs import SPLITS, env_class
     from divopd.explore.prompting import PromptConfig
 
