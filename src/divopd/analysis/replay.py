@@ -86,7 +86,6 @@ class ReplayConfig:
         return SamplerConfig(method=method, seed=self.seed, **sampler_kwargs(self))
 
 
-# ---------------------------------------------------------------------------------------------------- bookkeeping
 #: The batch stats whose mean over a method's batches its entry reports.
 _MEAN_STATS = ("effective_rollouts", "max_rollout_share", "candidate_rollouts", "turns_per_rollout", "kl_per_token",
                "mean_staleness")
@@ -111,7 +110,6 @@ class _Track:
     series: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in SERIES_KEYS})
 
 
-# ---------------------------------------------------------------------------------------------------- replay
 def resolve_source(source: str | os.PathLike | Iterable[LoggedTurn], updates: int | None, what: str,
                    reuse: bool = False) -> tuple[str | None, Any, int]:
     """(log name or None, the source, U ticks) of a replay source; an iterable becomes a list when U must be counted
@@ -261,7 +259,6 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
     }
 
 
-# ---------------------------------------------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", help="experience log: a .parquet file or a directory of part-*.parquet files")
     parser.add_argument(

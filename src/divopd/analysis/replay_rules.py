@@ -15,7 +15,6 @@ from divopd.sampling import Sampler
 __all__ = ["deliveries", "log_updates", "rollout_coverage", "waiting_rollouts", "cell_counts"]
 
 
-# ---------------------------------------------------------------------------------------------------- delivery
 def deliveries(stream: Iterable[LoggedTurn], updates: int) -> Iterator[tuple[int, list[LoggedTurn]]]:
     """Replay's delivery rule: yields ``(j, turns)`` for every tick ``j`` in ``0…U−1``, ``turns`` the not-yet-delivered
     ones with ``arrival_update ≤ j`` in arrival order (maybe none). Raises ``ValueError`` on a stream out of arrival
@@ -49,7 +48,6 @@ def log_updates(path: str | os.PathLike) -> int:
     return last + 1
 
 
-# ---------------------------------------------------------------------------------------------------- coverage
 def waiting_rollouts(sampler: Sampler) -> Counter[str]:
     """Rollout id -> number of its turns still waiting (pending or queued) in ``sampler``, from its public state."""
     state = sampler.state_dict()

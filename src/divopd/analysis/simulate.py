@@ -42,7 +42,6 @@ class SimulationSummary:
     arrival_drain_ratio: float
 
 
-# ---------------------------------------------------------------------------------------------------- the rules
 def sample_horizon(preset: Preset, success: bool, rng: np.random.Generator) -> int:
     """Outcome-dependent horizon: success short (log-normal), failure runs to the step limit."""
     if not success:
@@ -77,7 +76,6 @@ def policy_version(start: float, delay: int) -> int:
     return max(0, math.floor(start) - delay)
 
 
-# ---------------------------------------------------------------------------------------------------- generation
 #: The per-turn columns a chunk concatenates as they are, with their Arrow types.
 _COLUMN_TYPES = {"turn_index": pa.int32(), "policy_version": pa.int64(), "arrival": pa.int64(),
                  "arrival_update": pa.int64(), "prompt_truncated": pa.bool_(), "prompt_len": pa.int32(),
@@ -227,7 +225,6 @@ def simulate(preset: Preset | str, out: str | os.PathLike, explorers: int = 8, r
     return _summary(preset, counts, updates, explorers, R, batch_size)
 
 
-# ---------------------------------------------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="alfworld", help="environment preset")
     parser.add_argument("--explorers", type=int, default=8, help="E, explorers running rollouts (default 8)")

@@ -160,7 +160,6 @@ def tune_cap(log: str | os.PathLike | Iterable[LoggedTurn], caps: Sequence[int |
     }
 
 
-# ---------------------------------------------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", help="experience log: a .parquet file or a directory of part-*.parquet files")
     parser.add_argument("--caps", default=",".join(map(str, DEFAULT_CAPS)), help="candidate caps, 'inf' = no cap")

@@ -1,8 +1,5 @@
 """The paper benchmark's plan: its schema (:class:`Plan`), loading it (:func:`load_plan`, :class:`PlanError`), and its
-expansion into runs (:func:`plan_runs`, :class:`PlannedRun`) and a selection of them (:func:`select_runs`).
-
-How a plan expands into report groups and labels is described in :mod:`divopd.suite`.
-"""
+expansion into runs (:func:`plan_runs`, :class:`PlannedRun`) and a selection of them (:func:`select_runs`)."""
 
 from __future__ import annotations
 
@@ -37,11 +34,6 @@ class _Strict(BaseModel):
 def _check_name(name: str, what: str) -> None:
     if not name or "/" in name or "~" in name or name.startswith(".") or any(c.isspace() for c in name):
         raise ValueError(f"{what} {name!r}: use a plain name without '/', '~', spaces or a leading '.'")
-
-
-def _check_method(method: str) -> None:
-    if method not in method_names():
-        raise ValueError(f"unknown method {method!r}; known: {', '.join(method_names())}")
 
 
 class PlanSetting(_Strict):
@@ -145,7 +137,8 @@ class Plan(_Strict):
                 raise ValueError(f"configs {self.configs!r}: its models have no recipe in divopd.suite.models "
                                  f"(known: {', '.join(RECIPES)})")
         for method in [m.method for m in self.methods] + ([self.sweeps.cap.method] if self.sweeps.cap else []):
-            _check_method(method)  # every row is a method row of the registry
+            if method not in method_names():  # every row is a method row of the registry
+                raise ValueError(f"unknown method {method!r}; known: {', '.join(method_names())}")
         for what, seeds in (("seeds", self.seeds), ("load sweep: seeds", self.sweeps.load and self.sweeps.load.seeds),
                             ("cap sweep: seeds", self.sweeps.cap and self.sweeps.cap.seeds),
                             *((f"method {m.name}: seeds", m.seeds) for m in self.methods)):
@@ -246,11 +239,8 @@ def config_value(method: str, overrides: tuple[str, ...], key: str, configs: Pat
 
 
 def plan_runs(plan: Plan) -> list[PlannedRun]:
-    """Expand the plan into runs: settings × methods × seeds, then the load sweep, then the cap sweep.
-
-    A sweep point that equals its main run's config (same method row, the swept key already at that value, a seed the
-    main runs have) gets ``main`` set: it is that run, not a new one.
-    """
+    """Expand the plan into runs: settings × methods × seeds, then the load sweep, then the cap sweep. A sweep point
+    that equals a main run's config (same row and seed, the swept key already at that value) gets ``main`` set."""
     runs: list[PlannedRun] = []
     main: dict[tuple[str, str, int], PlannedRun] = {}
     by_label = {m.name: m for m in plan.methods}

@@ -83,7 +83,6 @@ COMPOSITION_LABELS = {"effective_rollouts": "eff. rollouts", "max_rollout_share"
                       "expired_fraction": "expired/recv."}
 
 
-# --------------------------------------------------------------------------------------------------- one run
 def _method_key(method: str, baseline: str) -> tuple[int, int, str]:
     if method == baseline:
         return (0, 0, method)
@@ -171,7 +170,6 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name))
 
 
-# --------------------------------------------------------------------------------------------------- one setting
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in config.items():
@@ -292,7 +290,6 @@ def _setting_entry(setting: str, methods: dict[str, list[Run]], *, baseline: str
             "paired_tests": paired_tests(method_out, baseline)}
 
 
-# --------------------------------------------------------------------------------------------------- the report
 def _geometric_means(settings: dict[str, Any], baseline: str) -> dict[str, Any]:
     """Geometric-mean speedups across settings, over the settings where the ratio exists (both reached τ)."""
     geo: dict[str, Any] = {}
