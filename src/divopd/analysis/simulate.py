@@ -132,9 +132,11 @@ class _Chunk:
         return pa.RecordBatch.from_arrays([columns[f.name] for f in fields], schema=pa.schema(fields))
 
 
-def _rollout_rows(preset: Preset, rng: np.random.Generator, success: bool,
-                  horizon: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(response_len, prompt_len, truncated, student logprobs flat, teacher logprobs flat) of one rollout."""
+def _new_rollout(preset: Preset, rng: np.random.Generator, e: int, index: int, t0: float,
+                 step_time: float) -> tuple[float, dict[str, Any]]:
+    """(finish time, rows) of the ``index``-th rollout of explorer ``e``, started at ``t0``."""
+    success = bool(rng.random() < preset.success_rate)
+    horizon = sample_horizon(preset, success, rng)
     resp = np.clip(np.rint(rng.lognormal(math.log(preset.response_median), preset.response_sigma, horizon)), 4, 512)
     obs = np.clip(np.rint(rng.lognormal(math.log(preset.obs_median), preset.obs_sigma, horizon)), 1, 4096)
     resp = resp.astype(np.int32)
@@ -147,19 +149,11 @@ def _rollout_rows(preset: Preset, rng: np.random.Generator, success: bool,
     gap = rng.normal(np.repeat(mu, resp), preset.token_noise)
     teacher = np.minimum(student - gap, 0.0)
     teacher[np.repeat(truncated, resp)] = np.nan  # truncated prompt: no teacher-scored token
-    return resp, prompt, truncated, student.astype(np.float32), teacher.astype(np.float32)
-
-
-def _new_rollout(preset: Preset, rng: np.random.Generator, e: int, index: int, t0: float,
-                 step_time: float) -> tuple[float, dict[str, Any]]:
-    """(finish time, rows) of the ``index``-th rollout of explorer ``e``, started at ``t0``."""
-    success = bool(rng.random() < preset.success_rate)
-    h = sample_horizon(preset, success, rng)
-    resp, prompt, truncated, student, teacher = _rollout_rows(preset, rng, success, h)
-    finish = t0 + h * step_time * float(rng.uniform(0.8, 1.2))
+    finish = t0 + horizon * step_time * float(rng.uniform(0.8, 1.2))
     version = policy_version(t0, e % (preset.max_delay + 1))
     return finish, {"id": f"{preset.name}-e{e:03d}-{index:06d}", "version": version, "success": success, "resp": resp,
-                    "prompt": prompt, "truncated": truncated, "student": student, "teacher": teacher}
+                    "prompt": prompt, "truncated": truncated, "student": student.astype(np.float32),
+                    "teacher": teacher.astype(np.float32)}
 
 
 def _summary(preset: Preset, counts: dict[str, int], updates: int, explorers: int, R: float,
