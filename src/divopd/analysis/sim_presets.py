@@ -10,50 +10,29 @@ __all__ = ["PRESETS", "Preset"]
 
 @dataclass(frozen=True)
 class Preset:
-    """Distributions of one synthetic environment: outcome and horizon, response and observation lengths, prompt
-    budget, student log probs and teacher disagreement, from which :mod:`divopd.analysis.simulate` draws each rollout.
+    """Distributions of one synthetic environment, from which :mod:`divopd.analysis.simulate` draws each rollout
+    (lengths in tokens, horizons in turns, sigmas log-normal)."""
 
-    Attributes:
-        name: preset name; also the ``env`` column.
-        step_limit: episode step limit; failed rollouts run to it.
-        success_rate: probability that a rollout succeeds.
-        success_median: median horizon of a successful rollout (turns).
-        success_sigma: log-normal sigma of the success horizon.
-        min_horizon: shortest successful rollout.
-        response_median: median response length (tokens); ``response_sigma`` its log-normal sigma.
-        obs_median: median observation length (tokens); ``obs_sigma`` its log-normal sigma.
-        base_prompt: system prompt + task tokens.
-        context_budget: prompt tokens beyond which the explorer truncates the prompt.
-        history_window: keep only the last this many turns of history in the prompt (``None`` = all).
-        student_nll: mean per-token negative log probability of the sampled tokens under the student.
-        disagreement_median: median per-token disagreement (student − teacher log prob) of a turn;
-            ``disagreement_sigma`` its log-normal sigma.
-        fail_factor: multiplier of the turn disagreement in failed rollouts.
-        token_noise: per-token standard deviation around the turn's mean disagreement.
-        max_delay: explorer ``e`` pulls weights ``e mod (max_delay + 1)`` updates late.
-        default_rollouts_per_update: R giving an arrival/drain ratio near 2 at B = 256.
-    """
-
-    name: str
-    step_limit: int
-    success_rate: float
-    success_median: float
+    name: str  # also the ``env`` column
+    step_limit: int  # episode step limit; failed rollouts run to it
+    success_rate: float  # probability that a rollout succeeds
+    success_median: float  # median horizon of a successful rollout
     success_sigma: float
-    min_horizon: int
-    response_median: float
+    min_horizon: int  # shortest successful rollout
+    response_median: float  # median response length
     response_sigma: float
-    obs_median: float
+    obs_median: float  # median observation length
     obs_sigma: float
-    base_prompt: int
-    context_budget: int
-    history_window: int | None
-    student_nll: float
-    disagreement_median: float
+    base_prompt: int  # system prompt + task tokens
+    context_budget: int  # prompt tokens beyond which the explorer truncates the prompt
+    history_window: int | None  # keep only the last this many turns of history in the prompt (None = all)
+    student_nll: float  # mean per-token negative log probability of the sampled tokens under the student
+    disagreement_median: float  # median per-token disagreement (student − teacher log prob) of a turn
     disagreement_sigma: float
-    fail_factor: float
-    token_noise: float
-    max_delay: int
-    default_rollouts_per_update: float
+    fail_factor: float  # multiplier of the turn disagreement in failed rollouts
+    token_noise: float  # per-token standard deviation around the turn's mean disagreement
+    max_delay: int  # explorer ``e`` pulls weights ``e mod (max_delay + 1)`` updates late
+    default_rollouts_per_update: float  # R giving an arrival/drain ratio near 2 at B = 256
 
 
 PRESETS: dict[str, Preset] = {

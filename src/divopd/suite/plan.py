@@ -97,13 +97,9 @@ class Plan(_Strict):
     """A benchmark plan (the paper's: :data:`DEFAULT_PLAN`)."""
 
     out: str = "runs/paper"
-    configs: str = Field("tiny", description="what every run starts from, with `method` set to the run's row: a "
-                         "packaged setting's name (divopd/configs/<name>.yaml; tiny: the 2-room cold start; coin4: "
-                         "the 4-room warm start; coin6, twc: a longer horizon and a second game), whose models come "
-                         "from the recipe of the same name in divopd.suite.models and are built into `cache`; or the "
-                         "path of a training config of your own (.yaml, relative to the working directory, e.g. an "
-                         "own environment `explorer.env: mypkg.envs:MyEnv`), whose student.path and teacher.path are "
-                         "used as they are")
+    configs: str = Field("tiny", description="what every run starts from (docs/guides/paper-suite.md): a packaged "
+                         "setting's name, its models built into `cache` from the recipe of that name, or the path of "
+                         "a training config of your own (.yaml), its models used as they are")
     cache: str = "cache/demo"
     updates: int = Field(150, ge=1)
     seeds: list[int] = Field(min_length=1)
