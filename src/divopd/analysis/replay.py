@@ -165,9 +165,8 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
             s[key].append(int(st[key]) if key in _INT_SERIES else float(st[key]))
     s["disagreement_std_ema"].append(tr.ema)
     ledger = tr.sampler.ledger
-    s["selected"].append(ledger.selected)
-    s["expired"].append(ledger.expired)
-    s["invalid"].append(ledger.invalid)
+    for key in ("selected", "expired", "invalid"):
+        s[key].append(getattr(ledger, key))
     s["waiting"].append(ledger.pending + ledger.queued)
     s["used_rollouts"].append(tr.used_valid)
 

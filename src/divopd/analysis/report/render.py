@@ -22,9 +22,7 @@ RATIOS = ("tokens", "compute")
 def _pm(agg: dict[str, Any], digits: int = 1) -> str:
     if agg["mean"] is None:
         return MISSING
-    std = agg.get("std")
-    if std is None:
-        std = agg.get("std_checkpoints")
+    std = agg["std"] if agg.get("std") is not None else agg.get("std_checkpoints")
     return fmt(agg["mean"], digits) + ("" if std is None else f" ± {fmt(std, digits)}")
 
 
