@@ -271,11 +271,8 @@ def run(args: argparse.Namespace) -> int:
     if args.init:
         model, tokenizer = load_model(args.init)
     else:
-        if args.tokenizer_from:
-            tokenizer = load_tokenizer(args.tokenizer_from)
-        else:
-            tokenizer = build_tokenizer(_texts(records, prompt_config), kind=args.tokenizer,
-                                        vocab_size=args.vocab_size)
+        tokenizer = load_tokenizer(args.tokenizer_from) if args.tokenizer_from else build_tokenizer(
+            _texts(records, prompt_config), kind=args.tokenizer, vocab_size=args.vocab_size)
         model = build_model(tokenizer, size=args.size, arch=args.arch, seed=args.seed)
     n_params = sum(p.numel() for p in model.parameters())
     examples, truncated = [], 0
