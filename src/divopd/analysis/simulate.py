@@ -156,18 +156,6 @@ def _new_rollout(preset: Preset, rng: np.random.Generator, e: int, index: int, t
                     "teacher": teacher.astype(np.float32)}
 
 
-def _summary(preset: Preset, counts: dict[str, int], updates: int, explorers: int, R: float,
-             batch_size: int) -> SimulationSummary:
-    n_fail = counts["rollouts"] - counts["successes"]
-    return SimulationSummary(
-        preset=preset.name, updates=updates, explorers=explorers, rollouts_per_update=R, rollouts=counts["rollouts"],
-        turns=counts["turns"], successes=counts["successes"], truncated_turns=counts["truncated"],
-        mean_horizon=counts["turns"] / max(counts["rollouts"], 1),
-        mean_success_horizon=counts["succ_h"] / counts["successes"] if counts["successes"] else None,
-        mean_failure_horizon=counts["fail_h"] / n_fail if n_fail else None, turns_per_update=counts["turns"] / updates,
-        batch_size=batch_size, arrival_drain_ratio=counts["turns"] / (updates * batch_size))
-
-
 def simulate(preset: Preset | str, out: str | os.PathLike, explorers: int = 8, rollouts_per_update: float | None = None,
              updates: int = 100, seed: int = 0, batch_size: int = 256, overwrite: bool = False,
              row_group_size: int = 16384) -> SimulationSummary:
@@ -216,7 +204,14 @@ def simulate(preset: Preset | str, out: str | os.PathLike, explorers: int = 8, r
             start(e, finish)
         if chunk.rows:
             writer.write_batch(chunk.to_batch(preset.name))
-    return _summary(preset, counts, updates, explorers, R, batch_size)
+    n_fail = counts["rollouts"] - counts["successes"]
+    return SimulationSummary(
+        preset=preset.name, updates=updates, explorers=explorers, rollouts_per_update=R, rollouts=counts["rollouts"],
+        turns=counts["turns"], successes=counts["successes"], truncated_turns=counts["truncated"],
+        mean_horizon=counts["turns"] / max(counts["rollouts"], 1),
+        mean_success_horizon=counts["succ_h"] / counts["successes"] if counts["successes"] else None,
+        mean_failure_horizon=counts["fail_h"] / n_fail if n_fail else None, turns_per_update=counts["turns"] / updates,
+        batch_size=batch_size, arrival_drain_ratio=counts["turns"] / (updates * batch_size))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,10 +21,6 @@ SR_AXES = (
 )
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "setting"
-
-
 def _curve(run_: Run, x: str) -> tuple[list[float], list[float]]:
     pts = [(getattr(e, x), e.sr) for e in run_.evals if getattr(e, x) is not None]
     return [float(p[0]) for p in pts], [p[1] for p in pts]
@@ -117,7 +113,7 @@ DIAGNOSTIC_PANELS = [(f"{label} ({where})", key) for _, key, _, label, where in 
 def plot_setting(setting: str, runs_by_method: dict[str, list[Run]], tau: float | None, out: Path) -> list[str]:
     """Write the PNGs of one setting; returns their file names (relative to ``out``)."""
     written = []
-    slug = _slug(setting)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", setting).strip("_") or "setting"  # a file-name stem
     color = {m: f"C{i % 10}" for i, m in enumerate(runs_by_method)}  # one colour per method in every figure
     for x, label, stem in SR_AXES:
         written.append(f"{slug}_{stem}.png")

@@ -42,8 +42,10 @@ def _count(x: float | None, digits: int = 0) -> str:
     return MISSING if x is None else f"{x:,.{digits}f}"
 
 
-def _intro(base: str, rule: str) -> list[str]:
-    return [
+def render_markdown(rep: dict[str, Any], pngs: dict[str, list[str]]) -> str:
+    """report.md from the report dict."""
+    base, rule = rep["baseline"], rep["nauc_rule"]
+    lines = [
         "# DivOPD report", "",
         f"SR in percent. τ: target SR (default: largest multiple of 5 at or below {base}'s peak SR, mean over its "
         f"seeds). Ratios: {base}/method cost through the first eval reaching τ (mean over the seeds that reached it; "
@@ -52,6 +54,17 @@ def _intro(base: str, rule: str) -> list[str]:
         "percentile-bootstrap CI of the mean over seeds (10,000 resamples, seeded).",
         "",
     ]
+    for setting, s in rep["settings"].items():
+        tau = "none" if s["target"] is None else f"{s['target']:g}%"
+        lines += [f"## {setting}", "", f"τ = {tau} ({s['target_source']}); U = {fmt(s['budget'], 0)} learner updates."]
+        lines += ["", *_results_table(s), "", *_paired_table(s), *_composition_table(s), "",
+                  *_diagnostics_table(s), "", *_seed_table(s), ""]
+        lines += [f"![{Path(p).stem}]({p})" for p in pngs.get(setting, [])]
+        lines.append("")
+    lines += _geomean_section(rep)
+    if rep["notes"]:
+        lines += ["## Notes", ""] + [f"- {n}" for n in rep["notes"]] + [""]
+    return "\n".join(lines)
 
 
 def _results_table(s: dict[str, Any]) -> list[str]:
@@ -138,22 +151,6 @@ def _geomean_section(rep: dict[str, Any]) -> list[str]:
     else:
         lines.append("No method other than the baseline.")
     return [*lines, ""]
-
-
-def render_markdown(rep: dict[str, Any], pngs: dict[str, list[str]]) -> str:
-    """report.md from the report dict."""
-    lines = _intro(rep["baseline"], rep["nauc_rule"])
-    for setting, s in rep["settings"].items():
-        tau = "none" if s["target"] is None else f"{s['target']:g}%"
-        lines += [f"## {setting}", "", f"τ = {tau} ({s['target_source']}); U = {fmt(s['budget'], 0)} learner updates."]
-        lines += ["", *_results_table(s), "", *_paired_table(s), *_composition_table(s), "",
-                  *_diagnostics_table(s), "", *_seed_table(s), ""]
-        lines += [f"![{Path(p).stem}]({p})" for p in pngs.get(setting, [])]
-        lines.append("")
-    lines += _geomean_section(rep)
-    if rep["notes"]:
-        lines += ["## Notes", ""] + [f"- {n}" for n in rep["notes"]] + [""]
-    return "\n".join(lines)
 
 
 def write_report(runs: Sequence[Run], out: str | Path, *, plots: bool = True, **kwargs: Any) -> dict[str, Any]:
