@@ -86,8 +86,7 @@ def recommend_cap(rows: Sequence[dict[str, Any]], unused_tol: float = 0.02,
     the best, then effective rollouts ≥ ``(1 − eff_tol)`` × the best among those, then the largest k left (coverage
     and spread are what a cap buys; among caps a replay cannot tell apart, the loosest fragments rollouts least).
     ``unused_tol`` is absolute (0.02 = 2 points), ``eff_tol`` relative (0.10 = within 10 %). Returns ``(cap, reason)``;
-    cap is ``None`` when no k composed a batch.
-    """
+    cap is ``None`` when no k composed a batch."""
     if unused_tol < 0 or not 0 <= eff_tol < 1:
         raise ValueError(f"unused_tol must be >= 0 and eff_tol in [0, 1), got {unused_tol}, {eff_tol}")
     live = [r for r in rows if r["updates"] > 0]

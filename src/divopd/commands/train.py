@@ -1,7 +1,5 @@
-"""``divopd train CONFIG [--method ROW] [--set key=value ...]`` and ``divopd train --resume RUN_DIR``.
-
-CONFIG is a packaged setting's name (``divopd train coin6-dart --method vanilla``; :mod:`divopd.train.packaged`) or
-the path of a YAML config (a run's ``config.yaml``, your own file)."""
+"""``divopd train CONFIG [--method ROW] [--set key=value ...]`` and ``divopd train --resume RUN_DIR``; CONFIG is a
+packaged setting's name (:mod:`divopd.train.packaged`) or the path of a YAML config."""
 
 from __future__ import annotations
 
