@@ -1,8 +1,5 @@
-"""Formatting shared by the analysis commands and the suite: numbers in tables, strict JSON files, Markdown tables and
-headless matplotlib figures.
-
-One copy of each, so that ``divopd report``, ``replay``, ``tune-cap`` and the demos write numbers the same way.
-"""
+"""Formatting shared by the analysis commands and the suite, so that they write numbers the same way: numbers in
+tables, strict JSON files, Markdown tables and headless matplotlib figures."""
 
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ __all__ = ["MISSING", "divide", "dump_json", "fmt", "json_safe", "md_table", "me
 MISSING = "–"
 
 
-# ------------------------------------------------------------------------------------------------------ numbers
 def mean(values: Iterable[float | None]) -> float | None:
     """Mean of the values that are not ``None``; ``None`` when there are none."""
     vals = [v for v in values if v is not None]
@@ -40,7 +36,6 @@ def fmt(value: float | None, digits: int = 1, *, pct: bool = False) -> str:
     return f"{100 * value:.{digits}f}%" if pct else f"{value:.{digits}f}"
 
 
-# ------------------------------------------------------------------------------------------------------ JSON
 def json_safe(obj: Any, *, nonfinite: Literal["null", "str"] = "null") -> Any:
     """A copy of ``obj`` that strict JSON can hold: dicts (keys as text) and lists (also from tuples and numpy
     arrays), numpy scalars as Python numbers, and non-finite floats as ``None`` (``nonfinite="null"``) or as their text
@@ -69,7 +64,6 @@ def dump_json(obj: Any, path: str | os.PathLike, *, indent: int = 1,
     Path(path).write_text(text + "\n", encoding="utf-8")
 
 
-# ------------------------------------------------------------------------------------------------------ Markdown
 def md_table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str | None = None) -> list[str]:
     """The lines of a Markdown table. ``align``: one letter per column, ``l`` (``---``) or ``r`` (``---:``); default
     ``---`` everywhere."""
@@ -94,7 +88,6 @@ def rich_table(header: Sequence[str], rows: Iterable[Sequence[str]], title: str,
     return table
 
 
-# ------------------------------------------------------------------------------------------------------ figures
 def pyplot() -> Any:
     """``matplotlib.pyplot`` on the Agg backend: figures are written to files, no display is needed."""
     import matplotlib

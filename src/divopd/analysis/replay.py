@@ -1,15 +1,7 @@
-"""Shared-buffer replay: run several selection rules over one experience log (paper, Appendix Table 11).
-
-Every method sees exactly the same experience, tick by tick (:func:`replay`):
-
-- tick ``j = 0 … U−1`` is one learner update opportunity at learner version ``j``;
-- before tick ``j``, every logged turn with ``arrival_update ≤ j`` not yet delivered is added, in arrival order;
-- the method's sampler is asked for a batch; a tick without a batch is counted ``starved``.
-
-The log is read once and streamed: all methods advance in lockstep and share the same :class:`~divopd.Turn` objects,
-so memory holds the turns some sampler still waits on (bounded by the staleness window), one record batch, and a few
-dozen bytes per rollout of bookkeeping.
-"""
+"""Shared-buffer replay: run several selection rules over one experience log (paper, Appendix Table 11), every method
+on the same experience tick by tick (the rule: docs/guides/replay.md). The log is streamed once; the methods advance in
+lockstep and share the same :class:`~divopd.Turn` objects, so memory holds one record batch and the turns some sampler
+still waits on."""
 
 from __future__ import annotations
 
@@ -37,23 +29,9 @@ from divopd.sampling import METHODS, Sampler, SamplerConfig, make_sampler
 from divopd.sampling.method_rows import method_names
 from divopd.sampling.settings import add_sampler_flags, sampler_kwargs, settings_from_args
 
-__all__ = [
-    "CHAIN_METHODS",
-    "DEFAULT_METHODS",
-    "ReplayConfig",
-    "add_arguments",
-    "deliveries",
-    "log_updates",
-    "plot_replay",
-    "render_diagnostics",
-    "render_selection_chain",
-    "render_table",
-    "replay",
-    "resolve_source",
-    "rollout_coverage",
-    "run",
-    "write_json",
-]
+__all__ = ["CHAIN_METHODS", "DEFAULT_METHODS", "ReplayConfig", "add_arguments", "deliveries", "log_updates",
+           "plot_replay", "render_diagnostics", "render_selection_chain", "render_table", "replay", "resolve_source",
+           "rollout_coverage", "run", "write_json"]
 
 DEFAULT_METHODS: tuple[str, ...] = method_names("replay")
 #: Table 14's selection chain: vanilla, +gate, +coverage, +focus (``--selection-chain``).
@@ -108,7 +86,11 @@ class ReplayConfig:
         return SamplerConfig(method=method, seed=self.seed, **sampler_kwargs(self))
 
 
-# ---------------------------------------------------------------------------------------------------- bookkeeping
+#: The batch stats whose mean over a method's batches its entry reports.
+_MEAN_STATS = ("effective_rollouts", "max_rollout_share", "candidate_rollouts", "turns_per_rollout", "kl_per_token",
+               "mean_staleness")
+
+
 @dataclass
 class _Track:
     """One method's sampler and running statistics."""
@@ -119,12 +101,7 @@ class _Track:
     batches: int = 0
     rows: int = 0
     dead_rows: int = 0
-    eff_sum: float = 0.0
-    share_sum: float = 0.0
-    cand_sum: float = 0.0
-    tpr_sum: float = 0.0
-    kl_sum: float = 0.0
-    age_sum: float = 0.0
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_MEAN_STATS, 0.0))  # over the batches
     ema: float | None = None
     trained_tokens: int = 0
     scored_selected: int = 0
@@ -133,7 +110,6 @@ class _Track:
     series: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in SERIES_KEYS})
 
 
-# ---------------------------------------------------------------------------------------------------- replay
 def resolve_source(source: str | os.PathLike | Iterable[LoggedTurn], updates: int | None, what: str,
                    reuse: bool = False) -> tuple[str | None, Any, int]:
     """(log name or None, the source, U ticks) of a replay source; an iterable becomes a list when U must be counted
@@ -172,12 +148,8 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
         tr.batches += 1
         tr.rows += int(st["rows"])
         tr.dead_rows += int(st["dead_rows"])
-        tr.eff_sum += float(st["effective_rollouts"])
-        tr.share_sum += float(st["max_rollout_share"])
-        tr.cand_sum += float(st["candidate_rollouts"])
-        tr.tpr_sum += float(st["turns_per_rollout"])
-        tr.kl_sum += float(st["kl_per_token"])
-        tr.age_sum += float(st["mean_staleness"])
+        for key in _MEAN_STATS:
+            tr.sums[key] += float(st[key])
         tr.ema = pd.ema_update(tr.ema, float(st["disagreement_std_across_rollouts"]))
         tr.trained_tokens += int(st["response_tokens"])
         tr.cells.update(pd.rollout_cells(batch.payloads))
@@ -193,9 +165,8 @@ def _step(tr: _Track, turns: list[Turn], j: int, valid: set[str]) -> None:
             s[key].append(int(st[key]) if key in _INT_SERIES else float(st[key]))
     s["disagreement_std_ema"].append(tr.ema)
     ledger = tr.sampler.ledger
-    s["selected"].append(ledger.selected)
-    s["expired"].append(ledger.expired)
-    s["invalid"].append(ledger.invalid)
+    for key in ("selected", "expired", "invalid"):
+        s[key].append(getattr(ledger, key))
     s["waiting"].append(ledger.pending + ledger.queued)
     s["used_rollouts"].append(tr.used_valid)
 
@@ -206,13 +177,14 @@ def _method_result(tr: _Track, updates: int, valid: set[str], scored: int,
     ledger = tr.sampler.ledger
     cells = pd.outcome_cells(tr.cells, outcomes)
     coverage = rollout_coverage(valid, tr.used, waiting_rollouts(tr.sampler))
+    means = {key: divide(total, tr.batches) for key, total in tr.sums.items()}
     result = {
         "updates": tr.batches,
         "starved": updates - tr.batches,
         **coverage,
-        "effective_rollouts_mean": divide(tr.eff_sum, tr.batches),
-        "max_rollout_share_mean": divide(tr.share_sum, tr.batches),
-        "candidate_rollouts_mean": divide(tr.cand_sum, tr.batches),
+        "effective_rollouts_mean": means["effective_rollouts"],
+        "max_rollout_share_mean": means["max_rollout_share"],
+        "candidate_rollouts_mean": means["candidate_rollouts"],
         "dead_row_fraction": divide(tr.dead_rows, tr.rows),
         "selected": ledger.selected,
         "expired": ledger.expired,
@@ -221,9 +193,9 @@ def _method_result(tr: _Track, updates: int, valid: set[str], scored: int,
     table = {
         "never_selected_share": coverage["unused_fraction"],
         "selection_gini": pd.gini(tr.selected_per_rollout.get(r, 0) for r in valid),
-        "turns_per_rollout_mean": divide(tr.tpr_sum, tr.batches),
-        "kl_per_token_mean": divide(tr.kl_sum, tr.batches),
-        "mean_age": divide(tr.age_sum, tr.batches),
+        "turns_per_rollout_mean": means["turns_per_rollout"],
+        "kl_per_token_mean": means["kl_per_token"],
+        "mean_age": means["mean_staleness"],
         "disagreement_std_ema": tr.ema,
         "teacher_tokens_per_trained_token": pd.teacher_tokens_per_trained_token(scored, tr.trained_tokens),
         "never_selected_scored_share": pd.never_selected_scored_share(scored, tr.scored_selected),
@@ -235,15 +207,9 @@ def _method_result(tr: _Track, updates: int, valid: set[str], scored: int,
 
 
 def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfig) -> dict[str, Any]:
-    """Replay ``config.methods`` side by side over one log (a path, or an iterable of :class:`LoggedTurn`).
-
-    Returns a JSON-able dict: ``config``, ``log``, ``updates`` (U), ``delivered_turns``, ``delivered_rollouts``,
-    ``arrival_drain_ratio`` (delivered turns ÷ (U·B)), ``scored_tokens`` (teacher-scored tokens delivered),
-    ``delivered_by_cell`` and ``delivered_chain`` (Table 14's cells of the delivered turns: counts, shares),
-    ``series`` (per tick: ``delivered_turns``, ``valid_rollouts``, cumulative) and ``methods``: per method the keys of
-    :data:`RESULT_KEYS` and :data:`TABLE_KEYS`, plus ``series`` (:data:`SERIES_KEYS`) and the sampler's final
-    ``ledger``.
-    """
+    """Replay ``config.methods`` side by side over one log (a path, or an iterable of :class:`LoggedTurn`); returns
+    the JSON-able result whose keys docs/guides/replay.md lists (per method: :data:`RESULT_KEYS`, :data:`TABLE_KEYS`,
+    ``series`` of :data:`SERIES_KEYS` and the sampler's final ``ledger``)."""
     log_name, source, updates = resolve_source(source, config.updates, "replay")
     stream: Iterable[LoggedTurn] = read_log(source) if log_name is not None else source
     tracks = {m: _Track(make_sampler(config.sampler_config(m))) for m in config.methods}
@@ -292,7 +258,6 @@ def replay(source: str | os.PathLike | Iterable[LoggedTurn], config: ReplayConfi
     }
 
 
-# ---------------------------------------------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", help="experience log: a .parquet file or a directory of part-*.parquet files")
     parser.add_argument(

@@ -49,10 +49,6 @@ DIAGNOSTIC_COLUMNS: tuple[tuple[str, str, int | str, str], ...] = (
 )
 
 
-def _cell(value: Any, digits: int | str) -> str:
-    return fmt(value, pct=True) if digits == "pct" else fmt(value, int(digits))
-
-
 def paper_sources() -> str:
     """The footnote of the diagnostics table: which paper table or figure reports each column."""
     by_source: dict[str, list[str]] = {}
@@ -64,8 +60,8 @@ def paper_sources() -> str:
 def render_diagnostics(result: dict[str, Any], title: str | None = None):  # -> rich.table.Table
     """A rich table of the diagnostics per method, with :func:`paper_sources` as its footnote."""
     header = ["method", *(h for h, *_ in DIAGNOSTIC_COLUMNS)]
-    rows = [[name, *(_cell(m.get(key), digits) for _, key, digits, _ in DIAGNOSTIC_COLUMNS)]
-            for name, m in result["methods"].items()]
+    rows = [[name, *(fmt(m.get(key), pct=True) if digits == "pct" else fmt(m.get(key), int(digits))
+                     for _, key, digits, _ in DIAGNOSTIC_COLUMNS)] for name, m in result["methods"].items()]
     return rich_table(header, rows, title or "diagnostics per method", caption=paper_sources(),
                       caption_justify="left")
 

@@ -15,14 +15,10 @@ from divopd.sampling import Sampler
 __all__ = ["deliveries", "log_updates", "rollout_coverage", "waiting_rollouts", "cell_counts"]
 
 
-# ---------------------------------------------------------------------------------------------------- delivery
 def deliveries(stream: Iterable[LoggedTurn], updates: int) -> Iterator[tuple[int, list[LoggedTurn]]]:
-    """Replay's delivery rule: for tick ``j`` in ``0…U−1``, the not-yet-delivered turns with ``arrival_update ≤ j``.
-
-    Yields ``(j, turns)`` for every tick (``turns`` may be empty), in arrival order. The stream must be in arrival
-    order with non-decreasing ``arrival_update`` (logs are checked by the reader; this rechecks plain iterables).
-    Turns with ``arrival_update ≥ U`` are never delivered, and reading stops at the first of them.
-    """
+    """Replay's delivery rule: yields ``(j, turns)`` for every tick ``j`` in ``0…U−1``, ``turns`` the not-yet-delivered
+    ones with ``arrival_update ≤ j`` in arrival order (maybe none). Raises ``ValueError`` on a stream out of arrival
+    order; reading stops at the first turn with ``arrival_update ≥ U`` (never delivered)."""
     it = iter(stream)
     nxt = next(it, None)
     last: LoggedTurn | None = None
@@ -52,7 +48,6 @@ def log_updates(path: str | os.PathLike) -> int:
     return last + 1
 
 
-# ---------------------------------------------------------------------------------------------------- coverage
 def waiting_rollouts(sampler: Sampler) -> Counter[str]:
     """Rollout id -> number of its turns still waiting (pending or queued) in ``sampler``, from its public state."""
     state = sampler.state_dict()
@@ -66,18 +61,10 @@ def waiting_rollouts(sampler: Sampler) -> Counter[str]:
 
 
 def rollout_coverage(valid: set[str], used: set[str], waiting: Counter[str]) -> dict[str, Any]:
-    """Table 11's coverage rule.
-
-    Args:
-        valid: rollouts with at least one delivered turn that passes the gate.
-        used: rollouts with at least one selected turn.
-        waiting: rollouts with turns still pending or queued at the end (-> count).
-
-    Returns:
-        ``valid_rollouts``, ``used_rollouts`` (valid ∧ used), ``undecided_rollouts`` (valid with a turn still
-        waiting) and ``unused_fraction`` = |valid ∧ decided ∧ ¬used| ÷ |valid ∧ decided| (``None`` when no valid
-        rollout is decided).
-    """
+    """Table 11's coverage rule over ``valid`` (rollouts with a delivered turn that passes the gate), ``used`` (with a
+    selected turn) and ``waiting`` (rollout -> turns still pending or queued at the end): ``valid_rollouts``,
+    ``used_rollouts`` (valid ∧ used), ``undecided_rollouts`` (valid with a turn still waiting) and ``unused_fraction`` =
+    |valid ∧ decided ∧ ¬used| ÷ |valid ∧ decided| (``None`` when no valid rollout is decided)."""
     undecided = {r for r in valid if waiting.get(r, 0) > 0}
     decided = valid - undecided
     unused = decided - used

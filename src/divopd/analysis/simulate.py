@@ -1,12 +1,7 @@
-"""A synthetic asynchronous producer that writes a real experience log (``divopd simulate``), for when no training run
-is at hand, and for tests: ``divopd replay`` then replays selection rules over the log.
-
-Time is measured in learner updates (``arrival_update = floor(time)``). Explorers run rollouts back to back with a
-per-explorer weight delay; a rollout's horizon depends on its outcome and all its turns arrive together when it ends;
-prompts past the context budget are truncated with no teacher-scored token; the producer finishes about ``R`` rollouts
-per update, so ``R`` against the drain rate ``B`` sets the load. The distributions are the presets'
-(:mod:`divopd.analysis.sim_presets`); docs/guides/replay.md states the model step by step. Seeded and deterministic.
-"""
+"""A synthetic asynchronous producer that writes a real experience log (``divopd simulate``) for ``divopd replay``
+when no training run is at hand. Time is in learner updates (``arrival_update = floor(time)``); the producer finishes
+about ``R`` rollouts per update, so ``R`` against the drain rate ``B`` sets the load. The distributions are the presets'
+(:mod:`divopd.analysis.sim_presets`); docs/guides/replay.md states the model step by step. Seeded and deterministic."""
 
 from __future__ import annotations
 
@@ -47,7 +42,6 @@ class SimulationSummary:
     arrival_drain_ratio: float
 
 
-# ---------------------------------------------------------------------------------------------------- the rules
 def sample_horizon(preset: Preset, success: bool, rng: np.random.Generator) -> int:
     """Outcome-dependent horizon: success short (log-normal), failure runs to the step limit."""
     if not success:
@@ -82,25 +76,17 @@ def policy_version(start: float, delay: int) -> int:
     return max(0, math.floor(start) - delay)
 
 
-# ---------------------------------------------------------------------------------------------------- generation
+#: The per-turn columns a chunk concatenates as they are, with their Arrow types.
+_COLUMN_TYPES = {"turn_index": pa.int32(), "policy_version": pa.int64(), "arrival": pa.int64(),
+                 "arrival_update": pa.int64(), "prompt_truncated": pa.bool_(), "prompt_len": pa.int32(),
+                 "success": pa.bool_()}
+
+
 class _Chunk:
     """Columnar buffers of rows not yet written."""
 
     def __init__(self) -> None:
-        self.cols: dict[str, list] = {
-            k: []
-            for k in (
-                "rollout_id",
-                "turn_index",
-                "policy_version",
-                "arrival",
-                "arrival_update",
-                "prompt_truncated",
-                "prompt_len",
-                "response_len",
-                "success",
-            )
-        }
+        self.cols: dict[str, list] = {k: [] for k in ("rollout_id", *_COLUMN_TYPES, "response_len")}
         self.student: list[np.ndarray] = []
         self.teacher: list[np.ndarray] = []
         self.rows = 0
@@ -133,18 +119,12 @@ class _Chunk:
         teacher = pa.ListArray.from_arrays(off, pa.array(np.concatenate(self.teacher), type=pa.float32()))
         columns = {
             "rollout_id": pa.array(np.concatenate(c["rollout_id"]).tolist(), type=pa.string()),
-            "turn_index": pa.array(np.concatenate(c["turn_index"]), type=pa.int32()),
-            "policy_version": pa.array(np.concatenate(c["policy_version"]), type=pa.int64()),
-            "arrival": pa.array(np.concatenate(c["arrival"]), type=pa.int64()),
-            "arrival_update": pa.array(np.concatenate(c["arrival_update"]), type=pa.int64()),
-            "prompt_truncated": pa.array(np.concatenate(c["prompt_truncated"]), type=pa.bool_()),
-            "prompt_len": pa.array(np.concatenate(c["prompt_len"]), type=pa.int32()),
+            **{k: pa.array(np.concatenate(c[k]), type=t) for k, t in _COLUMN_TYPES.items()},
             "response_len": pa.array(resp, type=pa.int32()),
             "action_mask": pa.nulls(n, type=pa.list_(pa.bool_())),
             "student_logprobs": student,
             "teacher_logprobs": teacher,
             "teacher_valid_mask": pa.nulls(n, type=pa.list_(pa.bool_())),
-            "success": pa.array(np.concatenate(c["success"]), type=pa.bool_()),
             "env": pa.array([env] * n, type=pa.string()),
             "teacher_acted": pa.array(np.zeros(n, dtype=bool), type=pa.bool_()),
         }
@@ -152,9 +132,11 @@ class _Chunk:
         return pa.RecordBatch.from_arrays([columns[f.name] for f in fields], schema=pa.schema(fields))
 
 
-def _rollout_rows(preset: Preset, rng: np.random.Generator, success: bool,
-                  horizon: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(response_len, prompt_len, truncated, student logprobs flat, teacher logprobs flat) of one rollout."""
+def _new_rollout(preset: Preset, rng: np.random.Generator, e: int, index: int, t0: float,
+                 step_time: float) -> tuple[float, dict[str, Any]]:
+    """(finish time, rows) of the ``index``-th rollout of explorer ``e``, started at ``t0``."""
+    success = bool(rng.random() < preset.success_rate)
+    horizon = sample_horizon(preset, success, rng)
     resp = np.clip(np.rint(rng.lognormal(math.log(preset.response_median), preset.response_sigma, horizon)), 4, 512)
     obs = np.clip(np.rint(rng.lognormal(math.log(preset.obs_median), preset.obs_sigma, horizon)), 1, 4096)
     resp = resp.astype(np.int32)
@@ -167,56 +149,18 @@ def _rollout_rows(preset: Preset, rng: np.random.Generator, success: bool,
     gap = rng.normal(np.repeat(mu, resp), preset.token_noise)
     teacher = np.minimum(student - gap, 0.0)
     teacher[np.repeat(truncated, resp)] = np.nan  # truncated prompt: no teacher-scored token
-    return resp, prompt, truncated, student.astype(np.float32), teacher.astype(np.float32)
-
-
-def _new_rollout(preset: Preset, rng: np.random.Generator, e: int, index: int, t0: float,
-                 step_time: float) -> tuple[float, dict[str, Any]]:
-    """(finish time, rows) of the ``index``-th rollout of explorer ``e``, started at ``t0``."""
-    success = bool(rng.random() < preset.success_rate)
-    h = sample_horizon(preset, success, rng)
-    resp, prompt, truncated, student, teacher = _rollout_rows(preset, rng, success, h)
-    finish = t0 + h * step_time * float(rng.uniform(0.8, 1.2))
-    return finish, {
-        "id": f"{preset.name}-e{e:03d}-{index:06d}",
-        "version": policy_version(t0, e % (preset.max_delay + 1)),
-        "success": success,
-        "resp": resp,
-        "prompt": prompt,
-        "truncated": truncated,
-        "student": student,
-        "teacher": teacher,
-    }
-
-
-def _summary(preset: Preset, counts: dict[str, int], updates: int, explorers: int, R: float,
-             batch_size: int) -> SimulationSummary:
-    n_fail = counts["rollouts"] - counts["successes"]
-    return SimulationSummary(
-        preset=preset.name,
-        updates=updates,
-        explorers=explorers,
-        rollouts_per_update=R,
-        rollouts=counts["rollouts"],
-        turns=counts["turns"],
-        successes=counts["successes"],
-        truncated_turns=counts["truncated"],
-        mean_horizon=counts["turns"] / max(counts["rollouts"], 1),
-        mean_success_horizon=counts["succ_h"] / counts["successes"] if counts["successes"] else None,
-        mean_failure_horizon=counts["fail_h"] / n_fail if n_fail else None,
-        turns_per_update=counts["turns"] / updates,
-        batch_size=batch_size,
-        arrival_drain_ratio=counts["turns"] / (updates * batch_size),
-    )
+    finish = t0 + horizon * step_time * float(rng.uniform(0.8, 1.2))
+    version = policy_version(t0, e % (preset.max_delay + 1))
+    return finish, {"id": f"{preset.name}-e{e:03d}-{index:06d}", "version": version, "success": success, "resp": resp,
+                    "prompt": prompt, "truncated": truncated, "student": student.astype(np.float32),
+                    "teacher": teacher.astype(np.float32)}
 
 
 def simulate(preset: Preset | str, out: str | os.PathLike, explorers: int = 8, rollouts_per_update: float | None = None,
              updates: int = 100, seed: int = 0, batch_size: int = 256, overwrite: bool = False,
              row_group_size: int = 16384) -> SimulationSummary:
-    """Run the synthetic producer for ``updates`` learner updates and write its experience log to ``out``.
-
-    Rollouts that would finish at or after ``updates`` are not written (their turns never reach the queue).
-    """
+    """Run the synthetic producer for ``updates`` learner updates and write its experience log to ``out``; rollouts
+    that would finish at or after ``updates`` are not written (their turns never reach the queue)."""
     if isinstance(preset, str):
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
@@ -252,21 +196,24 @@ def simulate(preset: Preset | str, out: str | os.PathLike, explorers: int = 8, r
             counts["rollouts"] += 1
             counts["turns"] += h
             counts["truncated"] += int(r["truncated"].sum())
-            if r["success"]:
-                counts["successes"] += 1
-                counts["succ_h"] += h
-            else:
-                counts["fail_h"] += h
+            counts["successes"] += int(r["success"])
+            counts["succ_h" if r["success"] else "fail_h"] += h
             if chunk.rows >= row_group_size:
                 writer.write_batch(chunk.to_batch(preset.name))
                 chunk = _Chunk()
             start(e, finish)
         if chunk.rows:
             writer.write_batch(chunk.to_batch(preset.name))
-    return _summary(preset, counts, updates, explorers, R, batch_size)
+    n_fail = counts["rollouts"] - counts["successes"]
+    return SimulationSummary(
+        preset=preset.name, updates=updates, explorers=explorers, rollouts_per_update=R, rollouts=counts["rollouts"],
+        turns=counts["turns"], successes=counts["successes"], truncated_turns=counts["truncated"],
+        mean_horizon=counts["turns"] / max(counts["rollouts"], 1),
+        mean_success_horizon=counts["succ_h"] / counts["successes"] if counts["successes"] else None,
+        mean_failure_horizon=counts["fail_h"] / n_fail if n_fail else None, turns_per_update=counts["turns"] / updates,
+        batch_size=batch_size, arrival_drain_ratio=counts["turns"] / (updates * batch_size))
 
 
-# ---------------------------------------------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="alfworld", help="environment preset")
     parser.add_argument("--explorers", type=int, default=8, help="E, explorers running rollouts (default 8)")

@@ -1,14 +1,6 @@
-"""Choose the cap k from an experience log (``divopd tune-cap``; beyond the paper).
-
-The paper fixes k per setting and notes that "the best cap varies by setting, so choosing k matters" (peak SR moves by
-up to 7.9 points over k ∈ {3…6}, its Table 19). :func:`tune_cap` replays one log (shared-buffer replay,
-:func:`~divopd.analysis.replay.replay`, one pass per k) with a rollout-first method at each candidate k and reports, per
-k, what the cap is for: coverage of valid rollouts (``unused_fraction``), spread within a batch (effective rollouts,
-largest rollout share, distinct rollouts per batch and whether the first pass found the ⌈B/k⌉ rollouts the cap
-promises), dead rows, starved ticks and staleness; :func:`recommend_cap` picks one k (why its order:
-docs/guides/tune-cap.md). A replay measures selection, not learning: check the pick against training runs where you
-can.
-"""
+"""Choose the cap k from an experience log (``divopd tune-cap``; beyond the paper): :func:`tune_cap` replays one log
+at each candidate k (:func:`~divopd.analysis.replay.replay`, one pass per k) and :func:`recommend_cap` picks one k
+(docs/guides/tune-cap.md). A replay measures selection, not learning."""
 
 from __future__ import annotations
 
@@ -25,20 +17,8 @@ from divopd.analysis.tune_cap_output import markdown_table, plot_tune_cap, rende
 from divopd.experience.log import LoggedTurn
 from divopd.sampling.settings import add_sampler_flags, settings_from_args
 
-__all__ = [
-    "CAP_METHODS",
-    "DEFAULT_CAPS",
-    "INF_CAP",
-    "add_arguments",
-    "markdown_table",
-    "parse_caps",
-    "plot_tune_cap",
-    "recommend_cap",
-    "render_table",
-    "run",
-    "title",
-    "tune_cap",
-]
+__all__ = ["CAP_METHODS", "DEFAULT_CAPS", "INF_CAP", "add_arguments", "markdown_table", "parse_caps", "plot_tune_cap",
+           "recommend_cap", "render_table", "run", "title", "tune_cap"]
 
 DEFAULT_CAPS: tuple[int, ...] = (2, 3, 4, 6, 8)
 #: Stand-in for k = ∞ (``inf`` in ``--caps``): a first-pass cap no rollout reaches, i.e. no cap.
@@ -88,23 +68,15 @@ def _cap_row(cap: int, batch_size: int, m: dict[str, Any]) -> dict[str, Any]:
     promised = math.ceil(batch_size / cap)
     return {
         "cap": cap_label(cap),
-        "starved": m["starved"],
-        "updates": m["updates"],
-        "valid_rollouts": m["valid_rollouts"],
-        "used_rollouts": m["used_rollouts"],
-        "undecided_rollouts": m["undecided_rollouts"],
-        "unused_fraction": m["unused_fraction"],
-        "effective_rollouts_mean": m["effective_rollouts_mean"],
-        "max_rollout_share_mean": m["max_rollout_share_mean"],
-        "dead_row_fraction": m["dead_row_fraction"],
+        **{k: m[k] for k in ("starved", "updates", "valid_rollouts", "used_rollouts", "undecided_rollouts",
+                             "unused_fraction", "effective_rollouts_mean", "max_rollout_share_mean",
+                             "dead_row_fraction")},
         "distinct_rollouts_mean": _mean(distinct),
         "distinct_rollouts_min": min(distinct) if distinct else None,
         "promised_rollouts": promised,
         "cap_binds_fraction": (sum(d >= promised for d in distinct) / len(distinct)) if distinct else None,
         "mean_staleness": _mean(m["series"]["mean_staleness"]),
-        "selected": m["selected"],
-        "expired": m["expired"],
-        "invalid": m["invalid"],
+        **{k: m[k] for k in ("selected", "expired", "invalid")},
     }
 
 
@@ -114,8 +86,7 @@ def recommend_cap(rows: Sequence[dict[str, Any]], unused_tol: float = 0.02,
     the best, then effective rollouts ≥ ``(1 − eff_tol)`` × the best among those, then the largest k left (coverage
     and spread are what a cap buys; among caps a replay cannot tell apart, the loosest fragments rollouts least).
     ``unused_tol`` is absolute (0.02 = 2 points), ``eff_tol`` relative (0.10 = within 10 %). Returns ``(cap, reason)``;
-    cap is ``None`` when no k composed a batch.
-    """
+    cap is ``None`` when no k composed a batch."""
     if unused_tol < 0 or not 0 <= eff_tol < 1:
         raise ValueError(f"unused_tol must be >= 0 and eff_tol in [0, 1), got {unused_tol}, {eff_tol}")
     live = [r for r in rows if r["updates"] > 0]
@@ -150,15 +121,10 @@ def tune_cap(log: str | os.PathLike | Iterable[LoggedTurn], caps: Sequence[int |
              updates: int | None = None, cap_unit: str = "turns", seed: int = 0, max_pending: int | None = None,
              unused_tol: float = 0.02, eff_tol: float = 0.10, max_pending_age: int | None = 8,
              group_order: str = "first-seen") -> dict[str, Any]:
-    """Replay ``log`` with ``method`` at every cap in ``caps`` and recommend one (rule: :func:`recommend_cap`).
-
-    Every k sees the same experience, tick by tick (the replay's delivery rule); one replay pass per k.
-
-    Returns:
-        A JSON-able dict: ``log``, ``config``, ``updates``, ``delivered_turns``, ``delivered_rollouts``,
-        ``arrival_drain_ratio``, ``caps`` (one row per k: :func:`_cap_row`), ``recommended`` (k, ``"inf"`` or None),
-        ``reason`` and ``rule`` (the tolerances).
-    """
+    """Replay ``log`` with ``method`` at every cap in ``caps`` (each k on the same experience) and recommend one
+    (:func:`recommend_cap`). Returns a JSON-able dict: ``log``, ``config``, ``updates``, ``delivered_turns``,
+    ``delivered_rollouts``, ``arrival_drain_ratio``, ``caps`` (one row per k), ``recommended`` (k, ``"inf"`` or None),
+    ``reason`` and ``rule`` (the tolerances)."""
     if method in _CAPLESS:
         raise ValueError(f"method {method!r} {_CAPLESS[method]}: the cap does not change its batches; use one of "
                          f"{', '.join(CAP_METHODS)}")
@@ -193,7 +159,6 @@ def tune_cap(log: str | os.PathLike | Iterable[LoggedTurn], caps: Sequence[int |
     }
 
 
-# ---------------------------------------------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", help="experience log: a .parquet file or a directory of part-*.parquet files")
     parser.add_argument("--caps", default=",".join(map(str, DEFAULT_CAPS)), help="candidate caps, 'inf' = no cap")

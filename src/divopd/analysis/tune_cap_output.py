@@ -17,20 +17,12 @@ HEADER: tuple[str, ...] = ("k", "starved", "used / valid", "undecided", "unused"
 
 def _row(r: dict[str, Any], recommended: int | str | None) -> list[str]:
     mark = " ←" if r["cap"] == recommended else ""
-    return [
-        f"{r['cap']}{mark}",
-        str(r["starved"]),
-        f"{r['used_rollouts']} / {r['valid_rollouts']}",
-        str(r["undecided_rollouts"]),
-        fmt(r["unused_fraction"], pct=True),
-        fmt(r["effective_rollouts_mean"]),
-        fmt(r["max_rollout_share_mean"], pct=True),
-        f"{fmt(r['distinct_rollouts_mean'])} ({fmt(r['distinct_rollouts_min'], 0)})",
-        f"{fmt(r['cap_binds_fraction'], pct=True)} of {r['promised_rollouts']}",
-        fmt(r["mean_staleness"], 2),
-        fmt(r["dead_row_fraction"], pct=True),
-        str(r["expired"]),
-    ]
+    return [f"{r['cap']}{mark}", str(r["starved"]), f"{r['used_rollouts']} / {r['valid_rollouts']}",
+            str(r["undecided_rollouts"]), fmt(r["unused_fraction"], pct=True), fmt(r["effective_rollouts_mean"]),
+            fmt(r["max_rollout_share_mean"], pct=True),
+            f"{fmt(r['distinct_rollouts_mean'])} ({fmt(r['distinct_rollouts_min'], 0)})",
+            f"{fmt(r['cap_binds_fraction'], pct=True)} of {r['promised_rollouts']}", fmt(r["mean_staleness"], 2),
+            fmt(r["dead_row_fraction"], pct=True), str(r["expired"])]
 
 
 def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -41,10 +33,8 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 def title(result: dict[str, Any]) -> str:
     cfg = result["config"]
     unit = "token-share cap" if cfg["cap_unit"] == "tokens" else "turn cap"
-    return (
-        f"tune-cap {cfg['method']} ({unit}): U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} "
-        f"S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}"
-    )
+    return (f"tune-cap {cfg['method']} ({unit}): U={result['updates']} B={cfg['batch_size']} c={cfg['pool_factor']} "
+            f"S={cfg['max_staleness']}, arrival/drain {result['arrival_drain_ratio']:.2f}")
 
 
 def render_table(result: dict[str, Any]):  # -> rich.table.Table
@@ -65,11 +55,9 @@ def plot_tune_cap(result: dict[str, Any], path: str | os.PathLike) -> None:
     labels = [str(r["cap"]) for r in rows]
     xs = list(range(len(rows)))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
-    panels = [
-        (axes[0], [r["unused_fraction"] for r in rows], "unused fraction of valid rollouts"),
-        (axes[1], [r["effective_rollouts_mean"] for r in rows], "effective rollouts per batch"),
-    ]
-    for ax, ys, label in panels:
+    for ax, key, label in ((axes[0], "unused_fraction", "unused fraction of valid rollouts"),
+                           (axes[1], "effective_rollouts_mean", "effective rollouts per batch")):
+        ys = [r[key] for r in rows]
         ax.plot(xs, [float("nan") if y is None else y for y in ys], "o-")
         if result["recommended"] is not None:
             i = labels.index(str(result["recommended"]))

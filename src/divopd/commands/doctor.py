@@ -41,15 +41,6 @@ def format_table(title: str, rows: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def _shipped(config: str, cfg: TrainConfig) -> dict[str, Path]:
-    """The shipped models a packaged setting's first ``divopd train`` would copy (none for a YAML file)."""
-    if Path(config).is_file():
-        return {}
-    from divopd.suite.models import shipped_models_for
-
-    return shipped_models_for(config, cfg.student.path, cfg.teacher.path)
-
-
 def _built_by_command(config: str, cfg: TrainConfig, row: Check) -> Check:
     """A missing model folder that a command builds (a packaged setting's demo models): the row names the command."""
     from divopd.suite.models import build_command
@@ -76,8 +67,11 @@ def run(args: argparse.Namespace) -> int:
         extra = {"run_dir": args.run_dir} if args.run_dir else None
         method = [f"method={args.method}"] if args.method else []
         cfg = load_config(args.config, [*method, *args.overrides], data=extra)
-        shipped = _shipped(args.config, cfg)
-        if shipped:  # check the package's prebuilt models, which the first divopd train copies into place
+        if not Path(args.config).is_file():  # a packaged setting: the prebuilt models its first divopd train copies
+            from divopd.suite.models import shipped_models_for
+
+            shipped = shipped_models_for(args.config, cfg.student.path, cfg.teacher.path)
+        if shipped:  # check those in place of the folders not there yet
             sets = [f"{name}.path={folder}" for name, folder in shipped.items()]
             cfg = load_config(args.config, [*method, *args.overrides, *sets], data=extra)
     machine = machine_checks(args.import_timeout)

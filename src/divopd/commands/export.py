@@ -1,12 +1,6 @@
-"""``divopd export CHECKPOINT --out DIR [--merged]``: a checkpoint's student as a Hugging Face folder.
-
-A LoRA checkpoint (``student.lora.rank > 0``) exports its adapter (``adapter_model.safetensors`` +
-``adapter_config.json``, PEFT's format, naming its base model, with the tokenizer): ``transformers`` loads it with PEFT
-installed, ``vllm serve BASE --enable-lora --lora-modules student=DIR`` serves it. ``--merged`` writes the base with the
-adapter merged in: a plain model folder for ``AutoModelForCausalLM.from_pretrained`` and ``vllm serve DIR``. A full
-fine-tuning checkpoint exports its model folder (``--merged`` changes nothing). The training state (optimizer, RNG,
-sampler: ``optimizer.pt``, ``state.json``, ``manifest.json``, ``dcp/``) stays behind.
-"""
+"""``divopd export CHECKPOINT --out DIR [--merged]``: a checkpoint's student as a Hugging Face folder, without the
+training state: a LoRA checkpoint's adapter in PEFT's format (``--merged``: the base with the adapter merged in), a full
+fine-tuning checkpoint's model folder (docs/guides/training.md)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""``divopd sft``: behaviour cloning on an environment's gold trajectories — the tiny teacher for CPU runs, and the
-students' warm start.
-
-1. Play the gold path of ``--train-tasks`` tasks of the train split; every gold step becomes one example whose prompt is
-   built exactly as the explorer builds it (``encode_prompt``, same template and budget) and whose
-   response is the gold action + eos (:func:`divopd.explore.prompting.encode_action`).
-2. Build a tiny word-level tokenizer on those texts and a tiny Llama (``--size``), or start from ``--init`` (any HF
-   folder, e.g. a previous SFT output for a shorter warm start).
-3. Train with ``train_sft``, save an HF folder (model + tokenizer + ``sft.json`` with the prompt config
-   and the numbers), and report the held-out success rate of greedy student-only episodes on ``--eval-split``.
-
-``--env`` is a registry name or the import path ``module:Class`` of an environment of your own (imported in this
-process, as ``explorer.env`` is by a training run); docs/guides/own-model.md builds a teacher and a student with it.
+"""``divopd sft``: behaviour cloning on an environment's expert trajectories — the tiny teacher for CPU runs, and the
+students' warm start. Each expert step becomes one example whose prompt is built exactly as the explorer builds it and
+whose response is the action + eos; the model (a fresh tiny one, or ``--init``) is trained, saved with ``sft.json`` and
+evaluated greedily on ``--eval-split``. docs/guides/own-model.md builds a teacher and a student for an own environment.
 """
 
 from __future__ import annotations
@@ -21,6 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from divopd.errors import ConfigError, UsageError, check_model_folder, check_tokenizer_folder, describe_validation_error
 
 __all__ = ["EXPERTS", "add_arguments", "collect_gold_examples", "epsilon_move", "miss_move", "run"]
 
@@ -109,15 +102,11 @@ def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, exp
                           max_steps: int = 30, noise: float = 0.0, seed: int = 0,
                           game: str = "coin", epsilon: float = 0.0,
                           miss: float = 0.0) -> tuple[list[dict[str, Any]], int]:
-    """Play each task's expert trajectory (:func:`_expert_policy`); returns (one record per step, number of tasks whose
-    trajectory failed). A record holds the prompt's parts (first observation, history, valid actions) and the action,
-    so any tokenizer can encode it later.
-
-    ``noise`` executes a random action from the valid ones and the game's :data:`NOISE_ACTIONS` while the record keeps
-    the expert's label; ``epsilon`` (:func:`epsilon_move`) and ``miss`` (:func:`miss_move`) change both. With any of
-    them every episode's records are kept, whatever its outcome. All draws come from one generator seeded by ``seed``
-    (a zero probability draws nothing).
-    """
+    """Play each task's expert trajectory (:func:`_expert_policy`); returns (one record per step: the prompt's parts
+    and the action, for any tokenizer to encode; the number of tasks whose trajectory failed). ``noise`` executes a
+    random action (valid, or of the game's :data:`NOISE_ACTIONS`) while the record keeps the expert's label;
+    ``epsilon`` (:func:`epsilon_move`) and ``miss`` (:func:`miss_move`) change both; with any of them every episode's
+    records are kept. All draws come from one generator seeded by ``seed`` (a zero probability draws nothing)."""
     import random
 
     rng = random.Random(seed)
@@ -182,8 +171,6 @@ def _texts(records: list[dict[str, Any]], prompt_config: Any) -> list[str]:
 
 
 def _json_object(flag: str, text: str) -> dict[str, Any]:
-    from divopd.errors import UsageError
-
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -194,18 +181,10 @@ def _json_object(flag: str, text: str) -> dict[str, Any]:
 
 
 def check_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    """Validate the arguments before anything heavy runs; returns ``(env_kwargs, prompt_config)``.
-
-    Raises :class:`~divopd.errors.UsageError` naming the flag."""
+    """Validate the arguments before anything heavy runs; returns ``(env_kwargs, prompt_config)``. Raises
+    :class:`~divopd.errors.UsageError` naming the flag."""
     from pydantic import ValidationError
 
-    from divopd.errors import (
-        ConfigError,
-        UsageError,
-        check_model_folder,
-        check_tokenizer_folder,
-        describe_validation_error,
-    )
     from divopd.explore.envs import SPLITS, env_class
     from divopd.explore.prompting import PromptConfig
 
@@ -292,11 +271,8 @@ def run(args: argparse.Namespace) -> int:
     if args.init:
         model, tokenizer = load_model(args.init)
     else:
-        if args.tokenizer_from:
-            tokenizer = load_tokenizer(args.tokenizer_from)
-        else:
-            tokenizer = build_tokenizer(_texts(records, prompt_config), kind=args.tokenizer,
-                                        vocab_size=args.vocab_size)
+        tokenizer = load_tokenizer(args.tokenizer_from) if args.tokenizer_from else build_tokenizer(
+            _texts(records, prompt_config), kind=args.tokenizer, vocab_size=args.vocab_size)
         model = build_model(tokenizer, size=args.size, arch=args.arch, seed=args.seed)
     n_params = sum(p.numel() for p in model.parameters())
     examples, truncated = [], 0

@@ -1,17 +1,7 @@
-"""``divopd tasks CONFIG [--method ROW] [--set k=v ...] --for {trinity,verl} --split SPLIT --out FILE [--limit N]``.
-
-Writes the task file a framework's per-turn OPD workflow (Trinity-RFT) or agent loop (verl) reads: one row per task of
-the setting's environment, in the environment's own order. CONFIG is what ``divopd train`` takes (a packaged
-setting's name or a YAML path); the rows carry what the framework side needs to play the task the way divopd's
-explorer does. :func:`task_rows` builds framework-neutral rows; :data:`FORMATS` names each framework's writer
-(imported only when used)::
-
-    divopd tasks alfworld --for trinity --split train --out tasks/alfworld/train.jsonl
-
-Row keys: ``env`` (registry name or ``module:Class``), ``env_kwargs`` (dict), ``split``, ``task`` (the env's task id),
-``index`` (position in the split), ``max_steps`` (the step limit), and ``setting``, ``method`` and ``explorer`` (the
-prompt, decoding and +R settings of the config's explorer, a dict).
-"""
+"""``divopd tasks CONFIG --for {trinity,verl} --split SPLIT --out FILE``: the task file a framework's per-turn OPD
+workflow (Trinity-RFT) or agent loop (verl) reads, one row per task of the setting's environment in its own order
+(the row keys: docs/integrations/trinity.md). :func:`task_rows` builds framework-neutral rows; :data:`FORMATS` names
+each framework's writer (imported only when used)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``divopd train CONFIG [--method ROW] [--set key=value ...]`` and ``divopd train --resume RUN_DIR``.
-
-CONFIG is a packaged setting's name (``divopd train coin6-dart --method vanilla``; :mod:`divopd.train.packaged`) or
-the path of a YAML config (a run's ``config.yaml``, your own file)."""
+"""``divopd train CONFIG [--method ROW] [--set key=value ...]`` and ``divopd train --resume RUN_DIR``; CONFIG is a
+packaged setting's name (:mod:`divopd.train.packaged`) or the path of a YAML config."""
 
 from __future__ import annotations
 
@@ -60,10 +58,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give a CONFIG or --resume RUN_DIR, not both")
     if not args.resume and not args.config:
         raise UsageError("a CONFIG (a packaged setting's name or a YAML file) is required (or --resume RUN_DIR)")
-    if args.resume and args.method:
-        raise UsageError("--method does not apply to --resume RUN_DIR (the run keeps its config.yaml)")
-    if args.resume and args.run_dir:
-        raise UsageError("--run-dir does not apply to --resume RUN_DIR (the run keeps its config.yaml)")
+    for flag, given in (("--method", args.method), ("--run-dir", args.run_dir)):
+        if args.resume and given:
+            raise UsageError(f"{flag} does not apply to --resume RUN_DIR (the run keeps its config.yaml)")
     placement = [o for o in args.overrides if o.split("=", 1)[0].strip() not in RESUME_KEYS]
     if args.resume and placement:
         raise UsageError(f"--set {placement[0]} does not apply to --resume RUN_DIR (the run keeps its config.yaml; "

@@ -1,14 +1,6 @@
-"""Replay coverage of the paper suite's runs (the paper's Table 11), each measured on the run's own experience log.
-
-Two tables per report group, both from :func:`divopd.analysis.replay.replay`:
-
-- **own rule**: each run's log replayed under the run's own selection rule and settings (B, c, k, S, cap unit, U,
-  seed): the share of the run's valid rollouts that never contributed a turn, its effective rollouts per batch and the
-  largest rollout's share; mean ± std over the method's seeds.
-- **shared buffers**: every run's log replayed under each of the paper's rules (vanilla, nocap, divopd-base, divopd,
-  cap counted in turns) with the run's B, c, k, S, U: the paper's comparison, where every rule sees the same
-  experience; mean ± std over all logs of the group.
-"""
+"""Replay coverage of the paper suite's runs (the paper's Table 11) on each run's own experience log: replayed under
+the run's own rule and settings (**own rule**, mean ± std over a method's seeds) and under each of the paper's rules
+with the cap in turns (**shared buffers**, mean ± std over the group's logs)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """``make demo`` / ``python -m divopd.suite.demo``: a real asynchronous OPD run on a laptop CPU, vanilla vs DivOPD.
 
-1. **Models** (in ``cache/coin6-dart/``): the ``coin6-dart`` setting's tiny teacher (82% held-out SR) and
-   warm-started student (~20-30%). The package ships them (``divopd/shipped/coin6-dart/``, the recipe's own build, see
-   :data:`divopd.suite.models.SHIPPED`), so they are copied, not trained; with another recipe or ``--configs``
-   setting :func:`divopd.suite.models.prepare_models` builds them with ``divopd sft`` once.
-2. **Training**: the packaged setting ``coin6-dart`` with ``method`` vanilla and divopd (same explorer, learner,
-   batch size and producer; only the sampler differs) for each seed, 40 updates under the lockstep runtime: every run
-   is reproducible, and the same seed gives both methods the same student, task order and sampling seeds; seed 0's
-   runs are the study's (``study/regime/plan-coin6-dart.yaml``) value for value. The runs of one seed train side
-   by side in ``--jobs`` processes (one torch thread each). A finished run is not redone (delete its directory to redo
-   it); an interrupted one is resumed.
-3. **Report**: ``divopd report`` over the runs (SR curves vs updates / learner tokens / compute, time-to-target,
-   batch composition) and ``divopd replay`` of the selection rules over the vanilla run's own experience log.
-
-Progress: one bar per run on a terminal, otherwise the runs' log lines (every 10 updates and every evaluation),
-prefixed with the run. Everything lands in ``runs/demo/`` (report: ``runs/demo/report/report.md``). Options: ``--help``.
+The setting's models (``coin6-dart``'s are shipped and copied; others are built once with ``divopd sft``,
+:func:`divopd.suite.models.prepare_models`), then its ``method`` rows vanilla and divopd per seed (only the sampler
+differs; lockstep runtime, reproducible), ``--jobs`` runs side by side in child processes (finished runs kept,
+interrupted ones resumed), then ``divopd report`` over the runs and ``divopd replay`` over the vanilla run's log, all
+in ``runs/demo/``.
 """
 
 from __future__ import annotations
@@ -176,9 +166,8 @@ def replay_vanilla_log(run_dir: Path, out: Path, batch_size: int, updates: int) 
     from divopd.analysis.replay import ReplayConfig, plot_replay, replay, write_json
     from divopd.sampling.method_rows import method_names
 
-    cfg = ReplayConfig(methods=method_names("demo-replay"),
-                       batch_size=batch_size, updates=updates)
-    result = replay(run_dir / "experience", cfg)
+    result = replay(run_dir / "experience", ReplayConfig(methods=method_names("demo-replay"), batch_size=batch_size,
+                                                          updates=updates))
     write_json(result, out / "replay.json")
     plot_replay(result, out / "replay.png", title=f"replay over {run_dir.parent.name} seed log")
     return result
@@ -231,11 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         configs = config_path(args.configs)
         recipe = recipe_for(configs)
-    except UsageError as exc:
-        print(f"demo: {exc}", file=sys.stderr)
-        return 2
-    except KeyError as exc:
-        print(f"demo: {exc.args[0]}", file=sys.stderr)
+    except (UsageError, KeyError) as exc:
+        print(f"demo: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
     name = configs.stem
     if args.jobs < 1:
@@ -255,12 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods:  # every method row, before anything is built or trained
             demo_config(configs, method, args.seeds[0], out, {"student": cache, "teacher": cache}, args.updates,
                         overrides)
+        models = prepare_models(cache, recipe, shipped=SHIPPED / name)  # refuses a cache folder divopd did not write
     except UsageError as exc:
-        print(f"demo: {exc}", file=sys.stderr)
-        return 2
-    try:
-        models = prepare_models(cache, recipe, shipped=SHIPPED / name)
-    except UsageError as exc:  # a cache folder that divopd did not write
         print(f"demo: {exc}", file=sys.stderr)
         return 2
     try:

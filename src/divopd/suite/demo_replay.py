@@ -1,15 +1,5 @@
-"""``python -m divopd.suite.demo_replay``: simulate an asynchronous producer per preset, replay the selection rules
-over each log, and write a table and plots under ``runs/demo-replay/``.
-
-Equivalent commands, per preset::
-
-    divopd simulate --preset alfworld --updates 100 --seed 0 --out runs/demo-replay/alfworld.parquet
-    divopd replay runs/demo-replay/alfworld.parquet --methods vanilla,vanilla-pool,nocap,divopd-base,divopd \\
-        --batch-size 256 --pool-factor 4 --cap 4 --max-staleness 2 --updates 100 \\
-        --json runs/demo-replay/alfworld.json --plot runs/demo-replay/alfworld.png
-
-Part of ``make demo``, which also replays the selection rules over the demo runs' own experience logs.
-"""
+"""``python -m divopd.suite.demo_replay`` (part of ``make demo``): ``divopd simulate`` per preset, ``divopd replay`` of
+the selection rules over each log, and a table and plots under ``runs/demo-replay/``."""
 
 from __future__ import annotations
 

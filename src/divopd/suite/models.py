@@ -1,11 +1,6 @@
-"""The offline models of the CPU settings (the packaged ``tiny``, ``coin4``, ...): how ``make demo`` and
-``divopd bench paper`` build them once into a cache folder, with ``divopd sft``.
-
-A :class:`ModelRecipe` names the game, the prompt and the ``divopd sft`` arguments of the teacher and of the student;
-:func:`prepare_models` runs what is missing and returns the two folders. Each CPU setting
-(``divopd/configs/<name>.yaml``) has one recipe (:data:`RECIPES`, keyed by the setting's name); the setting file uses
-the same game and prompt (a test checks).
-"""
+"""The offline models of the CPU settings (the packaged ``tiny``, ``coin4``, ...): one :class:`ModelRecipe` per
+setting (:data:`RECIPES`, the ``divopd sft`` arguments of its teacher and student), which :func:`prepare_models` builds
+once into a cache folder for ``make demo`` and ``divopd bench paper``."""
 
 from __future__ import annotations
 
@@ -22,10 +17,8 @@ from divopd.train.packaged import SHIPPED as PACKAGED_MODELS
 __all__ = ["RECIPES", "SHIPPED", "ModelRecipe", "build_command", "copy_shipped", "default_cache", "prepare_models",
            "recipe_for", "shipped_models_for", "use_shipped_models"]
 
-#: Prebuilt models that the package ships (package data, :data:`divopd.train.packaged.SHIPPED`),
-#: ``divopd/shipped/<setting>/{teacher,student}``: the recipe's build into ``cache/<setting>`` (their
-#: ``recipe-args.json`` says so), copied there instead of trained again. ``coin6-dart``'s take ~20 min of SFT on a
-#: 2-core CPU, longer than ``make demo``'s budget.
+#: Prebuilt models that the package ships, ``divopd/shipped/<setting>/{teacher,student}``: the recipe's build into
+#: ``cache/<setting>`` (their ``recipe-args.json`` says so), copied there instead of trained again.
 SHIPPED = PACKAGED_MODELS
 
 
@@ -216,12 +209,9 @@ def _shipped_to_copy(cache: Path, recipe: ModelRecipe, shipped: Path, say: bool 
 
 def copy_shipped(cache: Path, recipe: ModelRecipe, shipped: Path) -> list[str]:
     """Copy ``shipped/teacher`` and ``shipped/student`` into ``cache`` where the shipped model was built from exactly
-    the arguments the recipe gives for ``cache`` (its ``recipe-args.json``) and ``cache`` has no complete model of that
-    name built from them: a missing, partial or stale one that divopd built (its ``recipe-args.json`` names other
-    arguments, e.g. an older recipe) is replaced. A folder without that stamp is not divopd's and is never deleted
-    or written into: it is left as it is. Each copy lands in a ``<name>.partial-copy`` folder first and is renamed
-    into place, so an interrupted copy leaves no half model. Prints one line naming what was copied where; returns the
-    names copied. Anything else is left to :func:`prepare_models` to build."""
+    the recipe's arguments for ``cache`` and ``cache`` has no complete model built from them; a stale build of divopd's
+    is replaced, a folder without divopd's stamp is left as it is. Each copy is renamed into place from a
+    ``<name>.partial-copy`` folder (no half model). Returns the names copied."""
     copied = []
     for name in _shipped_to_copy(cache, recipe, shipped, say=True):
         src, dst = shipped / name, cache / name
@@ -239,40 +229,39 @@ def copy_shipped(cache: Path, recipe: ModelRecipe, shipped: Path) -> list[str]:
     return copied
 
 
-def shipped_models_for(setting: str, student_path: str, teacher_path: str) -> dict[str, Path]:
-    """What the first ``divopd train <setting>`` would copy (:func:`use_shipped_models`), without copying:
-    ``{"student": <shipped folder>, ...}`` for each model still to be copied into ``cache/<setting>``. ``divopd
-    doctor`` checks those folders in place of the ones not there yet."""
+def _shipped_folders(setting: str, student_path: str, teacher_path: str) -> tuple[Path, ModelRecipe, Path] | None:
+    """``(cache/<setting>, its recipe, its shipped folder)`` when the package ships the setting's models and the
+    config reads them from that cache (not elsewhere, as with ``--set student.path``); else ``None``."""
     cache, shipped = Path("cache") / setting, SHIPPED / setting
     if setting not in RECIPES or not shipped.is_dir():
-        return {}
+        return None
     if Path(student_path) != cache / "student" or Path(teacher_path) != cache / "teacher":
+        return None
+    return cache, RECIPES[setting], shipped
+
+
+def shipped_models_for(setting: str, student_path: str, teacher_path: str) -> dict[str, Path]:
+    """What :func:`use_shipped_models` would copy, without copying: ``{"student": <shipped folder>, ...}``; ``divopd
+    doctor`` checks those folders in place of the ones not there yet."""
+    folders = _shipped_folders(setting, student_path, teacher_path)
+    if folders is None:
         return {}
-    return {name: shipped / name for name in _shipped_to_copy(cache, RECIPES[setting], shipped)}
+    cache, recipe, shipped = folders
+    return {name: shipped / name for name in _shipped_to_copy(cache, recipe, shipped)}
 
 
 def use_shipped_models(setting: str, student_path: str, teacher_path: str) -> list[str]:
-    """On the first ``divopd train <setting>`` of a packaged setting whose prebuilt models the package ships, copy them
-    to where the setting reads them (``cache/<setting>``, relative to the working directory) unless they are there
-    already or the config points its models elsewhere (``--set student.path``). Returns the names copied."""
-    cache = Path("cache") / setting
-    shipped = SHIPPED / setting
-    if setting not in RECIPES or not shipped.is_dir():
-        return []
-    if Path(student_path) != cache / "student" or Path(teacher_path) != cache / "teacher":
-        return []
-    return copy_shipped(cache, RECIPES[setting], shipped)
+    """On the first ``divopd train <setting>``, copy the shipped models to where the setting reads them
+    (``cache/<setting>``, relative to the working directory; :func:`copy_shipped`). Returns the names copied."""
+    folders = _shipped_folders(setting, student_path, teacher_path)
+    return [] if folders is None else copy_shipped(*folders)
 
 
 def prepare_models(cache: Path, recipe: ModelRecipe | str = "tiny", shipped: Path | None = None) -> dict[str, Path]:
-    """Build (once) the recipe's teacher and student in ``cache``; returns ``{"teacher": ..., "student": ...}``.
-
-    A folder divopd did not write is refused first (:func:`_refuse_foreign`); a build stamps its folder before it
-    writes into it (:func:`_claim`). A folder that is already complete (``sft.json`` for an SFT
-    model, ``config.json`` for a random-init one) and was built from the same recipe arguments
-    (``recipe-args.json``) is kept; otherwise it is rebuilt, and a rebuilt teacher rebuilds the student too (they
-    share the teacher's tokenizer). ``shipped``: a folder of prebuilt models
-    (``SHIPPED / <setting>``) copied in first where they match (:func:`copy_shipped`)."""
+    """Build (once) the recipe's teacher and student in ``cache``; returns ``{"teacher": ..., "student": ...}``. A
+    folder divopd did not write is refused (:class:`UsageError`); a complete one built from the same recipe arguments
+    is kept, otherwise rebuilt, and a rebuilt teacher rebuilds the student (they share its tokenizer). ``shipped``: a
+    folder of prebuilt models copied in first where they match (:func:`copy_shipped`)."""
     recipe = RECIPES[recipe] if isinstance(recipe, str) else recipe
     teacher, student = cache / "teacher", cache / "student"
     for folder in (teacher, student):  # before anything is copied or built

@@ -1,8 +1,5 @@
 """The paper benchmark's plan: its schema (:class:`Plan`), loading it (:func:`load_plan`, :class:`PlanError`), and its
-expansion into runs (:func:`plan_runs`, :class:`PlannedRun`) and a selection of them (:func:`select_runs`).
-
-How a plan expands into report groups and labels is described in :mod:`divopd.suite`.
-"""
+expansion into runs (:func:`plan_runs`, :class:`PlannedRun`) and a selection of them (:func:`select_runs`)."""
 
 from __future__ import annotations
 
@@ -37,11 +34,6 @@ class _Strict(BaseModel):
 def _check_name(name: str, what: str) -> None:
     if not name or "/" in name or "~" in name or name.startswith(".") or any(c.isspace() for c in name):
         raise ValueError(f"{what} {name!r}: use a plain name without '/', '~', spaces or a leading '.'")
-
-
-def _check_method(method: str) -> None:
-    if method not in method_names():
-        raise ValueError(f"unknown method {method!r}; known: {', '.join(method_names())}")
 
 
 class PlanSetting(_Strict):
@@ -105,13 +97,9 @@ class Plan(_Strict):
     """A benchmark plan (the paper's: :data:`DEFAULT_PLAN`)."""
 
     out: str = "runs/paper"
-    configs: str = Field("tiny", description="what every run starts from, with `method` set to the run's row: a "
-                         "packaged setting's name (divopd/configs/<name>.yaml; tiny: the 2-room cold start; coin4: "
-                         "the 4-room warm start; coin6, twc: a longer horizon and a second game), whose models come "
-                         "from the recipe of the same name in divopd.suite.models and are built into `cache`; or the "
-                         "path of a training config of your own (.yaml, relative to the working directory, e.g. an "
-                         "own environment `explorer.env: mypkg.envs:MyEnv`), whose student.path and teacher.path are "
-                         "used as they are")
+    configs: str = Field("tiny", description="what every run starts from (docs/guides/paper-suite.md): a packaged "
+                         "setting's name, its models built into `cache` from the recipe of that name, or the path of "
+                         "a training config of your own (.yaml), its models used as they are")
     cache: str = "cache/demo"
     updates: int = Field(150, ge=1)
     seeds: list[int] = Field(min_length=1)
@@ -145,7 +133,8 @@ class Plan(_Strict):
                 raise ValueError(f"configs {self.configs!r}: its models have no recipe in divopd.suite.models "
                                  f"(known: {', '.join(RECIPES)})")
         for method in [m.method for m in self.methods] + ([self.sweeps.cap.method] if self.sweeps.cap else []):
-            _check_method(method)  # every row is a method row of the registry
+            if method not in method_names():  # every row is a method row of the registry
+                raise ValueError(f"unknown method {method!r}; known: {', '.join(method_names())}")
         for what, seeds in (("seeds", self.seeds), ("load sweep: seeds", self.sweeps.load and self.sweeps.load.seeds),
                             ("cap sweep: seeds", self.sweeps.cap and self.sweeps.cap.seeds),
                             *((f"method {m.name}: seeds", m.seeds) for m in self.methods)):
@@ -246,11 +235,8 @@ def config_value(method: str, overrides: tuple[str, ...], key: str, configs: Pat
 
 
 def plan_runs(plan: Plan) -> list[PlannedRun]:
-    """Expand the plan into runs: settings × methods × seeds, then the load sweep, then the cap sweep.
-
-    A sweep point that equals its main run's config (same method row, the swept key already at that value, a seed the
-    main runs have) gets ``main`` set: it is that run, not a new one.
-    """
+    """Expand the plan into runs: settings × methods × seeds, then the load sweep, then the cap sweep. A sweep point
+    that equals a main run's config (same row and seed, the swept key already at that value) gets ``main`` set."""
     runs: list[PlannedRun] = []
     main: dict[tuple[str, str, int], PlannedRun] = {}
     by_label = {m.name: m for m in plan.methods}

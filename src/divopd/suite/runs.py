@@ -16,11 +16,8 @@ from divopd.suite.plan import Plan, PlannedRun
 
 def run_state(run_dir: Path) -> Literal["done", "partial", "todo"]:
     """``done`` (summary.json: the bench skips it, ``divopd train --resume`` says it is finished), ``partial``
-    (config.yaml, no summary: resumed) or ``todo`` (started).
-
-    A summary that records fewer updates than the run's config asks for (a run stopped by ``max_seconds`` or an
-    interrupt that still wrote one) counts as ``partial``, so it is resumed rather than kept short.
-    """
+    (config.yaml and no summary, or one with fewer updates than the config asks for, as after ``max_seconds``:
+    resumed) or ``todo`` (not started)."""
     if (run_dir / "summary.json").is_file():
         try:
             done = json.loads((run_dir / "summary.json").read_text()).get("updates")

@@ -1,9 +1,5 @@
-"""``divopd report RUN_DIR...``: compare runs of several methods per setting, in the layout of the paper's Section 4.
-
-Runs are grouped by ``config.yaml``'s ``setting`` and ``method``; the runs of one method are its seeds and must not
-differ in anything else. Written to ``--out``: ``report.md`` (the tables per setting, geometric-mean speedups, notes),
-``report.json`` (the same numbers) and PNGs per setting. The rules (τ, U, ±, ratios) are docs/guides/report.md's.
-"""
+"""``divopd report RUN_DIR...``: compare runs of several methods per setting, in the layout of the paper's Section 4
+(grouping, files and rules: docs/guides/report.md)."""
 
 from __future__ import annotations
 
@@ -25,22 +21,6 @@ from divopd.analysis.report.load import ReportError, Run, find_run_dirs, load_ru
 from divopd.analysis.report.plot import plot_setting
 from divopd.analysis.report.render import render_markdown, write_report
 
-__all__ = [
-    "COMPOSITION",
-    "COMPOSITION_LABELS",
-    "DIAGNOSTICS",
-    "METHOD_ORDER",
-    "ReportError",
-    "Run",
-    "build_report",
-    "composition",
-    "diagnostics",
-    "find_run_dirs",
-    "load_run",
-    "natural_key",
-    "plot_setting",
-    "read_metrics",
-    "render_markdown",
-    "seed_metrics",
-    "write_report",
-]
+__all__ = ["COMPOSITION", "COMPOSITION_LABELS", "DIAGNOSTICS", "METHOD_ORDER", "ReportError", "Run", "build_report",
+           "composition", "diagnostics", "find_run_dirs", "load_run", "natural_key", "plot_setting", "read_metrics",
+           "render_markdown", "seed_metrics", "write_report"]

@@ -1,8 +1,6 @@
 """The numbers of ``divopd report``: per-run SR statistics (peak, final five, nAUC, cost to the target τ), batch
-composition, per-method aggregates over seeds, baseline/method ratios and geometric-mean speedups across settings.
-
-:func:`build_report` returns them as one JSON-able dict, the content of ``report.json``.
-"""
+composition, per-method aggregates over seeds, baseline/method ratios and geometric-mean speedups across settings;
+:func:`build_report` returns them as one JSON-able dict, the content of ``report.json``."""
 
 from __future__ import annotations
 
@@ -78,22 +76,11 @@ SEED_KEYS = ("seed", "setting", "out_dir", "run_dir", *PLACEMENT_KEYS)
 
 #: Per-seed metrics the paired tests compare: (seed_metrics key, label).
 PAIRED_METRICS = (("nauc", "nAUC"), ("tokens_to_target", "tokens-to-τ"))
-COMPOSITION_LABELS = {
-    "effective_rollouts": "eff. rollouts",
-    "max_rollout_share": "max share",
-    "dead_rows": "dead rows",
-    "mean_staleness": "staleness",
-    "disagreement_std_across_rollouts": "disagr. std",
-    "arrival_drain_ratio": "arrival/drain",
-    "producer_load": "producer load",
-    "expired": "expired",
-    "expired_fraction": "expired/recv.",
-}
-
-
-# --------------------------------------------------------------------------------------------------- one run
-def _sd(xs: Sequence[float]) -> float | None:
-    return statistics.stdev(xs) if len(xs) >= 2 else None
+#: Column labels of the composition table, in its order.
+COMPOSITION_LABELS = {"effective_rollouts": "eff. rollouts", "max_rollout_share": "max share", "dead_rows": "dead rows",
+                      "mean_staleness": "staleness", "disagreement_std_across_rollouts": "disagr. std",
+                      "arrival_drain_ratio": "arrival/drain", "producer_load": "producer load", "expired": "expired",
+                      "expired_fraction": "expired/recv."}
 
 
 def _method_key(method: str, baseline: str) -> tuple[int, int, str]:
@@ -141,40 +128,26 @@ def seed_metrics(run_: Run, budget: float | None, tau: float | None, rule: str) 
     if budget is not None and run_.evals and run_.evals[0].update <= budget:
         nauc_value = nauc([e.update for e in run_.evals], srs, budget, rule=rule)
     cost = cost_to_target(run_.evals, tau) if tau is not None else None
-    return {
-        "path": str(run_.path),
-        "seed": run_.seed,
-        "finished": run_.finished,
-        "n_evals": len(run_.evals),
-        "last_eval_update": run_.evals[-1].update if run_.evals else None,
-        "last_update": run_.last_update,
-        "peak_sr": peak_sr(srs),
-        "final_five_mean": ff[0] if ff else None,
-        "final_five_std": ff[1] if ff else None,
-        "final_five_n": min(5, len(srs)),
-        "nauc": nauc_value,
-        "reached_target": cost is not None,
-        "update_to_target": cost.update if cost else None,
-        "tokens_to_target": cost.tokens if cost else None,
-        "compute_s_to_target": cost.compute_s if cost else None,
-        "sr_curve": [[e.update, e.sr] for e in run_.evals],
-        "composition": composition(run_),
-        "diagnostics": diagnostics(run_),
-    }
+    return {"path": str(run_.path), "seed": run_.seed, "finished": run_.finished, "n_evals": len(run_.evals),
+            "last_eval_update": run_.evals[-1].update if run_.evals else None, "last_update": run_.last_update,
+            "peak_sr": peak_sr(srs), "final_five_mean": ff[0] if ff else None,
+            "final_five_std": ff[1] if ff else None, "final_five_n": min(5, len(srs)), "nauc": nauc_value,
+            "reached_target": cost is not None, "update_to_target": cost.update if cost else None,
+            "tokens_to_target": cost.tokens if cost else None,
+            "compute_s_to_target": cost.compute_s if cost else None, "sr_curve": [[e.update, e.sr] for e in run_.evals],
+            "composition": composition(run_), "diagnostics": diagnostics(run_)}
 
 
 def _agg(seeds: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """Mean, std and 95% percentile-bootstrap CI (``None`` under two seeds) of a per-seed metric."""
     vals = [s[key] for s in seeds if s[key] is not None]
-    return {"mean": _mean(vals), "std": _sd(vals), "n": len(vals), "ci95": bootstrap_ci(vals)}
+    std = statistics.stdev(vals) if len(vals) >= 2 else None
+    return {"mean": _mean(vals), "std": std, "n": len(vals), "ci95": bootstrap_ci(vals)}
 
 
 def paired_tests(methods: dict[str, dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
-    """The :data:`PAIRED_TESTS` whose two methods both ran: one Wilcoxon signed-rank test per metric, seeds paired.
-
-    ``methods`` maps a method to its report entry (with ``seeds``). A test with no common seed is left out; one whose
-    pairs all tie has ``p_value`` ``None``.
-    """
+    """The :data:`PAIRED_TESTS` whose two methods both ran (``methods``: method -> its report entry): one Wilcoxon
+    signed-rank test per metric, seeds paired; none without a common seed, ``p_value`` ``None`` when all pairs tie."""
     out = []
     for method, against, question in PAIRED_TESTS:
         against = against or baseline
@@ -197,7 +170,6 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name))
 
 
-# --------------------------------------------------------------------------------------------------- one setting
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in config.items():
@@ -313,17 +285,11 @@ def _setting_entry(setting: str, methods: dict[str, list[Run]], *, baseline: str
             }
     elif tau is not None:
         notes.append(f"{setting}: no {baseline!r} run; {baseline}/method ratios omitted")
-    return {
-        "target": tau,
-        "target_source": tau_source,
-        "budget": u_budget,
-        "baseline": baseline if has_baseline else None,
-        "methods": method_out,
-        "paired_tests": paired_tests(method_out, baseline),
-    }
+    return {"target": tau, "target_source": tau_source, "budget": u_budget,
+            "baseline": baseline if has_baseline else None, "methods": method_out,
+            "paired_tests": paired_tests(method_out, baseline)}
 
 
-# --------------------------------------------------------------------------------------------------- the report
 def _geometric_means(settings: dict[str, Any], baseline: str) -> dict[str, Any]:
     """Geometric-mean speedups across settings, over the settings where the ratio exists (both reached τ)."""
     geo: dict[str, Any] = {}
@@ -388,11 +354,6 @@ def build_report(runs: Sequence[Run], *, baseline: str = "vanilla", targets: dic
         for setting in sorted(by_setting, key=natural_key)
     }
     notes += _sample_size_notes(settings, baseline)
-    return {
-        "baseline": baseline,
-        "nauc_rule": rule,
-        "units": {"sr": "percent", "tokens": "learner tokens (prompt+response)", "compute": "learner compute seconds"},
-        "settings": settings,
-        "geometric_means": _geometric_means(settings, baseline),
-        "notes": notes,
-    }
+    units = {"sr": "percent", "tokens": "learner tokens (prompt+response)", "compute": "learner compute seconds"}
+    return {"baseline": baseline, "nauc_rule": rule, "units": units, "settings": settings,
+            "geometric_means": _geometric_means(settings, baseline), "notes": notes}

@@ -151,11 +151,7 @@ def load_run(path: str | Path) -> Run:
                 series.append((r["update"], float(r[key])))
 
     def at(key: str, update: int) -> float | None:
-        best = None
-        for u, v in cum[key]:
-            if u <= update:
-                best = v
-        return best
+        return next((v for u, v in reversed(cum[key]) if u <= update), None)  # the series ascend by update
 
     by_update: dict[int, EvalPoint] = {}
     for r in (r for r in records if r["kind"] == "eval"):

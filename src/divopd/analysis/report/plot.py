@@ -1,6 +1,5 @@
-"""The figures of ``divopd report``, per setting: SR against learner updates, learner tokens and learner compute
-seconds (mean over seeds, band = min–max over seeds), the batch-composition curves and the per-update diagnostics of
-the paper's tables (Figure 6's EMA of the disagreement std among them)."""
+"""The figures of ``divopd report``, per setting: SR against learner updates, tokens and compute seconds, the
+batch-composition curves and the per-update diagnostics of the paper's tables (docs/guides/report.md lists them)."""
 
 from __future__ import annotations
 
@@ -20,10 +19,6 @@ SR_AXES = (
     ("tokens", "learner tokens", "sr_vs_tokens"),
     ("compute_s", "learner compute seconds", "sr_vs_compute"),
 )
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "setting"
 
 
 def _curve(run_: Run, x: str) -> tuple[list[float], list[float]]:
@@ -110,38 +105,23 @@ def _curves_figure(setting: str, runs_by_method: dict[str, list[Run]], color: di
     save_figure(fig, path)
 
 
-def _composition_figure(setting: str, runs_by_method: dict[str, list[Run]], color: dict[str, str],
-                        path: Path) -> None:
-    """Batch-composition curves: per-update mean over seeds, lightly smoothed."""
-    panels = [(COMPOSITION_LABELS[n], k) for n, k, how in COMPOSITION if how == "mean"]
-    _curves_figure(setting, runs_by_method, color, path, panels, "batch composition")
-
-
 #: The per-update curves of the diagnostics figure: the paper-table keys not already drawn in the composition figure.
 DIAGNOSTIC_PANELS = [(f"{label} ({where})", key) for _, key, _, label, where in DIAGNOSTICS
                      if key not in {k for _, k, _ in COMPOSITION}]
 
 
-def _diagnostics_figure(setting: str, runs_by_method: dict[str, list[Run]], color: dict[str, str],
-                        path: Path) -> None:
-    """The diagnostics of the paper's tables over updates (unsmoothed: the EMA of Figure 6 is its own smoothing)."""
-    _curves_figure(setting, runs_by_method, color, path, DIAGNOSTIC_PANELS, "diagnostics of the paper's tables",
-                   smooth=False)
-
-
 def plot_setting(setting: str, runs_by_method: dict[str, list[Run]], tau: float | None, out: Path) -> list[str]:
     """Write the PNGs of one setting; returns their file names (relative to ``out``)."""
     written = []
-    slug = _slug(setting)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", setting).strip("_") or "setting"  # a file-name stem
     color = {m: f"C{i % 10}" for i, m in enumerate(runs_by_method)}  # one colour per method in every figure
     for x, label, stem in SR_AXES:
-        name = f"{slug}_{stem}.png"
-        _sr_figure(setting, runs_by_method, tau, x, label, color, out / name)
-        written.append(name)
-    name = f"{slug}_composition.png"
-    _composition_figure(setting, runs_by_method, color, out / name)
-    written.append(name)
-    name = f"{slug}_diagnostics.png"
-    _diagnostics_figure(setting, runs_by_method, color, out / name)
-    written.append(name)
+        written.append(f"{slug}_{stem}.png")
+        _sr_figure(setting, runs_by_method, tau, x, label, color, out / written[-1])
+    composition = [(COMPOSITION_LABELS[n], k) for n, k, how in COMPOSITION if how == "mean"]
+    for stem, panels, title, smooth in (("composition", composition, "batch composition", True),
+                                        # unsmoothed: the EMA of Figure 6 is its own smoothing
+                                        ("diagnostics", DIAGNOSTIC_PANELS, "diagnostics of the paper's tables", False)):
+        written.append(f"{slug}_{stem}.png")
+        _curves_figure(setting, runs_by_method, color, out / written[-1], panels, title, smooth)
     return written

@@ -22,9 +22,7 @@ RATIOS = ("tokens", "compute")
 def _pm(agg: dict[str, Any], digits: int = 1) -> str:
     if agg["mean"] is None:
         return MISSING
-    std = agg.get("std")
-    if std is None:
-        std = agg.get("std_checkpoints")
+    std = agg["std"] if agg.get("std") is not None else agg.get("std_checkpoints")
     return fmt(agg["mean"], digits) + ("" if std is None else f" ± {fmt(std, digits)}")
 
 
@@ -44,10 +42,11 @@ def _count(x: float | None, digits: int = 0) -> str:
     return MISSING if x is None else f"{x:,.{digits}f}"
 
 
-def _intro(base: str, rule: str) -> list[str]:
-    return [
-        "# DivOPD report",
-        "",
+def render_markdown(rep: dict[str, Any], pngs: dict[str, list[str]]) -> str:
+    """report.md from the report dict."""
+    base, rule = rep["baseline"], rep["nauc_rule"]
+    lines = [
+        "# DivOPD report", "",
         f"SR in percent. τ: target SR (default: largest multiple of 5 at or below {base}'s peak SR, mean over its "
         f"seeds). Ratios: {base}/method cost through the first eval reaching τ (mean over the seeds that reached it; "
         f"above 1 favours the method; – = not reached). nAUC: mean SR over [first eval, U] ({rule} rule). "
@@ -55,6 +54,17 @@ def _intro(base: str, rule: str) -> list[str]:
         "percentile-bootstrap CI of the mean over seeds (10,000 resamples, seeded).",
         "",
     ]
+    for setting, s in rep["settings"].items():
+        tau = "none" if s["target"] is None else f"{s['target']:g}%"
+        lines += [f"## {setting}", "", f"τ = {tau} ({s['target_source']}); U = {fmt(s['budget'], 0)} learner updates."]
+        lines += ["", *_results_table(s), "", *_paired_table(s), *_composition_table(s), "",
+                  *_diagnostics_table(s), "", *_seed_table(s), ""]
+        lines += [f"![{Path(p).stem}]({p})" for p in pngs.get(setting, [])]
+        lines.append("")
+    lines += _geomean_section(rep)
+    if rep["notes"]:
+        lines += ["## Notes", ""] + [f"- {n}" for n in rep["notes"]] + [""]
+    return "\n".join(lines)
 
 
 def _results_table(s: dict[str, Any]) -> list[str]:
@@ -64,16 +74,9 @@ def _results_table(s: dict[str, Any]) -> list[str]:
         a = m["aggregate"]
         r = m["ratios"] or {}
         reached = a["reached_target"]
-        rows.append([
-            method,
-            str(reached["of"]),
-            _pm_ci(a["peak_sr"]),
-            _pm_ci(a["final_five_mean"]),
-            _pm_ci(a["nauc"]),
-            MISSING if s["target"] is None else f"{reached['n']}/{reached['of']}",
-            _ratio(r.get("tokens")),
-            _ratio(r.get("compute")),
-        ])
+        rows.append([method, str(reached["of"]), _pm_ci(a["peak_sr"]), _pm_ci(a["final_five_mean"]), _pm_ci(a["nauc"]),
+                     MISSING if s["target"] is None else f"{reached['n']}/{reached['of']}", _ratio(r.get("tokens")),
+                     _ratio(r.get("compute"))])
     header = ["method", "seeds", "peak SR", "final-five SR", "nAUC", "reached τ", "tokens-to-τ ×", "compute-to-τ ×"]
     return md_table(header, rows)
 
@@ -90,14 +93,10 @@ def _paired_table(s: dict[str, Any]) -> list[str]:
                      fmt(t["mean_method"], digits), fmt(t["mean_against"], digits), fmt(t["median_diff"], digits),
                      f"{t['w_plus']:g} / {t['w_minus']:g}",
                      MISSING if t["p_value"] is None else f"{t['p_value']:.3f}" + ("" if t["exact"] else " (normal)")])
-    return [
-        "Paired tests: Wilcoxon signed-rank over the seeds both methods ran (two-sided, exact; zero differences "
-        "dropped). Means and the median difference are method − against over those seeds.",
-        "",
-        *md_table(["comparison", "isolates", "metric", "pairs", "mean (method)", "mean (against)",
-                   "median diff", "W+ / W−", "p"], rows),
-        "",
-    ]
+    return ["Paired tests: Wilcoxon signed-rank over the seeds both methods ran (two-sided, exact; zero differences "
+            "dropped). Means and the median difference are method − against over those seeds.", "",
+            *md_table(["comparison", "isolates", "metric", "pairs", "mean (method)", "mean (against)", "median diff",
+                       "W+ / W−", "p"], rows), ""]
 
 
 def _composition_table(s: dict[str, Any]) -> list[str]:
@@ -108,11 +107,8 @@ def _composition_table(s: dict[str, Any]) -> list[str]:
             _count(c.get(k)) if k == "expired" else fmt(c.get(k), 3 if k.endswith(("share", "fraction")) else 2)
             for k in COMPOSITION_LABELS
         ])
-    return [
-        "Batch composition (per-update means over the run, mean over seeds; expired: final ledger count).",
-        "",
-        *md_table(["method", *COMPOSITION_LABELS.values()], rows),
-    ]
+    return ["Batch composition (per-update means over the run, mean over seeds; expired: final ledger count).", "",
+            *md_table(["method", *COMPOSITION_LABELS.values()], rows)]
 
 
 def _diagnostics_table(s: dict[str, Any]) -> list[str]:
@@ -124,13 +120,9 @@ def _diagnostics_table(s: dict[str, Any]) -> list[str]:
                                for k, *_ in DIAGNOSTICS)])
     header = ["method", *(f"{label} ({where.replace('Table ', 'T').replace('Figure ', 'F')})"
                           for _, _, _, label, where in DIAGNOSTICS)]
-    return [
-        "Diagnostics of the paper's tables (T = table, F = figure; per-update means over the run, teacher tok/trained "
-        "tok and the disagreement-std EMA at the last update; mean over seeds). Tables 11 and 14 come from "
-        "`divopd replay` on a shared buffer.",
-        "",
-        *md_table(header, rows),
-    ]
+    return ["Diagnostics of the paper's tables (T = table, F = figure; per-update means over the run, teacher "
+            "tok/trained tok and the disagreement-std EMA at the last update; mean over seeds). Tables 11 and 14 come "
+            "from `divopd replay` on a shared buffer.", "", *md_table(header, rows)]
 
 
 def _seed_table(s: dict[str, Any]) -> list[str]:
@@ -139,18 +131,9 @@ def _seed_table(s: dict[str, Any]) -> list[str]:
         for sd in m["seeds"]:
             ff = sd["final_five_mean"]
             ff_s = MISSING if ff is None else f"{ff:.1f} ± {sd['final_five_std']:.1f} (n={sd['final_five_n']})"
-            rows.append([
-                method,
-                str(sd["seed"]),
-                "done" if sd["finished"] else "running",
-                str(sd["n_evals"]),
-                fmt(sd["peak_sr"]),
-                ff_s,
-                fmt(sd["nauc"]),
-                fmt(sd["update_to_target"], 0),
-                _count(sd["tokens_to_target"]),
-                _count(sd["compute_s_to_target"], 1),
-            ])
+            rows.append([method, str(sd["seed"]), "done" if sd["finished"] else "running", str(sd["n_evals"]),
+                         fmt(sd["peak_sr"]), ff_s, fmt(sd["nauc"]), fmt(sd["update_to_target"], 0),
+                         _count(sd["tokens_to_target"]), _count(sd["compute_s_to_target"], 1)])
     header = ["method", "seed", "state", "evals", "peak", "final-five", "nAUC", "update→τ", "tokens→τ", "compute s→τ"]
     return ["Per seed.", "", *md_table(header, rows)]
 
@@ -168,22 +151,6 @@ def _geomean_section(rep: dict[str, Any]) -> list[str]:
     else:
         lines.append("No method other than the baseline.")
     return [*lines, ""]
-
-
-def render_markdown(rep: dict[str, Any], pngs: dict[str, list[str]]) -> str:
-    """report.md from the report dict."""
-    lines = _intro(rep["baseline"], rep["nauc_rule"])
-    for setting, s in rep["settings"].items():
-        tau = "none" if s["target"] is None else f"{s['target']:g}%"
-        lines += [f"## {setting}", "", f"τ = {tau} ({s['target_source']}); U = {fmt(s['budget'], 0)} learner updates."]
-        lines += ["", *_results_table(s), "", *_paired_table(s), *_composition_table(s), "",
-                  *_diagnostics_table(s), "", *_seed_table(s), ""]
-        lines += [f"![{Path(p).stem}]({p})" for p in pngs.get(setting, [])]
-        lines.append("")
-    lines += _geomean_section(rep)
-    if rep["notes"]:
-        lines += ["## Notes", ""] + [f"- {n}" for n in rep["notes"]] + [""]
-    return "\n".join(lines)
 
 
 def write_report(runs: Sequence[Run], out: str | Path, *, plots: bool = True, **kwargs: Any) -> dict[str, Any]:

@@ -1,8 +1,5 @@
 """Statistics over seeds: a percentile-bootstrap confidence interval of the mean (:func:`bootstrap_ci`) and the paired
-Wilcoxon signed-rank test (:func:`wilcoxon_signed_rank`), exact for small samples.
-
-Both are written on numpy (SciPy is not a dependency) and checked against hand-computed cases in the tests.
-"""
+Wilcoxon signed-rank test (:func:`wilcoxon_signed_rank`), exact for small samples; on numpy (SciPy is no dependency)."""
 
 from __future__ import annotations
 
