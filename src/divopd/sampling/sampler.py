@@ -1,17 +1,6 @@
-"""The sampler: queue, validity gate, candidate pool with pending turns, expiry, and the ledger, over candidate columns.
-
-Data path (paper, Algorithm 1, "core DivOPD changes only queue consumption")::
-
-    add(payloads, candidates) ──► queue (arrival order) ──► [pooled methods] gate ──► pool = pending + fresh (≤ c·B)
-                                                                                         │ rule picks B rows
-                                                                                         ▼
-                                          unselected valid turns ──► pending (until stale / W / max_pending)
-
-Every turn ends in exactly one ledger bucket: ``selected``, ``expired`` (stale, first seen more than W updates ago,
-or pushed out of a full pending pool), ``invalid`` (rejected by the gate, with its reason), or is still waiting
-(``pending`` in the pool, ``queued`` not yet read). A pooled method without the gate (``Method.gated`` False:
-``divopd-focus``) pools invalid turns as candidates: one it selects is ``selected``.
-"""
+"""The sampler (Algorithm 1's queue consumption): queue, validity gate, candidate pool with pending turns, expiry and
+the ledger, over candidate columns. Every turn ends in one ledger bucket (``selected``, ``expired``, ``invalid``) or is
+still waiting (``pending``, ``queued``); docs/concepts/sampler.md walks the data path."""
 
 from __future__ import annotations
 
@@ -42,23 +31,9 @@ STATE_VERSION = 3
 
 @dataclass
 class Batch(Generic[P]):
-    """A composed learner batch.
-
-    Attributes:
-        payloads: the selected turns' payloads (what the caller added: a divopd ``Turn``, a framework record), in
-            composition order (exactly ``batch_size``).
-        arrivals: the sampler's arrival number of each selected turn.
-        learner_version: the learner version the batch was composed for.
-        stats: composition statistics (see :func:`divopd.sampling.stats.batch_stats`) plus ``expired`` and ``invalid``
-            (during this call), ``pending`` and ``queued`` (after it), ``candidates`` (pool size inspected) and
-            ``candidate_rollouts`` (distinct rollouts among the valid candidates).
-        candidates: the payloads of the valid candidates the method chose from (pooled methods; for ``vanilla`` the
-            batch).
-        first_seen: the update at which each candidate entered the pool (aligned with ``candidates``; pooled
-            methods only).
-        row_weights: per-row loss weights (aligned with ``payloads``, mean 1) from the method's ``row_weights``
-            (``divopd-focus``'s task balance); ``None`` = unit weights, the paper's loss.
-    """
+    """A composed learner batch: the selected payloads (what the caller added) in composition order, their arrival
+    numbers, its :class:`BatchStats`, the payloads of the candidates the method chose from (``vanilla``: the batch)
+    with their first-seen updates (pooled methods), and per-row loss weights (mean 1; ``None`` = unit weights)."""
 
     payloads: list[P]
     arrivals: list[int]
@@ -89,11 +64,8 @@ class Sampler(Generic[P]):
 
     # ------------------------------------------------------------------ intake
     def add(self, payloads: P | Iterable[P], candidates: Sequence[Candidate] | None = None) -> list[int]:
-        """Queue arrivals; returns their arrival numbers (the sampler numbers turns in arrival order).
-
-        ``candidates``: one :class:`Candidate` per payload, built by the caller's adapter; ``None`` when the payloads
-        are divopd :class:`Turn` objects (each is read with :meth:`Candidate.of`).
-        """
+        """Queue arrivals; returns their arrival numbers. ``candidates``: one per payload, built by the caller's
+        adapter; ``None`` when the payloads are divopd :class:`Turn` objects (read with :meth:`Candidate.of`)."""
         items: list[Any] = [payloads] if isinstance(payloads, Turn) else list(payloads)  # type: ignore[arg-type]
         if candidates is None:
             for item in items:  # check all first: a bad item must not leave half the call queued and uncounted
@@ -153,8 +125,8 @@ class Sampler(Generic[P]):
         return [p for c in (self._pool, *self._queue) for p in c.payloads()]
 
     def take_departed(self) -> list[P]:
-        """The payloads of the turns that left unselected (expired, or rejected by the gate) since the last call
-        (a sampler built with ``track_departed``: a caller that must release their records)."""
+        """The payloads of the turns that left unselected (expired or rejected) since the last call; a sampler built
+        with ``track_departed`` only."""
         if self._departed is None:
             raise RuntimeError("Sampler.take_departed needs a sampler built with track_departed=True")
         out = [p for c in self._departed for p in c.payloads()]
@@ -175,11 +147,8 @@ class Sampler(Generic[P]):
 
     # ------------------------------------------------------------------ composition
     def next_batch(self, learner_version: int) -> Batch[P] | None:
-        """Compose exactly ``batch_size`` turns for ``learner_version``, or ``None`` when too few are eligible.
-
-        Stale turns are expired first, wherever they sit. ``None`` selects nothing; pooled methods may still have
-        moved fresh turns into the pool (and rejected invalid ones), which the ledger shows.
-        """
+        """Compose exactly ``batch_size`` turns for ``learner_version``, or ``None`` when too few are eligible (stale
+        turns are expired first; a pooled method may still have read fresh turns into the pool and rejected some)."""
         if isinstance(learner_version, bool) or not isinstance(learner_version, (int, np.integer)):
             raise TypeError(f"learner_version must be an int, got {learner_version!r}")
         learner_version = int(learner_version)
@@ -279,8 +248,8 @@ class Sampler(Generic[P]):
 
     def load_state_dict(self, state: Mapping[str, Any],
                         decode: Callable[[Any], P] = Turn.from_dict) -> None:  # type: ignore[assignment]
-        """Restore :meth:`state_dict` output (``decode`` reads a payload back); the config must match this sampler's.
-        A state of another format version is refused with one line."""
+        """Restore :meth:`state_dict` output (``decode`` reads a payload back); :class:`UsageError` for another format
+        version or another config."""
         version = state.get("version") if isinstance(state, Mapping) else None
         if version != STATE_VERSION:
             raise UsageError(f"sampler state version {version!r} was written by another divopd; this one reads "
