@@ -30,8 +30,7 @@ from divopd.experience.turn import Turn
 
 
 def _open(path: Path) -> pq.ParquetFile:
-    # pre_buffer (pyarrow's default) keeps read column chunks cached for the file's lifetime: memory would grow with
-    # the log. A buffered stream reads each row group once and lets it go.
+    # not pre_buffer (pyarrow's default), which caches every chunk read for the file's lifetime
     try:
         return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
     except (pa.ArrowInvalid, OSError) as exc:
@@ -76,15 +75,12 @@ def _list_column(batch: pa.RecordBatch, name: str, dtype: Any) -> tuple[np.ndarr
     if name not in batch.schema.names:
         return None
     arr = batch.column(name)
-    offsets = arr.offsets.to_numpy()
-    values = arr.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-    nulls = arr.is_null().to_numpy(zero_copy_only=False)
-    return offsets, values, nulls
+    return (arr.offsets.to_numpy(), arr.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False),
+            arr.is_null().to_numpy(zero_copy_only=False))
 
 
 def batch_to_turns(batch: pa.RecordBatch) -> Iterator[LoggedTurn]:
     """Turns of one conformed record batch; per-token arrays are views into the batch's buffers (no per-row copy)."""
-    n = batch.num_rows
     names = batch.schema.names
     rollout_ids = batch.column("rollout_id").to_pylist()
     col = {name: batch.column(name).to_numpy(zero_copy_only=False) for name in (*NON_NEGATIVE, "prompt_truncated")}
@@ -100,7 +96,7 @@ def batch_to_turns(batch: pa.RecordBatch) -> Iterator[LoggedTurn]:
         offsets, values, nulls = spec
         return None if nulls[i] else values[offsets[i] : offsets[i + 1]]
 
-    for i in range(n):
+    for i in range(batch.num_rows):
         prompt_ids = get("prompt_ids", i)
         response_ids = get("response_ids", i)
         info = {k: v[i] for k, v in info_cols.items() if v[i] is not None}
@@ -123,13 +119,9 @@ def batch_to_turns(batch: pa.RecordBatch) -> Iterator[LoggedTurn]:
 def read_log(
     path: str | os.PathLike, batch_size: int = 8192, validate: bool = True, require_ids: bool = False
 ) -> Iterator[LoggedTurn]:
-    """Stream a log as :class:`LoggedTurn` ``(turn, arrival, arrival_update)`` in arrival order.
-
-    Holds one record batch (``batch_size`` rows) at a time, plus whatever turns the caller keeps: a turn's arrays are
-    views into its batch's buffers. Without ``prompt_ids``/``response_ids`` the turns carry zero placeholder ids, fine
-    for selection but not for training: pass ``require_ids=True`` where real token ids are needed (e.g. re-queueing
-    logged turns for a learner), and a log without them is rejected.
-    """
+    """Stream a log as :class:`LoggedTurn` ``(turn, arrival, arrival_update)`` in arrival order, one record batch at
+    a time (a turn's arrays are views into its batch). A log without token ids gives zero placeholder ids, or, with
+    ``require_ids`` (turns to train on), :class:`ExperienceLogError`."""
     for batch in iter_record_batches(path, batch_size=batch_size, validate=validate):
         if require_ids:
             for name in ("prompt_ids", "response_ids"):

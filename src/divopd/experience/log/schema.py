@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -102,20 +103,16 @@ def _type_name(t: pa.DataType) -> str:
 
 
 def validate_schema(schema: pa.Schema, source: str = "experience log") -> None:
-    """Raise :class:`ExperienceLogError` unless ``schema`` has every required column with an accepted type.
-
-    Optional columns may be missing; unknown extra columns are ignored by readers.
-    """
+    """Raise :class:`ExperienceLogError` unless ``schema`` has every required column with an accepted type (optional
+    columns may be missing; readers ignore unknown ones)."""
     names = set(schema.names)
     missing = [n for n in REQUIRED_COLUMNS if n not in names]
     if missing:
         raise ExperienceLogError(f"{source}: missing required column(s) {', '.join(repr(m) for m in missing)}")
     for name in SCHEMA.names:
         if name in names and not _type_ok(name, schema.field(name).type):
-            raise ExperienceLogError(
-                f"{source}: column {name!r} has type {_type_name(schema.field(name).type)}, "
-                f"expected {_type_name(SCHEMA.field(name).type)}"
-            )
+            raise ExperienceLogError(f"{source}: column {name!r} has type {_type_name(schema.field(name).type)}, "
+                                     f"expected {_type_name(SCHEMA.field(name).type)}")
 
 
 def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -136,13 +133,13 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+@dataclass
 class _OrderState:
-    """Carries the last (arrival, arrival_update) across batches and files, to check log order."""
+    """Carries the last (arrival, arrival_update) and the row count across batches and files, to check log order."""
 
-    def __init__(self) -> None:
-        self.last_arrival: int | None = None
-        self.last_update: int | None = None
-        self.rows = 0
+    last_arrival: int | None = None
+    last_update: int | None = None
+    rows: int = 0
 
 
 def validate_batch(batch: pa.RecordBatch, source: str = "experience log", order: _OrderState | None = None) -> None:
