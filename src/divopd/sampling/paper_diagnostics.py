@@ -1,10 +1,6 @@
-"""The diagnostics of the paper's tables (Appendix: Tables 9, 11, 12, 14, 16 and Figure 6), as pure functions.
-
-Each function is the definition the metrics, the replay and the report use (docs/guides/report.md maps tables to
-keys; the concentration numbers of Tables 9 and 12 are :func:`~divopd.sampling.stats.batch_stats` keys).
-
-:class:`RunDiagnostics` holds the run-level (cumulative) ones a training run writes per update.
-"""
+"""The diagnostics of the paper's tables (Appendix: Tables 9, 11, 12, 14, 16 and Figure 6) as pure functions, the one
+definition the metrics, the replay and the report use (docs/guides/report.md maps tables to keys), and the run-level
+:class:`RunDiagnostics`."""
 
 from __future__ import annotations
 
@@ -69,13 +65,9 @@ def kl_tokens(turn: Turn | Candidate) -> int:
 
 
 def kl_per_token(turns: Iterable[Turn | Candidate]) -> float:
-    """The batch's sampled reverse KL per token: Σ (student − teacher log prob) ÷ the number of those tokens.
-
-    Summed over the valid tokens with a finite student log probability (:func:`kl_tokens`), with the generating
-    policy's log probabilities cached on the turn (:attr:`Turn.disagreement`), so it needs no model pass. 0.0 when the
-    batch has no such token. ``learner/reverse_kl`` is the same mean with the learner's log π_θold of the update (equal
-    when the update starts from the generating weights, i.e. at age 0 with ``learner.old_logprobs: same-pass``).
-    """
+    """The batch's sampled reverse KL per token: Σ :attr:`Turn.disagreement` ÷ Σ :func:`kl_tokens` (the generating
+    policy's cached log probabilities; 0.0 without such a token). ``learner/reverse_kl`` is the same mean under the
+    learner's log π_θold."""
     total = 0.0
     n = 0
     for t in turns:
@@ -138,9 +130,8 @@ def rollout_cells(turns: Iterable[Turn]) -> Counter[tuple[str, str]]:
 
 
 def outcome_cells(cells: Mapping[tuple[str, str], int], outcomes: Mapping[str, bool]) -> Counter[tuple[str, str]]:
-    """(depth bucket, rollout id) counts as (depth bucket, outcome) counts, a rollout's outcome taken from
-    ``outcomes`` (rollout id → success; ``unknown`` when absent). Under ``explorer.enqueue: turn`` only a rollout's
-    last turn carries its outcome, so the outcome of an earlier turn is known only once its rollout has ended."""
+    """(depth bucket, rollout id) counts as (depth bucket, outcome) counts, by ``outcomes`` (rollout id → success;
+    ``unknown`` when absent): under ``explorer.enqueue: turn`` an outcome is known only once its rollout ended."""
     out: Counter[tuple[str, str]] = Counter()
     for (bucket, rid), n in cells.items():
         value = outcomes.get(rid)
@@ -149,8 +140,8 @@ def outcome_cells(cells: Mapping[tuple[str, str], int], outcomes: Mapping[str, b
 
 
 def cell_shares(cells: Mapping[tuple[str, str], int]) -> dict[str, dict[str, float | None]]:
-    """``{bucket: {outcome: share}}`` of every bucket × outcome (``unknown`` only when some cell has it); shares of the
-    total count, ``None`` everywhere when the total is 0."""
+    """``{bucket: {outcome: share of the total}}`` of every bucket × outcome (``unknown`` only when some cell has it;
+    ``None`` everywhere when the total is 0)."""
     total = sum(cells.values())
     outcomes = [o for o in OUTCOMES if o != "unknown" or any(k[1] == "unknown" and v for k, v in cells.items())]
     return {
@@ -187,11 +178,8 @@ def ema_update(previous: float | None, value: float, alpha: float = EMA_ALPHA) -
 
 # ---------------------------------------------------------------------------------------------------- a run
 class RunDiagnostics:
-    """The cumulative diagnostics of a training run, kept in a plain dict (``state``) that checkpoints carry.
-
-    :meth:`observe_received` counts the teacher-scored tokens of arriving turns; :meth:`observe_batch` adds a batch's
-    response tokens, steps the Figure 6 EMA and returns the ``sampler/`` metrics of the update.
-    """
+    """The cumulative diagnostics of a training run (Table 16's token counts, Figure 6's EMA) in a plain dict
+    (``state``) that checkpoints carry; :meth:`observe_batch` returns the update's ``sampler/`` metrics."""
 
     def __init__(self, state: MutableMapping[str, Any] | None = None, alpha: float = EMA_ALPHA) -> None:
         self.state: MutableMapping[str, Any] = state if state is not None else {}
