@@ -1,7 +1,5 @@
-"""Input errors of the ``divopd`` commands: :class:`UsageError` and its subclasses (config, experience log, report
-and plan errors) for input that cannot be used, each one line; :mod:`divopd.cli` states the policy (one line,
-exit 2). Nothing heavy is imported here: the helpers run before torch or transformers are loaded.
-"""
+"""Input errors of the ``divopd`` commands (:class:`UsageError` and its subclasses, each one line; the policy is in
+:mod:`divopd.cli`) and the light checks that raise them before torch or transformers are loaded."""
 
 from __future__ import annotations
 
@@ -10,19 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "ConfigError",
-    "InputFileError",
-    "RunExistsError",
-    "UsageError",
-    "check_model_folder",
-    "check_tokenizer_folder",
-    "describe_validation_error",
-    "describe_yaml_error",
-    "env_flag",
-    "hf_offline",
-    "one_line",
-]
+__all__ = ["ConfigError", "InputFileError", "RunExistsError", "UsageError", "check_model_folder",
+           "check_tokenizer_folder", "describe_validation_error", "describe_yaml_error", "env_flag", "hf_offline",
+           "one_line"]
 
 
 class UsageError(Exception):
@@ -114,10 +102,8 @@ def _in_hf_cache(repo_id: str, filename: str) -> bool:
 
 def check_model_folder(path: str | os.PathLike, key: str, *, marker: str = "config.json",
                        what: str = "a model folder") -> None:
-    """Raise :class:`UsageError` naming ``key`` unless ``path`` can be loaded as a model, without loading anything.
-
-    A local folder must hold ``marker``; a string that is not an existing path is a Hugging Face hub name, an error
-    when it cannot be one (it looks like a local path) or when offline and the HF cache does not hold it."""
+    """Raise :class:`UsageError` naming ``key`` unless ``path`` can be loaded as a model (a local folder holding
+    ``marker``, or a hub name; offline, one in the local HF cache), without loading anything."""
     text = str(path)
     if not text.strip():
         raise UsageError(f"{key}: empty path; expected {what}")

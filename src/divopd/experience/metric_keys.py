@@ -81,10 +81,9 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
      "Std of each rollout's summed focus score in the batch (the paper's Figure 6 statistic)."),
     ("sampler/turns_per_rollout", "update",
      "Table 9: rows ÷ distinct rollouts of the batch (`paper_diagnostics.turns_per_rollout`)."),
-    ("sampler/kl_per_token", "update",
-     "Table 9: Σ(generating student − teacher log prob) ÷ tokens, over the batch's valid tokens with a finite student "
-     "log prob (`paper_diagnostics.kl_per_token`; `learner/reverse_kl` is the same mean under the learner's "
-     "log π_θold)."),
+    ("sampler/kl_per_token", "update", "Table 9: Σ(generating student − teacher log prob) ÷ tokens, over the batch's "
+     "valid tokens with a finite student log prob (`paper_diagnostics.kl_per_token`; `learner/reverse_kl` is the same "
+     "mean under the learner's log π_θold)."),
     ("sampler/scored_tokens_received", "update",
      "Table 16: teacher-scored response tokens (finite teacher log prob) of every turn received so far."),
     ("sampler/response_tokens_trained", "update", "Table 16: response tokens of every batch trained so far."),
@@ -119,9 +118,8 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
     ("ledger/invalid", "update", "Turns the gate rejected so far."),
     ("ledger/pending", "update", "Valid turns waiting in the pending pool."),
     ("ledger/queued", "update", "Turns in the queue, not yet read into a pool."),
-    ("ledger/invalid/<reason>", "update",
-     "Rejections per gate code (`prompt_truncated`, `empty_response`, `missing_teacher`, `missing_student_logprobs`, "
-     "`length_mismatch`, `no_valid_token`)."),
+    ("ledger/invalid/<reason>", "update", "Rejections per gate code (`prompt_truncated`, `empty_response`, "
+     "`missing_teacher`, `missing_student_logprobs`, `length_mismatch`, `no_valid_token`)."),
     ("ledger/expired/<reason>", "update", "Expiries per reason (`stale`, `pending_age` (W, Algorithm 1 step 8), "
      "`pending_overflow`)."),
     # queue and explorers

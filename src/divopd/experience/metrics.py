@@ -18,20 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "SR_TOLERANCE",
-    "Cost",
-    "EvalPoint",
-    "MetricsWriter",
-    "cost_to_target",
-    "default_target",
-    "final_five",
-    "geometric_mean",
-    "nauc",
-    "peak_sr",
-    "reaches",
-    "speedup",
-]
+__all__ = ["SR_TOLERANCE", "Cost", "EvalPoint", "MetricsWriter", "cost_to_target", "default_target", "final_five",
+           "geometric_mean", "nauc", "peak_sr", "reaches", "speedup"]
 
 #: Absolute tolerance when comparing an SR with a target: 0.29 * 100 == 28.999999999999996 must reach τ = 29.
 SR_TOLERANCE = 1e-9
@@ -198,8 +186,7 @@ class MetricsWriter:
         """Drop a cut-off final line and, when resuming, records past the checkpoint and lines that are not JSON."""
         if not self.path.exists():
             return
-        text = self.path.read_text(encoding="utf-8")
-        lines = text.split("\n")
+        lines = self.path.read_text(encoding="utf-8").split("\n")
         tail = lines.pop()  # "" when the file ends with a newline
         changed = False
         if tail:

@@ -14,39 +14,17 @@ import numpy as np
 from divopd.experience.turn import Turn
 from divopd.sampling.candidate import Candidate
 
-__all__ = [
-    "DEPTH_BUCKETS",
-    "EMA_ALPHA",
-    "OUTCOMES",
-    "RunDiagnostics",
-    "cell_shares",
-    "depth_bucket",
-    "ema_update",
-    "gini",
-    "kl_per_token",
-    "kl_tokens",
-    "never_selected_scored_share",
-    "never_selected_share",
-    "outcome",
-    "outcome_cells",
-    "rollout_cells",
-    "scored_tokens",
-    "selection_cells",
-    "teacher_tokens_per_trained_token",
-    "turns_per_rollout",
-]
+__all__ = ["DEPTH_BUCKETS", "EMA_ALPHA", "OUTCOMES", "RunDiagnostics", "cell_shares", "depth_bucket", "ema_update",
+           "gini", "kl_per_token", "kl_tokens", "never_selected_scored_share", "never_selected_share", "outcome",
+           "outcome_cells", "rollout_cells", "scored_tokens", "selection_cells", "teacher_tokens_per_trained_token",
+           "turns_per_rollout"]
 
 #: Figure 6's smoothing constant.
 EMA_ALPHA = 0.12
 
 #: Table 14's turn-depth buckets: (label, lowest turn index, first turn index past the bucket or None).
-DEPTH_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
-    ("<2", 0, 2),
-    ("[2,4)", 2, 4),
-    ("[4,6)", 4, 6),
-    ("[6,10)", 6, 10),
-    ("≥10", 10, None),
-)
+DEPTH_BUCKETS: tuple[tuple[str, int, int | None], ...] = (("<2", 0, 2), ("[2,4)", 2, 4), ("[4,6)", 4, 6),
+                                                           ("[6,10)", 6, 10), ("≥10", 10, None))
 
 #: Table 14's rollout outcomes; ``unknown`` when a turn carries no ``info["success"]`` (e.g. a log without the column).
 OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown")

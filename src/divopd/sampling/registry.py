@@ -19,14 +19,10 @@ __all__ = ["RuleSettings", "Rule", "Method", "Switch", "MethodRow", "METHODS", "
 class RuleSettings(Protocol):
     """The settings a selection rule reads (a :class:`~divopd.sampling.SamplerConfig` has them all)."""
 
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def cap(self) -> int: ...
-    @property
-    def cap_unit(self) -> str: ...
-    @property
-    def group_order(self) -> str: ...
+    batch_size: int
+    cap: int
+    cap_unit: str
+    group_order: str
 
 
 #: A selection rule: ``(pool, batch_size, settings, rng) -> positions`` of ``batch_size`` distinct pool rows, in

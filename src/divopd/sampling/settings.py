@@ -1,10 +1,6 @@
-"""The sampler's settings, declared once: name, type, default, bound, meaning and CLI flag of each.
-
-Everything that takes sampler settings reads this table: :class:`~divopd.sampling.SamplerConfig` validates against
-it, the training config's ``sampler:`` section is generated from it (:func:`settings_model`), ``divopd replay`` and
-``divopd tune-cap`` generate their flags from it (:func:`add_sampler_flags`), and ``ReplayConfig`` passes its values
-on by name (:func:`sampler_kwargs`). The method and the seed are not here: a run names them at its top level.
-"""
+"""The sampler's settings, declared once (name, type, default, bound, meaning, CLI flag): :class:`SamplerConfig`
+validates against the table, the training config's ``sampler:`` section and the ``divopd replay`` / ``tune-cap`` flags
+are generated from it. The method and the seed are not here: a run names them at its top level."""
 
 from __future__ import annotations
 

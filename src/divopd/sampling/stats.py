@@ -61,11 +61,8 @@ def batch_stats(turns: Sequence[Candidate], learner_version: int) -> BatchStats:
     versions = [t.policy_version for t in turns]
     n_valid = [t.n_valid for t in turns]
     for t in turns:
-        rid = t.rollout_id
-        tokens[rid] = tokens.get(rid, 0) + t.response_len
-        disagreement[rid] = disagreement.get(rid, 0.0) + t.disagreement
-    dead = n_valid.count(0)
-    valid_tokens = sum(n_valid)
+        tokens[t.rollout_id] = tokens.get(t.rollout_id, 0) + t.response_len
+        disagreement[t.rollout_id] = disagreement.get(t.rollout_id, 0.0) + t.disagreement
     total_tokens = sum(tokens.values())
     weights = tokens if total_tokens > 0 else Counter(t.rollout_id for t in turns)
     denom = total_tokens if total_tokens > 0 else rows
@@ -78,9 +75,9 @@ def batch_stats(turns: Sequence[Candidate], learner_version: int) -> BatchStats:
         "distinct_rollouts": len(tokens),
         "effective_rollouts": effective_rollouts(shares),
         "max_rollout_share": max(shares),
-        "dead_rows": dead,
+        "dead_rows": n_valid.count(0),
         "response_tokens": total_tokens,
-        "valid_tokens": valid_tokens,
+        "valid_tokens": sum(n_valid),
         "mean_staleness": (rows * learner_version - sum(versions)) / rows,  # mean of learner − generating version
         "max_staleness": learner_version - min(versions),
         "version_min": min(versions),

@@ -22,22 +22,6 @@ from divopd.experience.log.schema import PART_PATTERN as PART_PATTERN
 from divopd.experience.log.writer import ExperienceLogWriter, turn_to_row, write_log
 from divopd.experience.log.writer import rows_to_batch as rows_to_batch
 
-__all__ = [
-    "SCHEMA",
-    "REQUIRED_COLUMNS",
-    "OPTIONAL_COLUMNS",
-    "ExperienceLogError",
-    "ExperienceLogWriter",
-    "LoggedTurn",
-    "first_arrival_at_update",
-    "iter_record_batches",
-    "log_files",
-    "read_log",
-    "row_to_turn",
-    "requeue_at_update",
-    "truncate_log",
-    "turn_to_row",
-    "validate_batch",
-    "validate_schema",
-    "write_log",
-]
+__all__ = ["SCHEMA", "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "ExperienceLogError", "ExperienceLogWriter", "LoggedTurn",
+           "first_arrival_at_update", "iter_record_batches", "log_files", "read_log", "row_to_turn",
+           "requeue_at_update", "truncate_log", "turn_to_row", "validate_batch", "validate_schema", "write_log"]

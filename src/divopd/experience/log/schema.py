@@ -42,20 +42,14 @@ OPTIONAL_COLUMNS: tuple[str, ...] = ("prompt_ids", "response_ids", "success", "e
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(n for n in SCHEMA.names if n not in OPTIONAL_COLUMNS)
 #: Columns that may not hold nulls.
 NOT_NULL: tuple[str, ...] = tuple(f.name for f in SCHEMA if not f.nullable)
+_TOKEN_ARRAYS = ("action_mask", "student_logprobs", "teacher_logprobs", "teacher_valid_mask")
 #: Per-token list columns and the length column each must match.
-LIST_LENGTHS: dict[str, str] = {
-    "action_mask": "response_len",
-    "student_logprobs": "response_len",
-    "teacher_logprobs": "response_len",
-    "teacher_valid_mask": "response_len",
-    "prompt_ids": "prompt_len",
-    "response_ids": "response_len",
-}
+LIST_LENGTHS: dict[str, str] = {**dict.fromkeys(_TOKEN_ARRAYS, "response_len"), "prompt_ids": "prompt_len",
+                                "response_ids": "response_len"}
 #: Integer columns that must be >= 0.
 NON_NEGATIVE: tuple[str, ...] = ("turn_index", "policy_version", "arrival", "arrival_update", "prompt_len",
                                  "response_len")
 _INFO_KEYS = ("env", "success", "teacher_acted", "task")  # task: divopd-focus groups by it
-_TOKEN_ARRAYS = ("action_mask", "student_logprobs", "teacher_logprobs", "teacher_valid_mask")
 #: A part file of a directory log: ``part-N.parquet`` (one write) or ``part-A-B.parquet`` (parts A..B compacted into
 #: one file, :func:`~divopd.experience.log.parts.compact_parts`); numbers are zero-padded to 6 digits and ordered as
 #: numbers at any count.
