@@ -50,8 +50,7 @@ def describe_validation_error(exc: Any, max_errors: int = 4) -> str:
     for err in errors[:max_errors]:
         loc = ".".join(str(p) for p in err.get("loc", ()))
         kind, msg = err.get("type", ""), str(err.get("msg", ""))
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+        msg = msg.removeprefix("Value error, ")
         if kind == "extra_forbidden":
             msg = "Extra inputs are not permitted (unknown key)"
         elif kind == "missing":

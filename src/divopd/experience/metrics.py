@@ -1,9 +1,6 @@
 """Evaluation metrics of the paper (Section 4) as pure functions, one rule per function, and the run's metrics writer.
-
-Our conventions: SR values come in the caller's unit (only :func:`default_target` assumes percent; ``divopd report``
-converts ``eval/success_rate`` on load); standard deviations are population std (ddof=0: the final five are the whole
-population described).
-"""
+SR values are in the caller's unit (only :func:`default_target` assumes percent); standard deviations are population
+std (the final five are the whole population described)."""
 
 from __future__ import annotations
 

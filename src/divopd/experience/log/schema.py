@@ -143,16 +143,15 @@ def validate_batch(batch: pa.RecordBatch, source: str = "experience log", order:
     as ``response_len`` (``prompt_ids``: ``prompt_len``); no null inside a list; ``arrival`` strictly increasing and
     ``arrival_update`` non-decreasing down the log (``order`` carries them across batches).
     """
-    base = order.rows if order is not None else 0
+    order = _OrderState() if order is None else order
 
     def fail(column: str, row: int, what: str) -> None:
-        raise ExperienceLogError(f"{source}: column {column!r}, row {base + row}: {what}")
+        raise ExperienceLogError(f"{source}: column {column!r}, row {order.rows + row}: {what}")
 
     ints = _check_values(batch, fail)
     _check_lists(batch, ints, fail)
     _check_order(ints["arrival"], ints["arrival_update"], order, fail)
-    if order is not None:
-        order.rows += batch.num_rows
+    order.rows += batch.num_rows
 
 
 def _check_values(batch: pa.RecordBatch, fail: Callable[[str, int, str], None]) -> dict[str, np.ndarray]:
@@ -161,8 +160,7 @@ def _check_values(batch: pa.RecordBatch, fail: Callable[[str, int, str], None]) 
     for name in NOT_NULL:
         if name in names and batch.column(name).null_count:
             fail(name, _first(batch.column(name).is_null().to_numpy(zero_copy_only=False)), "null value")
-    rid = batch.column("rollout_id")
-    empty = pc.equal(pc.utf8_length(rid), 0).to_numpy(zero_copy_only=False)
+    empty = pc.equal(pc.utf8_length(batch.column("rollout_id")), 0).to_numpy(zero_copy_only=False)
     if empty.any():
         fail("rollout_id", _first(empty), "empty rollout id")
     ints = {name: batch.column(name).to_numpy() for name in NON_NEGATIVE}
@@ -195,22 +193,18 @@ def _check_lists(batch: pa.RecordBatch, ints: dict[str, np.ndarray], fail: Calla
                 fail(name, int(np.searchsorted(offsets, flat_nulls[0], side="right")) - 1, "null inside a list")
 
 
-def _check_order(
-    arrival: np.ndarray, update: np.ndarray, order: _OrderState | None, fail: Callable[[str, int, str], None]
-) -> None:
+def _check_order(arrival: np.ndarray, update: np.ndarray, order: _OrderState,
+                 fail: Callable[[str, int, str], None]) -> None:
     """``arrival`` strictly increasing and ``arrival_update`` non-decreasing, from ``order``'s last row on."""
     if not len(arrival):
         return
-    offset = 0 if order is None or order.last_arrival is None else 1
-    rules = (("arrival", arrival, None if order is None else order.last_arrival, True,
-              "rows must be in strictly increasing arrival order"),
-             ("arrival_update", update, None if order is None else order.last_update, False,
-              "must not decrease in arrival order"))
+    offset = 0 if order.last_arrival is None else 1
+    rules = (("arrival", arrival, order.last_arrival, True, "rows must be in strictly increasing arrival order"),
+             ("arrival_update", update, order.last_update, False, "must not decrease in arrival order"))
     for name, values, last, strict, rule in rules:
         v = values if last is None else np.concatenate([[last], values])
         bad = np.diff(v) <= 0 if strict else np.diff(v) < 0
         if bad.any():
             i = _first(bad)
             fail(name, i + 1 - offset, f"{name} {int(v[i + 1])} after {int(v[i])}: {rule}")
-    if order is not None:
-        order.last_arrival, order.last_update = int(arrival[-1]), int(update[-1])
+    order.last_arrival, order.last_update = int(arrival[-1]), int(update[-1])
