@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -122,8 +122,7 @@ class Columns(Generic[P]):
 
     def stamped(self, update: int) -> Columns[P]:
         """These rows read into the pool at ``update`` (their first-seen stamp)."""
-        return Columns(**{**{name: getattr(self, name) for name in _DTYPES},
-                          "seen": np.full(len(self), update, dtype=np.int64)})
+        return replace(self, seen=np.full(len(self), update, dtype=np.int64))
 
     def candidates(self) -> list[Candidate]:
         """The rows as :class:`Candidate` records."""

@@ -37,9 +37,8 @@ def _open(path: Path) -> pq.ParquetFile:
         raise ExperienceLogError(f"{path}: not a readable Parquet file ({exc})") from None
 
 
-def iter_record_batches(
-    path: str | os.PathLike, batch_size: int = 8192, columns: Iterable[str] | None = None, validate: bool = True
-) -> Iterator[pa.RecordBatch]:
+def iter_record_batches(path: str | os.PathLike, batch_size: int = 8192, columns: Iterable[str] | None = None,
+                        validate: bool = True) -> Iterator[pa.RecordBatch]:
     """Stream a log's record batches (schema-checked, cast to :data:`SCHEMA` types, content-validated)."""
     order = _OrderState()
     wanted = None if columns is None else list(columns)
@@ -116,9 +115,8 @@ def batch_to_turns(batch: pa.RecordBatch) -> Iterator[LoggedTurn]:
         yield LoggedTurn(turn, int(col["arrival"][i]), int(col["arrival_update"][i]))
 
 
-def read_log(
-    path: str | os.PathLike, batch_size: int = 8192, validate: bool = True, require_ids: bool = False
-) -> Iterator[LoggedTurn]:
+def read_log(path: str | os.PathLike, batch_size: int = 8192, validate: bool = True,
+             require_ids: bool = False) -> Iterator[LoggedTurn]:
     """Stream a log as :class:`LoggedTurn` ``(turn, arrival, arrival_update)`` in arrival order, one record batch at
     a time (a turn's arrays are views into its batch). A log without token ids gives zero placeholder ids, or, with
     ``require_ids`` (turns to train on), :class:`ExperienceLogError`."""
@@ -136,8 +134,6 @@ def read_log(
 def row_to_turn(row: dict[str, Any]) -> Turn:
     """A :class:`Turn` from one log row as a plain dict (e.g. ``Table.to_pylist()``); arrival tags are in the row."""
     info = {k: row[k] for k in _INFO_KEYS if row.get(k) is not None}
-    prompt_ids = row.get("prompt_ids")
-    response_ids = row.get("response_ids")
 
     def floats(values: list | None) -> np.ndarray | None:
         return None if values is None else np.array([np.nan if v is None else v for v in values], dtype=np.float32)
@@ -146,8 +142,8 @@ def row_to_turn(row: dict[str, Any]) -> Turn:
         rollout_id=row["rollout_id"],
         turn_index=row["turn_index"],
         policy_version=row["policy_version"],
-        prompt_ids=_zeros(row["prompt_len"]) if prompt_ids is None else prompt_ids,
-        response_ids=_zeros(row["response_len"]) if response_ids is None else response_ids,
+        prompt_ids=_zeros(row["prompt_len"]) if row.get("prompt_ids") is None else row["prompt_ids"],
+        response_ids=_zeros(row["response_len"]) if row.get("response_ids") is None else row["response_ids"],
         action_mask=row.get("action_mask"),
         student_logprobs=floats(row.get("student_logprobs")),
         teacher_logprobs=floats(row.get("teacher_logprobs")),

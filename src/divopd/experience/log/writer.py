@@ -107,15 +107,8 @@ class ExperienceLogWriter:
     whole parts of at most ``rows_per_file`` rows. ``truncate_from=A`` (a resume: the restored sampler's next
     arrival) first drops the rows logged from arrival ``A`` on (docs/guides/replay.md)."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        row_group_size: int = 8192,
-        rows_per_file: int = 1 << 20,
-        write_ids: bool = False,
-        overwrite: bool = False,
-        truncate_from: int | None = None,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike, row_group_size: int = 8192, rows_per_file: int = 1 << 20,
+                 write_ids: bool = False, overwrite: bool = False, truncate_from: int | None = None) -> None:
         if row_group_size < 1 or rows_per_file < 1:
             raise ValueError("row_group_size and rows_per_file must be >= 1")
         self.path = Path(path)
@@ -252,13 +245,8 @@ class ExperienceLogWriter:
         self.close()
 
 
-def write_log(
-    path: str | os.PathLike,
-    turns: Iterable[LoggedTurn | tuple[Turn, int, int] | Turn],
-    write_ids: bool = False,
-    overwrite: bool = False,
-    row_group_size: int = 8192,
-) -> int:
+def write_log(path: str | os.PathLike, turns: Iterable[LoggedTurn | tuple[Turn, int, int] | Turn],
+              write_ids: bool = False, overwrite: bool = False, row_group_size: int = 8192) -> int:
     """Write a whole log from ``(turn, arrival, arrival_update)`` triples (a bare Turn gets the next arrival and
     ``arrival_update`` 0); returns the number of rows written."""
     with ExperienceLogWriter(path, row_group_size=row_group_size, write_ids=write_ids, overwrite=overwrite) as writer:
