@@ -185,10 +185,9 @@ class MetricsWriter:
             return
         lines = self.path.read_text(encoding="utf-8").split("\n")
         tail = lines.pop()  # "" when the file ends with a newline
-        changed = False
         if tail:
             warnings.warn(f"{self.path}: dropping a cut-off final line ({len(tail)} chars)", stacklevel=3)
-            changed = True
+        kept = lines
         if truncate_after is not None:
             kept, malformed = [], []
             for lineno, line in enumerate(lines, 1):
@@ -200,15 +199,13 @@ class MetricsWriter:
                 if isinstance(rec, dict) and isinstance(rec.get("update"), int) and rec["update"] > truncate_after:
                     continue
                 kept.append(line)
-            changed = changed or len(kept) != len(lines)
             if malformed:  # skipped and counted, as the cut-off final line is
                 warnings.warn(f"{self.path}: dropping {len(malformed)} malformed line(s) (not JSON; line "
                               f"{', '.join(map(str, malformed[:5]))}{', ...' if len(malformed) > 5 else ''})",
                               stacklevel=3)
-            lines = kept
-        if changed:
+        if tail or len(kept) != len(lines):
             tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
             os.replace(tmp, self.path)
 
     def write(self, kind: str, update: int, metrics: Mapping[str, Any], time: float | None = None) -> dict[str, Any]:
