@@ -44,17 +44,15 @@ class Turn:
     the wrong length, a truncated prompt) is legal and is what :func:`divopd.sampling.gate.check` names.
 
     Attributes:
-        rollout_id: id of the rollout (episode) the turn belongs to.
-        turn_index: position of the turn within its rollout (>= 0).
-        policy_version: student policy version that generated the response (>= 0).
-        prompt_ids: token ids of the prompt (chat template + task + history), int sequence.
-        response_ids: token ids of the student's response, int sequence.
+        rollout_id, turn_index, policy_version: the rollout (episode), the turn's position in it (>= 0) and the
+            student version that generated it (>= 0).
+        prompt_ids, response_ids: token ids of the prompt (chat template + task + history) and of the response.
         action_mask: per response token, True where the token is the student's action (``None`` = all True).
         student_logprobs: per response token, log probability under the generating policy (``None`` = not kept).
-        teacher_logprobs: per response token, frozen-teacher log probability (``None`` = not scored;
-            NaN or +-inf at a position = that position not scored).
+        teacher_logprobs: per response token, frozen-teacher log probability (``None``, or NaN/±inf at a position:
+            not scored).
         teacher_valid_mask: per response token, True where the teacher score is usable (``None`` = no extra mask).
-        prompt_truncated: True when the explorer had to truncate the prompt (history past the context budget).
+        prompt_truncated: the explorer truncated the prompt (history past the context budget).
         info: free-form metadata (env, task, success, reward, score, horizon, teacher_acted, ...).
         teacher_topk_ids, teacher_topk_logprobs: optional [L, k] teacher top-k token ids and their log probabilities
             (the top-k reverse-KL estimator of :func:`divopd.learn.loss.opd_loss`).
@@ -103,7 +101,6 @@ class Turn:
         if not isinstance(self.info, dict):
             raise ValueError(f"Turn.info must be a dict, got {type(self.info).__name__}")
 
-    # ------------------------------------------------------------------ identity
     @property
     def key(self) -> tuple[str, int]:
         """``(rollout_id, turn_index)``: the turn's identity in the paper."""
@@ -117,7 +114,6 @@ class Turn:
     def prompt_len(self) -> int:
         return int(self.prompt_ids.shape[0])
 
-    # ------------------------------------------------------------------ derived, cached
     @cached_property
     def length_mismatch(self) -> str | None:
         """Name of the first per-token array whose length differs from the response, else ``None``."""
@@ -170,7 +166,6 @@ class Turn:
             return 0
         return int(np.count_nonzero(self.valid_mask & np.isfinite(self.student_logprobs)))
 
-    # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (lists, ints, floats, NaN kept), for state dicts and JSON."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -62,7 +62,6 @@ class Sampler(Generic[P]):
         #: payloads of the turns that left unselected (expired or rejected), kept for :meth:`take_departed`
         self._departed: list[Columns[P]] | None = [] if track_departed else None
 
-    # ------------------------------------------------------------------ intake
     def add(self, payloads: P | Iterable[P], candidates: Sequence[Candidate] | None = None) -> list[int]:
         """Queue arrivals; returns their arrival numbers. ``candidates``: one per payload, built by the caller's
         adapter; ``None`` when the payloads are divopd :class:`Turn` objects (read with :meth:`Candidate.of`)."""
@@ -96,7 +95,6 @@ class Sampler(Generic[P]):
             n -= len(parts[-1])
         return Columns.join(parts)
 
-    # ------------------------------------------------------------------ ledger
     @property
     def ledger(self) -> Ledger:
         """A snapshot of the counters; ``received == selected + expired + invalid + pending + queued``."""
@@ -145,7 +143,6 @@ class Sampler(Generic[P]):
             self._departed.append(cols.take(gone))
         return cols.take(~gone)
 
-    # ------------------------------------------------------------------ composition
     def next_batch(self, learner_version: int) -> Batch[P] | None:
         """Compose exactly ``batch_size`` turns for ``learner_version``, or ``None`` when too few are eligible (stale
         turns are expired first; a pooled method may still have read fresh turns into the pool and rejected some)."""
@@ -223,7 +220,6 @@ class Sampler(Generic[P]):
         self._pool = self._drop(rest, overflow[~old], "pending_overflow")
         return pool.take(positions), pool
 
-    # ------------------------------------------------------------------ state
     def state_dict(self, encode: Callable[[P], Any] = Turn.to_dict) -> dict[str, Any]:  # type: ignore[assignment]
         """All that is needed to continue exactly (JSON-able): config, counters, and every waiting turn as
         ``[arrival, candidate, encode(payload)]`` (``queue``) or ``[arrival, candidate, encode(payload),

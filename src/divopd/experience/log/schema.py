@@ -137,12 +137,9 @@ class _OrderState:
 
 
 def validate_batch(batch: pa.RecordBatch, source: str = "experience log", order: _OrderState | None = None) -> None:
-    """Raise :class:`ExperienceLogError` at the first malformed value of a record batch (already conformed).
-
-    Checks: no null in a non-nullable column; non-empty rollout ids; non-negative integers; per-token lists as long
-    as ``response_len`` (``prompt_ids``: ``prompt_len``); no null inside a list; ``arrival`` strictly increasing and
-    ``arrival_update`` non-decreasing down the log (``order`` carries them across batches).
-    """
+    """Raise :class:`ExperienceLogError` at the first malformed value of a conformed record batch: a null in a
+    non-nullable column or inside a list, an empty rollout id, a negative integer, a per-token list not as long as its
+    length column, ``arrival`` not increasing or ``arrival_update`` decreasing (``order``: across batches)."""
     order = _OrderState() if order is None else order
 
     def fail(column: str, row: int, what: str) -> None:
