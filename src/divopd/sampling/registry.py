@@ -111,11 +111,8 @@ def register_method(name: str, select: Rule, description: str = "") -> Method:
     if name in METHODS or (stale is not None and stale.rule in METHODS):
         raise ValueError(f"method {name!r} is already registered")
     method = Method(name=name, select=select, pooled=True, description=description)
-    if stale is not None:  # a row whose rule was taken out of METHODS: it reads the new rule, in its old place
-        METHODS[name] = method
-        ROWS[name] = MethodRow(name, method, description)
-    else:
-        add_row(MethodRow(name, method, description))
+    METHODS[name] = method
+    ROWS[name] = MethodRow(name, method, description)  # a stale row (its rule taken out of METHODS) keeps its place
     return method
 
 
