@@ -1,13 +1,11 @@
-"""The registry of ``metrics.jsonl`` keys (:data:`METRIC_KEYS`): the metrics reference page is generated from it and
-``tests/test_readme.py`` checks it against the keys a real training run writes, so a new key needs a row here."""
+"""The registry of ``metrics.jsonl`` keys: the metrics reference page is generated from it and a test checks it
+against the keys a real training run writes, so a new key needs a row here."""
 
 from __future__ import annotations
 
 __all__ = ["METRIC_KEYS"]
 
-#: ``metrics.jsonl`` keys as ``(key, record kind, meaning)``. ``<name>`` stands for a family of keys (documented in
-#: the meaning); the record kind that carries the key is ``update`` (one record per learner update), ``eval`` (one per
-#: evaluation) or ``both``.
+#: ``(key, record kind: update, eval or both, meaning)``; ``<name>`` stands for a family of keys.
 METRIC_KEYS: list[tuple[str, str, str]] = [
     ("kind", "both", "`\"update\"` (one record per learner update) or `\"eval\"` (one per evaluation)."),
     ("update", "both", "Learner version after the step (update records) or of the evaluated snapshot (eval records)."),

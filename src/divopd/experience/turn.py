@@ -84,10 +84,9 @@ class Turn:
         self.response_ids = _as_array(self.response_ids, np.int32, "response_ids")
         if self.prompt_ids is None or self.response_ids is None:
             raise ValueError("Turn.prompt_ids and Turn.response_ids are required (use an empty sequence for none)")
-        self.action_mask = _as_array(self.action_mask, bool, "action_mask")
-        self.student_logprobs = _as_array(self.student_logprobs, np.float32, "student_logprobs")
-        self.teacher_logprobs = _as_array(self.teacher_logprobs, np.float32, "teacher_logprobs")
-        self.teacher_valid_mask = _as_array(self.teacher_valid_mask, bool, "teacher_valid_mask")
+        for name, dtype in (("action_mask", bool), ("student_logprobs", np.float32), ("teacher_logprobs", np.float32),
+                            ("teacher_valid_mask", bool)):
+            setattr(self, name, _as_array(getattr(self, name), dtype, name))
         self.prompt_truncated = bool(self.prompt_truncated)
         for name, dtype in (("teacher_topk_ids", np.int32), ("teacher_topk_logprobs", np.float32)):
             value = getattr(self, name)
@@ -128,9 +127,8 @@ class Turn:
     @cached_property
     def valid_mask(self) -> np.ndarray:
         """Action ∧ teacher-valid ∧ finite teacher logprob, per response token (all False when unusable)."""
-        n = self.response_len
         if self.teacher_logprobs is None or self.length_mismatch is not None:
-            return np.zeros(n, dtype=bool)
+            return np.zeros(self.response_len, dtype=bool)
         mask = np.isfinite(self.teacher_logprobs)
         if self.action_mask is not None:
             mask &= self.action_mask

@@ -95,8 +95,7 @@ def part_files(path: str | os.PathLike) -> list[Path]:
 
 def next_part_number(path: str | os.PathLike) -> int:
     """The number a new part of the directory log takes: one past the highest in use."""
-    spans = [span for span, _ in _all_parts(Path(path))]
-    return max((last for _, last in spans), default=-1) + 1
+    return max((last for (_, last), _ in _all_parts(Path(path))), default=-1) + 1
 
 
 def remove_covered_parts(path: str | os.PathLike) -> list[Path]:

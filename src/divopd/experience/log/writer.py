@@ -84,10 +84,9 @@ def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
     with_ids = bool(rows) and all("prompt_ids" in r for r in rows)
     arrays, fields = [], []
     for field in SCHEMA:
-        name = field.name
-        if name in ("prompt_ids", "response_ids") and not with_ids:
+        if field.name in ("prompt_ids", "response_ids") and not with_ids:
             continue
-        values = [r[name] for r in rows]
+        values = [r[field.name] for r in rows]
         if pa.types.is_list(field.type):
             inner = field.type.value_type
             dtype = bool if pa.types.is_boolean(inner) else inner.to_pandas_dtype()
