@@ -38,25 +38,21 @@ def one_line(text: Any, limit: int = 600) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-def _short_repr(value: Any, limit: int = 60) -> str:
-    s = repr(value)
-    return s if len(s) <= limit else s[: limit - 4] + "...'"
-
-
 def describe_validation_error(exc: Any, max_errors: int = 4) -> str:
     """A pydantic ``ValidationError`` as one line: ``key.path: message (got value)`` per error, joined by ``; ``."""
     parts = []
     errors = exc.errors(include_url=False)
     for err in errors[:max_errors]:
         loc = ".".join(str(p) for p in err.get("loc", ()))
-        kind, msg = err.get("type", ""), str(err.get("msg", ""))
-        msg = msg.removeprefix("Value error, ")
+        kind, msg = err.get("type", ""), str(err.get("msg", "")).removeprefix("Value error, ")
         if kind == "extra_forbidden":
             msg = "Extra inputs are not permitted (unknown key)"
         elif kind == "missing":
             msg = "required key is missing"
         elif kind != "value_error" and "input" in err and not isinstance(err["input"], (dict, list)):
-            msg = f"{msg} (got {_short_repr(err['input'])})"
+            got = repr(err["input"])
+            got = got if len(got) <= 60 else got[:56] + "...'"
+            msg = f"{msg} (got {got})"
         parts.append(f"{loc}: {msg}" if loc else msg)
     if len(errors) > max_errors:
         parts.append(f"and {len(errors) - max_errors} more error(s)")
