@@ -47,8 +47,7 @@ def peak_sr(srs: Sequence[float]) -> float | None:
 
 
 def final_five(srs: Sequence[float], n: int = 5) -> tuple[float, float] | None:
-    """Final-five SR: (mean, population std) over the last ``n`` evaluation checkpoints (fewer when fewer exist;
-    ``None`` for none)."""
+    """Final-five SR: (mean, population std) over the last ``n`` evaluations (fewer if fewer; ``None`` for none)."""
     if n < 1:
         raise ValueError(f"final_five: n must be >= 1, got {n}")
     last = [float(x) for x in srs[-n:]]

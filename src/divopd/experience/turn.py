@@ -230,8 +230,7 @@ class RolloutInfo:
 
 @dataclass
 class Rollout:
-    """One finished rollout (or, under ``explorer.enqueue: turn``, a chunk of one): its student turns, in order, and
-    its :class:`RolloutInfo`."""
+    """One finished rollout (``explorer.enqueue: turn``: a chunk of one): its student turns, in order, and its info."""
 
     turns: list[Turn]
     info: RolloutInfo

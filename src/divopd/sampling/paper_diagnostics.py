@@ -30,9 +30,8 @@ DEPTH_BUCKETS: tuple[tuple[str, int, int | None], ...] = (("<2", 0, 2), ("[2,4)"
 OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown")
 
 
-# ---------------------------------------------------------------------------------------------------- Table 9
 def turns_per_rollout(turns: Sequence[Turn | Candidate]) -> float:
-    """Mean selected turns per distinct rollout of a batch: rows ÷ distinct rollout ids (0 for an empty batch)."""
+    """Table 9: mean selected turns per distinct rollout of a batch, rows ÷ rollout ids (0 for an empty batch)."""
     rollouts = len({t.rollout_id for t in turns})
     return len(turns) / rollouts if rollouts else 0.0
 
@@ -43,8 +42,8 @@ def kl_tokens(turn: Turn | Candidate) -> int:
 
 
 def kl_per_token(turns: Iterable[Turn | Candidate]) -> float:
-    """The batch's sampled reverse KL per token: Σ :attr:`Turn.disagreement` ÷ Σ :func:`kl_tokens` (the generating
-    policy's cached log probabilities; 0.0 without such a token). ``learner/reverse_kl`` is the same mean under the
+    """Table 9: the batch's sampled reverse KL per token, Σ :attr:`Turn.disagreement` ÷ Σ :func:`kl_tokens` (cached
+    generating-policy log probabilities; 0.0 without such a token); ``learner/reverse_kl`` is the same mean under the
     learner's log π_θold."""
     total = 0.0
     n = 0
@@ -56,10 +55,9 @@ def kl_per_token(turns: Iterable[Turn | Candidate]) -> float:
     return total / n if n else 0.0
 
 
-# ---------------------------------------------------------------------------------------------------- Table 11
 def gini(counts: Iterable[float]) -> float | None:
-    """Gini coefficient ``Σ_i Σ_j |x_i − x_j| / (2 n² x̄)`` of non-negative counts (``None`` for none; 0.0 when all
-    are zero). Computed in O(n log n) as ``Σ_i (2i − n − 1) x_(i) / (n Σ x)`` over the sorted values, i = 1…n."""
+    """Table 11: Gini coefficient ``Σ_i Σ_j |x_i − x_j| / (2 n² x̄)`` of non-negative counts (``None`` for none; 0.0
+    when all are zero), computed in O(n log n) as ``Σ_i (2i − n − 1) x_(i) / (n Σ x)`` over sorted values, i = 1…n."""
     xs = sorted(float(x) for x in counts)
     n = len(xs)
     if n == 0:
@@ -73,14 +71,13 @@ def gini(counts: Iterable[float]) -> float | None:
 
 
 def never_selected_share(rollouts: Iterable[str], selected: Mapping[str, int] | set[str]) -> float | None:
-    """Share of ``rollouts`` with no selected turn (``None`` when there is no rollout)."""
+    """Table 11: share of ``rollouts`` with no selected turn (``None`` when there is no rollout)."""
     rs = set(rollouts)
     if not rs:
         return None
     return sum(1 for r in rs if not (selected.get(r, 0) if isinstance(selected, Mapping) else r in selected)) / len(rs)
 
 
-# ---------------------------------------------------------------------------------------------------- Table 14
 def depth_bucket(turn_index: int) -> str:
     """Table 14's bucket label of a turn depth (its ``turn_index``, 0 = the rollout's first turn)."""
     for label, lo, hi in DEPTH_BUCKETS:
@@ -128,9 +125,8 @@ def cell_shares(cells: Mapping[tuple[str, str], int]) -> dict[str, dict[str, flo
     }
 
 
-# ---------------------------------------------------------------------------------------------------- Table 16
 def scored_tokens(turn: Turn) -> int:
-    """Response tokens the teacher scored: positions with a finite teacher log probability (0 when not scored)."""
+    """Table 16: response tokens the teacher scored, positions with a finite teacher log prob (0 when not scored)."""
     if turn.teacher_logprobs is None:
         return 0
     return int(np.count_nonzero(np.isfinite(turn.teacher_logprobs)))
@@ -146,15 +142,13 @@ def never_selected_scored_share(scored: float, scored_selected: float) -> float 
     return 1.0 - scored_selected / scored if scored > 0 else None
 
 
-# ---------------------------------------------------------------------------------------------------- Figure 6
 def ema_update(previous: float | None, value: float, alpha: float = EMA_ALPHA) -> float:
-    """One EMA step: ``value`` at the first update, then ``α·value + (1 − α)·previous``."""
+    """Figure 6's EMA step: ``value`` at the first update, then ``α·value + (1 − α)·previous``."""
     if previous is None or (isinstance(previous, float) and math.isnan(previous)):
         return float(value)
     return alpha * float(value) + (1.0 - alpha) * float(previous)
 
 
-# ---------------------------------------------------------------------------------------------------- a run
 class RunDiagnostics:
     """The cumulative diagnostics of a training run (Table 16's token counts, Figure 6's EMA) in a plain dict
     (``state``) that checkpoints carry; :meth:`observe_batch` returns the update's ``sampler/`` metrics."""

@@ -125,8 +125,7 @@ def get_method(name: str) -> Method:
 
 
 def method_names(tag: str | None = None) -> tuple[str, ...]:
-    """Row names in display order, all of them or those with ``tag`` (rows whose rule is no longer registered in
-    :data:`METHODS` are left out)."""
+    """Row names in display order, all or those with ``tag``, leaving out rows whose rule left :data:`METHODS`."""
     return tuple(name for name, row in ROWS.items() if (tag is None or tag in row.tags) and row.rule in METHODS)
 
 

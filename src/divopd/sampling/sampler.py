@@ -48,8 +48,7 @@ class Batch(Generic[P]):
 
 
 class Sampler(Generic[P]):
-    """Queue + pool + ledger around one registered selection method; one opaque payload per candidate. Build with
-    :func:`make_sampler`."""
+    """Queue + pool + ledger around one registered selection method, one opaque payload per candidate."""
 
     def __init__(self, config: SamplerConfig, track_departed: bool = False) -> None:
         self.config = config
@@ -123,8 +122,7 @@ class Sampler(Generic[P]):
         return [p for c in (self._pool, *self._queue) for p in c.payloads()]
 
     def take_departed(self) -> list[P]:
-        """The payloads of the turns that left unselected (expired or rejected) since the last call; a sampler built
-        with ``track_departed`` only."""
+        """The payloads of the turns that left unselected since the last call (a sampler with ``track_departed``)."""
         if self._departed is None:
             raise RuntimeError("Sampler.take_departed needs a sampler built with track_departed=True")
         out = [p for c in self._departed for p in c.payloads()]
@@ -244,8 +242,7 @@ class Sampler(Generic[P]):
 
     def load_state_dict(self, state: Mapping[str, Any],
                         decode: Callable[[Any], P] = Turn.from_dict) -> None:  # type: ignore[assignment]
-        """Restore :meth:`state_dict` output (``decode`` reads a payload back); :class:`UsageError` for another format
-        version or another config."""
+        """Restore :meth:`state_dict` output; :class:`UsageError` for another format version or another config."""
         version = state.get("version") if isinstance(state, Mapping) else None
         if version != STATE_VERSION:
             raise UsageError(f"sampler state version {version!r} was written by another divopd; this one reads "

@@ -88,8 +88,7 @@ def _split_covered(d: Path) -> tuple[list[Path], list[Path]]:
 
 
 def part_files(path: str | os.PathLike) -> list[Path]:
-    """The part files of a directory log in numeric order (``part-1000000`` after ``part-999999``), covered parts
-    left out."""
+    """The part files of a directory log in numeric order (``part-1000000`` after ``part-999999``), not covered."""
     return _split_covered(Path(path))[0]
 
 
@@ -210,8 +209,7 @@ def missing_arrivals(path: str | os.PathLike, below: int | None) -> list[tuple[i
 
 
 def truncate_log(path: str | os.PathLike, first_dropped_arrival: int) -> int:
-    """Drop the rows with ``arrival >= first_dropped_arrival`` from a directory log (unreadable parts set aside first);
-    returns the rows dropped."""
+    """Drop (and count) the rows with ``arrival >= first_dropped_arrival``; unreadable parts are set aside first."""
     d = _log_dir(path, "truncate_log")
     set_aside_unreadable_parts(d)
     dropped = 0
