@@ -159,23 +159,12 @@ class Sampler(Generic[P]):
         chosen, pool = composed
         led.selected += len(chosen)
         stats = batch_stats(chosen.candidates(), learner_version)
-        stats.update(
-            expired=led.expired - before_expired,
-            invalid=led.invalid - before_invalid,
-            pending=len(self._pool),
-            queued=self.queued,
-            candidates=len(pool),
-            candidate_rollouts=len(set(pool.rollout_id.tolist())),
-        )
-        return Batch(
-            payloads=chosen.payloads(),
-            arrivals=chosen.arrival.tolist(),
-            learner_version=learner_version,
-            stats=stats,
-            candidates=pool.payloads(),
-            first_seen=pool.seen.tolist() if self.method.pooled else [],
-            row_weights=None if self.method.row_weights is None else self.method.row_weights(chosen),
-        )
+        stats.update(expired=led.expired - before_expired, invalid=led.invalid - before_invalid,
+                     pending=len(self._pool), queued=self.queued, candidates=len(pool),
+                     candidate_rollouts=len(set(pool.rollout_id.tolist())))
+        return Batch(chosen.payloads(), chosen.arrival.tolist(), learner_version, stats, candidates=pool.payloads(),
+                     first_seen=pool.seen.tolist() if self.method.pooled else [],
+                     row_weights=None if self.method.row_weights is None else self.method.row_weights(chosen))
 
     def _read_arrival_order(self) -> tuple[Columns[P], Columns[P]] | None:
         """``vanilla``: the next B (non-stale) turns in arrival order, ungated."""

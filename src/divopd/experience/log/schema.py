@@ -15,28 +15,26 @@ import pyarrow.compute as pc
 from divopd.errors import UsageError
 from divopd.experience.turn import Turn
 
-SCHEMA = pa.schema(
-    [
-        pa.field("rollout_id", pa.string(), nullable=False),
-        pa.field("turn_index", pa.int32(), nullable=False),
-        pa.field("policy_version", pa.int64(), nullable=False),
-        pa.field("arrival", pa.int64(), nullable=False),
-        pa.field("arrival_update", pa.int64(), nullable=False),
-        pa.field("prompt_truncated", pa.bool_(), nullable=False),
-        pa.field("prompt_len", pa.int32(), nullable=False),
-        pa.field("response_len", pa.int32(), nullable=False),
-        pa.field("action_mask", pa.list_(pa.bool_())),
-        pa.field("student_logprobs", pa.list_(pa.float32())),
-        pa.field("teacher_logprobs", pa.list_(pa.float32())),
-        pa.field("teacher_valid_mask", pa.list_(pa.bool_())),
-        pa.field("prompt_ids", pa.list_(pa.int32())),
-        pa.field("response_ids", pa.list_(pa.int32())),
-        pa.field("success", pa.bool_()),
-        pa.field("env", pa.string()),
-        pa.field("teacher_acted", pa.bool_(), nullable=False),
-        pa.field("task", pa.string()),
-    ]
-)
+SCHEMA = pa.schema([
+    pa.field("rollout_id", pa.string(), nullable=False),
+    pa.field("turn_index", pa.int32(), nullable=False),
+    pa.field("policy_version", pa.int64(), nullable=False),
+    pa.field("arrival", pa.int64(), nullable=False),
+    pa.field("arrival_update", pa.int64(), nullable=False),
+    pa.field("prompt_truncated", pa.bool_(), nullable=False),
+    pa.field("prompt_len", pa.int32(), nullable=False),
+    pa.field("response_len", pa.int32(), nullable=False),
+    pa.field("action_mask", pa.list_(pa.bool_())),
+    pa.field("student_logprobs", pa.list_(pa.float32())),
+    pa.field("teacher_logprobs", pa.list_(pa.float32())),
+    pa.field("teacher_valid_mask", pa.list_(pa.bool_())),
+    pa.field("prompt_ids", pa.list_(pa.int32())),
+    pa.field("response_ids", pa.list_(pa.int32())),
+    pa.field("success", pa.bool_()),
+    pa.field("env", pa.string()),
+    pa.field("teacher_acted", pa.bool_(), nullable=False),
+    pa.field("task", pa.string()),
+])
 
 OPTIONAL_COLUMNS: tuple[str, ...] = ("prompt_ids", "response_ids", "success", "env", "teacher_acted", "task")
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(n for n in SCHEMA.names if n not in OPTIONAL_COLUMNS)
