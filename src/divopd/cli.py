@@ -13,7 +13,7 @@ import os
 import sys
 from typing import NoReturn
 
-from divopd.errors import env_flag
+from divopd.errors import UsageError, describe_validation_error, describe_yaml_error, env_flag, one_line
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -48,8 +48,6 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (``divopd train: error: ...; see divopd train --help``)."""
 
     def error(self, message: str) -> NoReturn:
-        from divopd.errors import one_line
-
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
@@ -87,8 +85,6 @@ def quiet_third_party_loggers(verbose: bool = False) -> None:
 
 def input_error_message(exc: BaseException) -> str | None:
     """The one-line message of an input error, or ``None`` when ``exc`` is not one (a bug: keep the traceback)."""
-    from divopd.errors import UsageError, describe_validation_error, describe_yaml_error, one_line
-
     if isinstance(exc, UsageError):
         return str(exc)
     pydantic = sys.modules.get("pydantic")

@@ -89,9 +89,7 @@ def depth_bucket(turn_index: int) -> str:
 def outcome(turn: Turn) -> str:
     """``success``/``failure`` from ``turn.info["success"]`` (the log's ``success`` column), else ``unknown``."""
     value = turn.info.get("success")
-    if value is None:
-        return "unknown"
-    return "success" if bool(value) else "failure"
+    return "unknown" if value is None else "success" if value else "failure"
 
 
 def selection_cells(turns: Iterable[Turn]) -> Counter[tuple[str, str]]:

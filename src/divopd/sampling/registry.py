@@ -32,12 +32,9 @@ Rule = Callable[[Columns[Any], int, RuleSettings, np.random.Generator], np.ndarr
 
 @dataclass(frozen=True)
 class Method:
-    """A batch-selection rule (what ``SamplerConfig.method`` names).
-
-    ``select`` is ``None`` for the arrival-order reader (``pooled`` False), which reads the raw queue; a pooled rule
-    reads a candidate pool of ``pool_factor × batch_size`` turns, gated unless ``gated`` is False (``divopd-focus``:
-    invalid turns are candidates too). ``row_weights`` maps the selected rows to per-row loss weights (mean 1) for
-    ``Batch.row_weights``; ``None`` = unit weights, the paper's loss."""
+    """A batch-selection rule (what ``SamplerConfig.method`` names). ``select`` is ``None`` for the arrival-order
+    reader (not ``pooled``); a pooled rule reads a candidate pool of ``c·B`` turns, gated unless ``gated`` is False
+    (``divopd-focus``). ``row_weights`` maps the selected rows to loss weights (mean 1; ``None``: the paper's loss)."""
 
     name: str
     select: Rule | None

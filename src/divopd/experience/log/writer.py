@@ -98,13 +98,11 @@ def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
 
 
 class ExperienceLogWriter:
-    """Append turns to an experience log as they enter the queue, validated on the way in.
+    """Append turns to an experience log as they enter the queue, validated on the way in (docs/guides/replay.md).
 
     A ``path`` ending in ``.parquet`` is one file (refused if it exists unless ``overwrite``), finalised on
-    :meth:`close`. Any other ``path`` is a directory of part files, continued by a new writer; each :meth:`flush`
-    (when ``row_group_size`` rows are buffered, after each :meth:`extend`, on :meth:`roll` and :meth:`close`) writes
-    whole parts of at most ``rows_per_file`` rows. ``truncate_from=A`` (a resume: the restored sampler's next
-    arrival) first drops the rows logged from arrival ``A`` on (docs/guides/replay.md)."""
+    :meth:`close`; any other is a directory of part files, continued by a new writer, each :meth:`flush` writing
+    whole parts of at most ``rows_per_file`` rows. ``truncate_from=A`` first drops the rows logged from arrival A on."""
 
     def __init__(self, path: str | os.PathLike, row_group_size: int = 8192, rows_per_file: int = 1 << 20,
                  write_ids: bool = False, overwrite: bool = False, truncate_from: int | None = None) -> None:
