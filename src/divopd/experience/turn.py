@@ -192,7 +192,6 @@ class RolloutInfo:
     explorer_id: int
     env: str
     task: str
-    #: the episode succeeded (the env said so)
     success: bool
     #: the env's score at the end (so far, for a chunk)
     score: float
