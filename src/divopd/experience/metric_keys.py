@@ -10,7 +10,6 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
     ("kind", "both", "`\"update\"` (one record per learner update) or `\"eval\"` (one per evaluation)."),
     ("update", "both", "Learner version after the step (update records) or of the evaluated snapshot (eval records)."),
     ("time", "both", "Seconds since the run started (continued across `--resume`)."),
-    # learner
     ("learner/loss", "update", "OPD loss of the batch (`divopd.learn.loss.opd_loss`, Equation 1)."),
     ("learner/reverse_kl", "update",
      "Mean of log π_θold − log π_T over valid tokens: the sampled reverse-KL estimate."),
@@ -59,7 +58,6 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
     ("learner/row_weight_max", "update", "Largest per-row loss weight (only when rows are weighted)."),
     ("learner/turn_balance_alpha", "update", "TurnOPD: α of the token-level (0) to turn-balanced (1) loss schedule "
      "at this update (only with `learner.turn_balance_updates`)."),
-    # sampler (Batch.stats)
     ("sampler/rows", "update", "Rows of the batch (B)."),
     ("sampler/distinct_rollouts", "update", "Rollouts in the batch."),
     ("sampler/effective_rollouts", "update", "1/Σ_r p_r², p_r = rollout r's share of the batch's response tokens."),
@@ -109,7 +107,6 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
      "since the previous step (about 1 − 1/ρ at an arrival ratio ρ with a pooled rule)."),
     ("sampler/candidate_rollouts", "update", "Distinct rollouts among the valid candidates (the paper's pool regime: "
      "≥ 4·⌈B/k⌉ on average)."),
-    # ledger
     ("ledger/received", "update", "Turns received so far (= selected + expired + invalid + pending + queued)."),
     ("ledger/selected", "update", "Turns selected into a batch so far."),
     ("ledger/expired", "update", "Turns expired so far (stale, pending_age, or pending overflow)."),
@@ -120,7 +117,6 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
      "`missing_teacher`, `missing_student_logprobs`, `length_mismatch`, `no_valid_token`)."),
     ("ledger/expired/<reason>", "update", "Expiries per reason (`stale`, `pending_age` (W, Algorithm 1 step 8), "
      "`pending_overflow`)."),
-    # queue and explorers
     ("queue/arrivals", "update", "Turns that arrived since the previous update."),
     ("queue/arrival_drain_ratio", "update", "Turns received ÷ (updates taken × B), over the run so far (≥ 1 "
      "whenever the learner had to wait for turns)."),
@@ -149,7 +145,6 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
     ("diag/focus_mean_abs_change", "update", "E.2: mean absolute change of the focus score."),
     ("diag/focus_turns", "update", "E.2: candidate turns rescored."),
     ("diag/focus_rollouts", "update", "E.2: rollouts among them."),
-    # evaluation
     ("eval/success_rate", "eval", "Share of held-out episodes won (0–1; `divopd report` shows percent)."),
     ("eval/mean_score", "eval", "Mean final environment score (0–1)."),
     ("eval/mean_steps", "eval", "Mean episode length."),

@@ -62,9 +62,8 @@ _FIELDS = tuple(f.name for f in fields(Candidate))
 
 @dataclass(frozen=True)
 class Columns(Generic[P]):
-    """Candidates as numpy columns in arrival order: the fields of :class:`Candidate` plus ``arrival`` (the sampler's
-    arrival number), ``seen`` (the update that read it into the pool, Algorithm 1 step 3; -1 while queued) and
-    ``payload`` (the caller's object). Selection rules read these columns and return row positions."""
+    """Candidates as numpy columns in arrival order: the fields of :class:`Candidate`, ``arrival``, ``seen`` (the update
+    that read the row into the pool, Algorithm 1 step 3; -1 while queued) and ``payload`` (the caller's object)."""
 
     arrival: np.ndarray
     policy_version: np.ndarray

@@ -168,10 +168,8 @@ class RunDiagnostics:
             s["disagreement_std_ema"] = ema_update(s["disagreement_std_ema"],
                                                    float(stats["disagreement_std_across_rollouts"]), self.alpha)
         ratio = teacher_tokens_per_trained_token(s["scored_tokens_received"], s["response_tokens_trained"])
-        out = {
-            "sampler/scored_tokens_received": float(s["scored_tokens_received"]),
-            "sampler/response_tokens_trained": float(s["response_tokens_trained"]),
-        }
+        out = {"sampler/scored_tokens_received": float(s["scored_tokens_received"]),
+               "sampler/response_tokens_trained": float(s["response_tokens_trained"])}
         if ratio is not None:
             out["sampler/teacher_tokens_per_trained_token"] = ratio
         if s["disagreement_std_ema"] is not None:

@@ -57,9 +57,8 @@ class Switch:
 
 @dataclass(frozen=True)
 class MethodRow:
-    """One method row of the paper's tables (what a run's ``method`` names): the sampler rule it reads batches with
-    (rows may share one), a description, its tags (the lists it belongs to), the features it switches on, and an
-    optional extra config check ``check(get) -> problem line or None`` (``get``: dotted key -> value)."""
+    """One method row of the paper's tables (what a run's ``method`` names): its sampler rule (rows may share one),
+    description, tags, the features it switches on, and an extra config check ``check(get) -> problem or None``."""
 
     name: str
     sampler: Method

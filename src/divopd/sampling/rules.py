@@ -26,9 +26,8 @@ def pool_capacity(batch_size: int, pool_factor: float) -> int:
 
 def pending_expiry(seen: np.ndarray, update: int, max_pending_age: int | None,
                    max_pending: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Algorithm 1, step 8, over the unselected pool (arrival order, first-seen updates ``seen``): the rows first
-    seen more than W updates ago (``pending_age``), and of the rest the oldest beyond ``max_pending``
-    (``pending_overflow``). Returns the two boolean masks."""
+    """Algorithm 1, step 8, over the unselected pool in arrival order: the masks of the rows first seen more than W
+    updates ago (``pending_age``) and, of the rest, the oldest beyond ``max_pending`` (``pending_overflow``)."""
     old = np.zeros(len(seen), dtype=bool) if max_pending_age is None else update - seen > max_pending_age
     overflow = np.zeros(len(seen), dtype=bool)
     if max_pending is not None:
@@ -38,9 +37,8 @@ def pending_expiry(seen: np.ndarray, update: int, max_pending_age: int | None,
 
 
 def visiting_order(pool: Columns, group_order: str = "first-seen") -> np.ndarray:
-    """Algorithm 1, step 4: the visiting ordinal of each row's rollout group, groups ordered by their oldest
-    first-seen update, ties by rollout id (``group_order: arrival``: by their oldest arrival). Arrival order inside
-    a group is the pool's own."""
+    """Algorithm 1, step 4: the visiting ordinal of each row's rollout group, groups ordered by their oldest first-seen
+    update, ties by rollout id (``group_order: arrival``: by their oldest arrival)."""
     ids, first, inverse = np.unique(pool.rollout_id, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
     if group_order == "arrival":

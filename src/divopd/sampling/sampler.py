@@ -58,7 +58,6 @@ class Sampler(Generic[P]):
         self._next_arrival = 0
         self._compositions = 0
         self._ledger = Ledger()
-        #: payloads of the turns that left unselected (expired or rejected), kept for :meth:`take_departed`
         self._departed: list[Columns[P]] | None = [] if track_departed else None
 
     def add(self, payloads: P | Iterable[P], candidates: Sequence[Candidate] | None = None) -> list[int]:
@@ -208,9 +207,8 @@ class Sampler(Generic[P]):
         return pool.take(positions), pool
 
     def state_dict(self, encode: Callable[[P], Any] = Turn.to_dict) -> dict[str, Any]:  # type: ignore[assignment]
-        """All that is needed to continue exactly (JSON-able): config, counters, and every waiting turn as
-        ``[arrival, candidate, encode(payload)]`` (``queue``) or ``[arrival, candidate, encode(payload),
-        first-seen update]`` (``pending``)."""
+        """All that is needed to continue exactly (JSON-able): config, counters, and every waiting turn as ``[arrival,
+        candidate, encode(payload)]`` (``queue``), plus its first-seen update (``pending``)."""
         queue, led = Columns.join(list(self._queue)), self._ledger
 
         def rows(cols: Columns[P]) -> Iterable[tuple[int, Candidate, P, int]]:

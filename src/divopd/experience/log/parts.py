@@ -109,9 +109,8 @@ def remove_covered_parts(path: str | os.PathLike) -> list[Path]:
 
 
 def compact_parts(path: str | os.PathLike, row_group_size: int = 8192, min_parts: int = 2) -> Path | None:
-    """Merge the parts written since the last compaction (the ``part-N`` files after the newest ``part-A-B``) into one
-    ``part-A-B.parquet``, whole or not at all, then remove them. Returns the merged file, or ``None`` when fewer than
-    ``min_parts`` would merge or their columns differ (left as they are)."""
+    """Merge the ``part-N`` files after the newest ``part-A-B`` into one ``part-A-B.parquet``, whole or not at all, and
+    return it; ``None`` (nothing merged) when fewer than ``min_parts`` would merge or their columns differ."""
     d = Path(path)
     if not d.is_dir():
         return None

@@ -117,9 +117,8 @@ def batch_to_turns(batch: pa.RecordBatch) -> Iterator[LoggedTurn]:
 
 def read_log(path: str | os.PathLike, batch_size: int = 8192, validate: bool = True,
              require_ids: bool = False) -> Iterator[LoggedTurn]:
-    """Stream a log as :class:`LoggedTurn` ``(turn, arrival, arrival_update)`` in arrival order, one record batch at
-    a time (a turn's arrays are views into its batch). A log without token ids gives zero placeholder ids, or, with
-    ``require_ids`` (turns to train on), :class:`ExperienceLogError`."""
+    """Stream a log as :class:`LoggedTurn` in arrival order, one record batch at a time (arrays are views into it); a
+    log without token ids gives zero placeholder ids, or :class:`ExperienceLogError` with ``require_ids``."""
     for batch in iter_record_batches(path, batch_size=batch_size, validate=validate):
         if require_ids:
             for name in ("prompt_ids", "response_ids"):
