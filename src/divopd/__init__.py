@@ -1,8 +1,7 @@
 """DivOPD: batch selection for asynchronous on-policy distillation of multi-turn LLM agents. Explorers queue student
 turns (:class:`Turn`) scored by a frozen teacher; DivOPD chooses which enter each learner batch
 (:mod:`divopd.sampling`). Sub-packages follow the data path: ``explore`` → ``experience`` → ``sampling`` → ``learn``,
-driven by ``train``; ``analysis``, ``commands`` and ``suite`` on top, ``models`` at the bottom. No torch is imported.
-"""
+driven by ``train``; ``analysis``, ``commands`` and ``suite`` on top, ``models`` at the bottom. No torch is imported."""
 
 from divopd.experience import Rollout, Turn
 from divopd.sampling import gate

@@ -1,8 +1,7 @@
 """``divopd`` command line. Each subcommand module (imported only when its command runs: ``divopd replay`` never
 imports torch) has ``add_arguments(parser)`` and ``run(args)``. Input errors (:class:`divopd.errors.UsageError`,
 pydantic and YAML errors, missing input files, bad arguments) print one line, ``divopd <command>: error: <message>``,
-and exit 2 (``--debug`` or ``DIVOPD_DEBUG=1``: their traceback); other exceptions are bugs and keep their traceback.
-"""
+and exit 2 (``--debug`` or ``DIVOPD_DEBUG=1``: their traceback); other exceptions are bugs and keep a traceback."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tasks": ("divopd.commands.tasks", "write a setting's task file for Trinity-RFT's or verl's per-turn OPD"),
 }
 
-#: Loggers of libraries that chat at INFO, set to WARNING unless ``--verbose`` (Ray resets its ``ray`` logger to INFO
-#: when imported, so its chatty children are named too).
+#: Loggers of libraries that chat at INFO, set to WARNING unless ``--verbose`` (Ray's children too: it resets ``ray``).
 THIRD_PARTY_LOGGERS: tuple[str, ...] = (
     "py4j", "ray", "ray._private", "ray.util", "ray.data", "ray.train", "ray.tune", "vllm", "urllib3", "filelock",
     "fsspec", "httpx", "httpcore", "huggingface_hub", "transformers", "datasets", "torch", "matplotlib", "PIL",

@@ -29,9 +29,8 @@ def _as_array(values: Any, dtype: Any, name: str) -> np.ndarray | None:
 
 @dataclass(frozen=True, eq=False)
 class ResponseScores:
-    """A model's scores of one response of length L (a Turn's ``teacher_*``): ``logprobs`` [L] float32 of each
-    response token (NaN without context: empty prompt, i = 0); ``topk_ids`` [L, k] int32, the k most likely tokens,
-    most likely first, and ``topk_logprobs`` [L, k] float32 theirs (``None`` when no top-k was asked for)."""
+    """A model's scores of one response of length L (a Turn's ``teacher_*``): ``logprobs`` [L] float32 (NaN without
+    context), ``topk_ids`` [L, k] int32 (most likely first) and their ``topk_logprobs`` (``None`` without top-k)."""
 
     logprobs: np.ndarray
     topk_ids: np.ndarray | None = None
@@ -138,8 +137,7 @@ class Turn:
 
     @property
     def teacher_masked_tokens(self) -> int:
-        """Response positions the teacher scored as not finite (masked: a token another vocabulary lacks, or one
-        the teacher could not score); 0 for an unscored turn."""
+        """Response positions whose teacher log prob is not finite (masked or unscorable); 0 for an unscored turn."""
         return 0 if self.teacher_logprobs is None else int(np.count_nonzero(~np.isfinite(self.teacher_logprobs)))
 
     @cached_property

@@ -9,8 +9,7 @@ import divopd.sampling.gate as gate
 
 __all__ = ["EXPIRY_REASONS", "Ledger"]
 
-#: Why a turn expired: too old a policy (``stale``), first seen more than W updates ago (``pending_age``), pushed out
-#: of a full pending pool (``pending_overflow``).
+#: Why a turn expired: too old a policy, first seen more than W updates ago, pushed out of a full pending pool.
 EXPIRY_REASONS: tuple[str, ...] = ("stale", "pending_age", "pending_overflow")
 
 

@@ -150,8 +150,7 @@ def compact_parts(path: str | os.PathLike, row_group_size: int = 8192, min_parts
 
 
 def _kill_point(phase: str) -> None:
-    """Test hook: ``DIVOPD_SIGKILL_AT=compact-write`` (merged file written, not renamed) or ``compact-remove``
-    (renamed, inputs not removed) SIGKILLs this process there (``divopd.train.interrupt.fault_point``'s variable)."""
+    """Test hook: SIGKILL here when ``DIVOPD_SIGKILL_AT`` is ``compact-write`` (not renamed) or ``compact-remove``."""
     if os.environ.get("DIVOPD_SIGKILL_AT", "").split(":")[0] == phase:
         import signal
 

@@ -35,9 +35,8 @@ from divopd.experience.turn import Turn
 
 
 def turn_to_row(turn: Turn, arrival: int, arrival_update: int, write_ids: bool = False) -> dict[str, Any]:
-    """One log row (column -> value; per-token arrays as numpy arrays) for ``turn`` entering the queue; token ids
-    only with ``write_ids``. A turn whose arrays misfit its response stays invalid in the log: the misfit arrays and
-    ``teacher_logprobs`` are logged as null (a replay's gate says ``missing_teacher``, not ``length_mismatch``)."""
+    """One log row (column -> value) for ``turn`` entering the queue; token ids only with ``write_ids``. A turn whose
+    arrays misfit its response stays invalid: those arrays and ``teacher_logprobs`` are logged as null."""
     info = turn.info or {}
     success = info.get("success")
     env, task = info.get("env"), info.get("task")
@@ -244,8 +243,7 @@ class ExperienceLogWriter:
 
 def write_log(path: str | os.PathLike, turns: Iterable[LoggedTurn | tuple[Turn, int, int] | Turn],
               write_ids: bool = False, overwrite: bool = False, row_group_size: int = 8192) -> int:
-    """Write a whole log from ``(turn, arrival, arrival_update)`` triples (a bare Turn gets the next arrival and
-    ``arrival_update`` 0); returns the number of rows written."""
+    """Write ``(turn, arrival, arrival_update)`` triples (a bare Turn: next arrival, update 0); returns rows written."""
     with ExperienceLogWriter(path, row_group_size=row_group_size, write_ids=write_ids, overwrite=overwrite) as writer:
         for item in turns:
             if isinstance(item, Turn):
