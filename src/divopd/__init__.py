@@ -1,12 +1,7 @@
-"""DivOPD: batch selection for asynchronous on-policy distillation of multi-turn LLM agents.
-
-Explorers run a student LM in text environments, a frozen teacher scores every response token, and each student turn
-enters a queue as a :class:`Turn`. The learner takes one optimizer step per batch of B turns; DivOPD changes which turns
-enter the batch (:mod:`divopd.sampling`). This top-level package imports no torch.
-
-Sub-packages follow the data path: ``explore`` → ``experience`` → ``sampling`` → ``learn``, driven by ``train``;
-``analysis``, ``commands`` and ``suite`` sit on top; ``models`` at the bottom.
-"""
+"""DivOPD: batch selection for asynchronous on-policy distillation of multi-turn LLM agents. Explorers queue student
+turns (:class:`Turn`) scored by a frozen teacher; DivOPD chooses which enter each learner batch
+(:mod:`divopd.sampling`). Sub-packages follow the data path: ``explore`` → ``experience`` → ``sampling`` → ``learn``,
+driven by ``train``; ``analysis``, ``commands`` and ``suite`` on top, ``models`` at the bottom. No torch is imported."""
 
 from divopd.experience import Rollout, Turn
 from divopd.sampling import gate

@@ -1,13 +1,7 @@
-"""``divopd`` command line. Each subcommand lives in its own module with ``add_arguments(parser)`` and ``run(args)``.
-
-Modules are imported only when their command runs, so ``divopd replay`` never imports torch.
-
-Input errors (:class:`divopd.errors.UsageError` and its subclasses, pydantic validation errors, YAML syntax errors,
-missing or unreadable input files, bad arguments) are printed as one line, ``divopd <command>: error: <message>``, and
-the command exits 2; ``--debug`` (or ``DIVOPD_DEBUG=1``) shows their traceback instead. Other exceptions are bugs and
-keep their traceback. Third-party loggers (py4j, Ray, transformers, ...) are quiet below WARNING and third-party
-progress bars (Hugging Face's "Loading weights", tqdm's) are off unless ``--verbose`` (or ``DIVOPD_VERBOSE=1``).
-"""
+"""``divopd`` command line. Each subcommand module (imported only when its command runs: ``divopd replay`` never
+imports torch) has ``add_arguments(parser)`` and ``run(args)``. Input errors (:class:`divopd.errors.UsageError`,
+pydantic and YAML errors, missing input files, bad arguments) print one line, ``divopd <command>: error: <message>``,
+and exit 2 (``--debug`` or ``DIVOPD_DEBUG=1``: their traceback); other exceptions are bugs and keep a traceback."""
 
 from __future__ import annotations
 
@@ -18,7 +12,7 @@ import os
 import sys
 from typing import NoReturn
 
-from divopd.errors import env_flag
+from divopd.errors import UsageError, describe_validation_error, describe_yaml_error, env_flag, one_line
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,9 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tasks": ("divopd.commands.tasks", "write a setting's task file for Trinity-RFT's or verl's per-turn OPD"),
 }
 
-#: Loggers of libraries that chat at INFO (py4j's "Callback Server Starting" per TextWorld-Express JVM, Ray's start-up
-#: lines, ...): set to WARNING by :func:`main` unless ``--verbose``. Ray resets its ``ray`` logger to INFO when it is
-#: imported, so its chatty children are named too.
+#: Loggers of libraries that chat at INFO, set to WARNING unless ``--verbose`` (Ray's children too: it resets ``ray``).
 THIRD_PARTY_LOGGERS: tuple[str, ...] = (
     "py4j", "ray", "ray._private", "ray.util", "ray.data", "ray.train", "ray.tune", "vllm", "urllib3", "filelock",
     "fsspec", "httpx", "httpcore", "huggingface_hub", "transformers", "datasets", "torch", "matplotlib", "PIL",
@@ -47,16 +39,13 @@ THIRD_PARTY_LOGGERS: tuple[str, ...] = (
     "scienceworld", "textworld_express", "alfworld", "pyserini", "faiss", "spacy",
 )
 
-#: Environment variables that turn third-party progress bars off (huggingface_hub and transformers read theirs when
-#: imported; tqdm's is the default of every bar); set unless ``--verbose``, kept where the user set them.
+#: Environment variables that turn third-party progress bars off unless ``--verbose`` (kept where the user set them).
 QUIET_PROGRESS_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (``divopd train: error: ...; see divopd train --help``)."""
 
     def error(self, message: str) -> NoReturn:
-        from divopd.errors import one_line
-
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
@@ -94,8 +83,6 @@ def quiet_third_party_loggers(verbose: bool = False) -> None:
 
 def input_error_message(exc: BaseException) -> str | None:
     """The one-line message of an input error, or ``None`` when ``exc`` is not one (a bug: keep the traceback)."""
-    from divopd.errors import UsageError, describe_validation_error, describe_yaml_error, one_line
-
     if isinstance(exc, UsageError):
         return str(exc)
     pydantic = sys.modules.get("pydantic")

@@ -1,7 +1,5 @@
-"""Input errors of the ``divopd`` commands: :class:`UsageError` and its subclasses (config, experience log, report
-and plan errors) for input that cannot be used, each one line; :mod:`divopd.cli` states the policy (one line,
-exit 2). Nothing heavy is imported here: the helpers run before torch or transformers are loaded.
-"""
+"""Input errors of the ``divopd`` commands (:class:`UsageError` and its subclasses, each one line; the policy is in
+:mod:`divopd.cli`) and the light checks that raise them before torch or transformers are loaded."""
 
 from __future__ import annotations
 
@@ -10,19 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "ConfigError",
-    "InputFileError",
-    "RunExistsError",
-    "UsageError",
-    "check_model_folder",
-    "check_tokenizer_folder",
-    "describe_validation_error",
-    "describe_yaml_error",
-    "env_flag",
-    "hf_offline",
-    "one_line",
-]
+__all__ = ["ConfigError", "InputFileError", "RunExistsError", "UsageError", "check_model_folder",
+           "check_tokenizer_folder", "describe_validation_error", "describe_yaml_error", "env_flag", "hf_offline",
+           "one_line"]
 
 
 class UsageError(Exception):
@@ -50,26 +38,21 @@ def one_line(text: Any, limit: int = 600) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-def _short_repr(value: Any, limit: int = 60) -> str:
-    s = repr(value)
-    return s if len(s) <= limit else s[: limit - 4] + "...'"
-
-
 def describe_validation_error(exc: Any, max_errors: int = 4) -> str:
     """A pydantic ``ValidationError`` as one line: ``key.path: message (got value)`` per error, joined by ``; ``."""
     parts = []
     errors = exc.errors(include_url=False)
     for err in errors[:max_errors]:
         loc = ".".join(str(p) for p in err.get("loc", ()))
-        kind, msg = err.get("type", ""), str(err.get("msg", ""))
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+        kind, msg = err.get("type", ""), str(err.get("msg", "")).removeprefix("Value error, ")
         if kind == "extra_forbidden":
             msg = "Extra inputs are not permitted (unknown key)"
         elif kind == "missing":
             msg = "required key is missing"
         elif kind != "value_error" and "input" in err and not isinstance(err["input"], (dict, list)):
-            msg = f"{msg} (got {_short_repr(err['input'])})"
+            got = repr(err["input"])
+            got = got if len(got) <= 60 else got[:56] + "...'"
+            msg = f"{msg} (got {got})"
         parts.append(f"{loc}: {msg}" if loc else msg)
     if len(errors) > max_errors:
         parts.append(f"and {len(errors) - max_errors} more error(s)")
@@ -114,10 +97,8 @@ def _in_hf_cache(repo_id: str, filename: str) -> bool:
 
 def check_model_folder(path: str | os.PathLike, key: str, *, marker: str = "config.json",
                        what: str = "a model folder") -> None:
-    """Raise :class:`UsageError` naming ``key`` unless ``path`` can be loaded as a model, without loading anything.
-
-    A local folder must hold ``marker``; a string that is not an existing path is a Hugging Face hub name, an error
-    when it cannot be one (it looks like a local path) or when offline and the HF cache does not hold it."""
+    """Raise :class:`UsageError` naming ``key`` unless ``path`` can be loaded as a model (a local folder holding
+    ``marker``, or a hub name; offline, one in the local HF cache), without loading anything."""
     text = str(path)
     if not text.strip():
         raise UsageError(f"{key}: empty path; expected {what}")

@@ -1,18 +1,15 @@
-"""The registry of ``metrics.jsonl`` keys (:data:`METRIC_KEYS`): the metrics reference page is generated from it and
-``tests/test_readme.py`` checks it against the keys a real training run writes, so a new key needs a row here."""
+"""The registry of ``metrics.jsonl`` keys: the metrics reference page is generated from it and a test checks it
+against the keys a real training run writes, so a new key needs a row here."""
 
 from __future__ import annotations
 
 __all__ = ["METRIC_KEYS"]
 
-#: ``metrics.jsonl`` keys as ``(key, record kind, meaning)``. ``<name>`` stands for a family of keys (documented in
-#: the meaning); the record kind that carries the key is ``update`` (one record per learner update), ``eval`` (one per
-#: evaluation) or ``both``.
+#: ``(key, record kind: update, eval or both, meaning)``; ``<name>`` stands for a family of keys.
 METRIC_KEYS: list[tuple[str, str, str]] = [
     ("kind", "both", "`\"update\"` (one record per learner update) or `\"eval\"` (one per evaluation)."),
     ("update", "both", "Learner version after the step (update records) or of the evaluated snapshot (eval records)."),
     ("time", "both", "Seconds since the run started (continued across `--resume`)."),
-    # learner
     ("learner/loss", "update", "OPD loss of the batch (`divopd.learn.loss.opd_loss`, Equation 1)."),
     ("learner/reverse_kl", "update",
      "Mean of log π_θold − log π_T over valid tokens: the sampled reverse-KL estimate."),
@@ -61,7 +58,6 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
     ("learner/row_weight_max", "update", "Largest per-row loss weight (only when rows are weighted)."),
     ("learner/turn_balance_alpha", "update", "TurnOPD: α of the token-level (0) to turn-balanced (1) loss schedule "
      "at this update (only with `learner.turn_balance_updates`)."),
-    # sampler (Batch.stats)
     ("sampler/rows", "update", "Rows of the batch (B)."),
     ("sampler/distinct_rollouts", "update", "Rollouts in the batch."),
     ("sampler/effective_rollouts", "update", "1/Σ_r p_r², p_r = rollout r's share of the batch's response tokens."),
@@ -81,10 +77,9 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
      "Std of each rollout's summed focus score in the batch (the paper's Figure 6 statistic)."),
     ("sampler/turns_per_rollout", "update",
      "Table 9: rows ÷ distinct rollouts of the batch (`paper_diagnostics.turns_per_rollout`)."),
-    ("sampler/kl_per_token", "update",
-     "Table 9: Σ(generating student − teacher log prob) ÷ tokens, over the batch's valid tokens with a finite student "
-     "log prob (`paper_diagnostics.kl_per_token`; `learner/reverse_kl` is the same mean under the learner's "
-     "log π_θold)."),
+    ("sampler/kl_per_token", "update", "Table 9: Σ(generating student − teacher log prob) ÷ tokens, over the batch's "
+     "valid tokens with a finite student log prob (`paper_diagnostics.kl_per_token`; `learner/reverse_kl` is the same "
+     "mean under the learner's log π_θold)."),
     ("sampler/scored_tokens_received", "update",
      "Table 16: teacher-scored response tokens (finite teacher log prob) of every turn received so far."),
     ("sampler/response_tokens_trained", "update", "Table 16: response tokens of every batch trained so far."),
@@ -112,19 +107,16 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
      "since the previous step (about 1 − 1/ρ at an arrival ratio ρ with a pooled rule)."),
     ("sampler/candidate_rollouts", "update", "Distinct rollouts among the valid candidates (the paper's pool regime: "
      "≥ 4·⌈B/k⌉ on average)."),
-    # ledger
     ("ledger/received", "update", "Turns received so far (= selected + expired + invalid + pending + queued)."),
     ("ledger/selected", "update", "Turns selected into a batch so far."),
     ("ledger/expired", "update", "Turns expired so far (stale, pending_age, or pending overflow)."),
     ("ledger/invalid", "update", "Turns the gate rejected so far."),
     ("ledger/pending", "update", "Valid turns waiting in the pending pool."),
     ("ledger/queued", "update", "Turns in the queue, not yet read into a pool."),
-    ("ledger/invalid/<reason>", "update",
-     "Rejections per gate code (`prompt_truncated`, `empty_response`, `missing_teacher`, `missing_student_logprobs`, "
-     "`length_mismatch`, `no_valid_token`)."),
+    ("ledger/invalid/<reason>", "update", "Rejections per gate code (`prompt_truncated`, `empty_response`, "
+     "`missing_teacher`, `missing_student_logprobs`, `length_mismatch`, `no_valid_token`)."),
     ("ledger/expired/<reason>", "update", "Expiries per reason (`stale`, `pending_age` (W, Algorithm 1 step 8), "
      "`pending_overflow`)."),
-    # queue and explorers
     ("queue/arrivals", "update", "Turns that arrived since the previous update."),
     ("queue/arrival_drain_ratio", "update", "Turns received ÷ (updates taken × B), over the run so far (≥ 1 "
      "whenever the learner had to wait for turns)."),
@@ -153,7 +145,6 @@ METRIC_KEYS: list[tuple[str, str, str]] = [
     ("diag/focus_mean_abs_change", "update", "E.2: mean absolute change of the focus score."),
     ("diag/focus_turns", "update", "E.2: candidate turns rescored."),
     ("diag/focus_rollouts", "update", "E.2: rollouts among them."),
-    # evaluation
     ("eval/success_rate", "eval", "Share of held-out episodes won (0–1; `divopd report` shows percent)."),
     ("eval/mean_score", "eval", "Mean final environment score (0–1)."),
     ("eval/mean_steps", "eval", "Mean episode length."),

@@ -1,9 +1,6 @@
 """Evaluation metrics of the paper (Section 4) as pure functions, one rule per function, and the run's metrics writer.
-
-Our conventions: SR values come in the caller's unit (only :func:`default_target` assumes percent; ``divopd report``
-converts ``eval/success_rate`` on load); standard deviations are population std (ddof=0: the final five are the whole
-population described).
-"""
+SR values are in the caller's unit (only :func:`default_target` assumes percent); standard deviations are population
+std (the final five are the whole population described)."""
 
 from __future__ import annotations
 
@@ -18,20 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "SR_TOLERANCE",
-    "Cost",
-    "EvalPoint",
-    "MetricsWriter",
-    "cost_to_target",
-    "default_target",
-    "final_five",
-    "geometric_mean",
-    "nauc",
-    "peak_sr",
-    "reaches",
-    "speedup",
-]
+__all__ = ["SR_TOLERANCE", "Cost", "EvalPoint", "MetricsWriter", "cost_to_target", "default_target", "final_five",
+           "geometric_mean", "nauc", "peak_sr", "reaches", "speedup"]
 
 #: Absolute tolerance when comparing an SR with a target: 0.29 * 100 == 28.999999999999996 must reach τ = 29.
 SR_TOLERANCE = 1e-9
@@ -62,11 +47,7 @@ def peak_sr(srs: Sequence[float]) -> float | None:
 
 
 def final_five(srs: Sequence[float], n: int = 5) -> tuple[float, float] | None:
-    """Final-five SR: (mean, population std) over the last ``n`` evaluation checkpoints, in evaluation order.
-
-    With fewer than ``n`` checkpoints the available ones are used (callers report how many); ``None`` when there is
-    none.
-    """
+    """Final-five SR: (mean, population std) over the last ``n`` evaluations (fewer if fewer; ``None`` for none)."""
     if n < 1:
         raise ValueError(f"final_five: n must be >= 1, got {n}")
     last = [float(x) for x in srs[-n:]]
@@ -80,11 +61,9 @@ def final_five(srs: Sequence[float], n: int = 5) -> tuple[float, float] | None:
 def nauc(updates: Sequence[float], srs: Sequence[float], budget: float, rule: str = "trapezoid") -> float | None:
     """nAUC: area under the SR-vs-update curve over ``[updates[0], budget]`` divided by the span (= mean SR there).
 
-    ``rule="trapezoid"`` (default) joins consecutive evals linearly and interpolates the SR at ``budget``;
-    ``rule="step"`` holds each eval's SR until the next eval. Returns ``None`` when the run's evals do not cover the
-    budget (no eval at or after ``budget``), so a run still in progress is never scored on a shorter span. When the
-    first eval is at ``budget`` the nAUC is that eval's SR. ``updates`` must be strictly increasing.
-    """
+    ``trapezoid`` joins consecutive evals linearly (the SR at ``budget`` interpolated), ``step`` holds each eval's SR
+    until the next. ``None`` when no eval is at or after ``budget`` (a run in progress is never scored on a shorter
+    span); the first eval's SR when it is at ``budget``. ``updates`` must be strictly increasing."""
     if rule not in ("trapezoid", "step"):
         raise ValueError(f"nauc: rule must be 'trapezoid' or 'step', got {rule!r}")
     if len(updates) != len(srs):
@@ -126,10 +105,7 @@ def reaches(sr: float, tau: float) -> bool:
 
 
 def cost_to_target(evals: Sequence[EvalPoint], tau: float) -> Cost | None:
-    """Learner tokens and compute seconds accumulated through the first evaluation (in order) reaching τ.
-
-    ``None`` when no evaluation reaches τ (the paper's dash).
-    """
+    """Learner tokens and compute seconds through the first evaluation reaching τ (``None``: none does, a dash)."""
     for e in evals:
         if reaches(e.sr, tau):
             return Cost(update=e.update, tokens=e.tokens, compute_s=e.compute_s)
@@ -137,11 +113,8 @@ def cost_to_target(evals: Sequence[EvalPoint], tau: float) -> Cost | None:
 
 
 def speedup(vanilla_cost: float | None, method_cost: float | None) -> float | None:
-    """Time-to-target ratio ``C_vanilla(τ) / C_method(τ)``; above one favours the method.
-
-    ``None`` when either cost is missing (not reached, or not recorded). A method that reaches τ at zero cost gives
-    ``inf`` (1.0 when vanilla's cost is zero too).
-    """
+    """Time-to-target ratio ``C_vanilla(τ) / C_method(τ)`` (above one favours the method); ``None`` when a cost is
+    missing; ``inf`` for a zero method cost (1.0 when vanilla's is zero too)."""
     if vanilla_cost is None or method_cost is None:
         return None
     if vanilla_cost < 0 or method_cost < 0:
@@ -152,10 +125,8 @@ def speedup(vanilla_cost: float | None, method_cost: float | None) -> float | No
 
 
 def geometric_mean(values: Sequence[float]) -> float | None:
-    """Geometric mean (the paper's cross-setting speedup summary); ``None`` for no values.
-
-    Raises ``ValueError`` for a non-positive or non-finite value: callers drop missing ratios (dashes) first and say so.
-    """
+    """Geometric mean (the paper's cross-setting speedup summary); ``None`` for no values, ``ValueError`` for a
+    non-positive or non-finite one (callers drop dashes first)."""
     vals = [float(v) for v in values]
     if not vals:
         return None
@@ -181,32 +152,16 @@ def _jsonable(value: Any, key: str) -> Any:
 
 
 class MetricsWriter:
-    """Appends ``metrics.jsonl`` records to a run directory and mirrors numeric values to TensorBoard (``tb/``).
-
-    Example::
-
-        with MetricsWriter(run_dir) as mw:
-            mw.update(1, {"learner/loss": 0.7, "learner/tokens_total": 4096})
-            mw.eval(1, {"eval/success_rate": 0.25, "learner/tokens_total": 4096})
-
-    Each record is one line ``{"kind": ..., "update": ..., "time": ..., <metrics>}``, flushed at once so a killed run
-    loses at most the line being written. ``time`` defaults to seconds since the writer was created plus
-    ``time_offset`` (pass the previous run's elapsed time when resuming). On opening, a final line without a newline
-    (a write cut off by a kill) is dropped with a warning; with ``truncate_after=N`` (resume from the checkpoint of
-    update N), records with ``update > N`` are dropped too, so redone updates are not counted twice, and so are lines
-    that are not JSON (one warning counts them and names their line numbers). Thread-safe.
-    """
+    """Appends ``metrics.jsonl`` records (``{"kind", "update", "time", <metrics>}`` per line, flushed at once) to a
+    run directory and mirrors numeric values to TensorBoard (``tb/``); thread-safe. ``time`` defaults to seconds since
+    the writer was created plus ``time_offset`` (a resume: the previous elapsed time). On opening, a cut-off final
+    line is dropped with a warning; with ``truncate_after=N`` (a resume from update N), so are records with
+    ``update > N`` and lines that are not JSON."""
 
     KINDS = ("update", "eval")
 
-    def __init__(
-        self,
-        run_dir: str | os.PathLike[str],
-        *,
-        tensorboard: bool = True,
-        time_offset: float = 0.0,
-        truncate_after: int | None = None,
-    ) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], *, tensorboard: bool = True, time_offset: float = 0.0,
+                 truncate_after: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
@@ -219,21 +174,19 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # TensorBoard is optional for the writer; metrics.jsonl is the record
-                SummaryWriter = None
-            if SummaryWriter is not None:
+                pass
+            else:
                 self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"))
 
     def _repair(self, truncate_after: int | None) -> None:
-        """Drop a cut-off final line and, when resuming, records past the checkpoint (see the class docstring)."""
+        """Drop a cut-off final line and, when resuming, records past the checkpoint and lines that are not JSON."""
         if not self.path.exists():
             return
-        text = self.path.read_text(encoding="utf-8")
-        lines = text.split("\n")
+        lines = self.path.read_text(encoding="utf-8").split("\n")
         tail = lines.pop()  # "" when the file ends with a newline
-        changed = False
         if tail:
             warnings.warn(f"{self.path}: dropping a cut-off final line ({len(tail)} chars)", stacklevel=3)
-            changed = True
+        kept = lines
         if truncate_after is not None:
             kept, malformed = [], []
             for lineno, line in enumerate(lines, 1):
@@ -245,15 +198,13 @@ class MetricsWriter:
                 if isinstance(rec, dict) and isinstance(rec.get("update"), int) and rec["update"] > truncate_after:
                     continue
                 kept.append(line)
-            changed = changed or len(kept) != len(lines)
             if malformed:  # skipped and counted, as the cut-off final line is
                 warnings.warn(f"{self.path}: dropping {len(malformed)} malformed line(s) (not JSON; line "
                               f"{', '.join(map(str, malformed[:5]))}{', ...' if len(malformed) > 5 else ''})",
                               stacklevel=3)
-            lines = kept
-        if changed:
+        if tail or len(kept) != len(lines):
             tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
             os.replace(tmp, self.path)
 
     def write(self, kind: str, update: int, metrics: Mapping[str, Any], time: float | None = None) -> dict[str, Any]:

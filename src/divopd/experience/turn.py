@@ -1,11 +1,5 @@
-"""Turn records: one student response turn as explorers queue it and the sampler selects it, the unit every part of
-divopd exchanges (paper, "Asynchronous multi-turn OPD": tagged by ``(rollout_id, turn_index, policy_version)``).
-
-Malformed *types* (a non-string rollout id, a negative turn index or version) raise ``ValueError`` at construction;
-malformed *content* (missing teacher scores, arrays of the wrong length, no scored token, a truncated prompt) is legal
-to construct and is what :func:`divopd.sampling.gate.check` names, so that nothing is lost silently: such a turn is
-counted as rejected with a reason.
-"""
+"""Turn records: one student response turn, tagged ``(rollout_id, turn_index, policy_version)`` (paper,
+"Asynchronous multi-turn OPD"), the unit every part of divopd exchanges, and the finished :class:`Rollout`."""
 
 from __future__ import annotations
 
@@ -35,14 +29,8 @@ def _as_array(values: Any, dtype: Any, name: str) -> np.ndarray | None:
 
 @dataclass(frozen=True, eq=False)
 class ResponseScores:
-    """A model's scores of one response of length L: what every teacher returns per turn (a Turn's ``teacher_*``).
-
-    Attributes:
-        logprobs: [L] float32, log prob of each given response token (NaN where it has no context: empty prompt, i = 0).
-        topk_ids: [L, k] int32, the model's k most likely tokens at each position, most likely first; ``None`` when
-            no top-k was asked for.
-        topk_logprobs: [L, k] float32, their log probabilities (``None`` with ``topk_ids``).
-    """
+    """A model's scores of one response of length L (a Turn's ``teacher_*``): ``logprobs`` [L] float32 (NaN without
+    context), ``topk_ids`` [L, k] int32 (most likely first) and their ``topk_logprobs`` (``None`` without top-k)."""
 
     logprobs: np.ndarray
     topk_ids: np.ndarray | None = None
@@ -51,24 +39,22 @@ class ResponseScores:
 
 @dataclass(eq=False)
 class Turn:
-    """One student response turn.
+    """One student response turn. Malformed types raise ``ValueError``; malformed content (missing scores, arrays of
+    the wrong length, a truncated prompt) is legal and is what :func:`divopd.sampling.gate.check` names.
 
     Attributes:
-        rollout_id: id of the rollout (episode) the turn belongs to.
-        turn_index: position of the turn within its rollout (>= 0).
-        policy_version: student policy version that generated the response (>= 0).
-        prompt_ids: token ids of the prompt (chat template + task + history), int sequence.
-        response_ids: token ids of the student's response, int sequence.
+        rollout_id, turn_index, policy_version: the rollout (episode), the turn's position in it (>= 0) and the
+            student version that generated it (>= 0).
+        prompt_ids, response_ids: token ids of the prompt (chat template + task + history) and of the response.
         action_mask: per response token, True where the token is the student's action (``None`` = all True).
         student_logprobs: per response token, log probability under the generating policy (``None`` = not kept).
-        teacher_logprobs: per response token, frozen-teacher log probability (``None`` = not scored;
-            NaN or +-inf at a position = that position not scored).
+        teacher_logprobs: per response token, frozen-teacher log probability (``None``, or NaN/±inf at a position:
+            not scored).
         teacher_valid_mask: per response token, True where the teacher score is usable (``None`` = no extra mask).
-        prompt_truncated: True when the explorer had to truncate the prompt (history past the context budget).
+        prompt_truncated: the explorer truncated the prompt (history past the context budget).
         info: free-form metadata (env, task, success, reward, score, horizon, teacher_acted, ...).
-        teacher_topk_ids: optional, per response token the teacher's top-k token ids, shape [L, k] (for the
-            non-default top-k reverse-KL estimator of :func:`divopd.learn.loss.opd_loss`).
-        teacher_topk_logprobs: optional, the teacher log probabilities of ``teacher_topk_ids``, shape [L, k].
+        teacher_topk_ids, teacher_topk_logprobs: optional [L, k] teacher top-k token ids and their log probabilities
+            (the top-k reverse-KL estimator of :func:`divopd.learn.loss.opd_loss`).
     """
 
     rollout_id: str
@@ -97,10 +83,9 @@ class Turn:
         self.response_ids = _as_array(self.response_ids, np.int32, "response_ids")
         if self.prompt_ids is None or self.response_ids is None:
             raise ValueError("Turn.prompt_ids and Turn.response_ids are required (use an empty sequence for none)")
-        self.action_mask = _as_array(self.action_mask, bool, "action_mask")
-        self.student_logprobs = _as_array(self.student_logprobs, np.float32, "student_logprobs")
-        self.teacher_logprobs = _as_array(self.teacher_logprobs, np.float32, "teacher_logprobs")
-        self.teacher_valid_mask = _as_array(self.teacher_valid_mask, bool, "teacher_valid_mask")
+        for name, dtype in (("action_mask", bool), ("student_logprobs", np.float32), ("teacher_logprobs", np.float32),
+                            ("teacher_valid_mask", bool)):
+            setattr(self, name, _as_array(getattr(self, name), dtype, name))
         self.prompt_truncated = bool(self.prompt_truncated)
         for name, dtype in (("teacher_topk_ids", np.int32), ("teacher_topk_logprobs", np.float32)):
             value = getattr(self, name)
@@ -114,7 +99,6 @@ class Turn:
         if not isinstance(self.info, dict):
             raise ValueError(f"Turn.info must be a dict, got {type(self.info).__name__}")
 
-    # ------------------------------------------------------------------ identity
     @property
     def key(self) -> tuple[str, int]:
         """``(rollout_id, turn_index)``: the turn's identity in the paper."""
@@ -128,7 +112,6 @@ class Turn:
     def prompt_len(self) -> int:
         return int(self.prompt_ids.shape[0])
 
-    # ------------------------------------------------------------------ derived, cached
     @cached_property
     def length_mismatch(self) -> str | None:
         """Name of the first per-token array whose length differs from the response, else ``None``."""
@@ -143,9 +126,8 @@ class Turn:
     @cached_property
     def valid_mask(self) -> np.ndarray:
         """Action ∧ teacher-valid ∧ finite teacher logprob, per response token (all False when unusable)."""
-        n = self.response_len
         if self.teacher_logprobs is None or self.length_mismatch is not None:
-            return np.zeros(n, dtype=bool)
+            return np.zeros(self.response_len, dtype=bool)
         mask = np.isfinite(self.teacher_logprobs)
         if self.action_mask is not None:
             mask &= self.action_mask
@@ -155,8 +137,7 @@ class Turn:
 
     @property
     def teacher_masked_tokens(self) -> int:
-        """Response positions the teacher scored as not finite (masked: a token another vocabulary lacks, or one
-        the teacher could not score); 0 for an unscored turn."""
+        """Response positions whose teacher log prob is not finite (masked or unscorable); 0 for an unscored turn."""
         return 0 if self.teacher_logprobs is None else int(np.count_nonzero(~np.isfinite(self.teacher_logprobs)))
 
     @cached_property
@@ -166,15 +147,11 @@ class Turn:
 
     @cached_property
     def disagreement(self) -> float:
-        """Focus score: Σ over valid tokens of (student_logprob − teacher_logprob), the cached disagreement.
-
-        Uses the generating policy's log probabilities, so no model pass is needed. Positions whose student log
-        probability is not finite are skipped. 0.0 when the turn has no student log probabilities or no valid token.
-        """
+        """Focus score: Σ over valid tokens of (student_logprob − teacher_logprob) with the generating policy's
+        log probabilities (non-finite ones skipped); 0.0 without student log probabilities or a valid token."""
         if self.student_logprobs is None or self.n_valid == 0:
             return 0.0
         mask = self.valid_mask & np.isfinite(self.student_logprobs)
-        # float64 differences at the masked positions only (the rest of ``diff`` is never read)
         diff = np.subtract(self.student_logprobs, self.teacher_logprobs, out=None, dtype=np.float64, where=mask)
         return float(diff[mask].sum())
 
@@ -185,7 +162,6 @@ class Turn:
             return 0
         return int(np.count_nonzero(self.valid_mask & np.isfinite(self.student_logprobs)))
 
-    # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (lists, ints, floats, NaN kept), for state dicts and JSON."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -200,25 +176,20 @@ class Turn:
         return cls(**data)
 
     def __repr__(self) -> str:
-        return (
-            f"Turn(rollout_id={self.rollout_id!r}, turn_index={self.turn_index}, policy_version={self.policy_version}, "
-            f"prompt_len={self.prompt_len}, response_len={self.response_len}, n_valid={self.n_valid})"
-        )
+        return (f"Turn(rollout_id={self.rollout_id!r}, turn_index={self.turn_index}, "
+                f"policy_version={self.policy_version}, prompt_len={self.prompt_len}, "
+                f"response_len={self.response_len}, n_valid={self.n_valid})")
 
 
 @dataclass
 class RolloutInfo:
-    """What a rollout carries besides its turns: the episode's outcome and counts, as the explorer reports them.
-
-    A chunk of a rollout still running (``explorer.enqueue: turn``) has ``partial`` True; its outcome fields
-    (``success``, ``score``, ``horizon``) are those so far, and the chunk with the last turn carries the final ones.
-    """
+    """What a rollout carries besides its turns: the episode's outcome and counts, as the explorer reports them (a
+    ``partial`` chunk of a running rollout, ``explorer.enqueue: turn``: those so far)."""
 
     rollout_id: str
     explorer_id: int
     env: str
     task: str
-    #: the episode succeeded (the env said so)
     success: bool
     #: the env's score at the end (so far, for a chunk)
     score: float
@@ -236,21 +207,19 @@ class RolloutInfo:
     unscored_turns: int = 0
     policy_version_min: int = 0
     policy_version_max: int = 0
-    #: a chunk of a running rollout (``enqueue: turn``); the learner counts a rollout by its last chunk
+    #: a chunk of a running rollout; the learner counts a rollout by its last chunk
     partial: bool = False
     #: the explorer's newest weight load, in seconds (the learner logs it as ``time/weight_load_s``)
     weight_load_s: float = 0.0
-    #: explorer seconds since it handed over its previous rollout (or chunk), in generation (student and teacher
-    #: actors), environment steps and teacher scoring; the learner sums them over the rollouts that arrived since its
-    #: previous update as ``time/generate_s``, ``time/env_s``, ``time/score_s`` (wall times: not compared by ``==``)
+    #: explorer seconds since its previous rollout (or chunk) in generation, env steps and teacher scoring, summed by
+    #: the learner as ``time/generate_s``, ``time/env_s``, ``time/score_s`` (wall times: not compared by ``==``)
     generate_s: float = field(default=0.0, compare=False)
     env_s: float = field(default=0.0, compare=False)
     score_s: float = field(default=0.0, compare=False)
 
     def set_stage_times(self, totals: dict[str, float], handed_over: dict[str, float]) -> None:
-        """Set ``generate_s``, ``env_s``, ``score_s`` from an explorer's cumulative ``totals`` (``time/generate``,
-        ``time/env``, ``time/teacher_score``) less ``handed_over`` (those at its previous rollout), then move
-        ``handed_over`` up to ``totals``."""
+        """Set ``generate_s``, ``env_s``, ``score_s`` from an explorer's cumulative ``totals`` less ``handed_over``
+        (those at its previous rollout), then move ``handed_over`` up to ``totals``."""
         for key, name in (("time/generate", "generate_s"), ("time/env", "env_s"), ("time/teacher_score", "score_s")):
             setattr(self, name, float(totals.get(key, 0.0)) - handed_over.get(key, 0.0))
             handed_over[key] = float(totals.get(key, 0.0))
@@ -258,8 +227,7 @@ class RolloutInfo:
 
 @dataclass
 class Rollout:
-    """One finished rollout (or, under ``explorer.enqueue: turn``, a chunk of one): its student turns, in order, and
-    its :class:`RolloutInfo`."""
+    """One finished rollout (``explorer.enqueue: turn``: a chunk of one): its student turns, in order, and its info."""
 
     turns: list[Turn]
     info: RolloutInfo

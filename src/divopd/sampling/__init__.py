@@ -1,15 +1,6 @@
-"""Batch selection: which queued turns enter a learner batch (the paper's contribution).
-
-Pure Python + numpy, no torch: usable inside any trainer. Typical use::
-
-    from divopd.sampling import SamplerConfig, make_sampler
-
-    sampler = make_sampler(SamplerConfig("divopd", batch_size=256, pool_factor=4, cap=4, max_staleness=2))
-    sampler.add(turns)                       # divopd Turns; a plug-in adds (payloads, candidates)
-    batch = sampler.next_batch(learner_version)
-    if batch is not None:
-        train_on(batch.payloads); print(sampler.ledger.as_metrics(batch.stats))
-"""
+"""Batch selection: which queued turns enter a learner batch (the paper's contribution). Pure Python + numpy, no
+torch: ``make_sampler(SamplerConfig(...))``, ``sampler.add(turns)``, ``sampler.next_batch(learner_version)`` (a
+:class:`Batch` or ``None``); the README and docs/concepts/sampler.md show it at work."""
 
 from divopd.sampling.candidate import Candidate, Columns
 from divopd.sampling.ledger import Ledger
@@ -19,30 +10,7 @@ from divopd.sampling.rules import allocate_rollout_first, focus_order, is_stale,
 from divopd.sampling.sampler import Batch, Sampler, SamplerConfig, make_sampler
 from divopd.sampling.stats import BatchStats, batch_stats, effective_rollouts
 
-__all__ = [
-    "METHODS",
-    "ROWS",
-    "Batch",
-    "BatchStats",
-    "Candidate",
-    "Columns",
-    "Ledger",
-    "Method",
-    "MethodRow",
-    "Rule",
-    "Sampler",
-    "SamplerConfig",
-    "Switch",
-    "allocate_rollout_first",
-    "batch_stats",
-    "effective_rollouts",
-    "focus_order",
-    "get_method",
-    "is_stale",
-    "make_sampler",
-    "method_names",
-    "method_row",
-    "register_method",
-    "uniform_order",
-    "visiting_order",
-]
+__all__ = ["METHODS", "ROWS", "Batch", "BatchStats", "Candidate", "Columns", "Ledger", "Method", "MethodRow", "Rule",
+           "Sampler", "SamplerConfig", "Switch", "allocate_rollout_first", "batch_stats", "effective_rollouts",
+           "focus_order", "get_method", "is_stale", "make_sampler", "method_names", "method_row", "register_method",
+           "uniform_order", "visiting_order"]

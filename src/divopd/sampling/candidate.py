@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -24,19 +24,10 @@ def task_key(task: Any, rollout_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One turn as the selection rules read it.
-
-    Attributes:
-        rollout_id: the rollout the turn belongs to (its group).
-        turn_index: the turn's index inside its rollout.
-        policy_version: the policy version that generated it (staleness).
-        response_len: response tokens (the token cap, the batch's token shares).
-        n_valid: the paper's |V_t|, valid tokens (0 = a dead row).
-        kl_tokens: valid tokens with a finite student log prob (what ``disagreement`` sums over).
-        disagreement: the cached focus score Σ_{V_t}(log π_v − log π_teacher).
-        reason: the gate's verdict, ``None`` or a code of :data:`divopd.sampling.gate.REASONS`.
-        task: the turn's task group (:func:`task_key`), for task-level rules.
-    """
+    """One turn as the selection rules read it: its tags, response length, the paper's |V_t| (``n_valid``; 0 = a dead
+    row), the cached focus score Σ_{V_t}(log π_v − log π_teacher) (``disagreement``, over ``kl_tokens`` tokens with a
+    finite student log prob), the gate's verdict (``reason``: ``None`` or a :data:`~divopd.sampling.gate.REASONS`
+    code) and its task group (:func:`task_key`)."""
 
     rollout_id: str
     turn_index: int
@@ -71,9 +62,8 @@ _FIELDS = tuple(f.name for f in fields(Candidate))
 
 @dataclass(frozen=True)
 class Columns(Generic[P]):
-    """Candidates as numpy columns in arrival order: the fields of :class:`Candidate` plus ``arrival`` (the sampler's
-    arrival number), ``seen`` (the update that read it into the pool, Algorithm 1 step 3; -1 while queued) and
-    ``payload`` (the caller's object). Selection rules read these columns and return row positions."""
+    """Candidates as numpy columns in arrival order: the fields of :class:`Candidate`, ``arrival``, ``seen`` (the update
+    that read the row into the pool, Algorithm 1 step 3; -1 while queued) and ``payload`` (the caller's object)."""
 
     arrival: np.ndarray
     policy_version: np.ndarray
@@ -131,15 +121,13 @@ class Columns(Generic[P]):
 
     def stamped(self, update: int) -> Columns[P]:
         """These rows read into the pool at ``update`` (their first-seen stamp)."""
-        return Columns(**{**{name: getattr(self, name) for name in _DTYPES},
-                          "seen": np.full(len(self), update, dtype=np.int64)})
+        return replace(self, seen=np.full(len(self), update, dtype=np.int64))
 
     def candidates(self) -> list[Candidate]:
         """The rows as :class:`Candidate` records."""
         cols = [getattr(self, name).tolist() for name in _FIELDS]
-        reasons = gate.REASONS
         at = _FIELDS.index("reason")
-        cols[at] = [None if r < 0 else reasons[r] for r in cols[at]]
+        cols[at] = [None if r < 0 else gate.REASONS[r] for r in cols[at]]
         return [Candidate(*row) for row in zip(*cols, strict=True)]
 
     def payloads(self) -> list[P]:

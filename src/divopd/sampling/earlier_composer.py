@@ -1,34 +1,10 @@
-"""DivOPD-focus, the paper's *earlier* composer (Appendix A.1), as we read it.
-
-The paper's whole description: "It has no validity gate, visits task groups in seeded random order, ranks turns by
-disagreement, caps a group at three turns and a task's token share at 25% on the first pass, removes the turn cap when
-relaxing, and enables per-rollout task-balance loss weights." It gives no code and no formula; our reading:
-
-* **No gate.** Every non-stale turn read from the queue is a candidate, invalid ones too (the sampler's ``gated=False``
-  method flag): an invalid turn that is selected is counted ``selected`` and trained as vanilla would train it (a
-  dead row when it has no valid token; a truncated-prompt or logprob-less turn still trains on its valid tokens);
-  an unselected one waits in the pending pool like any other candidate.
-* **Task groups.** A turn's group is its task (``Candidate.task``: ``turn.info["task"]`` when the explorer recorded
-  one, as every divopd explorer does, else its rollout id: a rollout is then its own task). Groups are visited in a
-  seeded random order: the group names are sorted, then permuted once per composition with the sampler's rng.
-* **Ranking.** Inside a group: disagreement s(u) descending, ties by ``(rollout_id, turn_index)``, then arrival.
-* **First pass.** Each group, in visiting order, appends its best unselected turns while it holds fewer than
-  :data:`FOCUS_TURN_CAP` (3) turns and the next turn keeps its selected response tokens within the *token share*:
-  ``FOCUS_TOKEN_SHARE × B × mean response length of the candidates`` (25% of the response tokens a B-row batch of
-  average candidates holds). A group stops at its first turn that does not fit (it takes a prefix of its ranking).
-* **Relaxing.** If the batch is not full, one more sweep in the same order without the turn cap; the token share stays
-  (the paper removes only the turn cap). If the batch is still not full, a last sweep without either cap fills it (the
-  sampler needs exactly B rows whenever the pool holds B turns).
-* **Task-balance loss weights** (:func:`task_balance_weights`): every row of task group g gets ``B / (G · n_g)``, with
-  G the number of task groups in the batch and n_g the rows of group g, so each task's rows weigh ``B / G`` together
-  (tasks contribute equally) and the weights average 1 over the batch. Rows of one rollout share its task's weight
-  ("per-rollout"). The sampler puts them on ``Batch.row_weights``; the learner multiplies each row's
-  seq-mean-token-mean term by its weight (:func:`divopd.learn.loss.reduce_tokens`).
-
-Output order: by pass, then group visiting order, then rank inside the group.
-"""
+"""DivOPD-focus, the paper's *earlier* composer (Appendix A.1), as we read it: no gate, task groups in seeded random
+order, a first pass of at most 3 turns and a 25% token share per task group, then a pass without the turn cap and a
+fill without either cap; task-balance row weights. The reading, step by step: docs/concepts/sampler.md."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 
@@ -46,8 +22,8 @@ FOCUS_TOKEN_SHARE = 0.25
 
 def compose_divopd_focus(pool: Columns, batch_size: int, settings: RuleSettings | None,
                          rng: np.random.Generator) -> np.ndarray:
-    """``divopd-focus``: no gate; task groups in seeded random order, each ranked by disagreement; a first pass of at
-    most 3 turns and a 25% token share per group, then sweeps without the turn cap and finally without either cap."""
+    """``divopd-focus``'s rule: positions by (pass, task group visiting order, focus rank); the group names are sorted,
+    then permuted once per composition with ``rng``; the token share is of ``B ×`` the pool's mean response length."""
     if batch_size <= 0 or len(pool) == 0:
         return np.zeros(0, dtype=np.intp)
     names, inverse = np.unique(pool.task, return_inverse=True)
@@ -69,8 +45,5 @@ def compose_divopd_focus(pool: Columns, batch_size: int, settings: RuleSettings 
 def task_balance_weights(selected: Columns) -> list[float]:
     """Per-row loss weights ``B / (G · n_g)``: every task group of the batch weighs ``B / G``; the weights average 1."""
     keys = selected.task.tolist()
-    counts: dict[str, int] = {}
-    for k in keys:
-        counts[k] = counts.get(k, 0) + 1
-    n, g = len(keys), len(counts)
-    return [n / (g * counts[k]) for k in keys]
+    counts = Counter(keys)
+    return [len(keys) / (len(counts) * counts[k]) for k in keys]

@@ -1,11 +1,7 @@
-"""The validity gate (paper, Section 3: "A turn is valid only if…").
-
-    A turn is valid only if its prompt was not truncated and it contains the tokens, teacher log probabilities, and
-    action mask needed by the loss. If a teacher-valid mask is supplied, it must align with the action mask and share
-    at least one valid position. Turns that fail these checks are discarded before batch selection.
-
-A turn gets ``None`` (valid) or exactly one reason code from :data:`REASONS`: the first of its defects in that order.
-"""
+"""The validity gate (paper, Section 3): "A turn is valid only if its prompt was not truncated and it contains the
+tokens, teacher log probabilities, and action mask needed by the loss. If a teacher-valid mask is supplied, it must
+align with the action mask and share at least one valid position." A turn gets ``None`` (valid) or the first of its
+defects in :data:`REASONS` order; invalid turns are discarded before batch selection."""
 
 from __future__ import annotations
 

@@ -9,17 +9,14 @@ import divopd.sampling.gate as gate
 
 __all__ = ["EXPIRY_REASONS", "Ledger"]
 
-#: Why a turn expired: too old a policy (``stale``), first seen more than W updates ago (``pending_age``), pushed out
-#: of a full pending pool (``pending_overflow``).
+#: Why a turn expired: too old a policy, first seen more than W updates ago, pushed out of a full pending pool.
 EXPIRY_REASONS: tuple[str, ...] = ("stale", "pending_age", "pending_overflow")
 
 
 @dataclass
 class Ledger:
-    """Counters; ``received == selected + expired + invalid + pending + queued`` always holds.
-
-    ``invalid_by_reason`` counts the gate's rejections by :data:`divopd.sampling.gate.REASONS` code,
-    ``expired_by_reason`` the expiries by :data:`EXPIRY_REASONS`."""
+    """Counters; ``received == selected + expired + invalid + pending + queued`` always holds. The rejections and
+    expiries are also counted by reason (:data:`divopd.sampling.gate.REASONS`, :data:`EXPIRY_REASONS`)."""
 
     received: int = 0
     selected: int = 0

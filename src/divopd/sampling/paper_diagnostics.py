@@ -1,10 +1,6 @@
-"""The diagnostics of the paper's tables (Appendix: Tables 9, 11, 12, 14, 16 and Figure 6), as pure functions.
-
-Each function is the definition the metrics, the replay and the report use (docs/guides/report.md maps tables to
-keys; the concentration numbers of Tables 9 and 12 are :func:`~divopd.sampling.stats.batch_stats` keys).
-
-:class:`RunDiagnostics` holds the run-level (cumulative) ones a training run writes per update.
-"""
+"""The diagnostics of the paper's tables (Appendix: Tables 9, 11, 12, 14, 16 and Figure 6) as pure functions, the one
+definition the metrics, the replay and the report use (docs/guides/report.md maps tables to keys), and the run-level
+:class:`RunDiagnostics`."""
 
 from __future__ import annotations
 
@@ -18,47 +14,24 @@ import numpy as np
 from divopd.experience.turn import Turn
 from divopd.sampling.candidate import Candidate
 
-__all__ = [
-    "DEPTH_BUCKETS",
-    "EMA_ALPHA",
-    "OUTCOMES",
-    "RunDiagnostics",
-    "cell_shares",
-    "depth_bucket",
-    "ema_update",
-    "gini",
-    "kl_per_token",
-    "kl_tokens",
-    "never_selected_scored_share",
-    "never_selected_share",
-    "outcome",
-    "outcome_cells",
-    "rollout_cells",
-    "scored_tokens",
-    "selection_cells",
-    "teacher_tokens_per_trained_token",
-    "turns_per_rollout",
-]
+__all__ = ["DEPTH_BUCKETS", "EMA_ALPHA", "OUTCOMES", "RunDiagnostics", "cell_shares", "depth_bucket", "ema_update",
+           "gini", "kl_per_token", "kl_tokens", "never_selected_scored_share", "never_selected_share", "outcome",
+           "outcome_cells", "rollout_cells", "scored_tokens", "selection_cells", "teacher_tokens_per_trained_token",
+           "turns_per_rollout"]
 
 #: Figure 6's smoothing constant.
 EMA_ALPHA = 0.12
 
 #: Table 14's turn-depth buckets: (label, lowest turn index, first turn index past the bucket or None).
-DEPTH_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
-    ("<2", 0, 2),
-    ("[2,4)", 2, 4),
-    ("[4,6)", 4, 6),
-    ("[6,10)", 6, 10),
-    ("≥10", 10, None),
-)
+DEPTH_BUCKETS: tuple[tuple[str, int, int | None], ...] = (("<2", 0, 2), ("[2,4)", 2, 4), ("[4,6)", 4, 6),
+                                                           ("[6,10)", 6, 10), ("≥10", 10, None))
 
 #: Table 14's rollout outcomes; ``unknown`` when a turn carries no ``info["success"]`` (e.g. a log without the column).
 OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown")
 
 
-# ---------------------------------------------------------------------------------------------------- Table 9
 def turns_per_rollout(turns: Sequence[Turn | Candidate]) -> float:
-    """Mean selected turns per distinct rollout of a batch: rows ÷ distinct rollout ids (0 for an empty batch)."""
+    """Table 9: mean selected turns per distinct rollout of a batch, rows ÷ rollout ids (0 for an empty batch)."""
     rollouts = len({t.rollout_id for t in turns})
     return len(turns) / rollouts if rollouts else 0.0
 
@@ -69,13 +42,9 @@ def kl_tokens(turn: Turn | Candidate) -> int:
 
 
 def kl_per_token(turns: Iterable[Turn | Candidate]) -> float:
-    """The batch's sampled reverse KL per token: Σ (student − teacher log prob) ÷ the number of those tokens.
-
-    Summed over the valid tokens with a finite student log probability (:func:`kl_tokens`), with the generating
-    policy's log probabilities cached on the turn (:attr:`Turn.disagreement`), so it needs no model pass. 0.0 when the
-    batch has no such token. ``learner/reverse_kl`` is the same mean with the learner's log π_θold of the update (equal
-    when the update starts from the generating weights, i.e. at age 0 with ``learner.old_logprobs: same-pass``).
-    """
+    """Table 9: the batch's sampled reverse KL per token, Σ :attr:`Turn.disagreement` ÷ Σ :func:`kl_tokens` (cached
+    generating-policy log probabilities; 0.0 without such a token); ``learner/reverse_kl`` is the same mean under the
+    learner's log π_θold."""
     total = 0.0
     n = 0
     for t in turns:
@@ -86,10 +55,9 @@ def kl_per_token(turns: Iterable[Turn | Candidate]) -> float:
     return total / n if n else 0.0
 
 
-# ---------------------------------------------------------------------------------------------------- Table 11
 def gini(counts: Iterable[float]) -> float | None:
-    """Gini coefficient ``Σ_i Σ_j |x_i − x_j| / (2 n² x̄)`` of non-negative counts (``None`` for none; 0.0 when all
-    are zero). Computed in O(n log n) as ``Σ_i (2i − n − 1) x_(i) / (n Σ x)`` over the sorted values, i = 1…n."""
+    """Table 11: Gini coefficient ``Σ_i Σ_j |x_i − x_j| / (2 n² x̄)`` of non-negative counts (``None`` for none; 0.0
+    when all are zero), computed in O(n log n) as ``Σ_i (2i − n − 1) x_(i) / (n Σ x)`` over sorted values, i = 1…n."""
     xs = sorted(float(x) for x in counts)
     n = len(xs)
     if n == 0:
@@ -103,14 +71,13 @@ def gini(counts: Iterable[float]) -> float | None:
 
 
 def never_selected_share(rollouts: Iterable[str], selected: Mapping[str, int] | set[str]) -> float | None:
-    """Share of ``rollouts`` with no selected turn (``None`` when there is no rollout)."""
+    """Table 11: share of ``rollouts`` with no selected turn (``None`` when there is no rollout)."""
     rs = set(rollouts)
     if not rs:
         return None
     return sum(1 for r in rs if not (selected.get(r, 0) if isinstance(selected, Mapping) else r in selected)) / len(rs)
 
 
-# ---------------------------------------------------------------------------------------------------- Table 14
 def depth_bucket(turn_index: int) -> str:
     """Table 14's bucket label of a turn depth (its ``turn_index``, 0 = the rollout's first turn)."""
     for label, lo, hi in DEPTH_BUCKETS:
@@ -122,9 +89,7 @@ def depth_bucket(turn_index: int) -> str:
 def outcome(turn: Turn) -> str:
     """``success``/``failure`` from ``turn.info["success"]`` (the log's ``success`` column), else ``unknown``."""
     value = turn.info.get("success")
-    if value is None:
-        return "unknown"
-    return "success" if bool(value) else "failure"
+    return "unknown" if value is None else "success" if value else "failure"
 
 
 def selection_cells(turns: Iterable[Turn]) -> Counter[tuple[str, str]]:
@@ -138,9 +103,8 @@ def rollout_cells(turns: Iterable[Turn]) -> Counter[tuple[str, str]]:
 
 
 def outcome_cells(cells: Mapping[tuple[str, str], int], outcomes: Mapping[str, bool]) -> Counter[tuple[str, str]]:
-    """(depth bucket, rollout id) counts as (depth bucket, outcome) counts, a rollout's outcome taken from
-    ``outcomes`` (rollout id → success; ``unknown`` when absent). Under ``explorer.enqueue: turn`` only a rollout's
-    last turn carries its outcome, so the outcome of an earlier turn is known only once its rollout has ended."""
+    """(depth bucket, rollout id) counts as (depth bucket, outcome) counts, by ``outcomes`` (rollout id → success;
+    ``unknown`` when absent): under ``explorer.enqueue: turn`` an outcome is known only once its rollout ended."""
     out: Counter[tuple[str, str]] = Counter()
     for (bucket, rid), n in cells.items():
         value = outcomes.get(rid)
@@ -149,8 +113,8 @@ def outcome_cells(cells: Mapping[tuple[str, str], int], outcomes: Mapping[str, b
 
 
 def cell_shares(cells: Mapping[tuple[str, str], int]) -> dict[str, dict[str, float | None]]:
-    """``{bucket: {outcome: share}}`` of every bucket × outcome (``unknown`` only when some cell has it); shares of the
-    total count, ``None`` everywhere when the total is 0."""
+    """``{bucket: {outcome: share of the total}}`` of every bucket × outcome (``unknown`` only when some cell has it;
+    ``None`` everywhere when the total is 0)."""
     total = sum(cells.values())
     outcomes = [o for o in OUTCOMES if o != "unknown" or any(k[1] == "unknown" and v for k, v in cells.items())]
     return {
@@ -159,9 +123,8 @@ def cell_shares(cells: Mapping[tuple[str, str], int]) -> dict[str, dict[str, flo
     }
 
 
-# ---------------------------------------------------------------------------------------------------- Table 16
 def scored_tokens(turn: Turn) -> int:
-    """Response tokens the teacher scored: positions with a finite teacher log probability (0 when not scored)."""
+    """Table 16: response tokens the teacher scored, positions with a finite teacher log prob (0 when not scored)."""
     if turn.teacher_logprobs is None:
         return 0
     return int(np.count_nonzero(np.isfinite(turn.teacher_logprobs)))
@@ -177,21 +140,16 @@ def never_selected_scored_share(scored: float, scored_selected: float) -> float 
     return 1.0 - scored_selected / scored if scored > 0 else None
 
 
-# ---------------------------------------------------------------------------------------------------- Figure 6
 def ema_update(previous: float | None, value: float, alpha: float = EMA_ALPHA) -> float:
-    """One EMA step: ``value`` at the first update, then ``α·value + (1 − α)·previous``."""
+    """Figure 6's EMA step: ``value`` at the first update, then ``α·value + (1 − α)·previous``."""
     if previous is None or (isinstance(previous, float) and math.isnan(previous)):
         return float(value)
     return alpha * float(value) + (1.0 - alpha) * float(previous)
 
 
-# ---------------------------------------------------------------------------------------------------- a run
 class RunDiagnostics:
-    """The cumulative diagnostics of a training run, kept in a plain dict (``state``) that checkpoints carry.
-
-    :meth:`observe_received` counts the teacher-scored tokens of arriving turns; :meth:`observe_batch` adds a batch's
-    response tokens, steps the Figure 6 EMA and returns the ``sampler/`` metrics of the update.
-    """
+    """The cumulative diagnostics of a training run (Table 16's token counts, Figure 6's EMA) in a plain dict
+    (``state``) that checkpoints carry; :meth:`observe_batch` returns the update's ``sampler/`` metrics."""
 
     def __init__(self, state: MutableMapping[str, Any] | None = None, alpha: float = EMA_ALPHA) -> None:
         self.state: MutableMapping[str, Any] = state if state is not None else {}
@@ -210,10 +168,8 @@ class RunDiagnostics:
             s["disagreement_std_ema"] = ema_update(s["disagreement_std_ema"],
                                                    float(stats["disagreement_std_across_rollouts"]), self.alpha)
         ratio = teacher_tokens_per_trained_token(s["scored_tokens_received"], s["response_tokens_trained"])
-        out = {
-            "sampler/scored_tokens_received": float(s["scored_tokens_received"]),
-            "sampler/response_tokens_trained": float(s["response_tokens_trained"]),
-        }
+        out = {"sampler/scored_tokens_received": float(s["scored_tokens_received"]),
+               "sampler/response_tokens_trained": float(s["response_tokens_trained"])}
         if ratio is not None:
             out["sampler/teacher_tokens_per_trained_token"] = ratio
         if s["disagreement_std_ema"] is not None:

@@ -1,11 +1,5 @@
-"""The method registry: the record types and the two tables every list of methods reads.
-
-* :class:`Method`: a *sampler rule* (its selection function, gate and row weights), :data:`METHODS` by name;
-* :class:`MethodRow`: a *method row* of the paper's tables: its sampler rule, the explorer and learner features it
-  switches on (:class:`Switch`, config keys), the config check they need, a description and its tags; :data:`ROWS`.
-
-The built-in records are declared in :mod:`divopd.sampling.method_rows`, which fills the tables.
-"""
+"""The method registry: sampler rules (:class:`Method`, :data:`METHODS`) and the paper's method rows
+(:class:`MethodRow`, :data:`ROWS`), filled by :mod:`divopd.sampling.method_rows`."""
 
 from __future__ import annotations
 
@@ -25,14 +19,10 @@ __all__ = ["RuleSettings", "Rule", "Method", "Switch", "MethodRow", "METHODS", "
 class RuleSettings(Protocol):
     """The settings a selection rule reads (a :class:`~divopd.sampling.SamplerConfig` has them all)."""
 
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def cap(self) -> int: ...
-    @property
-    def cap_unit(self) -> str: ...
-    @property
-    def group_order(self) -> str: ...
+    batch_size: int
+    cap: int
+    cap_unit: str
+    group_order: str
 
 
 #: A selection rule: ``(pool, batch_size, settings, rng) -> positions`` of ``batch_size`` distinct pool rows, in
@@ -42,19 +32,9 @@ Rule = Callable[[Columns[Any], int, RuleSettings, np.random.Generator], np.ndarr
 
 @dataclass(frozen=True)
 class Method:
-    """A batch-selection rule (what ``SamplerConfig.method`` names).
-
-    Attributes:
-        name: the registry name (``SamplerConfig.method``).
-        select: the rule; ``None`` for the arrival-order reader, which reads the raw queue.
-        pooled: True when the method reads a gated candidate pool of ``pool_factor × batch_size`` turns.
-        description: one line for ``--help`` and the README.
-        gated: False for a pooled method without the validity gate: invalid turns enter its pool as candidates (and
-            count ``selected`` when chosen, else wait like any pending turn); True for every paper rule but
-            ``divopd-focus``.
-        row_weights: optional ``selected rows -> weights`` (one float per row, mean 1) put on ``Batch.row_weights``;
-            ``None`` = unit row weights (the paper's loss).
-    """
+    """A batch-selection rule (what ``SamplerConfig.method`` names). ``select`` is ``None`` for the arrival-order
+    reader (not ``pooled``); a pooled rule reads a candidate pool of ``c·B`` turns, gated unless ``gated`` is False
+    (``divopd-focus``). ``row_weights`` maps the selected rows to loss weights (mean 1; ``None``: the paper's loss)."""
 
     name: str
     select: Rule | None
@@ -66,11 +46,8 @@ class Method:
 
 @dataclass(frozen=True)
 class Switch:
-    """A feature a method row switches on: the config key ``key`` set to ``value``, or, with ``from_key``, to the value
-    of another key of the setting file (TurnOPD's ``learner.turn_balance_updates`` = the setting's ``updates``).
-
-    ``side`` says which side of the run the feature changes (``explorer`` or ``learner``); the training config applies
-    the switches of its method row (:func:`row_switches`) and checks them (:func:`check_row`)."""
+    """A feature a method row switches on: config key ``key`` set to ``value``, or, with ``from_key``, to the value of
+    another key of the setting file (TurnOPD's ``learner.turn_balance_updates`` = the setting's ``updates``)."""
 
     key: str
     side: Literal["explorer", "learner"]
@@ -80,17 +57,8 @@ class Switch:
 
 @dataclass(frozen=True)
 class MethodRow:
-    """One method row of the paper's tables: the one record the registry, the config, the reports and the docs read.
-
-    Attributes:
-        name: what a run's ``method`` names.
-        sampler: the sampler rule it reads batches with (a :class:`Method`; several rows may share one).
-        description: one line (reports, docs, ``--help``).
-        tags: the lists the row belongs to: ``paper`` (the paper's main tables), ``coverage`` (Table 11's shared-buffer
-            rules), ``replay`` (``divopd replay``'s defaults), ``demo-replay`` (the demo's replay table).
-        switches: the explorer and learner features the row switches on (config keys), applied to its config.
-        check: an extra config check beyond the switches: ``get(dotted key) -> value`` to a problem line or ``None``.
-    """
+    """One method row of the paper's tables (what a run's ``method`` names): its sampler rule (rows may share one),
+    description, tags, the features it switches on, and an extra config check ``check(get) -> problem or None``."""
 
     name: str
     sampler: Method
@@ -101,7 +69,7 @@ class MethodRow:
 
     @property
     def rule(self) -> str:
-        """The name of the sampler rule (``divopd-r`` → ``divopd``)."""
+        """The sampler rule's name (``divopd-r`` → ``divopd``)."""
         return self.sampler.name
 
     @property
@@ -131,19 +99,16 @@ def add_row(row: MethodRow) -> MethodRow:
 
 
 def register_method(name: str, select: Rule, description: str = "") -> Method:
-    """Register a pooled rule under ``name``, with a tag-less row of the same name (the short way to plug a new
-    selection rule in; a row with tags or switches is a :class:`MethodRow` given to :func:`add_row`)."""
+    """Register a pooled rule under ``name``, with a tag-less row of the same name (a row with tags or switches is a
+    :class:`MethodRow` given to :func:`add_row`)."""
     if not name or not isinstance(name, str):
         raise ValueError("method name must be a non-empty str")
     stale = ROWS.get(name)
     if name in METHODS or (stale is not None and stale.rule in METHODS):
         raise ValueError(f"method {name!r} is already registered")
     method = Method(name=name, select=select, pooled=True, description=description)
-    if stale is not None:  # a row whose rule was taken out of METHODS: it reads the new rule, in its old place
-        METHODS[name] = method
-        ROWS[name] = MethodRow(name, method, description)
-    else:
-        add_row(MethodRow(name, method, description))
+    METHODS[name] = method
+    ROWS[name] = MethodRow(name, method, description)  # a stale row (its rule taken out of METHODS) keeps its place
     return method
 
 
@@ -156,8 +121,7 @@ def get_method(name: str) -> Method:
 
 
 def method_names(tag: str | None = None) -> tuple[str, ...]:
-    """Row names in display order, all of them or those with ``tag`` (rows whose rule is no longer registered in
-    :data:`METHODS` are left out)."""
+    """Row names in display order, all or those with ``tag``, leaving out rows whose rule left :data:`METHODS`."""
     return tuple(name for name, row in ROWS.items() if (tag is None or tag in row.tags) and row.rule in METHODS)
 
 

@@ -1,8 +1,5 @@
-"""The paper's selection rules (Section 3 and Algorithm 1), one function each, over the pool's :class:`Columns`.
-
-A rule returns pool positions in composition order; :mod:`divopd.sampling.method_rows` names the rules a method row
-reads batches with.
-"""
+"""The paper's selection rules (Section 3 and Algorithm 1), one function each, over the pool's :class:`Columns`; a
+rule returns pool positions in composition order."""
 
 from __future__ import annotations
 
@@ -29,9 +26,8 @@ def pool_capacity(batch_size: int, pool_factor: float) -> int:
 
 def pending_expiry(seen: np.ndarray, update: int, max_pending_age: int | None,
                    max_pending: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Algorithm 1, step 8, over the unselected pool (arrival order, first-seen updates ``seen``): the rows first
-    seen more than W updates ago (``pending_age``), and of the rest the oldest beyond ``max_pending``
-    (``pending_overflow``). Returns the two boolean masks."""
+    """Algorithm 1, step 8, over the unselected pool in arrival order: the masks of the rows first seen more than W
+    updates ago (``pending_age``) and, of the rest, the oldest beyond ``max_pending`` (``pending_overflow``)."""
     old = np.zeros(len(seen), dtype=bool) if max_pending_age is None else update - seen > max_pending_age
     overflow = np.zeros(len(seen), dtype=bool)
     if max_pending is not None:
@@ -41,9 +37,8 @@ def pending_expiry(seen: np.ndarray, update: int, max_pending_age: int | None,
 
 
 def visiting_order(pool: Columns, group_order: str = "first-seen") -> np.ndarray:
-    """Algorithm 1, step 4: the visiting ordinal of each row's rollout group, groups ordered by their oldest
-    first-seen update, ties by rollout id (``group_order: arrival``: by their oldest arrival). Arrival order inside
-    a group is the pool's own."""
+    """Algorithm 1, step 4: the visiting ordinal of each row's rollout group, groups ordered by their oldest first-seen
+    update, ties by rollout id (``group_order: arrival``: by their oldest arrival)."""
     ids, first, inverse = np.unique(pool.rollout_id, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
     if group_order == "arrival":
@@ -58,12 +53,9 @@ def visiting_order(pool: Columns, group_order: str = "first-seen") -> np.ndarray
 
 def focus_order(disagreement: np.ndarray, rollout: np.ndarray, turn_index: np.ndarray,
                 group: np.ndarray | None = None) -> np.ndarray:
-    """Focus: positions by cached disagreement Σ_{i∈V_u}(log π_v(u) − log π_teacher), descending, ties by
-    ``(rollout, turn_index)`` then position; inside each ``group`` (ascending) when given.
-
-    Paper: "DivOPD ranks its valid turns by the cached score over its valid tokens V_u, in descending order, breaking
-    ties by (rid, t), on every pass."
-    """
+    """Focus (paper: "ranks its valid turns by the cached score over its valid tokens V_u, in descending order,
+    breaking ties by (rid, t)"): positions by disagreement descending, ties by ``(rollout, turn_index)`` then
+    position; inside each ``group`` (ascending) when given."""
     keys = (turn_index, rollout, -disagreement) + (() if group is None else (group,))
     return np.lexsort(keys)
 
@@ -75,18 +67,12 @@ def uniform_order(n: int, rng: np.random.Generator) -> np.ndarray:
 
 def allocate_rollout_first(group: np.ndarray, batch_size: int, cap: int | None,
                            lengths: np.ndarray | None = None) -> np.ndarray:
-    """Rollout-first allocation: which turns the batch takes, in composition order.
+    """Rollout-first allocation: positions into ``group`` of the turns the batch takes, in composition order.
 
     ``group`` is each turn's rollout group in visiting order, the turns sorted by (group, within-rollout rank). Pass
-    0 gives every group up to cap k turns, in visiting order; pass j ≥ 1 raises each group's limit to k + j; the
-    batch takes the first B turns by (pass, group, rank). ``cap`` None: no cap (whole groups in visiting order).
-
-    ``lengths`` (``cap_unit: tokens``, beyond the paper): the cap counts response tokens, a first-pass allowance of
-    ``cap × mean length`` per group raised by one mean length per pass; a turn longer than its allowance waits for a
-    later pass. The chosen turns are then laid out by their turn-count pass, as the turn cap lays them out.
-
-    Returns positions into ``group``.
-    """
+    j gives every group up to k + j turns; the batch takes the first B turns by (pass, group, rank); ``cap`` None:
+    whole groups in visiting order. ``lengths`` (``cap_unit: tokens``, beyond the paper): the allowance counts
+    response tokens, ``(cap + j) × mean length`` per group; the chosen turns are laid out as the turn cap lays them."""
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
     if cap is not None and cap < 1:
@@ -125,9 +111,8 @@ def select_oldest(pool: Columns, batch_size: int, settings: RuleSettings, rng: n
 
 
 def select_top_b(pool: Columns, batch_size: int, settings: RuleSettings, rng: np.random.Generator) -> np.ndarray:
-    """``top-b`` (the paper's "Top-B (no rollout limit)"): the B best candidates in focus order, no rollout limit.
-
-    Only candidates that can reach the top B (ties at the boundary included) are put in focus order."""
+    """``top-b`` (the paper's "Top-B (no rollout limit)"): the B best candidates in focus order (only those that can
+    reach the top B, boundary ties included, are sorted)."""
     neg = -pool.disagreement
     rows = np.arange(len(pool))
     if len(pool) > 2 * batch_size:
@@ -137,9 +122,8 @@ def select_top_b(pool: Columns, batch_size: int, settings: RuleSettings, rng: np
 
 
 def rollout_first(within: str, capped: bool) -> Rule:
-    """The rule of a rollout-first method: rollout groups in visiting order, ``within`` each group focus order
-    (``divopd``) or a uniform order (``divopd-base``), allocated by :func:`allocate_rollout_first` with cap k
-    (``capped``) or none (``nocap``), in the unit of ``cap_unit``."""
+    """The rule of a rollout-first method: groups in visiting order, ``within`` each focus (``divopd``) or uniform
+    order (``divopd-base``), allocated by :func:`allocate_rollout_first` with cap k (``capped``) or none (``nocap``)."""
     if within not in ("focus", "uniform"):
         raise ValueError(f"within-rollout order must be 'focus' or 'uniform', got {within!r}")
 

@@ -1,17 +1,6 @@
-"""The sampler: queue, validity gate, candidate pool with pending turns, expiry, and the ledger, over candidate columns.
-
-Data path (paper, Algorithm 1, "core DivOPD changes only queue consumption")::
-
-    add(payloads, candidates) ──► queue (arrival order) ──► [pooled methods] gate ──► pool = pending + fresh (≤ c·B)
-                                                                                         │ rule picks B rows
-                                                                                         ▼
-                                          unselected valid turns ──► pending (until stale / W / max_pending)
-
-Every turn ends in exactly one ledger bucket: ``selected``, ``expired`` (stale, first seen more than W updates ago,
-or pushed out of a full pending pool), ``invalid`` (rejected by the gate, with its reason), or is still waiting
-(``pending`` in the pool, ``queued`` not yet read). A pooled method without the gate (``Method.gated`` False:
-``divopd-focus``) pools invalid turns as candidates: one it selects is ``selected``.
-"""
+"""The sampler (Algorithm 1's queue consumption): queue, validity gate, candidate pool with pending turns, expiry and
+the ledger, over candidate columns. Every turn ends in one ledger bucket (``selected``, ``expired``, ``invalid``) or is
+still waiting (``pending``, ``queued``); docs/concepts/sampler.md walks the data path."""
 
 from __future__ import annotations
 
@@ -42,23 +31,9 @@ STATE_VERSION = 3
 
 @dataclass
 class Batch(Generic[P]):
-    """A composed learner batch.
-
-    Attributes:
-        payloads: the selected turns' payloads (what the caller added: a divopd ``Turn``, a framework record), in
-            composition order (exactly ``batch_size``).
-        arrivals: the sampler's arrival number of each selected turn.
-        learner_version: the learner version the batch was composed for.
-        stats: composition statistics (see :func:`divopd.sampling.stats.batch_stats`) plus ``expired`` and ``invalid``
-            (during this call), ``pending`` and ``queued`` (after it), ``candidates`` (pool size inspected) and
-            ``candidate_rollouts`` (distinct rollouts among the valid candidates).
-        candidates: the payloads of the valid candidates the method chose from (pooled methods; for ``vanilla`` the
-            batch).
-        first_seen: the update at which each candidate entered the pool (aligned with ``candidates``; pooled
-            methods only).
-        row_weights: per-row loss weights (aligned with ``payloads``, mean 1) from the method's ``row_weights``
-            (``divopd-focus``'s task balance); ``None`` = unit weights, the paper's loss.
-    """
+    """A composed learner batch: the selected payloads (what the caller added) in composition order, their arrival
+    numbers, its :class:`BatchStats`, the payloads of the candidates the method chose from (``vanilla``: the batch)
+    with their first-seen updates (pooled methods), and per-row loss weights (mean 1; ``None`` = unit weights)."""
 
     payloads: list[P]
     arrivals: list[int]
@@ -73,8 +48,7 @@ class Batch(Generic[P]):
 
 
 class Sampler(Generic[P]):
-    """Queue + pool + ledger around one registered selection method; one opaque payload per candidate. Build with
-    :func:`make_sampler`."""
+    """Queue + pool + ledger around one registered selection method, one opaque payload per candidate."""
 
     def __init__(self, config: SamplerConfig, track_departed: bool = False) -> None:
         self.config = config
@@ -84,16 +58,11 @@ class Sampler(Generic[P]):
         self._next_arrival = 0
         self._compositions = 0
         self._ledger = Ledger()
-        #: payloads of the turns that left unselected (expired or rejected), kept for :meth:`take_departed`
         self._departed: list[Columns[P]] | None = [] if track_departed else None
 
-    # ------------------------------------------------------------------ intake
     def add(self, payloads: P | Iterable[P], candidates: Sequence[Candidate] | None = None) -> list[int]:
-        """Queue arrivals; returns their arrival numbers (the sampler numbers turns in arrival order).
-
-        ``candidates``: one :class:`Candidate` per payload, built by the caller's adapter; ``None`` when the payloads
-        are divopd :class:`Turn` objects (each is read with :meth:`Candidate.of`).
-        """
+        """Queue arrivals; returns their arrival numbers. ``candidates``: one per payload, built by the caller's
+        adapter; ``None`` when the payloads are divopd :class:`Turn` objects (read with :meth:`Candidate.of`)."""
         items: list[Any] = [payloads] if isinstance(payloads, Turn) else list(payloads)  # type: ignore[arg-type]
         if candidates is None:
             for item in items:  # check all first: a bad item must not leave half the call queued and uncounted
@@ -124,7 +93,6 @@ class Sampler(Generic[P]):
             n -= len(parts[-1])
         return Columns.join(parts)
 
-    # ------------------------------------------------------------------ ledger
     @property
     def ledger(self) -> Ledger:
         """A snapshot of the counters; ``received == selected + expired + invalid + pending + queued``."""
@@ -153,8 +121,7 @@ class Sampler(Generic[P]):
         return [p for c in (self._pool, *self._queue) for p in c.payloads()]
 
     def take_departed(self) -> list[P]:
-        """The payloads of the turns that left unselected (expired, or rejected by the gate) since the last call
-        (a sampler built with ``track_departed``: a caller that must release their records)."""
+        """The payloads of the turns that left unselected since the last call (a sampler with ``track_departed``)."""
         if self._departed is None:
             raise RuntimeError("Sampler.take_departed needs a sampler built with track_departed=True")
         out = [p for c in self._departed for p in c.payloads()]
@@ -173,13 +140,9 @@ class Sampler(Generic[P]):
             self._departed.append(cols.take(gone))
         return cols.take(~gone)
 
-    # ------------------------------------------------------------------ composition
     def next_batch(self, learner_version: int) -> Batch[P] | None:
-        """Compose exactly ``batch_size`` turns for ``learner_version``, or ``None`` when too few are eligible.
-
-        Stale turns are expired first, wherever they sit. ``None`` selects nothing; pooled methods may still have
-        moved fresh turns into the pool (and rejected invalid ones), which the ledger shows.
-        """
+        """Compose exactly ``batch_size`` turns for ``learner_version``, or ``None`` when too few are eligible (stale
+        turns are expired first; a pooled method may still have read fresh turns into the pool and rejected some)."""
         if isinstance(learner_version, bool) or not isinstance(learner_version, (int, np.integer)):
             raise TypeError(f"learner_version must be an int, got {learner_version!r}")
         learner_version = int(learner_version)
@@ -195,23 +158,12 @@ class Sampler(Generic[P]):
         chosen, pool = composed
         led.selected += len(chosen)
         stats = batch_stats(chosen.candidates(), learner_version)
-        stats.update(
-            expired=led.expired - before_expired,
-            invalid=led.invalid - before_invalid,
-            pending=len(self._pool),
-            queued=self.queued,
-            candidates=len(pool),
-            candidate_rollouts=len(set(pool.rollout_id.tolist())),
-        )
-        return Batch(
-            payloads=chosen.payloads(),
-            arrivals=chosen.arrival.tolist(),
-            learner_version=learner_version,
-            stats=stats,
-            candidates=pool.payloads(),
-            first_seen=pool.seen.tolist() if self.method.pooled else [],
-            row_weights=None if self.method.row_weights is None else self.method.row_weights(chosen),
-        )
+        stats.update(expired=led.expired - before_expired, invalid=led.invalid - before_invalid,
+                     pending=len(self._pool), queued=self.queued, candidates=len(pool),
+                     candidate_rollouts=len(set(pool.rollout_id.tolist())))
+        return Batch(chosen.payloads(), chosen.arrival.tolist(), learner_version, stats, candidates=pool.payloads(),
+                     first_seen=pool.seen.tolist() if self.method.pooled else [],
+                     row_weights=None if self.method.row_weights is None else self.method.row_weights(chosen))
 
     def _read_arrival_order(self) -> tuple[Columns[P], Columns[P]] | None:
         """``vanilla``: the next B (non-stale) turns in arrival order, ungated."""
@@ -254,11 +206,9 @@ class Sampler(Generic[P]):
         self._pool = self._drop(rest, overflow[~old], "pending_overflow")
         return pool.take(positions), pool
 
-    # ------------------------------------------------------------------ state
     def state_dict(self, encode: Callable[[P], Any] = Turn.to_dict) -> dict[str, Any]:  # type: ignore[assignment]
-        """All that is needed to continue exactly (JSON-able): config, counters, and every waiting turn as
-        ``[arrival, candidate, encode(payload)]`` (``queue``) or ``[arrival, candidate, encode(payload),
-        first-seen update]`` (``pending``)."""
+        """All that is needed to continue exactly (JSON-able): config, counters, and every waiting turn as ``[arrival,
+        candidate, encode(payload)]`` (``queue``), plus its first-seen update (``pending``)."""
         queue, led = Columns.join(list(self._queue)), self._ledger
 
         def rows(cols: Columns[P]) -> Iterable[tuple[int, Candidate, P, int]]:
@@ -279,8 +229,7 @@ class Sampler(Generic[P]):
 
     def load_state_dict(self, state: Mapping[str, Any],
                         decode: Callable[[Any], P] = Turn.from_dict) -> None:  # type: ignore[assignment]
-        """Restore :meth:`state_dict` output (``decode`` reads a payload back); the config must match this sampler's.
-        A state of another format version is refused with one line."""
+        """Restore :meth:`state_dict` output; :class:`UsageError` for another format version or another config."""
         version = state.get("version") if isinstance(state, Mapping) else None
         if version != STATE_VERSION:
             raise UsageError(f"sampler state version {version!r} was written by another divopd; this one reads "

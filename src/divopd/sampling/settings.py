@@ -1,10 +1,6 @@
-"""The sampler's settings, declared once: name, type, default, bound, meaning and CLI flag of each.
-
-Everything that takes sampler settings reads this table: :class:`~divopd.sampling.SamplerConfig` validates against
-it, the training config's ``sampler:`` section is generated from it (:func:`settings_model`), ``divopd replay`` and
-``divopd tune-cap`` generate their flags from it (:func:`add_sampler_flags`), and ``ReplayConfig`` passes its values
-on by name (:func:`sampler_kwargs`). The method and the seed are not here: a run names them at its top level.
-"""
+"""The sampler's settings, declared once (name, type, default, bound, meaning, CLI flag): :class:`SamplerConfig`
+validates against the table, the training config's ``sampler:`` section and the ``divopd replay`` / ``tune-cap`` flags
+are generated from it. The method and the seed are not here: a run names them at its top level."""
 
 from __future__ import annotations
 
@@ -63,18 +59,13 @@ def validate_setting(setting: Setting, value: Any, owner: str) -> None:
     if setting.kind == "choice":
         if value not in setting.choices:
             raise ValueError(f"{where} must be one of {setting.choices}, got {value!r}")
-        return
-    if setting.kind == "optional-int" and value is None:
-        return
-    if setting.kind == "float":
-        ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating)) \
-            and math.isfinite(value) and value >= setting.minimum
-        if not ok:
+    elif setting.kind == "float":
+        if (isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))
+                or not math.isfinite(value) or value < setting.minimum):
             raise ValueError(f"{where} must be a number >= {setting.minimum:g}, got {value!r}")
-        return
-    ok = not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= setting.minimum
-    if not ok:
-        raise ValueError(f"{where} must be an int >= {setting.minimum:g}, got {value!r}")
+    elif value is not None or setting.kind != "optional-int":
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < setting.minimum:
+            raise ValueError(f"{where} must be an int >= {setting.minimum:g}, got {value!r}")
 
 
 def sampler_kwargs(source: Any) -> dict[str, Any]:

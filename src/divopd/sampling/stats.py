@@ -14,9 +14,8 @@ __all__ = ["BatchStats", "batch_stats", "effective_rollouts"]
 
 
 class BatchStats(TypedDict, total=False):
-    """The statistics of one composed batch (``Batch.stats``): its composition (:func:`batch_stats`; an empty batch
-    has only the first five keys) and, from :meth:`divopd.sampling.Sampler.next_batch`, what the call did to the queue.
-    A plain ``dict`` at run time; the metrics writer logs each key as ``sampler/<key>``."""
+    """``Batch.stats``, a plain ``dict`` logged as ``sampler/<key>``: the batch's composition (:func:`batch_stats`; an
+    empty batch has only the first five keys) and what :meth:`~divopd.sampling.Sampler.next_batch` did to the queue."""
 
     rows: int
     distinct_rollouts: int
@@ -50,9 +49,8 @@ def effective_rollouts(shares: Sequence[float]) -> float:
 
 
 def batch_stats(turns: Sequence[Candidate], learner_version: int) -> BatchStats:
-    """Composition statistics of one batch (its rows as candidates): the keys of :class:`BatchStats` up to
-    ``kl_per_token``. Token shares are of the batch's response tokens (row shares when it has none); the disagreement
-    std is the population std, across the batch's rollouts, of each rollout's summed disagreement (Figure 6)."""
+    """The keys of :class:`BatchStats` up to ``kl_per_token`` for a batch's rows: token shares of its response tokens
+    (row shares without any); the population std across rollouts of each one's summed disagreement (Figure 6)."""
     rows = len(turns)
     if rows == 0:
         return {"rows": 0, "distinct_rollouts": 0, "effective_rollouts": 0.0, "max_rollout_share": 0.0, "dead_rows": 0}
@@ -61,11 +59,8 @@ def batch_stats(turns: Sequence[Candidate], learner_version: int) -> BatchStats:
     versions = [t.policy_version for t in turns]
     n_valid = [t.n_valid for t in turns]
     for t in turns:
-        rid = t.rollout_id
-        tokens[rid] = tokens.get(rid, 0) + t.response_len
-        disagreement[rid] = disagreement.get(rid, 0.0) + t.disagreement
-    dead = n_valid.count(0)
-    valid_tokens = sum(n_valid)
+        tokens[t.rollout_id] = tokens.get(t.rollout_id, 0) + t.response_len
+        disagreement[t.rollout_id] = disagreement.get(t.rollout_id, 0.0) + t.disagreement
     total_tokens = sum(tokens.values())
     weights = tokens if total_tokens > 0 else Counter(t.rollout_id for t in turns)
     denom = total_tokens if total_tokens > 0 else rows
@@ -78,9 +73,9 @@ def batch_stats(turns: Sequence[Candidate], learner_version: int) -> BatchStats:
         "distinct_rollouts": len(tokens),
         "effective_rollouts": effective_rollouts(shares),
         "max_rollout_share": max(shares),
-        "dead_rows": dead,
+        "dead_rows": n_valid.count(0),
         "response_tokens": total_tokens,
-        "valid_tokens": valid_tokens,
+        "valid_tokens": sum(n_valid),
         "mean_staleness": (rows * learner_version - sum(versions)) / rows,  # mean of learner − generating version
         "max_staleness": learner_version - min(versions),
         "version_min": min(versions),

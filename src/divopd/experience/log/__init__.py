@@ -1,11 +1,6 @@
-"""Experience logs: every student response turn as it entered the queue, one Parquet row per turn (columns:
-:data:`SCHEMA`; ``docs/reference/experience-log.md``).
-
-A log records the queue's input, not any reader's output, so every selection rule can be replayed over the same
-experience (``divopd replay``; the paper's shared-buffer replays, Appendix Table 11). Rows are in arrival order; a log
-is one ``.parquet`` file or a directory of ``part-*.parquet`` files read in numeric order. Readers accept any integer
-width and float16/32/64 log probabilities; the teacher top-k arrays of a Turn are not logged.
-"""
+"""Experience logs: every student turn as it entered the queue, one Parquet row per turn in arrival order (columns:
+:data:`SCHEMA`, docs/reference/experience-log.md), so every selection rule can be replayed over the same experience
+(``divopd replay``, Appendix Table 11). A log is one ``.parquet`` file or a directory of ``part-*.parquet`` files."""
 
 from __future__ import annotations
 
@@ -27,22 +22,6 @@ from divopd.experience.log.schema import PART_PATTERN as PART_PATTERN
 from divopd.experience.log.writer import ExperienceLogWriter, turn_to_row, write_log
 from divopd.experience.log.writer import rows_to_batch as rows_to_batch
 
-__all__ = [
-    "SCHEMA",
-    "REQUIRED_COLUMNS",
-    "OPTIONAL_COLUMNS",
-    "ExperienceLogError",
-    "ExperienceLogWriter",
-    "LoggedTurn",
-    "first_arrival_at_update",
-    "iter_record_batches",
-    "log_files",
-    "read_log",
-    "row_to_turn",
-    "requeue_at_update",
-    "truncate_log",
-    "turn_to_row",
-    "validate_batch",
-    "validate_schema",
-    "write_log",
-]
+__all__ = ["SCHEMA", "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "ExperienceLogError", "ExperienceLogWriter", "LoggedTurn",
+           "first_arrival_at_update", "iter_record_batches", "log_files", "read_log", "row_to_turn",
+           "requeue_at_update", "truncate_log", "turn_to_row", "validate_batch", "validate_schema", "write_log"]

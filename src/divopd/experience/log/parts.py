@@ -1,14 +1,10 @@
-"""The part files of a directory log: listed in numeric order (:func:`part_files`), each written whole or not at all
-(:func:`write_part`), compacted per checkpoint interval (:func:`compact_parts`), and cut or extended on a resume.
-
-Compaction is whole or not at all: parts ``A..B`` are streamed into ``part-A-B.parquet.tmp``, flushed and renamed;
-only then are the inputs removed. An input inside a compacted part's range is *covered*: readers leave it out and the
-next writer removes it (:func:`remove_covered_parts`), so a kill at any moment leaves the rows either in the inputs or
-in the merged file, never in both and never in neither.
-"""
+"""The part files of a directory log: listed in numeric order, each written whole or not at all, compacted per
+checkpoint interval, cut or extended on a resume. A part inside a compacted part's range is *covered*: readers leave
+it out and the next writer removes it, so a kill at any moment leaves every row in exactly one place."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -27,18 +23,21 @@ def _fsync_dir(d: Path) -> None:
         fd = os.open(d, os.O_RDONLY)
     except OSError:
         return
-    try:
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
+
+
+def _log_dir(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a directory log; :class:`ExperienceLogError` naming ``what`` when it is not a directory."""
+    d = Path(path)
+    if not d.is_dir():
+        raise ExperienceLogError(f"{d}: {what} works on a directory of part files")
+    return d
 
 
 def write_part(table: pa.Table, part: Path, row_group_size: int | None = None) -> None:
-    """Write ``table`` as the part file ``part``, whole or not at all: written to ``<part>.tmp``, flushed to disk,
-    then renamed over ``part``. A kill at any moment leaves either the previous file (or none) or the new one,
-    never a part without its footer; a leftover ``.tmp`` is removed by :func:`remove_unfinished_writes`."""
+    """Write ``table`` as the part file ``part``, whole or not at all (written to ``<part>.tmp``, flushed, renamed)."""
     tmp = part.with_name(part.name + TMP_SUFFIX)
     with open(tmp, "wb") as f:
         pq.write_table(table, f, compression="zstd", row_group_size=row_group_size)
@@ -49,8 +48,7 @@ def write_part(table: pa.Table, part: Path, row_group_size: int | None = None) -
 
 
 def remove_unfinished_writes(path: str | os.PathLike) -> list[Path]:
-    """Delete the ``part-NNNNNN.parquet.tmp`` files of a directory log: parts a kill interrupted before they were
-    renamed into the log (divopd's own temporary files; their rows were never part of the log). Returns them."""
+    """Delete (and return) the ``part-*.parquet.tmp`` files a kill left in a directory log (never part of the log)."""
     d = Path(path)
     if not d.is_dir():
         return []
@@ -90,20 +88,17 @@ def _split_covered(d: Path) -> tuple[list[Path], list[Path]]:
 
 
 def part_files(path: str | os.PathLike) -> list[Path]:
-    """The part files of a directory log in numeric order (``part-1000000`` after ``part-999999``), leaving out the
-    inputs of a compaction that a kill stopped before it removed them (their rows are in the compacted part)."""
+    """The part files of a directory log in numeric order (``part-1000000`` after ``part-999999``), not covered."""
     return _split_covered(Path(path))[0]
 
 
 def next_part_number(path: str | os.PathLike) -> int:
     """The number a new part of the directory log takes: one past the highest in use."""
-    spans = [span for span, _ in _all_parts(Path(path))]
-    return max((last for _, last in spans), default=-1) + 1
+    return max((last for (_, last), _ in _all_parts(Path(path))), default=-1) + 1
 
 
 def remove_covered_parts(path: str | os.PathLike) -> list[Path]:
-    """Delete the inputs of a finished compaction still on disk (a kill after the compacted part was renamed into
-    place, before its inputs were removed); returns them. Only divopd's own part names are touched."""
+    """Delete (and return) the covered parts: inputs of a finished compaction a kill left on disk."""
     d = Path(path)
     if not d.is_dir():
         return []
@@ -114,10 +109,8 @@ def remove_covered_parts(path: str | os.PathLike) -> list[Path]:
 
 
 def compact_parts(path: str | os.PathLike, row_group_size: int = 8192, min_parts: int = 2) -> Path | None:
-    """Merge the parts written since the last compaction (the trailing ``part-N`` files after the newest
-    ``part-A-B``) into one ``part-A-B.parquet``, whole or not at all: streamed into a ``.tmp`` file, flushed and
-    renamed before the inputs are removed, so a kill leaves every row in exactly one place. Returns the merged file,
-    or ``None`` when fewer than ``min_parts`` would merge or their columns differ (left as they are)."""
+    """Merge the ``part-N`` files after the newest ``part-A-B`` into one ``part-A-B.parquet``, whole or not at all, and
+    return it; ``None`` (nothing merged) when fewer than ``min_parts`` would merge or their columns differ."""
     d = Path(path)
     if not d.is_dir():
         return None
@@ -157,9 +150,7 @@ def compact_parts(path: str | os.PathLike, row_group_size: int = 8192, min_parts
 
 
 def _kill_point(phase: str) -> None:
-    """Test hook of a compaction's two steps, ``DIVOPD_SIGKILL_AT=compact-write`` (merged file written, not renamed)
-    or ``compact-remove`` (renamed, inputs not removed): SIGKILL this process there (the experience log cannot
-    import :func:`divopd.train.interrupt.fault_point`, whose variable it shares)."""
+    """Test hook: SIGKILL here when ``DIVOPD_SIGKILL_AT`` is ``compact-write`` (not renamed) or ``compact-remove``."""
     if os.environ.get("DIVOPD_SIGKILL_AT", "").split(":")[0] == phase:
         import signal
 
@@ -167,8 +158,7 @@ def _kill_point(phase: str) -> None:
 
 
 def log_files(path: str | os.PathLike) -> list[Path]:
-    """The Parquet files of a log: ``path`` itself, or a directory's part files in numeric order
-    (:func:`part_files`)."""
+    """The Parquet files of a log: ``path`` itself, or a directory's :func:`part_files`."""
     p = Path(path)
     if p.is_dir():
         parts = part_files(p)
@@ -181,10 +171,8 @@ def log_files(path: str | os.PathLike) -> list[Path]:
 
 
 def set_aside_unreadable_parts(path: str | os.PathLike) -> list[Path]:
-    """Rename the part files of a directory log that cannot be opened to ``<name>.unreadable``, so readers and
-    appending writers leave them out; returns the new paths. Parts written by :func:`write_part` are whole, so a log
-    written since then has none; a log written before (a part streamed open until it was full, killed before its
-    footer) may, and a part damaged by other means (disk, a hand edit) is set aside the same way."""
+    """Rename the part files of a directory log that cannot be opened (killed before their footer, damaged) to
+    ``<name>.unreadable``, so readers and writers leave them out; returns the new paths."""
     d = Path(path)
     moved: list[Path] = []
     if not d.is_dir():
@@ -201,9 +189,8 @@ def set_aside_unreadable_parts(path: str | os.PathLike) -> list[Path]:
 
 
 def missing_arrivals(path: str | os.PathLike, below: int | None) -> list[tuple[int, int]]:
-    """The arrival numbers under ``below`` that no part of the directory log holds, as ``(first, last)`` ranges (the
-    turns of parts set aside as unreadable: a training run logs arrivals 0, 1, 2, ... without a gap); ``None``: the
-    gaps up to the last logged arrival."""
+    """The arrival numbers under ``below`` (``None``: the last logged one) that no part of the directory log holds, as
+    ``(first, last)`` ranges: a training run logs arrivals 0, 1, 2, ... without a gap."""
     gaps, expected = [], 0
     for part in part_files(path):
         arrivals = pq.read_table(part, columns=["arrival"]).column("arrival").to_numpy()
@@ -220,14 +207,8 @@ def missing_arrivals(path: str | os.PathLike, below: int | None) -> list[tuple[i
 
 
 def truncate_log(path: str | os.PathLike, first_dropped_arrival: int) -> int:
-    """Drop the rows with ``arrival >= first_dropped_arrival`` from a part-directory log; returns rows dropped.
-
-    Parts entirely past the cut are deleted; the part straddling it is rewritten. An unreadable part (a crash before
-    its footer was written) is renamed to ``<name>.unreadable`` and left out of the log.
-    """
-    d = Path(path)
-    if not d.is_dir():
-        raise ExperienceLogError(f"{d}: truncate_log works on a directory of part files")
+    """Drop (and count) the rows with ``arrival >= first_dropped_arrival``; unreadable parts are set aside first."""
+    d = _log_dir(path, "truncate_log")
     set_aside_unreadable_parts(d)
     dropped = 0
     for part in part_files(d):
@@ -239,18 +220,14 @@ def truncate_log(path: str | os.PathLike, first_dropped_arrival: int) -> int:
         if not keep.any():
             part.unlink()
             continue
-        _replace_part(part, pq.read_table(part).filter(pa.array(keep)))
+        write_part(pq.read_table(part).filter(pa.array(keep)), part)
     return dropped
 
 
 def first_arrival_at_update(path: str | os.PathLike, update: int) -> int | None:
-    """The arrival number of the first row of a directory log logged at learner update ``update`` or later
-    (``arrival_update >= update``), ``None`` when there is none: where :func:`truncate_log` cuts a log back to a
-    checkpoint known by its update (a framework plug-in resumed from its framework's checkpoint of that step)."""
-    d = Path(path)
-    if not d.is_dir():
-        raise ExperienceLogError(f"{d}: first_arrival_at_update works on a directory of part files")
-    for part in part_files(d):
+    """The arrival number of the first row of a directory log with ``arrival_update >= update`` (``None``: none):
+    where :func:`truncate_log` cuts a log back to a checkpoint known by its update."""
+    for part in part_files(_log_dir(path, "first_arrival_at_update")):
         cols = pq.read_table(part, columns=["arrival", "arrival_update"])
         late = np.flatnonzero(cols.column("arrival_update").to_numpy() >= update)
         if len(late):
@@ -259,16 +236,9 @@ def first_arrival_at_update(path: str | os.PathLike, update: int) -> int | None:
 
 
 def requeue_at_update(path: str | os.PathLike, first_arrival: int, update: int) -> int:
-    """Log the rows with ``arrival >= first_arrival`` as entering the queue at learner update ``update`` at most (their
-    ``arrival_update`` is lowered to ``update``); returns the rows changed.
-
-    On a resume from a checkpoint at update ``update``, the turns logged after the checkpoint are queued again before
-    the resumed run's first step: in the resumed run they entered the queue at ``update``, not at the later update of
-    the lost session, and the resumed run's new turns (logged at ``update`` and on) must not precede them.
-    """
-    d = Path(path)
-    if not d.is_dir():
-        raise ExperienceLogError(f"{d}: requeue_at_update works on a directory of part files")
+    """Lower the ``arrival_update`` of the rows with ``arrival >= first_arrival`` to at most ``update``; returns the
+    rows changed. A resume from the checkpoint at ``update`` queues those turns again before its first step."""
+    d = _log_dir(path, "requeue_at_update")
     remove_covered_parts(d)
     changed = 0
     for part in part_files(d):
@@ -281,11 +251,6 @@ def requeue_at_update(path: str | os.PathLike, first_arrival: int, update: int) 
         changed += int(late.sum())
         table = pq.read_table(part)
         i = table.schema.get_field_index("arrival_update")
-        _replace_part(part, table.set_column(i, table.schema.field(i),
-                                             pa.array(np.where(late, update, updates), type=pa.int64())))
+        write_part(table.set_column(i, table.schema.field(i),
+                                    pa.array(np.where(late, update, updates), type=pa.int64())), part)
     return changed
-
-
-def _replace_part(part: Path, table: pa.Table) -> None:
-    """Rewrite one part file with ``table`` (:func:`write_part`), so a crash leaves one or the other whole."""
-    write_part(table, part)

@@ -30,17 +30,15 @@ from divopd.experience.turn import Turn
 
 
 def _open(path: Path) -> pq.ParquetFile:
-    # pre_buffer (pyarrow's default) keeps read column chunks cached for the file's lifetime: memory would grow with
-    # the log. A buffered stream reads each row group once and lets it go.
+    # not pre_buffer (pyarrow's default), which caches every chunk read for the file's lifetime
     try:
         return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
     except (pa.ArrowInvalid, OSError) as exc:
         raise ExperienceLogError(f"{path}: not a readable Parquet file ({exc})") from None
 
 
-def iter_record_batches(
-    path: str | os.PathLike, batch_size: int = 8192, columns: Iterable[str] | None = None, validate: bool = True
-) -> Iterator[pa.RecordBatch]:
+def iter_record_batches(path: str | os.PathLike, batch_size: int = 8192, columns: Iterable[str] | None = None,
+                        validate: bool = True) -> Iterator[pa.RecordBatch]:
     """Stream a log's record batches (schema-checked, cast to :data:`SCHEMA` types, content-validated)."""
     order = _OrderState()
     wanted = None if columns is None else list(columns)
@@ -76,15 +74,12 @@ def _list_column(batch: pa.RecordBatch, name: str, dtype: Any) -> tuple[np.ndarr
     if name not in batch.schema.names:
         return None
     arr = batch.column(name)
-    offsets = arr.offsets.to_numpy()
-    values = arr.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-    nulls = arr.is_null().to_numpy(zero_copy_only=False)
-    return offsets, values, nulls
+    return (arr.offsets.to_numpy(), arr.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False),
+            arr.is_null().to_numpy(zero_copy_only=False))
 
 
 def batch_to_turns(batch: pa.RecordBatch) -> Iterator[LoggedTurn]:
     """Turns of one conformed record batch; per-token arrays are views into the batch's buffers (no per-row copy)."""
-    n = batch.num_rows
     names = batch.schema.names
     rollout_ids = batch.column("rollout_id").to_pylist()
     col = {name: batch.column(name).to_numpy(zero_copy_only=False) for name in (*NON_NEGATIVE, "prompt_truncated")}
@@ -100,7 +95,7 @@ def batch_to_turns(batch: pa.RecordBatch) -> Iterator[LoggedTurn]:
         offsets, values, nulls = spec
         return None if nulls[i] else values[offsets[i] : offsets[i + 1]]
 
-    for i in range(n):
+    for i in range(batch.num_rows):
         prompt_ids = get("prompt_ids", i)
         response_ids = get("response_ids", i)
         info = {k: v[i] for k, v in info_cols.items() if v[i] is not None}
@@ -120,16 +115,10 @@ def batch_to_turns(batch: pa.RecordBatch) -> Iterator[LoggedTurn]:
         yield LoggedTurn(turn, int(col["arrival"][i]), int(col["arrival_update"][i]))
 
 
-def read_log(
-    path: str | os.PathLike, batch_size: int = 8192, validate: bool = True, require_ids: bool = False
-) -> Iterator[LoggedTurn]:
-    """Stream a log as :class:`LoggedTurn` ``(turn, arrival, arrival_update)`` in arrival order.
-
-    Holds one record batch (``batch_size`` rows) at a time, plus whatever turns the caller keeps: a turn's arrays are
-    views into its batch's buffers. Without ``prompt_ids``/``response_ids`` the turns carry zero placeholder ids, fine
-    for selection but not for training: pass ``require_ids=True`` where real token ids are needed (e.g. re-queueing
-    logged turns for a learner), and a log without them is rejected.
-    """
+def read_log(path: str | os.PathLike, batch_size: int = 8192, validate: bool = True,
+             require_ids: bool = False) -> Iterator[LoggedTurn]:
+    """Stream a log as :class:`LoggedTurn` in arrival order, one record batch at a time (arrays are views into it); a
+    log without token ids gives zero placeholder ids, or :class:`ExperienceLogError` with ``require_ids``."""
     for batch in iter_record_batches(path, batch_size=batch_size, validate=validate):
         if require_ids:
             for name in ("prompt_ids", "response_ids"):
@@ -144,8 +133,6 @@ def read_log(
 def row_to_turn(row: dict[str, Any]) -> Turn:
     """A :class:`Turn` from one log row as a plain dict (e.g. ``Table.to_pylist()``); arrival tags are in the row."""
     info = {k: row[k] for k in _INFO_KEYS if row.get(k) is not None}
-    prompt_ids = row.get("prompt_ids")
-    response_ids = row.get("response_ids")
 
     def floats(values: list | None) -> np.ndarray | None:
         return None if values is None else np.array([np.nan if v is None else v for v in values], dtype=np.float32)
@@ -154,8 +141,8 @@ def row_to_turn(row: dict[str, Any]) -> Turn:
         rollout_id=row["rollout_id"],
         turn_index=row["turn_index"],
         policy_version=row["policy_version"],
-        prompt_ids=_zeros(row["prompt_len"]) if prompt_ids is None else prompt_ids,
-        response_ids=_zeros(row["response_len"]) if response_ids is None else response_ids,
+        prompt_ids=_zeros(row["prompt_len"]) if row.get("prompt_ids") is None else row["prompt_ids"],
+        response_ids=_zeros(row["response_len"]) if row.get("response_ids") is None else row["response_ids"],
         action_mask=row.get("action_mask"),
         student_logprobs=floats(row.get("student_logprobs")),
         teacher_logprobs=floats(row.get("teacher_logprobs")),

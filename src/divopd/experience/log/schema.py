@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -14,47 +15,39 @@ import pyarrow.compute as pc
 from divopd.errors import UsageError
 from divopd.experience.turn import Turn
 
-SCHEMA = pa.schema(
-    [
-        pa.field("rollout_id", pa.string(), nullable=False),
-        pa.field("turn_index", pa.int32(), nullable=False),
-        pa.field("policy_version", pa.int64(), nullable=False),
-        pa.field("arrival", pa.int64(), nullable=False),
-        pa.field("arrival_update", pa.int64(), nullable=False),
-        pa.field("prompt_truncated", pa.bool_(), nullable=False),
-        pa.field("prompt_len", pa.int32(), nullable=False),
-        pa.field("response_len", pa.int32(), nullable=False),
-        pa.field("action_mask", pa.list_(pa.bool_())),
-        pa.field("student_logprobs", pa.list_(pa.float32())),
-        pa.field("teacher_logprobs", pa.list_(pa.float32())),
-        pa.field("teacher_valid_mask", pa.list_(pa.bool_())),
-        pa.field("prompt_ids", pa.list_(pa.int32())),
-        pa.field("response_ids", pa.list_(pa.int32())),
-        pa.field("success", pa.bool_()),
-        pa.field("env", pa.string()),
-        pa.field("teacher_acted", pa.bool_(), nullable=False),
-        pa.field("task", pa.string()),
-    ]
-)
+SCHEMA = pa.schema([
+    pa.field("rollout_id", pa.string(), nullable=False),
+    pa.field("turn_index", pa.int32(), nullable=False),
+    pa.field("policy_version", pa.int64(), nullable=False),
+    pa.field("arrival", pa.int64(), nullable=False),
+    pa.field("arrival_update", pa.int64(), nullable=False),
+    pa.field("prompt_truncated", pa.bool_(), nullable=False),
+    pa.field("prompt_len", pa.int32(), nullable=False),
+    pa.field("response_len", pa.int32(), nullable=False),
+    pa.field("action_mask", pa.list_(pa.bool_())),
+    pa.field("student_logprobs", pa.list_(pa.float32())),
+    pa.field("teacher_logprobs", pa.list_(pa.float32())),
+    pa.field("teacher_valid_mask", pa.list_(pa.bool_())),
+    pa.field("prompt_ids", pa.list_(pa.int32())),
+    pa.field("response_ids", pa.list_(pa.int32())),
+    pa.field("success", pa.bool_()),
+    pa.field("env", pa.string()),
+    pa.field("teacher_acted", pa.bool_(), nullable=False),
+    pa.field("task", pa.string()),
+])
 
 OPTIONAL_COLUMNS: tuple[str, ...] = ("prompt_ids", "response_ids", "success", "env", "teacher_acted", "task")
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(n for n in SCHEMA.names if n not in OPTIONAL_COLUMNS)
 #: Columns that may not hold nulls.
 NOT_NULL: tuple[str, ...] = tuple(f.name for f in SCHEMA if not f.nullable)
+_TOKEN_ARRAYS = ("action_mask", "student_logprobs", "teacher_logprobs", "teacher_valid_mask")
 #: Per-token list columns and the length column each must match.
-LIST_LENGTHS: dict[str, str] = {
-    "action_mask": "response_len",
-    "student_logprobs": "response_len",
-    "teacher_logprobs": "response_len",
-    "teacher_valid_mask": "response_len",
-    "prompt_ids": "prompt_len",
-    "response_ids": "response_len",
-}
+LIST_LENGTHS: dict[str, str] = {**dict.fromkeys(_TOKEN_ARRAYS, "response_len"), "prompt_ids": "prompt_len",
+                                "response_ids": "response_len"}
 #: Integer columns that must be >= 0.
 NON_NEGATIVE: tuple[str, ...] = ("turn_index", "policy_version", "arrival", "arrival_update", "prompt_len",
                                  "response_len")
 _INFO_KEYS = ("env", "success", "teacher_acted", "task")  # task: divopd-focus groups by it
-_TOKEN_ARRAYS = ("action_mask", "student_logprobs", "teacher_logprobs", "teacher_valid_mask")
 #: A part file of a directory log: ``part-N.parquet`` (one write) or ``part-A-B.parquet`` (parts A..B compacted into
 #: one file, :func:`~divopd.experience.log.parts.compact_parts`); numbers are zero-padded to 6 digits and ordered as
 #: numbers at any count.
@@ -102,20 +95,16 @@ def _type_name(t: pa.DataType) -> str:
 
 
 def validate_schema(schema: pa.Schema, source: str = "experience log") -> None:
-    """Raise :class:`ExperienceLogError` unless ``schema`` has every required column with an accepted type.
-
-    Optional columns may be missing; unknown extra columns are ignored by readers.
-    """
+    """Raise :class:`ExperienceLogError` unless ``schema`` has every required column with an accepted type (optional
+    columns may be missing; readers ignore unknown ones)."""
     names = set(schema.names)
     missing = [n for n in REQUIRED_COLUMNS if n not in names]
     if missing:
         raise ExperienceLogError(f"{source}: missing required column(s) {', '.join(repr(m) for m in missing)}")
     for name in SCHEMA.names:
         if name in names and not _type_ok(name, schema.field(name).type):
-            raise ExperienceLogError(
-                f"{source}: column {name!r} has type {_type_name(schema.field(name).type)}, "
-                f"expected {_type_name(SCHEMA.field(name).type)}"
-            )
+            raise ExperienceLogError(f"{source}: column {name!r} has type {_type_name(schema.field(name).type)}, "
+                                     f"expected {_type_name(SCHEMA.field(name).type)}")
 
 
 def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -136,32 +125,28 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+@dataclass
 class _OrderState:
-    """Carries the last (arrival, arrival_update) across batches and files, to check log order."""
+    """Carries the last (arrival, arrival_update) and the row count across batches and files, to check log order."""
 
-    def __init__(self) -> None:
-        self.last_arrival: int | None = None
-        self.last_update: int | None = None
-        self.rows = 0
+    last_arrival: int | None = None
+    last_update: int | None = None
+    rows: int = 0
 
 
 def validate_batch(batch: pa.RecordBatch, source: str = "experience log", order: _OrderState | None = None) -> None:
-    """Raise :class:`ExperienceLogError` at the first malformed value of a record batch (already conformed).
-
-    Checks: no null in a non-nullable column; non-empty rollout ids; non-negative integers; per-token lists as long
-    as ``response_len`` (``prompt_ids``: ``prompt_len``); no null inside a list; ``arrival`` strictly increasing and
-    ``arrival_update`` non-decreasing down the log (``order`` carries them across batches).
-    """
-    base = order.rows if order is not None else 0
+    """Raise :class:`ExperienceLogError` at the first malformed value of a conformed record batch: a null in a
+    non-nullable column or inside a list, an empty rollout id, a negative integer, a per-token list not as long as its
+    length column, ``arrival`` not increasing or ``arrival_update`` decreasing (``order``: across batches)."""
+    order = _OrderState() if order is None else order
 
     def fail(column: str, row: int, what: str) -> None:
-        raise ExperienceLogError(f"{source}: column {column!r}, row {base + row}: {what}")
+        raise ExperienceLogError(f"{source}: column {column!r}, row {order.rows + row}: {what}")
 
     ints = _check_values(batch, fail)
     _check_lists(batch, ints, fail)
     _check_order(ints["arrival"], ints["arrival_update"], order, fail)
-    if order is not None:
-        order.rows += batch.num_rows
+    order.rows += batch.num_rows
 
 
 def _check_values(batch: pa.RecordBatch, fail: Callable[[str, int, str], None]) -> dict[str, np.ndarray]:
@@ -170,8 +155,7 @@ def _check_values(batch: pa.RecordBatch, fail: Callable[[str, int, str], None]) 
     for name in NOT_NULL:
         if name in names and batch.column(name).null_count:
             fail(name, _first(batch.column(name).is_null().to_numpy(zero_copy_only=False)), "null value")
-    rid = batch.column("rollout_id")
-    empty = pc.equal(pc.utf8_length(rid), 0).to_numpy(zero_copy_only=False)
+    empty = pc.equal(pc.utf8_length(batch.column("rollout_id")), 0).to_numpy(zero_copy_only=False)
     if empty.any():
         fail("rollout_id", _first(empty), "empty rollout id")
     ints = {name: batch.column(name).to_numpy() for name in NON_NEGATIVE}
@@ -204,22 +188,18 @@ def _check_lists(batch: pa.RecordBatch, ints: dict[str, np.ndarray], fail: Calla
                 fail(name, int(np.searchsorted(offsets, flat_nulls[0], side="right")) - 1, "null inside a list")
 
 
-def _check_order(
-    arrival: np.ndarray, update: np.ndarray, order: _OrderState | None, fail: Callable[[str, int, str], None]
-) -> None:
+def _check_order(arrival: np.ndarray, update: np.ndarray, order: _OrderState,
+                 fail: Callable[[str, int, str], None]) -> None:
     """``arrival`` strictly increasing and ``arrival_update`` non-decreasing, from ``order``'s last row on."""
     if not len(arrival):
         return
-    offset = 0 if order is None or order.last_arrival is None else 1
-    rules = (("arrival", arrival, None if order is None else order.last_arrival, True,
-              "rows must be in strictly increasing arrival order"),
-             ("arrival_update", update, None if order is None else order.last_update, False,
-              "must not decrease in arrival order"))
+    offset = 0 if order.last_arrival is None else 1
+    rules = (("arrival", arrival, order.last_arrival, True, "rows must be in strictly increasing arrival order"),
+             ("arrival_update", update, order.last_update, False, "must not decrease in arrival order"))
     for name, values, last, strict, rule in rules:
         v = values if last is None else np.concatenate([[last], values])
         bad = np.diff(v) <= 0 if strict else np.diff(v) < 0
         if bad.any():
             i = _first(bad)
             fail(name, i + 1 - offset, f"{name} {int(v[i + 1])} after {int(v[i])}: {rule}")
-    if order is not None:
-        order.last_arrival, order.last_update = int(arrival[-1]), int(update[-1])
+    order.last_arrival, order.last_update = int(arrival[-1]), int(update[-1])

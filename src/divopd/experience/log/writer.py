@@ -35,22 +35,13 @@ from divopd.experience.turn import Turn
 
 
 def turn_to_row(turn: Turn, arrival: int, arrival_update: int, write_ids: bool = False) -> dict[str, Any]:
-    """One log row (column -> value; per-token arrays as numpy arrays) for ``turn`` entering the queue.
-
-    ``info`` keys ``env``, ``success`` and ``teacher_acted`` fill the metadata columns. Token ids are included only
-    with ``write_ids`` (prompt ids grow with the history; logging them for every turn is costly).
-
-    A turn with a per-token array whose length differs from the response (including the teacher top-k arrays, which
-    are not logged) stays invalid in the log: the misfit arrays and ``teacher_logprobs`` are logged as null, so a
-    replay's gate rejects it (as ``missing_teacher`` instead of ``length_mismatch``).
-    """
+    """One log row (column -> value) for ``turn`` entering the queue; token ids only with ``write_ids``. A turn whose
+    arrays misfit its response stays invalid: those arrays and ``teacher_logprobs`` are logged as null."""
     info = turn.info or {}
     success = info.get("success")
     env, task = info.get("env"), info.get("task")
     arrays = {name: getattr(turn, name) for name in _TOKEN_ARRAYS}
     if turn.length_mismatch is not None:
-        # The log cannot hold a per-token array of the wrong length. Such a turn is invalid (gate: length_mismatch);
-        # keep it invalid in the log: drop the misfit arrays and the teacher scores (gate: missing_teacher).
         for name in _TOKEN_ARRAYS:
             if arrays[name] is not None and arrays[name].shape[0] != turn.response_len:
                 arrays[name] = None
@@ -92,10 +83,9 @@ def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
     with_ids = bool(rows) and all("prompt_ids" in r for r in rows)
     arrays, fields = [], []
     for field in SCHEMA:
-        name = field.name
-        if name in ("prompt_ids", "response_ids") and not with_ids:
+        if field.name in ("prompt_ids", "response_ids") and not with_ids:
             continue
-        values = [r[name] for r in rows]
+        values = [r[field.name] for r in rows]
         if pa.types.is_list(field.type):
             inner = field.type.value_type
             dtype = bool if pa.types.is_boolean(inner) else inner.to_pandas_dtype()
@@ -107,36 +97,14 @@ def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
 
 
 class ExperienceLogWriter:
-    """Append turns to an experience log as they enter the queue, in streaming row groups.
+    """Append turns to an experience log as they enter the queue, validated on the way in (docs/guides/replay.md).
 
-    ``path`` ending in ``.parquet`` writes one file (which must not exist unless ``overwrite``), streamed in row
-    groups and finalised on :meth:`close` (unreadable if the process dies first).
+    A ``path`` ending in ``.parquet`` is one file (refused if it exists unless ``overwrite``), finalised on
+    :meth:`close`; any other is a directory of part files, continued by a new writer, each :meth:`flush` writing
+    whole parts of at most ``rows_per_file`` rows. ``truncate_from=A`` first drops the rows logged from arrival A on."""
 
-    Any other ``path`` is a directory of ``part-NNNNNN.parquet`` files: a new writer on an existing directory
-    continues it (next part number, arrivals after the last logged one), so a resumed training run appends. Each
-    :meth:`flush` writes the buffered rows as new whole parts of at most ``rows_per_file`` rows (written to a
-    temporary name, flushed to disk, renamed; :func:`~divopd.experience.log.parts.write_part`), so a kill at any
-    moment leaves every flushed row readable and nothing half-written. Rows are flushed when ``row_group_size`` are
-    buffered, at the end of each :meth:`extend` (one intake: a training run's turns are on disk as they enter the
-    queue), on :meth:`roll` and on :meth:`close`. The cost is a file and an fsync per flush: a training run writes one
-    part per queued rollout (per turn under ``explorer.enqueue: turn``), about 7 KiB for a tiny-environment rollout
-    with token ids, mostly the Parquet footer; :meth:`compact` (at each checkpoint) merges them into one file per
-    checkpoint interval. Part numbers are ordered as numbers at any count (``part-1000000`` follows ``part-999999``).
-
-    Rows are validated on the way in (types, lengths, non-negative integers, arrival order). Resuming from a
-    checkpoint, ``truncate_from=A`` (the restored sampler's next arrival number) first drops the rows logged after it
-    (:func:`truncate_log`), so the log again matches the queue the resumed run continues.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        row_group_size: int = 8192,
-        rows_per_file: int = 1 << 20,
-        write_ids: bool = False,
-        overwrite: bool = False,
-        truncate_from: int | None = None,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike, row_group_size: int = 8192, rows_per_file: int = 1 << 20,
+                 write_ids: bool = False, overwrite: bool = False, truncate_from: int | None = None) -> None:
         if row_group_size < 1 or rows_per_file < 1:
             raise ValueError("row_group_size and rows_per_file must be >= 1")
         self.path = Path(path)
@@ -153,10 +121,8 @@ class ExperienceLogWriter:
         self._schema: pa.Schema | None = None
         if self.single_file:
             if self.path.exists() and not overwrite:
-                raise FileExistsError(
-                    f"{self.path} exists (Parquet files cannot be appended; pass overwrite=True "
-                    "or log to a directory of part files)"
-                )
+                raise FileExistsError(f"{self.path} exists (Parquet files cannot be appended; pass overwrite=True "
+                                      "or log to a directory of part files)")
             self.path.parent.mkdir(parents=True, exist_ok=True)
         else:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -164,16 +130,14 @@ class ExperienceLogWriter:
             if truncate_from is not None:
                 truncate_log(self.path, truncate_from)
             remove_covered_parts(self.path)
-            parts = part_files(self.path)
             self._next_part = next_part_number(self.path)
-            for part in reversed(parts):  # the last non-empty part holds the last arrival
+            for part in reversed(part_files(self.path)):  # the last non-empty part holds the last arrival
                 try:
                     tail = pq.read_table(part, columns=["arrival", "arrival_update"])
                 except (pa.ArrowInvalid, OSError) as exc:
-                    raise ExperienceLogError(
-                        f"{part}: unreadable part ({exc}); a run that crashed mid-part resumes with "
-                        "ExperienceLogWriter(..., truncate_from=<first arrival after the checkpoint>)"
-                    ) from None
+                    raise ExperienceLogError(f"{part}: unreadable part ({exc}); a run that crashed mid-part resumes "
+                                             "with ExperienceLogWriter(..., truncate_from=<first arrival after the "
+                                             "checkpoint>)") from None
                 if tail.num_rows:
                     self._order.last_arrival = int(tail.column("arrival")[-1].as_py())
                     self._order.last_update = int(tail.column("arrival_update")[-1].as_py())
@@ -198,8 +162,7 @@ class ExperienceLogWriter:
         return arrival
 
     def extend(self, turns: Iterable[Turn], arrival_update: int, arrivals: Iterable[int] | None = None) -> list[int]:
-        """Log several turns entering the queue together (e.g. one finished rollout); a directory log has them on
-        disk, in whole parts, when this returns."""
+        """Log several turns entering the queue together; a directory log has them on disk when this returns."""
         if arrivals is None:
             out = [self.append(t, arrival_update) for t in turns]
         else:
@@ -249,14 +212,12 @@ class ExperienceLogWriter:
         self._writer = pq.ParquetWriter(self.path, schema, compression="zstd")
 
     def roll(self) -> None:
-        """Write what is buffered: a directory log's rows are then in whole parts on disk (each flush writes whole
-        parts, so nothing else is open); a single file keeps streaming."""
+        """Write what is buffered (the same as :meth:`flush`)."""
         self.flush()
 
     def compact(self) -> Path | None:
-        """Write what is buffered, then merge the parts written since the last compaction into one file, whole or
-        not at all (:func:`~divopd.experience.log.parts.compact_parts`); a training run calls it at each checkpoint,
-        so its log holds about one file per checkpoint interval. Returns the merged part (``None``: nothing merged)."""
+        """Write what is buffered, then merge the parts written since the last compaction
+        (:func:`~divopd.experience.log.parts.compact_parts`); returns the merged part (``None``: nothing merged)."""
         self.flush()
         return None if self.single_file else compact_parts(self.path, self.row_group_size)
 
@@ -280,15 +241,9 @@ class ExperienceLogWriter:
         self.close()
 
 
-def write_log(
-    path: str | os.PathLike,
-    turns: Iterable[LoggedTurn | tuple[Turn, int, int] | Turn],
-    write_ids: bool = False,
-    overwrite: bool = False,
-    row_group_size: int = 8192,
-) -> int:
-    """Write a whole log from ``(turn, arrival, arrival_update)`` triples (a bare Turn gets the next arrival and
-    ``arrival_update`` 0); returns the number of rows written."""
+def write_log(path: str | os.PathLike, turns: Iterable[LoggedTurn | tuple[Turn, int, int] | Turn],
+              write_ids: bool = False, overwrite: bool = False, row_group_size: int = 8192) -> int:
+    """Write ``(turn, arrival, arrival_update)`` triples (a bare Turn: next arrival, update 0); returns rows written."""
     with ExperienceLogWriter(path, row_group_size=row_group_size, write_ids=write_ids, overwrite=overwrite) as writer:
         for item in turns:
             if isinstance(item, Turn):
