@@ -24,9 +24,7 @@ from divopd.learn.update import MicroBatchOutput, RankStep
 
 __all__ = ["RankWorker", "decoder_layers", "free_port", "shard_model"]
 
-#: How long a collective (and the rendezvous) may wait for a peer before the process group gives up, by default
-#: (``runtime.collective_timeout_s``). A dead rank is noticed much earlier by the driver, which then ends the others;
-#: a stopped or hung one is noticed by its peers, whose collective fails at this deadline and is reported.
+#: The default seconds a collective (and the rendezvous) waits for a peer (``runtime.collective_timeout_s``).
 COLLECTIVE_TIMEOUT_S = 600.0
 
 
@@ -98,10 +96,8 @@ class RankWorker:
               threads: int = 1, deterministic: bool = False, local_device: int | None = None,
               collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, lora: dict[str, Any] | None = None
               ) -> dict[str, Any]:
-        """Join the process group, load ``source`` (an HF folder, or a LoRA checkpoint's adapter folder), add fresh
-        adapters when ``lora`` (``student.lora``) asks for them, shard it and build the optimizer (over the trainable
-        tensors: the adapter's of a LoRA student). Every collective and the rendezvous fail after
-        ``collective_timeout_s`` seconds without their peers."""
+        """Join the process group, load ``source`` (with fresh adapters when ``lora`` asks), shard it and build the
+        optimizer over its trainable tensors; collectives fail after ``collective_timeout_s`` without their peers."""
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -161,8 +157,7 @@ class RankWorker:
         return {k: v for k, v in state.items() if k in self.fqns} if self.lora else state
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Every rank takes part; rank 0 returns the full CPU state dict (``full_state_dict``, ``cpu_offload``): a
-        LoRA student's adapter tensors only."""
+        """Every rank takes part; rank 0 returns the full CPU state dict (a LoRA student's adapter only)."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         options = self._options(full_state_dict=True, cpu_offload=True)
@@ -170,8 +165,7 @@ class RankWorker:
         return state if self.rank == 0 else None
 
     def save(self, path: str) -> None:
-        """Model and optimizer shards with ``torch.distributed.checkpoint`` (a directory every rank writes into); a
-        LoRA student's adapter and its optimizer state only."""
+        """Model and optimizer shards into the DCP folder ``path`` (a LoRA student's adapter and its state only)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 

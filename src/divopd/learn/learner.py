@@ -1,19 +1,9 @@
 """The learner: exactly one optimizer update per composed batch (paper, "Asynchronous multi-turn OPD").
 
-``Learner.step(batch)`` reads top to bottom:
-
-1. inputs (:mod:`divopd.learn.inputs`): each turn's prompt (left-truncated to ``max_prompt_len`` unless the explorer
-   flagged it truncated) and response, its effective mask and teacher log probabilities;
-2. pack them into model inputs (``packed``: padding-free, or ``padded``);
-3. one forward pass with gradients → log π_θ of every response token;
-4. θ_old = the learner snapshot immediately before the update, recomputed on the queued tokens. With one update per
-   batch θ_old = θ at gradient evaluation, so by default (``old_logprobs="same-pass"``) the detached values of step 3
-   *are* the recomputation (r = 1 exactly); ``"recompute"`` runs a separate no-grad pass (same numbers, slower);
-5. :func:`~divopd.learn.loss.opd_loss` (or the top-k estimator), backward, clipping, one AdamW step, ``version += 1``.
-   Rows carry unit weights (the paper) unless the batch has ``row_weights`` or ``turn_balance_updates`` is set; unit
-   weights take the unweighted code path, so the paper's loss is computed exactly as without the feature.
-
-The model is kept in eval mode (dropout off), so steps 3 and 4 see the same function.
+``Learner.step(batch)``: the turns' arrays (:mod:`divopd.learn.inputs`), packed; one forward pass with gradients gives
+log π_θ; θ_old = the learner before the update, so by default (``old_logprobs="same-pass"``) its detached values are
+the recomputation (r = 1 exactly; ``"recompute"``: a separate no-grad pass); :func:`~divopd.learn.loss.opd_loss` (or
+the top-k estimator), backward, clipping, one AdamW step, ``version += 1``. The model stays in eval mode (no dropout).
 """
 
 from __future__ import annotations
@@ -31,24 +21,21 @@ from divopd.experience.turn import Turn
 from divopd.learn.checkpoint import (
     DCP_DIR,
     OPTIMIZER_FILE,
-    STATE_FILE,
     WeightHandle,
-    atomic_dir,
     checkpoint_state_text,
     load_dcp_optimizer,
     read_state,
     restore_learner_state,
 )
 from divopd.learn.inputs import UpdateInputs, batch_inputs, batch_row_weights, micro_batches, pad_token_id
-from divopd.learn.lora import adapter_settings, is_adapter_folder, load_adapter_model, published_weights, save_weights
+from divopd.learn.lora import is_adapter_folder, load_adapter_model
 from divopd.learn.manifest import SHARDED_FORMAT
 from divopd.learn.settings import LearnerConfig
-from divopd.learn.turnopd import DepthStats
 from divopd.learn.update import (
     Accumulated,
     ForwardPass,
+    LearnerCounters,
     MicroBatchOutput,
-    UpdateStats,
     batch_loss,
     forward_pass,
     whole_batch_metrics,
@@ -62,7 +49,7 @@ __all__ = ["CHECKPOINT_FORMAT", "Learner", "LearnerConfig", "WeightHandle"]
 CHECKPOINT_FORMAT = 1
 
 
-class Learner:
+class Learner(LearnerCounters):
     """The single-process learner (:class:`~divopd.learn.protocol.LearnerProtocol`).
 
     ``model`` (any causal LM) is moved to ``config.device``/``config.dtype``; ``tokenizer`` (optional) gives the pad
@@ -70,8 +57,7 @@ class Learner:
     """
 
     def __init__(self, model: torch.nn.Module, config: LearnerConfig, tokenizer: Any = None) -> None:
-        self.config = config
-        torch.manual_seed(config.seed)
+        self._start(config)
         self.device = torch.device(config.device)
         self.model = model.to(device=self.device, dtype=resolve_dtype(config.dtype)).eval()
         self.tokenizer = tokenizer
@@ -80,13 +66,6 @@ class Learner:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay,
         )
-        self.version = 0
-        self.tokens_total = 0
-        self.compute_s_total = 0.0
-        self.skipped_updates = 0
-        self.depth_stats = DepthStats() if config.depth_stats else None
-        self.failed: str | None = None  # one process: it fails by raising, never half-way
-        self.last_update: UpdateStats | None = None  # what the newest update reported
 
     @property
     def rank_info(self) -> list[dict[str, Any]]:
@@ -118,18 +97,10 @@ class Learner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t3 = time.perf_counter()
-        compute_s = t3 - t0
-        self.tokens_total += acc.tokens
-        self.compute_s_total += compute_s
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        self.last_update = UpdateStats(
-            loss=metrics, grad_norm=grad_norm, skipped=skipped, tokens=acc.tokens, tokens_total=self.tokens_total,
-            input_slots=acc.input_slots, compute_s=compute_s, compute_s_total=self.compute_s_total,
-            version=self.version, truncated_prompts=inputs.truncated_prompts, lr=lr, time_forward_backward_s=acc.t_fb,
-            time_optimizer_s=t3 - t2, row_weights=weights, alpha=alpha)
-        if self.depth_stats is not None:
-            self.depth_stats.update(turns)
-        return self.last_update.metrics()
+        return self._record(turns, t3 - t0, loss=metrics, grad_norm=grad_norm, skipped=skipped, tokens=acc.tokens,
+                            input_slots=acc.input_slots, truncated_prompts=inputs.truncated_prompts,
+                            lr=float(self.optimizer.param_groups[0]["lr"]), time_forward_backward_s=acc.t_fb,
+                            time_optimizer_s=t3 - t2, row_weights=weights, alpha=alpha)
 
     def accumulate(self, inputs: UpdateInputs, groups: list[np.ndarray], weights: np.ndarray | None, *,
                    n_rows: int | None = None, total_valid: int | None = None, scale: float = 1.0,
@@ -204,27 +175,15 @@ class Learner:
     def publish(self, path: str | Path | None = None) -> WeightHandle:
         """A versioned snapshot for explorers: a CPU ``state_dict`` copy, or (``path`` given) an HF folder written
         atomically, which explorers load with ``handle.load_into(model)``."""
-        depth = None if self.depth_stats is None else self.depth_stats.published()
-        if path is None:
-            return WeightHandle(version=self.version, state_dict=published_weights(self.model),
-                                depth_disagreement=depth, adapter=adapter_settings(self.model))
-        with atomic_dir(path) as tmp:
-            save_weights(self.model, tmp)
-        return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth,
-                            adapter=adapter_settings(self.model))
+        return self._publish(self.model, path)
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """Write model (HF safetensors) + tokenizer + ``optimizer.pt`` + ``state.json`` (version, counters, config,
         torch RNG, ``extra_state`` as JSON) + ``manifest.json`` (sizes, hashes) atomically to ``path``. Returns
         ``path``."""
         text = checkpoint_state_text(self, CHECKPOINT_FORMAT, extra_state)
-        with atomic_dir(path, manifest=True) as tmp:
-            save_weights(self.model, tmp)  # a LoRA student: its adapter only (divopd.learn.lora)
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(tmp)
-            torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-            (tmp / STATE_FILE).write_text(text)
-        return Path(path)
+        return self._save(path, self.model, text,
+                          lambda tmp: torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE))
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, config: LearnerConfig | None = None) -> tuple[Learner, dict[str, Any]]:

@@ -1,20 +1,7 @@
-"""LoRA students (``student.lora``): PEFT adapters through the learner, the published weights and the checkpoints.
-
-With ``student.lora.rank > 0`` the student keeps its base weights frozen and trains low-rank adapters on the
-``target_modules`` (PEFT's LoRA, injected in place with :func:`peft.inject_adapter_in_model`, so the model keeps its
-class, its forward and its ``config``: the learner's passes, θ_old and the loss are unchanged). Only the adapter's
-parameters require gradients, so the learner's AdamW holds state for them only.
-
-* **Published weights** (:func:`published_weights`): the adapter's tensors only, with its settings
-  (``WeightHandle.adapter``); an explorer's HF student copy gets the same adapter injected once and loads each
-  version's tensors into it (:func:`apply_adapter`); a vLLM engine loads the adapter folder per version.
-* **Checkpoints** (:func:`save_weights`): ``adapter_model.safetensors`` + ``adapter_config.json`` in PEFT's own
-  format (tensor names ``base_model.model.<module>.lora_A.weight``; ``base_model_name_or_path`` = the base model
-  folder), which PEFT, vLLM and :func:`load_adapter_model` read as they are.
-* **Export** (:func:`merged_model`): the base with the adapter merged in, a plain HF model folder.
-
-``rank: 0`` (the default) is full fine-tuning and nothing here runs. PEFT is the ``divopd[lora]`` extra: imported only
-when a LoRA student is configured or read.
+"""LoRA students (``student.lora.rank > 0``): PEFT adapters injected in place (the model keeps its class, forward and
+``config``; the base is frozen, so AdamW holds the adapter's tensors only), published as the adapter's tensors, saved
+as PEFT adapter folders (which PEFT and vLLM read as they are) and exported merged. PEFT is the ``divopd[lora]``
+extra, imported only when a LoRA student is configured or read.
 """
 
 from __future__ import annotations
@@ -55,8 +42,7 @@ def _peft() -> Any:
 
 
 def _linear_names(model: torch.nn.Module) -> list[str]:
-    """The last name part of every linear layer of ``model`` (what ``target_modules`` may name): ``nn.Linear`` and
-    transformers' ``Conv1D`` (GPT-2's linear layers), both of which PEFT wraps."""
+    """The last name part of every linear layer (``nn.Linear``, GPT-2's ``Conv1D``) of ``model``."""
     from transformers.pytorch_utils import Conv1D
 
     return sorted({name.rsplit(".", 1)[-1] for name, mod in model.named_modules()
@@ -64,8 +50,7 @@ def _linear_names(model: torch.nn.Module) -> list[str]:
 
 
 def _target_names(model: torch.nn.Module, settings: LoraSettings, where: str) -> list[str]:
-    """The module names the adapters wrap: ``target_modules`` checked against ``model``'s linear layers (``all-linear``:
-    every one but the output head); :class:`LoraError` naming the model and the modules it has otherwise."""
+    """``target_modules`` checked against ``model``'s linear layers (``all-linear``: all but the output head)."""
     found = _linear_names(model)
     head = getattr(model, "get_output_embeddings", lambda: None)()
     head_names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if mod is head and head is not None}
@@ -149,8 +134,7 @@ def published_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
-    """Write the student's weights into ``folder``: the adapter in PEFT's format (``adapter_model.safetensors`` +
-    ``adapter_config.json``) for a LoRA student, else the whole model (``save_pretrained``)."""
+    """Write the student's weights into ``folder``: a LoRA student's adapter folder, else ``save_pretrained``."""
     if not has_adapter(model):
         model.save_pretrained(folder, safe_serialization=True)
         return
@@ -207,9 +191,8 @@ def read_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
 
 def apply_adapter(model: torch.nn.Module, state: Mapping[str, torch.Tensor], settings: Mapping[str, Any]
                   ) -> torch.nn.Module:
-    """Load a published adapter version into ``model`` in place (an explorer's student copy): the adapter's layers are
-    injected on first use (the same settings as the learner's), then every call loads its tensors (kept in the
-    model's dtype). :class:`ValueError` when the tensors do not fit the adapter."""
+    """Load a published adapter version into ``model`` in place (injecting the adapter on first use), in the model's
+    dtype; :class:`ValueError` when the tensors do not fit."""
     if not has_adapter(model):
         config = _lora_config(int(settings["r"]), float(settings["lora_alpha"]), list(settings["target_modules"]),
                               settings.get("base_model_name_or_path"))
@@ -231,9 +214,8 @@ def apply_adapter(model: torch.nn.Module, state: Mapping[str, torch.Tensor], set
 
 def load_adapter_model(path: str | os.PathLike, *, dtype: str = "float32", device: str = "cpu",
                        base: str | None = None) -> tuple[torch.nn.Module, Any]:
-    """The base model (``base``, default the adapter's ``base_model_name_or_path``) with the adapter folder at
-    ``path`` injected and loaded; the tokenizer saved beside the adapter, else the base's. For resume: the adapter's
-    parameters require gradients, the base's do not."""
+    """The base model (``base``, default the one the adapter names) with the adapter folder at ``path`` loaded, and
+    the tokenizer saved beside the adapter, else the base's; only the adapter's parameters require gradients."""
     from divopd.models import load_model, load_tokenizer
 
     state, settings = read_adapter(path)
@@ -254,9 +236,8 @@ def load_adapter_model(path: str | os.PathLike, *, dtype: str = "float32", devic
 
 def load_student(source: str, *, dtype: str = "float32", device: str = "cpu", lora: LoraSettings | None = None,
                  seed: int = 0) -> tuple[torch.nn.Module, Any]:
-    """A learner's student and tokenizer: an adapter folder (a LoRA checkpoint) is its base with that adapter
-    (:func:`load_adapter_model`); any other ``source`` is the HF model there, with fresh adapters (seeded by ``seed``)
-    when ``lora`` is enabled. Every learner rank and the driver's copy load it alike, so they start equal."""
+    """A learner's student and tokenizer: an adapter folder's base with that adapter, else the HF model at ``source``
+    with fresh adapters (seeded) when ``lora`` is enabled; every rank and the driver's copy start equal."""
     if is_adapter_folder(source):
         return load_adapter_model(source, dtype=dtype, device=device)
     from divopd.models import load_model
@@ -321,8 +302,8 @@ def merge_adapter(base: Mapping[str, torch.Tensor], state: Mapping[str, torch.Te
 
 
 def check_lora(path: str, settings: LoraSettings) -> str:
-    """Whether ``settings`` can wrap the student at ``path``, without loading its weights (the model is built on the
-    meta device from its config): a one-line description for ``divopd doctor``, or :class:`LoraError`."""
+    """Whether ``settings`` can wrap the student at ``path`` (built on the meta device, no weights loaded): a line for
+    ``divopd doctor``, or :class:`LoraError`."""
     _peft()
     from transformers import AutoConfig, AutoModelForCausalLM
 

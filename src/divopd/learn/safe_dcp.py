@@ -1,9 +1,6 @@
-"""Read a sharded checkpoint's ``dcp/`` folder without executing code from it.
-
-``torch.distributed.checkpoint`` reads its index (``.metadata``) with plain ``pickle.load`` and every non-tensor value
-(the optimizer's ``param_groups``) with ``torch.load(weights_only=False)``, so a received checkpoint could run any code
-on ``--resume``; a refused file here raises :class:`UnsafeCheckpointError`, one line naming the file. Use it as
-``from divopd.learn import safe_dcp as dcp``.
+"""Read a sharded checkpoint's ``dcp/`` folder without executing code from it (``torch.distributed.checkpoint`` reads
+its index and non-tensor values with ``pickle``): a refused file raises :class:`UnsafeCheckpointError`, one line
+naming the file. Use it as ``from divopd.learn import safe_dcp as dcp``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,27 @@
-"""The parts of one update both learners share (one process, and sharded): the loss of some rows from their log
-probabilities, the micro-batches' outputs, a rank's reply and what an update reports (``learner/*`` metrics)."""
+"""What both learners (one process, and sharded) share: the loss of some rows from their log probabilities, the
+micro-batches' outputs, a rank's reply, what an update reports, and the counters, publication and checkpoint folder."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 
+from divopd.experience.turn import Turn
+from divopd.learn.checkpoint import STATE_FILE, WeightHandle, atomic_dir
 from divopd.learn.inputs import UpdateInputs
+from divopd.learn.lora import adapter_settings, published_weights, save_weights
 from divopd.learn.loss import opd_loss, topk_reverse_kl_loss
 from divopd.learn.settings import LearnerConfig
+from divopd.learn.turnopd import DepthStats
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 
-__all__ = ["Accumulated", "ForwardPass", "MicroBatchOutput", "RankStep", "UpdateStats", "batch_loss", "forward_pass",
-           "whole_batch_metrics"]
+__all__ = ["Accumulated", "ForwardPass", "LearnerCounters", "MicroBatchOutput", "RankStep", "UpdateStats", "batch_loss",
+           "forward_pass", "whole_batch_metrics"]
 
 A = TypeVar("A", torch.Tensor, np.ndarray)
 
@@ -180,3 +185,56 @@ class UpdateStats:
         if self.alpha is not None:
             out["learner/turn_balance_alpha"] = self.alpha
         return out
+
+
+class LearnerCounters:
+    """The counters, update record, publication and checkpoint folder both learners share."""
+
+    config: LearnerConfig
+    tokenizer: Any
+
+    def _start(self, config: LearnerConfig) -> None:
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.version = 0
+        self.tokens_total = 0
+        self.compute_s_total = 0.0
+        self.skipped_updates = 0
+        self.depth_stats = DepthStats() if config.depth_stats else None
+        self.failed: str | None = None
+        self.last_update: UpdateStats | None = None  # what the newest update reported
+
+    def _record(self, turns: Sequence[Turn], compute_s: float, **stats: Any) -> dict[str, float]:
+        """Count an update of ``compute_s`` seconds (``stats``: the rest of its :class:`UpdateStats`); its metrics."""
+        self.tokens_total += stats["tokens"]
+        self.compute_s_total += compute_s
+        self.last_update = UpdateStats(compute_s=compute_s, tokens_total=self.tokens_total,
+                                       compute_s_total=self.compute_s_total, version=self.version, **stats)
+        if self.depth_stats is not None:
+            self.depth_stats.update(turns)
+        return self.last_update.metrics()
+
+    def _publish(self, model: torch.nn.Module, path: str | Path | None,
+                 state: dict[str, torch.Tensor] | None = None) -> WeightHandle:
+        """A handle on ``model``'s weights: ``state`` (default: :func:`published_weights`), or an HF folder at
+        ``path`` written atomically."""
+        depth = None if self.depth_stats is None else self.depth_stats.published()
+        adapter = adapter_settings(model)
+        if path is None:
+            state = published_weights(model) if state is None else state
+            return WeightHandle(version=self.version, state_dict=state, depth_disagreement=depth, adapter=adapter)
+        with atomic_dir(path) as tmp:
+            save_weights(model, tmp)
+        return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth, adapter=adapter)
+
+    def _save(self, path: str | Path, model: torch.nn.Module, state_text: str,
+              save_optimizer: Callable[[Path], None]) -> Path:
+        """Write a checkpoint folder atomically: weights (a LoRA student's adapter only), tokenizer, the optimizer
+        (``save_optimizer(folder)``), ``state.json`` and the manifest."""
+        with atomic_dir(path, manifest=True) as tmp:
+            save_weights(model, tmp)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tmp)
+            save_optimizer(tmp)
+            (tmp / STATE_FILE).write_text(state_text)
+        return Path(path)

@@ -1,8 +1,6 @@
-"""Tiny offline models for CPU runs and tests: a tokenizer trained on an environment's text, and a Llama/Qwen2 causal LM
-built from a config alone (no download); both round-trip through ``save_pretrained`` / ``from_pretrained`` offline.
-
-Chat format: every message is ``<|role|>`` + content + ``<eos>``; the generation prompt is ``<|assistant|>``, so a
-generated response ends with ``<eos>`` exactly as assistant messages do in the history.
+"""Tiny offline models for CPU runs and tests: a tokenizer trained on an environment's text and a Llama/Qwen2 causal LM
+built from a config alone. Chat format: every message is ``<|role|>`` + content + ``<eos>``; the generation prompt is
+``<|assistant|>``.
 """
 
 from __future__ import annotations
@@ -52,22 +50,10 @@ TOKENIZER_KINDS: tuple[str, ...] = ("word", "bpe", "sentencepiece", "metaspace",
 
 
 def build_tokenizer(texts: Iterable[str], kind: str = "word", vocab_size: int = 4096) -> PreTrainedTokenizerFast:
-    """Train a tokenizer of ``kind`` on ``texts`` (an environment's observations, actions, prompts):
-
-    * ``word`` / ``bpe``: word-level / byte-level BPE with byte-level pre-tokenisation and decoding, so
-      ``decode(encode(text)) == text`` for every text made of known words (``word``: unknown words become ``<unk>``;
-      ``bpe``: every text round-trips, the byte alphabet is included). The tiny models' tokenizers.
-    * ``sentencepiece``: the layout of Llama-2's and Mistral's ``tokenizer.json`` (a SentencePiece BPE): byte
-      fallback, a normalizer that prepends the dummy prefix ``▁`` and turns spaces into ``▁``, a decoder that undoes
-      both (``vocab_size`` counts the 256 byte pieces on top).
-    * ``metaspace``: a SentencePiece Unigram with the ``Metaspace`` pre-tokenizer and decoder (dummy prefix
-      ``always``: T5- and ALBERT-style); characters it never saw become ``<unk>``.
-    * ``whitespace``: word-level, split on whitespace and punctuation, no decoder: decoding joins the words with
-      spaces (BERT-era word-level tokenizers).
-
-    Special tokens: ``<pad>``, ``<eos>``, ``<unk>``, ``<|system|>``, ``<|user|>``, ``<|assistant|>``; the returned
-    tokenizer carries the chat template of this module.
-    """
+    """Train a tokenizer of ``kind`` on ``texts``, with :data:`SPECIAL_TOKENS` and :data:`CHAT_TEMPLATE`: ``word`` /
+    ``bpe`` (the tiny models': byte-level, ``decode(encode(text)) == text`` for known words / every text),
+    ``sentencepiece`` (Llama-2's layout: byte fallback, ``▁`` prefix; ``vocab_size`` + 256 byte pieces), ``metaspace``
+    (a T5-style Unigram) or ``whitespace`` (BERT-era word-level, no decoder)."""
     if kind not in TOKENIZER_KINDS:
         raise ValueError(f"build_tokenizer: kind must be one of {', '.join(TOKENIZER_KINDS)}, got {kind!r}")
     texts = list(texts)
