@@ -12,6 +12,7 @@ import numpy as np
 from divopd.experience.turn import Turn
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import turn_balance_alpha, turn_balance_weights
+from divopd.models.scoring import _chunks
 from divopd.sampling.sampler import Batch
 
 __all__ = ["UpdateInputs", "batch_inputs", "batch_row_weights", "micro_batches", "pad_token_id", "update_inputs"]
@@ -19,15 +20,10 @@ __all__ = ["UpdateInputs", "batch_inputs", "batch_row_weights", "micro_batches",
 
 @dataclass
 class UpdateInputs:
-    """A batch's turns as arrays, one row per turn, ready to pack.
-
-    Attributes:
-        prompts, responses: per row int64 token ids (prompts after truncation).
-        mask: [N, L] bool, the effective mask (action ∧ teacher-valid ∧ finite teacher logprob), False past a row.
-        teacher: [N, L] float32 teacher log probabilities (NaN where not scored / past a row).
-        topk_ids, topk_logprobs: [N, L, k] teacher top-k (ids 0 and NaN where missing), or ``None``.
-        truncated_prompts: number of prompts the learner left-truncated.
-    """
+    """A batch's turns as arrays, one row per turn: int64 ``prompts`` (after truncation) and ``responses``; [N, L]
+    ``mask`` (the effective mask) and float32 ``teacher`` log probabilities (NaN where not scored); [N, L, k] teacher
+    top-k ``topk_ids`` / ``topk_logprobs`` (0 and NaN where missing) or ``None``; ``truncated_prompts``: how many the
+    learner left-truncated."""
 
     prompts: list[np.ndarray]
     responses: list[np.ndarray]
@@ -141,13 +137,5 @@ def micro_batches(inputs: UpdateInputs, max_tokens: int) -> list[np.ndarray]:
     n = len(inputs)
     if max_tokens <= 0 or n == 0:
         return [np.arange(n)]
-    groups, cur, total = [], [], 0
-    for i in range(n):
-        ln = len(inputs.prompts[i]) + len(inputs.responses[i])
-        if cur and total + ln > max_tokens:
-            groups.append(np.asarray(cur))
-            cur, total = [], 0
-        cur.append(i)
-        total += ln
-    groups.append(np.asarray(cur))
-    return groups
+    lengths = [len(p) + len(r) for p, r in zip(inputs.prompts, inputs.responses, strict=True)]
+    return [np.asarray(group) for group in _chunks(lengths, max_tokens)]

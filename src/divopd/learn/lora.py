@@ -73,6 +73,12 @@ def _lora_config(r: int, alpha: float, targets: list[str], base: str | None = No
                            task_type="CAUSAL_LM", base_model_name_or_path=base)
 
 
+def _settings_config(settings: Mapping[str, Any]) -> Any:
+    """The PEFT config of published adapter ``settings`` (:func:`adapter_settings`)."""
+    return _lora_config(int(settings["r"]), float(settings["lora_alpha"]), list(settings["target_modules"]),
+                        settings.get("base_model_name_or_path"))
+
+
 def add_adapter(model: torch.nn.Module, settings: LoraSettings, *, base: str, seed: int = 0) -> torch.nn.Module:
     """Inject fresh LoRA adapters (seeded by ``seed``; ``lora_B`` = 0, so the student starts as the base) into
     ``model`` in place and freeze everything else; ``base``: the base model folder the checkpoints name."""
@@ -149,8 +155,7 @@ def write_adapter(folder: str | os.PathLike, state: Mapping[str, torch.Tensor], 
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {SAVED_PREFIX + k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    config = _lora_config(int(settings["r"]), float(settings["lora_alpha"]), list(settings["target_modules"]),
-                          settings.get("base_model_name_or_path"))
+    config = _settings_config(settings)
     config.inference_mode = True
     config.save_pretrained(str(folder))
 
@@ -194,9 +199,7 @@ def apply_adapter(model: torch.nn.Module, state: Mapping[str, torch.Tensor], set
     """Load a published adapter version into ``model`` in place (injecting the adapter on first use), in the model's
     dtype; :class:`ValueError` when the tensors do not fit."""
     if not has_adapter(model):
-        config = _lora_config(int(settings["r"]), float(settings["lora_alpha"]), list(settings["target_modules"]),
-                              settings.get("base_model_name_or_path"))
-        _inject(model, config, str(settings.get("base_model_name_or_path") or type(model).__name__))
+        _inject(model, _settings_config(settings), str(settings.get("base_model_name_or_path") or type(model).__name__))
         model.eval()
     own = getattr(model, "_divopd_lora_tensors", None)
     if own is None:  # the adapter's tensors under their published names, found once
@@ -254,26 +257,17 @@ def merged_model(model: torch.nn.Module) -> torch.nn.Module:
         return model
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    for module in list(model.modules()):
-        if isinstance(module, BaseTunerLayer):
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer):  # merged, then replaced by its base layer
             module.merge()
-    _unwrap(model)
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, module.get_base_layer())
     del model._divopd_lora
     model.__dict__.pop("_divopd_lora_tensors", None)
     if hasattr(model, "peft_config"):
         del model.peft_config
     return model
-
-
-def _unwrap(model: torch.nn.Module) -> None:
-    """Replace every LoRA layer (already merged) by its base layer."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    for name, module in list(model.named_modules()):
-        if isinstance(module, BaseTunerLayer):
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, module.get_base_layer())
 
 
 def handle_adapter(handle: Any) -> dict[str, torch.Tensor]:

@@ -89,11 +89,10 @@ def pack_sequences(
     scored = np.zeros((n, max_l), dtype=bool)
 
     laid = [i for i in range(n) if lengths[i] > 0]
+    width = max([lengths[i] for i in laid] + [1])
     if layout == "padded":
         rows = [[i] for i in laid]
-        width = max([lengths[i] for i in laid] + [1])
     else:
-        width = max([lengths[i] for i in laid] + [1])
         if capacity is not None:
             if capacity < width:
                 raise ValueError(f"pack_sequences: capacity {capacity} < longest sequence {width}")
