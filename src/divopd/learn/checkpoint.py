@@ -203,10 +203,9 @@ class WeightHandle:
     def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
         """Copy these weights into ``model`` (same architecture), in place, keeping its dtype and device."""
         if self.adapter is not None:  # a LoRA student: the adapter version (injected into model on first use)
-            from divopd.learn.lora import apply_adapter, read_adapter
+            from divopd.learn.lora import apply_adapter, handle_adapter
 
-            state = self.state_dict if self.state_dict is not None else read_adapter(str(self.path))[0]
-            return apply_adapter(model, state, self.adapter)
+            return apply_adapter(model, handle_adapter(self), self.adapter)
         if self.state_dict is not None:
             model.load_state_dict(self.state_dict, strict=True)
         elif self.path is not None:

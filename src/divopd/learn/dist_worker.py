@@ -1,7 +1,5 @@
-"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded.
-
-FSDP2's reduce-scatter averages the gradients over the ranks, so each rank scales its loss by N (exact for N a power
-of two; gloo has no PREMUL_SUM for a divide factor of 1). Clipping uses the global norm over the sharded gradients.
+"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded. Each rank
+scales its loss by N to undo FSDP2's gradient average (exact for N a power of two); clipping uses the global norm.
 """
 
 from __future__ import annotations
@@ -164,28 +162,30 @@ class RankWorker:
         state = self._trained(get_model_state_dict(self._learner().model, options=options))
         return state if self.rank == 0 else None
 
-    def save(self, path: str) -> None:
-        """Model and optimizer shards into the DCP folder ``path`` (a LoRA student's adapter and its state only)."""
-        import torch.distributed.checkpoint as dcp
+    def _sharded_state(self) -> dict[str, Any]:
+        """This rank's model (a LoRA student's trained tensors) and optimizer state, as DCP saves and loads them."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         learner = self._learner()
         model_state, optim_state = get_state_dict(learner.model, learner.optimizer, options=self._options())
-        dcp.save({"model": self._trained(model_state), "optim": optim_state}, checkpoint_id=path)
+        return {"model": self._trained(model_state), "optim": optim_state}
+
+    def save(self, path: str) -> None:
+        """Model and optimizer shards into the DCP folder ``path`` (a LoRA student's adapter and its state only)."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._sharded_state(), checkpoint_id=path)
 
     def load(self, path: str) -> None:
         """Resume from a :meth:`save` directory written by any number of ranks (DCP reshards on load)."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_state_dict
 
         from divopd.learn import safe_dcp as dcp  # the index and values read without unpickling code
 
         learner = self._learner()
-        options = self._options()
-        model_state, optim_state = get_state_dict(learner.model, learner.optimizer, options=options)
-        state = {"model": self._trained(model_state), "optim": optim_state}
+        state = self._sharded_state()
         dcp.load(state, checkpoint_id=path)
-        # a LoRA student's state is its trained tensors, every one of them (DCP fails on a missing one): the frozen
-        # base stays as loaded
+        # a LoRA student loads every trained tensor (DCP fails on a missing one); the frozen base stays as loaded
         set_state_dict(learner.model, learner.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=self._options(strict=not self.lora))
 

@@ -50,11 +50,8 @@ CHECKPOINT_FORMAT = 1
 
 
 class Learner(LearnerCounters):
-    """The single-process learner (:class:`~divopd.learn.protocol.LearnerProtocol`).
-
-    ``model`` (any causal LM) is moved to ``config.device``/``config.dtype``; ``tokenizer`` (optional) gives the pad
-    id and is saved with checkpoints.
-    """
+    """The single-process learner (:class:`~divopd.learn.protocol.LearnerProtocol`) of ``model`` (any causal LM, moved
+    to ``config.device``/``config.dtype``); ``tokenizer`` (optional) gives the pad id and is saved with checkpoints."""
 
     def __init__(self, model: torch.nn.Module, config: LearnerConfig, tokenizer: Any = None) -> None:
         self._start(config)
@@ -105,13 +102,10 @@ class Learner(LearnerCounters):
     def accumulate(self, inputs: UpdateInputs, groups: list[np.ndarray], weights: np.ndarray | None, *,
                    n_rows: int | None = None, total_valid: int | None = None, scale: float = 1.0,
                    weighted: bool | None = None) -> Accumulated:
-        """Steps 2-4 and the backward pass of every micro-batch (``groups``: row indices into ``inputs``).
-
-        ``n_rows`` / ``total_valid``: the whole batch's row and valid-token counts, the loss denominators (default:
-        those of ``inputs``; a learner rank holding part of the batch passes the global ones). ``weighted``: scale each
-        group's loss by its share of the batch (default: when there is more than one group); ``scale`` multiplies
-        every loss (a sharded rank undoes the gradient average over ranks with it). An empty group runs a zero-loss
-        pass, so every rank of a sharded learner takes part in the same number of collectives."""
+        """Forward and backward passes of every micro-batch (``groups``: row indices into ``inputs``). ``n_rows`` /
+        ``total_valid``: the loss denominators (default: those of ``inputs``; a rank passes the whole batch's);
+        ``weighted``: scale each group's loss by its share (default: with several groups); ``scale`` multiplies every
+        loss. An empty group runs a zero-loss pass, so that every rank joins the same collectives."""
         cfg = self.config
         n = len(inputs) if n_rows is None else n_rows
         total = max(int(inputs.mask.sum()), 1) if total_valid is None else max(total_valid, 1)
@@ -173,25 +167,20 @@ class Learner(LearnerCounters):
 
     # ------------------------------------------------------------------ publication and checkpoints
     def publish(self, path: str | Path | None = None) -> WeightHandle:
-        """A versioned snapshot for explorers: a CPU ``state_dict`` copy, or (``path`` given) an HF folder written
-        atomically, which explorers load with ``handle.load_into(model)``."""
+        """A snapshot for explorers: a CPU ``state_dict`` copy, or an HF folder written atomically at ``path``."""
         return self._publish(self.model, path)
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
-        """Write model (HF safetensors) + tokenizer + ``optimizer.pt`` + ``state.json`` (version, counters, config,
-        torch RNG, ``extra_state`` as JSON) + ``manifest.json`` (sizes, hashes) atomically to ``path``. Returns
-        ``path``."""
+        """Write the HF model, tokenizer, ``optimizer.pt``, ``state.json`` (counters, config, torch RNG,
+        ``extra_state``) and ``manifest.json`` atomically to ``path``."""
         text = checkpoint_state_text(self, CHECKPOINT_FORMAT, extra_state)
         return self._save(path, self.model, text,
                           lambda tmp: torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE))
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, config: LearnerConfig | None = None) -> tuple[Learner, dict[str, Any]]:
-        """Resume from :meth:`save_checkpoint`: model, tokenizer (if saved), optimizer, version, counters and RNG.
-
-        ``config`` defaults to the saved one. Returns ``(learner, extra_state)``; the next ``step`` on the same batch
-        reproduces an uninterrupted run's update bit for bit on CPU.
-        """
+        """Resume from a checkpoint (``config``: default the saved one); ``(learner, extra_state)``. The next ``step``
+        on the same batch reproduces an uninterrupted run's update bit for bit on CPU."""
         state = read_state(path)
         if state.get("format") not in (CHECKPOINT_FORMAT, SHARDED_FORMAT):
             raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT} or "

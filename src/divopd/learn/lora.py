@@ -119,24 +119,22 @@ def has_adapter(model: torch.nn.Module) -> bool:
 
 
 def adapter_settings(model: torch.nn.Module) -> dict[str, Any] | None:
-    """The adapter's settings (``r``, ``lora_alpha``, ``target_modules``, ``base_model_name_or_path``) of a model with
-    adapters, else ``None``: what a published handle carries (``WeightHandle.adapter``)."""
+    """A model's adapter settings (``r``, ``lora_alpha``, ``target_modules``, ``base_model_name_or_path``), else
+    ``None``."""
     info = getattr(model, "_divopd_lora", None)
     return None if info is None else dict(info)
-
-
-def _adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    from peft import get_peft_model_state_dict
-
-    return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(model).items()}
 
 
 def published_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """What the learner publishes: a CPU copy of the adapter's tensors (names without PEFT's saved prefix) for a
     LoRA student, else of the whole ``state_dict``."""
     if has_adapter(model):
-        return _adapter_state(model)
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(model)
+    else:
+        state = model.state_dict()
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 
 def save_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
@@ -144,7 +142,7 @@ def save_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
     if not has_adapter(model):
         model.save_pretrained(folder, safe_serialization=True)
         return
-    write_adapter(folder, _adapter_state(model), adapter_settings(model) or {})
+    write_adapter(folder, published_weights(model), adapter_settings(model) or {})
 
 
 def write_adapter(folder: str | os.PathLike, state: Mapping[str, torch.Tensor], settings: Mapping[str, Any]) -> None:

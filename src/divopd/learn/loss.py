@@ -137,8 +137,7 @@ def topk_reverse_kl(student_topk_logprobs_NLK: torch.Tensor, teacher_topk_logpro
     zeros = torch.zeros_like(s)
     if not tail:
         s, t = torch.log_softmax(s, dim=-1), torch.log_softmax(t, dim=-1)
-    # Sanitise: entries outside the support (and rows with no support) must not produce 0·inf = NaN, in the value
-    # or in its gradient.
+    # entries outside the support must not produce 0·inf = NaN, in the value or in its gradient
     log_ps = torch.where(ok, s, zeros)
     log_pt = torch.where(ok, t, zeros)
     kl = torch.where(ok, log_ps.exp() * (log_ps - log_pt), zeros).sum(dim=-1)

@@ -57,9 +57,8 @@ def forward_pass(model: torch.nn.Module, inputs: UpdateInputs, idx: np.ndarray, 
 
 @dataclass(frozen=True)
 class MicroBatchOutput(Generic[A]):
-    """One micro-batch's detached results: its row indices and, per row and response position, log π, log π_old, the
-    student's log probs at the teacher top-k ids (``None`` without the top-k estimator) and the scored mask; torch
-    tensors on a learner, numpy arrays in a rank's reply."""
+    """One micro-batch's detached [n, L] results by row index (torch on a learner, numpy in a rank's reply);
+    ``topk_logprobs``: ``None`` without the top-k estimator."""
 
     idx: np.ndarray
     logprobs: A
@@ -121,9 +120,8 @@ def whole_batch_metrics(cfg: LearnerConfig, inputs: UpdateInputs, outputs: Seque
 
 @dataclass(frozen=True)
 class RankStep:
-    """One learner rank's reply to an update (:meth:`divopd.learn.dist_worker.RankWorker.step`): its micro-batches'
-    outputs (row indices local to the rank's part), its counts and timings, the global gradient norm (the same on
-    every rank) and the rank's peak memory."""
+    """One rank's reply to an update (:meth:`divopd.learn.dist_worker.RankWorker.step`): its micro-batches' outputs
+    (row indices local to its part), counts, timings, the global gradient norm and its peak memory."""
 
     outputs: list[MicroBatchOutput[np.ndarray]]
     tokens: int
@@ -138,12 +136,9 @@ class RankStep:
 
 @dataclass(frozen=True)
 class UpdateStats:
-    """What one learner update reports (both learners alike); :meth:`metrics` is its flat ``learner/*`` dict.
-
-    ``loss``: the loss function's own metrics of the whole batch (``loss``, ``reverse_kl``, ...: see
-    :func:`divopd.learn.loss.opd_loss`); ``version``, ``tokens_total`` and ``compute_s_total``: the learner's counters
-    after the update; ``row_weights``: the update's per-row loss weights (``None`` = unit weights); ``alpha``:
-    TurnOPD's token-to-turn weight (``None`` = off)."""
+    """What one learner update reports; :meth:`metrics` is its flat ``learner/*`` dict. ``loss``: the loss function's
+    metrics of the whole batch; the totals and ``version``: after the update; ``row_weights`` / ``alpha``: ``None`` =
+    unit weights / TurnOPD off."""
 
     loss: dict[str, float]
     grad_norm: float

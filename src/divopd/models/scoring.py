@@ -81,6 +81,4 @@ def response_logprobs(
     > 0 :class:`ResponseScores` with ``topk_ids`` / ``topk_logprobs`` [L_i, k]."""
     scores = score_responses(model, prompts, responses, topk=topk, max_tokens_per_batch=max_tokens_per_batch,
                              layout=layout, pad_id=pad_id)
-    if topk > 0:
-        return scores
-    return [s.logprobs for s in scores]
+    return scores if topk > 0 else [s.logprobs for s in scores]

@@ -120,15 +120,13 @@ def build_model(tokenizer: PreTrainedTokenizerFast, size: str = "1m", arch: str 
         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None, attention_dropout=0.0,
     )
-    if arch == "llama":
-        config, cls = LlamaConfig(**common), LlamaForCausalLM
-    elif arch == "qwen2":
-        config, cls = Qwen2Config(**common), Qwen2ForCausalLM
-    else:
+    archs = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if arch not in archs:
         raise ValueError(f"build_model: arch must be 'llama' or 'qwen2', got {arch!r}")
+    config_cls, cls = archs[arch]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = cls(config)
+        model = cls(config_cls(**common))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = None
