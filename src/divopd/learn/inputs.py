@@ -87,8 +87,7 @@ def update_inputs(turns: Sequence[Turn], *, max_prompt_len: int | None = None, t
 
 def batch_inputs(batch: Batch | Sequence[Turn] | None, config: LearnerConfig, vocab: int
                  ) -> tuple[list[Turn], UpdateInputs]:
-    """A batch's turns and their inputs with the learner's settings, every token id checked against a vocabulary of
-    ``vocab`` ids."""
+    """A batch's turns and their inputs, every token id checked against a vocabulary of ``vocab`` ids."""
     if batch is None:
         raise ValueError("Learner.step: batch is None (the sampler was not ready; call next_batch again later)")
     turns = list(getattr(batch, "payloads", batch))  # a Batch (its payloads are the turns), or the turns

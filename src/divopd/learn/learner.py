@@ -171,8 +171,7 @@ class Learner(LearnerCounters):
         return self._publish(self.model, path)
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
-        """Write the HF model, tokenizer, ``optimizer.pt``, ``state.json`` (counters, config, torch RNG,
-        ``extra_state``) and ``manifest.json`` atomically to ``path``."""
+        """HF model, tokenizer, ``optimizer.pt``, ``state.json`` and ``manifest.json``, written atomically."""
         text = checkpoint_state_text(self, CHECKPOINT_FORMAT, extra_state)
         return self._save(path, self.model, text,
                           lambda tmp: torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE))

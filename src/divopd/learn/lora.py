@@ -119,8 +119,7 @@ def has_adapter(model: torch.nn.Module) -> bool:
 
 
 def adapter_settings(model: torch.nn.Module) -> dict[str, Any] | None:
-    """A model's adapter settings (``r``, ``lora_alpha``, ``target_modules``, ``base_model_name_or_path``), else
-    ``None``."""
+    """A model's adapter settings (``r``, ``lora_alpha``, ``target_modules``, base model) or ``None``."""
     info = getattr(model, "_divopd_lora", None)
     return None if info is None else dict(info)
 

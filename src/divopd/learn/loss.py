@@ -85,13 +85,11 @@ def opd_loss(
     reduction: str = "seq-mean-token-mean",
     row_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The paper's OPD loss: clipped surrogate of the stopped reverse-KL advantage.
-
-    All [N, L]: ``logprobs`` log π_θ (differentiable); ``old_logprobs`` log π_θold, recomputed on the queued tokens, and
-    ``teacher_logprobs`` (NaN/±inf = not scored), both constants; ``mask`` action ∧ teacher-valid. Returns the scalar
-    loss and floats ``loss``, ``reverse_kl`` (mean over valid tokens of log π_θold − log π_T), ``valid_tokens``,
-    ``dead_rows``, ``rows``, ``clip_frac``, ``ratio_mean``, ``dropped_nonfinite`` (masked-in positions not finite).
-    """
+    """The paper's OPD loss: clipped surrogate of the stopped reverse-KL advantage. All [N, L]: ``logprobs`` log π_θ
+    (differentiable); ``old_logprobs`` log π_θold, recomputed on the queued tokens, and ``teacher_logprobs`` (NaN/±inf =
+    not scored), both constants; ``mask`` action ∧ teacher-valid. Returns the scalar loss and floats ``loss``,
+    ``reverse_kl`` (mean over valid tokens of log π_θold − log π_T), ``valid_tokens``, ``dead_rows``, ``rows``,
+    ``clip_frac``, ``ratio_mean``, ``dropped_nonfinite`` (masked-in positions not finite)."""
     if logprobs.dim() != 2:
         raise ValueError(f"opd_loss: logprobs must be [N, L], got shape {tuple(logprobs.shape)}")
     for name, tensor in (("old_logprobs", old_logprobs), ("teacher_logprobs", teacher_logprobs), ("mask", mask)):

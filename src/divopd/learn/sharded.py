@@ -44,10 +44,9 @@ def split_rows(n: int, world_size: int) -> list[np.ndarray]:
 
 
 class ShardedLearner(LearnerCounters):
-    """The learner over ``config.world_size`` FSDP2 ranks; same methods and counters as :class:`Learner`.
-
-    ``source``: the HF model (or LoRA adapter) folder every rank and the driver's CPU copy load; ``lora``: fresh
-    adapters on it; ``ranks`` builds the ranks from ``(world_size, setup kwargs)`` (default :class:`ProcessRanks`)."""
+    """The learner over ``config.world_size`` FSDP2 ranks; same methods and counters as :class:`Learner`. ``source``:
+    the HF model (or LoRA adapter) folder every rank and the driver's CPU copy load; ``lora``: fresh adapters on it;
+    ``ranks`` builds the ranks from ``(world_size, setup kwargs)`` (default :class:`ProcessRanks`)."""
 
     def __init__(self, source: str, config: LearnerConfig, ranks: RanksFactory | None = None,
                  lora: LoraSettings | None = None) -> None:
@@ -149,8 +148,7 @@ class ShardedLearner(LearnerCounters):
         return self._publish(self._model, path, state)
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
-        """HF (adapter) folder + tokenizer + ``dcp/`` (model and optimizer shards, resharded on resume to any number
-        of ranks) + ``state.json``, atomically."""
+        """HF (adapter) folder, tokenizer, ``dcp/`` (shards, resharded on resume), ``state.json``, atomically."""
         text = checkpoint_state_text(self, SHARDED_FORMAT, extra_state, world_size=self.world_size)
         return self._save(path, self.model, text,
                           lambda tmp: self._call("save", [(str(tmp / DCP_DIR),)] * self.world_size))
@@ -195,8 +193,7 @@ def process_ranks(collective_timeout_s: float, call_timeout_s: float | None = No
 
 def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None = None,
                   lora: LoraSettings | None = None) -> LearnerProtocol:
-    """A fresh learner on the HF model at ``path``: one process (``world_size: 1``) or sharded; ``lora`` (rank > 0):
-    a LoRA student (:mod:`divopd.learn.lora`)."""
+    """A fresh learner (one process, or sharded) on the HF model at ``path``; ``lora`` (rank > 0): a LoRA student."""
     if config.world_size > 1:
         return ShardedLearner(path, config, ranks, lora=lora)
     model, tokenizer = load_student(path, dtype=config.dtype, device=config.device, lora=lora, seed=config.seed)
@@ -205,8 +202,7 @@ def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None =
 
 def learner_from_checkpoint(path: str | Path, config: LearnerConfig, ranks: RanksFactory | None = None
                             ) -> tuple[LearnerProtocol, dict[str, Any]]:
-    """Resume any checkpoint (single-process or sharded, any N; full fine-tuning or LoRA) with ``config.world_size``
-    ranks."""
+    """Resume any checkpoint (single-process or sharded, any N; LoRA or not) with ``config.world_size`` ranks."""
     if config.world_size > 1:
         return ShardedLearner.from_checkpoint(path, config, ranks)
     return Learner.from_checkpoint(path, config)

@@ -82,8 +82,7 @@ class Accumulated:
 def batch_loss(cfg: LearnerConfig, inputs: UpdateInputs, idx: np.ndarray, lp: torch.Tensor, old: torch.Tensor,
                top: torch.Tensor | None, scored: torch.Tensor, weights: np.ndarray | None,
                device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss (and its metrics) of rows ``idx`` from their log probabilities: the configured estimator and
-    reduction over rows ``idx`` only (their own row denominator)."""
+    """The loss and metrics of rows ``idx`` from their log probabilities (over their own row denominator)."""
     mask = torch.from_numpy(inputs.mask[idx]).to(device) & scored
     teacher = torch.from_numpy(inputs.teacher[idx]).to(device)
     w = None if weights is None else torch.from_numpy(weights[idx]).to(device)
@@ -211,8 +210,7 @@ class LearnerCounters:
 
     def _publish(self, model: torch.nn.Module, path: str | Path | None,
                  state: dict[str, torch.Tensor] | None = None) -> WeightHandle:
-        """A handle on ``model``'s weights: ``state`` (default: :func:`published_weights`), or an HF folder at
-        ``path`` written atomically."""
+        """A handle on ``state`` (default: :func:`published_weights`), or on an HF folder written at ``path``."""
         depth = None if self.depth_stats is None else self.depth_stats.published()
         adapter = adapter_settings(model)
         if path is None:

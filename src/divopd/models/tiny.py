@@ -109,8 +109,7 @@ def _byte_level(texts: list[str], kind: str, vocab_size: int) -> Tokenizer:
 
 def build_model(tokenizer: PreTrainedTokenizerFast, size: str = "1m", arch: str = "llama", seed: int = 0,
                 max_position_embeddings: int = 4096) -> PreTrainedModel:
-    """A randomly initialised causal LM from config alone: ``arch`` ``llama`` or ``qwen2``, ``size`` one of
-    :data:`SIZES`, seeded, float32, eval mode."""
+    """A seeded random causal LM (float32, eval): ``arch`` ``llama`` or ``qwen2``, ``size`` one of :data:`SIZES`."""
     if size not in SIZES:
         raise ValueError(f"build_model: unknown size {size!r}; expected one of {sorted(SIZES)}")
     hidden, layers, heads, inter = SIZES[size]
