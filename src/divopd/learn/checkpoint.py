@@ -121,12 +121,9 @@ def to_json_safe(obj: Any) -> Any:
         return [to_json_safe(v) for v in obj]
     if isinstance(obj, np.ndarray):
         return to_json_safe(obj.tolist())
-    if isinstance(obj, (bool, np.bool_)):
-        return bool(obj)
-    if isinstance(obj, (int, np.integer)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return float(obj)
+    for types, cast in (((bool, np.bool_), bool), ((int, np.integer), int), ((float, np.floating), float)):
+        if isinstance(obj, types):
+            return cast(obj)
     if obj is None or isinstance(obj, str):
         return obj
     raise TypeError(f"checkpoint extra_state: cannot store a {type(obj).__name__} as JSON")

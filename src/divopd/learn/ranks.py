@@ -38,23 +38,18 @@ def _rank_main(rank: int, world_size: int, init_method: str, setup: dict[str, An
     die_with_parent(parent_pid)  # SIGINT is blocked here (ProcessRanks starts it so): the driver stops the rank
 
     worker = RankWorker()
+    method, args, kwargs = "setup", (rank, world_size, init_method), setup  # the first call, then the driver's
     try:
-        try:
-            conn.send(("ok", worker.setup(rank, world_size, init_method, **setup)))
-        except Exception:  # noqa: BLE001 — reported to the driver, which raises it
-            conn.send(("error", traceback.format_exc()))
-            return
-        while True:
+        while method != "close":
+            try:
+                conn.send(("ok", getattr(worker, method)(*args, **kwargs)))
+            except Exception:  # noqa: BLE001 — reported to the driver, which raises it
+                conn.send(("error", traceback.format_exc()))
+                return
+            kwargs = {}
             try:
                 method, args = conn.recv()
             except (EOFError, OSError):  # the driver is gone
-                return
-            if method == "close":
-                return
-            try:
-                conn.send(("ok", getattr(worker, method)(*args)))
-            except Exception:  # noqa: BLE001
-                conn.send(("error", traceback.format_exc()))
                 return
     finally:
         worker.close()
