@@ -83,7 +83,9 @@ def add_adapter(model: torch.nn.Module, settings: LoraSettings, *, base: str, se
     """Inject fresh LoRA adapters (seeded by ``seed``; ``lora_B`` = 0, so the student starts as the base) into
     ``model`` in place and freeze everything else; ``base``: the base model folder the checkpoints name."""
     targets = _target_names(model, settings, str(base))
-    config = _lora_config(settings.rank, settings.lora_alpha, targets, _abs(base))
+    folder = Path(base).expanduser()
+    config = _lora_config(settings.rank, settings.lora_alpha, targets,
+                          str(folder.resolve()) if folder.exists() else str(base))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         _inject(model, config, str(base))
@@ -106,11 +108,6 @@ def _inject(model: torch.nn.Module, config: Any, where: str) -> None:
 
 def _short(names: Any) -> list[str]:
     return sorted({str(n).rsplit(".", 1)[-1] for n in names})
-
-
-def _abs(path: str) -> str:
-    p = Path(path).expanduser()
-    return str(p.resolve()) if p.exists() else str(path)
 
 
 def has_adapter(model: torch.nn.Module) -> bool:

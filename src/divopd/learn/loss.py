@@ -53,25 +53,19 @@ def reduce_tokens(values_NL: torch.Tensor, mask_NL: torch.Tensor,
         if row_weights_N.shape != values_NL.shape[:1]:
             raise ValueError(f"row weights have shape {tuple(row_weights_N.shape)}, expected ({values_NL.shape[0]},)")
     masked = torch.where(mask_NL, values_NL, torch.zeros_like(values_NL))
-    n_rows = values_NL.shape[0]
     if reduction == "token-mean":
         n_tok = mask_NL.sum()
         return masked.sum() / torch.clamp(n_tok, min=1).to(masked.dtype)
-    row_sum = masked.sum(dim=-1)
+    row_val = masked.sum(dim=-1)
     if reduction == "seq-mean-token-mean":
-        row_val = row_sum / torch.clamp(mask_NL.sum(dim=-1), min=1).to(masked.dtype)
-    else:
-        row_val = row_sum
+        row_val = row_val / torch.clamp(mask_NL.sum(dim=-1), min=1).to(masked.dtype)
     if row_weights_N is not None:
         row_val = row_val * row_weights_N.to(device=row_val.device, dtype=row_val.dtype)
-    return row_val.sum() / max(n_rows, 1)
+    return row_val.sum() / max(values_NL.shape[0], 1)
 
 
 def _masked_mean(values_NL: torch.Tensor, mask_NL: torch.Tensor) -> float:
-    n = int(mask_NL.sum())
-    if n == 0:
-        return 0.0
-    return float(values_NL.detach()[mask_NL].double().mean())
+    return float(values_NL.detach()[mask_NL].double().mean()) if bool(mask_NL.any()) else 0.0
 
 
 def opd_loss(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import accumulate
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -51,12 +52,7 @@ def depth_budget(depth_disagreement: Sequence[float | None] | None, rho: float, 
     if total <= 0:
         return max_steps
     target = rho * total * (1 - 1e-12)  # float noise must not cost a turn
-    run, d = 0.0, len(mass)
-    for t, m in enumerate(mass):
-        run += m
-        if run >= target:
-            d = t + 1
-            break
+    d = next((t + 1 for t, run in enumerate(accumulate(mass)) if run >= target), len(mass))
     return max(min(min_depth, max_steps), min(d, max_steps))
 
 
@@ -71,20 +67,15 @@ class DepthStats:
 
     def update(self, turns: Sequence[Turn]) -> None:
         """Fold one batch in: per depth, the mean of ``max(s(u), 0)`` over its turns with a valid token."""
-        sums: dict[int, float] = {}
-        counts: dict[int, int] = {}
+        by_depth: dict[int, list[float]] = {}
         for t in turns:
-            if t.n_valid == 0:
-                continue
-            sums[t.turn_index] = sums.get(t.turn_index, 0.0) + max(t.disagreement, 0.0)
-            counts[t.turn_index] = counts.get(t.turn_index, 0) + 1
-        if not counts:
+            if t.n_valid > 0:
+                by_depth.setdefault(t.turn_index, []).append(max(t.disagreement, 0.0))
+        if not by_depth:
             return
-        depth = max(counts) + 1
-        if len(self.means) < depth:
-            self.means.extend([None] * (depth - len(self.means)))
-        for d, n in counts.items():
-            batch_mean = sums[d] / n
+        self.means.extend([None] * (max(by_depth) + 1 - len(self.means)))
+        for d, values in by_depth.items():
+            batch_mean = sum(values) / len(values)
             old = self.means[d]
             self.means[d] = batch_mean if old is None else (1 - self.rate) * old + self.rate * batch_mean
 
