@@ -111,8 +111,7 @@ def remove_interrupted_writes(checkpoints_dir: str | os.PathLike) -> list[str]:
 
 
 def to_json_safe(obj: Any) -> Any:
-    """Convert numpy scalars/arrays and tuples to plain JSON types (non-finite floats stay floats: Python's ``json``
-    writes and reads NaN/Infinity); raise ``TypeError`` naming the type for anything else (no pickle fallback)."""
+    """Numpy scalars/arrays and tuples as plain JSON types (NaN/inf stay floats); ``TypeError`` for anything else."""
     import numpy as np
 
     if isinstance(obj, dict):
@@ -148,8 +147,7 @@ def checkpoint_state_text(learner: Any, fmt: int, extra_state: dict[str, Any] | 
 
 
 def restore_learner_state(learner: Any, state: dict[str, Any]) -> dict[str, Any]:
-    """Put a checkpoint's ``state.json`` contents back into ``learner`` (version, counters, depth statistics) and the
-    torch RNG; returns the checkpoint's ``extra_state``."""
+    """Put a ``state.json``'s counters back into ``learner`` and the torch RNG; returns its ``extra_state``."""
     from divopd.learn.turnopd import DepthStats
 
     saved = state["learner"]

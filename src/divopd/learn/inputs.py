@@ -131,8 +131,7 @@ def pad_token_id(model: Any, tokenizer: Any) -> int:
 
 
 def micro_batches(inputs: UpdateInputs, max_tokens: int) -> list[np.ndarray]:
-    """Row indices of consecutive micro-batches of at most ``max_tokens`` prompt + response tokens each (a longer row
-    alone); one micro-batch of every row when ``max_tokens`` <= 0."""
+    """Row indices of consecutive micro-batches of at most ``max_tokens`` tokens each (all rows when it is <= 0)."""
     n = len(inputs)
     if max_tokens <= 0 or n == 0:
         return [np.arange(n)]

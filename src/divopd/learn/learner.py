@@ -1,9 +1,6 @@
-"""The learner: exactly one optimizer update per composed batch (paper, "Asynchronous multi-turn OPD").
-
-``Learner.step(batch)``: the turns' arrays (:mod:`divopd.learn.inputs`), packed; one forward pass with gradients gives
-log π_θ; θ_old = the learner before the update, so by default (``old_logprobs="same-pass"``) its detached values are
-the recomputation (r = 1 exactly; ``"recompute"``: a separate no-grad pass); :func:`~divopd.learn.loss.opd_loss` (or
-the top-k estimator), backward, clipping, one AdamW step, ``version += 1``. The model stays in eval mode (no dropout).
+"""The learner: exactly one optimizer update per composed batch (paper, "Asynchronous multi-turn OPD"); θ_old is the
+learner before the update, so by default (``old_logprobs="same-pass"``) the gradient pass's detached log probabilities
+are its recomputation (r = 1). The model stays in eval mode (docs/concepts/learner.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""LoRA students (``student.lora.rank > 0``): PEFT adapters injected in place (the model keeps its class, forward and
-``config``; the base is frozen, so AdamW holds the adapter's tensors only), published as the adapter's tensors, saved
-as PEFT adapter folders (which PEFT and vLLM read as they are) and exported merged. PEFT is the ``divopd[lora]``
-extra, imported only when a LoRA student is configured or read.
+"""LoRA students (``student.lora.rank > 0``): PEFT adapters injected in place on a frozen base, published as the
+adapter's tensors, saved as PEFT adapter folders (PEFT and vLLM read them as they are) and exported merged. PEFT (the
+``divopd[lora]`` extra) is imported only when a LoRA student is configured or read.
 """
 
 from __future__ import annotations

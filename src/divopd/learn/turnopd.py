@@ -1,8 +1,6 @@
-"""TurnOPD (Zhou et al., 2026, arXiv 2607.05804; no public code): our reading, as one method row (``method: turnopd``,
-docs/concepts/environments.md). (a) An adaptive rollout-depth budget: :func:`depth_budget` over the learner's per-depth
-disagreement means (:class:`DepthStats`, published with the weights). (b) A loss moving from token-level to
-turn-balanced: the row weights :func:`turn_balance_weights` at :func:`turn_balance_alpha`. Batches are read in arrival
-order (the ``vanilla`` reader): TurnOPD changes how deep rollouts go and how turns weigh, not which are selected.
+"""TurnOPD (Zhou et al., 2026, arXiv 2607.05804; no public code), our reading as the ``turnopd`` method row
+(docs/concepts/environments.md): an adaptive rollout-depth budget (:func:`depth_budget` over :class:`DepthStats`) and a
+loss moving from token-level to turn-balanced row weights (:func:`turn_balance_weights` at :func:`turn_balance_alpha`).
 """
 
 from __future__ import annotations

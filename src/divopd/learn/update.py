@@ -69,8 +69,7 @@ class MicroBatchOutput(Generic[A]):
 
 @dataclass
 class Accumulated:
-    """What :meth:`Learner.accumulate <divopd.learn.learner.Learner.accumulate>` returns: the last micro-batch's loss
-    metrics, every micro-batch's outputs, tokens processed, input slots and seconds."""
+    """What :meth:`~divopd.learn.learner.Learner.accumulate` returns (``metrics``: the last micro-batch's)."""
 
     metrics: dict[str, float] = field(default_factory=dict)
     outputs: list[MicroBatchOutput[torch.Tensor]] = field(default_factory=list)
@@ -222,8 +221,7 @@ class LearnerCounters:
 
     def _save(self, path: str | Path, model: torch.nn.Module, state_text: str,
               save_optimizer: Callable[[Path], None]) -> Path:
-        """Write a checkpoint folder atomically: weights (a LoRA student's adapter only), tokenizer, the optimizer
-        (``save_optimizer(folder)``), ``state.json`` and the manifest."""
+        """Write a checkpoint folder atomically: weights, tokenizer, ``save_optimizer(folder)``, ``state.json``."""
         with atomic_dir(path, manifest=True) as tmp:
             save_weights(model, tmp)
             if self.tokenizer is not None:
