@@ -127,13 +127,12 @@ class ShardedLearner(LearnerCounters):
             if unexpected or set(state) != trained:
                 raise LearnerRankError(f"the ranks' adapter does not fit the driver's (unexpected {unexpected[:3]}, "
                                        f"missing {sorted(trained - set(state))[:3]})")
-            self._model_version = self.version
-            return state
-        own = self._model.state_dict()
-        for key in own:
-            if key not in state and is_tied(self._model, key):
-                state[key] = state[next(k for k in own if own[k] is own[key] and k in state)]
-        self._model.load_state_dict(state, strict=True)
+        else:
+            own = self._model.state_dict()
+            for key in own:
+                if key not in state and is_tied(self._model, key):
+                    state[key] = state[next(k for k in own if own[k] is own[key] and k in state)]
+            self._model.load_state_dict(state, strict=True)
         self._model_version = self.version
         return state
 
