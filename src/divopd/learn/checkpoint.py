@@ -171,8 +171,7 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def latest_checkpoint(checkpoints_dir: str | os.PathLike) -> Path | None:
-    """The newest checkpoint under ``checkpoints_dir`` whose ``state.json`` reads (``None`` if none); a resume
-    verifies it first (:func:`divopd.train.checkpoints.resume_checkpoint`)."""
+    """The newest checkpoint under ``checkpoints_dir`` whose ``state.json`` reads, or ``None``."""
     for sub in reversed(checkpoint_dirs(checkpoints_dir)):
         try:
             int(read_state(sub)["learner"]["version"])

@@ -25,8 +25,7 @@ def _turns_of(batch: Any) -> list[Turn]:
 
 def opd_gradient(model: torch.nn.Module, turns: Sequence[Turn], *, beta: float = 1.0,
                  reduction: str = "seq-mean-token-mean", layout: str = "packed", pad_id: int = 0) -> torch.Tensor:
-    """Flat gradient (float32, on the model's device) of :func:`~divopd.learn.loss.opd_loss` over ``turns`` at the
-    current weights, with θ_old = the current weights (as in the learner's update). Does not touch ``param.grad``."""
+    """Flat float32 gradient of :func:`~divopd.learn.loss.opd_loss` over ``turns`` at θ = θ_old (no ``.grad``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
     inputs = update_inputs(turns)

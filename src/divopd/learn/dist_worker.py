@@ -150,8 +150,7 @@ class RankWorker:
         return StateDictOptions(ignore_frozen_params=self.lora, **kwargs)
 
     def _trained(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A LoRA student's model state: its trained tensors only (``ignore_frozen_params`` keeps a frozen output
-        head tied to the embeddings, which ``named_parameters`` does not list under its own name)."""
+        """A LoRA student's trained tensors only (``ignore_frozen_params`` keeps a tied frozen head)."""
         return {k: v for k, v in state.items() if k in self.fqns} if self.lora else state
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:

@@ -146,8 +146,7 @@ class Learner(LearnerCounters):
         return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None], 2.0)
 
     def _optimizer_step(self) -> tuple[float, bool]:
-        """Clip the gradient and take the AdamW step (skipped, and counted, when the norm is not finite); zero the
-        gradients; ``version += 1``. Returns (gradient norm, skipped)."""
+        """Clip and step (skipped, counted, on a non-finite norm), zero grads, ``version += 1``; (norm, skipped)."""
         cfg = self.config
         norm = self._grad_norm()
         grad_norm = float(norm)

@@ -121,8 +121,7 @@ def adapter_settings(model: torch.nn.Module) -> dict[str, Any] | None:
 
 
 def published_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What the learner publishes: a CPU copy of the adapter's tensors (names without PEFT's saved prefix) for a
-    LoRA student, else of the whole ``state_dict``."""
+    """What the learner publishes: a CPU copy of a LoRA student's adapter tensors, else of the whole ``state_dict``."""
     if has_adapter(model):
         from peft import get_peft_model_state_dict
 
@@ -289,8 +288,7 @@ def merge_adapter(base: Mapping[str, torch.Tensor], state: Mapping[str, torch.Te
 
 
 def check_lora(path: str, settings: LoraSettings) -> str:
-    """Whether ``settings`` can wrap the student at ``path`` (built on the meta device, no weights loaded): a line for
-    ``divopd doctor``, or :class:`LoraError`."""
+    """A line for ``divopd doctor`` if ``settings`` can wrap the student at ``path`` (meta device); else LoraError."""
     _peft()
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -87,8 +87,7 @@ def _read_index(file: Path) -> Metadata:
 
 
 def read_metadata(folder: str | Path) -> Metadata:
-    """The DCP index of the checkpoint folder ``folder``, read without running code; :class:`UnsafeCheckpointError`
-    (one line naming the file) for anything else."""
+    """The DCP index of ``folder``, read without running code, else :class:`UnsafeCheckpointError`."""
     file = Path(folder) / METADATA_FILE
     try:
         return _read_index(file)
@@ -127,8 +126,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 
 def load(state_dict: dict[str, Any], *, checkpoint_id: str | Path) -> None:
-    """``torch.distributed.checkpoint.load(state_dict, checkpoint_id=...)`` without unpickling code: fill
-    ``state_dict`` in place from the DCP folder ``checkpoint_id`` (resharding as DCP does)."""
+    """``torch.distributed.checkpoint.load(state_dict, checkpoint_id=...)`` without unpickling code."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 

@@ -155,8 +155,7 @@ class ShardedLearner(LearnerCounters):
     @classmethod
     def from_checkpoint(cls, path: str | Path, config: LearnerConfig | None = None,
                         ranks: RanksFactory | None = None) -> tuple[ShardedLearner, dict[str, Any]]:
-        """Resume from a sharded (any N, resharded) or a single-process checkpoint (a LoRA one: the base its
-        ``adapter_config.json`` names with the checkpoint's adapter, on every rank)."""
+        """Resume from a sharded (any N, resharded) or a single-process checkpoint, LoRA or not, on every rank."""
         state = read_state(path)
         config = config if config is not None else LearnerConfig(**state["config"])
         if state.get("format") == SHARDED_FORMAT:  # refuse a planted index in one line, before any rank starts
