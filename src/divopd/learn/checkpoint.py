@@ -1,8 +1,5 @@
-"""Atomic checkpoints and versioned weight handles.
-
-A checkpoint directory (``checkpoints/update-NNNNNN/``) holds the HF model and tokenizer, ``optimizer.pt`` (tensors
-only, loaded with ``weights_only=True``), ``state.json`` (plain JSON, never pickle) and, written last,
-``manifest.json`` (:mod:`divopd.learn.manifest`).
+"""Atomic checkpoints and versioned weight handles. A checkpoint folder (``checkpoints/update-NNNNNN/``) holds the HF
+model and tokenizer, ``optimizer.pt`` (tensors only), ``state.json`` (plain JSON) and, written last, ``manifest.json``.
 """
 
 from __future__ import annotations
@@ -40,12 +37,8 @@ __all__ = ["DCP_DIR", "MANIFEST_FILE", "OPTIMIZER_FILE", "STATE_FILE", "WeightHa
 
 @contextmanager
 def atomic_dir(path: str | os.PathLike, manifest: bool = False) -> Iterator[Path]:
-    """Yield a fresh temporary directory next to ``path``; on success it replaces ``path`` by rename.
-
-    An existing ``path`` is moved aside first and removed only after the new directory is in place. On an exception
-    the temporary directory is removed and ``path`` is untouched. ``manifest``: write ``manifest.json`` (every file,
-    its size and hash: :func:`divopd.learn.manifest.write_manifest`) last, before the rename (checkpoints).
-    """
+    """Yield a fresh temporary directory next to ``path`` that replaces it by rename on success (the old one is moved
+    aside and removed after); on an exception ``path`` is untouched. ``manifest``: write ``manifest.json`` last."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
@@ -72,9 +65,8 @@ def atomic_dir(path: str | os.PathLike, manifest: bool = False) -> Iterator[Path
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never a torn one: a temporary
-    file in the same folder, flushed to disk, then renamed over ``path``. On an exception the temporary file is
-    removed and ``path`` is untouched."""
+    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never a torn one (a flushed
+    temporary file renamed over it); on an exception ``path`` is untouched."""
     final = Path(path)
     fd, name = tempfile.mkstemp(prefix=f".{final.name}.tmp-", dir=final.parent)
     try:
@@ -94,11 +86,9 @@ _OLD_CHECKPOINT = re.compile(r"\.(update-\d+)\.old-\d+")
 
 
 def remove_interrupted_writes(checkpoints_dir: str | os.PathLike) -> list[str]:
-    """Clean up after checkpoint writes a crash or ``kill -9`` interrupted; returns what was done, one line each.
-
-    Only divopd's own leftovers directly inside ``checkpoints_dir`` are touched: ``.update-N.tmp-*`` folders are
-    removed; a ``.update-N.old-PID`` folder is renamed back to ``update-N`` when that one is missing (the kill fell
-    between :func:`atomic_dir`'s two renames: it is the last complete copy), else removed."""
+    """Clean up divopd's own leftovers of interrupted checkpoint writes in ``checkpoints_dir``; one line per action.
+    ``.update-N.tmp-*`` folders go; a ``.update-N.old-PID`` folder becomes ``update-N`` again when that one is missing
+    (the kill fell between :func:`atomic_dir`'s two renames), else goes."""
     d = Path(checkpoints_dir)
     done: list[str] = []
     if not d.is_dir():
@@ -121,8 +111,7 @@ def remove_interrupted_writes(checkpoints_dir: str | os.PathLike) -> list[str]:
 
 
 def to_json_safe(obj: Any) -> Any:
-    """Convert numpy scalars/arrays and tuples to plain JSON types (non-finite floats stay floats: Python's ``json``
-    writes and reads NaN/Infinity); raise ``TypeError`` naming the type for anything else (no pickle fallback)."""
+    """Numpy scalars/arrays and tuples as plain JSON types (NaN/inf stay floats); ``TypeError`` for anything else."""
     import numpy as np
 
     if isinstance(obj, dict):
@@ -131,23 +120,12 @@ def to_json_safe(obj: Any) -> Any:
         return [to_json_safe(v) for v in obj]
     if isinstance(obj, np.ndarray):
         return to_json_safe(obj.tolist())
-    if isinstance(obj, (bool, np.bool_)):
-        return bool(obj)
-    if isinstance(obj, (int, np.integer)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return float(obj)
+    for types, cast in (((bool, np.bool_), bool), ((int, np.integer), int), ((float, np.floating), float)):
+        if isinstance(obj, types):
+            return cast(obj)
     if obj is None or isinstance(obj, str):
         return obj
     raise TypeError(f"checkpoint extra_state: cannot store a {type(obj).__name__} as JSON")
-
-
-def _encode_rng_state(state: torch.Tensor) -> str:
-    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
-
-
-def _decode_rng_state(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
 
 
 def learner_counters(learner: Any) -> dict[str, Any]:
@@ -163,14 +141,13 @@ def checkpoint_state_text(learner: Any, fmt: int, extra_state: dict[str, Any] | 
     """A learner checkpoint's ``state.json``: format ``fmt``, counters, config, torch RNG and ``extra_state``."""
     state = {"format": fmt, **more, "learner": learner_counters(learner),
              "config": learner.config.model_dump(mode="json"),
-             "rng": {"torch": _encode_rng_state(torch.get_rng_state())},
+             "rng": {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")},
              "extra_state": to_json_safe(extra_state or {})}
     return json.dumps(state, allow_nan=True)
 
 
 def restore_learner_state(learner: Any, state: dict[str, Any]) -> dict[str, Any]:
-    """Put a checkpoint's ``state.json`` contents back into ``learner`` (version, counters, depth statistics) and the
-    torch RNG; returns the checkpoint's ``extra_state``."""
+    """Put a ``state.json``'s counters back into ``learner`` and the torch RNG; returns its ``extra_state``."""
     from divopd.learn.turnopd import DepthStats
 
     saved = state["learner"]
@@ -180,7 +157,8 @@ def restore_learner_state(learner: Any, state: dict[str, Any]) -> dict[str, Any]
     learner.skipped_updates = int(saved.get("skipped_updates", 0))
     if learner.depth_stats is not None:
         learner.depth_stats = DepthStats(saved.get("depth_disagreement", ()))
-    torch.set_rng_state(_decode_rng_state(state["rng"]["torch"]))
+    rng = base64.b64decode(state["rng"]["torch"])
+    torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8).clone())
     return state.get("extra_state", {})
 
 
@@ -193,8 +171,7 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def latest_checkpoint(checkpoints_dir: str | os.PathLike) -> Path | None:
-    """The newest checkpoint under ``checkpoints_dir`` whose ``state.json`` reads (``None`` if none); a resume
-    verifies it first (:func:`divopd.train.checkpoints.resume_checkpoint`)."""
+    """The newest checkpoint under ``checkpoints_dir`` whose ``state.json`` reads, or ``None``."""
     for sub in reversed(checkpoint_dirs(checkpoints_dir)):
         try:
             int(read_state(sub)["learner"]["version"])
@@ -206,9 +183,8 @@ def latest_checkpoint(checkpoints_dir: str | os.PathLike) -> Path | None:
 
 @dataclass
 class WeightHandle:
-    """A published snapshot of the learner's weights, for explorers to load at their own pace: a CPU ``state_dict``
-    copy (in-process and Ray publication) or a saved HF folder ``path``; for a LoRA student
-    (``adapter``: :func:`divopd.learn.lora.adapter_settings`) the adapter's tensors only."""
+    """A published snapshot of the learner's weights: a CPU ``state_dict`` copy or a saved HF folder ``path``; for a
+    LoRA student (``adapter``: :func:`divopd.learn.lora.adapter_settings`) the adapter's tensors only."""
 
     #: learner version of these weights (number of updates applied)
     version: int
@@ -221,10 +197,9 @@ class WeightHandle:
     def load_into(self, model: torch.nn.Module) -> torch.nn.Module:
         """Copy these weights into ``model`` (same architecture), in place, keeping its dtype and device."""
         if self.adapter is not None:  # a LoRA student: the adapter version (injected into model on first use)
-            from divopd.learn.lora import apply_adapter, read_adapter
+            from divopd.learn.lora import apply_adapter, handle_adapter
 
-            state = self.state_dict if self.state_dict is not None else read_adapter(str(self.path))[0]
-            return apply_adapter(model, state, self.adapter)
+            return apply_adapter(model, handle_adapter(self), self.adapter)
         if self.state_dict is not None:
             model.load_state_dict(self.state_dict, strict=True)
         elif self.path is not None:

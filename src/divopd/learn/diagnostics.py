@@ -1,6 +1,5 @@
-"""Diagnostics of the paper's Appendix E, run every N updates on a composed batch (``batch.candidates`` = the pool),
-and the exact full-vocabulary reverse KL of tiny models. None of these change the model or leave gradients on it.
-"""
+"""Diagnostics of the paper's Appendix E on a composed batch (``batch.candidates`` = the pool), and the exact
+full-vocabulary reverse KL of tiny models; none changes the model or leaves gradients on it."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ def _turns_of(batch: Any) -> list[Turn]:
 
 def opd_gradient(model: torch.nn.Module, turns: Sequence[Turn], *, beta: float = 1.0,
                  reduction: str = "seq-mean-token-mean", layout: str = "packed", pad_id: int = 0) -> torch.Tensor:
-    """Flat gradient (float32, on the model's device) of :func:`~divopd.learn.loss.opd_loss` over ``turns`` at the
-    current weights, with θ_old = the current weights (as in the learner's update). Does not touch ``param.grad``."""
+    """Flat float32 gradient of :func:`~divopd.learn.loss.opd_loss` over ``turns`` at θ = θ_old (no ``.grad``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
     inputs = update_inputs(turns)
@@ -51,16 +49,11 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 def gradient_diagnostics(model: torch.nn.Module, batch: Any, *, beta: float = 1.0,
                          reduction: str = "seq-mean-token-mean", max_rows: int | None = 64, layout: str = "packed",
                          pad_id: int = 0, seed: int = 0) -> dict[str, float]:
-    """Appendix E.3 on one composed batch (before its update).
-
-    * ``diag/grad_cos_pool``: cos(g_batch, g_pool), with g_batch the OPD gradient of the selected rows and g_pool the
-      OPD gradient of all valid candidate turns (``batch.candidates``; seq-mean-token-mean over them).
-    * ``diag/grad_proj_pool``: ⟨g_batch, g_pool⟩ / ‖g_pool‖, the projection onto the pool gradient's direction.
-    * ``diag/grad_pairwise_cos``: mean over pairs i ≠ j of cos(g_i, g_j), per-row gradients of the batch's rows with
-      valid tokens (at most ``max_rows``, a seeded subset), computed as (‖Σ u_i‖² − n) / (n(n−1)) with u_i = g_i/‖g_i‖,
-      so only one extra gradient-sized vector is kept.
-    * ``diag/grad_norm_batch``, ``diag/grad_norm_pool``, ``diag/grad_pool_turns``, ``diag/grad_rows``.
-    """
+    """Appendix E.3 on one composed batch (before its update): ``diag/grad_cos_pool`` = cos(g_batch, g_pool) (g_pool:
+    the OPD gradient of the valid ``batch.candidates``), ``diag/grad_proj_pool`` = ⟨g_batch, g_pool⟩ / ‖g_pool‖,
+    ``diag/grad_pairwise_cos`` = the mean cos(g_i, g_j) over pairs of rows (at most ``max_rows``, seeded), as
+    (‖Σ u_i‖² − n) / (n(n−1)) with u_i = g_i/‖g_i‖; and ``diag/grad_norm_batch``, ``_norm_pool``, ``_pool_turns``,
+    ``_rows``."""
     turns = _turns_of(batch)
     pool = [t for t in getattr(batch, "candidates", []) if t.n_valid > 0]
     kw = dict(beta=beta, reduction=reduction, layout=layout, pad_id=pad_id)
@@ -128,13 +121,10 @@ def current_disagreement(model: torch.nn.Module, turns: Sequence[Turn], *, pad_i
 
 def ranking_stability(model: torch.nn.Module, batch: Any, *, pad_id: int = 0, min_rollout_turns: int = 3,
                       max_tokens_per_batch: int = 8192) -> dict[str, float]:
-    """Appendix E.2: do focus rankings made with the generating policy survive the learner's lag?
-
-    Over the valid candidate turns with generating log probabilities (``batch.candidates``, else ``batch.payloads``):
-    ``diag/focus_spearman`` (all turns), ``diag/focus_spearman_within_rollout`` (mean over rollouts with at least
-    ``min_rollout_turns`` such turns: focus only ranks turns inside a rollout's slots), ``diag/focus_turns``,
-    ``diag/focus_rollouts`` and ``diag/focus_mean_abs_change`` (mean |current − generating| score).
-    """
+    """Appendix E.2: do focus rankings made with the generating policy survive the learner's lag? Over the valid
+    candidate turns with generating log probabilities: ``diag/focus_spearman``, ``diag/focus_spearman_within_rollout``
+    (mean over rollouts with at least ``min_rollout_turns`` turns), ``diag/focus_turns``, ``diag/focus_rollouts`` and
+    ``diag/focus_mean_abs_change`` (mean |current − generating| score)."""
     pool = list(getattr(batch, "candidates", []) or _turns_of(batch))
     turns = [t for t in pool if t.n_valid > 0 and t.student_logprobs is not None]
     if not turns:

@@ -1,7 +1,5 @@
-"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded.
-
-FSDP2's reduce-scatter averages the gradients over the ranks, so each rank scales its loss by N (exact for N a power
-of two; gloo has no PREMUL_SUM for a divide factor of 1). Clipping uses the global norm over the sharded gradients.
+"""One rank of the sharded learner: a :class:`~divopd.learn.learner.Learner` whose model is FSDP2-sharded. Each rank
+scales its loss by N to undo FSDP2's gradient average (exact for N a power of two); clipping uses the global norm.
 """
 
 from __future__ import annotations
@@ -24,9 +22,7 @@ from divopd.learn.update import MicroBatchOutput, RankStep
 
 __all__ = ["RankWorker", "decoder_layers", "free_port", "shard_model"]
 
-#: How long a collective (and the rendezvous) may wait for a peer before the process group gives up, by default
-#: (``runtime.collective_timeout_s``). A dead rank is noticed much earlier by the driver, which then ends the others;
-#: a stopped or hung one is noticed by its peers, whose collective fails at this deadline and is reported.
+#: The default seconds a collective (and the rendezvous) waits for a peer (``runtime.collective_timeout_s``).
 COLLECTIVE_TIMEOUT_S = 600.0
 
 
@@ -98,10 +94,8 @@ class RankWorker:
               threads: int = 1, deterministic: bool = False, local_device: int | None = None,
               collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, lora: dict[str, Any] | None = None
               ) -> dict[str, Any]:
-        """Join the process group, load ``source`` (an HF folder, or a LoRA checkpoint's adapter folder), add fresh
-        adapters when ``lora`` (``student.lora``) asks for them, shard it and build the optimizer (over the trainable
-        tensors: the adapter's of a LoRA student). Every collective and the rendezvous fail after
-        ``collective_timeout_s`` seconds without their peers."""
+        """Join the process group, load ``source`` (with fresh adapters when ``lora`` asks), shard it and build the
+        optimizer over its trainable tensors; collectives fail after ``collective_timeout_s`` without their peers."""
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -156,42 +150,41 @@ class RankWorker:
         return StateDictOptions(ignore_frozen_params=self.lora, **kwargs)
 
     def _trained(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A LoRA student's model state: its trained tensors only (``ignore_frozen_params`` keeps a frozen output
-        head tied to the embeddings, which ``named_parameters`` does not list under its own name)."""
+        """A LoRA student's trained tensors only (``ignore_frozen_params`` keeps a tied frozen head)."""
         return {k: v for k, v in state.items() if k in self.fqns} if self.lora else state
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Every rank takes part; rank 0 returns the full CPU state dict (``full_state_dict``, ``cpu_offload``): a
-        LoRA student's adapter tensors only."""
+        """Every rank takes part; rank 0 returns the full CPU state dict (a LoRA student's adapter only)."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         options = self._options(full_state_dict=True, cpu_offload=True)
         state = self._trained(get_model_state_dict(self._learner().model, options=options))
         return state if self.rank == 0 else None
 
-    def save(self, path: str) -> None:
-        """Model and optimizer shards with ``torch.distributed.checkpoint`` (a directory every rank writes into); a
-        LoRA student's adapter and its optimizer state only."""
-        import torch.distributed.checkpoint as dcp
+    def _sharded_state(self) -> dict[str, Any]:
+        """This rank's model (a LoRA student's trained tensors) and optimizer state, as DCP saves and loads them."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         learner = self._learner()
         model_state, optim_state = get_state_dict(learner.model, learner.optimizer, options=self._options())
-        dcp.save({"model": self._trained(model_state), "optim": optim_state}, checkpoint_id=path)
+        return {"model": self._trained(model_state), "optim": optim_state}
+
+    def save(self, path: str) -> None:
+        """Model and optimizer shards into the DCP folder ``path`` (a LoRA student's adapter and its state only)."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._sharded_state(), checkpoint_id=path)
 
     def load(self, path: str) -> None:
         """Resume from a :meth:`save` directory written by any number of ranks (DCP reshards on load)."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_state_dict
 
         from divopd.learn import safe_dcp as dcp  # the index and values read without unpickling code
 
         learner = self._learner()
-        options = self._options()
-        model_state, optim_state = get_state_dict(learner.model, learner.optimizer, options=options)
-        state = {"model": self._trained(model_state), "optim": optim_state}
+        state = self._sharded_state()
         dcp.load(state, checkpoint_id=path)
-        # a LoRA student's state is its trained tensors, every one of them (DCP fails on a missing one): the frozen
-        # base stays as loaded
+        # a LoRA student loads every trained tensor (DCP fails on a missing one); the frozen base stays as loaded
         set_state_dict(learner.model, learner.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=self._options(strict=not self.lora))
 

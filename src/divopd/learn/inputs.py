@@ -12,6 +12,7 @@ import numpy as np
 from divopd.experience.turn import Turn
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import turn_balance_alpha, turn_balance_weights
+from divopd.models.scoring import _chunks
 from divopd.sampling.sampler import Batch
 
 __all__ = ["UpdateInputs", "batch_inputs", "batch_row_weights", "micro_batches", "pad_token_id", "update_inputs"]
@@ -19,15 +20,10 @@ __all__ = ["UpdateInputs", "batch_inputs", "batch_row_weights", "micro_batches",
 
 @dataclass
 class UpdateInputs:
-    """A batch's turns as arrays, one row per turn, ready to pack.
-
-    Attributes:
-        prompts, responses: per row int64 token ids (prompts after truncation).
-        mask: [N, L] bool, the effective mask (action ∧ teacher-valid ∧ finite teacher logprob), False past a row.
-        teacher: [N, L] float32 teacher log probabilities (NaN where not scored / past a row).
-        topk_ids, topk_logprobs: [N, L, k] teacher top-k (ids 0 and NaN where missing), or ``None``.
-        truncated_prompts: number of prompts the learner left-truncated.
-    """
+    """A batch's turns as arrays, one row per turn: int64 ``prompts`` (after truncation) and ``responses``; [N, L]
+    ``mask`` (the effective mask) and float32 ``teacher`` log probabilities (NaN where not scored); [N, L, k] teacher
+    top-k ``topk_ids`` / ``topk_logprobs`` (0 and NaN where missing) or ``None``; ``truncated_prompts``: how many the
+    learner left-truncated."""
 
     prompts: list[np.ndarray]
     responses: list[np.ndarray]
@@ -91,8 +87,7 @@ def update_inputs(turns: Sequence[Turn], *, max_prompt_len: int | None = None, t
 
 def batch_inputs(batch: Batch | Sequence[Turn] | None, config: LearnerConfig, vocab: int
                  ) -> tuple[list[Turn], UpdateInputs]:
-    """A batch's turns and their inputs with the learner's settings, every token id checked against a vocabulary of
-    ``vocab`` ids."""
+    """A batch's turns and their inputs, every token id checked against a vocabulary of ``vocab`` ids."""
     if batch is None:
         raise ValueError("Learner.step: batch is None (the sampler was not ready; call next_batch again later)")
     turns = list(getattr(batch, "payloads", batch))  # a Batch (its payloads are the turns), or the turns
@@ -136,18 +131,9 @@ def pad_token_id(model: Any, tokenizer: Any) -> int:
 
 
 def micro_batches(inputs: UpdateInputs, max_tokens: int) -> list[np.ndarray]:
-    """Row indices of consecutive micro-batches of at most ``max_tokens`` prompt + response tokens each (a longer row
-    alone); one micro-batch of every row when ``max_tokens`` <= 0."""
+    """Row indices of consecutive micro-batches of at most ``max_tokens`` tokens each (all rows when it is <= 0)."""
     n = len(inputs)
     if max_tokens <= 0 or n == 0:
         return [np.arange(n)]
-    groups, cur, total = [], [], 0
-    for i in range(n):
-        ln = len(inputs.prompts[i]) + len(inputs.responses[i])
-        if cur and total + ln > max_tokens:
-            groups.append(np.asarray(cur))
-            cur, total = [], 0
-        cur.append(i)
-        total += ln
-    groups.append(np.asarray(cur))
-    return groups
+    lengths = [len(p) + len(r) for p, r in zip(inputs.prompts, inputs.responses, strict=True)]
+    return [np.asarray(group) for group in _chunks(lengths, max_tokens)]

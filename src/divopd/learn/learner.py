@@ -1,19 +1,6 @@
-"""The learner: exactly one optimizer update per composed batch (paper, "Asynchronous multi-turn OPD").
-
-``Learner.step(batch)`` reads top to bottom:
-
-1. inputs (:mod:`divopd.learn.inputs`): each turn's prompt (left-truncated to ``max_prompt_len`` unless the explorer
-   flagged it truncated) and response, its effective mask and teacher log probabilities;
-2. pack them into model inputs (``packed``: padding-free, or ``padded``);
-3. one forward pass with gradients → log π_θ of every response token;
-4. θ_old = the learner snapshot immediately before the update, recomputed on the queued tokens. With one update per
-   batch θ_old = θ at gradient evaluation, so by default (``old_logprobs="same-pass"``) the detached values of step 3
-   *are* the recomputation (r = 1 exactly); ``"recompute"`` runs a separate no-grad pass (same numbers, slower);
-5. :func:`~divopd.learn.loss.opd_loss` (or the top-k estimator), backward, clipping, one AdamW step, ``version += 1``.
-   Rows carry unit weights (the paper) unless the batch has ``row_weights`` or ``turn_balance_updates`` is set; unit
-   weights take the unweighted code path, so the paper's loss is computed exactly as without the feature.
-
-The model is kept in eval mode (dropout off), so steps 3 and 4 see the same function.
+"""The learner: exactly one optimizer update per composed batch (paper, "Asynchronous multi-turn OPD"); θ_old is the
+learner before the update, so by default (``old_logprobs="same-pass"``) the gradient pass's detached log probabilities
+are its recomputation (r = 1). The model stays in eval mode (docs/concepts/learner.md).
 """
 
 from __future__ import annotations
@@ -31,24 +18,21 @@ from divopd.experience.turn import Turn
 from divopd.learn.checkpoint import (
     DCP_DIR,
     OPTIMIZER_FILE,
-    STATE_FILE,
     WeightHandle,
-    atomic_dir,
     checkpoint_state_text,
     load_dcp_optimizer,
     read_state,
     restore_learner_state,
 )
 from divopd.learn.inputs import UpdateInputs, batch_inputs, batch_row_weights, micro_batches, pad_token_id
-from divopd.learn.lora import adapter_settings, is_adapter_folder, load_adapter_model, published_weights, save_weights
+from divopd.learn.lora import is_adapter_folder, load_adapter_model
 from divopd.learn.manifest import SHARDED_FORMAT
 from divopd.learn.settings import LearnerConfig
-from divopd.learn.turnopd import DepthStats
 from divopd.learn.update import (
     Accumulated,
     ForwardPass,
+    LearnerCounters,
     MicroBatchOutput,
-    UpdateStats,
     batch_loss,
     forward_pass,
     whole_batch_metrics,
@@ -62,16 +46,12 @@ __all__ = ["CHECKPOINT_FORMAT", "Learner", "LearnerConfig", "WeightHandle"]
 CHECKPOINT_FORMAT = 1
 
 
-class Learner:
-    """The single-process learner (:class:`~divopd.learn.protocol.LearnerProtocol`).
-
-    ``model`` (any causal LM) is moved to ``config.device``/``config.dtype``; ``tokenizer`` (optional) gives the pad
-    id and is saved with checkpoints.
-    """
+class Learner(LearnerCounters):
+    """The single-process learner (:class:`~divopd.learn.protocol.LearnerProtocol`) of ``model`` (any causal LM, moved
+    to ``config.device``/``config.dtype``); ``tokenizer`` (optional) gives the pad id and is saved with checkpoints."""
 
     def __init__(self, model: torch.nn.Module, config: LearnerConfig, tokenizer: Any = None) -> None:
-        self.config = config
-        torch.manual_seed(config.seed)
+        self._start(config)
         self.device = torch.device(config.device)
         self.model = model.to(device=self.device, dtype=resolve_dtype(config.dtype)).eval()
         self.tokenizer = tokenizer
@@ -80,13 +60,6 @@ class Learner:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay,
         )
-        self.version = 0
-        self.tokens_total = 0
-        self.compute_s_total = 0.0
-        self.skipped_updates = 0
-        self.depth_stats = DepthStats() if config.depth_stats else None
-        self.failed: str | None = None  # one process: it fails by raising, never half-way
-        self.last_update: UpdateStats | None = None  # what the newest update reported
 
     @property
     def rank_info(self) -> list[dict[str, Any]]:
@@ -118,29 +91,18 @@ class Learner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t3 = time.perf_counter()
-        compute_s = t3 - t0
-        self.tokens_total += acc.tokens
-        self.compute_s_total += compute_s
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        self.last_update = UpdateStats(
-            loss=metrics, grad_norm=grad_norm, skipped=skipped, tokens=acc.tokens, tokens_total=self.tokens_total,
-            input_slots=acc.input_slots, compute_s=compute_s, compute_s_total=self.compute_s_total,
-            version=self.version, truncated_prompts=inputs.truncated_prompts, lr=lr, time_forward_backward_s=acc.t_fb,
-            time_optimizer_s=t3 - t2, row_weights=weights, alpha=alpha)
-        if self.depth_stats is not None:
-            self.depth_stats.update(turns)
-        return self.last_update.metrics()
+        return self._record(turns, t3 - t0, loss=metrics, grad_norm=grad_norm, skipped=skipped, tokens=acc.tokens,
+                            input_slots=acc.input_slots, truncated_prompts=inputs.truncated_prompts,
+                            lr=float(self.optimizer.param_groups[0]["lr"]), time_forward_backward_s=acc.t_fb,
+                            time_optimizer_s=t3 - t2, row_weights=weights, alpha=alpha)
 
     def accumulate(self, inputs: UpdateInputs, groups: list[np.ndarray], weights: np.ndarray | None, *,
                    n_rows: int | None = None, total_valid: int | None = None, scale: float = 1.0,
                    weighted: bool | None = None) -> Accumulated:
-        """Steps 2-4 and the backward pass of every micro-batch (``groups``: row indices into ``inputs``).
-
-        ``n_rows`` / ``total_valid``: the whole batch's row and valid-token counts, the loss denominators (default:
-        those of ``inputs``; a learner rank holding part of the batch passes the global ones). ``weighted``: scale each
-        group's loss by its share of the batch (default: when there is more than one group); ``scale`` multiplies
-        every loss (a sharded rank undoes the gradient average over ranks with it). An empty group runs a zero-loss
-        pass, so every rank of a sharded learner takes part in the same number of collectives."""
+        """Forward and backward passes of every micro-batch (``groups``: row indices into ``inputs``). ``n_rows`` /
+        ``total_valid``: the loss denominators (default: those of ``inputs``; a rank passes the whole batch's);
+        ``weighted``: scale each group's loss by its share (default: with several groups); ``scale`` multiplies every
+        loss. An empty group runs a zero-loss pass, so that every rank joins the same collectives."""
         cfg = self.config
         n = len(inputs) if n_rows is None else n_rows
         total = max(int(inputs.mask.sum()), 1) if total_valid is None else max(total_valid, 1)
@@ -184,8 +146,7 @@ class Learner:
         return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None], 2.0)
 
     def _optimizer_step(self) -> tuple[float, bool]:
-        """Clip the gradient and take the AdamW step (skipped, and counted, when the norm is not finite); zero the
-        gradients; ``version += 1``. Returns (gradient norm, skipped)."""
+        """Clip and step (skipped, counted, on a non-finite norm), zero grads, ``version += 1``; (norm, skipped)."""
         cfg = self.config
         norm = self._grad_norm()
         grad_norm = float(norm)
@@ -202,37 +163,19 @@ class Learner:
 
     # ------------------------------------------------------------------ publication and checkpoints
     def publish(self, path: str | Path | None = None) -> WeightHandle:
-        """A versioned snapshot for explorers: a CPU ``state_dict`` copy, or (``path`` given) an HF folder written
-        atomically, which explorers load with ``handle.load_into(model)``."""
-        depth = None if self.depth_stats is None else self.depth_stats.published()
-        if path is None:
-            return WeightHandle(version=self.version, state_dict=published_weights(self.model),
-                                depth_disagreement=depth, adapter=adapter_settings(self.model))
-        with atomic_dir(path) as tmp:
-            save_weights(self.model, tmp)
-        return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth,
-                            adapter=adapter_settings(self.model))
+        """A snapshot for explorers: a CPU ``state_dict`` copy, or an HF folder written atomically at ``path``."""
+        return self._publish(self.model, path)
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
-        """Write model (HF safetensors) + tokenizer + ``optimizer.pt`` + ``state.json`` (version, counters, config,
-        torch RNG, ``extra_state`` as JSON) + ``manifest.json`` (sizes, hashes) atomically to ``path``. Returns
-        ``path``."""
+        """HF model, tokenizer, ``optimizer.pt``, ``state.json`` and ``manifest.json``, written atomically."""
         text = checkpoint_state_text(self, CHECKPOINT_FORMAT, extra_state)
-        with atomic_dir(path, manifest=True) as tmp:
-            save_weights(self.model, tmp)  # a LoRA student: its adapter only (divopd.learn.lora)
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(tmp)
-            torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-            (tmp / STATE_FILE).write_text(text)
-        return Path(path)
+        return self._save(path, self.model, text,
+                          lambda tmp: torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE))
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, config: LearnerConfig | None = None) -> tuple[Learner, dict[str, Any]]:
-        """Resume from :meth:`save_checkpoint`: model, tokenizer (if saved), optimizer, version, counters and RNG.
-
-        ``config`` defaults to the saved one. Returns ``(learner, extra_state)``; the next ``step`` on the same batch
-        reproduces an uninterrupted run's update bit for bit on CPU.
-        """
+        """Resume from a checkpoint (``config``: default the saved one); ``(learner, extra_state)``. The next ``step``
+        on the same batch reproduces an uninterrupted run's update bit for bit on CPU."""
         state = read_state(path)
         if state.get("format") not in (CHECKPOINT_FORMAT, SHARDED_FORMAT):
             raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, expected {CHECKPOINT_FORMAT} or "

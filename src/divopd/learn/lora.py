@@ -1,20 +1,6 @@
-"""LoRA students (``student.lora``): PEFT adapters through the learner, the published weights and the checkpoints.
-
-With ``student.lora.rank > 0`` the student keeps its base weights frozen and trains low-rank adapters on the
-``target_modules`` (PEFT's LoRA, injected in place with :func:`peft.inject_adapter_in_model`, so the model keeps its
-class, its forward and its ``config``: the learner's passes, θ_old and the loss are unchanged). Only the adapter's
-parameters require gradients, so the learner's AdamW holds state for them only.
-
-* **Published weights** (:func:`published_weights`): the adapter's tensors only, with its settings
-  (``WeightHandle.adapter``); an explorer's HF student copy gets the same adapter injected once and loads each
-  version's tensors into it (:func:`apply_adapter`); a vLLM engine loads the adapter folder per version.
-* **Checkpoints** (:func:`save_weights`): ``adapter_model.safetensors`` + ``adapter_config.json`` in PEFT's own
-  format (tensor names ``base_model.model.<module>.lora_A.weight``; ``base_model_name_or_path`` = the base model
-  folder), which PEFT, vLLM and :func:`load_adapter_model` read as they are.
-* **Export** (:func:`merged_model`): the base with the adapter merged in, a plain HF model folder.
-
-``rank: 0`` (the default) is full fine-tuning and nothing here runs. PEFT is the ``divopd[lora]`` extra: imported only
-when a LoRA student is configured or read.
+"""LoRA students (``student.lora.rank > 0``): PEFT adapters injected in place on a frozen base, published as the
+adapter's tensors, saved as PEFT adapter folders (PEFT and vLLM read them as they are) and exported merged. PEFT (the
+``divopd[lora]`` extra) is imported only when a LoRA student is configured or read.
 """
 
 from __future__ import annotations
@@ -55,8 +41,7 @@ def _peft() -> Any:
 
 
 def _linear_names(model: torch.nn.Module) -> list[str]:
-    """The last name part of every linear layer of ``model`` (what ``target_modules`` may name): ``nn.Linear`` and
-    transformers' ``Conv1D`` (GPT-2's linear layers), both of which PEFT wraps."""
+    """The last name part of every linear layer (``nn.Linear``, GPT-2's ``Conv1D``) of ``model``."""
     from transformers.pytorch_utils import Conv1D
 
     return sorted({name.rsplit(".", 1)[-1] for name, mod in model.named_modules()
@@ -64,8 +49,7 @@ def _linear_names(model: torch.nn.Module) -> list[str]:
 
 
 def _target_names(model: torch.nn.Module, settings: LoraSettings, where: str) -> list[str]:
-    """The module names the adapters wrap: ``target_modules`` checked against ``model``'s linear layers (``all-linear``:
-    every one but the output head); :class:`LoraError` naming the model and the modules it has otherwise."""
+    """``target_modules`` checked against ``model``'s linear layers (``all-linear``: all but the output head)."""
     found = _linear_names(model)
     head = getattr(model, "get_output_embeddings", lambda: None)()
     head_names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if mod is head and head is not None}
@@ -88,11 +72,19 @@ def _lora_config(r: int, alpha: float, targets: list[str], base: str | None = No
                            task_type="CAUSAL_LM", base_model_name_or_path=base)
 
 
+def _settings_config(settings: Mapping[str, Any]) -> Any:
+    """The PEFT config of published adapter ``settings`` (:func:`adapter_settings`)."""
+    return _lora_config(int(settings["r"]), float(settings["lora_alpha"]), list(settings["target_modules"]),
+                        settings.get("base_model_name_or_path"))
+
+
 def add_adapter(model: torch.nn.Module, settings: LoraSettings, *, base: str, seed: int = 0) -> torch.nn.Module:
     """Inject fresh LoRA adapters (seeded by ``seed``; ``lora_B`` = 0, so the student starts as the base) into
     ``model`` in place and freeze everything else; ``base``: the base model folder the checkpoints name."""
     targets = _target_names(model, settings, str(base))
-    config = _lora_config(settings.rank, settings.lora_alpha, targets, _abs(base))
+    folder = Path(base).expanduser()
+    config = _lora_config(settings.rank, settings.lora_alpha, targets,
+                          str(folder.resolve()) if folder.exists() else str(base))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         _inject(model, config, str(base))
@@ -117,44 +109,34 @@ def _short(names: Any) -> list[str]:
     return sorted({str(n).rsplit(".", 1)[-1] for n in names})
 
 
-def _abs(path: str) -> str:
-    p = Path(path).expanduser()
-    return str(p.resolve()) if p.exists() else str(path)
-
-
 def has_adapter(model: torch.nn.Module) -> bool:
     """Whether ``model`` holds divopd's LoRA adapters."""
     return getattr(model, "_divopd_lora", None) is not None
 
 
 def adapter_settings(model: torch.nn.Module) -> dict[str, Any] | None:
-    """The adapter's settings (``r``, ``lora_alpha``, ``target_modules``, ``base_model_name_or_path``) of a model with
-    adapters, else ``None``: what a published handle carries (``WeightHandle.adapter``)."""
+    """A model's adapter settings (``r``, ``lora_alpha``, ``target_modules``, base model) or ``None``."""
     info = getattr(model, "_divopd_lora", None)
     return None if info is None else dict(info)
 
 
-def _adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    from peft import get_peft_model_state_dict
-
-    return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(model).items()}
-
-
 def published_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What the learner publishes: a CPU copy of the adapter's tensors (names without PEFT's saved prefix) for a
-    LoRA student, else of the whole ``state_dict``."""
+    """What the learner publishes: a CPU copy of a LoRA student's adapter tensors, else of the whole ``state_dict``."""
     if has_adapter(model):
-        return _adapter_state(model)
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(model)
+    else:
+        state = model.state_dict()
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 
 def save_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
-    """Write the student's weights into ``folder``: the adapter in PEFT's format (``adapter_model.safetensors`` +
-    ``adapter_config.json``) for a LoRA student, else the whole model (``save_pretrained``)."""
+    """Write the student's weights into ``folder``: a LoRA student's adapter folder, else ``save_pretrained``."""
     if not has_adapter(model):
         model.save_pretrained(folder, safe_serialization=True)
         return
-    write_adapter(folder, _adapter_state(model), adapter_settings(model) or {})
+    write_adapter(folder, published_weights(model), adapter_settings(model) or {})
 
 
 def write_adapter(folder: str | os.PathLike, state: Mapping[str, torch.Tensor], settings: Mapping[str, Any]) -> None:
@@ -165,8 +147,7 @@ def write_adapter(folder: str | os.PathLike, state: Mapping[str, torch.Tensor], 
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {SAVED_PREFIX + k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    config = _lora_config(int(settings["r"]), float(settings["lora_alpha"]), list(settings["target_modules"]),
-                          settings.get("base_model_name_or_path"))
+    config = _settings_config(settings)
     config.inference_mode = True
     config.save_pretrained(str(folder))
 
@@ -207,13 +188,10 @@ def read_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
 
 def apply_adapter(model: torch.nn.Module, state: Mapping[str, torch.Tensor], settings: Mapping[str, Any]
                   ) -> torch.nn.Module:
-    """Load a published adapter version into ``model`` in place (an explorer's student copy): the adapter's layers are
-    injected on first use (the same settings as the learner's), then every call loads its tensors (kept in the
-    model's dtype). :class:`ValueError` when the tensors do not fit the adapter."""
+    """Load a published adapter version into ``model`` in place (injecting the adapter on first use), in the model's
+    dtype; :class:`ValueError` when the tensors do not fit."""
     if not has_adapter(model):
-        config = _lora_config(int(settings["r"]), float(settings["lora_alpha"]), list(settings["target_modules"]),
-                              settings.get("base_model_name_or_path"))
-        _inject(model, config, str(settings.get("base_model_name_or_path") or type(model).__name__))
+        _inject(model, _settings_config(settings), str(settings.get("base_model_name_or_path") or type(model).__name__))
         model.eval()
     own = getattr(model, "_divopd_lora_tensors", None)
     if own is None:  # the adapter's tensors under their published names, found once
@@ -231,9 +209,8 @@ def apply_adapter(model: torch.nn.Module, state: Mapping[str, torch.Tensor], set
 
 def load_adapter_model(path: str | os.PathLike, *, dtype: str = "float32", device: str = "cpu",
                        base: str | None = None) -> tuple[torch.nn.Module, Any]:
-    """The base model (``base``, default the adapter's ``base_model_name_or_path``) with the adapter folder at
-    ``path`` injected and loaded; the tokenizer saved beside the adapter, else the base's. For resume: the adapter's
-    parameters require gradients, the base's do not."""
+    """The base model (``base``, default the one the adapter names) with the adapter folder at ``path`` loaded, and
+    the tokenizer saved beside the adapter, else the base's; only the adapter's parameters require gradients."""
     from divopd.models import load_model, load_tokenizer
 
     state, settings = read_adapter(path)
@@ -254,9 +231,8 @@ def load_adapter_model(path: str | os.PathLike, *, dtype: str = "float32", devic
 
 def load_student(source: str, *, dtype: str = "float32", device: str = "cpu", lora: LoraSettings | None = None,
                  seed: int = 0) -> tuple[torch.nn.Module, Any]:
-    """A learner's student and tokenizer: an adapter folder (a LoRA checkpoint) is its base with that adapter
-    (:func:`load_adapter_model`); any other ``source`` is the HF model there, with fresh adapters (seeded by ``seed``)
-    when ``lora`` is enabled. Every learner rank and the driver's copy load it alike, so they start equal."""
+    """A learner's student and tokenizer: an adapter folder's base with that adapter, else the HF model at ``source``
+    with fresh adapters (seeded) when ``lora`` is enabled; every rank and the driver's copy start equal."""
     if is_adapter_folder(source):
         return load_adapter_model(source, dtype=dtype, device=device)
     from divopd.models import load_model
@@ -273,26 +249,17 @@ def merged_model(model: torch.nn.Module) -> torch.nn.Module:
         return model
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    for module in list(model.modules()):
-        if isinstance(module, BaseTunerLayer):
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer):  # merged, then replaced by its base layer
             module.merge()
-    _unwrap(model)
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, module.get_base_layer())
     del model._divopd_lora
     model.__dict__.pop("_divopd_lora_tensors", None)
     if hasattr(model, "peft_config"):
         del model.peft_config
     return model
-
-
-def _unwrap(model: torch.nn.Module) -> None:
-    """Replace every LoRA layer (already merged) by its base layer."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    for name, module in list(model.named_modules()):
-        if isinstance(module, BaseTunerLayer):
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, module.get_base_layer())
 
 
 def handle_adapter(handle: Any) -> dict[str, torch.Tensor]:
@@ -321,8 +288,7 @@ def merge_adapter(base: Mapping[str, torch.Tensor], state: Mapping[str, torch.Te
 
 
 def check_lora(path: str, settings: LoraSettings) -> str:
-    """Whether ``settings`` can wrap the student at ``path``, without loading its weights (the model is built on the
-    meta device from its config): a one-line description for ``divopd doctor``, or :class:`LoraError`."""
+    """A line for ``divopd doctor`` if ``settings`` can wrap the student at ``path`` (meta device); else LoraError."""
     _peft()
     from transformers import AutoConfig, AutoModelForCausalLM
 

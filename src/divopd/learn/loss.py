@@ -1,55 +1,26 @@
-"""The OPD loss of the paper ("Asynchronous multi-turn OPD", loss paragraph), and a non-default top-k estimator.
+"""The OPD loss of the paper ("Asynchronous multi-turn OPD", loss paragraph) and a non-default top-k estimator.
 
-For row ``t`` (one student response turn) and response position ``i``, with ``θ_old`` the learner snapshot immediately
-before the update (its log probabilities recomputed on the queued tokens) and ``π_T`` the frozen teacher:
-
-* stopped advantage   ``A_{t,i} = −β · sg(log π_θold(y_{t,i}) − log π_T(y_{t,i}))``
-* per-token objective ``min(r·A, clip(r, 1−ε, 1+ε)·A)`` with ``r = π_θ / π_θold``
+* stopped advantage   ``A_{t,i} = −β · sg(log π_θold(y_{t,i}) − log π_T(y_{t,i}))``, θ_old: pre-update learner
+* per-token objective ``min(r·A, clip(r, 1−ε, 1+ε)·A)`` with ``r = π_θ / π_θold`` (r = 1 with one update per batch)
 * effective mask      ``m_{t,i} = action ∧ teacher-valid ∧ finite teacher logprob``
-* loss                ``−reduce(objective, m)``; the default reduction ``seq-mean-token-mean`` averages the valid
-  tokens of each row, then averages over **all N rows**: a dead row (no valid token) contributes 0 and stays in the
-  denominator. Optional per-row weights (``row_weights``: ``divopd-focus``'s task balance, TurnOPD's schedule) multiply
-  each row's term, ``Σ_t w_t ℓ_t / N``; without them (the paper: unit weights) nothing changes.
+* loss                ``−reduce(objective, m)``, default ``seq-mean-token-mean``: ``Σ_t w_t ℓ_t / N`` over all N rows
 
-With one optimizer update per batch ``r == 1`` at gradient evaluation and clipping is inactive (kept for generality).
-No entropy term, KL penalty, critic or reference model. Minimising the loss lowers the reverse KL to the teacher: the
-gradient is ``β · E_valid[(log π_θ(y) − log π_T(y)) ∇ log π_θ(y)]``, the sampled-token reverse-KL policy gradient.
-
-The loss is finite for every input: positions whose teacher, student or θ_old log probability is not finite are
-dropped from the mask (and counted), the log ratio is clamped to ±20 before ``exp`` (as verl does), and a batch of only
-dead rows gives loss 0 with zero gradients.
-
-Tensor names carry their axes: ``_NL`` = [rows, response positions], ``_NLK`` = [rows, positions, top-k entries].
+Finite for every input. Tensor names carry their axes: ``_NL`` = [rows, positions], ``_NLK`` = [rows, positions, top-k].
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = [
-    "REDUCTIONS",
-    "clipped_surrogate",
-    "effective_mask",
-    "opd_loss",
-    "reduce_tokens",
-    "stopped_advantage",
-    "topk_reverse_kl",
-    "topk_reverse_kl_loss",
-]
+__all__ = ["REDUCTIONS", "clipped_surrogate", "effective_mask", "opd_loss", "reduce_tokens", "stopped_advantage",
+           "topk_reverse_kl", "topk_reverse_kl_loss"]
 
 REDUCTIONS: tuple[str, ...] = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum")
 LOG_RATIO_CLAMP = 20.0
 
 
-def _check_shapes(name_to_tensor: dict[str, torch.Tensor], shape: torch.Size) -> None:
-    for name, tensor in name_to_tensor.items():
-        if tensor.shape != shape:
-            raise ValueError(f"opd_loss: {name} has shape {tuple(tensor.shape)}, expected {tuple(shape)} like logprobs")
-
-
 def effective_mask(mask_NL: torch.Tensor, *values_NL: torch.Tensor) -> torch.Tensor:
-    """The paper's effective mask ``m = action ∧ teacher-valid``, additionally dropping every position where one of
-    ``values_NL`` (teacher, θ_old or student log probabilities) is not finite, so the loss stays finite."""
+    """``m = action ∧ teacher-valid``, also dropping every position where one of ``values_NL`` is not finite."""
     m = mask_NL.to(torch.bool)
     for v in values_NL:
         m = m & torch.isfinite(v.detach())
@@ -70,20 +41,10 @@ def clipped_surrogate(ratio_NL: torch.Tensor, advantage_NL: torch.Tensor, clip_e
 
 def reduce_tokens(values_NL: torch.Tensor, mask_NL: torch.Tensor,
                   reduction: str = "seq-mean-token-mean", row_weights_N: torch.Tensor | None = None) -> torch.Tensor:
-    """Aggregate per-token values over valid positions into a scalar.
-
-    * ``seq-mean-token-mean`` (paper): mean over the valid tokens of each row, then mean over all N rows; a dead row
-      contributes 0 and stays in the denominator.
-    * ``token-mean``: sum over all valid tokens ÷ number of valid tokens (0 when there is none).
-    * ``seq-mean-token-sum``: sum over the valid tokens of each row, then mean over all N rows.
-
-    ``row_weights_N`` (seq-mean reductions only; ``None`` = unit weights, the paper's loss, computed exactly as without
-    the argument): each row's value is multiplied by its weight before the mean over all N rows, i.e.
-    ``Σ_t w_t ℓ_t / N`` (``divopd-focus``'s task balance, TurnOPD's schedule; such weights average 1).
-
-    Masked positions are replaced by 0 with ``torch.where`` (not multiplied), so NaN/inf there never leak into the value
-    or its gradient. With N = 0 rows the result is 0.
-    """
+    """Per-token values over valid positions → a scalar: ``seq-mean-token-mean`` (paper: each row's token mean, then
+    the mean over all N rows, dead rows included), ``token-mean`` or ``seq-mean-token-sum``. ``row_weights_N``
+    (seq-mean only; ``None`` = unit weights, the paper) gives ``Σ_t w_t ℓ_t / N``. Masked positions never leak NaN/inf
+    into the value or its gradient; N = 0 gives 0."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; expected one of {REDUCTIONS}")
     if row_weights_N is not None:
@@ -92,25 +53,19 @@ def reduce_tokens(values_NL: torch.Tensor, mask_NL: torch.Tensor,
         if row_weights_N.shape != values_NL.shape[:1]:
             raise ValueError(f"row weights have shape {tuple(row_weights_N.shape)}, expected ({values_NL.shape[0]},)")
     masked = torch.where(mask_NL, values_NL, torch.zeros_like(values_NL))
-    n_rows = values_NL.shape[0]
     if reduction == "token-mean":
         n_tok = mask_NL.sum()
         return masked.sum() / torch.clamp(n_tok, min=1).to(masked.dtype)
-    row_sum = masked.sum(dim=-1)
+    row_val = masked.sum(dim=-1)
     if reduction == "seq-mean-token-mean":
-        row_val = row_sum / torch.clamp(mask_NL.sum(dim=-1), min=1).to(masked.dtype)
-    else:
-        row_val = row_sum
+        row_val = row_val / torch.clamp(mask_NL.sum(dim=-1), min=1).to(masked.dtype)
     if row_weights_N is not None:
         row_val = row_val * row_weights_N.to(device=row_val.device, dtype=row_val.dtype)
-    return row_val.sum() / max(n_rows, 1)
+    return row_val.sum() / max(values_NL.shape[0], 1)
 
 
 def _masked_mean(values_NL: torch.Tensor, mask_NL: torch.Tensor) -> float:
-    n = int(mask_NL.sum())
-    if n == 0:
-        return 0.0
-    return float(values_NL.detach()[mask_NL].double().mean())
+    return float(values_NL.detach()[mask_NL].double().mean()) if bool(mask_NL.any()) else 0.0
 
 
 def opd_loss(
@@ -124,34 +79,23 @@ def opd_loss(
     reduction: str = "seq-mean-token-mean",
     row_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The paper's OPD loss: clipped surrogate of the stopped reverse-KL advantage, reduced ``seq-mean-token-mean``.
-
-    Args:
-        logprobs: [N, L] log π_θ of the response tokens (differentiable).
-        old_logprobs: [N, L] log π_θold of the same tokens, θ_old = the learner snapshot immediately before the update
-            (recomputed on the queued tokens, not the generating policy's). Treated as a constant.
-        teacher_logprobs: [N, L] frozen-teacher log probabilities; NaN/±inf = not scored. Treated as a constant.
-        mask: [N, L] bool, action ∧ teacher-valid (positions past a row's length are False).
-        beta: distillation coefficient β.
-        clip_eps: PPO clip ε (inactive at r = 1).
-        reduction: ``seq-mean-token-mean`` (paper), ``token-mean`` or ``seq-mean-token-sum``.
-        row_weights: [N] per-row loss weights (see :func:`reduce_tokens`); ``None`` = unit weights (the paper).
-
-    Returns:
-        ``(loss, metrics)``: scalar loss (finite for every input) and floats ``loss``, ``reverse_kl`` (mean over valid
-        tokens of log π_θold − log π_T, the sampled reverse-KL estimate), ``valid_tokens``, ``dead_rows``, ``rows``,
-        ``clip_frac``, ``ratio_mean``, ``dropped_nonfinite`` (masked-in positions dropped for a non-finite value).
-    """
+    """The paper's OPD loss: clipped surrogate of the stopped reverse-KL advantage. All [N, L]: ``logprobs`` log π_θ
+    (differentiable); ``old_logprobs`` log π_θold, recomputed on the queued tokens, and ``teacher_logprobs`` (NaN/±inf =
+    not scored), both constants; ``mask`` action ∧ teacher-valid. Returns the scalar loss and floats ``loss``,
+    ``reverse_kl`` (mean over valid tokens of log π_θold − log π_T), ``valid_tokens``, ``dead_rows``, ``rows``,
+    ``clip_frac``, ``ratio_mean``, ``dropped_nonfinite`` (masked-in positions not finite)."""
     if logprobs.dim() != 2:
         raise ValueError(f"opd_loss: logprobs must be [N, L], got shape {tuple(logprobs.shape)}")
-    _check_shapes({"old_logprobs": old_logprobs, "teacher_logprobs": teacher_logprobs, "mask": mask}, logprobs.shape)
+    for name, tensor in (("old_logprobs", old_logprobs), ("teacher_logprobs", teacher_logprobs), ("mask", mask)):
+        if tensor.shape != logprobs.shape:
+            raise ValueError(f"opd_loss: {name} has shape {tuple(tensor.shape)}, expected {tuple(logprobs.shape)} "
+                             "like logprobs")
     given = mask.to(torch.bool)
     m = effective_mask(given, teacher_logprobs, old_logprobs, logprobs)
     adv = stopped_advantage(old_logprobs, teacher_logprobs, m, beta)
     m = m & torch.isfinite(adv)  # β·(old − teacher) can overflow for absurd inputs
     adv = torch.where(m, adv, torch.zeros_like(adv))
-    # r = exp(logπ_θ − logπ_θold), only where valid, log-ratio clamped to ±LOG_RATIO_CLAMP (inactive in practice:
-    # r = 1 with one update per batch) so that the ratio cannot overflow to inf and turn 0·inf into NaN.
+    # log-ratio clamped (as verl does) so that r cannot overflow to inf and turn 0·inf into NaN
     log_ratio = torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
     ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     objective = clipped_surrogate(ratio, adv, clip_eps)
@@ -175,16 +119,9 @@ def opd_loss(
 
 def topk_reverse_kl(student_topk_logprobs_NLK: torch.Tensor, teacher_topk_logprobs_NLK: torch.Tensor, *,
                     tail: bool = False, tail_floor: float = 1e-6) -> torch.Tensor:
-    """Per-position reverse KL ``KL(p_θ ‖ p_T)`` over the teacher's top-k support.
-
-    ``tail=False``: both distributions renormalised on the support, ``p_θ = softmax(log π_θ[topk])`` and
-    ``p_T = softmax(log π_T[topk])``; the student's mass outside the teacher's top-k is not seen. ``tail=True``: the
-    support keeps its full-vocabulary probabilities and everything else is one more category, the tail
-    ``1 − Σ_topk π`` (floored at ``tail_floor``), so the KL is that of the two (k+1)-way coarsenings: a lower bound of
-    the full-vocabulary KL that also pulls the student's mass off tokens the teacher does not rank. Entries whose
-    teacher or student value is not finite are left out of the support. Returns [N, L]; NaN where a position has no
-    usable entry (mask it out).
-    """
+    """Per-position ``KL(p_θ ‖ p_T)`` over the teacher's top-k support (entries not finite left out): both
+    renormalised on it (``tail=False``), or the (k+1)-way coarsening with the rest as one tail category ``1 − Σ_topk π``
+    floored at ``tail_floor`` (``tail=True``: a lower bound of the full KL). [N, L]; NaN where no entry is usable."""
     ok = torch.isfinite(teacher_topk_logprobs_NLK) & torch.isfinite(student_topk_logprobs_NLK.detach())
     neg_inf = torch.full_like(student_topk_logprobs_NLK, float("-inf"))
     s = torch.where(ok, student_topk_logprobs_NLK, neg_inf)
@@ -192,8 +129,7 @@ def topk_reverse_kl(student_topk_logprobs_NLK: torch.Tensor, teacher_topk_logpro
     zeros = torch.zeros_like(s)
     if not tail:
         s, t = torch.log_softmax(s, dim=-1), torch.log_softmax(t, dim=-1)
-    # Sanitise: entries outside the support (and rows with no support) must not produce 0·inf = NaN, in the value
-    # or in its gradient.
+    # entries outside the support must not produce 0·inf = NaN, in the value or in its gradient
     log_ps = torch.where(ok, s, zeros)
     log_pt = torch.where(ok, t, zeros)
     kl = torch.where(ok, log_ps.exp() * (log_ps - log_pt), zeros).sum(dim=-1)
@@ -214,24 +150,10 @@ def topk_reverse_kl_loss(
     row_weights: torch.Tensor | None = None,
     tail: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Non-default estimator: ``β · reduce(KL_topk(p_θ ‖ p_T))`` over valid positions (see :func:`topk_reverse_kl`).
-
-    Some OPD trainers distil the teacher's top-k distribution instead of the sampled token's advantage; it gives a
-    denser signal to tiny or early students that learn too slowly from the sampled token alone. It is not the paper's
-    estimator (that is :func:`opd_loss`). Gradients flow through ``student_topk_logprobs`` (the student's
-    full-vocabulary log probabilities gathered at the teacher's top-k ids); the teacher values are constants.
-
-    Args:
-        student_topk_logprobs: [N, L, k] log π_θ at the teacher's top-k ids of each position.
-        teacher_topk_logprobs: [N, L, k] the teacher's top-k log probabilities (NaN/−inf = entry missing).
-        mask: [N, L] bool, action ∧ teacher-valid.
-        beta, reduction, row_weights: as in :func:`opd_loss` (dead rows stay in the denominator).
-        tail: keep the student's mass outside the top-k as one more category (see :func:`topk_reverse_kl`).
-
-    Returns:
-        ``(loss, metrics)`` with ``loss``, ``topk_reverse_kl`` (mean over valid positions), ``valid_tokens``,
-        ``dead_rows``, ``rows``, ``dropped_nonfinite``.
-    """
+    """Non-default estimator (not the paper's): ``β · reduce(KL_topk(p_θ ‖ p_T), mask)``, a denser signal for tiny or
+    early students. ``student_topk_logprobs`` [N, L, k]: log π_θ at the teacher's top-k ids (differentiable);
+    ``teacher_topk_logprobs`` [N, L, k] (NaN/−inf = missing); the rest as in :func:`opd_loss`. Metrics: ``loss``,
+    ``topk_reverse_kl``, ``valid_tokens``, ``dead_rows``, ``rows``, ``dropped_nonfinite``."""
     if student_topk_logprobs.dim() != 3 or student_topk_logprobs.shape != teacher_topk_logprobs.shape:
         raise ValueError(
             "topk_reverse_kl_loss: student and teacher top-k log probabilities must both be [N, L, k], got "

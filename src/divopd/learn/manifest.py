@@ -1,9 +1,5 @@
-"""A checkpoint's manifest and its verification before a resume trusts it (no torch: ``divopd train`` uses it at
-start).
-
-``manifest.json``, the last file written into a checkpoint, lists every file with its size and a cheap hash
-(:func:`file_digest`): sizes catch a truncated or extended file, the hash a replaced one or damaged ends, and verifying
-a many-GB model reads 2 MiB per file.
+"""A checkpoint's manifest (written last: every file's size and a cheap hash of its ends) and its verification before
+a resume trusts it. No torch: ``divopd train`` uses it at start.
 """
 
 from __future__ import annotations
@@ -36,9 +32,8 @@ CHECKPOINT_NAME = re.compile(r"update-(\d{6,})")
 
 
 def checkpoint_dirs(checkpoints_dir: str | os.PathLike) -> list[Path]:
-    """The checkpoints divopd wrote under ``checkpoints_dir``, oldest first (by number): folders named exactly
-    ``update-NNNNNN`` that hold divopd's own ``manifest.json`` or ``state.json``. Anything else there (a user's
-    ``update-000001-mine/``, ``update-notes.txt``) is not a checkpoint: never listed, never pruned."""
+    """The checkpoints divopd wrote under ``checkpoints_dir``, oldest first: folders named exactly ``update-NNNNNN``
+    holding a ``manifest.json`` or ``state.json``. Anything else is never listed, never pruned."""
     d = Path(checkpoints_dir)
     if not d.is_dir():
         return []

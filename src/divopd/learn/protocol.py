@@ -1,6 +1,5 @@
-"""The one learner interface the trainer and the assembly see (:class:`LearnerProtocol`), implemented by
-:class:`~divopd.learn.learner.Learner` (one process) and :class:`~divopd.learn.sharded.ShardedLearner` (FSDP2 ranks).
-"""
+"""The one learner interface the trainer and the assembly see (:class:`LearnerProtocol`): :class:`Learner
+<divopd.learn.learner.Learner>` (one process) and :class:`ShardedLearner <divopd.learn.sharded.ShardedLearner>`."""
 
 from __future__ import annotations
 

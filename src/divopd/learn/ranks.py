@@ -1,6 +1,5 @@
-"""Learner ranks as processes spawned on this machine (the lockstep and threads runtimes' ``learner.world_size > 1``).
-The ranks die with the driver (:func:`~divopd.explore.children.die_with_parent`) and ignore a terminal's Ctrl-C: the
-driver checkpoints through them, then closes them.
+"""Learner ranks as processes spawned on this machine (``learner.world_size > 1`` outside Ray). They die with the
+driver and ignore a terminal's Ctrl-C: the driver checkpoints through them, then closes them.
 """
 
 from __future__ import annotations
@@ -39,23 +38,18 @@ def _rank_main(rank: int, world_size: int, init_method: str, setup: dict[str, An
     die_with_parent(parent_pid)  # SIGINT is blocked here (ProcessRanks starts it so): the driver stops the rank
 
     worker = RankWorker()
+    method, args, kwargs = "setup", (rank, world_size, init_method), setup  # the first call, then the driver's
     try:
-        try:
-            conn.send(("ok", worker.setup(rank, world_size, init_method, **setup)))
-        except Exception:  # noqa: BLE001 — reported to the driver, which raises it
-            conn.send(("error", traceback.format_exc()))
-            return
-        while True:
+        while method != "close":
+            try:
+                conn.send(("ok", getattr(worker, method)(*args, **kwargs)))
+            except Exception:  # noqa: BLE001 — reported to the driver, which raises it
+                conn.send(("error", traceback.format_exc()))
+                return
+            kwargs = {}
             try:
                 method, args = conn.recv()
             except (EOFError, OSError):  # the driver is gone
-                return
-            if method == "close":
-                return
-            try:
-                conn.send(("ok", getattr(worker, method)(*args)))
-            except Exception:  # noqa: BLE001
-                conn.send(("error", traceback.format_exc()))
                 return
     finally:
         worker.close()
@@ -66,10 +60,8 @@ REPLY_SLACK_S = 60.0
 
 
 class ReplyDeadline:
-    """The driver's deadlines for the ranks' answers to one call (spawned and Ray ranks): the first answer within
-    ``call_timeout_s`` of the call (``runtime.rank_call_timeout_s``), each other one within ``collective_timeout_s``
-    + :data:`REPLY_SLACK_S` of the first (``runtime.collective_timeout_s``: the ranks' own collectives fail first).
-    ``None``: no deadline."""
+    """The driver's deadlines for the ranks' answers to one call: the first within ``call_timeout_s`` of the call, each
+    other one within ``collective_timeout_s`` + :data:`REPLY_SLACK_S` of the first (``None``: no deadline)."""
 
     def __init__(self, call_timeout_s: float | None, collective_timeout_s: float | None) -> None:
         self.call_timeout_s, self.collective_timeout_s = call_timeout_s, collective_timeout_s
@@ -91,9 +83,8 @@ class ReplyDeadline:
 
 
 class ProcessRanks:
-    """N learner ranks as spawned processes (a :class:`~divopd.learn.dist_worker.RankWorker` each, behind a pipe) with
-    a gloo (CPU) or NCCL (CUDA) process group among them. A rank that exits or raises ends the others at once and
-    raises :class:`LearnerRankError` naming the rank, its pid and its exit code."""
+    """N learner ranks as spawned processes (a :class:`~divopd.learn.dist_worker.RankWorker` each, behind a pipe); a
+    rank that exits or raises ends the others and raises :class:`LearnerRankError` naming it, its pid and exit code."""
 
     def __init__(self, world_size: int, setup: dict[str, Any], call_timeout_s: float | None = None) -> None:
         import torch.multiprocessing as mp
@@ -137,8 +128,7 @@ class ProcessRanks:
         return self._gather(method)
 
     def _gather(self, method: str) -> list[Any]:
-        """The replies in rank order, within the :class:`ReplyDeadline` of the call (``call_timeout_s``, and
-        ``setup["collective_timeout_s"]``): a rank that misses it (stopped outside a collective) ends them all."""
+        """The replies in rank order within the call's :class:`ReplyDeadline`; a rank that misses it ends them all."""
         replies: dict[int, Any] = {}
         deadline = ReplyDeadline(self._call_timeout_s, self._timeout_s)
         while len(replies) < self.world_size:
@@ -179,8 +169,7 @@ class ProcessRanks:
                                "the sharded learner stopped")
 
     def close(self, kill: bool = False) -> None:
-        """Ask every rank to stop, then end the ones still running (each by its own process handle); ``kill``: end
-        them at once (after a rank failed the others wait in a collective that cannot finish)."""
+        """Ask every rank to stop, then end those still running; ``kill``: end them at once (after a rank failed)."""
         if self._closed:
             return
         self._closed = True

@@ -1,8 +1,5 @@
-"""The learner ranks' rendezvous: a ``torch.distributed`` TCP store that listens on the address it was given only.
-
-``init_process_group(init_method="tcp://127.0.0.1:PORT")`` starts rank 0's ``TCPStore`` server on *every* interface
-(``0.0.0.0`` / ``::``) whatever the address says, so anyone who can reach the host could talk to the store while the
-ranks meet; here rank 0 binds exactly the ``init_method`` host (loopback for spawned ranks, the node's address on Ray).
+"""The learner ranks' rendezvous: a TCP store that listens only on the ``init_method`` host (``init_process_group``'s
+own store would listen on every interface).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Read a sharded checkpoint's ``dcp/`` folder without executing code from it.
-
-``torch.distributed.checkpoint`` reads its index (``.metadata``) with plain ``pickle.load`` and every non-tensor value
-(the optimizer's ``param_groups``) with ``torch.load(weights_only=False)``, so a received checkpoint could run any code
-on ``--resume``; a refused file here raises :class:`UnsafeCheckpointError`, one line naming the file. Use it as
-``from divopd.learn import safe_dcp as dcp``.
+"""Read a sharded checkpoint's ``dcp/`` folder without executing code from it (``torch.distributed.checkpoint`` reads
+its index and non-tensor values with ``pickle``): a refused file raises :class:`UnsafeCheckpointError`, one line
+naming the file. Use it as ``from divopd.learn import safe_dcp as dcp``.
 """
 
 from __future__ import annotations
@@ -90,8 +87,7 @@ def _read_index(file: Path) -> Metadata:
 
 
 def read_metadata(folder: str | Path) -> Metadata:
-    """The DCP index of the checkpoint folder ``folder``, read without running code; :class:`UnsafeCheckpointError`
-    (one line naming the file) for anything else."""
+    """The DCP index of ``folder``, read without running code, else :class:`UnsafeCheckpointError`."""
     file = Path(folder) / METADATA_FILE
     try:
         return _read_index(file)
@@ -130,8 +126,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 
 def load(state_dict: dict[str, Any], *, checkpoint_id: str | Path) -> None:
-    """``torch.distributed.checkpoint.load(state_dict, checkpoint_id=...)`` without unpickling code: fill
-    ``state_dict`` in place from the DCP folder ``checkpoint_id`` (resharding as DCP does)."""
+    """``torch.distributed.checkpoint.load(state_dict, checkpoint_id=...)`` without unpickling code."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 

@@ -1,7 +1,5 @@
-"""Behaviour cloning (SFT) on (prompt, response) token pairs with the learner's packing and masks (``divopd sft``):
-the CPU teacher is a tiny model trained this way on the environments' gold paths, and students start from a short SFT
-warm start. The loss is the mean negative log likelihood of the response tokens; include the end-of-turn token in
-``response_ids`` so the model learns to stop.
+"""Behaviour cloning (SFT, ``divopd sft``) on (prompt, response) token pairs with the learner's packing: the mean
+negative log likelihood of the response tokens (include the end-of-turn token so the model learns to stop).
 """
 
 from __future__ import annotations
@@ -48,16 +46,10 @@ def train_sft(
     log_every: int = 0,
     log_fn: Callable[[dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
-    """Train ``model`` in place on ``(prompt_ids, response_ids)`` pairs with AdamW.
-
-    Each epoch visits the examples in a seeded random order, ``batch_size`` examples per optimizer step. Prompts longer
-    than ``max_prompt_len`` are left-truncated. Every ``log_every`` steps ``log_fn`` (default: nothing) receives
-    ``{"sft/step", "sft/epoch", "sft/loss", "sft/tokens"}``.
-
-    Returns:
-        ``{"steps", "epochs", "examples", "tokens" (prompt+response tokens processed), "response_tokens",
-        "final_loss" (mean loss of the last epoch), "epoch_losses", "seconds"}``.
-    """
+    """Train ``model`` in place on ``(prompt_ids, response_ids)`` pairs with AdamW, ``batch_size`` examples per step in
+    a seeded order each epoch, prompts left-truncated to ``max_prompt_len``; every ``log_every`` steps ``log_fn`` gets
+    ``sft/step``, ``sft/epoch``, ``sft/loss``, ``sft/tokens``. Returns ``steps``, ``epochs``, ``examples``, ``tokens``
+    (prompt + response), ``response_tokens``, ``final_loss`` (the last epoch's mean), ``epoch_losses``, ``seconds``."""
     if not examples:
         raise ValueError("train_sft: no examples")
     if epochs < 1 or batch_size < 1:

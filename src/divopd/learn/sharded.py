@@ -1,13 +1,6 @@
 """The sharded learner (``learner.world_size > 1``): the learner's interface in the driver, N FSDP2 ranks
-(:mod:`divopd.learn.dist_worker`) doing the work.
-
-Each rank gets a contiguous part of the batch with the batch's global denominators (N rows, dead rows included; the
-valid tokens for ``token-mean``), so the ranks' summed gradients are the single-process gradient; the driver computes
-the whole batch's ``learner/*`` metrics from the ranks' outputs with the single-process code.
-
-A LoRA student (``student.lora.rank > 0``) is sharded as it is: every rank injects the same seeded adapters before
-``fully_shard``, AdamW holds the adapter's tensors only, and publication, checkpoints (the adapter folder in PEFT's
-format, and ``dcp/`` with the adapter's shards and their optimizer state) and resume move the adapter only.
+(:mod:`divopd.learn.dist_worker`) doing the work, each on a contiguous part of the batch with the batch's global
+denominators, so their summed gradients are the single-process gradient (docs/concepts/distributed.md).
 """
 
 from __future__ import annotations
@@ -24,9 +17,7 @@ import torch
 from divopd.learn.checkpoint import (
     DCP_DIR,
     OPTIMIZER_FILE,
-    STATE_FILE,
     WeightHandle,
-    atomic_dir,
     checkpoint_state_text,
     is_tied,
     read_state,
@@ -34,13 +25,12 @@ from divopd.learn.checkpoint import (
 )
 from divopd.learn.inputs import batch_inputs, batch_row_weights, micro_batches, pad_token_id
 from divopd.learn.learner import Learner
-from divopd.learn.lora import LoraSettings, adapter_settings, has_adapter, load_student, published_weights, save_weights
+from divopd.learn.lora import LoraSettings, adapter_settings, has_adapter, load_student, published_weights
 from divopd.learn.manifest import SHARDED_FORMAT
 from divopd.learn.protocol import LearnerProtocol
 from divopd.learn.ranks import LearnerRankError, ProcessRanks, Ranks
 from divopd.learn.settings import LearnerConfig
-from divopd.learn.turnopd import DepthStats
-from divopd.learn.update import RankStep, UpdateStats, whole_batch_metrics
+from divopd.learn.update import LearnerCounters, RankStep, whole_batch_metrics
 
 __all__ = ["LearnerRankError", "ShardedLearner", "build_learner", "learner_from_checkpoint", "process_ranks",
            "split_rows"]
@@ -53,30 +43,20 @@ def split_rows(n: int, world_size: int) -> list[np.ndarray]:
     return [np.asarray(part, dtype=np.int64) for part in np.array_split(np.arange(n), world_size)]
 
 
-class ShardedLearner:
-    """The learner over ``config.world_size`` FSDP2 ranks; same methods and counters as :class:`Learner`.
-
-    ``source``: the HF model folder (or a LoRA checkpoint's adapter folder) every rank (and the driver's CPU copy)
-    loads; ``lora``: fresh adapters on it (``student.lora``); ``ranks`` builds the ranks from
-    ``(world_size, setup kwargs)`` (default :class:`ProcessRanks`, spawned here)."""
+class ShardedLearner(LearnerCounters):
+    """The learner over ``config.world_size`` FSDP2 ranks; same methods and counters as :class:`Learner`. ``source``:
+    the HF model (or LoRA adapter) folder every rank and the driver's CPU copy load; ``lora``: fresh adapters on it;
+    ``ranks`` builds the ranks from ``(world_size, setup kwargs)`` (default :class:`ProcessRanks`)."""
 
     def __init__(self, source: str, config: LearnerConfig, ranks: RanksFactory | None = None,
                  lora: LoraSettings | None = None) -> None:
-        self.config = config
-        torch.manual_seed(config.seed)
+        self._start(config)
         lora = lora if lora is not None and lora.enabled else None
         model, self.tokenizer = load_student(source, dtype=config.dtype, device="cpu", lora=lora, seed=config.seed)
         self._model = model.eval()
         self._vocab = model.get_input_embeddings().num_embeddings
         self.pad_id = pad_token_id(model, self.tokenizer)
-        self.version = 0
-        self.tokens_total = 0
-        self.compute_s_total = 0.0
-        self.skipped_updates = 0
-        self.depth_stats = DepthStats() if config.depth_stats else None
         self.last_publish_s = 0.0
-        self.failed: str | None = None
-        self.last_update: UpdateStats | None = None  # what the newest update reported
         self.last_step: list[RankStep] = []  # every rank's reply to the newest update
         self._model_version = 0
         setup = {"source": str(source), "config": config.model_dump(mode="json"), "threads": torch.get_num_threads(),
@@ -130,21 +110,13 @@ class ShardedLearner:
                    for out in reply.outputs]  # row indices into the whole batch
         metrics = whole_batch_metrics(cfg, inputs, outputs, weights, torch.device("cpu"))
         self.version += 1
-        tokens = sum(r.tokens for r in replies)
-        compute_s = time.perf_counter() - t0
-        self.tokens_total += tokens
-        self.compute_s_total += compute_s
         self.skipped_updates += int(replies[0].skipped)
         self.last_step = replies
-        self.last_update = UpdateStats(
-            loss=metrics, grad_norm=replies[0].grad_norm, skipped=replies[0].skipped, tokens=tokens,
-            tokens_total=self.tokens_total, input_slots=sum(r.input_slots for r in replies), compute_s=compute_s,
-            compute_s_total=self.compute_s_total, version=self.version, truncated_prompts=inputs.truncated_prompts,
-            lr=cfg.lr, time_forward_backward_s=max(r.t_fb for r in replies),
-            time_optimizer_s=max(r.t_opt for r in replies), row_weights=weights, alpha=alpha)
-        if self.depth_stats is not None:
-            self.depth_stats.update(turns)
-        return self.last_update.metrics()
+        return self._record(turns, time.perf_counter() - t0, loss=metrics, grad_norm=replies[0].grad_norm,
+                            skipped=replies[0].skipped, tokens=sum(r.tokens for r in replies),
+                            input_slots=sum(r.input_slots for r in replies), truncated_prompts=inputs.truncated_prompts,
+                            lr=cfg.lr, time_forward_backward_s=max(r.t_fb for r in replies),
+                            time_optimizer_s=max(r.t_opt for r in replies), row_weights=weights, alpha=alpha)
 
     # ------------------------------------------------------------------ publication and checkpoints
     def _gather(self) -> dict[str, torch.Tensor]:
@@ -155,51 +127,35 @@ class ShardedLearner:
             if unexpected or set(state) != trained:
                 raise LearnerRankError(f"the ranks' adapter does not fit the driver's (unexpected {unexpected[:3]}, "
                                        f"missing {sorted(trained - set(state))[:3]})")
-            self._model_version = self.version
-            return state
-        own = self._model.state_dict()
-        for key in own:
-            if key not in state and is_tied(self._model, key):
-                state[key] = state[next(k for k in own if own[k] is own[key] and k in state)]
-        self._model.load_state_dict(state, strict=True)
+        else:
+            own = self._model.state_dict()
+            for key in own:
+                if key not in state and is_tied(self._model, key):
+                    state[key] = state[next(k for k in own if own[k] is own[key] and k in state)]
+            self._model.load_state_dict(state, strict=True)
         self._model_version = self.version
         return state
 
     def publish(self, path: str | Path | None = None) -> WeightHandle:
-        """Rank 0 gathers the full state dict (a LoRA student's adapter) once per version into the driver's CPU model
-        (``last_publish_s``: the gather's seconds); an in-memory handle, or (``path``) an HF (adapter) folder."""
+        """Rank 0 gathers the weights (a LoRA student's adapter) into the driver's CPU model once per version
+        (``last_publish_s``: its seconds); an in-memory handle, or (``path``) an HF (adapter) folder."""
         t0 = time.perf_counter()
         state = self._gather()
-        adapter = adapter_settings(self._model)
-        if adapter is not None:  # the published names and copies of the one-process LoRA learner
+        if adapter_settings(self._model) is not None:  # the published names and copies of the one-process LoRA learner
             state = published_weights(self._model)
         self.last_publish_s = time.perf_counter() - t0
-        depth = None if self.depth_stats is None else self.depth_stats.published()
-        if path is None:
-            return WeightHandle(version=self.version, state_dict=state, depth_disagreement=depth, adapter=adapter)
-        with atomic_dir(path) as tmp:
-            save_weights(self._model, tmp)
-        return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth, adapter=adapter)
+        return self._publish(self._model, path, state)
 
     def save_checkpoint(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
-        """HF folder (a LoRA student's adapter folder) + tokenizer + ``dcp/`` (model and optimizer shards, which a
-        resume reshards to any number of ranks and the single-process learner reads too) + ``state.json``,
-        atomically."""
+        """HF (adapter) folder, tokenizer, ``dcp/`` (shards, resharded on resume), ``state.json``, atomically."""
         text = checkpoint_state_text(self, SHARDED_FORMAT, extra_state, world_size=self.world_size)
-        model = self.model
-        with atomic_dir(path, manifest=True) as tmp:
-            save_weights(model, tmp)  # a LoRA student: its adapter only (divopd.learn.lora)
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(tmp)
-            self._call("save", [(str(tmp / DCP_DIR),)] * self.world_size)
-            (tmp / STATE_FILE).write_text(text)
-        return Path(path)
+        return self._save(path, self.model, text,
+                          lambda tmp: self._call("save", [(str(tmp / DCP_DIR),)] * self.world_size))
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, config: LearnerConfig | None = None,
                         ranks: RanksFactory | None = None) -> tuple[ShardedLearner, dict[str, Any]]:
-        """Resume from a sharded (any N, resharded) or a single-process checkpoint (a LoRA one: the base its
-        ``adapter_config.json`` names with the checkpoint's adapter, on every rank)."""
+        """Resume from a sharded (any N, resharded) or a single-process checkpoint, LoRA or not, on every rank."""
         state = read_state(path)
         config = config if config is not None else LearnerConfig(**state["config"])
         if state.get("format") == SHARDED_FORMAT:  # refuse a planted index in one line, before any rank starts
@@ -222,10 +178,9 @@ class ShardedLearner:
 
 
 def process_ranks(collective_timeout_s: float, call_timeout_s: float | None = None) -> RanksFactory:
-    """The rank factory of ranks spawned on this machine (:class:`ProcessRanks`) whose collectives fail after
-    ``collective_timeout_s`` seconds without a peer (``runtime.collective_timeout_s``): a stopped rank makes the
-    others fail within that deadline, and the driver ends them all (:class:`LearnerRankError`); no rank answering a
-    call within ``call_timeout_s`` (``runtime.rank_call_timeout_s``) does the same."""
+    """The factory of :class:`ProcessRanks` whose collectives fail after ``collective_timeout_s`` without a peer
+    (``runtime.collective_timeout_s``) and whose calls fail when no rank answers within ``call_timeout_s``
+    (``runtime.rank_call_timeout_s``): then the driver ends them all (:class:`LearnerRankError`)."""
 
     def make(world_size: int, setup: dict[str, Any]) -> Ranks:
         return ProcessRanks(world_size, {**setup, "collective_timeout_s": float(collective_timeout_s)},
@@ -236,8 +191,7 @@ def process_ranks(collective_timeout_s: float, call_timeout_s: float | None = No
 
 def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None = None,
                   lora: LoraSettings | None = None) -> LearnerProtocol:
-    """A fresh learner on the HF model at ``path``: one process (``world_size: 1``) or sharded; ``lora`` (rank > 0):
-    a LoRA student (:mod:`divopd.learn.lora`)."""
+    """A fresh learner (one process, or sharded) on the HF model at ``path``; ``lora`` (rank > 0): a LoRA student."""
     if config.world_size > 1:
         return ShardedLearner(path, config, ranks, lora=lora)
     model, tokenizer = load_student(path, dtype=config.dtype, device=config.device, lora=lora, seed=config.seed)
@@ -246,8 +200,7 @@ def build_learner(path: str, config: LearnerConfig, ranks: RanksFactory | None =
 
 def learner_from_checkpoint(path: str | Path, config: LearnerConfig, ranks: RanksFactory | None = None
                             ) -> tuple[LearnerProtocol, dict[str, Any]]:
-    """Resume any checkpoint (single-process or sharded, any N; full fine-tuning or LoRA) with ``config.world_size``
-    ranks."""
+    """Resume any checkpoint (single-process or sharded, any N; LoRA or not) with ``config.world_size`` ranks."""
     if config.world_size > 1:
         return ShardedLearner.from_checkpoint(path, config, ranks)
     return Learner.from_checkpoint(path, config)

@@ -1,39 +1,13 @@
-"""TurnOPD (Zhou et al., 2026, arXiv 2607.05804): our reading, as one method row (``method: turnopd``).
-
-TurnOPD has no public code. The DivOPD paper describes it in one line: "an adaptive rollout-depth budget from per-turn
-statistics, and a loss that moves progressively from token-level to turn-balanced weighting (each turn's KL divided by
-its length)". Everything below that line is **our reading**, chosen to be simple and stated exactly:
-
-**(a) Adaptive rollout-depth budget.** The learner keeps, per turn depth t (``Turn.turn_index``, 0-based), a running
-mean m_t of the positive part of the cached disagreement, ``max(s(u), 0)``, over the turns at depth t of the batches it
-trains on (turns without a valid token are skipped): the first observation of a depth sets m_t, later batches update
-it as an exponential moving average with rate :data:`DEPTH_EMA` (``m_t ← (1 − 0.1)·m_t + 0.1·batch mean``); a depth
-that a batch does not contain keeps its value (so cutting rollouts short cannot erase what was seen deeper). The means
-are published with the weights (``WeightHandle.depth_disagreement``) and the explorer's step limit for new training
-episodes is (:func:`depth_budget`, read by :func:`divopd.train.runtime.common.step_limit`)
-
-    d = the smallest d ≥ 1 with Σ_{t<d} m_t ≥ ρ · Σ_t m_t, clipped to [min(min_depth, max_steps), max_steps],
-
-and ``max_steps`` (the full horizon) while no statistics exist yet (before the first update, or when every m_t is 0).
-So the budget covers the depths that carry a fraction ρ of the per-depth disagreement mass; as the student learns the
-early turns (their m_t falls), the budget moves deeper. Evaluation always runs the full horizon.
-
-**(b) Token-level → turn-balanced loss.** The seq-mean-token-mean loss with row weights
-``w_t(α) = (1 − α) · N·|V_t| / Σ_s |V_s| + α`` (N rows, |V_t| the row's valid tokens): at α = 0 this *is* the
-token-mean loss (every valid token weighs the same, long turns dominate), at α = 1 it is the turn-balanced loss (each
-turn's KL divided by its length: every turn weighs the same, the paper's own reduction). α grows linearly over
-training, ``α(q) = min(1, q / (U − 1))`` at the update that follows q updates (U = ``learner.turn_balance_updates``,
-the run's updates in the configs; α reaches 1 at the last update). The weights always average 1 (Σ_t w_t = N when a
-row has a valid token).
-
-**Batches** are read in arrival order (the ``vanilla`` reader, no pool, no gate): TurnOPD changes how deep rollouts
-go and how turns are weighted, not which queued turns are selected.
+"""TurnOPD (Zhou et al., 2026, arXiv 2607.05804; no public code), our reading as the ``turnopd`` method row
+(docs/concepts/environments.md): an adaptive rollout-depth budget (:func:`depth_budget` over :class:`DepthStats`) and a
+loss moving from token-level to turn-balanced row weights (:func:`turn_balance_weights` at :func:`turn_balance_alpha`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import accumulate
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -65,8 +39,8 @@ class TurnOPDConfig(BaseModel):
 
 
 def depth_budget(depth_disagreement: Sequence[float | None] | None, rho: float, min_depth: int, max_steps: int) -> int:
-    """Smallest d with Σ_{t<d} m_t ≥ ρ·Σ_t m_t, clipped to [min(min_depth, max_steps), max_steps]; ``max_steps``
-    without statistics. ``None`` entries (depths never seen) count 0."""
+    """The training step limit: the smallest d ≥ 1 with Σ_{t<d} m_t ≥ ρ·Σ_t m_t, clipped to [min(min_depth, max_steps),
+    max_steps]; ``max_steps`` without statistics (every m_t 0). ``None`` entries (depths never seen) count 0."""
     if not isinstance(max_steps, int) or max_steps < 1:
         raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
     if not 0 < rho <= 1:
@@ -76,19 +50,14 @@ def depth_budget(depth_disagreement: Sequence[float | None] | None, rho: float, 
     if total <= 0:
         return max_steps
     target = rho * total * (1 - 1e-12)  # float noise must not cost a turn
-    run, d = 0.0, len(mass)
-    for t, m in enumerate(mass):
-        run += m
-        if run >= target:
-            d = t + 1
-            break
+    d = next((t + 1 for t, run in enumerate(accumulate(mass)) if run >= target), len(mass))
     return max(min(min_depth, max_steps), min(d, max_steps))
 
 
 class DepthStats:
-    """The learner's running per-depth disagreement means m_t: per turn depth, an exponential moving average (rate
-    ``DEPTH_EMA``) of ``max(s(u), 0)`` over the batch's turns at that depth with a valid token; the first batch with a
-    depth sets its mean, and a depth a batch lacks keeps its value. Published with the weights for the depth budget."""
+    """The learner's per-depth means m_t (depth = ``Turn.turn_index``): an EMA (rate ``DEPTH_EMA``) of the batch mean
+    of ``max(s(u), 0)`` over its turns at that depth with a valid token; the first batch with a depth sets m_t, a depth
+    a batch lacks keeps its value."""
 
     def __init__(self, means: Sequence[float | None] = (), rate: float = DEPTH_EMA) -> None:
         self.means: list[float | None] = [None if m is None else float(m) for m in means]
@@ -96,20 +65,15 @@ class DepthStats:
 
     def update(self, turns: Sequence[Turn]) -> None:
         """Fold one batch in: per depth, the mean of ``max(s(u), 0)`` over its turns with a valid token."""
-        sums: dict[int, float] = {}
-        counts: dict[int, int] = {}
+        by_depth: dict[int, list[float]] = {}
         for t in turns:
-            if t.n_valid == 0:
-                continue
-            sums[t.turn_index] = sums.get(t.turn_index, 0.0) + max(t.disagreement, 0.0)
-            counts[t.turn_index] = counts.get(t.turn_index, 0) + 1
-        if not counts:
+            if t.n_valid > 0:
+                by_depth.setdefault(t.turn_index, []).append(max(t.disagreement, 0.0))
+        if not by_depth:
             return
-        depth = max(counts) + 1
-        if len(self.means) < depth:
-            self.means.extend([None] * (depth - len(self.means)))
-        for d, n in counts.items():
-            batch_mean = sums[d] / n
+        self.means.extend([None] * (max(by_depth) + 1 - len(self.means)))
+        for d, values in by_depth.items():
+            batch_mean = sum(values) / len(values)
             old = self.means[d]
             self.means[d] = batch_mean if old is None else (1 - self.rate) * old + self.rate * batch_mean
 
@@ -125,9 +89,8 @@ def turn_balance_alpha(update: int, updates: int) -> float:
 
 
 def turn_balance_weights(valid_tokens: Sequence[int] | np.ndarray, alpha: float) -> np.ndarray:
-    """Row weights ``(1 − α)·N·|V_t|/Σ|V| + α`` (N rows, |V_t| a row's valid tokens): the token-mean loss at α = 0,
-    the turn-balanced loss (every turn weighs the same) at α = 1; they average 1, and are all 1 when no row has a
-    valid token."""
+    """Row weights ``(1 − α)·N·|V_t|/Σ|V| + α`` (|V_t|: a row's valid tokens): the token-mean loss at α = 0, the
+    turn-balanced loss at α = 1; they average 1 (all 1 when no row has a valid token)."""
     v = np.asarray(valid_tokens, dtype=np.float64)
     n, total = len(v), float(v.sum())
     if total <= 0:

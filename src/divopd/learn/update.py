@@ -1,22 +1,27 @@
-"""The parts of one update both learners share (one process, and sharded): the loss of some rows from their log
-probabilities, the micro-batches' outputs, a rank's reply and what an update reports (``learner/*`` metrics)."""
+"""What both learners (one process, and sharded) share: the loss of some rows from their log probabilities, the
+micro-batches' outputs, a rank's reply, what an update reports, and the counters, publication and checkpoint folder."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 
+from divopd.experience.turn import Turn
+from divopd.learn.checkpoint import STATE_FILE, WeightHandle, atomic_dir
 from divopd.learn.inputs import UpdateInputs
+from divopd.learn.lora import adapter_settings, published_weights, save_weights
 from divopd.learn.loss import opd_loss, topk_reverse_kl_loss
 from divopd.learn.settings import LearnerConfig
+from divopd.learn.turnopd import DepthStats
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 
-__all__ = ["Accumulated", "ForwardPass", "MicroBatchOutput", "RankStep", "UpdateStats", "batch_loss", "forward_pass",
-           "whole_batch_metrics"]
+__all__ = ["Accumulated", "ForwardPass", "LearnerCounters", "MicroBatchOutput", "RankStep", "UpdateStats", "batch_loss",
+           "forward_pass", "whole_batch_metrics"]
 
 A = TypeVar("A", torch.Tensor, np.ndarray)
 
@@ -52,9 +57,8 @@ def forward_pass(model: torch.nn.Module, inputs: UpdateInputs, idx: np.ndarray, 
 
 @dataclass(frozen=True)
 class MicroBatchOutput(Generic[A]):
-    """One micro-batch's detached results: its row indices and, per row and response position, log π, log π_old, the
-    student's log probs at the teacher top-k ids (``None`` without the top-k estimator) and the scored mask; torch
-    tensors on a learner, numpy arrays in a rank's reply."""
+    """One micro-batch's detached [n, L] results by row index (torch on a learner, numpy in a rank's reply);
+    ``topk_logprobs``: ``None`` without the top-k estimator."""
 
     idx: np.ndarray
     logprobs: A
@@ -65,8 +69,7 @@ class MicroBatchOutput(Generic[A]):
 
 @dataclass
 class Accumulated:
-    """What :meth:`Learner.accumulate <divopd.learn.learner.Learner.accumulate>` returns: the last micro-batch's loss
-    metrics, every micro-batch's outputs, tokens processed, input slots and seconds."""
+    """What :meth:`~divopd.learn.learner.Learner.accumulate` returns (``metrics``: the last micro-batch's)."""
 
     metrics: dict[str, float] = field(default_factory=dict)
     outputs: list[MicroBatchOutput[torch.Tensor]] = field(default_factory=list)
@@ -78,8 +81,7 @@ class Accumulated:
 def batch_loss(cfg: LearnerConfig, inputs: UpdateInputs, idx: np.ndarray, lp: torch.Tensor, old: torch.Tensor,
                top: torch.Tensor | None, scored: torch.Tensor, weights: np.ndarray | None,
                device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss (and its metrics) of rows ``idx`` from their log probabilities: the configured estimator and
-    reduction over rows ``idx`` only (their own row denominator)."""
+    """The loss and metrics of rows ``idx`` from their log probabilities (over their own row denominator)."""
     mask = torch.from_numpy(inputs.mask[idx]).to(device) & scored
     teacher = torch.from_numpy(inputs.teacher[idx]).to(device)
     w = None if weights is None else torch.from_numpy(weights[idx]).to(device)
@@ -116,9 +118,8 @@ def whole_batch_metrics(cfg: LearnerConfig, inputs: UpdateInputs, outputs: Seque
 
 @dataclass(frozen=True)
 class RankStep:
-    """One learner rank's reply to an update (:meth:`divopd.learn.dist_worker.RankWorker.step`): its micro-batches'
-    outputs (row indices local to the rank's part), its counts and timings, the global gradient norm (the same on
-    every rank) and the rank's peak memory."""
+    """One rank's reply to an update (:meth:`divopd.learn.dist_worker.RankWorker.step`): its micro-batches' outputs
+    (row indices local to its part), counts, timings, the global gradient norm and its peak memory."""
 
     outputs: list[MicroBatchOutput[np.ndarray]]
     tokens: int
@@ -133,12 +134,9 @@ class RankStep:
 
 @dataclass(frozen=True)
 class UpdateStats:
-    """What one learner update reports (both learners alike); :meth:`metrics` is its flat ``learner/*`` dict.
-
-    ``loss``: the loss function's own metrics of the whole batch (``loss``, ``reverse_kl``, ...: see
-    :func:`divopd.learn.loss.opd_loss`); ``version``, ``tokens_total`` and ``compute_s_total``: the learner's counters
-    after the update; ``row_weights``: the update's per-row loss weights (``None`` = unit weights); ``alpha``:
-    TurnOPD's token-to-turn weight (``None`` = off)."""
+    """What one learner update reports; :meth:`metrics` is its flat ``learner/*`` dict. ``loss``: the loss function's
+    metrics of the whole batch; the totals and ``version``: after the update; ``row_weights`` / ``alpha``: ``None`` =
+    unit weights / TurnOPD off."""
 
     loss: dict[str, float]
     grad_norm: float
@@ -180,3 +178,54 @@ class UpdateStats:
         if self.alpha is not None:
             out["learner/turn_balance_alpha"] = self.alpha
         return out
+
+
+class LearnerCounters:
+    """The counters, update record, publication and checkpoint folder both learners share."""
+
+    config: LearnerConfig
+    tokenizer: Any
+
+    def _start(self, config: LearnerConfig) -> None:
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.version = 0
+        self.tokens_total = 0
+        self.compute_s_total = 0.0
+        self.skipped_updates = 0
+        self.depth_stats = DepthStats() if config.depth_stats else None
+        self.failed: str | None = None
+        self.last_update: UpdateStats | None = None  # what the newest update reported
+
+    def _record(self, turns: Sequence[Turn], compute_s: float, **stats: Any) -> dict[str, float]:
+        """Count an update of ``compute_s`` seconds (``stats``: the rest of its :class:`UpdateStats`); its metrics."""
+        self.tokens_total += stats["tokens"]
+        self.compute_s_total += compute_s
+        self.last_update = UpdateStats(compute_s=compute_s, tokens_total=self.tokens_total,
+                                       compute_s_total=self.compute_s_total, version=self.version, **stats)
+        if self.depth_stats is not None:
+            self.depth_stats.update(turns)
+        return self.last_update.metrics()
+
+    def _publish(self, model: torch.nn.Module, path: str | Path | None,
+                 state: dict[str, torch.Tensor] | None = None) -> WeightHandle:
+        """A handle on ``state`` (default: :func:`published_weights`), or on an HF folder written at ``path``."""
+        depth = None if self.depth_stats is None else self.depth_stats.published()
+        adapter = adapter_settings(model)
+        if path is None:
+            state = published_weights(model) if state is None else state
+            return WeightHandle(version=self.version, state_dict=state, depth_disagreement=depth, adapter=adapter)
+        with atomic_dir(path) as tmp:
+            save_weights(model, tmp)
+        return WeightHandle(version=self.version, path=str(path), depth_disagreement=depth, adapter=adapter)
+
+    def _save(self, path: str | Path, model: torch.nn.Module, state_text: str,
+              save_optimizer: Callable[[Path], None]) -> Path:
+        """Write a checkpoint folder atomically: weights, tokenizer, ``save_optimizer(folder)``, ``state.json``."""
+        with atomic_dir(path, manifest=True) as tmp:
+            save_weights(model, tmp)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tmp)
+            save_optimizer(tmp)
+            (tmp / STATE_FILE).write_text(state_text)
+        return Path(path)

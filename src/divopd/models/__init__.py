@@ -52,9 +52,8 @@ def _is_plain_fast_tokenizer_folder(path: Path) -> bool:
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer of ``name_or_path``. Folders saved from a plain ``PreTrainedTokenizerFast`` (e.g. by
-    :func:`divopd.models.tiny.build_tokenizer`) are loaded as such: ``AutoTokenizer`` would pick the model type's own
-    tokenizer class (``Qwen2Tokenizer`` for a Qwen2 config) and re-tokenise with different ids."""
+    """The tokenizer of ``name_or_path``; a plain ``PreTrainedTokenizerFast`` folder loads as such (``AutoTokenizer``
+    would pick the model type's own class and re-tokenise with different ids)."""
     path = Path(name_or_path)
     try:
         if path.is_dir() and _is_plain_fast_tokenizer_folder(path):
@@ -67,11 +66,8 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
 
 def load_model(name_or_path: str, *, dtype: str = "float32",
                device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load any causal LM that ``AutoModelForCausalLM`` reads, with its tokenizer, in ``dtype`` on ``device``.
-
-    Returns ``(model, tokenizer)``; the model is in eval mode (dropout off: the learner trains in eval mode so that the
-    gradient pass and the θ_old log probabilities agree). A tokenizer without a pad token gets ``pad = eos``.
-    """
+    """Any causal LM ``AutoModelForCausalLM`` reads, in ``dtype`` on ``device`` and in eval mode, with its tokenizer
+    (``pad = eos`` when it has no pad token)."""
     torch_dtype = resolve_dtype(dtype)
     if Path(name_or_path).is_dir() and not (Path(name_or_path) / "config.json").is_file():
         raise ModelLoadError(f"{name_or_path} is not a model folder (no config.json)")

@@ -1,10 +1,6 @@
-"""Turn (prompt, response) rows into causal-LM inputs in one of two layouts (:data:`LAYOUTS`, the same result up to
-float rounding), and read back per-response-token log probabilities.
-
-Sequence ``s`` is ``prompt + response[:-1]`` (the last response token is only a target). Response token ``i`` is
-predicted at input position ``P + i − 1``; with an empty prompt the first response token has no context and is not
-scored (``scored`` is False there). Only the positions that predict response tokens get logits (``logits_to_keep``
-with a boolean mask), which saves the vocabulary projection on prompt tokens.
+"""(prompt, response) rows as causal-LM inputs in one of two :data:`LAYOUTS` (the same result up to float rounding), and
+per-response-token log probabilities. Sequence ``s`` is ``prompt + response[:-1]``; response token ``i`` is predicted
+at position ``P + i − 1`` (not scored with an empty prompt's first token); only those positions get logits.
 """
 
 from __future__ import annotations
@@ -23,22 +19,10 @@ LAYOUTS: tuple[str, ...] = ("padded", "packed")
 
 @dataclass
 class PackedBatch:
-    """Model inputs for N (prompt, response) sequences and where their response tokens are scored.
-
-    Attributes:
-        input_ids, position_ids: [R, T] int64.
-        attention_mask: [R, T] int64 for ``padded``; ``None`` for ``packed`` (block-diagonal mask from position ids).
-        keep_mask: [R, T] bool, True at input positions whose next-token logits score a response token.
-        targets: [K] int64, the response token each kept position predicts (row-major order of ``keep_mask``).
-        seq_index: [K] int64, which of the N sequences each kept position belongs to.
-        token_index: [K] int64, which response position (0..L_s−1) each kept position predicts.
-        scored: [N, L_max] bool, True where a response token has a logit (False past a row's length and for the first
-            response token of an empty prompt).
-        n_sequences: N.
-        max_response_len: L_max (≥ 1 when N > 0 so that [N, L] tensors are never empty in L).
-        tokens: prompt + response tokens of the N sequences (the learner's "tokens processed" counter).
-        layout: ``padded`` or ``packed``.
-    """
+    """Model inputs for N (prompt, response) sequences ([R, T] ``input_ids``, ``position_ids``, ``attention_mask``:
+    ``None`` when packed) and the K positions whose logits score a response token: ``keep_mask`` [R, T]; ``targets``,
+    ``seq_index``, ``token_index`` [K] (row-major); ``scored`` [N, L_max] (L_max ≥ 1). ``tokens``: prompt + response
+    tokens (the learner's "tokens processed")."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -88,14 +72,9 @@ def pack_sequences(
     pad_id: int = 0,
     capacity: int | None = None,
 ) -> PackedBatch:
-    """Lay out N (prompt, response) pairs as model inputs: each sequence is ``prompt + response[:-1]``, either one
-    right-padded row per sequence (``layout="padded"``) or packed first-fit-decreasing into rows of ``capacity``
-    tokens with ``position_ids`` restarting per sequence and no attention mask (``"packed"``); ``keep_mask`` marks the
-    positions that predict a response token.
-
-    ``capacity`` (``packed`` only): tokens per input row, at least the longest sequence (default: the longest). Rows
-    with no response token to score are still laid out (they cost compute, as in any trainer) unless they are empty.
-    """
+    """Lay out N pairs as model inputs: one right-padded row per sequence (``"padded"``) or sequences packed
+    first-fit-decreasing into rows of ``capacity`` tokens (default: the longest sequence) with ``position_ids``
+    restarting per sequence and no attention mask (``"packed"``)."""
     if layout not in LAYOUTS:
         raise ValueError(f"pack_sequences: layout must be one of {LAYOUTS}, got {layout!r}")
     if len(prompts) != len(responses):
@@ -110,11 +89,10 @@ def pack_sequences(
     scored = np.zeros((n, max_l), dtype=bool)
 
     laid = [i for i in range(n) if lengths[i] > 0]
+    width = max([lengths[i] for i in laid] + [1])
     if layout == "padded":
         rows = [[i] for i in laid]
-        width = max([lengths[i] for i in laid] + [1])
     else:
-        width = max([lengths[i] for i in laid] + [1])
         if capacity is not None:
             if capacity < width:
                 raise ValueError(f"pack_sequences: capacity {capacity} < longest sequence {width}")
@@ -168,11 +146,8 @@ _LOGITS_TO_KEEP_OK: dict[type, bool] = {}
 
 
 def selected_logits(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-    """Forward ``model`` on ``batch`` and return the logits at ``keep_mask`` positions, [K, V] (row-major order).
-
-    Uses ``logits_to_keep=<bool mask>`` when the model's forward accepts it (transformers ≥ 5 causal LMs), otherwise
-    computes all logits and indexes them. ``use_cache`` is off (a cache would disable the packed block mask).
-    """
+    """The logits of ``model`` on ``batch`` at ``keep_mask`` positions, [K, V], through ``logits_to_keep=<bool mask>``
+    where the model accepts it (else all logits, indexed); no cache (it would disable the packed block mask)."""
     if batch.keep_mask.sum() == 0:
         vocab = model.get_output_embeddings().weight.shape[0]
         return torch.zeros((0, vocab), device=batch.input_ids.device)

@@ -76,18 +76,9 @@ def response_logprobs(
     layout: str = "packed",
     pad_id: int = 0,
 ) -> list[np.ndarray] | list[ResponseScores]:
-    """Per-token log probabilities of ``responses[i]`` after ``prompts[i]`` under ``model`` (no grad, float32).
-
-    Sequences are grouped so that each forward pass holds at most ``max_tokens_per_batch`` prompt+response tokens (a
-    longer sequence goes alone) and laid out padding-free (``layout="packed"``) or right-padded.
-
-    Returns:
-        ``topk == 0``: a list of [L_i] float32 arrays (NaN at a position with no context: the first token of a response
-        whose prompt is empty). ``topk > 0``: a list of :class:`ResponseScores` (``logprobs``, ``topk_ids`` [L_i, k],
-        ``topk_logprobs`` [L_i, k]), ready for ``Turn.teacher_topk_ids`` / ``Turn.teacher_topk_logprobs``.
-    """
+    """Per-token log probabilities (no grad, float32) of ``responses[i]`` after ``prompts[i]`` under ``model``, at most
+    ``max_tokens_per_batch`` tokens per forward pass: [L_i] arrays (NaN where there is no context), or with ``topk``
+    > 0 :class:`ResponseScores` with ``topk_ids`` / ``topk_logprobs`` [L_i, k]."""
     scores = score_responses(model, prompts, responses, topk=topk, max_tokens_per_batch=max_tokens_per_batch,
                              layout=layout, pad_id=pad_id)
-    if topk > 0:
-        return scores
-    return [s.logprobs for s in scores]
+    return scores if topk > 0 else [s.logprobs for s in scores]

@@ -1,8 +1,6 @@
-"""Tiny offline models for CPU runs and tests: a tokenizer trained on an environment's text, and a Llama/Qwen2 causal LM
-built from a config alone (no download); both round-trip through ``save_pretrained`` / ``from_pretrained`` offline.
-
-Chat format: every message is ``<|role|>`` + content + ``<eos>``; the generation prompt is ``<|assistant|>``, so a
-generated response ends with ``<eos>`` exactly as assistant messages do in the history.
+"""Tiny offline models for CPU runs and tests: a tokenizer trained on an environment's text and a Llama/Qwen2 causal LM
+built from a config alone. Chat format: every message is ``<|role|>`` + content + ``<eos>``; the generation prompt is
+``<|assistant|>``.
 """
 
 from __future__ import annotations
@@ -52,22 +50,10 @@ TOKENIZER_KINDS: tuple[str, ...] = ("word", "bpe", "sentencepiece", "metaspace",
 
 
 def build_tokenizer(texts: Iterable[str], kind: str = "word", vocab_size: int = 4096) -> PreTrainedTokenizerFast:
-    """Train a tokenizer of ``kind`` on ``texts`` (an environment's observations, actions, prompts):
-
-    * ``word`` / ``bpe``: word-level / byte-level BPE with byte-level pre-tokenisation and decoding, so
-      ``decode(encode(text)) == text`` for every text made of known words (``word``: unknown words become ``<unk>``;
-      ``bpe``: every text round-trips, the byte alphabet is included). The tiny models' tokenizers.
-    * ``sentencepiece``: the layout of Llama-2's and Mistral's ``tokenizer.json`` (a SentencePiece BPE): byte
-      fallback, a normalizer that prepends the dummy prefix ``▁`` and turns spaces into ``▁``, a decoder that undoes
-      both (``vocab_size`` counts the 256 byte pieces on top).
-    * ``metaspace``: a SentencePiece Unigram with the ``Metaspace`` pre-tokenizer and decoder (dummy prefix
-      ``always``: T5- and ALBERT-style); characters it never saw become ``<unk>``.
-    * ``whitespace``: word-level, split on whitespace and punctuation, no decoder: decoding joins the words with
-      spaces (BERT-era word-level tokenizers).
-
-    Special tokens: ``<pad>``, ``<eos>``, ``<unk>``, ``<|system|>``, ``<|user|>``, ``<|assistant|>``; the returned
-    tokenizer carries the chat template of this module.
-    """
+    """Train a tokenizer of ``kind`` on ``texts``, with :data:`SPECIAL_TOKENS` and :data:`CHAT_TEMPLATE`: ``word`` /
+    ``bpe`` (the tiny models': byte-level, ``decode(encode(text)) == text`` for known words / every text),
+    ``sentencepiece`` (Llama-2's layout: byte fallback, ``▁`` prefix; ``vocab_size`` + 256 byte pieces), ``metaspace``
+    (a T5-style Unigram) or ``whitespace`` (BERT-era word-level, no decoder)."""
     if kind not in TOKENIZER_KINDS:
         raise ValueError(f"build_tokenizer: kind must be one of {', '.join(TOKENIZER_KINDS)}, got {kind!r}")
     texts = list(texts)
@@ -123,8 +109,7 @@ def _byte_level(texts: list[str], kind: str, vocab_size: int) -> Tokenizer:
 
 def build_model(tokenizer: PreTrainedTokenizerFast, size: str = "1m", arch: str = "llama", seed: int = 0,
                 max_position_embeddings: int = 4096) -> PreTrainedModel:
-    """A randomly initialised causal LM from config alone: ``arch`` ``llama`` or ``qwen2``, ``size`` one of
-    :data:`SIZES`, seeded, float32, eval mode."""
+    """A seeded random causal LM (float32, eval): ``arch`` ``llama`` or ``qwen2``, ``size`` one of :data:`SIZES`."""
     if size not in SIZES:
         raise ValueError(f"build_model: unknown size {size!r}; expected one of {sorted(SIZES)}")
     hidden, layers, heads, inter = SIZES[size]
@@ -134,15 +119,13 @@ def build_model(tokenizer: PreTrainedTokenizerFast, size: str = "1m", arch: str 
         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None, attention_dropout=0.0,
     )
-    if arch == "llama":
-        config, cls = LlamaConfig(**common), LlamaForCausalLM
-    elif arch == "qwen2":
-        config, cls = Qwen2Config(**common), Qwen2ForCausalLM
-    else:
+    archs = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if arch not in archs:
         raise ValueError(f"build_model: arch must be 'llama' or 'qwen2', got {arch!r}")
+    config_cls, cls = archs[arch]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = cls(config)
+        model = cls(config_cls(**common))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = None
