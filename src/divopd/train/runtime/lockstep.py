@@ -1,16 +1,6 @@
-"""Lockstep runtime (``runtime.kind: lockstep``): one process, no threads, deterministic.
-
-Before each learner update the env instances advance round-robin by ``runtime.lockstep.env_steps_per_update``
-environment steps (explorer 0 steps each of its live instances once, one batched generate, then explorer 1, ...; a
-round's extra steps are carried over, so the average is exact). Each slot starts its next episode with the newest
-published weights, so policy lag arises as in the asynchronous runtimes, at a rate the config fixes:
-
-    producer load ≈ env_steps_per_update × (student turns per env step) / B     (``queue/producer_load``)
-
-With the same config and seed, two runs give the same learner series and experience log (same machine and torch
-build); ``torch`` uses one thread and deterministic algorithms here. Every checkpoint holds :meth:`state_dict
-<LockstepRuntime.state_dict>`, and a resume replays each running episode on its env: a run killed at any moment
-continues exactly as the uninterrupted run did.
+"""Lockstep runtime (``runtime.kind: lockstep``): one process, no threads, deterministic. Before each update the env
+instances advance round-robin by ``runtime.lockstep.env_steps_per_update`` steps (a round's extra steps carried over);
+checkpoints hold its state, and a resume replays each running episode, so a killed run continues exactly.
 """
 
 from __future__ import annotations
@@ -62,7 +52,7 @@ class LockstepRuntime:
 
     @property
     def producer_intervals(self) -> int:
-        """Polls so far: each is one learner step's worth of production (the trainer's ``queue/producer_load``)."""
+        """Polls so far: each is one learner step's worth of production."""
         return self._polls
 
     def poll(self, timeout: float) -> list[Rollout]:
@@ -85,7 +75,7 @@ class LockstepRuntime:
         return out
 
     def check_alive(self) -> None:
-        """Explorers here fail by raising in :meth:`poll`: nothing to check."""
+        """Explorers here fail by raising in :meth:`poll`."""
 
     def publish(self, handle: WeightHandle) -> None:
         self._latest = handle
@@ -118,13 +108,10 @@ class LockstepRuntime:
         close_backend(self._explorers[0].teacher)  # a vLLM teacher engine (shared by every explorer) shuts down
         return {"env_steps": self.env_steps}
 
-    # ------------------------------------------------------------------ resume
     def state_dict(self, weights_dir: Path) -> dict[str, Any] | None:
-        """The runtime's state between two polls, as JSON; a student copy that holds other weights than the newest
-        published ones is written to ``weights_dir`` (one ``explorer-v{version}.safetensors`` per version, named in
-        the state). ``None`` (no exact resume: the run resumes as a threads run does) when an explorer's weights live
-        in a vLLM engine, which cannot hand them out, an env does not replay (``Env.replayable``: the ``tiny`` env's
-        ``crash_prob``), or a poll failed half-way through a round."""
+        """The runtime's state between two polls, as JSON; a student copy at older weights than the newest is written
+        once per version to ``weights_dir``. ``None`` (no exact resume) when a student lives in a vLLM engine, an env
+        does not replay (``Env.replayable``), or a poll failed half-way through a round."""
         if self._broken or not self._replayable or self._results or any(e.student is None for e in self._explorers):
             return None
         explorers = []
@@ -141,9 +128,8 @@ class LockstepRuntime:
                 "explorers": explorers}
 
     def load_state_dict(self, state: dict[str, Any], weights_dir: Path) -> None:
-        """Put this runtime, built on the checkpoint's weights, in the :meth:`state_dict` ``state`` saved with it.
-        An env that cannot replay raises :class:`~divopd.explore.replay.ReplayError` and leaves the runtime
-        with fresh explorers (the resume then queues the logged turns again: :mod:`divopd.train.resume`)."""
+        """Put this runtime, built on the checkpoint's weights, in ``state``. An env that cannot replay raises
+        :class:`~divopd.explore.replay.ReplayError`, leaving fresh explorers (:mod:`divopd.train.resume`)."""
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"lockstep runtime state format {state.get('format')!r}, expected {STATE_FORMAT}")
         if len(state["explorers"]) != len(self._explorers) or int(state["weights_version"]) != self._latest.version:
