@@ -74,15 +74,16 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
     stop = stop or StopRequest()
     trainer.attach_runtime(runtime)  # its state goes into checkpoints; a resume restores the checkpoint's
     evals = _Evals(trainer, runtime, progress, weights if weights is not None else trainer.publish())
-    request_eval, record = evals.request, evals.record
 
     fault_point("start")
     if cfg.eval.at_start and trainer.version == 0:
-        request_eval()
+        evals.request()
     deadline = None if cfg.max_seconds is None else time.monotonic() + cfg.max_seconds
     interrupted = False
     at = _Boundary()
-    watchdog = _watchdog(trainer)
+    watchdog = Watchdog(cfg.runtime.stall_timeout_s, cfg.sampler.batch_size,
+                        rejected_turns_warning=cfg.runtime.rejected_turns_warning)
+    watchdog.progressed(trainer.sampler.ledger.invalid_by_reason)
     stalled: str | None = None  # the watchdog's one-line reason to stop
     times = dict.fromkeys(EXPLORER_TIMES, 0.0)  # stage seconds since the previous update (time/wait_s, ...)
     try:
@@ -102,7 +103,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                 with timed("time/compose_s", times):
                     batch = trainer.compose()
                 if batch is not None:
-                    record(runtime.eval_results(timeout=0))
+                    evals.record(runtime.eval_results(timeout=0))
                     trainer.count_production(runtime.producer_intervals)
                     metrics = trainer.update(batch, times)
                     fault_point("publish")
@@ -111,9 +112,12 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                     trainer.record_update(metrics)
             if batch is None:  # not enough valid turns yet: wait for explorers
                 with timed("time/wait_s", times):
-                    record(runtime.eval_results(timeout=0))
+                    evals.record(runtime.eval_results(timeout=0))
                     runtime.check_alive()
-                    stalled = watchdog.stalled_waiting(_waited_on(cfg.runtime.kind, cfg.runtime.num_explorers))
+                    stalled = watchdog.stalled_waiting(
+                        f"the {cfg.runtime.kind} runtime's {cfg.runtime.num_explorers} explorer(s), alive by its "
+                        "check_alive but silent (an environment step, generation or teacher call that does not "
+                        "return?)")
                     if stalled is None:
                         with at.stage():
                             _intake(trainer, watchdog, runtime.poll(timeout=0.5), times)
@@ -123,7 +127,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
             times = dict.fromkeys(EXPLORER_TIMES, 0.0)
             # evaluate / checkpoint, on their schedules
             if trainer.version % cfg.eval.every == 0:
-                request_eval()
+                evals.request()
             if trainer.version % cfg.checkpoint.every == 0:
                 trainer.checkpoint()
             if progress is not None:
@@ -162,23 +166,10 @@ def _finish(trainer: Trainer, runtime: Runtime, evals: _Evals, stop: StopRequest
     return trainer.close({"interrupted": interrupted or stop.requested, **extra})
 
 
-def _watchdog(trainer: Trainer) -> Watchdog:
-    runtime = trainer.cfg.runtime
-    watchdog = Watchdog(runtime.stall_timeout_s, trainer.cfg.sampler.batch_size,
-                        rejected_turns_warning=runtime.rejected_turns_warning)
-    watchdog.progressed(trainer.sampler.ledger.invalid_by_reason)
-    return watchdog
-
-
 def _intake(trainer: Trainer, watchdog: Watchdog, rollouts: list[Rollout], times: dict[str, float]) -> None:
     trainer.intake(rollouts)
     watchdog.received(rollouts)
     add_explorer_times(rollouts, times)
-
-
-def _waited_on(kind: str, explorers: int) -> str:
-    return (f"the {kind} runtime's {explorers} explorer(s), alive by its check_alive but silent (an environment "
-            "step, generation or teacher call that does not return?)")
 
 
 def _abort(trainer: Trainer, runtime: Runtime, checkpoint: bool = False, why: str = "failed",

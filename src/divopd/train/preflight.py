@@ -9,7 +9,6 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 from divopd.errors import UsageError, check_model_folder, hub_download_hint, is_hub_name
 from divopd.train.config import TrainConfig
@@ -379,8 +378,3 @@ def check_before_run(cfg: TrainConfig, run_dir: Path | None = None) -> None:
         raise stops[0].error
     more = f" (and {len(stops) - 1} more: `divopd doctor CONFIG` lists them)" if len(stops) > 1 else ""
     raise PreflightError(stops[0].blocker + more)
-
-
-def describe(rows: list[Check]) -> list[dict[str, Any]]:
-    """The rows as JSON-ready dicts (``divopd doctor --json``)."""
-    return [r.as_dict() for r in rows]

@@ -84,28 +84,23 @@ def logged_rollout_ids(log_dir: Path) -> set[str]:
 def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:
     """The run's frozen teacher of ``teacher.backend`` and its tokenizer, scoring the student's token ids
     (:func:`bridge_vocabularies`)."""
-    teacher, tokenizer = _teacher_backend(cfg)
-    return bridge_vocabularies(cfg, teacher, tokenizer), tokenizer
-
-
-def _teacher_backend(cfg: TrainConfig) -> tuple[Teacher, Any]:
+    teacher: Teacher
+    stop_on_newline = cfg.explorer.generation.stop_on_newline
     if cfg.teacher.backend == "server":
         from divopd.explore.teacher_server import ServerTeacher
 
         tokenizer = load_tokenizer(cfg.teacher.path)
-        server = ServerTeacher(cfg.teacher.server, tokenizer, stop_on_newline=cfg.explorer.generation.stop_on_newline)
-        return server, tokenizer
-    if cfg.teacher.backend == "vllm":
+        teacher = ServerTeacher(cfg.teacher.server, tokenizer, stop_on_newline=stop_on_newline)
+    elif cfg.teacher.backend == "vllm":
         engine = vllm_generator(cfg.teacher.path, cfg.teacher.dtype, cfg.seed, cfg.teacher.vllm, cfg)
-        return engine, engine.tokenizer
-    with _LOAD_LOCK:
-        model, tokenizer = load_model(cfg.teacher.path, dtype=cfg.teacher.dtype, device=cfg.teacher.device)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    teacher = HFTeacher(model, tokenizer, max_tokens_per_batch=cfg.explorer.teacher_max_tokens_per_batch,
-                        stop_on_newline=cfg.explorer.generation.stop_on_newline)
-    return teacher, tokenizer
+        teacher, tokenizer = engine, engine.tokenizer
+    else:
+        with _LOAD_LOCK:
+            model, tokenizer = load_model(cfg.teacher.path, dtype=cfg.teacher.dtype, device=cfg.teacher.device)
+        model.eval().requires_grad_(False)
+        teacher = HFTeacher(model, tokenizer, max_tokens_per_batch=cfg.explorer.teacher_max_tokens_per_batch,
+                            stop_on_newline=stop_on_newline)
+    return bridge_vocabularies(cfg, teacher, tokenizer), tokenizer
 
 
 def bridge_vocabularies(cfg: TrainConfig, teacher: Teacher, teacher_tokenizer: Any) -> Teacher:
