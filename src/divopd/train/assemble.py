@@ -71,7 +71,6 @@ def _ray_ranks(cfg: TrainConfig) -> RanksFactory:
     return ray_ranks(cfg)
 
 
-#: ``runtime.kind`` → its entry.
 RUNTIMES: dict[str, RuntimeEntry] = {
     "lockstep": RuntimeEntry(_lockstep, session=_lockstep_session),
     "threads": RuntimeEntry(_threads),
@@ -80,8 +79,7 @@ RUNTIMES: dict[str, RuntimeEntry] = {
 
 
 def make_learner(cfg: TrainConfig, checkpoint: Path | None) -> tuple[LearnerProtocol, dict[str, Any]]:
-    """The run's learner (one process, or sharded where the runtime puts ranks), fresh or from ``checkpoint``, with
-    the checkpoint's ``extra_state``."""
+    """The run's learner, fresh or from ``checkpoint``, with the checkpoint's ``extra_state``."""
     ranks = RUNTIMES[cfg.runtime.kind].learner_ranks(cfg) if cfg.learner.world_size > 1 else None
     if checkpoint is not None:
         return learner_from_checkpoint(checkpoint, cfg.learner, ranks)
@@ -89,8 +87,7 @@ def make_learner(cfg: TrainConfig, checkpoint: Path | None) -> tuple[LearnerProt
 
 
 def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None) -> tuple[Trainer, bool]:
-    """Open (or ``resume``) a run directory and build its learner and :class:`~divopd.train.trainer.Trainer` (which
-    holds the directory's lock); returns ``(trainer, resumed)``."""
+    """Open (or ``resume``) a run directory; returns ``(trainer, resumed)``, the trainer holding its lock."""
     opened = open_run_dir(cfg, resume)
     try:
         fault_point("load")

@@ -67,8 +67,7 @@ class ModelRef(_Strict):
 class StudentRef(ModelRef):
     """The student: a causal LM, trained whole or through LoRA adapters (``lora.rank > 0``)."""
 
-    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters (PEFT); rank 0 = full "
-                               "fine-tuning.")
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters; rank 0 = full fine-tuning.")
 
 
 class TeacherRef(ModelRef):
@@ -135,9 +134,9 @@ class LockstepSettings(_Strict):
 class RuntimeSettings(_Strict):
     """How explorers and the learner run (the same loop and code under every kind)."""
 
-    kind: Literal["threads", "lockstep", "ray"] = Field(
-        "threads", description="threads (explorer threads, one process), lockstep "
-        "(one process, no threads, deterministic) or ray (explorer actors).")
+    kind: Literal["threads", "lockstep", "ray"] = Field("threads", description="threads (explorer threads, one "
+                                                        "process), lockstep (one process, no threads, deterministic) "
+                                                        "or ray (explorer actors).")
     lockstep: LockstepSettings = Field(default_factory=LockstepSettings, description="runtime.kind: lockstep only.")
     num_explorers: int = Field(1, ge=1, description="Explorer workers, each with its own student copy and envs.")
     queue_rollouts: int = Field(64, ge=1, description="Bounded rollout queue between explorers and learner.")
@@ -158,8 +157,7 @@ class RuntimeSettings(_Strict):
     teacher_timeout_s: float = Field(
         600.0, gt=0, description="Ray, teacher.shared: deadline of one call to the shared teacher actor; past it the "
         "actor is killed for a restart and the call's turns are retried one by one, else left unscored.")
-    max_teacher_restarts: int = Field(
-        3, ge=0, description="Ray, teacher.shared: restarts of a dead or stalled shared teacher actor.")
+    max_teacher_restarts: int = Field(3, ge=0, description="teacher.shared: restarts of a dead or stalled teacher.")
     explorer_timeout_s: float = Field(
         1200.0, gt=0, description="Ray: deadline of one explorer actor's rollout; past it the actor is killed and "
         "restarted (runtime.max_explorer_restarts), its rollout lost. Keep it below runtime.stall_timeout_s.")
@@ -206,7 +204,7 @@ class TrainConfig(_Strict):
         "checkpoint from them; without them those turns are dropped).")
 
     @model_validator(mode="after")
-    def _check_method(self) -> TrainConfig:
+    def _check(self) -> TrainConfig:
         row = ROWS.get(self.method)
         if row is None or row.rule not in METHODS:
             raise ValueError(f"method: unknown method {self.method!r}; known: {', '.join(method_names())}")
@@ -222,17 +220,9 @@ class TrainConfig(_Strict):
             if getattr(self.explorer, key) not in SPLITS:
                 raise ValueError(f"explorer.{key}: unknown split {getattr(self.explorer, key)!r}; "
                                  f"expected one of {', '.join(SPLITS)}")
-        return self
-
-    @model_validator(mode="after")
-    def _one_eval_tasks_key(self) -> TrainConfig:
         if "eval_tasks" in self.explorer.model_fields_set and self.explorer.eval_tasks != self.eval.tasks:
             raise ValueError("explorer.eval_tasks: not a run-config key; eval.tasks sets the tasks per evaluation")
         self.explorer.eval_tasks = self.eval.tasks  # the explorer's own default, equal to the run's
-        return self
-
-    @model_validator(mode="after")
-    def _check_engines(self) -> TrainConfig:
         need = self.explorer.prompt.max_prompt_tokens + self.explorer.generation.max_new_tokens
         for key, backend, engine in (("explorer.generation", self.explorer.generation.backend,
                                       self.explorer.generation.vllm), ("teacher", self.teacher.backend,
@@ -263,9 +253,8 @@ class TrainConfig(_Strict):
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None) -> TrainConfig:
-    """Read a config (a YAML path or a packaged setting name), switch on its method row's features (the row
-    ``--set method=X`` names, if given), apply ``--set`` overrides, validate. Every problem raises a one-line
-    :class:`~divopd.errors.ConfigError` naming the file and the key."""
+    """Read a config (a YAML path or a setting name), switch on its method row's features, apply ``--set``
+    overrides, validate; every problem is a one-line :class:`~divopd.errors.ConfigError` naming file and key."""
     overrides = overrides or []
     path = config_path(path) if path is not None else None
     raw = read_yaml(path, TrainConfig) if path is not None else {}

@@ -29,10 +29,10 @@ EXIT_INTERRUPTED = 130
 PHASES = ("load", "start", "compose", "update", "publish", "eval", "checkpoint")
 #: Also ``poll`` (inside the lockstep runtime's poll) and ``log`` (turns received, before the log write).
 KILL_PHASES = (*PHASES, "poll", "log")
-_ENV = "DIVOPD_SIGINT_AT"
-_KILL_ENV = "DIVOPD_SIGKILL_AT"
-_STOP_ENV = "DIVOPD_SIGSTOP_AT"
 _DOUBLE_ENV = "DIVOPD_DOUBLE_CTRL_C_AT"
+#: Each test hook's environment variable and the signal it sends.
+_HOOKS = (("DIVOPD_SIGINT_AT", signal.SIGINT), ("DIVOPD_SIGKILL_AT", signal.SIGKILL), (_DOUBLE_ENV, signal.SIGINT),
+          ("DIVOPD_SIGSTOP_AT", signal.SIGSTOP))
 #: Seconds between the two SIGINTs of ``DIVOPD_DOUBLE_CTRL_C_AT``.
 DOUBLE_CTRL_C_GAP_S = 0.05
 _reached: Counter[tuple[str, str]] = Counter()
@@ -82,8 +82,7 @@ class StopRequest:
 
 def fault_point(phase: str) -> None:
     """Test hook: send the signal an env var names for ``phase`` (module docstring) the n-th time it is reached."""
-    for env, sig in ((_ENV, signal.SIGINT), (_KILL_ENV, signal.SIGKILL), (_DOUBLE_ENV, signal.SIGINT),
-                     (_STOP_ENV, signal.SIGSTOP)):
+    for env, sig in _HOOKS:
         spec = os.environ.get(env)
         if not spec:
             continue

@@ -125,7 +125,6 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                     break
                 continue
             times = dict.fromkeys(EXPLORER_TIMES, 0.0)
-            # evaluate / checkpoint, on their schedules
             if trainer.version % cfg.eval.every == 0:
                 evals.request()
             if trainer.version % cfg.checkpoint.every == 0:

@@ -9,8 +9,7 @@ from divopd.errors import ConfigError
 __all__ = ["CONFIGS", "SHIPPED", "setting_names", "config_path"]
 
 _PACKAGE = Path(__file__).resolve().parents[1]
-#: The packaged setting configs, ``<setting>.yaml``, one per experimental setting; its ``method:`` names the default
-#: method row (:mod:`divopd.sampling.rows`).
+#: The packaged setting configs, ``<setting>.yaml``; its ``method:`` names the default method row.
 CONFIGS = _PACKAGE / "configs"
 #: The packaged prebuilt models, ``<setting>/{teacher,student}`` (:mod:`divopd.suite.models` copies them to the cache).
 SHIPPED = _PACKAGE / "shipped"

@@ -18,8 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def restore_runtime(trainer: Any, runtime: Any) -> bool:
-    """Put ``trainer.resume_runtime`` into ``runtime``; returns whether the resume is exact. A runtime that keeps no
-    state cannot take it: one line."""
+    """Put ``trainer.resume_runtime`` into ``runtime``; returns whether the resume is exact."""
     cfg, run_dir = trainer.cfg, trainer.run_dir
     if not runtime.keeps_state:
         raise UsageError(f"--resume {run_dir}: runtime.kind {cfg.runtime.kind} cannot restore the checkpoint's "

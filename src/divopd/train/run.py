@@ -19,7 +19,6 @@ class Progress:
     """A rich progress bar of updates, latest SR, queue depth and arrival/drain; log lines print above it."""
 
     def __init__(self, total: int, start: int, enabled: bool) -> None:
-        self.enabled = enabled
         self.sr: float | None = None
         self._bar = None
         self._streams: list[tuple[logging.StreamHandler, Any]] = []

@@ -110,9 +110,8 @@ def _entries(run_dir: Path) -> list[str]:
 
 
 def claim_run_dir(run_dir: Path, held: ExitStack) -> list[str] | None:
-    """Make ``run_dir`` a fresh run's directory: created if missing, locked on ``held``, marked; a run without a
-    checkpoint there has its files moved aside (:func:`set_aside_stranded_run`). Refuses what
-    :func:`fresh_run_refusal` refuses. Returns the entries it held before, ``None`` when this call created it."""
+    """Make ``run_dir`` a fresh run's directory (created, locked on ``held``, marked; a stranded run moved aside)
+    unless :func:`fresh_run_refusal` refuses; returns the entries it held before, ``None`` when it created it."""
     run_dir = Path(run_dir)
     refusal = fresh_run_refusal(run_dir)
     if refusal is not None:
@@ -263,7 +262,7 @@ def log_writer(cfg: TrainConfig, log_dir: Path) -> ExperienceLogWriter:
 
 
 def cut_log_past_checkpoint(log_dir: Path, received: int) -> int:
-    """An exact (lockstep) resume: cut the turns logged past the checkpoint, which the runtime produces again."""
+    """An exact resume: cut the turns logged past the checkpoint, which the runtime produces again."""
     if not Path(log_dir).is_dir():
         return 0
     dropped = truncate_log(log_dir, received)

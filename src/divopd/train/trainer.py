@@ -55,8 +55,7 @@ class RunState:
 
 
 class Trainer:
-    """The learner side's stages and counters; call it from one thread. Holds the run directory's lock until its
-    files close (:meth:`close` or :meth:`abort`)."""
+    """The learner side's stages and counters (one thread); holds the run directory's lock until its files close."""
 
     def __init__(self, cfg: TrainConfig, run_dir: OpenedRunDir, learner: LearnerProtocol, sampler: Sampler,
                  metrics: MetricsWriter, log_writer: ExperienceLogWriter | None, state: RunState,
@@ -290,8 +289,7 @@ class Trainer:
         return summary
 
     def abort(self, at_boundary: bool = False) -> Path | None:
-        """Close the run's files after a failure, without ``summary.json``; checkpoint first only ``at_boundary``.
-        Returns the checkpoint to resume from."""
+        """After a failure: checkpoint only ``at_boundary``, close without ``summary.json``; returns where to resume."""
         try:
             return self.checkpoint() if at_boundary else latest_checkpoint(self.run_dir / CHECKPOINTS)
         finally:

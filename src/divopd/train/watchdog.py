@@ -76,8 +76,7 @@ def add_explorer_times(rollouts: Sequence[Rollout], metrics: MutableMapping[str,
 
 
 class Watchdog:
-    """Progress clock, teacher-failure streak and gate watch of one run; ``stall_timeout_s`` 0 stops no run.
-    ``clock``: the monotonic time source."""
+    """Progress clock, teacher-failure streak and gate watch of one run; ``stall_timeout_s`` 0 stops no run."""
 
     def __init__(self, stall_timeout_s: float, batch_size: int, clock: Callable[[], float] = time.monotonic,
                  rejected_turns_warning: int = 1000) -> None:

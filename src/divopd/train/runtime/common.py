@@ -140,9 +140,8 @@ def check_vocabularies(cfg: TrainConfig, teacher_tokenizer: Any) -> VocabMatch:
 def build_explorer(cfg: TrainConfig, explorer_id: int, session: int, handle: WeightHandle | None,
                    teacher: Teacher | None, teacher_tokenizer: Any | None = None, evaluation: bool = False,
                    policy_version: int | None = None, incarnation: int = 0) -> Explorer:
-    """An explorer with its own student copy (HF, or a vLLM engine's) at the published ``handle`` and the run's
-    :func:`step_limit`. ``evaluation``: student-only (no teacher, recovery off, the full ``max_steps``).
-    ``policy_version``: the version reported without a ``handle``; ``incarnation``: restarts (:func:`explorer_seed`)."""
+    """An explorer with its own student copy at ``handle`` (or ``policy_version``) and the run's :func:`step_limit`;
+    ``evaluation``: student-only (no teacher, recovery off, the full ``max_steps``)."""
     version = (0 if policy_version is None else policy_version) if handle is None else int(handle.version)
     student, backend = None, None
     if cfg.explorer.generation.backend == "vllm":

@@ -37,28 +37,22 @@ class LockstepRuntime:
         self.cfg = cfg
         self._session = session
         self._latest = weights  # the newest weights published (a checkpoint holds them)
-        teacher, _ = load_teacher(cfg)
-        self._teacher = teacher
-        self._explorers: list[Explorer] = [build_explorer(cfg, i, session, weights, teacher)
+        self._teacher, _ = load_teacher(cfg)
+        self._explorers: list[Explorer] = [build_explorer(cfg, i, session, weights, self._teacher)
                                            for i in range(cfg.runtime.num_explorers)]
         self._evaluator: Explorer | None = None
         self._results: list[EvalResult] = []
         self._next = 0  # the explorer whose turn it is
         self._budget = 0  # env steps owed (negative: steps taken ahead)
         self.env_steps = 0
-        self._polls = 0
+        self.producer_intervals = 0  # polls so far: each is one learner step's worth of production
         self._broken = False  # a poll raised half-way through a round: no consistent state to checkpoint
         self._replayable = True  # every env instance so far replays deterministically (Env.replayable)
-
-    @property
-    def producer_intervals(self) -> int:
-        """Polls so far: each is one learner step's worth of production."""
-        return self._polls
 
     def poll(self, timeout: float) -> list[Rollout]:
         """Advance the env instances by ``env_steps_per_update`` steps; return the rollouts that ended."""
         self._budget += self.cfg.runtime.lockstep.env_steps_per_update
-        self._polls += 1
+        self.producer_intervals += 1
         out: list[Rollout] = []
         try:
             while self._budget > 0:
@@ -109,9 +103,8 @@ class LockstepRuntime:
         return {"env_steps": self.env_steps}
 
     def state_dict(self, weights_dir: Path) -> dict[str, Any] | None:
-        """The runtime's state between two polls, as JSON; a student copy at older weights than the newest is written
-        once per version to ``weights_dir``. ``None`` (no exact resume) when a student lives in a vLLM engine, an env
-        does not replay (``Env.replayable``), or a poll failed half-way through a round."""
+        """The runtime's state as JSON (older student weights written once per version to ``weights_dir``); ``None``
+        when a student lives in vLLM, an env does not replay, or a poll failed half-way."""
         if self._broken or not self._replayable or self._results or any(e.student is None for e in self._explorers):
             return None
         explorers = []
@@ -124,8 +117,8 @@ class LockstepRuntime:
                 state["weights_file"] = name
             explorers.append(state)
         return {"format": STATE_FORMAT, "session": self._session, "weights_version": int(self._latest.version),
-                "next": self._next, "budget": self._budget, "env_steps": self.env_steps, "polls": self._polls,
-                "explorers": explorers}
+                "next": self._next, "budget": self._budget, "env_steps": self.env_steps,
+                "polls": self.producer_intervals, "explorers": explorers}
 
     def load_state_dict(self, state: dict[str, Any], weights_dir: Path) -> None:
         """Put this runtime, built on the checkpoint's weights, in ``state``. An env that cannot replay raises
@@ -139,7 +132,7 @@ class LockstepRuntime:
         fresh_session = self._session
         self._session = int(state["session"])
         self._next, self._budget = int(state["next"]), int(state["budget"])
-        self.env_steps, self._polls = int(state["env_steps"]), int(state["polls"])
+        self.env_steps, self.producer_intervals = int(state["env_steps"]), int(state["polls"])
         try:
             for explorer, saved in zip(self._explorers, state["explorers"], strict=True):
                 name = saved.get("weights_file")

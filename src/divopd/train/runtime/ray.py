@@ -132,8 +132,7 @@ def init_ray(cfg: TrainConfig) -> bool:
 
 
 class RayRuntime(StatelessRuntime):
-    """The :class:`~divopd.train.protocol.Runtime` of explorer actors (``runtime.kind: ray``). ``learner_ranks``:
-    the sharded learner's ``rank_info``, for the summary's ``placement``."""
+    """The Runtime of explorer actors; ``learner_ranks``: the learner's ``rank_info``, for ``placement``."""
 
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int,
                  learner_ranks: list[dict[str, Any]] | None = None) -> None:
@@ -143,7 +142,6 @@ class RayRuntime(StatelessRuntime):
         self._run = next(_RUNTIMES)
         self._started = init_ray(cfg)
         self._cfg_data = cfg.model_dump(mode="json")
-        self._session = session
         self._actor_cls = ray.remote(ExplorerActor)
         self._weights_ref = ray.put(weights)
         self._weights_version = weights.version
@@ -151,7 +149,10 @@ class RayRuntime(StatelessRuntime):
         rt = cfg.runtime
         self._teacher_watch = (None if self._teacher is None
                                else TeacherWatch(self._teacher, rt.teacher_timeout_s, rt.max_teacher_restarts))
-        self._explorers = [self._new_explorer(i) for i in range(cfg.runtime.num_explorers)]
+        self._explorers = [self._actor_cls.options(
+            num_cpus=rt.explorer_cpus, num_gpus=rt.explorer_gpus, resources=dict(rt.explorer_resources),
+            max_restarts=rt.max_explorer_restarts, max_task_retries=0, name=explorer_name(self._run, i),
+        ).remote(self._cfg_data, i, session, True, self._teacher) for i in range(rt.num_explorers)]
         self._node_refs = [e.node_id.remote() for e in self._explorers]  # runs before each actor's first collect
         self._evaluator = self._actor_cls.options(num_cpus=0).remote(self._cfg_data, 999, session, False)
         self._inflight: dict[Any, int] = {}
@@ -165,14 +166,6 @@ class RayRuntime(StatelessRuntime):
         self._parked: dict[int, float] = {}  # explorer → when to resubmit its call (its actor is restarting)
         self.stalled_restarts = 0  # explorer actors killed for a restart at runtime.explorer_timeout_s
         self.produced_turns = 0  # turns of the collect calls that finished (all of them reach the loop)
-
-    def _new_explorer(self, i: int) -> Any:
-        rt = self.cfg.runtime
-        return self._actor_cls.options(num_cpus=rt.explorer_cpus, num_gpus=rt.explorer_gpus,
-                                       resources=dict(rt.explorer_resources),
-                                       max_restarts=rt.max_explorer_restarts, max_task_retries=0,
-                                       name=explorer_name(self._run, i)).remote(self._cfg_data, i, self._session, True,
-                                                                        self._teacher)
 
     def _submit(self, i: int) -> None:
         ref = self._explorers[i].collect.remote(1, self._weights_ref)

@@ -148,10 +148,8 @@ def _drain(q: queue.Queue, first: Any = None) -> list[Any]:
 
 def _take(q: queue.Queue, timeout: float) -> list[Any]:
     """Everything in ``q``, waiting up to ``timeout`` seconds for the first item."""
-    if timeout <= 0:
-        return _drain(q)
     try:
-        return _drain(q, q.get(timeout=timeout))
+        return _drain(q, q.get(timeout=timeout) if timeout > 0 else q.get_nowait())
     except queue.Empty:
         return []
 
