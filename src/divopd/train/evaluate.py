@@ -12,10 +12,8 @@ from divopd.train.config import load_config
 
 
 def find_config(checkpoint: Path) -> Path | None:
-    for parent in [checkpoint, *checkpoint.parents][:4]:
-        if (parent / "config.yaml").is_file():
-            return parent / "config.yaml"
-    return None
+    found = (p / "config.yaml" for p in [checkpoint, *checkpoint.parents][:4] if (p / "config.yaml").is_file())
+    return next(found, None)
 
 
 def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None, overrides: list[str] | None = None,

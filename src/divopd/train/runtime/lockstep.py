@@ -32,6 +32,7 @@ class LockstepRuntime:
 
     evaluates_in_place = True
     keeps_state = True
+    producer_intervals = 0  # polls so far: each is one learner step's worth of production
 
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
         self.cfg = cfg
@@ -45,7 +46,6 @@ class LockstepRuntime:
         self._next = 0  # the explorer whose turn it is
         self._budget = 0  # env steps owed (negative: steps taken ahead)
         self.env_steps = 0
-        self.producer_intervals = 0  # polls so far: each is one learner step's worth of production
         self._broken = False  # a poll raised half-way through a round: no consistent state to checkpoint
         self._replayable = True  # every env instance so far replays deterministically (Env.replayable)
 
