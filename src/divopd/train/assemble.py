@@ -1,6 +1,5 @@
 """The one place a training run is assembled (:func:`open_run`, :func:`run_trainer`), and the only module outside
-``train/runtime/`` that imports a runtime, each lazily. A new runtime is one :class:`RuntimeEntry` in :data:`RUNTIMES`.
-"""
+``train/runtime/`` that imports a runtime, each lazily. A runtime is one :class:`RuntimeEntry` in :data:`RUNTIMES`."""
 
 from __future__ import annotations
 

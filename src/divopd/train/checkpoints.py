@@ -1,6 +1,5 @@
 """A run's ``checkpoints/`` folder: the checkpoint a resume trusts, pruning (only divopd's own), and a failed write (a
-full disk) as one line, the newest good checkpoint kept, exit :data:`EXIT_CHECKPOINT_WRITE`.
-"""
+full disk) as one line, the newest good checkpoint kept, exit :data:`EXIT_CHECKPOINT_WRITE`."""
 
 from __future__ import annotations
 

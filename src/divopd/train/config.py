@@ -1,7 +1,6 @@
 """Training configuration: a setting's YAML file (following ``base:``) with its method row's switches on
 (:func:`~divopd.sampling.registry.row_switches`) and ``--set a.b=c`` overrides applied last, validated by one typed
-tree (:class:`TrainConfig`) and checked against the row (:func:`~divopd.sampling.registry.check_row`).
-"""
+tree (:class:`TrainConfig`) and checked against the row (:func:`~divopd.sampling.registry.check_row`)."""
 
 from __future__ import annotations
 
@@ -289,9 +288,8 @@ def config_reference() -> list[tuple[str, str, str, str]]:
         for name, field in model.model_fields.items():
             key = f"{prefix}{name}"
             ann = field.annotation
-            sub = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-            if sub is not None:
-                walk(sub, key + ".")
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, key + ".")
                 continue
             if field.is_required():
                 default = "required"

@@ -1,6 +1,5 @@
 """Student-only evaluation of a checkpoint (or any HF model folder), behind ``divopd eval CHECKPOINT``, under the
-run's ``config.yaml`` (found above the checkpoint) or ``--config``; recovery is always off, as in the paper.
-"""
+run's ``config.yaml`` (found above the checkpoint) or ``--config``; recovery is always off, as in the paper."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ raises at once (after a JVM call in progress: :func:`divopd.explore.children.no_
 
 :func:`fault_point` is the test hook: ``DIVOPD_SIGINT_AT=phase[:n]`` sends this process SIGINT the n-th time (default
 1) the phase is reached; ``DIVOPD_SIGKILL_AT`` SIGKILL, ``DIVOPD_SIGSTOP_AT`` SIGSTOP (a test changes the world until
-SIGCONT), ``DIVOPD_DOUBLE_CTRL_C_AT`` two SIGINTs 50 ms apart to the process group. Phases: :data:`KILL_PHASES`.
-"""
+SIGCONT), ``DIVOPD_DOUBLE_CTRL_C_AT`` two SIGINTs 50 ms apart to the process group. Phases: :data:`KILL_PHASES`."""
 
 from __future__ import annotations
 

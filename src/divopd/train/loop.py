@@ -1,7 +1,6 @@
 """The one Algorithm-1 loop (explore → enqueue, compose, update, publish, evaluate/checkpoint) over any
 :class:`~divopd.train.protocol.Runtime`. A normal stop, Ctrl-C or stall ends in :func:`_finish`; a failure inside a
-stage in :func:`_abort`, leaving the newest checkpoint on disk as the last good one.
-"""
+stage in :func:`_abort`, leaving the newest checkpoint on disk as the last good one."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The checks of a config against this machine (:func:`config_checks`): ``divopd doctor`` prints them as a table,
 ``divopd train`` runs them (:func:`check_before_run`) before it makes a run directory, so a blocker is one line and
-exit 2 with nothing left behind. The machine's own rows are :func:`divopd.train.probes.machine_checks`.
-"""
+exit 2 with nothing left behind. The machine's own rows are :func:`divopd.train.probes.machine_checks`."""
 
 from __future__ import annotations
 

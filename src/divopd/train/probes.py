@@ -1,7 +1,6 @@
 """What this machine offers, one :class:`Check` row per piece (``divopd doctor``, :mod:`divopd.train.preflight`).
 Every probe has a deadline and imports nothing but torch: packages are read from metadata, ``java -version`` and
-vLLM's import run in a subprocess, an address is probed with one TCP connection.
-"""
+vLLM's import run in a subprocess, an address is probed with one TCP connection."""
 
 from __future__ import annotations
 

@@ -87,9 +87,8 @@ def open_run_dir(cfg: TrainConfig | None, resume: str | Path | None) -> OpenedRu
                              f"--run-dir {run_dir}`: its old files are kept in {run_dir}/stranded-<time>/")
         before = [] if resume is not None else claim_run_dir(run_dir, held)
         atomic_write_text(run_dir / "config.yaml", dump_config(cfg))
-        opened = OpenedRunDir(run_dir, cfg, ckpt, resume is not None, None if before is None else tuple(before),
-                              held.pop_all())
-    return opened
+        return OpenedRunDir(run_dir, cfg, ckpt, resume is not None, None if before is None else tuple(before),
+                            held.pop_all())
 
 
 def is_run_dir(path: Path) -> bool:

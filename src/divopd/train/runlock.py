@@ -1,6 +1,5 @@
 """One process writes a run directory at a time: an ``fcntl.flock`` on ``RUN_DIR/.divopd-lock`` (never stale: the
-kernel drops it with the process), holding the holder's pid and host for the one-line refusal. No lock off POSIX.
-"""
+kernel drops it with the process), holding the holder's pid and host for the one-line refusal. No lock off POSIX."""
 
 from __future__ import annotations
 

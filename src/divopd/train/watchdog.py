@@ -1,6 +1,5 @@
 """Stage times and the stall watchdog of the one loop: no progress, a teacher that cannot score, or a gate that
-rejects every turn stops the run (checkpoint, ``stalled`` in ``summary.json``, exit :data:`EXIT_STALLED`).
-"""
+rejects every turn stops the run (checkpoint, ``stalled`` in ``summary.json``, exit :data:`EXIT_STALLED`)."""
 
 from __future__ import annotations
 

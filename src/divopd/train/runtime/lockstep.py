@@ -1,7 +1,6 @@
 """Lockstep runtime (``runtime.kind: lockstep``): one process, no threads, deterministic. Before each update the env
 instances advance round-robin by ``runtime.lockstep.env_steps_per_update`` steps (a round's extra steps carried over);
-checkpoints hold its state, and a resume replays each running episode, so a killed run continues exactly.
-"""
+checkpoints hold its state, and a resume replays each running episode, so a killed run continues exactly."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Ray runtime: explorers (and the evaluator) as Ray actors, each with one ``collect`` call in flight; the learner
-stays in the driver. A dead actor is restarted by Ray (``runtime.max_explorer_restarts``) and its call resubmitted;
-bad input only the actor meets is raised by the driver as it is (one line, exit 2). Every other ``ray.get`` here waits
-30 s at most.
-"""
+"""Ray runtime: explorers (and the evaluator) as Ray actors, one ``collect`` call each in flight; a dead actor is
+restarted by Ray (``runtime.max_explorer_restarts``) and its call resubmitted; bad input only an actor meets is raised
+by the driver as it is (one line, exit 2). Every other ``ray.get`` here waits 30 s at most."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Learner ranks as Ray actors (``runtime.kind: ray``, ``learner.world_size > 1``) in one ``PACK`` placement group;
-a rank that dies ends the others and raises :class:`~divopd.learn.ranks.LearnerRankError`, as with spawned ranks.
-"""
+a rank that dies ends the others and raises :class:`~divopd.learn.ranks.LearnerRankError`, as with spawned ranks."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """One shared teacher actor for every Ray explorer (``teacher.shared: true``) and the explorers' handle on it. A
-teacher dead for good fails every call at once: the turns arrive unscored and the watchdog stops the run (exit 3).
-"""
+teacher dead for good fails every call at once: the turns arrive unscored and the watchdog stops the run (exit 3)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Threads runtime: explorer threads feed the one loop on the main thread through a bounded rollout queue and pick
 up the newest weights; an evaluator thread evaluates snapshots. At shutdown every finished rollout goes back to the
-loop (received = ``produced_turns``). Threads, not processes: torch releases the GIL and weights are shared uncopied.
-"""
+loop (received = ``produced_turns``). Threads, not processes: torch releases the GIL and weights are shared uncopied."""
 
 from __future__ import annotations
 
