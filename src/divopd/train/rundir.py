@@ -178,10 +178,9 @@ def remove_run_files(run_dir: Path, names: Iterable[str] = RUN_ENTRIES, keep: It
 
 def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics,
                          needs_topk: bool = False) -> int:
-    """Queue again the turns logged past the checkpoint (arrival >= the sampler's next), counted received by
-    ``paper``; the log then says they arrived at update ``version`` (keeping ``arrival_update`` non-decreasing).
-    ``needs_topk``: the log holds no teacher top-k, so each enters unscored and the gate counts it
-    ``missing_teacher`` instead of training it with another loss. Returns how many."""
+    """Queue again (counted received by ``paper``) the turns logged past the checkpoint, then logged as arriving at
+    update ``version``; returns how many. ``needs_topk``: the log holds no teacher top-k, so each enters unscored
+    (the gate counts it ``missing_teacher``) instead of training with another loss."""
     start = sampler.ledger.received  # arrivals are numbered 0, 1, ...
     gaps = missing_arrivals(log_dir, None) if Path(log_dir).is_dir() else []
     gap = next((max(a, start) for a, b in gaps if b >= start), None)
@@ -235,9 +234,8 @@ def recover_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
 
 def open_log(cfg: Any, log_dir: Path, sampler: Sampler, state: Any, version: int | None, exact: bool
              ) -> ExperienceLogWriter | None:
-    """The run's experience log at a start: unreadable parts set aside (one warning each, their received turns
-    counted in ``state.log_unreadable``); on a resume at update ``version`` without runtime state,
-    :func:`recover_logged_turns`. Returns the writer (``None`` when ``exact``: see :mod:`divopd.train.resume`)."""
+    """The run's experience log at a start: unreadable parts set aside (counted in ``state.log_unreadable``), then
+    :func:`recover_logged_turns` unless fresh or ``exact``; returns the writer (``None`` when ``exact``)."""
     moved = set_aside_unreadable_parts(log_dir)
     received = sampler.ledger.received
     gaps = missing_arrivals(log_dir, received) if moved and received else []
@@ -278,9 +276,8 @@ def runtime_weight_files(runtime_state: dict[str, Any] | None) -> set[str]:
 
 
 def prune_explorer_weights(run_dir: Path, checkpoints: Iterable[Path] | None = None) -> list[str]:
-    """Remove divopd's files in :data:`EXPLORER_WEIGHTS` (and interrupted writes) that none of ``checkpoints``
-    (default: every one of the run) names; returns their names. At a start this drops what a killed session wrote
-    past its newest checkpoint, so one session's file is never taken for another's same version."""
+    """Remove divopd's files in :data:`EXPLORER_WEIGHTS` that none of ``checkpoints`` (default: all) names, so one
+    session's file is never taken for another's same version; returns their names."""
     folder = Path(run_dir) / EXPLORER_WEIGHTS
     if not folder.is_dir():
         return []

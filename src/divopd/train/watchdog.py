@@ -107,9 +107,8 @@ class Watchdog:
         return self.teacher_failed() or self.gate_rejecting(invalid_by_reason, version)
 
     def gate_rejecting(self, invalid_by_reason: Mapping[str, int], version: int) -> str | None:
-        """The gate watch on the ledger's cumulative ``invalid_by_reason``: a warning at
-        ``runtime.rejected_turns_warning`` rejections since the last update, the reason to stop at
-        :data:`REJECTED_STOP_FACTOR` × as many, else ``None``."""
+        """The gate watch: a warning at ``runtime.rejected_turns_warning`` rejections since the last update, the
+        reason to stop at :data:`REJECTED_STOP_FACTOR` × as many, else ``None``."""
         counts = {k: int(v) for k, v in invalid_by_reason.items()}
         if self._rejected_at_update is None:
             self._rejected_at_update = counts

@@ -58,9 +58,8 @@ _ID_SESSION = re.compile(r"s(\d+)")
 
 
 def fresh_session(sessions: int, logged_ids: Iterable[str]) -> int:
-    """The session number a run's explorers take: ``sessions``, or the next number no logged rollout id was made
-    under (ids ``s{s}x…``, ``s{s}r{k}x…`` or, the threads runtime's restarts, ``s{100 s + k}x…``), so ids after
-    ``--resume`` never repeat a logged one."""
+    """The explorers' session number: ``sessions``, or the next one no logged rollout id (``s{s}x…``, ``s{s}r{k}x…``,
+    threads restarts ``s{100 s + k}x…``) was made under, so ids after ``--resume`` never repeat a logged one."""
     used = {int(m.group(1)) for rid in logged_ids if (m := _ID_SESSION.match(rid))}
     blocked = used | {u // 100 for u in used}
     session = sessions
@@ -116,9 +115,8 @@ def bridge_vocabularies(cfg: TrainConfig, teacher: Teacher, teacher_tokenizer: A
 
 
 def check_vocabularies(cfg: TrainConfig, teacher_tokenizer: Any) -> VocabMatch:
-    """The start-up vocabulary decision (:func:`~divopd.explore.vocab.compare_vocabularies`). Raises a one-line
-    :class:`~divopd.errors.ConfigError` for a ``cross`` teacher with ``teacher.cross_tokenizer: false``, and for a
-    teacher top-k that would hold ids the student lacks."""
+    """The start-up vocabulary decision; a one-line :class:`~divopd.errors.ConfigError` for a ``cross`` teacher with
+    ``teacher.cross_tokenizer: false`` or a teacher top-k that would hold ids the student lacks."""
     if cfg.teacher.path == cfg.student.path and not cfg.teacher.tokenizer:
         return VocabMatch("identical")
     topk = cfg.learner.estimator == "topk" or cfg.explorer.teacher_topk > 0
@@ -179,9 +177,8 @@ def vllm_generator(path: str, dtype: str, seed: int, engine: VLLMSettings, cfg: 
 
 
 def step_limit(cfg: TrainConfig, weights: WeightHandle | int) -> int:
-    """A training explorer's step limit for the published ``weights`` (a handle, or its learner version):
-    ``explorer.max_steps``, TCOD-F2B's depth (:mod:`divopd.explore.tcod`) or TurnOPD's adaptive depth budget from the
-    handle's per-depth disagreement (:mod:`divopd.learn.turnopd`)."""
+    """A training explorer's step limit at ``weights`` (a handle or its version): ``explorer.max_steps``, TCOD-F2B's
+    depth (:mod:`divopd.explore.tcod`) or TurnOPD's budget (:mod:`divopd.learn.turnopd`)."""
     handle = weights if isinstance(weights, WeightHandle) else None
     if cfg.turnopd.enabled:
         return cfg.turnopd.step_limit(cfg.explorer.max_steps, None if handle is None else handle.depth_disagreement)
