@@ -16,10 +16,17 @@ import pytest
 import yaml
 
 from divopd import cli
-from divopd.train.interrupt import EXIT_INTERRUPTED, PHASES, StopRequest, fault_point, reset_fault_points
+from divopd.train import interrupt
+from divopd.train.interrupt import EXIT_INTERRUPTED, PHASES, StopRequest, fault_point
 from test_train import assert_ledger_identity, read_metrics, tiny_config, tiny_models  # noqa: F401
 
 UPDATES = 12
+
+
+def reset_fault_points() -> None:
+    """Forget how often each phase was reached (several commands in one process)."""
+    with interrupt._reached_lock:
+        interrupt._reached.clear()
 
 
 def test_stop_request_sets_a_flag_then_a_second_signal_raises() -> None:

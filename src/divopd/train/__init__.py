@@ -1,8 +1,4 @@
-"""Train: the one Algorithm-1 loop (``loop``), the trainer it drives, the run config, runtimes (threads, lockstep,
-Ray) as adapters, Ctrl-C handling and checkpoint evaluation.
-
-``from divopd.train import train`` runs (or resumes) one training run.
-"""
+"""Train: the one Algorithm-1 loop, its trainer, the run config, runtimes as adapters; :func:`train` runs one run."""
 
 from divopd.train.run import train
 

@@ -1,13 +1,5 @@
-"""The one place a training run is assembled, and the only module outside ``train/runtime/`` that imports a runtime
-(each lazily: Ray is imported only by a Ray run).
-
-    open_run(cfg)        run directory + learner (one process, or sharded: ranks spawned here or Ray actors) + Trainer
-    run_trainer(trainer) the runtime of ``runtime.kind`` (:data:`RUNTIMES`), built on the published weights, driven
-                         to the end by :func:`~divopd.train.loop.run_loop`
-
-To add a runtime, write a class with the :class:`~divopd.train.protocol.Runtime` members under ``train/runtime/`` and
-add one :class:`RuntimeEntry` to :data:`RUNTIMES` (CONTRIBUTING.md, "Adding a runtime").
-"""
+"""The one place a training run is assembled (:func:`open_run`, :func:`run_trainer`), and the only module outside
+``train/runtime/`` that imports a runtime, each lazily. A runtime is one :class:`RuntimeEntry` in :data:`RUNTIMES`."""
 
 from __future__ import annotations
 
@@ -35,11 +27,8 @@ __all__ = ["RUNTIMES", "RuntimeEntry", "build_explorer", "check_vocabularies", "
 
 @dataclass(frozen=True)
 class RuntimeEntry:
-    """One runtime kind: how to build it, what the process needs around the run, where sharded learner ranks run.
-
-    ``build(cfg, weights, trainer)``: the :class:`~divopd.train.protocol.Runtime`, its explorers holding ``weights``;
-    ``session(cfg)``: a context the whole run goes through (torch thread and determinism settings);
-    ``learner_ranks(cfg)``: the sharded learner's rank factory (default: processes spawned on this machine)."""
+    """One runtime kind. ``build(cfg, weights, trainer)``: the Runtime, its explorers holding ``weights``;
+    ``session(cfg)``: a context around the whole run; ``learner_ranks(cfg)``: the sharded learner's rank factory."""
 
     build: Callable[[TrainConfig, WeightHandle, Trainer], Runtime]
     session: Callable[[TrainConfig], ContextManager[Any]] = lambda cfg: contextlib.nullcontext()
@@ -48,7 +37,6 @@ class RuntimeEntry:
 
 
 def _session(trainer: Trainer) -> int:
-    """The explorers' session number: the run state's count, moved past any session whose rollout ids are logged."""
     return fresh_session(trainer.state.sessions, logged_rollout_ids(trainer.run_dir / EXPERIENCE))
 
 
@@ -82,7 +70,6 @@ def _ray_ranks(cfg: TrainConfig) -> RanksFactory:
     return ray_ranks(cfg)
 
 
-#: ``runtime.kind`` → its entry.
 RUNTIMES: dict[str, RuntimeEntry] = {
     "lockstep": RuntimeEntry(_lockstep, session=_lockstep_session),
     "threads": RuntimeEntry(_threads),
@@ -91,8 +78,7 @@ RUNTIMES: dict[str, RuntimeEntry] = {
 
 
 def make_learner(cfg: TrainConfig, checkpoint: Path | None) -> tuple[LearnerProtocol, dict[str, Any]]:
-    """The run's learner — one process (``learner.world_size: 1``) or sharded over ranks where the runtime puts them
-    — fresh (``checkpoint`` ``None``) or resumed from ``checkpoint`` (any N); with the checkpoint's ``extra_state``."""
+    """The run's learner, fresh or from ``checkpoint``, with the checkpoint's ``extra_state``."""
     ranks = RUNTIMES[cfg.runtime.kind].learner_ranks(cfg) if cfg.learner.world_size > 1 else None
     if checkpoint is not None:
         return learner_from_checkpoint(checkpoint, cfg.learner, ranks)
@@ -100,10 +86,7 @@ def make_learner(cfg: TrainConfig, checkpoint: Path | None) -> tuple[LearnerProt
 
 
 def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None) -> tuple[Trainer, bool]:
-    """Create (or reopen, ``resume``) a run directory, build the learner :func:`make_learner` picks, fresh or from
-    the newest checkpoint that verifies, and the :class:`~divopd.train.trainer.Trainer` around it; returns
-    ``(trainer, resumed)``. A fresh run refuses a directory that already holds a run. The trainer holds the run
-    directory's lock until its files close."""
+    """Open (or ``resume``) a run directory; returns ``(trainer, resumed)``, the trainer holding its lock."""
     opened = open_run_dir(cfg, resume)
     try:
         fault_point("load")
@@ -115,8 +98,7 @@ def open_run(cfg: TrainConfig | None = None, *, resume: str | Path | None = None
 
 
 def run_trainer(trainer: Trainer, progress: Any = None, stop: StopRequest | None = None) -> dict[str, Any]:
-    """Build the runtime of ``runtime.kind`` around ``trainer`` and run the one loop to the end; returns the run
-    summary (``summary["interrupted"]`` after a stop request)."""
+    """Build the runtime of ``runtime.kind`` around ``trainer`` and run the one loop to the end; returns the summary."""
     cfg = trainer.cfg
     entry = RUNTIMES[cfg.runtime.kind]
     with entry.session(cfg):

@@ -1,8 +1,5 @@
-"""A run's ``checkpoints/`` folder: which checkpoint a resume trusts (the newest that verifies; damaged newer ones
-set aside as ``update-NNNNNN.damaged`` with one warning), which ones pruning removes (only divopd's own), and a
-checkpoint write that fails (a full disk) as one line: nothing partial is left, the newest good checkpoint stays, the
-loop stops without retrying and ``divopd train`` exits :data:`EXIT_CHECKPOINT_WRITE`.
-"""
+"""A run's ``checkpoints/`` folder: the checkpoint a resume trusts, pruning (only divopd's own), and a failed write (a
+full disk) as one line, the newest good checkpoint kept, exit :data:`EXIT_CHECKPOINT_WRITE`."""
 
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ __all__ = ["DAMAGED_SUFFIX", "EXIT_CHECKPOINT_WRITE", "CheckpointWriteError", "c
 
 log = logging.getLogger(__name__)
 
-#: Exit code of ``divopd train`` when a checkpoint could not be written (disk full): the run stopped, its newest
-#: good checkpoint is intact and ``--resume`` continues once the cause is fixed (the stall watchdog's code, 3).
+#: Exit code of ``divopd train`` when a checkpoint could not be written (the stall watchdog's code, 3).
 EXIT_CHECKPOINT_WRITE = 3
 #: What a damaged checkpoint is renamed to when a resume falls back past it.
 DAMAGED_SUFFIX = ".damaged"
@@ -37,8 +33,8 @@ _FULL_TEXT = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), f"os error {
 
 
 def is_disk_full(exc: BaseException | None) -> bool:
-    """``exc`` (or its cause) says the disk or the quota is full: an ``OSError`` with ``ENOSPC`` / ``EDQUOT``, or a
-    library's own error carrying that text (safetensors' ``SafetensorError: ... (os error 28)``)."""
+    """``exc`` (or its cause) says the disk or quota is full: ``ENOSPC`` / ``EDQUOT``, or a library's error with
+    that text (safetensors' ``... (os error 28)``)."""
     while exc is not None:
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
@@ -51,8 +47,7 @@ def is_disk_full(exc: BaseException | None) -> bool:
 @contextmanager
 def checkpoint_write(path: Path, run_dir: Path) -> Iterator[None]:
     """Around the write of checkpoint ``path``: an ``OSError`` or a full disk becomes a :class:`CheckpointWriteError`
-    (one line naming the newest good checkpoint); the write itself (:func:`~divopd.learn.checkpoint.atomic_dir`)
-    has already removed what it wrote."""
+    naming the newest good checkpoint (the atomic write has removed what it wrote)."""
     try:
         yield
     except Exception as exc:
@@ -88,9 +83,8 @@ def prune_checkpoints(checkpoints_dir: Path, keep: int) -> list[Path]:
 
 
 def resume_checkpoint(run_dir: Path, flag: str = "--resume") -> Path | None:
-    """The newest checkpoint of ``run_dir`` that verifies (``None``: the run has no checkpoint at all). Newer ones
-    that do not verify are set aside with one warning; when none verifies, raise :class:`UsageError` (one line) and
-    change nothing."""
+    """The newest checkpoint of ``run_dir`` that verifies (``None``: none at all); newer ones are set aside as
+    ``*.damaged`` with one warning. None verifies: one-line :class:`UsageError`, nothing changed."""
     ours = checkpoint_dirs(Path(run_dir) / "checkpoints")
     if not ours:
         return None
@@ -120,7 +114,7 @@ def _set_aside(ckpt: Path) -> Path:
 
 
 def unused_path(path: Path) -> Path:
-    """``path``, or the first of ``path-2``, ``path-3``, ... that does not exist (nothing is ever overwritten)."""
+    """``path``, or the first of ``path-2``, ``path-3``, ... that does not exist."""
     target = path
     n = 1
     while target.exists():

@@ -1,21 +1,6 @@
-"""Training configuration: one YAML file per experimental setting plus a method row, validated by one typed tree.
-
-A setting file (the packaged ones: :mod:`divopd.train.packaged`, ``divopd train coin6-dart``) holds every key of a run;
-its ``method:`` names the method row, and ``--method X`` / ``--set method=X`` picks another. The row's record
-(:mod:`divopd.sampling.method_rows`) decides the sampler rule and switches its explorer and learner features on over the
-file's keys (:func:`~divopd.sampling.registry.row_switches`; the file holds their settings, e.g. +R's patience), then
-the config is checked against it (:func:`~divopd.sampling.registry.check_row`):
-
-- ``divopd-r``: the ``divopd`` sampler + teacher recovery (``explorer.recovery.enabled: true``);
-- ``tcod-f2b``: the ``vanilla`` reader + the TCOD-F2B horizon curriculum (``tcod.enabled: true``);
-- ``turnopd``: the ``vanilla`` reader + TurnOPD's adaptive depth budget (``turnopd.enabled: true``, with
-  ``learner.depth_stats: true``) + its token-to-turn loss schedule (``learner.turn_balance_updates`` = the file's
-  ``updates``).
-
-A config file may also name a ``base:`` file (relative to itself) whose keys it overrides. Command-line ``--set a.b=c``
-overrides are applied last, after the row's switches; values are parsed as YAML (``--set sampler.cap=6``,
-``--set explorer.recovery.enabled=true``, ``--set runtime.kind=ray``).
-"""
+"""Training configuration: a setting's YAML file (following ``base:``) with its method row's switches on
+(:func:`~divopd.sampling.registry.row_switches`) and ``--set a.b=c`` overrides applied last, validated by one typed
+tree (:class:`TrainConfig`) and checked against the row (:func:`~divopd.sampling.registry.check_row`)."""
 
 from __future__ import annotations
 
@@ -61,8 +46,7 @@ METHOD_ROWS: dict[str, str] = {name: row.rule for name, row in ROWS.items() if r
 
 
 def sampler_method_for(method: str) -> str:
-    """The sampler rule of a method row (``divopd-r`` → ``divopd``, ``tcod-f2b`` and ``turnopd`` → ``vanilla``, others
-    unchanged)."""
+    """The sampler rule of a method row (``divopd-r`` → ``divopd``; a sampler name is its own)."""
     row = ROWS.get(method)
     return row.rule if row is not None else method
 
@@ -82,17 +66,15 @@ class ModelRef(_Strict):
 class StudentRef(ModelRef):
     """The student: a causal LM, trained whole or through LoRA adapters (``lora.rank > 0``)."""
 
-    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters (PEFT); rank 0 = full "
-                               "fine-tuning.")
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters; rank 0 = full fine-tuning.")
 
 
 class TeacherRef(ModelRef):
     """The frozen teacher: the model and the engine that scores (and, under +R, acts) with it."""
 
     backend: Literal["hf", "vllm", "server"] = Field(
-        "hf", description="Teacher scoring: hf (a packed no-grad forward), vllm (a vLLM engine's prompt log probs of "
-        "prompt+response) or server (an OpenAI-compatible server's prompt log probs, teacher.server; teacher.path is "
-        "then the served model's local folder, for its tokenizer).")
+        "hf", description="Teacher scoring: hf (a no-grad forward), vllm (a vLLM engine's prompt log probs) or server "
+        "(an OpenAI-compatible server, teacher.server; teacher.path: the served model's folder, for its tokenizer).")
     vllm: VLLMSettings = Field(default_factory=VLLMSettings, description="Engine options of backend: vllm.")
     server: ServerSettings = Field(default_factory=ServerSettings, description="The teacher server of backend: "
                                    "server (docs/concepts/teacher.md).")
@@ -100,14 +82,12 @@ class TeacherRef(ModelRef):
                          "of one teacher per explorer actor (ignored by the other runtimes, which share one already).")
     actor_gpus: float = Field(0.0, ge=0, description="Ray: GPUs reserved for the shared teacher actor.")
     tokenizer: str | None = Field(
-        None, description="The teacher's tokenizer (HF name or folder); default the teacher model's own. Compared "
-        "with the student's at start: identical, an extension (same id for every shared token), or different "
-        "(docs/concepts/teacher-vocabularies.md).")
+        None, description="The teacher's tokenizer (HF name or folder; default the teacher model's own), compared "
+        "with the student's at start (docs/concepts/teacher-vocabularies.md).")
     cross_tokenizer: bool = Field(
-        True, description="A teacher whose vocabulary is neither the student's nor an extension of it scores the "
-        "student's text under its own tokenization, mapped onto the student's tokens by character spans (our "
-        "reading); false = refuse such a teacher at start (one line, exit 2). learner.estimator: topk needs a "
-        "shared vocabulary.")
+        True, description="A teacher with another vocabulary (not an extension) scores the student's text in its own "
+        "tokens, mapped onto the student's by character spans (our reading); false = refuse it at start. "
+        "learner.estimator: topk needs a shared vocabulary.")
 
 
 #: The ``sampler:`` section, generated from the one table of sampler settings (divopd.sampling.settings).
@@ -115,23 +95,17 @@ SamplerSettings = settings_model(_Strict)
 
 
 class EvalSettings(_Strict):
-    """Student-only evaluation on held-out tasks, run beside training on a weight snapshot (and by `divopd eval`).
-
-    The student samples at ``temperature`` (the paper's 0.4; training rollouts sample at
-    ``explorer.generation.temperature``, 1.0), seeded by the run seed so an evaluation is reproducible;
-    ``greedy: true`` decodes greedily instead.
-    """
+    """Student-only evaluation on held-out tasks, beside training on a weight snapshot (and by `divopd eval`)."""
 
     every: int = Field(10, ge=1, description="Evaluate every N learner updates.")
     tasks: int = Field(50, ge=1, description="Held-out tasks per evaluation (first N of explorer.eval_split).")
     at_start: bool = Field(True, description="Also evaluate the initial student (update 0).")
     temperature: float = Field(
-        0.4, gt=0, description="Sampling temperature of evaluation episodes (the paper's 0.4; training samples at "
-        "explorer.generation.temperature). Sampling is seeded by the run seed: the same weights give the same result.")
+        0.4, gt=0, description="Sampling temperature of evaluation episodes (the paper's 0.4), seeded by the run "
+        "seed: the same weights give the same result.")
     greedy: bool = Field(False, description="Greedy decoding for evaluation instead of sampling at eval.temperature.")
 
     def sampling(self, seed: int) -> dict[str, Any]:
-        """Keyword arguments of :meth:`Explorer.evaluate <divopd.explore.explorer.Explorer.evaluate>` for a run seed."""
         return {"temperature": self.temperature, "greedy": self.greedy, "seed": seed}
 
 
@@ -157,11 +131,11 @@ class LockstepSettings(_Strict):
 
 
 class RuntimeSettings(_Strict):
-    """How explorers and the learner run. The same loop, Explorer, Learner and Sampler code runs under every kind."""
+    """How explorers and the learner run (the same loop and code under every kind)."""
 
-    kind: Literal["threads", "lockstep", "ray"] = Field(
-        "threads", description="threads (explorer threads, one process), lockstep "
-        "(one process, no threads, deterministic) or ray (explorer actors).")
+    kind: Literal["threads", "lockstep", "ray"] = Field("threads", description="threads (explorer threads, one "
+                                                        "process), lockstep (one process, no threads, deterministic) "
+                                                        "or ray (explorer actors).")
     lockstep: LockstepSettings = Field(default_factory=LockstepSettings, description="runtime.kind: lockstep only.")
     num_explorers: int = Field(1, ge=1, description="Explorer workers, each with its own student copy and envs.")
     queue_rollouts: int = Field(64, ge=1, description="Bounded rollout queue between explorers and learner.")
@@ -172,36 +146,28 @@ class RuntimeSettings(_Strict):
     explorer_gpus: float = Field(0.0, ge=0, description="Ray: GPUs reserved per explorer actor.")
     max_explorer_restarts: int = Field(3, ge=0, description="Ray: restarts of a dead explorer actor.")
     stall_timeout_s: float = Field(
-        1800.0, ge=0, description="Loop watchdog: stop the run (checkpoint, summary.json `stalled`, exit 3) when no "
-        "rollout arrived and no update completed for this many seconds, or when the last 4·sampler.batch_size turns "
-        "received all lack teacher scores (a teacher that cannot score); 0 = off.")
+        1800.0, ge=0, description="Loop watchdog: stop the run (checkpoint, summary.json `stalled`, exit 3) after this "
+        "many seconds without a rollout or an update, or when the last 4·sampler.batch_size turns lack teacher "
+        "scores; 0 = off.")
     rejected_turns_warning: int = Field(
-        1000, ge=1, description="Gate watch: warn (one line naming the top rejection reason and the config key that "
-        "governs it) once this many turns were rejected by the validity gate since the last update (or the start) "
-        "with no update; at 4× as many the loop watchdog stops the run as a stall (checkpoint, summary.json "
-        "`stalled`, exit 3; off with runtime.stall_timeout_s 0).")
+        1000, ge=1, description="Gate watch: warn (naming the top rejection reason and its config key) once this many "
+        "turns were rejected by the validity gate since the last update; at 4× as many the watchdog stops the run as "
+        "a stall (off with runtime.stall_timeout_s 0).")
     teacher_timeout_s: float = Field(
-        600.0, gt=0, description="Ray, teacher.shared: deadline of one call to the shared teacher actor (score or "
-        "generate). Past it the explorer kills the actor for a restart (runtime.max_teacher_restarts) and that call's "
-        "turns are retried one by one, else left unscored (the watchdog stops a run whose teacher cannot score).")
-    max_teacher_restarts: int = Field(
-        3, ge=0, description="Ray, teacher.shared: restarts of a dead or stalled shared teacher actor; the explorers' "
-        "calls wait for the restarted actor (each within runtime.teacher_timeout_s).")
+        600.0, gt=0, description="Ray, teacher.shared: deadline of one call to the shared teacher actor; past it the "
+        "actor is killed for a restart and the call's turns are retried one by one, else left unscored.")
+    max_teacher_restarts: int = Field(3, ge=0, description="teacher.shared: restarts of a dead or stalled teacher.")
     explorer_timeout_s: float = Field(
-        1200.0, gt=0, description="Ray: deadline of one explorer actor's collect call (one rollout). Past it the actor "
-        "is killed and Ray restarts it (counted against runtime.max_explorer_restarts); its rollout in hand is lost "
-        "(never produced, never received). Keep it above the longest rollout and below runtime.stall_timeout_s.")
+        1200.0, gt=0, description="Ray: deadline of one explorer actor's rollout; past it the actor is killed and "
+        "restarted (runtime.max_explorer_restarts), its rollout lost. Keep it below runtime.stall_timeout_s.")
     collective_timeout_s: float = Field(
-        600.0, gt=0, description="learner.world_size > 1: deadline of one collective among the learner ranks (the "
-        "process group's timeout, gloo or NCCL) and of the rendezvous; a stopped or lost rank makes the others fail "
-        "within it and the run stops with its newest good checkpoint in place.")
+        600.0, gt=0, description="learner.world_size > 1: deadline of one collective among the learner ranks and of "
+        "the rendezvous; a lost rank stops the run within it, its newest good checkpoint in place.")
     rank_call_timeout_s: float = Field(
         3600.0, gt=0, description="learner.world_size > 1: the longest the driver waits for the first rank's answer "
-        "to one call (setup with the model load, an update, a checkpoint write); past it every rank is ended and the "
-        "run stops with its newest good checkpoint in place. Keep it above the slowest update.")
+        "to one call (setup, an update, a checkpoint write); past it the run stops. Keep it above the slowest update.")
     explorer_resources: dict[str, float] = Field(
-        default_factory=dict, description="Ray: custom resources per explorer actor (e.g. {explorer_node: 1} to "
-        "place explorers on the nodes started with that resource).")
+        default_factory=dict, description="Ray: custom resources per explorer actor (e.g. {explorer_node: 1}).")
     learner_cpus: float = Field(1.0, ge=0, description="Ray, learner.world_size > 1: CPUs per learner rank actor.")
     learner_gpus: float = Field(
         0.0, ge=0, description="Ray, learner.world_size > 1: GPUs per learner rank actor (one placement-group bundle "
@@ -211,7 +177,7 @@ class RuntimeSettings(_Strict):
 
 
 class TrainConfig(_Strict):
-    """Everything `divopd train` needs. Keys are documented in the README's config table."""
+    """Everything `divopd train` needs."""
 
     setting: str = Field(description="Name of the experimental setting (groups runs in `divopd report`).")
     method: str = Field(description="Method row: a sampler method, or divopd-r / tcod-f2b / turnopd.")
@@ -233,11 +199,11 @@ class TrainConfig(_Strict):
     diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
     log_experience: bool = Field(True, description="Write every queued turn to the run's experience log.")
     log_token_ids: bool = Field(
-        True, description="Store prompt/response token ids in the experience log (needed to re-queue, on --resume, "
-        "turns logged after the last checkpoint; without them those turns are dropped from the log).")
+        True, description="Store token ids in the experience log (--resume re-queues the turns logged after the last "
+        "checkpoint from them; without them those turns are dropped).")
 
     @model_validator(mode="after")
-    def _check_method(self) -> TrainConfig:
+    def _check(self) -> TrainConfig:
         row = ROWS.get(self.method)
         if row is None or row.rule not in METHODS:
             raise ValueError(f"method: unknown method {self.method!r}; known: {', '.join(method_names())}")
@@ -253,17 +219,9 @@ class TrainConfig(_Strict):
             if getattr(self.explorer, key) not in SPLITS:
                 raise ValueError(f"explorer.{key}: unknown split {getattr(self.explorer, key)!r}; "
                                  f"expected one of {', '.join(SPLITS)}")
-        return self
-
-    @model_validator(mode="after")
-    def _one_eval_tasks_key(self) -> TrainConfig:
         if "eval_tasks" in self.explorer.model_fields_set and self.explorer.eval_tasks != self.eval.tasks:
             raise ValueError("explorer.eval_tasks: not a run-config key; eval.tasks sets the tasks per evaluation")
         self.explorer.eval_tasks = self.eval.tasks  # the explorer's own default, equal to the run's
-        return self
-
-    @model_validator(mode="after")
-    def _check_engines(self) -> TrainConfig:
         need = self.explorer.prompt.max_prompt_tokens + self.explorer.generation.max_new_tokens
         for key, backend, engine in (("explorer.generation", self.explorer.generation.backend,
                                       self.explorer.generation.vllm), ("teacher", self.teacher.backend,
@@ -294,15 +252,11 @@ class TrainConfig(_Strict):
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None) -> TrainConfig:
-    """Read a YAML config (a file path or a packaged setting name; following ``base:``), switch on the features of its
-    method row (the one ``--set method=X`` names, if given), apply ``--set`` overrides, validate.
-
-    Every problem raises :class:`~divopd.errors.ConfigError` (a ``ValueError``), one line naming the file and the key.
-    """
+    """Read a config (a YAML path or a setting name), switch on its method row's features, apply ``--set``
+    overrides, validate; every problem is a one-line :class:`~divopd.errors.ConfigError` naming file and key."""
     overrides = overrides or []
-    if path is not None:
-        path = config_path(path)
-    raw = read_yaml(Path(path), TrainConfig) if path is not None else {}
+    path = config_path(path) if path is not None else None
+    raw = read_yaml(path, TrainConfig) if path is not None else {}
     if data:
         unknown = unknown_key(TrainConfig, data)
         if unknown is not None:
@@ -327,16 +281,15 @@ def dump_config(cfg: TrainConfig) -> str:
 
 
 def config_reference() -> list[tuple[str, str, str, str]]:
-    """Every config key as ``(dotted key, type, default, description)``, walked from the schema (README table)."""
+    """Every config key as ``(dotted key, type, default, description)`` (the config reference page)."""
     rows: list[tuple[str, str, str, str]] = []
 
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, field in model.model_fields.items():
             key = f"{prefix}{name}"
             ann = field.annotation
-            sub = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-            if sub is not None:
-                walk(sub, key + ".")
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, key + ".")
                 continue
             if field.is_required():
                 default = "required"

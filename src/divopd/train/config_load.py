@@ -1,6 +1,5 @@
-"""From text to a config mapping: YAML files (following ``base:``), a method row's switches, ``--set`` overrides, and
-keys the schema does not know, named against where they were written (the file, or the ``--set`` of the command
-line) with the closest valid key. The schema itself is :mod:`divopd.train.config`, passed in as ``schema``."""
+"""From text to a config mapping: YAML files (following ``base:``), a method row's switches, ``--set`` overrides;
+an unknown key is named where it was written, with the closest valid key. The schema is passed in as ``schema``."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def _submodel(annotation: Any) -> type[BaseModel] | None:
 
 
 def unknown_key(schema: type[BaseModel], data: dict[str, Any], prefix: str = "") -> str | None:
-    """The first dotted key of ``data`` that ``schema`` has no field for (inside free-form mappings such as
-    ``explorer.env_kwargs`` every key is allowed), ``None`` when every key is known."""
+    """The first dotted key of ``data`` that ``schema`` lacks (free-form mappings allow any), else ``None``."""
     for key, value in data.items():
         field = schema.model_fields.get(key)
         if field is None:
@@ -68,9 +66,8 @@ def schema_keys(schema: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def closest_key(schema: type[BaseModel], key: str) -> str | None:
-    """The valid key ``key`` most likely meant: each unknown part spelled as its nearest sibling (``sampler.kap`` →
-    ``sampler.cap``, ``samplr.cap`` → ``sampler.cap``), else the same name in another section (``sampler.lr`` →
-    ``learner.lr``), else the nearest dotted key."""
+    """The valid key ``key`` most likely meant: each part spelled as its nearest sibling (``samplr.kap`` →
+    ``sampler.cap``), else the same name in another section (``sampler.lr`` → ``learner.lr``), else the nearest."""
     known, parts = schema_keys(schema), key.split(".")
     fixed: list[str] = []
     node: type[BaseModel] | None = schema
@@ -97,9 +94,8 @@ def unknown_key_line(schema: type[BaseModel], key: str) -> str:
 
 
 def read_yaml(path: Path, schema: type[BaseModel] | None = None, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The mapping of a YAML config file, its ``base:`` file (relative to it) merged under it; every problem is a
-    :class:`~divopd.errors.ConfigError` naming the file. With ``schema``, a key it does not know is one too,
-    reported against the file that holds it."""
+    """The mapping of a YAML config file over its ``base:`` file's (relative to it); every problem, and with
+    ``schema`` an unknown key, is a :class:`~divopd.errors.ConfigError` naming the file that holds it."""
     shown, path = path, path.resolve()
     if path in seen:
         raise ConfigError(f"config {path}: `base:` cycle through {' -> '.join(str(p) for p in seen)}")
@@ -122,8 +118,7 @@ def read_yaml(path: Path, schema: type[BaseModel] | None = None, seen: tuple[Pat
     if not isinstance(data, dict):
         raise ConfigError(f"{shown}: top level must be a mapping of config keys, got {type(data).__name__}")
     base = data.pop("base", None)
-    unknown = unknown_key(schema, data) if schema is not None else None
-    if schema is not None and unknown is not None:
+    if schema is not None and (unknown := unknown_key(schema, data)) is not None:
         raise ConfigError(f"{shown}: {unknown_key_line(schema, unknown)}")
     if base is None:
         return data
@@ -145,7 +140,7 @@ def _override(item: str) -> tuple[list[str], str]:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str],
                     schema: type[BaseModel] | None = None) -> dict[str, Any]:
-    """``data`` with ``a.b=c`` overrides applied (values parsed as YAML). With ``schema``, a key it does not know is a
+    """``data`` with ``a.b=c`` overrides applied (values parsed as YAML); with ``schema``, an unknown key is a
     :class:`~divopd.errors.ConfigError` naming that ``--set``."""
     out = copy.deepcopy(data)
     for item in overrides:
@@ -184,7 +179,6 @@ def override_for(overrides: list[str], key: str) -> str | None:
 
 
 def with_method(raw: dict[str, Any], method: Any) -> dict[str, Any]:
-    """``raw`` (a setting file's mapping) with the switches of method row ``method`` on (unchanged when ``method`` is
-    no row: the validator then names the known ones)."""
+    """``raw`` with the switches of method row ``method`` on (unchanged for no row: the validator names them)."""
     row = ROWS.get(method) if isinstance(method, str) else None
     return raw if row is None else deep_merge(raw, row_switches(row, raw))

@@ -1,9 +1,5 @@
-"""Student-only evaluation of a checkpoint (or any HF model folder), behind ``divopd eval CHECKPOINT``.
-
-Decoding follows ``eval.temperature`` (0.4, seeded by the run seed) or ``eval.greedy`` (``--set eval.greedy=true``).
-The environment, prompt and step limit come from the run's ``config.yaml`` (found beside the checkpoint folder, i.e.
-``RUN_DIR/checkpoints/update-N/../../config.yaml``) or from ``--config``; recovery is always off, as in the paper.
-"""
+"""Student-only evaluation of a checkpoint (or any HF model folder), behind ``divopd eval CHECKPOINT``, under the
+run's ``config.yaml`` (found above the checkpoint) or ``--config``; recovery is always off, as in the paper."""
 
 from __future__ import annotations
 
@@ -15,10 +11,8 @@ from divopd.train.config import load_config
 
 
 def find_config(checkpoint: Path) -> Path | None:
-    for parent in [checkpoint, *checkpoint.parents][:4]:
-        if (parent / "config.yaml").is_file():
-            return parent / "config.yaml"
-    return None
+    found = (p / "config.yaml" for p in [checkpoint, *checkpoint.parents][:4] if (p / "config.yaml").is_file())
+    return next(found, None)
 
 
 def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None, overrides: list[str] | None = None,
@@ -42,7 +36,6 @@ def evaluate_checkpoint(checkpoint: str | Path, config: str | Path | None = None
     cfg = load_config(config, over)
     from divopd.train.assemble import build_explorer  # torch and transformers: only once the input is valid
 
-    # the checkpoint's learner version is reported as eval/policy_version
     explorer = build_explorer(cfg, 0, 0, adapter, None, evaluation=True,
                               policy_version=_checkpoint_version(checkpoint))
     try:
@@ -62,8 +55,7 @@ def _checkpoint_version(checkpoint: Path) -> int:
 
 
 def _adapter_handle(checkpoint: Path) -> Any:
-    """A LoRA checkpoint (an adapter folder) as the published handle of its version, else ``None``; one line when its
-    base model is gone."""
+    """A LoRA checkpoint as the published handle of its version, else ``None``; one line when its base is gone."""
     from divopd.learn.lora import is_adapter_folder
 
     if not is_adapter_folder(checkpoint):

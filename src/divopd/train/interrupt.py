@@ -1,24 +1,10 @@
-"""Ctrl-C and SIGTERM as a stop request that the training loop checks, never an exception at a random bytecode.
+"""Ctrl-C and SIGTERM as a stop request that the loop checks at its next stage boundary, never a
+``KeyboardInterrupt`` at a random bytecode (inside a finalizer, an optimizer step, library code). A second Ctrl-C
+raises at once (after a JVM call in progress: :func:`divopd.explore.children.no_quit`; a third even there).
 
-Why a flag: Python runs a signal handler between two bytecodes of the main thread. The default SIGINT handler raises
-``KeyboardInterrupt`` there, which can land inside a finalizer (``__del__``, a weakref callback: the exception is
-printed as "ignored" and the run goes on to report success), half-way through an optimizer step, or inside library
-code that catches ``BaseException``. :class:`StopRequest` only records the request; the loop stops at its next
-stage boundary, checkpoints and the command exits with 130. A second Ctrl-C raises ``KeyboardInterrupt`` at once
-(force quit, for a phase that hangs): the loop then checkpoints only if it was at a stage boundary, else the newest
-checkpoint stays the one to resume from; inside a JVM call the quit waits for the call's end
-(:func:`divopd.explore.children.no_quit`), a third Ctrl-C quits even there. A terminal's Ctrl-C reaches every process
-of the group: the children divopd starts are kept out of its way and stopped by divopd (:mod:`divopd.explore.children`).
-
-:func:`fault_point` is the test hook that makes every phase testable: ``DIVOPD_SIGINT_AT=phase[:n]`` sends this
-process SIGINT the n-th time (default 1) the named phase is reached, ``DIVOPD_SIGKILL_AT=phase[:n]`` SIGKILL (a ``kill
--9`` at a known moment), ``DIVOPD_DOUBLE_CTRL_C_AT=phase[:n]`` two SIGINTs 50 ms apart to the whole process group (an
-impatient double Ctrl-C in a terminal), ``DIVOPD_SIGSTOP_AT=phase[:n]`` SIGSTOP (the process pauses there until a
-SIGCONT: a test changes the world, e.g. fills the disk, at a known moment). Phases: ``load`` (before the models load),
-``start`` (explorers built, before the loop), ``compose``, ``update``, ``publish``, ``eval`` (inside an evaluation),
-``checkpoint`` (inside a checkpoint write); and (:data:`KILL_PHASES`) ``poll`` (inside the lockstep runtime's poll,
-after each explorer's round) and ``log`` (turns received, before they are written to the experience log).
-"""
+:func:`fault_point` is the test hook: ``DIVOPD_SIGINT_AT=phase[:n]`` sends this process SIGINT the n-th time (default
+1) the phase is reached; ``DIVOPD_SIGKILL_AT`` SIGKILL, ``DIVOPD_SIGSTOP_AT`` SIGSTOP (a test changes the world until
+SIGCONT), ``DIVOPD_DOUBLE_CTRL_C_AT`` two SIGINTs 50 ms apart to the process group. Phases: :data:`KILL_PHASES`."""
 
 from __future__ import annotations
 
@@ -38,13 +24,14 @@ log = logging.getLogger(__name__)
 
 #: Exit code of a command stopped by SIGINT / SIGTERM (128 + SIGINT, the shell's convention).
 EXIT_INTERRUPTED = 130
+#: ``load`` (before the models load), ``start`` (explorers built), ..., ``eval`` and ``checkpoint`` (inside one).
 PHASES = ("load", "start", "compose", "update", "publish", "eval", "checkpoint")
-#: Phases a kill test also reaches (the lockstep runtime's poll, the experience log write).
+#: Also ``poll`` (inside the lockstep runtime's poll) and ``log`` (turns received, before the log write).
 KILL_PHASES = (*PHASES, "poll", "log")
-_ENV = "DIVOPD_SIGINT_AT"
-_KILL_ENV = "DIVOPD_SIGKILL_AT"
-_STOP_ENV = "DIVOPD_SIGSTOP_AT"
 _DOUBLE_ENV = "DIVOPD_DOUBLE_CTRL_C_AT"
+#: Each test hook's environment variable and the signal it sends.
+_HOOKS = (("DIVOPD_SIGINT_AT", signal.SIGINT), ("DIVOPD_SIGKILL_AT", signal.SIGKILL), (_DOUBLE_ENV, signal.SIGINT),
+          ("DIVOPD_SIGSTOP_AT", signal.SIGSTOP))
 #: Seconds between the two SIGINTs of ``DIVOPD_DOUBLE_CTRL_C_AT``.
 DOUBLE_CTRL_C_GAP_S = 0.05
 _reached: Counter[tuple[str, str]] = Counter()
@@ -52,10 +39,8 @@ _reached_lock = threading.Lock()
 
 
 class StopRequest:
-    """SIGINT / SIGTERM set :attr:`requested`; use as a context manager around a run (restores the old handlers).
-
-    Only the main thread can install handlers; elsewhere the request can still be set with :meth:`set`.
-    """
+    """SIGINT / SIGTERM set :attr:`requested` inside the ``with`` block (handlers installed from the main thread
+    only; :meth:`set` works anywhere)."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -95,10 +80,8 @@ class StopRequest:
 
 
 def fault_point(phase: str) -> None:
-    """Test hook: with ``DIVOPD_SIGINT_AT=phase[:n]`` (``DIVOPD_SIGKILL_AT``, ``DIVOPD_SIGSTOP_AT``), send this
-    process SIGINT (SIGKILL, SIGSTOP) the n-th time ``phase`` is reached."""
-    for env, sig in ((_ENV, signal.SIGINT), (_KILL_ENV, signal.SIGKILL), (_DOUBLE_ENV, signal.SIGINT),
-                     (_STOP_ENV, signal.SIGSTOP)):
+    """Test hook: send the signal an env var names for ``phase`` (module docstring) the n-th time it is reached."""
+    for env, sig in _HOOKS:
         spec = os.environ.get(env)
         if not spec:
             continue
@@ -116,9 +99,3 @@ def fault_point(phase: str) -> None:
         elif hit:
             log.info("fault point %r: sending %s to this process", phase, sig.name)
             os.kill(os.getpid(), sig)
-
-
-def reset_fault_points() -> None:
-    """Forget how often each phase was reached (tests that run several commands in one process)."""
-    with _reached_lock:
-        _reached.clear()

@@ -1,19 +1,6 @@
-"""The one Algorithm-1 loop; every runtime (lockstep, threads, Ray) is an adapter that supplies a
-:class:`~divopd.train.protocol.Runtime` to it.
-
-    while learner version < updates:
-        explore → enqueue    finished rollouts enter the queue tagged with the learner version at arrival
-        compose              the sampler's rule picks B turns (or waits for more)
-        update               one optimizer step on the batch
-        publish              the new weights go to every explorer
-        evaluate/checkpoint  on their schedules
-
-Stopping: ``updates`` reached, ``max_seconds`` passed, a :class:`~divopd.train.interrupt.StopRequest` (Ctrl-C /
-SIGTERM) seen at a stage boundary, or a stall (:mod:`divopd.train.watchdog`): the run ends in :func:`_finish`. An
-exception (or a second Ctrl-C) inside a stage — from a poll through composing a batch to publishing its update —
-ends it in :func:`_abort`, without a final evaluation, checkpoint or ``summary.json``: the newest checkpoint on disk
-stays the last good one (its sampler state never counts an untrained batch ``selected``).
-"""
+"""The one Algorithm-1 loop (explore → enqueue, compose, update, publish, evaluate/checkpoint) over any
+:class:`~divopd.train.protocol.Runtime`. A normal stop, Ctrl-C or stall ends in :func:`_finish`; a failure inside a
+stage in :func:`_abort`, leaving the newest checkpoint on disk as the last good one."""
 
 from __future__ import annotations
 
@@ -40,24 +27,21 @@ FINAL_EVAL_TIMEOUT_S = 600.0
 
 
 class _Boundary:
-    """Whether the run is at a stage boundary: no rollout taken but not queued, no batch composed but not yet trained
-    and published. Only such a state is checkpointed, so a failure inside a stage never replaces the newest good
-    checkpoint."""
+    """Whether the run is at a stage boundary (no rollout taken but not queued, no batch composed but not trained and
+    published): only such a state is checkpointed."""
 
     def __init__(self) -> None:
         self.clean = True
 
     @contextmanager
     def stage(self) -> Iterator[None]:
-        """A stage: the state is dirty from its start until it completes (a failure leaves it dirty)."""
         self.clean = False
         yield
         self.clean = True
 
 
 class _Evals:
-    """The loop's evaluations: each learner version requested at most once (of ``latest``, the weights the explorers
-    hold), results recorded in arrival order; ``outstanding`` = requested but not recorded yet."""
+    """The loop's evaluations of ``latest``: each version requested once; ``outstanding``: not recorded yet."""
 
     def __init__(self, trainer: Trainer, runtime: Runtime, progress: Any, latest: WeightHandle) -> None:
         self.trainer, self.runtime, self.progress, self.latest = trainer, runtime, progress, latest
@@ -83,22 +67,22 @@ class _Evals:
 
 def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None = None,
              stop: StopRequest | None = None, progress: Any = None) -> dict[str, Any]:
-    """Train to ``cfg.updates`` (or ``max_seconds`` / a stop request); returns the run summary.
-
-    ``weights``: the handle the runtime's explorers were built with (default: published now)."""
+    """Train to ``cfg.updates`` (or ``max_seconds`` / a stop request); returns the run summary. ``weights``: the
+    handle the runtime's explorers were built with (default: published now)."""
     cfg = trainer.cfg
     stop = stop or StopRequest()
     trainer.attach_runtime(runtime)  # its state goes into checkpoints; a resume restores the checkpoint's
     evals = _Evals(trainer, runtime, progress, weights if weights is not None else trainer.publish())
-    request_eval, record = evals.request, evals.record
 
     fault_point("start")
     if cfg.eval.at_start and trainer.version == 0:
-        request_eval()
+        evals.request()
     deadline = None if cfg.max_seconds is None else time.monotonic() + cfg.max_seconds
     interrupted = False
     at = _Boundary()
-    watchdog = _watchdog(trainer)
+    watchdog = Watchdog(cfg.runtime.stall_timeout_s, cfg.sampler.batch_size,
+                        rejected_turns_warning=cfg.runtime.rejected_turns_warning)
+    watchdog.progressed(trainer.sampler.ledger.invalid_by_reason)
     stalled: str | None = None  # the watchdog's one-line reason to stop
     times = dict.fromkeys(EXPLORER_TIMES, 0.0)  # stage seconds since the previous update (time/wait_s, ...)
     try:
@@ -106,9 +90,7 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
             if deadline is not None and time.monotonic() > deadline:
                 log.info("max_seconds reached at update %d", trainer.version)
                 break
-            # explore → enqueue: each turn is tagged with the learner version at its arrival (staleness counts from
-            # the policy version that generated it, which the explorer stamped); a poll cut short (a lockstep round
-            # half done, rollouts taken but not queued) is no boundary
+            # explore → enqueue (a poll cut short is no boundary)
             with at.stage():
                 with timed("time/wait_s", times):
                     rollouts = runtime.poll(timeout=0)
@@ -120,20 +102,21 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                 with timed("time/compose_s", times):
                     batch = trainer.compose()
                 if batch is not None:
-                    record(runtime.eval_results(timeout=0))
+                    evals.record(runtime.eval_results(timeout=0))
                     trainer.count_production(runtime.producer_intervals)
                     metrics = trainer.update(batch, times)
-                    # publish: explorers load the new weights at their next rollout boundary, so a rollout's turns
-                    # may carry older versions than the learner's (the staleness the gate bounds by δ)
                     fault_point("publish")
                     evals.latest = trainer.publish()
                     runtime.publish(evals.latest)
                     trainer.record_update(metrics)
             if batch is None:  # not enough valid turns yet: wait for explorers
                 with timed("time/wait_s", times):
-                    record(runtime.eval_results(timeout=0))
+                    evals.record(runtime.eval_results(timeout=0))
                     runtime.check_alive()
-                    stalled = watchdog.stalled_waiting(_waited_on(cfg.runtime.kind, cfg.runtime.num_explorers))
+                    stalled = watchdog.stalled_waiting(
+                        f"the {cfg.runtime.kind} runtime's {cfg.runtime.num_explorers} explorer(s), alive by its "
+                        "check_alive but silent (an environment step, generation or teacher call that does not "
+                        "return?)")
                     if stalled is None:
                         with at.stage():
                             _intake(trainer, watchdog, runtime.poll(timeout=0.5), times)
@@ -141,9 +124,8 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
                     break
                 continue
             times = dict.fromkeys(EXPLORER_TIMES, 0.0)
-            # evaluate / checkpoint, on their schedules
             if trainer.version % cfg.eval.every == 0:
-                request_eval()
+                evals.request()
             if trainer.version % cfg.checkpoint.every == 0:
                 trainer.checkpoint()
             if progress is not None:
@@ -163,8 +145,8 @@ def run_loop(trainer: Trainer, runtime: Runtime, *, weights: WeightHandle | None
 
 def _finish(trainer: Trainer, runtime: Runtime, evals: _Evals, stop: StopRequest, interrupted: bool,
             stalled: str | None) -> dict[str, Any]:
-    """The end of a run: the explorers stop (what finished enters the ledger as queued), the final snapshot is
-    evaluated unless the run was stopped, the trainer checkpoints and writes ``summary.json``."""
+    """The end of a run: explorers stop (what finished is queued), the final snapshot is evaluated unless stopped,
+    then checkpoint and ``summary.json``."""
     if stalled is not None:
         log.error("%s; stopping the run at update %d: checkpointing", stalled, trainer.version)
     elif interrupted:
@@ -182,35 +164,16 @@ def _finish(trainer: Trainer, runtime: Runtime, evals: _Evals, stop: StopRequest
     return trainer.close({"interrupted": interrupted or stop.requested, **extra})
 
 
-def _watchdog(trainer: Trainer) -> Watchdog:
-    """The run's stall watchdog, its gate watch counting from the ledger now."""
-    runtime = trainer.cfg.runtime
-    watchdog = Watchdog(runtime.stall_timeout_s, trainer.cfg.sampler.batch_size,
-                        rejected_turns_warning=runtime.rejected_turns_warning)
-    watchdog.progressed(trainer.sampler.ledger.invalid_by_reason)
-    return watchdog
-
-
 def _intake(trainer: Trainer, watchdog: Watchdog, rollouts: list[Rollout], times: dict[str, float]) -> None:
-    """Finished rollouts enter the queue (and the experience log); the watchdog and the stage times see them."""
     trainer.intake(rollouts)
     watchdog.received(rollouts)
     add_explorer_times(rollouts, times)
 
 
-def _waited_on(kind: str, explorers: int) -> str:
-    """What the loop waits on while it waits for rollouts (for the watchdog's line)."""
-    return (f"the {kind} runtime's {explorers} explorer(s), alive by its check_alive but silent (an environment "
-            "step, generation or teacher call that does not return?)")
-
-
 def _abort(trainer: Trainer, runtime: Runtime, checkpoint: bool = False, why: str = "failed",
            report: bool = True) -> None:
-    """After a failure: stop the runtime at once (no final evaluation), keep what finished in the ledger, and
-    checkpoint only when ``checkpoint`` (the state is at a stage boundary, e.g. the explorers died while the loop
-    waited); else leave the newest checkpoint on disk as it is. A failure while stopping is logged: the original
-    error is the one the caller sees. ``report=False``: no line of its own (a failed checkpoint write's error says
-    where to resume from)."""
+    """After a failure: stop the runtime at once, queue what finished, checkpoint only when ``checkpoint`` (at a
+    stage boundary). A failure while stopping is only logged. ``report=False``: no line of its own."""
     try:
         trainer.intake(runtime.shutdown(True))
         runtime.close(True)

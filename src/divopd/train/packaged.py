@@ -1,6 +1,4 @@
-"""The files divopd ships inside the package (package data, so that a wheel has them): the setting configs and the
-demo's prebuilt models. Nothing here reads a repository checkout: every path is relative to the installed package.
-"""
+"""The files divopd ships as package data: the setting configs and the demo's prebuilt models."""
 
 from __future__ import annotations
 
@@ -11,8 +9,7 @@ from divopd.errors import ConfigError
 __all__ = ["CONFIGS", "SHIPPED", "setting_names", "config_path"]
 
 _PACKAGE = Path(__file__).resolve().parents[1]
-#: The packaged setting configs, ``<setting>.yaml``, one per experimental setting; its ``method:`` names the default
-#: method row (:mod:`divopd.sampling.rows`).
+#: The packaged setting configs, ``<setting>.yaml``; its ``method:`` names the default method row.
 CONFIGS = _PACKAGE / "configs"
 #: The packaged prebuilt models, ``<setting>/{teacher,student}`` (:mod:`divopd.suite.models` copies them to the cache).
 SHIPPED = _PACKAGE / "shipped"
@@ -24,12 +21,8 @@ def setting_names() -> tuple[str, ...]:
 
 
 def config_path(config: str | Path) -> Path:
-    """The config file ``config`` names: a packaged setting name (``coin6-dart``) or a path to a YAML file.
-
-    An existing file wins over a setting of the same name; a bare name (no ``/``, no ``.yaml``) that is no packaged
-    setting raises :class:`~divopd.errors.ConfigError` listing the names; any other path is returned as given (the
-    loader says when it does not exist).
-    """
+    """The config file ``config`` names: an existing file, else a packaged setting (``coin6-dart``); a bare name that
+    is neither raises :class:`~divopd.errors.ConfigError` listing the settings; other paths are returned as given."""
     path = Path(config)
     if path.is_file():
         return path

@@ -1,16 +1,6 @@
-"""The checks of a config against this machine: ``divopd doctor`` prints them as a table, ``divopd train`` runs the
-same checks (:func:`check_before_run`) before it makes a run directory, so a blocker is one line and exit 2 there and
-no run directory is left behind.
-
-A config's rows (:func:`config_checks`): the model folders, each device the config puts a model on (``cuda`` needs
-CUDA, a ``cuda:N`` index a device N, ``bfloat16`` on CUDA a GPU that supports it), the sharded learner's backend
-(NCCL on CUDA with a GPU per rank, gloo on the CPU), vLLM for the ``vllm`` backends
-(:func:`~divopd.explore.vllm_engine.check_model`), the teacher server (:func:`~divopd.explore.teacher_server.
-check_server`), the teacher's vocabulary against the student's (:func:`~divopd.train.runtime.common.
-check_vocabularies`), Ray (and the cluster at ``runtime.ray_address``), the environment's packages, Java 17 for the
-JVM environments, a WebShop server, and the free disk in the run directory's filesystem. The machine's rows are
-:func:`divopd.train.probes.machine_checks`.
-"""
+"""The checks of a config against this machine (:func:`config_checks`): ``divopd doctor`` prints them as a table,
+``divopd train`` runs them (:func:`check_before_run`) before it makes a run directory, so a blocker is one line and
+exit 2 with nothing left behind. The machine's own rows are :func:`divopd.train.probes.machine_checks`."""
 
 from __future__ import annotations
 
@@ -18,7 +8,6 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 from divopd.errors import UsageError, check_model_folder, hub_download_hint, is_hub_name
 from divopd.train.config import TrainConfig
@@ -33,6 +22,7 @@ from divopd.train.probes import (
     TORCH_CUDA_FIX,
     Check,
     disk_free,
+    importable,
     java_check,
     reachable,
     vllm_build,
@@ -40,9 +30,9 @@ from divopd.train.probes import (
 
 __all__ = ["PreflightError", "blockers", "check_before_run", "config_checks", "estimated_run_bytes", "run_dir_check"]
 
-#: Free space a run needs besides its checkpoints (metrics, TensorBoard, the experience log's first parts).
 log = logging.getLogger(__name__)
 
+#: Free space a run needs besides its checkpoints (metrics, TensorBoard, the experience log's first parts).
 RUN_FLOOR_BYTES = 64 * 2**20
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
 
@@ -64,8 +54,7 @@ def _remote_ray(cfg: TrainConfig) -> bool:
 
 
 def model_checks(cfg: TrainConfig, tokenizers: bool) -> list[Check]:
-    """``student.path``, ``teacher.path`` (and ``teacher.tokenizer``) name model folders; with ``tokenizers``, their
-    tokenizers load (the doctor; a run leaves that to the model load, which names it)."""
+    """The model (and ``teacher.tokenizer``) folders exist; with ``tokenizers``, their tokenizers load."""
     rows = []
     refs = [("student.path", cfg.student.path, "config.json"), ("teacher.path", cfg.teacher.path, "config.json")]
     if cfg.teacher.tokenizer:
@@ -97,8 +86,7 @@ def model_checks(cfg: TrainConfig, tokenizers: bool) -> list[Check]:
 
 
 def vocabulary_check(cfg: TrainConfig) -> Check:
-    """The teacher's vocabulary against the student's: identical, an extension or cross (refused with
-    ``teacher.cross_tokenizer: false``, or with a top-k estimator that needs shared ids)."""
+    """The teacher's vocabulary against the student's (:func:`~divopd.train.runtime.common.check_vocabularies`)."""
     if cfg.teacher.path == cfg.student.path and not cfg.teacher.tokenizer:
         return Check("vocabulary", OK, "identical (the teacher is the student's model)")
     from divopd.models import load_tokenizer
@@ -117,8 +105,7 @@ def vocabulary_check(cfg: TrainConfig) -> Check:
 
 
 def lora_check(cfg: TrainConfig) -> Check:
-    """``student.lora``: the adapters fit the student (target modules it has, a model PEFT can wrap), checked on the
-    meta device without loading weights; rank 0 = full fine-tuning."""
+    """``student.lora``: the adapters fit the student (checked on the meta device, no weights loaded)."""
     lora = cfg.student.lora
     if not lora.enabled:
         return Check("student.lora", NOT_NEEDED, "rank 0 (full fine-tuning)")
@@ -174,8 +161,7 @@ def device_checks(cfg: TrainConfig) -> list[Check]:
 
 
 def world_size_check(cfg: TrainConfig) -> Check:
-    """``learner.world_size > 1``: NCCL on CUDA (a GPU per rank on this machine, unless the ranks are Ray actors),
-    gloo on the CPU."""
+    """``learner.world_size > 1``: NCCL on CUDA (a GPU per rank here unless Ray places them), gloo on the CPU."""
     n = cfg.learner.world_size
     if n == 1:
         return Check("learner.world_size", NOT_NEEDED, "1 (one process: no torch.distributed)")
@@ -197,8 +183,7 @@ def world_size_check(cfg: TrainConfig) -> Check:
 
 
 def vllm_checks(cfg: TrainConfig) -> list[Check]:
-    """vLLM for ``explorer.generation.backend: vllm`` / ``teacher.backend: vllm``: installed, a build that can run
-    here (a CUDA build needs CUDA), and each model one it can serve (imports vLLM)."""
+    """The ``vllm`` backends: vLLM installed, a build that runs here, each model one it can serve (imports vLLM)."""
     keys = [(k, p) for k, p, b in (("explorer.generation.backend", cfg.student.path, cfg.explorer.generation.backend),
                                    ("teacher.backend", cfg.teacher.path, cfg.teacher.backend)) if b == "vllm"]
     if not keys:
@@ -229,8 +214,7 @@ def vllm_checks(cfg: TrainConfig) -> list[Check]:
 
 
 def server_check(cfg: TrainConfig) -> Check:
-    """``teacher.backend: server``: the server answers, serves ``teacher.server.model`` and tokenizes like
-    ``teacher.path`` (:func:`~divopd.explore.teacher_server.check_server`)."""
+    """``teacher.backend: server``: :func:`~divopd.explore.teacher_server.check_server`."""
     if cfg.teacher.backend != "server":
         return Check("teacher server", NOT_NEEDED, f"teacher.backend: {cfg.teacher.backend}")
     from divopd.errors import ConfigError
@@ -284,17 +268,12 @@ def ray_check(cfg: TrainConfig, timeout: float = 5.0) -> Check:
 
 
 def env_checks(cfg: TrainConfig, timeout: float = 5.0) -> list[Check]:
-    """The environment's packages, Java 17 for a JVM environment, a WebShop server that answers, an importable
-    module for ``module:Class``."""
+    """The environment's packages, Java 17+ for the JVM ones, the WebShop server, a ``module:Class`` import."""
     env = cfg.explorer.env
     rows = []
     if ":" in env:
         module = env.partition(":")[0]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        rows.append(Check(f"env {env}", OK, "importable") if found else _blocked(
+        rows.append(Check(f"env {env}", OK, "importable") if importable(module) else _blocked(
             f"env {env}", f"explorer.env: cannot import {module!r}; install it or put it on PYTHONPATH"))
     for module, dist, fix in ENV_PACKAGES.get(env, []):
         if importlib.util.find_spec(module) is None:
@@ -323,9 +302,8 @@ def env_checks(cfg: TrainConfig, timeout: float = 5.0) -> list[Check]:
 
 
 def estimated_run_bytes(cfg: TrainConfig) -> int | None:
-    """The disk a run of ``cfg`` needs at most, roughly: ``checkpoint.keep + 1`` checkpoints (a new one is written
-    before the oldest is pruned) of about three times the student's weight files (weights, AdamW's two moments),
-    plus :data:`RUN_FLOOR_BYTES`; ``None`` when the student is not a local folder."""
+    """Roughly the most disk a run needs: ``checkpoint.keep + 1`` checkpoints (the new one before pruning) of 3× the
+    student's weight files (weights, AdamW's two moments), plus :data:`RUN_FLOOR_BYTES`; ``None``: no local student."""
     folder = Path(cfg.student.path).expanduser()
     if not folder.is_dir():
         return None
@@ -336,10 +314,8 @@ def estimated_run_bytes(cfg: TrainConfig) -> int | None:
 def disk_check(cfg: TrainConfig, run_dir: Path) -> Check:
     """Free space in the run directory's filesystem against :func:`estimated_run_bytes`."""
     where, free = disk_free(run_dir)
-    need = estimated_run_bytes(cfg)
+    need = estimated_run_bytes(cfg) or RUN_FLOOR_BYTES
     gib = 2**30
-    if need is None:
-        need = RUN_FLOOR_BYTES
     detail = f"{free / gib:.2f} GiB free at {where}; the run needs about {need / gib:.2f} GiB"
     if free < need:
         return _blocked("disk", f"run directory {run_dir}: {free / gib:.2f} GiB free on its filesystem ({where}), "
@@ -363,9 +339,8 @@ def run_dir_check(run_dir: Path) -> Check:
 
 
 def config_checks(cfg: TrainConfig, *, doctor: bool = False, run_dir: Path | None = None) -> list[Check]:
-    """Every row of ``cfg`` on this machine, in order. ``doctor``: also load each tokenizer (``divopd train`` leaves
-    that to the model load, which names a bad folder itself) and check the run directory (``divopd train`` claims it
-    after these checks). Rows after a missing model folder that need it still run and say so."""
+    """Every row of ``cfg`` on this machine, in order. ``doctor``: also load each tokenizer and check the run
+    directory (``divopd train`` leaves both to later steps, which name a problem themselves)."""
     run_dir = Path(run_dir) if run_dir is not None else cfg.resolved_run_dir()
     rows = model_checks(cfg, tokenizers=doctor)
     models_ok = all(r.status == OK for r in rows)
@@ -389,9 +364,8 @@ def blockers(rows: list[Check]) -> list[Check]:
 
 
 def check_before_run(cfg: TrainConfig, run_dir: Path | None = None) -> None:
-    """Run :func:`config_checks` (without loading tokenizers) before ``divopd train`` makes its run directory: the
-    first blocker as one line (its own exception when it is the only one, else :class:`PreflightError` saying how
-    many more ``divopd doctor`` lists). Nothing is written."""
+    """Raise the first blocker of :func:`config_checks` as one line: its own exception when it is the only one, else
+    :class:`PreflightError` counting the others. Nothing is written."""
     rows = config_checks(cfg, run_dir=run_dir)
     for row in rows:
         if row.stated and row.status == OK:
@@ -403,8 +377,3 @@ def check_before_run(cfg: TrainConfig, run_dir: Path | None = None) -> None:
         raise stops[0].error
     more = f" (and {len(stops) - 1} more: `divopd doctor CONFIG` lists them)" if len(stops) > 1 else ""
     raise PreflightError(stops[0].blocker + more)
-
-
-def describe(rows: list[Check]) -> list[dict[str, Any]]:
-    """The rows as JSON-ready dicts (``divopd doctor --json``)."""
-    return [r.as_dict() for r in rows]

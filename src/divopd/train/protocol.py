@@ -1,5 +1,4 @@
-"""What a runtime gives the one loop (:class:`Runtime`): rollouts, weight publication, evaluation, its own state for
-checkpoints, shutdown. A runtime is an adapter under ``train/runtime/``; the loop and the trainer see only this."""
+"""What a runtime gives the one loop (:class:`Runtime`); the loop and the trainer see only this."""
 
 from __future__ import annotations
 
@@ -24,10 +23,7 @@ class EvalResult:
 
 
 class Runtime(Protocol):
-    """Every method is called from the loop's thread; ``poll`` and ``eval_results`` return by their ``timeout``.
-
-    Implementations: :class:`~divopd.train.runtime.lockstep.LockstepRuntime`,
-    :class:`~divopd.train.runtime.threads.ThreadsRuntime`, :class:`~divopd.train.runtime.ray.RayRuntime`."""
+    """Every method is called from the loop's thread; ``poll`` and ``eval_results`` return by their ``timeout``."""
 
     #: ``request_eval`` returns with the result ready (recorded at once, before the update's checkpoint)
     evaluates_in_place: bool
@@ -36,8 +32,7 @@ class Runtime(Protocol):
 
     @property
     def producer_intervals(self) -> int | None:
-        """Learner-step intervals of production so far (the denominator of ``queue/producer_load``), or ``None``
-        for a runtime whose production is not paced in such intervals (threads, Ray: free-running explorers)."""
+        """Learner-step intervals of production so far (``queue/producer_load``), ``None`` when not paced so."""
 
     def poll(self, timeout: float) -> list[Rollout]:
         """Finished rollouts not taken yet; waits up to ``timeout`` seconds for the first one."""
@@ -71,8 +66,7 @@ class Runtime(Protocol):
 
 
 class StatelessRuntime:
-    """The :class:`Runtime` members of a runtime that keeps no state of its own, evaluates in the background and does
-    not pace production (threads, Ray)."""
+    """The :class:`Runtime` members of a runtime without state, background evaluation or pacing (threads, Ray)."""
 
     evaluates_in_place = False
     keeps_state = False

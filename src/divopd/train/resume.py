@@ -1,11 +1,6 @@
-"""A resume puts the checkpoint's runtime state back (:meth:`Trainer.attach_runtime
-<divopd.train.trainer.Trainer.attach_runtime>`): exactly when it can, else as the threads runtime resumes.
-
-Exact (a lockstep checkpoint): the runtime replays each running episode on its env and produces again the turns
-logged past the checkpoint, which are cut from the log. When an env cannot replay — ``Env.replayable`` is ``False``
-now, or a replay finds another observation than the one recorded (:class:`~divopd.explore.replay.ReplayError`)
-— the checkpoint is still used: the runtime starts its explorers afresh, the turns logged past the checkpoint are
-queued again (received, never lost) and one warning says the run is no longer exact."""
+"""A resume puts the checkpoint's runtime state back. Exact (lockstep): the runtime replays each running episode and
+produces again the turns logged past the checkpoint, which are cut from the log. An env that cannot replay
+(:class:`~divopd.explore.replay.ReplayError`): fresh explorers, those turns queued again, one warning."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def restore_runtime(trainer: Any, runtime: Any) -> bool:
-    """Put ``trainer.resume_runtime`` (the checkpoint's runtime state) into ``runtime``; returns whether the resume
-    is exact. A runtime that keeps no state (threads, Ray) cannot take a lockstep state: one line."""
+    """Put ``trainer.resume_runtime`` into ``runtime``; returns whether the resume is exact."""
     cfg, run_dir = trainer.cfg, trainer.run_dir
     if not runtime.keeps_state:
         raise UsageError(f"--resume {run_dir}: runtime.kind {cfg.runtime.kind} cannot restore the checkpoint's "

@@ -1,13 +1,4 @@
-"""One training run: :func:`train` opens (or resumes) the run directory and runs the config's runtime
-(:mod:`divopd.train.assemble` puts the run together).
-
-The ``divopd train`` command is :mod:`divopd.commands.train`.
-
-Runs asynchronous OPD: explorers play the student in the config's environment, the frozen teacher scores every
-response token, the sampler composes one batch per update with the config's method, the learner takes one optimizer
-step per batch. Writes a run directory (``config.yaml``, ``metrics.jsonl``, ``tb/``, ``experience/``,
-``checkpoints/``, ``summary.json``). Ctrl-C checkpoints and exits; ``--resume`` continues from the newest checkpoint.
-"""
+"""One training run (:func:`train`, behind ``divopd train``): preflight, the run directory, the config's runtime."""
 
 from __future__ import annotations
 
@@ -25,11 +16,9 @@ if TYPE_CHECKING:
 
 
 class Progress:
-    """A rich progress bar: updates, latest SR, queue depth and the arrival/drain ratio. While it shows, log lines
-    (the Ctrl-C warning among them) print on lines of their own above it."""
+    """A rich progress bar of updates, latest SR, queue depth and arrival/drain; log lines print above it."""
 
     def __init__(self, total: int, start: int, enabled: bool) -> None:
-        self.enabled = enabled
         self.sr: float | None = None
         self._bar = None
         self._streams: list[tuple[logging.StreamHandler, Any]] = []
@@ -69,11 +58,8 @@ class Progress:
 
 def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, progress: bool = False,
           stop: StopRequest | None = None) -> dict:
-    """Run (or resume) one training run; returns its summary (``summary["interrupted"]`` after a stop request).
-
-    ``stop``: a :class:`~divopd.train.interrupt.StopRequest` whose signal handlers are installed (the CLI's); a stop
-    requested while the models load or the explorers start is honoured once the loop starts: it checkpoints at
-    once."""
+    """Run (or resume) one training run; returns its summary. ``stop``: the CLI's installed
+    :class:`~divopd.train.interrupt.StopRequest` (a stop during start-up is honoured once the loop starts)."""
     from divopd.errors import UsageError
     from divopd.train.assemble import open_run, run_trainer
     from divopd.train.preflight import check_before_run
@@ -102,10 +88,8 @@ def train(cfg: TrainConfig | None = None, *, resume: str | Path | None = None, p
 
 
 def discard_fresh_run(trainer: Trainer) -> None:
-    """A fresh run that stopped on bad input (an unknown environment argument, say) before its first update leaves
-    nothing behind: the files this invocation wrote are removed (never an entry the directory held before it,
-    ``trainer.preexisting``), and the directory too if it is then empty and was made by this run, so the corrected
-    command can be run again as it is instead of being refused with "already holds a run"."""
+    """Remove what a fresh run that stopped on bad input before its first update wrote (never an entry the directory
+    held before), and the directory if this run made it, so the corrected command runs again as it is."""
     from divopd.train.rundir import remove_run_files
 
     try:

@@ -1,7 +1,5 @@
-"""A run directory: opening it for a fresh run or a resume (:func:`open_run_dir`), recognising one as divopd's own
-(:func:`is_run_dir`), removing what a run wrote, and queueing again the turns its experience log holds past the
-checkpoint a resume starts from (:func:`requeue_logged_turns`). divopd writes, overwrites and deletes only inside a
-directory it made a run (:func:`claim_run_dir`)."""
+"""A run directory: opening it fresh or for a resume, recognising divopd's own, removing what a run wrote, and the
+experience log past the checkpoint a resume starts from. divopd writes only inside a directory it made a run."""
 
 from __future__ import annotations
 
@@ -44,8 +42,7 @@ EXPERIENCE = "experience"
 EXPLORER_WEIGHTS = "explorer-weights"
 #: The marker file a fresh run writes into the directory it creates or claims.
 MARKER = ".divopd-run"
-#: The run files a fresh run moves aside from a run directory that holds no checkpoint: the resolved config,
-#: metrics, summary, TensorBoard events, experience log, checkpoints and the lockstep runtime's explorer weights.
+#: The run files a fresh run moves aside from a run directory that holds no checkpoint.
 STRANDED_ENTRIES = ("config.yaml", "metrics.jsonl", "summary.json", "tb", EXPERIENCE, CHECKPOINTS, EXPLORER_WEIGHTS)
 #: Everything a run writes into its directory: its run files, the marker and the lock of the process writing it.
 RUN_ENTRIES = (*STRANDED_ENTRIES, MARKER, LOCK)
@@ -55,8 +52,8 @@ STRANDED_PREFIX = "stranded-"
 
 @dataclass
 class OpenedRunDir:
-    """A run directory opened for a run: its config, the checkpoint a resume starts from (``None``: fresh), the
-    entries it held before a fresh run claimed it (``None``: the run created it) and the lock held on it."""
+    """A run directory opened for a run. ``checkpoint``: where a resume starts (``None``: fresh); ``preexisting``:
+    the entries it held before a fresh run claimed it (``None``: the run created it); ``held``: its lock."""
 
     path: Path
     cfg: TrainConfig
@@ -67,9 +64,8 @@ class OpenedRunDir:
 
 
 def open_run_dir(cfg: TrainConfig | None, resume: str | Path | None) -> OpenedRunDir:
-    """Claim a fresh run's directory, or reopen a run's (``resume``: its config is the one used unless ``cfg`` is
-    given) and pick the newest checkpoint that verifies; writes ``config.yaml``. The lock is taken before anything
-    is touched and is held by the result; a refusal lets it go."""
+    """Claim a fresh run's directory, or reopen ``resume`` (its config unless ``cfg`` is given) at its newest
+    checkpoint that verifies; writes ``config.yaml``. The result holds the lock, taken before anything is touched."""
     held = ExitStack()
     with held:
         if resume is not None:
@@ -91,14 +87,12 @@ def open_run_dir(cfg: TrainConfig | None, resume: str | Path | None) -> OpenedRu
                              f"--run-dir {run_dir}`: its old files are kept in {run_dir}/stranded-<time>/")
         before = [] if resume is not None else claim_run_dir(run_dir, held)
         atomic_write_text(run_dir / "config.yaml", dump_config(cfg))
-        opened = OpenedRunDir(run_dir, cfg, ckpt, resume is not None, None if before is None else tuple(before),
-                              held.pop_all())
-    return opened
+        return OpenedRunDir(run_dir, cfg, ckpt, resume is not None, None if before is None else tuple(before),
+                            held.pop_all())
 
 
 def is_run_dir(path: Path) -> bool:
-    """``path`` is a divopd run directory: it holds :data:`MARKER`, or (a run of an older divopd) both
-    ``config.yaml`` and ``metrics.jsonl``."""
+    """``path`` holds :data:`MARKER`, or (an older divopd's run) both ``config.yaml`` and ``metrics.jsonl``."""
     path = Path(path)
     return (path / MARKER).is_file() or ((path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file())
 
@@ -111,20 +105,12 @@ def check_is_run(path: Path, flag: str = "--resume") -> None:
 
 
 def _entries(run_dir: Path) -> list[str]:
-    """The names in ``run_dir`` (none if it does not exist), the lock file left out."""
     return sorted(p.name for p in run_dir.iterdir() if p.name != LOCK) if run_dir.is_dir() else []
 
 
 def claim_run_dir(run_dir: Path, held: ExitStack) -> list[str] | None:
-    """Make ``run_dir`` the directory of a fresh run, before anything is written into it; returns the names of the
-    entries it held before, ``None`` when this call created it (a fresh run that is discarded removes only what it
-    wrote, :func:`remove_run_files`).
-
-    A missing or empty directory is created, locked (:func:`~divopd.train.runlock.run_lock`, entered on ``held``: a
-    second process is refused) and marked; a run directory that holds a checkpoint raises
-    :class:`~divopd.errors.RunExistsError`; one that holds a run without any checkpoint (it failed or was killed before
-    its first) is reused, its run files moved aside (:func:`set_aside_stranded_run`); any other non-empty folder raises
-    :class:`~divopd.errors.UsageError`: divopd never writes into a folder it did not make a run."""
+    """Make ``run_dir`` a fresh run's directory (created, locked on ``held``, marked; a stranded run moved aside)
+    unless :func:`fresh_run_refusal` refuses; returns the entries it held before, ``None`` when it created it."""
     run_dir = Path(run_dir)
     refusal = fresh_run_refusal(run_dir)
     if refusal is not None:
@@ -146,8 +132,8 @@ def claim_run_dir(run_dir: Path, held: ExitStack) -> list[str] | None:
 
 
 def fresh_run_refusal(run_dir: Path) -> UsageError | None:
-    """Why a fresh run may not use ``run_dir`` (``None``: it may), without touching it: a file, a folder of files
-    divopd did not write, or a run directory holding a checkpoint (:class:`~divopd.errors.RunExistsError`)."""
+    """Why a fresh run may not use ``run_dir`` (``None``: it may): a file, a folder divopd did not make a run, or a
+    run holding a checkpoint (:class:`~divopd.errors.RunExistsError`)."""
     if run_dir.exists() and not run_dir.is_dir():
         return UsageError(f"--run-dir {run_dir}: exists and is not a directory")
     if _entries(run_dir) and not is_run_dir(run_dir):
@@ -160,33 +146,29 @@ def fresh_run_refusal(run_dir: Path) -> UsageError | None:
 
 
 def has_checkpoint(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a checkpoint (a ``checkpoints/update-*`` with its ``state.json``) to resume from."""
+    """Whether ``run_dir`` holds a ``checkpoints/update-*`` with its ``state.json``."""
     folder = Path(run_dir) / CHECKPOINTS
     return folder.is_dir() and any((p / "state.json").is_file() for p in folder.glob("update-*"))
 
 
 def set_aside_stranded_run(run_dir: Path) -> Path | None:
-    """Move the run files (:data:`STRANDED_ENTRIES`) of a run directory that holds no checkpoint into a new folder
-    ``stranded-<UTC time>`` inside it; returns that folder, ``None`` when there was nothing to move. Nothing is
-    deleted; entries divopd did not write stay where they are."""
-    names = [n for n in STRANDED_ENTRIES if (Path(run_dir) / n).exists() or (Path(run_dir) / n).is_symlink()]
+    """Move :data:`STRANDED_ENTRIES` into a new ``stranded-<UTC time>`` folder inside ``run_dir``; returns it
+    (``None``: nothing to move). Nothing is deleted."""
+    run_dir = Path(run_dir)
+    names = [n for n in STRANDED_ENTRIES if (run_dir / n).exists() or (run_dir / n).is_symlink()]
     if not names:
         return None
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside = unused_path(Path(run_dir) / f"{STRANDED_PREFIX}{stamp}")
+    aside = unused_path(run_dir / f"{STRANDED_PREFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     aside.mkdir()
     for name in names:
-        (Path(run_dir) / name).rename(aside / name)
+        (run_dir / name).rename(aside / name)
     return aside
 
 
 def remove_run_files(run_dir: Path, names: Iterable[str] = RUN_ENTRIES, keep: Iterable[str] = ()) -> None:
-    """Remove the entries ``names`` (files or folders) of ``run_dir`` except those in ``keep`` (what the directory
-    held before this invocation); missing ones are skipped, nothing else in the directory is touched."""
+    """Remove the entries ``names`` of ``run_dir`` but those in ``keep``; nothing else is touched."""
     kept = set(keep)
-    for name in names:
-        if name in kept:
-            continue
+    for name in [n for n in names if n not in kept]:
         path = Path(run_dir) / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
@@ -196,15 +178,10 @@ def remove_run_files(run_dir: Path, names: Iterable[str] = RUN_ENTRIES, keep: It
 
 def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics,
                          needs_topk: bool = False) -> int:
-    """Queue again the turns logged after the checkpoint (arrival >= the sampler's next arrival number); ``paper``
-    counts them as received (their teacher-scored tokens), as the trainer's intake did before the restart. The log
-    then records them as arriving at the checkpoint's update ``version`` (:func:`requeue_at_update`), where the
-    resumed run queued them, so the turns it logs next keep ``arrival_update`` non-decreasing.
-
-    ``needs_topk`` (``learner.estimator: topk``): the log holds no teacher top-k, which that loss needs, so each
-    re-queued turn enters without its teacher scores: the gate rejects it, counted ``invalid`` / ``missing_teacher``
-    in the ledger, instead of training it with a different loss."""
-    start = sampler.ledger.received  # arrivals are numbered 0, 1, ... so this is the next one
+    """Queue again (counted received by ``paper``) the turns logged past the checkpoint, then logged as arriving at
+    update ``version``; returns how many. ``needs_topk``: the log holds no teacher top-k, so each enters unscored
+    (the gate counts it ``missing_teacher``) instead of training with another loss."""
+    start = sampler.ledger.received  # arrivals are numbered 0, 1, ...
     gaps = missing_arrivals(log_dir, None) if Path(log_dir).is_dir() else []
     gap = next((max(a, start) for a, b in gaps if b >= start), None)
     if gap is not None:  # an unreadable part past the checkpoint: what follows it cannot keep its arrival numbers
@@ -241,9 +218,8 @@ def requeue_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
 
 def recover_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: RunDiagnostics, *,
                          log_token_ids: bool, needs_topk: bool) -> int:
-    """A resume without runtime state: queue again the turns logged past the checkpoint (:func:`requeue_logged_turns`;
-    returns how many), or, when the log holds no token ids (``log_token_ids: false``), remove them from the log (they
-    cannot be queued again; a warning counts them)."""
+    """A resume without runtime state: :func:`requeue_logged_turns`, or without logged token ids, cut those turns
+    from the log (with a warning); returns how many were queued."""
     if log_token_ids:
         requeued = requeue_logged_turns(log_dir, sampler, version, paper, needs_topk=needs_topk)
         if requeued:
@@ -258,11 +234,8 @@ def recover_logged_turns(log_dir: Path, sampler: Sampler, version: int, paper: R
 
 def open_log(cfg: Any, log_dir: Path, sampler: Sampler, state: Any, version: int | None, exact: bool
              ) -> ExperienceLogWriter | None:
-    """The run's experience log at a start: unreadable parts set aside (one warning each) and the received turns they
-    held counted in ``state.log_unreadable`` (``summary.json``: ``log/unreadable_turns``, ``log/unreadable_parts``);
-    on a resume from the checkpoint of update ``version`` without runtime state, the turns logged past it queued
-    again (:func:`recover_logged_turns`). Returns the writer (``None`` when ``exact``: the lockstep runtime cuts the
-    log once its state is back, :meth:`~divopd.train.trainer.Trainer.attach_runtime`)."""
+    """The run's experience log at a start: unreadable parts set aside (counted in ``state.log_unreadable``), then
+    :func:`recover_logged_turns` unless fresh or ``exact``; returns the writer (``None`` when ``exact``)."""
     moved = set_aside_unreadable_parts(log_dir)
     received = sampler.ledger.received
     gaps = missing_arrivals(log_dir, received) if moved and received else []
@@ -282,13 +255,11 @@ def open_log(cfg: Any, log_dir: Path, sampler: Sampler, state: Any, version: int
 
 
 def log_writer(cfg: TrainConfig, log_dir: Path) -> ExperienceLogWriter:
-    """The writer that appends the run's turns to its experience log."""
     return ExperienceLogWriter(log_dir, rows_per_file=1 << 16, write_ids=cfg.log_token_ids)
 
 
 def cut_log_past_checkpoint(log_dir: Path, received: int) -> int:
-    """Remove from the log the turns logged after the checkpoint (arrival >= ``received``, the restored sampler's
-    count) when the restored runtime produces them again (a lockstep resume); returns how many."""
+    """An exact resume: cut the turns logged past the checkpoint, which the runtime produces again."""
     if not Path(log_dir).is_dir():
         return 0
     dropped = truncate_log(log_dir, received)
@@ -305,10 +276,8 @@ def runtime_weight_files(runtime_state: dict[str, Any] | None) -> set[str]:
 
 
 def prune_explorer_weights(run_dir: Path, checkpoints: Iterable[Path] | None = None) -> list[str]:
-    """Remove the files of :data:`EXPLORER_WEIGHTS` that none of ``checkpoints`` (the ones kept; default: every
-    ``update-*`` checkpoint of the run) names, and the temporary files of interrupted writes there; returns the names
-    removed. Only divopd's own names are touched. At a run's start this drops what a killed session wrote after its
-    newest checkpoint, so a file of a version is never taken for the weights of another session's same version."""
+    """Remove divopd's files in :data:`EXPLORER_WEIGHTS` that none of ``checkpoints`` (default: all) names, so one
+    session's file is never taken for another's same version; returns their names."""
     folder = Path(run_dir) / EXPLORER_WEIGHTS
     if not folder.is_dir():
         return []

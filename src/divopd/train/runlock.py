@@ -1,11 +1,5 @@
-"""One process writes a run directory at a time: an OS lock on ``RUN_DIR/.divopd-lock`` (:data:`LOCK`), held for
-the ``with`` block of :func:`run_lock`, taken before anything is written there.
-
-``fcntl.flock`` locks belong to an open file, which the kernel closes when the process dies, SIGKILL included, so a
-lock is never left stale. The file holds the holder's pid and host, for the message: a second process is refused
-with one line naming that pid (:class:`RunLockedError`, exit 2). Where ``flock`` is missing (not POSIX) there is no
-lock.
-"""
+"""One process writes a run directory at a time: an ``fcntl.flock`` on ``RUN_DIR/.divopd-lock`` (never stale: the
+kernel drops it with the process), holding the holder's pid and host for the one-line refusal. No lock off POSIX."""
 
 from __future__ import annotations
 
@@ -35,8 +29,8 @@ def _key(run_dir: Path) -> str:
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir``'s lock (the directory must exist) while the block runs; :class:`RunLockedError` when another
-    process holds it. Nested in one process, the outermost block lets it go."""
+    """Hold ``run_dir``'s lock (the directory must exist) while the block runs (nested: the outermost lets it go);
+    :class:`RunLockedError` when another process holds it."""
     taken = lock_run_dir(run_dir)
     try:
         yield
@@ -70,7 +64,6 @@ def lock_run_dir(run_dir: Path) -> bool:
 
 
 def _holder(fd: int) -> str:
-    """The holder the lock file names (``pid N on HOST``), or a placeholder while it has not written it yet."""
     with contextlib.suppress(OSError):
         text = os.pread(fd, 200, 0).decode(errors="replace").strip()
         if text:

@@ -1,6 +1,5 @@
-"""The learner side of a run, free of any runtime: the pieces the one loop (:mod:`divopd.train.loop`) calls —
-intake into the sampler's queue and the experience log, compose, update, publish, checkpoint, evaluation records —
-and the run's counters across checkpoints. The experience log is the write-ahead record a resume reads."""
+"""The learner side of a run, free of any runtime: the stages the one loop (:mod:`divopd.train.loop`) calls and the
+run's counters across checkpoints."""
 
 from __future__ import annotations
 
@@ -56,10 +55,7 @@ class RunState:
 
 
 class Trainer:
-    """The learner side's stages and counters. Not thread-safe: call it from one thread.
-
-    It holds the run directory's lock from :func:`~divopd.train.assemble.open_run` until its files close
-    (:meth:`close` or :meth:`abort`)."""
+    """The learner side's stages and counters (one thread); holds the run directory's lock until its files close."""
 
     def __init__(self, cfg: TrainConfig, run_dir: OpenedRunDir, learner: LearnerProtocol, sampler: Sampler,
                  metrics: MetricsWriter, log_writer: ExperienceLogWriter | None, state: RunState,
@@ -84,9 +80,8 @@ class Trainer:
 
     @classmethod
     def open(cls, run_dir: OpenedRunDir, learner: LearnerProtocol, extra: dict[str, Any]) -> Trainer:
-        """The trainer of a run whose learner is built: fresh, or (``extra``: the checkpoint's ``extra_state``)
-        resumed — sampler and counters restored, metrics past the checkpoint dropped, the turns logged past it
-        queued again unless the checkpoint holds runtime state (a lockstep resume produces them again)."""
+        """The trainer of a run whose learner is built: fresh, or resumed from ``extra`` (the checkpoint's
+        ``extra_state``: sampler, counters, runtime state; metrics past it dropped)."""
         cfg = run_dir.cfg
         sampler = make_sampler(cfg.sampler_config())
         state = RunState()
@@ -104,14 +99,14 @@ class Trainer:
         return cls(cfg, run_dir, learner, sampler, metrics, log_writer, state, extra.get("runtime"))
 
     def attach_runtime(self, runtime: Runtime) -> None:
-        """Checkpoint ``runtime``'s own state from now on (lockstep's); on a resume, put the checkpoint's in it."""
+        """Checkpoint ``runtime``'s own state from now on (lockstep's); on a resume, restore the checkpoint's."""
         self._runtime = runtime if runtime.keeps_state else None
         rundir.prune_explorer_weights(self.run_dir)  # what a killed session wrote past its newest checkpoint
         if self.resume_runtime is None:
             return
         from divopd.train.resume import restore_runtime
 
-        restore_runtime(self, runtime)  # exactly, or (an env that cannot replay) as a threads run resumes
+        restore_runtime(self, runtime)
 
     @property
     def version(self) -> int:
@@ -120,11 +115,9 @@ class Trainer:
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
 
-    # ------------------------------------------------------------------ explore → enqueue
     def intake(self, rollouts: list[Rollout]) -> int:
-        """Queue finished rollouts, or chunks of running ones (``info.partial``, under ``explorer.enqueue: turn``; a
-        rollout is counted by its last chunk), tagged with the learner version at arrival and logged; returns the
-        number of turns queued."""
+        """Queue and log rollouts (or chunks, ``info.partial``: a rollout counts at its last), tagged with the
+        learner version at arrival; returns the number of turns queued."""
         n = 0
         for rollout in rollouts:
             turns = list(rollout.turns)
@@ -153,16 +146,14 @@ class Trainer:
         self.state.producer_intervals += intervals - (self._intervals_seen or 0)
         self._intervals_seen = intervals
 
-    # ------------------------------------------------------------------ compose → update → publish
     def compose(self) -> Batch | None:
         """Algorithm 1, steps 1-9: the batch at the current learner version, or ``None`` (not enough turns)."""
         fault_point("compose")
         return self.sampler.next_batch(self.learner.version)
 
     def update(self, batch: Batch, times: Mapping[str, float] | None = None) -> dict[str, float]:
-        """One optimizer step on ``batch``; returns the update's metrics (written by :meth:`record_update`), with
-        ``times`` (the loop's stage seconds since the previous update) and ``time/update_s`` (the E.2/E.3
-        diagnostics and the step)."""
+        """One optimizer step on ``batch``; returns its metrics, with ``times`` (the loop's stage seconds since the
+        previous update) and ``time/update_s``."""
         fault_point("update")
         stage: dict[str, float] = {}
         with timed("time/update_s", stage):
@@ -176,8 +167,7 @@ class Trainer:
         return metrics
 
     def publish(self) -> WeightHandle:
-        """The current version's weight handle, made once per version (a sharded learner gathers it on rank 0);
-        ``publish_s`` is how long making it took."""
+        """The current version's weight handle, made once per version (timed in ``publish_s``)."""
         if self._published is None or self._published.version != self.learner.version:
             t0 = time.perf_counter()
             self._published = self.learner.publish()
@@ -185,14 +175,14 @@ class Trainer:
         return self._published
 
     def record_update(self, metrics: dict[str, float]) -> None:
-        """Write an update's metrics record, with its publication and the explorers' newest weight-load seconds."""
+        """Write an update's metrics record, with the publish and the explorers' newest weight-load seconds."""
         metrics["time/publish_s"] = self.publish_s
         metrics["time/weight_load_s"] = self.weight_load_s
         self.metrics.update(self.learner.version, metrics, time=self.elapsed())
 
     def update_metrics(self, batch: Batch) -> dict[str, float]:
-        """The sampler's, ledger's, queue's and explorers' metrics of one update (``sampler/``, ``ledger/``, ...),
-        with the paper's run-level diagnostics (Table 16 counters, the Figure 6 EMA)."""
+        """One update's ``sampler/``, ``ledger/``, ``queue/`` and ``explorer/`` metrics, with the paper's run-level
+        diagnostics (Table 16 counters, the Figure 6 EMA)."""
         metrics = self.sampler.ledger.as_metrics(batch.stats)
         metrics.update(self.paper.observe_batch(batch.stats))
         metrics["queue/arrivals"] = float(self._arrived_since_update)
@@ -225,17 +215,14 @@ class Trainer:
         return self.sampler.ledger.received / max(1, self.learner.version * self.cfg.sampler.batch_size)
 
     def producer_load(self) -> float | None:
-        """The paper's producer load (Table 2), arrival rate ÷ the learner's drain rate: turns received per
-        learner-step interval of production, ÷ B. Unlike :meth:`arrival_drain_ratio` (per update taken, so ≥ 1 when
-        the learner waits), it falls below 1 when the producer is slower than the learner. ``None`` without intervals
-        (only the lockstep runtime counts them: one per ``env_steps_per_update`` steps)."""
+        """The paper's producer load (Table 2): turns received per learner-step interval of production, ÷ B (below 1
+        when the producer is slower than the learner). ``None`` without intervals (only lockstep counts them)."""
         n = self.state.producer_intervals
         return self.sampler.ledger.received / (n * self.cfg.sampler.batch_size) if n else None
 
-    # ------------------------------------------------------------------ checkpoint
     def checkpoint(self) -> Path | None:
-        """Write ``checkpoints/update-NNNNNN`` atomically and prune old ones. After a learner rank died there is
-        nothing to write from: the newest checkpoint on disk (``None`` if none) is the one to resume from."""
+        """Write ``checkpoints/update-NNNNNN`` atomically and prune old ones; returns it. After a learner rank died:
+        nothing is written, the newest on disk (``None``: none) is returned."""
         failed = self.learner.failed
         if self.log_writer is not None:
             self.log_writer.roll()  # every logged turn is in a finished, readable part from here on
@@ -259,19 +246,17 @@ class Trainer:
             self.log_writer.compact()  # this interval's parts as one file
         return path
 
-    # ------------------------------------------------------------------ evaluation records
     def record_eval(self, update: int, counters: dict[str, float], results: dict[str, float]) -> None:
-        """Write one evaluation of the snapshot taken at learner ``update`` (``counters``: its learner counters)."""
+        """Write one evaluation of the snapshot taken at learner ``update`` with its learner ``counters``."""
         record = {**results, **counters}
         self.metrics.eval(update, record, time=self.elapsed())
         self.state.eval_history.append({"update": update, **record})
 
     def snapshot_counters(self) -> dict[str, float]:
-        """The learner counters an evaluation of the current weights is recorded with (time-to-target axes)."""
+        """The learner counters an evaluation of the current weights is recorded with."""
         return {"learner/tokens_total": float(self.learner.tokens_total),
                 "learner/compute_s_total": float(self.learner.compute_s_total)}
 
-    # ------------------------------------------------------------------ end
     def summary(self) -> dict[str, Any]:
         srs = [e["eval/success_rate"] for e in sorted(self.state.eval_history, key=lambda e: e["update"])]
         five = final_five(srs)
@@ -304,8 +289,7 @@ class Trainer:
         return summary
 
     def abort(self, at_boundary: bool = False) -> Path | None:
-        """Close the run's files after a failure, without ``summary.json`` (the run stays unfinished); checkpoint
-        first only ``at_boundary`` (else the newest good checkpoint stays as it is). Returns the one to resume from."""
+        """After a failure: checkpoint only ``at_boundary``, close without ``summary.json``; returns where to resume."""
         try:
             return self.checkpoint() if at_boundary else latest_checkpoint(self.run_dir / CHECKPOINTS)
         finally:

@@ -1,10 +1,5 @@
-"""Stage times and the stall watchdog of the one loop (:func:`divopd.train.loop.run_loop`).
-
-:class:`Watchdog` watches for three ways a run can wait forever: no progress (:meth:`Watchdog.stalled_waiting`), a
-teacher that cannot score (:meth:`Watchdog.teacher_failed`) and a gate that rejects every turn
-(:meth:`Watchdog.gate_rejecting`). Stopping checkpoints at that stage boundary, writes ``stalled`` (the one-line
-reason) into ``summary.json``, and ``divopd train`` exits :data:`EXIT_STALLED`.
-"""
+"""Stage times and the stall watchdog of the one loop: no progress, a teacher that cannot score, or a gate that
+rejects every turn stops the run (checkpoint, ``stalled`` in ``summary.json``, exit :data:`EXIT_STALLED`)."""
 
 from __future__ import annotations
 
@@ -25,10 +20,8 @@ __all__ = ["EXIT_STALLED", "EXPLORER_TIMES", "TEACHER_WINDOW_BATCHES", "Watchdog
 
 #: Exit code of ``divopd train`` when the watchdog stopped the run (checkpointed; ``--resume`` continues it).
 EXIT_STALLED = 3
-#: A teacher counts as unable to score after this many batches' worth (× ``sampler.batch_size``) of received turns
-#: in a row without teacher log probs.
+#: A teacher cannot score after this many × ``sampler.batch_size`` received turns in a row without teacher log probs.
 TEACHER_WINDOW_BATCHES = 4
-
 
 #: The config key (or part of the setup) that governs each of the gate's rejection reasons.
 REASON_KEYS = {
@@ -39,8 +32,7 @@ REASON_KEYS = {
     "length_mismatch": "student.path / teacher.path (their tokenizers)",
     "no_valid_token": "teacher.path (its vocabulary; see divopd's teacher vocabulary checks)",
 }
-#: The gate watch stops the run once this many times ``runtime.rejected_turns_warning`` turns were rejected with no
-#: update.
+#: The gate watch stops the run at this many × ``runtime.rejected_turns_warning`` rejected turns with no update.
 REJECTED_STOP_FACTOR = 4
 
 _NOTES: list[tuple[float, str]] = []  # (monotonic time, "stage: component — what happened"), newest last
@@ -49,8 +41,7 @@ _MAX_NOTES = 16
 
 
 def note_stall(stage: str, component: str, what: str) -> None:
-    """Record that ``component`` stalled at ``stage`` (``explore``, ``teacher scoring``, ...) and what was done
-    about it; the watchdog's stop line names the newest note."""
+    """Record that ``component`` stalled at ``stage`` and what was done; the watchdog's stop line names the newest."""
     with _NOTES_LOCK:
         _NOTES.append((time.monotonic(), f"stalled at {stage}: {component} ({what})"))
         del _NOTES[:-_MAX_NOTES]
@@ -64,7 +55,7 @@ def stall_notes(since: float = float("-inf")) -> list[str]:
 
 @contextmanager
 def timed(name: str, metrics: MutableMapping[str, float]) -> Iterator[None]:
-    """Add the wall seconds of the ``with`` block to ``metrics[name]`` (0 when absent), also when it raises."""
+    """Add the wall seconds of the ``with`` block to ``metrics[name]``, also when it raises."""
     t0 = time.perf_counter()
     try:
         yield
@@ -84,9 +75,7 @@ def add_explorer_times(rollouts: Sequence[Rollout], metrics: MutableMapping[str,
 
 
 class Watchdog:
-    """Progress clock and teacher-failure streak of one run. ``stall_timeout_s`` 0 switches both checks off.
-
-    ``clock`` is the monotonic time source (a test may pass its own)."""
+    """Progress clock, teacher-failure streak and gate watch of one run; ``stall_timeout_s`` 0 stops no run."""
 
     def __init__(self, stall_timeout_s: float, batch_size: int, clock: Callable[[], float] = time.monotonic,
                  rejected_turns_warning: int = 1000) -> None:
@@ -108,8 +97,7 @@ class Watchdog:
         return self.stall_timeout_s > 0
 
     def progressed(self, invalid_by_reason: Mapping[str, int]) -> None:
-        """An update completed (or the loop (re)started): the stall clock starts again; the gate watch counts from
-        the ledger's ``invalid_by_reason`` now."""
+        """An update completed (or the loop started): the stall clock and the gate watch start again."""
         self._last_progress = self._now()
         self._warned = False
         self._rejected_at_update = {k: int(v) for k, v in invalid_by_reason.items()}
@@ -119,9 +107,8 @@ class Watchdog:
         return self.teacher_failed() or self.gate_rejecting(invalid_by_reason, version)
 
     def gate_rejecting(self, invalid_by_reason: Mapping[str, int], version: int) -> str | None:
-        """The gate watch, on the ledger's ``invalid_by_reason`` (cumulative): a warning once
-        ``runtime.rejected_turns_warning`` turns were rejected since the last update (learner ``version``), the
-        one-line reason to stop at :data:`REJECTED_STOP_FACTOR` × as many (watchdog enabled), else ``None``."""
+        """The gate watch: a warning at ``runtime.rejected_turns_warning`` rejections since the last update, the
+        reason to stop at :data:`REJECTED_STOP_FACTOR` × as many, else ``None``."""
         counts = {k: int(v) for k, v in invalid_by_reason.items()}
         if self._rejected_at_update is None:
             self._rejected_at_update = counts
@@ -142,7 +129,7 @@ class Watchdog:
         return None
 
     def received(self, rollouts: Sequence[Rollout]) -> None:
-        """Rollouts (or chunks) that entered the queue: any arrival is progress; count unscored turns in a row."""
+        """Rollouts (or chunks) that entered the queue: progress; count unscored turns in a row."""
         if not rollouts:
             return
         self._last_progress = self._now()
@@ -155,7 +142,7 @@ class Watchdog:
         return self._now() - self._last_progress
 
     def stalled_waiting(self, waited_on: str) -> str | None:
-        """The one-line reason to stop when the loop has waited for rollouts too long, else ``None``."""
+        """The reason to stop when the loop has waited for rollouts too long, else ``None``."""
         if not self.enabled or self.waited_s() < self.stall_timeout_s:
             return None
         notes = stall_notes(self._started)
@@ -165,7 +152,7 @@ class Watchdog:
                 f"{waited_on}{seen}")
 
     def teacher_failed(self) -> str | None:
-        """The one-line reason to stop when the last ``4·B`` received turns all lack teacher scores, else ``None``."""
+        """The reason to stop when the last ``4·B`` received turns all lack teacher scores, else ``None``."""
         if not self.enabled or self._unscored_streak < self.teacher_window:
             return None
         return (f"stalled at teacher scoring: the last {self._unscored_streak} turns received have no teacher log "

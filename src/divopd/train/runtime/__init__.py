@@ -1,2 +1,1 @@
-"""Runtimes: adapters that give the one loop (:mod:`divopd.train.loop`) its rollouts, weight publication and
-evaluation — ``threads`` (explorer threads), ``lockstep`` (one thread, deterministic) and ``ray`` (actors)."""
+"""Runtimes: the adapters (threads, lockstep, ray) that give the one loop its rollouts, weights and evaluation."""

@@ -1,6 +1,4 @@
-"""Pieces every runtime shares: the teacher, explorers and the evaluator built from a config, with all their settings
-(no runtime imports here; :mod:`divopd.train.assemble` re-exports :func:`build_explorer` for code outside
-``runtime/``)."""
+"""Pieces every runtime shares: the teacher, explorers and the evaluator built from a config (no runtime imports)."""
 
 from __future__ import annotations
 
@@ -42,9 +40,8 @@ def first_line(exc: BaseException) -> str:
 
 
 def explorer_seed(cfg: TrainConfig, explorer_id: int, session: int, incarnation: int = 0) -> int:
-    """Distinct, reproducible seeds per (run seed, explorer, resume session, incarnation). ``incarnation``: how many
-    times this explorer was restarted within the session (a Ray actor's restarts); a restarted explorer gets a seed
-    stream of its own, and an explorer never restarted (``0``) keeps the seed it always had."""
+    """Distinct, reproducible seeds per (run seed, explorer, resume session, incarnation: restarts within the
+    session); an explorer never restarted keeps the seed it always had."""
     base = cfg.seed * 100_003 + session * 1_009 + explorer_id
     if incarnation == 0:
         return base
@@ -53,8 +50,7 @@ def explorer_seed(cfg: TrainConfig, explorer_id: int, session: int, incarnation:
 
 
 def rollout_id_prefix(session: int, incarnation: int = 0) -> str:
-    """The explorer's rollout-id prefix: ``s{session}x`` (ids ``s{session}x{explorer}-{n}``), and
-    ``s{session}r{incarnation}x`` for an explorer restarted ``incarnation`` times, so a restart never repeats ids."""
+    """The rollout-id prefix ``s{session}x``, ``s{session}r{incarnation}x`` after a restart (ids never repeat)."""
     return f"s{session}x" if incarnation == 0 else f"s{session}r{incarnation}x"
 
 
@@ -62,11 +58,8 @@ _ID_SESSION = re.compile(r"s(\d+)")
 
 
 def fresh_session(sessions: int, logged_ids: Iterable[str]) -> int:
-    """The session number a (resumed) run's explorers take: the run state's ``sessions`` count, or, when rollout ids
-    of that number are logged already (a resume from a checkpoint older than a session that logged turns), the next
-    number no logged id was made under; so ids after ``--resume`` never repeat a logged one. A run whose number is
-    free (every run never resumed twice from one checkpoint) keeps its ids and seeds. Logged ids count as made under
-    ``s`` when their number is ``s`` (``s{s}x…``, ``s{s}r{k}x…``) or ``100 s + k`` (the threads runtime's restarts)."""
+    """The explorers' session number: ``sessions``, or the next one no logged rollout id (``s{s}x…``, ``s{s}r{k}x…``,
+    threads restarts ``s{100 s + k}x…``) was made under, so ids after ``--resume`` never repeat a logged one."""
     used = {int(m.group(1)) for rid in logged_ids if (m := _ID_SESSION.match(rid))}
     blocked = used | {u // 100 for u in used}
     session = sessions
@@ -88,37 +81,30 @@ def logged_rollout_ids(log_dir: Path) -> set[str]:
 
 
 def load_teacher(cfg: TrainConfig) -> tuple[Teacher, Any]:
-    """The run's frozen :class:`~divopd.explore.teacher.Teacher` of ``teacher.backend`` (HF, vLLM or server) and its
-    tokenizer; with a vocabulary other than the student's, wrapped so it scores the student's token ids
+    """The run's frozen teacher of ``teacher.backend`` and its tokenizer, scoring the student's token ids
     (:func:`bridge_vocabularies`)."""
-    teacher, tokenizer = _teacher_backend(cfg)
-    return bridge_vocabularies(cfg, teacher, tokenizer), tokenizer
-
-
-def _teacher_backend(cfg: TrainConfig) -> tuple[Teacher, Any]:
+    teacher: Teacher
+    stop_on_newline = cfg.explorer.generation.stop_on_newline
     if cfg.teacher.backend == "server":
         from divopd.explore.teacher_server import ServerTeacher
 
         tokenizer = load_tokenizer(cfg.teacher.path)
-        server = ServerTeacher(cfg.teacher.server, tokenizer, stop_on_newline=cfg.explorer.generation.stop_on_newline)
-        return server, tokenizer
-    if cfg.teacher.backend == "vllm":
+        teacher = ServerTeacher(cfg.teacher.server, tokenizer, stop_on_newline=stop_on_newline)
+    elif cfg.teacher.backend == "vllm":
         engine = vllm_generator(cfg.teacher.path, cfg.teacher.dtype, cfg.seed, cfg.teacher.vllm, cfg)
-        return engine, engine.tokenizer
-    with _LOAD_LOCK:
-        model, tokenizer = load_model(cfg.teacher.path, dtype=cfg.teacher.dtype, device=cfg.teacher.device)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    teacher = HFTeacher(model, tokenizer, max_tokens_per_batch=cfg.explorer.teacher_max_tokens_per_batch,
-                        stop_on_newline=cfg.explorer.generation.stop_on_newline)
-    return teacher, tokenizer
+        teacher, tokenizer = engine, engine.tokenizer
+    else:
+        with _LOAD_LOCK:
+            model, tokenizer = load_model(cfg.teacher.path, dtype=cfg.teacher.dtype, device=cfg.teacher.device)
+        model.eval().requires_grad_(False)
+        teacher = HFTeacher(model, tokenizer, max_tokens_per_batch=cfg.explorer.teacher_max_tokens_per_batch,
+                            stop_on_newline=stop_on_newline)
+    return bridge_vocabularies(cfg, teacher, tokenizer), tokenizer
 
 
 def bridge_vocabularies(cfg: TrainConfig, teacher: Teacher, teacher_tokenizer: Any) -> Teacher:
-    """``teacher`` as a Teacher of the student's token ids, whatever its backend: itself with the student's
-    vocabulary, else wrapped (:func:`~divopd.explore.vocab.adapt_teacher`) after :func:`check_vocabularies`.
-    ``teacher.tokenizer``, when set, replaces ``teacher_tokenizer``."""
+    """``teacher`` as a Teacher of the student's token ids: itself, or wrapped
+    (:func:`~divopd.explore.vocab.adapt_teacher`) after :func:`check_vocabularies`."""
     if cfg.teacher.tokenizer:
         teacher_tokenizer = load_tokenizer(cfg.teacher.tokenizer)
     match = check_vocabularies(cfg, teacher_tokenizer)
@@ -129,12 +115,8 @@ def bridge_vocabularies(cfg: TrainConfig, teacher: Teacher, teacher_tokenizer: A
 
 
 def check_vocabularies(cfg: TrainConfig, teacher_tokenizer: Any) -> VocabMatch:
-    """The start-up vocabulary decision (:func:`~divopd.explore.vocab.compare_vocabularies`): ``identical``,
-    ``extension`` or ``cross`` (a nested vocabulary takes the cross path only where it scores more of a probe text and
-    the config allows it: ``teacher.cross_tokenizer`` and no top-k). Raises a one-line
-    :class:`~divopd.errors.ConfigError` for a ``cross`` teacher with ``teacher.cross_tokenizer: false``, and for a
-    teacher top-k (``learner.estimator: topk`` or ``explorer.teacher_topk``) that would hold ids the student lacks (a
-    ``cross`` teacher, or an extension with tokens the student lacks)."""
+    """The start-up vocabulary decision; a one-line :class:`~divopd.errors.ConfigError` for a ``cross`` teacher with
+    ``teacher.cross_tokenizer: false`` or a teacher top-k that would hold ids the student lacks."""
     if cfg.teacher.path == cfg.student.path and not cfg.teacher.tokenizer:
         return VocabMatch("identical")
     topk = cfg.learner.estimator == "topk" or cfg.explorer.teacher_topk > 0
@@ -153,25 +135,11 @@ def check_vocabularies(cfg: TrainConfig, teacher_tokenizer: Any) -> VocabMatch:
     return match
 
 
-def build_explorer(
-    cfg: TrainConfig,
-    explorer_id: int,
-    session: int,
-    handle: WeightHandle | None,
-    teacher: Teacher | None,
-    teacher_tokenizer: Any | None = None,
-    evaluation: bool = False,
-    policy_version: int | None = None,
-    incarnation: int = 0,
-) -> Explorer:
-    """An explorer with its own student copy (loaded from ``cfg.student``, then the published ``handle``); with
-    ``explorer.generation.backend: vllm`` the copy is a vLLM engine's (no HF student). Every setting is given here:
-    a training explorer gets the run's :func:`step_limit` (TCOD / TurnOPD depth), which follows the weights it is
-    handed.
-
-    ``evaluation=True`` builds a student-only evaluator: no teacher, recovery off, the full ``max_steps`` (the
-    paper's evaluation). ``policy_version``: the version the student reports without a ``handle`` (a checkpoint's).
-    ``incarnation``: how many times this explorer was restarted (:func:`explorer_seed`, :func:`rollout_id_prefix`)."""
+def build_explorer(cfg: TrainConfig, explorer_id: int, session: int, handle: WeightHandle | None,
+                   teacher: Teacher | None, teacher_tokenizer: Any | None = None, evaluation: bool = False,
+                   policy_version: int | None = None, incarnation: int = 0) -> Explorer:
+    """An explorer with its own student copy at ``handle`` (or ``policy_version``) and the run's :func:`step_limit`;
+    ``evaluation``: student-only (no teacher, recovery off, the full ``max_steps``)."""
     version = (0 if policy_version is None else policy_version) if handle is None else int(handle.version)
     student, backend = None, None
     if cfg.explorer.generation.backend == "vllm":
@@ -191,26 +159,16 @@ def build_explorer(
     if evaluation:
         explorer_cfg.recovery.enabled = False
         teacher = teacher_tokenizer = None
-    return Explorer(
-        explorer_cfg,
-        student,
-        tokenizer,
-        teacher,
-        teacher_tokenizer,
-        seed=explorer_seed(cfg, explorer_id, session, incarnation),
-        explorer_id=explorer_id,
-        policy_version=version,
-        id_prefix=rollout_id_prefix(session, incarnation),
-        student_backend=backend,
-        step_limit=None if evaluation else partial(step_limit, cfg),
-        weights=handle,
-    )
+    return Explorer(explorer_cfg, student, tokenizer, teacher, teacher_tokenizer,
+                    seed=explorer_seed(cfg, explorer_id, session, incarnation), explorer_id=explorer_id,
+                    policy_version=version, id_prefix=rollout_id_prefix(session, incarnation),
+                    student_backend=backend, step_limit=None if evaluation else partial(step_limit, cfg),
+                    weights=handle)
 
 
 def vllm_generator(path: str, dtype: str, seed: int, engine: VLLMSettings, cfg: TrainConfig,
                    lora_rank: int = 0) -> Any:
-    """A :class:`~divopd.explore.vllm_engine.VLLMGenerator` for ``path`` with the ``engine`` options; ``lora_rank``
-    > 0: a LoRA student's engine (:func:`~divopd.explore.vllm_engine.lora_engine_kwargs`)."""
+    """A :class:`~divopd.explore.vllm_engine.VLLMGenerator` for ``path``; ``lora_rank`` > 0: a LoRA student's."""
     from divopd.explore.vllm_engine import VLLMGenerator, lora_engine_kwargs
 
     with _LOAD_LOCK:
@@ -219,13 +177,9 @@ def vllm_generator(path: str, dtype: str, seed: int, engine: VLLMSettings, cfg: 
 
 
 def step_limit(cfg: TrainConfig, weights: WeightHandle | int) -> int:
-    """A training explorer's step limit for the published ``weights`` (a handle, or its learner version):
-    ``explorer.max_steps``; with ``tcod.enabled`` TCOD-F2B's depth (:mod:`divopd.explore.tcod`; ``schedule: paper``
-    gives ``min(max_steps, 1 + ⌊(learner_version + 1) / η⌋)``); with ``turnopd.enabled`` TurnOPD's adaptive depth
-    budget from the per-depth disagreement means published with the handle (:mod:`divopd.learn.turnopd`). Evaluators
-    never use it: they keep the full ``max_steps``."""
+    """A training explorer's step limit at ``weights`` (a handle or its version): ``explorer.max_steps``, TCOD-F2B's
+    depth (:mod:`divopd.explore.tcod`) or TurnOPD's budget (:mod:`divopd.learn.turnopd`)."""
     handle = weights if isinstance(weights, WeightHandle) else None
-    learner_version = int(weights.version) if isinstance(weights, WeightHandle) else int(weights)
     if cfg.turnopd.enabled:
         return cfg.turnopd.step_limit(cfg.explorer.max_steps, None if handle is None else handle.depth_disagreement)
     if not cfg.tcod.enabled:
@@ -233,4 +187,4 @@ def step_limit(cfg: TrainConfig, weights: WeightHandle | int) -> int:
     tcod = cfg.tcod
     if tcod.total_updates is None:
         tcod = tcod.model_copy(update={"total_updates": cfg.updates})
-    return tcod.horizon(cfg.explorer.max_steps, update=learner_version)
+    return tcod.horizon(cfg.explorer.max_steps, update=int(handle.version if handle is not None else weights))

@@ -1,17 +1,6 @@
-"""Lockstep runtime (``runtime.kind: lockstep``): one process, no threads, deterministic.
-
-Before each learner update the env instances advance round-robin by ``runtime.lockstep.env_steps_per_update``
-environment steps (explorer 0 steps each of its live instances once, one batched generate, then explorer 1, ...; a
-round's extra steps are carried over, so the average is exact). Each slot starts its next episode with the newest
-published weights, so policy lag arises as in the asynchronous runtimes, at a rate the config fixes:
-
-    producer load ≈ env_steps_per_update × (student turns per env step) / B     (``queue/producer_load``)
-
-With the same config and seed, two runs give the same learner series and experience log (same machine and torch
-build); ``torch`` uses one thread and deterministic algorithms here. Every checkpoint holds :meth:`state_dict
-<LockstepRuntime.state_dict>`, and a resume replays each running episode on its env: a run killed at any moment
-continues exactly as the uninterrupted run did.
-"""
+"""Lockstep runtime (``runtime.kind: lockstep``): one process, no threads, deterministic. Before each update the env
+instances advance round-robin by ``runtime.lockstep.env_steps_per_update`` steps (a round's extra steps carried over);
+checkpoints hold its state, and a resume replays each running episode, so a killed run continues exactly."""
 
 from __future__ import annotations
 
@@ -42,33 +31,27 @@ class LockstepRuntime:
 
     evaluates_in_place = True
     keeps_state = True
+    producer_intervals = 0  # polls so far: each is one learner step's worth of production
 
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int) -> None:
         self.cfg = cfg
         self._session = session
         self._latest = weights  # the newest weights published (a checkpoint holds them)
-        teacher, _ = load_teacher(cfg)
-        self._teacher = teacher
-        self._explorers: list[Explorer] = [build_explorer(cfg, i, session, weights, teacher)
+        self._teacher, _ = load_teacher(cfg)
+        self._explorers: list[Explorer] = [build_explorer(cfg, i, session, weights, self._teacher)
                                            for i in range(cfg.runtime.num_explorers)]
         self._evaluator: Explorer | None = None
         self._results: list[EvalResult] = []
         self._next = 0  # the explorer whose turn it is
         self._budget = 0  # env steps owed (negative: steps taken ahead)
         self.env_steps = 0
-        self._polls = 0
         self._broken = False  # a poll raised half-way through a round: no consistent state to checkpoint
         self._replayable = True  # every env instance so far replays deterministically (Env.replayable)
-
-    @property
-    def producer_intervals(self) -> int:
-        """Polls so far: each is one learner step's worth of production (the trainer's ``queue/producer_load``)."""
-        return self._polls
 
     def poll(self, timeout: float) -> list[Rollout]:
         """Advance the env instances by ``env_steps_per_update`` steps; return the rollouts that ended."""
         self._budget += self.cfg.runtime.lockstep.env_steps_per_update
-        self._polls += 1
+        self.producer_intervals += 1
         out: list[Rollout] = []
         try:
             while self._budget > 0:
@@ -85,7 +68,7 @@ class LockstepRuntime:
         return out
 
     def check_alive(self) -> None:
-        """Explorers here fail by raising in :meth:`poll`: nothing to check."""
+        """Explorers here fail by raising in :meth:`poll`."""
 
     def publish(self, handle: WeightHandle) -> None:
         self._latest = handle
@@ -118,13 +101,9 @@ class LockstepRuntime:
         close_backend(self._explorers[0].teacher)  # a vLLM teacher engine (shared by every explorer) shuts down
         return {"env_steps": self.env_steps}
 
-    # ------------------------------------------------------------------ resume
     def state_dict(self, weights_dir: Path) -> dict[str, Any] | None:
-        """The runtime's state between two polls, as JSON; a student copy that holds other weights than the newest
-        published ones is written to ``weights_dir`` (one ``explorer-v{version}.safetensors`` per version, named in
-        the state). ``None`` (no exact resume: the run resumes as a threads run does) when an explorer's weights live
-        in a vLLM engine, which cannot hand them out, an env does not replay (``Env.replayable``: the ``tiny`` env's
-        ``crash_prob``), or a poll failed half-way through a round."""
+        """The runtime's state as JSON (older student weights written once per version to ``weights_dir``); ``None``
+        when a student lives in vLLM, an env does not replay, or a poll failed half-way."""
         if self._broken or not self._replayable or self._results or any(e.student is None for e in self._explorers):
             return None
         explorers = []
@@ -137,13 +116,12 @@ class LockstepRuntime:
                 state["weights_file"] = name
             explorers.append(state)
         return {"format": STATE_FORMAT, "session": self._session, "weights_version": int(self._latest.version),
-                "next": self._next, "budget": self._budget, "env_steps": self.env_steps, "polls": self._polls,
-                "explorers": explorers}
+                "next": self._next, "budget": self._budget, "env_steps": self.env_steps,
+                "polls": self.producer_intervals, "explorers": explorers}
 
     def load_state_dict(self, state: dict[str, Any], weights_dir: Path) -> None:
-        """Put this runtime, built on the checkpoint's weights, in the :meth:`state_dict` ``state`` saved with it.
-        An env that cannot replay raises :class:`~divopd.explore.replay.ReplayError` and leaves the runtime
-        with fresh explorers (the resume then queues the logged turns again: :mod:`divopd.train.resume`)."""
+        """Put this runtime, built on the checkpoint's weights, in ``state``. An env that cannot replay raises
+        :class:`~divopd.explore.replay.ReplayError`, leaving fresh explorers (:mod:`divopd.train.resume`)."""
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"lockstep runtime state format {state.get('format')!r}, expected {STATE_FORMAT}")
         if len(state["explorers"]) != len(self._explorers) or int(state["weights_version"]) != self._latest.version:
@@ -153,7 +131,7 @@ class LockstepRuntime:
         fresh_session = self._session
         self._session = int(state["session"])
         self._next, self._budget = int(state["next"]), int(state["budget"])
-        self.env_steps, self._polls = int(state["env_steps"]), int(state["polls"])
+        self.env_steps, self.producer_intervals = int(state["env_steps"]), int(state["polls"])
         try:
             for explorer, saved in zip(self._explorers, state["explorers"], strict=True):
                 name = saved.get("weights_file")

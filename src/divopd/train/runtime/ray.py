@@ -1,15 +1,6 @@
-"""Ray runtime: the same Explorer and Trainer code, with explorers (and the evaluator) as Ray actors.
-
-    ExplorerActor × N ──collect(1, weights_ref)──► driver: Trainer (queue + sampler + learner)
-           ▲                                              │ publish → ray.put(handle)
-           └──────────────── weights object ref ◄─────────┘
-    EvalActor ◄── evaluate(weights_ref) futures; results written by the driver
-
-Each explorer actor has one ``collect`` call in flight, so a slow learner does not stall production (turns wait in the
-sampler, where staleness expires them). A dead explorer actor is restarted by Ray (``runtime.max_explorer_restarts``)
-and its lost call is resubmitted; bad input only the actor meets (an ``explorer.env_kwargs`` value the environment
-rejects) is raised by the driver as it is (one line, exit 2). Every other ``ray.get`` here waits 30 s at most.
-"""
+"""Ray runtime: explorers (and the evaluator) as Ray actors, one ``collect`` call each in flight; a dead actor is
+restarted by Ray (``runtime.max_explorer_restarts``) and its call resubmitted; bad input only an actor meets is raised
+by the driver as it is (one line, exit 2). Every other ``ray.get`` here waits 30 s at most."""
 
 from __future__ import annotations
 
@@ -42,12 +33,8 @@ SHUTDOWN_COLLECT_S = 30.0
 
 
 class ExplorerActor:
-    """An Explorer inside a Ray actor (wrapped with ``ray.remote`` at the edge, in :class:`RayRuntime`).
-
-    Its constructor takes only small values (the config as data, ids, the shared teacher's actor handle), never a
-    weight handle: Ray keeps nothing in the object store for a restart to fetch again (nothing to warn about with
-    ``max_restarts`` > 0); the published weights come with each ``collect`` / ``evaluate`` call and are loaded before
-    the first rollout, so a restarted actor takes the newest ones."""
+    """An Explorer inside a Ray actor. Its constructor takes no weight handle (nothing for a restart to fetch
+    again): the weights come with each ``collect`` / ``evaluate`` call, so a restarted actor takes the newest."""
 
     def __init__(self, cfg_data: dict[str, Any], idx: int, session: int, with_teacher: bool,
                  teacher_actor: Any = None) -> None:
@@ -84,7 +71,6 @@ class ExplorerActor:
         return os.getpid()
 
     def identity(self) -> dict[str, Any]:
-        """This incarnation's ``incarnation``, explorer ``seed`` and rollout ``id_prefix``."""
         self._check_input()
         return {"incarnation": self.incarnation, "seed": self.explorer.seed, "id_prefix": self.explorer.id_prefix}
 
@@ -100,9 +86,7 @@ _RUNTIMES = itertools.count()
 
 
 def actor_incarnation() -> int:
-    """How many times Ray has restarted the calling actor (``max_restarts``): 0 for its first start, and outside an
-    actor. An actor learns of its restart only from Ray: the public ``was_current_actor_reconstructed`` says whether,
-    and the GCS actor table behind it (the same read, Ray 2.60) how many times."""
+    """How many times Ray has restarted the calling actor (0 for its first start, and outside an actor)."""
     if not ray.is_initialized():  # outside Ray altogether (asking the runtime context would start Ray here)
         return 0
     context = ray.get_runtime_context()
@@ -115,21 +99,19 @@ def actor_incarnation() -> int:
 
 
 def raise_input_error(exc: Exception) -> None:
-    """Raise the :class:`~divopd.errors.UsageError` behind a failed actor call (bad input, which no restart fixes),
-    as it is; return for any other failure."""
+    """Raise the :class:`~divopd.errors.UsageError` behind a failed actor call as it is; return for any other."""
     cause = getattr(exc, "cause", None)
     if isinstance(cause, UsageError):
         raise cause from None
 
 
 def explorer_name(run: int, i: int) -> str:
-    """The Ray actor name of explorer ``i`` of this driver's ``run``-th runtime (``ray.util.list_named_actors``
-    lists it; ``ray.get_actor`` finds it, e.g. to kill it): ``divopd-explorer-<driver pid>-<run>-<i>``."""
+    """The Ray actor name of explorer ``i`` of this driver's ``run``-th runtime."""
     return f"divopd-explorer-{os.getpid()}-{run}-{i}"
 
 
 def teacher_name(run: int) -> str:
-    """The Ray actor name of the shared teacher of this driver's ``run``-th runtime: ``divopd-teacher-<pid>-<run>``."""
+    """The Ray actor name of the shared teacher of this driver's ``run``-th runtime."""
     return f"divopd-teacher-{os.getpid()}-{run}"
 
 
@@ -148,10 +130,7 @@ def init_ray(cfg: TrainConfig) -> bool:
 
 
 class RayRuntime(StatelessRuntime):
-    """The :class:`~divopd.train.protocol.Runtime` of explorer actors (``runtime.kind: ray``); the learner stays here.
-
-    ``learner_ranks``: where the sharded learner's ranks run (``LearnerProtocol.rank_info``), for the summary's
-    ``placement``."""
+    """The Runtime of explorer actors; ``learner_ranks``: the learner's ``rank_info``, for ``placement``."""
 
     def __init__(self, cfg: TrainConfig, weights: WeightHandle, session: int,
                  learner_ranks: list[dict[str, Any]] | None = None) -> None:
@@ -161,7 +140,6 @@ class RayRuntime(StatelessRuntime):
         self._run = next(_RUNTIMES)
         self._started = init_ray(cfg)
         self._cfg_data = cfg.model_dump(mode="json")
-        self._session = session
         self._actor_cls = ray.remote(ExplorerActor)
         self._weights_ref = ray.put(weights)
         self._weights_version = weights.version
@@ -169,7 +147,10 @@ class RayRuntime(StatelessRuntime):
         rt = cfg.runtime
         self._teacher_watch = (None if self._teacher is None
                                else TeacherWatch(self._teacher, rt.teacher_timeout_s, rt.max_teacher_restarts))
-        self._explorers = [self._new_explorer(i) for i in range(cfg.runtime.num_explorers)]
+        self._explorers = [self._actor_cls.options(
+            num_cpus=rt.explorer_cpus, num_gpus=rt.explorer_gpus, resources=dict(rt.explorer_resources),
+            max_restarts=rt.max_explorer_restarts, max_task_retries=0, name=explorer_name(self._run, i),
+        ).remote(self._cfg_data, i, session, True, self._teacher) for i in range(rt.num_explorers)]
         self._node_refs = [e.node_id.remote() for e in self._explorers]  # runs before each actor's first collect
         self._evaluator = self._actor_cls.options(num_cpus=0).remote(self._cfg_data, 999, session, False)
         self._inflight: dict[Any, int] = {}
@@ -184,21 +165,12 @@ class RayRuntime(StatelessRuntime):
         self.stalled_restarts = 0  # explorer actors killed for a restart at runtime.explorer_timeout_s
         self.produced_turns = 0  # turns of the collect calls that finished (all of them reach the loop)
 
-    def _new_explorer(self, i: int) -> Any:
-        rt = self.cfg.runtime
-        return self._actor_cls.options(num_cpus=rt.explorer_cpus, num_gpus=rt.explorer_gpus,
-                                       resources=dict(rt.explorer_resources),
-                                       max_restarts=rt.max_explorer_restarts, max_task_retries=0,
-                                       name=explorer_name(self._run, i)).remote(self._cfg_data, i, self._session, True,
-                                                                        self._teacher)
-
     def _submit(self, i: int) -> None:
         ref = self._explorers[i].collect.remote(1, self._weights_ref)
         self._inflight[ref] = i
         self._submitted[ref] = time.monotonic()
 
     def _take(self, ref: Any) -> list[Rollout]:
-        """The rollouts of a finished collect call (counted as produced); raises as ``ray.get`` does."""
         self._submitted.pop(ref, None)
         self._overdue.discard(ref)
         rollouts = ray.get(ref, timeout=30)
@@ -206,8 +178,7 @@ class RayRuntime(StatelessRuntime):
         return rollouts
 
     def _restart_overdue(self) -> None:
-        """Kill, for Ray to restart, each explorer actor whose collect call passed ``runtime.explorer_timeout_s``
-        (stopped, or hung in a call without its own deadline); the failed call then takes the restart path."""
+        """Kill, for Ray to restart, each explorer actor whose collect call passed ``runtime.explorer_timeout_s``."""
         limit = self.cfg.runtime.explorer_timeout_s
         now = time.monotonic()
         for ref, t0 in list(self._submitted.items()):
@@ -299,7 +270,7 @@ class RayRuntime(StatelessRuntime):
         return bool(self._evals)
 
     def placement(self) -> list[str | None]:
-        """The Ray node id each explorer actor started on (``None`` for one that could not answer)."""
+        """The Ray node id each explorer actor started on (``None``: no answer)."""
         out: list[str | None] = []
         for ref in self._node_refs:
             try:
@@ -318,8 +289,7 @@ class RayRuntime(StatelessRuntime):
         return finished
 
     def _finished_collects(self, timeout: float) -> list[Rollout]:
-        """The rollouts of the collect calls in flight that finish within ``timeout`` seconds (already finished ones
-        with ``timeout`` 0): the loop receives them instead of the kill dropping them."""
+        """The rollouts of the collect calls in flight that finish within ``timeout`` seconds."""
         refs = list(self._inflight)
         if not refs:
             return []

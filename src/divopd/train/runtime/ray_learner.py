@@ -1,11 +1,9 @@
-"""Learner ranks as Ray actors (``runtime.kind: ray`` with ``learner.world_size > 1``): one placement group of one
-bundle per rank (strategy ``PACK``: on one node when it fits, which NCCL likes best), each rank a
-:class:`~divopd.learn.dist_worker.RankWorker` in one ``torch.distributed`` process group at rank 0's node. A rank
-actor that dies ends the others and raises :class:`~divopd.learn.ranks.LearnerRankError`, as with spawned ranks.
-"""
+"""Learner ranks as Ray actors (``runtime.kind: ray``, ``learner.world_size > 1``) in one ``PACK`` placement group;
+a rank that dies ends the others and raises :class:`~divopd.learn.ranks.LearnerRankError`, as with spawned ranks."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import ray
@@ -26,7 +24,7 @@ PLACEMENT_TIMEOUT_S = 300.0
 
 
 class RankActor:
-    """A :class:`RankWorker` inside a Ray actor (wrapped with ``ray.remote`` in :class:`RayRanks`)."""
+    """A :class:`RankWorker` inside a Ray actor."""
 
     def __init__(self) -> None:
         self.worker = RankWorker()
@@ -85,10 +83,8 @@ class RayRanks:
         return self._get([a.call.remote(method, args[r]) for r, a in enumerate(self._actors)], method)
 
     def _get(self, refs: list[Any], method: str, ranks: list[int] | None = None) -> list[Any]:
-        """The replies in rank order; the first failed rank ends the others (they wait in a collective). The first
-        answer must come within ``runtime.rank_call_timeout_s``; once one rank has answered, the others must within
-        ``runtime.collective_timeout_s`` (+ a minute): a rank that does not (stopped, hung outside a collective) ends
-        them all too."""
+        """The replies in rank order. A failed rank, no first answer within ``runtime.rank_call_timeout_s``, or a rank
+        later than ``runtime.collective_timeout_s`` (+ slack) after the first ends them all."""
         ranks = ranks if ranks is not None else list(range(len(refs)))
         index = {ref: r for ref, r in zip(refs, ranks, strict=True)}
         pending = list(refs)
@@ -116,7 +112,7 @@ class RayRanks:
         return ray.get(refs, timeout=30)
 
     def close(self) -> None:
-        """End the rank actors and release their placement group (and Ray, when this started it)."""
+        """End the rank actors, their placement group and Ray, when this started it."""
         if self._closed:
             return
         self._closed = True
@@ -128,10 +124,5 @@ class RayRanks:
 
 
 def ray_ranks(cfg: TrainConfig) -> Any:
-    """The sharded learner's rank factory for ``cfg`` (Ray actors)."""
-
-    def make(world_size: int, setup: dict[str, Any]) -> RayRanks:
-        return RayRanks(cfg, world_size, setup)
-
-    return make
-
+    """The sharded learner's rank factory for ``cfg``: ``(world_size, setup) -> RayRanks``."""
+    return partial(RayRanks, cfg)

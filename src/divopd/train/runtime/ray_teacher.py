@@ -1,12 +1,5 @@
-"""One shared teacher for every Ray explorer (``teacher.shared: true``): a teacher actor, the explorers' handle on it.
-
-    ExplorerActor × N ── score_turns(prompts, responses, topk) ──► TeacherActor (HF model or vLLM engine)
-                      ◄─ per turn (logprobs, top-k) ─────────────┘   (and generate(...) for +R takeovers)
-
-The actor holds the model once (``teacher.actor_gpus`` GPUs) and serves the explorers' batched calls in arrival
-order. A teacher dead for good fails every call at once: the turns arrive unscored and the watchdog's teacher rule
-stops the run (exit 3).
-"""
+"""One shared teacher actor for every Ray explorer (``teacher.shared: true``) and the explorers' handle on it. A
+teacher dead for good fails every call at once: the turns arrive unscored and the watchdog stops the run (exit 3)."""
 
 from __future__ import annotations
 
@@ -32,12 +25,11 @@ log = logging.getLogger(__name__)
 
 
 class TeacherTimeoutError(RuntimeError):
-    """A shared teacher call passed ``runtime.teacher_timeout_s`` (the driver's :class:`TeacherWatch` restarts a
-    stalled actor)."""
+    """A shared teacher call passed ``runtime.teacher_timeout_s``."""
 
 
 class TeacherActor:
-    """The teacher inside a Ray actor (wrapped with ``ray.remote`` at the edge, in :func:`start_shared_teacher`)."""
+    """The teacher inside a Ray actor (:func:`start_shared_teacher`)."""
 
     def __init__(self, cfg_data: dict[str, Any]) -> None:
         cfg = TrainConfig.model_validate(cfg_data)
@@ -61,9 +53,8 @@ class TeacherActor:
 
 
 class RemoteTeacher:
-    """The :class:`~divopd.explore.teacher.Teacher` an explorer holds when the teacher is shared: the actor's calls,
-    blocking, each within ``timeout_s`` (``runtime.teacher_timeout_s``). A call past the deadline raises
-    ``TeacherTimeoutError``; the explorer then retries the turns one by one, else leaves them unscored."""
+    """The Teacher an explorer holds when the teacher is shared: the actor's calls, each within ``timeout_s`` (else
+    :class:`TeacherTimeoutError`; the explorer retries the turns one by one, else leaves them unscored)."""
 
     def __init__(self, actor: Any, timeout_s: float = 600.0) -> None:
         self.actor = actor
@@ -78,7 +69,7 @@ class RemoteTeacher:
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
                     topk: int = 0) -> list[ResponseScores]:
-        """``topk`` is the run's ``explorer.teacher_topk``, which the actor was built with."""
+        # topk is the run's explorer.teacher_topk, which the actor was built with
         return self._get("score_turns", self.actor.score_turns.remote([list(p) for p in prompts],
                                                                       [list(r) for r in responses]))
 
@@ -89,8 +80,8 @@ class RemoteTeacher:
 
 
 class TeacherWatch:
-    """The driver's watch on the shared teacher actor: at most one ``pid`` call in flight; :meth:`check` (called from
-    every poll of the Ray runtime) restarts the actor when that call is overdue by ``timeout_s``."""
+    """The driver's watch on the shared teacher actor: one ``pid`` ping at a time; :meth:`check` (every poll) kills
+    the actor for a restart when the ping is overdue by ``timeout_s``."""
 
     def __init__(self, actor: Any, timeout_s: float, max_restarts: int, every_s: float = 5.0) -> None:
         self.actor, self.timeout_s, self.max_restarts, self.every_s = actor, float(timeout_s), max_restarts, every_s
@@ -131,9 +122,8 @@ class TeacherWatch:
 
 
 def start_shared_teacher(cfg: TrainConfig, cfg_data: dict[str, Any], name: str | None = None) -> Any | None:
-    """The shared teacher actor of a run with ``teacher.shared``, else ``None`` (each explorer loads its own): Ray
-    restarts it ``runtime.max_teacher_restarts`` times, and retries the calls it was given on the new instance.
-    ``name``: its Ray actor name (``ray.get_actor`` finds it)."""
+    """The shared teacher actor of a run with ``teacher.shared`` (restarted ``runtime.max_teacher_restarts`` times,
+    its calls retried), else ``None``."""
     if not cfg.teacher.shared:
         return None
     restarts = cfg.runtime.max_teacher_restarts

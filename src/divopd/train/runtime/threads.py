@@ -1,14 +1,6 @@
-"""Threads runtime: explorer threads and an evaluator thread feed the one loop running on the main thread.
-
-    explorer threads ──(bounded queue of finished rollouts: backpressure)──► main thread: run_loop
-          ▲                                                                    │ intake → compose → update → publish
-          └──────────────────────── newest WeightHandle ◄──────────────────────┘
-    evaluator thread ◄── (update, snapshot) requests;  results ──► main thread writes them
-
-On shutdown explorer threads finish the rollout in hand and hand it over (beside the queue when it is full), and every
-finished rollout goes back to the loop: the turns the loop receives are the turns produced (``produced_turns``).
-Threads rather than processes: torch releases the GIL inside its kernels and the weights are shared without copies.
-"""
+"""Threads runtime: explorer threads feed the one loop on the main thread through a bounded rollout queue and pick
+up the newest weights; an evaluator thread evaluates snapshots. At shutdown every finished rollout goes back to the
+loop (received = ``produced_turns``). Threads, not processes: torch releases the GIL and weights are shared uncopied."""
 
 from __future__ import annotations
 
@@ -52,13 +44,9 @@ class LatestWeights:
         with self._lock:
             return self._handle
 
-    @property
-    def version(self) -> int:
-        return self.get().version
-
 
 class ExplorerWorker(threading.Thread):
-    """Runs one Explorer: collect a rollout, hand it to the learner, pick up newer weights; restart on failure."""
+    """Runs one Explorer: collect a rollout, queue it, pick up newer weights; restart on failure."""
 
     def __init__(self, cfg: TrainConfig, idx: int, session: int, weights: LatestWeights, teacher: Any,
                  out: queue.Queue, stop: threading.Event, max_restarts: int = 3) -> None:
@@ -101,8 +89,7 @@ class ExplorerWorker(threading.Thread):
             explorer.close()
 
     def _hand_over(self, rollout: Rollout) -> None:
-        """Queue a finished rollout, waiting while the queue is full; after the stop, keep it in ``in_hand`` for
-        :meth:`ThreadsRuntime.shutdown` instead of waiting (the loop no longer polls)."""
+        """Queue a rollout, waiting while the queue is full; after the stop, keep it ``in_hand`` instead."""
         while True:
             try:
                 self.out.put(rollout, timeout=0.2)
@@ -160,10 +147,8 @@ def _drain(q: queue.Queue, first: Any = None) -> list[Any]:
 
 def _take(q: queue.Queue, timeout: float) -> list[Any]:
     """Everything in ``q``, waiting up to ``timeout`` seconds for the first item."""
-    if timeout <= 0:
-        return _drain(q)
     try:
-        return _drain(q, q.get(timeout=timeout))
+        return _drain(q, q.get(timeout=timeout) if timeout > 0 else q.get_nowait())
     except queue.Empty:
         return []
 
@@ -224,7 +209,6 @@ class ThreadsRuntime(StatelessRuntime):
 
     @property
     def produced_turns(self) -> int:
-        """Turns of the rollouts the explorer threads finished in this session."""
         return sum(w.produced_turns for w in self._workers)
 
     def close(self, interrupted: bool) -> dict[str, Any]:
