@@ -93,9 +93,10 @@ def test_a_restarted_ray_explorer_actor_takes_new_ids_and_seed(tiny_models: dict
     """A real restart: ``ray.kill(actor, no_restart=False)`` and Ray's ``max_restarts`` bring the actor back; the
     rollouts it collects then have ids disjoint from before, under a new seed."""
     ray = pytest.importorskip("ray")
-    from divopd.learn.checkpoint import WeightHandle, copy_state_dict
+    from divopd.learn.checkpoint import WeightHandle
     from divopd.models import load_model
     from divopd.train.runtime.ray import ExplorerActor
+    from tiny_models import copy_state_dict
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     cfg = tiny_config(tiny_models, tmp_path / "restart", "divopd", **{"runtime.kind": "ray"})

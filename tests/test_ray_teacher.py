@@ -39,10 +39,11 @@ def test_two_explorer_actors_are_scored_by_the_one_teacher_actor(tiny_models: di
                                                                  tmp_path: Path) -> None:
     """Both explorers' rollouts, collected to the end, are scored by the shared actor: one call per rollout."""
     ray = pytest.importorskip("ray")
-    from divopd.learn.checkpoint import WeightHandle, copy_state_dict
+    from divopd.learn.checkpoint import WeightHandle
     from divopd.models import load_model
     from divopd.train.runtime.ray import ExplorerActor, init_ray
     from divopd.train.runtime.ray_teacher import start_shared_teacher
+    from tiny_models import copy_state_dict
 
     cfg = tiny_config(tiny_models, tmp_path / "direct", "divopd", **{"runtime.kind": "ray", "runtime.ray_num_cpus": 2,
                                                                     "teacher.shared": True})

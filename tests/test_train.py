@@ -375,9 +375,10 @@ def test_a_ray_explorer_actor_keeps_bad_input_and_the_driver_raises_it(tiny_mode
     from ray.exceptions import RayTaskError
 
     from divopd.errors import ConfigError, UsageError
-    from divopd.learn.checkpoint import WeightHandle, copy_state_dict
+    from divopd.learn.checkpoint import WeightHandle
     from divopd.models import load_model
     from divopd.train.runtime.ray import ExplorerActor, raise_input_error
+    from tiny_models import copy_state_dict
 
     cfg = tiny_config(tiny_models, tmp_path / "run", "divopd")
     data = cfg.model_dump(mode="json")

@@ -7,9 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from divopd.explore.envs.tiny import build_tiny_pair, env_corpus
 
-__all__ = ["build_env_models", "build_tiny_models"]
+__all__ = ["build_env_models", "build_tiny_models", "copy_state_dict"]
 
 
 def build_tiny_models(out: Path) -> dict[str, str]:
@@ -21,3 +23,8 @@ def build_env_models(out: Path, env_name: str, env_kwargs: dict[str, Any]) -> di
     """Like :func:`build_tiny_models`, the word tokenizer built from two short episodes of ``env_name``
     (:func:`~divopd.explore.envs.tiny.env_corpus`)."""
     return build_tiny_pair(out, texts=env_corpus(env_name, env_kwargs, episodes=2, steps=3))
+
+
+def copy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of ``model.state_dict()`` (a published weight version)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from divopd.experience.metrics import json_safe
+
 __all__ = ["MISSING", "divide", "dump_json", "fmt", "json_safe", "md_table", "mean", "pyplot", "rich_table",
            "save_figure"]
 
@@ -34,26 +36,6 @@ def fmt(value: float | None, digits: int = 1, *, pct: bool = False) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return MISSING
     return f"{100 * value:.{digits}f}%" if pct else f"{value:.{digits}f}"
-
-
-def json_safe(obj: Any, *, nonfinite: Literal["null", "str"] = "null") -> Any:
-    """A copy of ``obj`` that strict JSON can hold: dicts (keys as text) and lists (also from tuples and numpy
-    arrays), numpy scalars as Python numbers, and non-finite floats as ``None`` (``nonfinite="null"``) or as their text
-    ``"inf"``, ``"-inf"``, ``"nan"`` (``nonfinite="str"``). Anything else is returned as it is."""
-    if isinstance(obj, float):
-        if math.isfinite(obj):
-            return obj
-        return None if nonfinite == "null" else str(float(obj))
-    if isinstance(obj, dict):
-        return {k if isinstance(k, str) else str(k): json_safe(v, nonfinite=nonfinite) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v, nonfinite=nonfinite) for v in obj]
-    if obj is None or isinstance(obj, (str, int)):
-        return obj
-    tolist = getattr(obj, "tolist", None)  # numpy scalars and arrays
-    if callable(tolist) and type(obj).__module__ == "numpy":
-        return json_safe(tolist(), nonfinite=nonfinite)
-    return obj
 
 
 def dump_json(obj: Any, path: str | os.PathLike, *, indent: int = 1,

@@ -13,10 +13,10 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["SR_TOLERANCE", "Cost", "EvalPoint", "MetricsWriter", "cost_to_target", "default_target", "final_five",
-           "geometric_mean", "nauc", "peak_sr", "reaches", "speedup"]
+           "geometric_mean", "json_safe", "nauc", "peak_sr", "reaches", "speedup"]
 
 #: Absolute tolerance when comparing an SR with a target: 0.29 * 100 == 28.999999999999996 must reach τ = 29.
 SR_TOLERANCE = 1e-9
@@ -134,6 +134,30 @@ def geometric_mean(values: Sequence[float]) -> float | None:
     if bad:
         raise ValueError(f"geometric_mean: values must be positive and finite, got {bad}")
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def json_safe(obj: Any, *, nonfinite: Literal["null", "str", "keep"] = "null", strict: bool = False) -> Any:
+    """A copy of ``obj`` that JSON can hold: dicts (keys as text) and lists (also from tuples and numpy arrays), numpy
+    scalars as Python numbers, and non-finite floats as ``None`` (``nonfinite="null"``: strict JSON), as their text
+    ``"inf"``, ``"-inf"``, ``"nan"`` (``"str"``) or as they are (``"keep"``). Anything else is returned as it is, or
+    with ``strict`` raises ``TypeError``."""
+    if isinstance(obj, float):
+        if nonfinite == "keep" or math.isfinite(obj):
+            return obj
+        return None if nonfinite == "null" else str(float(obj))
+    if isinstance(obj, dict):
+        return {k if isinstance(k, str) else str(k): json_safe(v, nonfinite=nonfinite, strict=strict)
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v, nonfinite=nonfinite, strict=strict) for v in obj]
+    if obj is None or isinstance(obj, (str, int)):
+        return obj
+    tolist = getattr(obj, "tolist", None)  # numpy scalars and arrays
+    if callable(tolist) and type(obj).__module__ == "numpy":
+        return json_safe(tolist(), nonfinite=nonfinite, strict=strict)
+    if strict:
+        raise TypeError(f"cannot store a {type(obj).__name__} as JSON")
+    return obj
 
 
 def _jsonable(value: Any, key: str) -> Any:

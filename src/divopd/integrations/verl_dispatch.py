@@ -18,12 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from divopd.errors import UsageError
-from divopd.integrations.plugin_run import DEFAULTS as PLUGIN_DEFAULTS
 from divopd.integrations.plugin_run import PluginRun, split_plugin_args
 from divopd.sampling.ledger import Ledger
 
-__all__ = ["DEFAULTS", "DISPATCH_MODES", "RESERVOIR_STEPS", "VerlDispatch", "claim", "verl_dispatch",
-           "verl_resume_point"]
+__all__ = ["DISPATCH_MODES", "RESERVOIR_STEPS", "VerlDispatch", "claim", "verl_dispatch", "verl_resume_point"]
 
 log = logging.getLogger("divopd.integrations")
 
@@ -33,8 +31,6 @@ RESERVOIR_STEPS = 4
 #: ``sampler_kwargs.dispatch``: ``matched`` (the buffer starts the sessions) or ``verl`` (verl's own per-step
 #: dispatch of ``train_batch_size`` prompts; the buffer only measures).
 DISPATCH_MODES = ("matched", "verl")
-#: The plug-in settings verl's ``sampler_kwargs`` take beside the sampler's.
-DEFAULTS: dict[str, Any] = {**PLUGIN_DEFAULTS, "dispatch": "matched"}
 
 _UNCLAIMED: weakref.ref | None = None  # the newest DivOPD buffer's matched dispatch that no manager has linked yet
 

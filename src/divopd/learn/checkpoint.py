@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from divopd.experience.metrics import json_safe
 from divopd.learn.manifest import (
     DCP_DIR,
     MANIFEST_FILE,
@@ -30,9 +31,9 @@ from divopd.learn.manifest import (
 )
 
 __all__ = ["DCP_DIR", "MANIFEST_FILE", "OPTIMIZER_FILE", "STATE_FILE", "WeightHandle", "atomic_dir",
-           "atomic_write_text", "checkpoint_dirs", "checkpoint_state_text", "copy_state_dict", "is_tied",
-           "latest_checkpoint", "learner_counters", "load_dcp_optimizer", "read_state", "remove_interrupted_writes",
-           "restore_learner_state", "to_json_safe", "verify_checkpoint"]
+           "atomic_write_text", "checkpoint_dirs", "checkpoint_state_text", "is_tied", "latest_checkpoint",
+           "learner_counters", "load_dcp_optimizer", "read_state", "remove_interrupted_writes", "restore_learner_state",
+           "to_json_safe", "verify_checkpoint"]
 
 
 @contextmanager
@@ -111,21 +112,9 @@ def remove_interrupted_writes(checkpoints_dir: str | os.PathLike) -> list[str]:
 
 
 def to_json_safe(obj: Any) -> Any:
-    """Numpy scalars/arrays and tuples as plain JSON types (NaN/inf stay floats); ``TypeError`` for anything else."""
-    import numpy as np
-
-    if isinstance(obj, dict):
-        return {str(k): to_json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_json_safe(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return to_json_safe(obj.tolist())
-    for types, cast in (((bool, np.bool_), bool), ((int, np.integer), int), ((float, np.floating), float)):
-        if isinstance(obj, types):
-            return cast(obj)
-    if obj is None or isinstance(obj, str):
-        return obj
-    raise TypeError(f"checkpoint extra_state: cannot store a {type(obj).__name__} as JSON")
+    """``extra_state`` as JSON types (:func:`~divopd.experience.metrics.json_safe`, NaN and inf kept as floats);
+    ``TypeError`` for anything else."""
+    return json_safe(obj, nonfinite="keep", strict=True)
 
 
 def learner_counters(learner: Any) -> dict[str, Any]:
@@ -227,11 +216,6 @@ def is_tied(model: torch.nn.Module, key: str) -> bool:
     out = getattr(model, "get_output_embeddings", lambda: None)()
     inp = getattr(model, "get_input_embeddings", lambda: None)()
     return out is not None and inp is not None and out.weight is inp.weight and key.endswith("lm_head.weight")
-
-
-def copy_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A detached CPU copy of ``model.state_dict()``."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def load_dcp_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str | Path) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 from divopd.experience.turn import Turn
 from divopd.learn.settings import LearnerConfig
 from divopd.learn.turnopd import turn_balance_alpha, turn_balance_weights
-from divopd.models.scoring import _chunks
+from divopd.models.scoring import chunks
 from divopd.sampling.sampler import Batch
 
 __all__ = ["UpdateInputs", "batch_inputs", "batch_row_weights", "micro_batches", "pad_token_id", "update_inputs"]
@@ -136,4 +136,4 @@ def micro_batches(inputs: UpdateInputs, max_tokens: int) -> list[np.ndarray]:
     if max_tokens <= 0 or n == 0:
         return [np.arange(n)]
     lengths = [len(p) + len(r) for p, r in zip(inputs.prompts, inputs.responses, strict=True)]
-    return [np.asarray(group) for group in _chunks(lengths, max_tokens)]
+    return [np.asarray(group) for group in chunks(lengths, max_tokens)]

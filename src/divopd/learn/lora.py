@@ -16,10 +16,10 @@ import torch
 from divopd.errors import UsageError
 from divopd.learn.lora_settings import LoraSettings
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "LoraError", "LoraSettings", "adapter_base", "adapter_settings",
-           "add_adapter", "apply_adapter", "check_lora", "handle_adapter", "has_adapter", "is_adapter_folder",
-           "load_adapter_model", "load_student", "merge_adapter", "merged_model", "published_weights", "read_adapter",
-           "save_weights", "write_adapter"]
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "LoraError", "LoraSettings", "adapter_settings", "add_adapter",
+           "apply_adapter", "check_lora", "handle_adapter", "has_adapter", "is_adapter_folder", "load_adapter_model",
+           "load_student", "merge_adapter", "merged_model", "published_weights", "read_adapter", "save_weights",
+           "write_adapter"]
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -156,14 +156,6 @@ def is_adapter_folder(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a PEFT adapter folder (``adapter_config.json``, no ``config.json`` of a whole model)."""
     p = Path(path)
     return (p / ADAPTER_CONFIG).is_file() and not (p / "config.json").is_file()
-
-
-def adapter_base(path: str | os.PathLike) -> str | None:
-    """The base model an adapter folder names (``base_model_name_or_path`` of its ``adapter_config.json``)."""
-    try:
-        return json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def read_adapter(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -11,10 +11,10 @@ import torch
 from divopd.experience.turn import ResponseScores
 from divopd.models.packing import gather_logprobs, pack_sequences, scatter_rows, selected_logits
 
-__all__ = ["ResponseScores", "response_logprobs", "score_responses"]
+__all__ = ["ResponseScores", "chunks", "response_logprobs", "score_responses"]
 
 
-def _chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+def chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Consecutive groups of indices whose total length stays ≤ max_tokens (a longer item gets its own group)."""
     groups: list[list[int]] = []
     cur: list[int] = []
@@ -49,7 +49,7 @@ def score_responses(
     device = next(model.parameters()).device
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
     out: list[ResponseScores | None] = [None] * len(prompts)
-    for group in _chunks(lengths, max_tokens_per_batch):
+    for group in chunks(lengths, max_tokens_per_batch):
         batch = pack_sequences([prompts[i] for i in group], [responses[i] for i in group], layout=layout,
                                pad_id=pad_id).to(device)
         logits = selected_logits(model, batch)

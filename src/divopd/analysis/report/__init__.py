@@ -7,7 +7,6 @@ from divopd.analysis.report.compute import (
     COMPOSITION,
     COMPOSITION_LABELS,
     DIAGNOSTICS,
-    METHOD_ORDER,
     build_report,
     composition,
     diagnostics,
@@ -21,6 +20,6 @@ from divopd.analysis.report.load import ReportError, Run, find_run_dirs, load_ru
 from divopd.analysis.report.plot import plot_setting
 from divopd.analysis.report.render import render_markdown, write_report
 
-__all__ = ["COMPOSITION", "COMPOSITION_LABELS", "DIAGNOSTICS", "METHOD_ORDER", "ReportError", "Run", "build_report",
-           "composition", "diagnostics", "find_run_dirs", "load_run", "natural_key", "plot_setting", "read_metrics",
-           "render_markdown", "seed_metrics", "write_report"]
+__all__ = ["COMPOSITION", "COMPOSITION_LABELS", "DIAGNOSTICS", "ReportError", "Run", "build_report", "composition",
+           "diagnostics", "find_run_dirs", "load_run", "natural_key", "plot_setting", "read_metrics", "render_markdown",
+           "seed_metrics", "write_report"]

@@ -26,12 +26,8 @@ from divopd.experience.metrics import (
 from divopd.sampling.method_rows import method_names
 from divopd.train.config import PLACEMENT_KEYS
 
-__all__ = ["COMPOSITION", "COMPOSITION_LABELS", "DIAGNOSTICS", "METHOD_ORDER", "PAIRED_TESTS", "build_report",
-           "composition", "diagnostics", "natural_key", "paired_tests", "seed_metrics", "unlike_seeds"]
-
-#: The method rows in display order (the registry's, :data:`divopd.sampling.ROWS`, when this module was imported);
-#: other methods follow alphabetically.
-METHOD_ORDER = method_names()
+__all__ = ["COMPOSITION", "COMPOSITION_LABELS", "DIAGNOSTICS", "PAIRED_TESTS", "build_report", "composition",
+           "diagnostics", "natural_key", "paired_tests", "seed_metrics", "unlike_seeds"]
 
 #: Batch-composition columns: (report key, metrics.jsonl key, how the run's per-update values are summarised).
 COMPOSITION = (

@@ -14,15 +14,15 @@ import pyarrow.parquet as pq
 
 from divopd.experience.log.parts import log_files
 from divopd.experience.log.schema import (
-    _INFO_KEYS,
+    INFO_KEYS,
     LIST_LENGTHS,
     NON_NEGATIVE,
     SCHEMA,
     ExperienceLogError,
     LoggedTurn,
-    _conform,
-    _first,
-    _OrderState,
+    OrderState,
+    conform,
+    first_index,
     validate_batch,
     validate_schema,
 )
@@ -40,7 +40,7 @@ def _open(path: Path) -> pq.ParquetFile:
 def iter_record_batches(path: str | os.PathLike, batch_size: int = 8192, columns: Iterable[str] | None = None,
                         validate: bool = True) -> Iterator[pa.RecordBatch]:
     """Stream a log's record batches (schema-checked, cast to :data:`SCHEMA` types, content-validated)."""
-    order = _OrderState()
+    order = OrderState()
     wanted = None if columns is None else list(columns)
     for file in log_files(path):
         pf = _open(file)
@@ -51,7 +51,7 @@ def iter_record_batches(path: str | os.PathLike, batch_size: int = 8192, columns
             needed |= {LIST_LENGTHS[c] for c in wanted if c in LIST_LENGTHS}
             cols = [n for n in SCHEMA.names if n in needed and n in pf.schema_arrow.names]
         for batch in pf.iter_batches(batch_size=batch_size, columns=cols):
-            batch = _conform(batch)
+            batch = conform(batch)
             if validate:
                 validate_batch(batch, str(file), order)
             yield batch
@@ -86,7 +86,7 @@ def batch_to_turns(batch: pa.RecordBatch) -> Iterator[LoggedTurn]:
     dtypes = {"action_mask": bool, "student_logprobs": np.float32, "teacher_logprobs": np.float32,
               "teacher_valid_mask": bool, "prompt_ids": np.int32, "response_ids": np.int32}
     lists = {name: _list_column(batch, name, dtype) for name, dtype in dtypes.items()}
-    info_cols = {k: batch.column(k).to_pylist() for k in _INFO_KEYS if k in names}
+    info_cols = {k: batch.column(k).to_pylist() for k in INFO_KEYS if k in names}
 
     def get(name: str, i: int) -> np.ndarray | None:
         spec = lists[name]
@@ -125,14 +125,14 @@ def read_log(path: str | os.PathLike, batch_size: int = 8192, validate: bool = T
                 if name not in batch.schema.names:
                     raise ExperienceLogError(f"{path}: column {name!r} is missing; this log holds no token ids")
                 if batch.column(name).null_count:
-                    row = _first(batch.column(name).is_null().to_numpy(zero_copy_only=False))
+                    row = first_index(batch.column(name).is_null().to_numpy(zero_copy_only=False))
                     raise ExperienceLogError(f"{path}: column {name!r}: null token ids in batch row {row}")
         yield from batch_to_turns(batch)
 
 
 def row_to_turn(row: dict[str, Any]) -> Turn:
     """A :class:`Turn` from one log row as a plain dict (e.g. ``Table.to_pylist()``); arrival tags are in the row."""
-    info = {k: row[k] for k in _INFO_KEYS if row.get(k) is not None}
+    info = {k: row[k] for k in INFO_KEYS if row.get(k) is not None}
 
     def floats(values: list | None) -> np.ndarray | None:
         return None if values is None else np.array([np.nan if v is None else v for v in values], dtype=np.float32)

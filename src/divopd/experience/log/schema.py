@@ -40,14 +40,14 @@ OPTIONAL_COLUMNS: tuple[str, ...] = ("prompt_ids", "response_ids", "success", "e
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(n for n in SCHEMA.names if n not in OPTIONAL_COLUMNS)
 #: Columns that may not hold nulls.
 NOT_NULL: tuple[str, ...] = tuple(f.name for f in SCHEMA if not f.nullable)
-_TOKEN_ARRAYS = ("action_mask", "student_logprobs", "teacher_logprobs", "teacher_valid_mask")
+TOKEN_ARRAYS = ("action_mask", "student_logprobs", "teacher_logprobs", "teacher_valid_mask")
 #: Per-token list columns and the length column each must match.
-LIST_LENGTHS: dict[str, str] = {**dict.fromkeys(_TOKEN_ARRAYS, "response_len"), "prompt_ids": "prompt_len",
+LIST_LENGTHS: dict[str, str] = {**dict.fromkeys(TOKEN_ARRAYS, "response_len"), "prompt_ids": "prompt_len",
                                 "response_ids": "response_len"}
 #: Integer columns that must be >= 0.
 NON_NEGATIVE: tuple[str, ...] = ("turn_index", "policy_version", "arrival", "arrival_update", "prompt_len",
                                  "response_len")
-_INFO_KEYS = ("env", "success", "teacher_acted", "task")  # task: divopd-focus groups by it
+INFO_KEYS = ("env", "success", "teacher_acted", "task")  # task: divopd-focus groups by it
 #: A part file of a directory log: ``part-N.parquet`` (one write) or ``part-A-B.parquet`` (parts A..B compacted into
 #: one file, :func:`~divopd.experience.log.parts.compact_parts`); numbers are zero-padded to 6 digits and ordered as
 #: numbers at any count.
@@ -107,7 +107,7 @@ def validate_schema(schema: pa.Schema, source: str = "experience log") -> None:
                                      f"expected {_type_name(SCHEMA.field(name).type)}")
 
 
-def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
+def conform(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Cast accepted equivalents to the schema's types and keep only known columns, in schema order."""
     arrays, fields = [], []
     for field in SCHEMA:
@@ -121,12 +121,13 @@ def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def _first(mask: np.ndarray) -> int:
+def first_index(mask: np.ndarray) -> int:
+    """The index of the first true value of ``mask`` (a bad row, for the error message)."""
     return int(np.flatnonzero(mask)[0])
 
 
 @dataclass
-class _OrderState:
+class OrderState:
     """Carries the last (arrival, arrival_update) and the row count across batches and files, to check log order."""
 
     last_arrival: int | None = None
@@ -134,11 +135,11 @@ class _OrderState:
     rows: int = 0
 
 
-def validate_batch(batch: pa.RecordBatch, source: str = "experience log", order: _OrderState | None = None) -> None:
+def validate_batch(batch: pa.RecordBatch, source: str = "experience log", order: OrderState | None = None) -> None:
     """Raise :class:`ExperienceLogError` at the first malformed value of a conformed record batch: a null in a
     non-nullable column or inside a list, an empty rollout id, a negative integer, a per-token list not as long as its
     length column, ``arrival`` not increasing or ``arrival_update`` decreasing (``order``: across batches)."""
-    order = _OrderState() if order is None else order
+    order = OrderState() if order is None else order
 
     def fail(column: str, row: int, what: str) -> None:
         raise ExperienceLogError(f"{source}: column {column!r}, row {order.rows + row}: {what}")
@@ -154,15 +155,15 @@ def _check_values(batch: pa.RecordBatch, fail: Callable[[str, int, str], None]) 
     names = batch.schema.names
     for name in NOT_NULL:
         if name in names and batch.column(name).null_count:
-            fail(name, _first(batch.column(name).is_null().to_numpy(zero_copy_only=False)), "null value")
+            fail(name, first_index(batch.column(name).is_null().to_numpy(zero_copy_only=False)), "null value")
     empty = pc.equal(pc.utf8_length(batch.column("rollout_id")), 0).to_numpy(zero_copy_only=False)
     if empty.any():
-        fail("rollout_id", _first(empty), "empty rollout id")
+        fail("rollout_id", first_index(empty), "empty rollout id")
     ints = {name: batch.column(name).to_numpy() for name in NON_NEGATIVE}
     for name, values in ints.items():
         bad = values < 0
         if bad.any():
-            i = _first(bad)
+            i = first_index(bad)
             fail(name, i, f"negative value {int(values[i])}")
     return ints
 
@@ -178,7 +179,7 @@ def _check_lists(batch: pa.RecordBatch, ints: dict[str, np.ndarray], fail: Calla
         valid = ~arr.is_null().to_numpy(zero_copy_only=False)
         bad = valid & (lengths != ints[length_col])
         if bad.any():
-            i = _first(bad)
+            i = first_index(bad)
             fail(name, i, f"list length {int(lengths[i])} != {length_col} {int(ints[length_col][i])}")
         if arr.values.null_count and not pa.types.is_floating(arr.type.value_type):
             offsets = arr.offsets.to_numpy()
@@ -188,7 +189,7 @@ def _check_lists(batch: pa.RecordBatch, ints: dict[str, np.ndarray], fail: Calla
                 fail(name, int(np.searchsorted(offsets, flat_nulls[0], side="right")) - 1, "null inside a list")
 
 
-def _check_order(arrival: np.ndarray, update: np.ndarray, order: _OrderState,
+def _check_order(arrival: np.ndarray, update: np.ndarray, order: OrderState,
                  fail: Callable[[str, int, str], None]) -> None:
     """``arrival`` strictly increasing and ``arrival_update`` non-decreasing, from ``order``'s last row on."""
     if not len(arrival):
@@ -200,6 +201,6 @@ def _check_order(arrival: np.ndarray, update: np.ndarray, order: _OrderState,
         v = values if last is None else np.concatenate([[last], values])
         bad = np.diff(v) <= 0 if strict else np.diff(v) < 0
         if bad.any():
-            i = _first(bad)
+            i = first_index(bad)
             fail(name, i + 1 - offset, f"{name} {int(v[i + 1])} after {int(v[i])}: {rule}")
     order.last_arrival, order.last_update = int(arrival[-1]), int(update[-1])

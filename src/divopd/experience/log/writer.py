@@ -22,12 +22,12 @@ from divopd.experience.log.parts import (
     write_part,
 )
 from divopd.experience.log.schema import (
-    _TOKEN_ARRAYS,
     SCHEMA,
+    TOKEN_ARRAYS,
     ExperienceLogError,
     LoggedTurn,
-    _conform,
-    _OrderState,
+    OrderState,
+    conform,
     validate_batch,
     validate_schema,
 )
@@ -40,9 +40,9 @@ def turn_to_row(turn: Turn, arrival: int, arrival_update: int, write_ids: bool =
     info = turn.info or {}
     success = info.get("success")
     env, task = info.get("env"), info.get("task")
-    arrays = {name: getattr(turn, name) for name in _TOKEN_ARRAYS}
+    arrays = {name: getattr(turn, name) for name in TOKEN_ARRAYS}
     if turn.length_mismatch is not None:
-        for name in _TOKEN_ARRAYS:
+        for name in TOKEN_ARRAYS:
             if arrays[name] is not None and arrays[name].shape[0] != turn.response_len:
                 arrays[name] = None
         arrays["teacher_logprobs"] = None
@@ -114,7 +114,7 @@ class ExperienceLogWriter:
         self.write_ids = write_ids
         self._rows: list[dict[str, Any]] = []
         self._writer: pq.ParquetWriter | None = None
-        self._order = _OrderState()
+        self._order = OrderState()
         self._next_part = 0
         self.rows_written = 0
         self._closed = False
@@ -179,7 +179,7 @@ class ExperienceLogWriter:
         batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
         for b in batches:
             validate_schema(b.schema, str(self.path))
-            self._write(_conform(b))
+            self._write(conform(b))
 
     def flush(self) -> None:
         """Write buffered rows as a row group."""
