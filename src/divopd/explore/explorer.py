@@ -48,48 +48,15 @@ STATE_FORMAT = 1  # of Explorer.state_dict
 
 
 class Explorer:
-    """Runs the student on ``config.num_envs`` env instances and turns its rollouts into scored :class:`Turn` s.
+    """Runs the student on ``config.num_envs`` env instances and turns its rollouts into scored :class:`Turn` s
+    (docs/concepts/explorers.md). Runtimes drive it through :meth:`collect` (lockstep: :meth:`step_round`),
+    :meth:`set_weights`, :meth:`evaluate` and :meth:`close`.
 
-    Paper, "Asynchronous multi-turn OPD": rollout workers generate student interactions and frozen-teacher scores
-    independently of learner updates, queueing turns with rollout IDs and policy versions. Here:
-
-    1. each round every unfinished rollout gets a chat prompt (``prompt_truncated`` past the context budget) and one
-       action, generated for all instances in one batch, keeping the per-token generating log probabilities;
-    2. each env steps; a rollout ends on success/failure, at the step limit, or when its env crashes (counted; its
-       turns are kept and a fresh instance replaces the env);
-    3. the teacher scores the student turns in one batched pass when a rollout ends (``enqueue: rollout``) or every
-       round (``enqueue: turn``, chunks); a failure marks turns unscored and counts it, nothing is dropped;
-    4. newer published weights (:meth:`set_weights`) are loaded between rollouts, as ``load_weights`` says;
-    5. with +R on (:mod:`divopd.explore.recovery`) the teacher acts after ``p`` no-progress student turns, at most
-       ``m`` turns a rollout; its turns are not queued (``turn_index`` is the env step: they leave gaps).
-
-    Runtimes drive it through :meth:`collect` (lockstep: :meth:`step_round`), :meth:`set_weights`, :meth:`evaluate`
-    and :meth:`close`. Example::
-
-        explorer = Explorer(ExplorerConfig(env="twx", num_envs=4), student, tokenizer, teacher, seed=0)
-        rollouts = explorer.collect(8)           # list[Rollout]; rollout.turns are Turns, rollout.info the episode
-        explorer.set_weights(learner.publish())  # applied at the next rollout boundary
-        explorer.evaluate(num_tasks=50)          # T = 0.4, seeded: {"eval/success_rate": ..., "eval/mean_score": ...}
-
-    Args:
-        config: the explorer's settings.
-        student: causal LM generating actions (used in place; its weights change via :meth:`set_weights`); ``None``
-            with a ``student_backend`` that holds its own weights (a vLLM engine).
-        tokenizer: the student's tokenizer (chat template used for prompts).
-        teacher: the frozen :class:`~divopd.explore.teacher.Teacher` (or an HF causal LM, wrapped in one) scoring
-            every student token and acting under +R; ``None`` = turns unscored.
-        teacher_tokenizer: the teacher's tokenizer (``None`` = the student's); with another vocabulary the teacher
-            is wrapped to score the student's ids (:func:`~divopd.explore.vocab.student_ids_teacher`).
-        seed: base seed of task order and sampling.
-        explorer_id: this explorer's number; rollout ids are ``f"{id_prefix}{explorer_id}-{n}"``.
-        policy_version: version of the student weights given.
-        env_factory: builds one env instance (default: ``make_env(config.env, **config.env_kwargs)``).
-        id_prefix: rollout-id prefix; a runtime that restarts explorers passes a fresh one so ids never repeat.
-        student_backend: the student's generator (default: an HFGenerator on ``student``); one with
-            ``update_weights`` receives every published version before the next rollout.
-        step_limit: the training step limit for published weights (TCOD's depth, TurnOPD's budget), applied at
-            once by each :meth:`set_weights`; ``None`` = ``config.max_steps`` (evaluators).
-        weights: the published handle the student copy holds (version ``policy_version``), for ``step_limit``.
+    ``student`` is used in place (``None`` with a ``student_backend`` that holds its own weights); ``teacher``, a
+    :class:`~divopd.explore.teacher.Teacher` or an HF causal LM (``None``: turns unscored), is wrapped to score the
+    student's ids when ``teacher_tokenizer`` is another. Rollout ids are ``f"{id_prefix}{explorer_id}-{n}"``.
+    ``step_limit`` gives the training step limit of published weights (TCOD's depth, TurnOPD's budget; ``None``:
+    ``config.max_steps``); ``weights`` is the handle the student copy holds (version ``policy_version``).
     """
 
     def __init__(
@@ -182,12 +149,9 @@ class Explorer:
 
     def evaluate(self, tasks: Iterable[str] | None = None, num_tasks: int | None = None, *,
                  temperature: float = 0.4, greedy: bool = False, seed: int | None = None) -> dict[str, float]:
-        """Student-only episodes on held-out tasks (no recovery, no teacher): success rate and mean score.
-
-        ``tasks`` defaults to the first ``num_tasks`` (default ``config.eval_tasks``) tasks of ``config.eval_split``.
-        The student samples at ``temperature`` (the paper's 0.4) or decodes greedily. Sampling is seeded by ``seed``
-        (default: the explorer's) and the call count within this evaluation only: the same weights, tasks and seed
-        give the same result whatever the explorer generated before. Not concurrently with :meth:`rollouts`."""
+        """Student-only episodes (no recovery) on ``tasks``, default the first ``num_tasks`` (``config.eval_tasks``)
+        of ``config.eval_split``: ``eval/*`` metrics. Sampling at ``temperature`` is seeded by ``seed`` (default: the
+        explorer's) and this evaluation's calls only. Not concurrently with :meth:`rollouts`."""
         if not greedy and temperature <= 0:
             raise ValueError(f"Explorer.evaluate: temperature must be > 0 when sampling, got {temperature}")
         self._apply_pending_weights()
@@ -241,8 +205,7 @@ class Explorer:
     # ------------------------------------------------------------------ the spine
     def step_round(self) -> tuple[list[Rollout], int]:
         """One round on the training envs, each instance one step: the rollouts that ended (``enqueue: turn``: every
-        stepped rollout's new turns, as chunks) and the env steps taken. The lockstep runtime's way; :meth:`collect`
-        is the pull-based one (do not mix the two: they share the env instances)."""
+        stepped rollout's new turns, as chunks) and the env steps taken. Not mixed with :meth:`collect`."""
         if self._rollout_iter is not None:
             raise RuntimeError("Explorer.step_round: this explorer already streams rollouts (collect/rollouts)")
         if self._round_iter is None:
@@ -420,14 +383,12 @@ class Explorer:
 
     # ------------------------------------------------------------------ state (an exact resume of a lockstep run)
     def replayable(self) -> bool:
-        """Whether every env instance replays deterministically (:attr:`Env.replayable
-        <divopd.explore.envs.base.Env.replayable>`): only then can :meth:`load_state_dict` restore this explorer."""
+        """Whether every env instance replays deterministically (needed by :meth:`load_state_dict`)."""
         return all(env.replayable for env in self._envs)
 
     def state_dict(self) -> dict[str, Any]:
-        """What an explorer driven by :meth:`step_round` holds between two rounds, as plain JSON: each slot's running
-        episode, the seed counters, the task stream's position, the counters, the weights versions, the step limit
-        (the student copy's weights are not in it: :func:`~divopd.explore.replay.save_student`)."""
+        """What an explorer driven by :meth:`step_round` holds between two rounds, as plain JSON (the student copy's
+        weights aside: :func:`~divopd.explore.replay.save_student`)."""
         if self._rollout_iter is not None:
             raise RuntimeError("Explorer.state_dict: only an explorer driven by step_round (lockstep) has one")
         pending = self._pending_weights
