@@ -80,12 +80,8 @@ class Episode:
 def build_rollout(episode: Episode, scores: Sequence[ResponseScores | None], *, explorer_id: int, env: str,
                   max_steps: int, policy_version: int, truncated_dead: bool = True, start: int = 0) -> Rollout:
     """The rollout's Turns and info from an episode and the teacher's scores of its student turns ``start:``
-    (``scores[i]`` ``None`` = unscored). ``truncated_dead``: a turn
-    whose prompt was truncated gets an all-False teacher-valid mask (a dead row for readers without the gate).
-
-    An episode still running gives a *chunk* (``explorer.enqueue: turn``): ``info.partial`` is True and its turns'
-    outcome keys (``success``, ``rollout_score``, ``horizon``) are None, since the rollout has not ended; the chunk
-    with the last turn carries the outcome and the rollout's info (``partial`` False)."""
+    (``None``: unscored). ``truncated_dead``: a truncated prompt's turn gets an all-False teacher-valid mask. An
+    episode still running gives a *chunk* (``enqueue: turn``): ``info.partial``, and its turns' outcome keys None."""
     steps = episode.student_steps[start:]
     hit_limit = not episode.crashed and not episode.success and episode.steps >= max_steps
     versions = [s.policy_version for s in episode.student_steps] or [policy_version]
@@ -119,15 +115,11 @@ def build_rollout(episode: Episode, scores: Sequence[ResponseScores | None], *, 
 
 def count_rollout(stats: dict[str, float], info: RolloutInfo) -> None:
     """Add a finished rollout's info to the explorer's cumulative counters."""
-    s = stats
-    s["rollouts"] += 1
-    s["turns"] += info.student_turns
-    s["teacher_turns"] += info.teacher_turns
-    s["takeovers"] += info.takeovers
-    s["successes"] += info.success
-    s["truncated_turns"] += info.truncated_turns
-    s["unscored_turns"] += info.unscored_turns
-    s["step_limit_hits"] += info.hit_step_limit
+    for key, value in (("rollouts", 1), ("turns", info.student_turns), ("teacher_turns", info.teacher_turns),
+                       ("takeovers", info.takeovers), ("successes", info.success),
+                       ("truncated_turns", info.truncated_turns), ("unscored_turns", info.unscored_turns),
+                       ("step_limit_hits", info.hit_step_limit)):
+        stats[key] += value
 
 
 def eval_metrics(episodes: list[Episode], policy_version: int, t0: float) -> dict[str, float]:

@@ -47,12 +47,9 @@ def cut_prompt_logprobs(entries: Sequence[Any] | None, n_prompt: int, response: 
 
 def teacher_scores(score_call: ScoreCall, prompts: list[list[int]], responses: list[list[int]],
                    stats: dict[str, float], explorer_id: int) -> list[ResponseScores | None]:
-    """The teacher's scores per turn (``None`` = unscored).
-
-    One batched ``score_call``; if it fails, each turn is retried alone. Counts ``teacher_failures``,
-    ``time/teacher_score`` and ``teacher_masked_tokens`` (scored positions whose log prob is not finite: not
-    teacher-valid) in ``stats``. A result whose length differs from its response counts as unscored.
-    """
+    """The teacher's scores per turn (``None``: unscored, also for a result whose length differs from its response):
+    one batched ``score_call``, each turn retried alone if it fails. Counts ``teacher_failures``,
+    ``time/teacher_score`` and ``teacher_masked_tokens`` (positions whose log prob is not finite) in ``stats``."""
     t0 = time.perf_counter()
     try:
         results: list[ResponseScores | None] = list(score_call(prompts, responses))
