@@ -158,18 +158,10 @@ def episode_state(e: Episode) -> dict[str, Any]:
 
 def episode_from_state(d: dict[str, Any]) -> Episode:
     """The episode :func:`episode_state` saved (allowed-set keys unset: a replay of its env fills them)."""
-    r = d["recovery"]
-    recovery = RecoveryState(no_progress_streak=r["no_progress_streak"], in_takeover=r["in_takeover"],
-                             teacher_turns=r["teacher_turns"], takeovers=r["takeovers"], last_action=r["last_action"],
-                             log=[(a, bool(p)) for a, p in r["log"]])
-    steps = [StudentStep(step=s["step"], prompt_ids=list(s["prompt_ids"]), prompt_truncated=s["prompt_truncated"],
-                         response_ids=list(s["response_ids"]), logprobs=_array_from(s["logprobs"]),
-                         policy_version=s["policy_version"], action=s["action"], reward=s["reward"],
-                         progress=s["progress"], score=s["score"]) for s in d["student_steps"]]
-    return Episode(rollout_id=d["rollout_id"], task=d["task"], first_observation=d["first_observation"],
-                   valid_actions=d["valid_actions"], history=[(a, o) for a, o in d["history"]], student_steps=steps,
-                   recovery=recovery, steps=d["steps"], score=d["score"], success=d["success"], done=d["done"],
-                   crashed=d["crashed"], queued=d["queued"], unscored=d["unscored"])
+    recovery = RecoveryState(**{**d["recovery"], "log": [(a, bool(p)) for a, p in d["recovery"]["log"]]})
+    steps = [StudentStep(**{**s, "prompt_ids": list(s["prompt_ids"]), "response_ids": list(s["response_ids"]),
+                            "logprobs": _array_from(s["logprobs"])}) for s in d["student_steps"]]
+    return Episode(**{**d, "history": [(a, o) for a, o in d["history"]], "student_steps": steps, "recovery": recovery})
 
 
 def _array_json(a: np.ndarray) -> dict[str, Any]:

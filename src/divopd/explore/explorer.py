@@ -28,7 +28,7 @@ from divopd.explore.episode import (
     eval_metrics,
 )
 from divopd.explore.generation import GenerationBackend, HFGenerator
-from divopd.explore.prompting import EncodedPrompt, decode_action, encode_prompt
+from divopd.explore.prompting import decode_action, encode_prompt
 from divopd.explore.replay import ReplayError, load_student, replay_episode
 from divopd.explore.scoring import teacher_scores
 from divopd.explore.settings import ExplorerConfig
@@ -59,21 +59,11 @@ class Explorer:
     ``config.max_steps``); ``weights`` is the handle the student copy holds (version ``policy_version``).
     """
 
-    def __init__(
-        self,
-        config: ExplorerConfig,
-        student: Any,
-        tokenizer: Any,
-        teacher: Any | None = None,
-        teacher_tokenizer: Any | None = None,
-        *,
-        seed: int = 0, explorer_id: int = 0, policy_version: int = 0,
-        env_factory: Callable[[], Env] | None = None,
-        id_prefix: str = "x",
-        student_backend: GenerationBackend | None = None,
-        step_limit: Callable[[Any], int] | None = None,
-        weights: WeightHandle | None = None,
-    ) -> None:
+    def __init__(self, config: ExplorerConfig, student: Any, tokenizer: Any, teacher: Any | None = None,
+                 teacher_tokenizer: Any | None = None, *, seed: int = 0, explorer_id: int = 0, policy_version: int = 0,
+                 env_factory: Callable[[], Env] | None = None, id_prefix: str = "x",
+                 student_backend: GenerationBackend | None = None, step_limit: Callable[[Any], int] | None = None,
+                 weights: WeightHandle | None = None) -> None:
         self.config = config
         self.student = student
         self.tokenizer = tokenizer
@@ -115,7 +105,6 @@ class Explorer:
         self._stats: dict[str, float] = dict.fromkeys(EXPLORER_COUNTERS, 0.0)
         self._handed_over: dict[str, float] = {}  # the stage times as of the previous rollout handed over
 
-    # ------------------------------------------------------------------ runtime-facing API
     def collect(self, num_rollouts: int) -> list[Rollout]:
         """The next ``num_rollouts`` finished rollouts (in-flight rollouts carry over to the next call)."""
         return [next(self.rollouts()) for _ in range(num_rollouts)]  # one stream per explorer: the same each call
@@ -179,7 +168,9 @@ class Explorer:
             state = np.random.SeedSequence(seed, spawn_key=(0xE7A1, self._eval_calls)).generate_state(1)[0]
             return greedy, temperature, int(state)
         greedy = self.config.generation.greedy if actor == "student" else self.config.recovery.teacher_greedy
-        return greedy, self.config.generation.temperature, self._next_gen_seed()
+        self._gen_calls += 1
+        seed = int(np.random.SeedSequence([self.seed, self.explorer_id, self._gen_calls]).generate_state(1)[0])
+        return greedy, self.config.generation.temperature, seed
 
     def stats(self) -> dict[str, float]:
         """Cumulative counters, namespaced ``explorer/...`` (rollouts, turns, env_crashes, teacher_failures, ...)."""
@@ -202,7 +193,6 @@ class Explorer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ the spine
     def step_round(self) -> tuple[list[Rollout], int]:
         """One round on the training envs, each instance one step: the rollouts that ended (``enqueue: turn``: every
         stepped rollout's new turns, as chunks) and the env steps taken. Not mixed with :meth:`collect`."""
@@ -252,7 +242,8 @@ class Explorer:
             if not idx:
                 continue
             tok = self.tokenizer if actor == "student" else self.teacher_tokenizer
-            prompts = [self._prompt(episodes[i], tok) for i in idx]
+            prompts = [encode_prompt(tok, self.config.prompt, episodes[i].first_observation, episodes[i].history,
+                                     episodes[i].valid_actions) for i in idx]
             gen = self._student_gen if actor == "student" else self._teacher_gen
             greedy, temperature, seed = self._decoding(actor, evaluating)
             t0 = time.perf_counter()
@@ -326,11 +317,6 @@ class Explorer:
         rollout.info.set_stage_times(self._stats, self._handed_over)  # explorer seconds since the previous one
         return rollout
 
-    # ------------------------------------------------------------------ helpers
-    def _prompt(self, episode: Episode, tokenizer: Any) -> EncodedPrompt:
-        return encode_prompt(tokenizer, self.config.prompt, episode.first_observation, episode.history,
-                             episode.valid_actions)
-
     def _teacher_scores(self, prompts: list[list[int]], responses: list[list[int]]) -> list[ResponseScores | None]:
         """The teacher's scores per turn (``None`` = unscored), retried turn by turn on a failure."""
         teacher = self._teacher
@@ -377,11 +363,6 @@ class Explorer:
             self.policy_version = int(handle.version)
             self._stats["weight_loads"] += 1
 
-    def _next_gen_seed(self) -> int:
-        self._gen_calls += 1
-        return int(np.random.SeedSequence([self.seed, self.explorer_id, self._gen_calls]).generate_state(1)[0])
-
-    # ------------------------------------------------------------------ state (an exact resume of a lockstep run)
     def replayable(self) -> bool:
         """Whether every env instance replays deterministically (needed by :meth:`load_state_dict`)."""
         return all(env.replayable for env in self._envs)

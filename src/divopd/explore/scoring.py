@@ -65,12 +65,7 @@ def teacher_scores(score_call: ScoreCall, prompts: list[list[int]], responses: l
                 log.warning("explorer %s: teacher scoring failed for one turn: %s", explorer_id, exc_one)
                 results.append(None)
     stats["time/teacher_score"] += time.perf_counter() - t0
-    out: list[ResponseScores | None] = []
-    for scores, resp in zip(results, responses, strict=True):
-        if scores is None or len(scores.logprobs) != len(resp):
-            out.append(None)
-            continue
-        out.append(scores)
-        masked = np.count_nonzero(~np.isfinite(np.asarray(scores.logprobs, dtype=np.float64)))
-        stats["teacher_masked_tokens"] = stats.get("teacher_masked_tokens", 0) + int(masked)
+    out = [s if s is not None and len(s.logprobs) == len(r) else None for s, r in zip(results, responses, strict=True)]
+    masked = sum(np.count_nonzero(~np.isfinite(np.asarray(s.logprobs, dtype=np.float64))) for s in out if s is not None)
+    stats["teacher_masked_tokens"] = stats.get("teacher_masked_tokens", 0) + int(masked)
     return out

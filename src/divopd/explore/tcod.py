@@ -31,14 +31,8 @@ def tcod_progress(update: int, total_updates: int) -> float:
     return min(1.0, update / total_updates)
 
 
-def tcod_horizon(
-    progress: float,
-    start_depth: int,
-    max_steps: int,
-    expand_fraction: float,
-    schedule: Literal["linear", "stages"] = "linear",
-    num_stages: int = 4,
-) -> int:
+def tcod_horizon(progress: float, start_depth: int, max_steps: int, expand_fraction: float,
+                 schedule: Literal["linear", "stages"] = "linear", num_stages: int = 4) -> int:
     """The non-default ``linear`` / ``stages`` horizons at training fraction ``progress`` (not TCOD's rule):
     ``start_depth`` (clipped to ``max_steps``) at 0, ``max_steps`` from ``expand_fraction`` on, in between ``start +
     floor(f · (max_steps − start))`` with ``f = progress / expand_fraction`` (``stages``: ``f`` floored to

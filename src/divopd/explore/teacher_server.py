@@ -72,22 +72,17 @@ MAX_BACKOFF_S = 30.0
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 
 
-def _base_url(url: str) -> str:
-    base = url.strip().rstrip("/")
-    return base[: -len("/v1")] if base.endswith("/v1") else base
-
-
 class ServerClient:
     """JSON over HTTP to one server. A failed request (refused, timed out, dropped, HTTP 5xx / 429) is retried with
-    exponential backoff (``backoff_s`` doubled up to :data:`MAX_BACKOFF_S`) until ``deadline_s`` has passed since the
-    call began (``retries`` may cap the count). After a failed call the server counts as down: later requests get one
-    attempt each until one succeeds, so a dead server costs one ``deadline_s``, not one per turn. The API key is read
-    from the variable ``api_key_env`` names (never logged). ``sleep`` and ``clock``: a unit test may pass its own."""
+    exponential backoff (up to :data:`MAX_BACKOFF_S`) until ``deadline_s`` has passed since the call began. After a
+    failed call the server counts as down: one attempt per request until one succeeds, so a dead server costs one
+    ``deadline_s``, not one per turn. The API key (``api_key_env``) is never logged."""
 
     def __init__(self, settings: ServerSettings, *, sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
-        self.base = _base_url(settings.url)
+        base = settings.url.strip().rstrip("/")
+        self.base = base[: -len("/v1")] if base.endswith("/v1") else base
         self._headers = {"Content-Type": "application/json"}
         if settings.api_key_env:
             key = os.environ.get(settings.api_key_env)
@@ -170,18 +165,14 @@ def response_scores(prompt_logprobs: list[Any] | None, n_prompt: int, response: 
                     topk: int) -> ResponseScores:
     """Cut one choice's JSON ``prompt_logprobs`` (per position ``{token id: {"logprob", "rank", ...}}`` or null) to
     its response positions (:func:`~divopd.explore.scoring.cut_prompt_logprobs`)."""
-    return cut_prompt_logprobs(prompt_logprobs, n_prompt, response, topk, _read_json_entry)
-
-
-def _read_json_entry(entry: dict[str, Any]) -> dict[int, tuple[float, int | None]]:
-    return {int(t): (float(v["logprob"]), None if v.get("rank") is None else int(v["rank"])) for t, v in entry.items()}
+    return cut_prompt_logprobs(prompt_logprobs, n_prompt, response, topk, lambda entry: {
+        int(t): (float(v["logprob"]), None if v.get("rank") is None else int(v["rank"])) for t, v in entry.items()})
 
 
 class ServerTeacher:
-    """A :class:`~divopd.explore.teacher.Teacher` scoring and acting through an OpenAI-compatible server: scoring
-    sends prompt+response ids with ``max_tokens: 1`` and ``prompt_logprobs: topk`` (vLLM's extension); +R actions are
-    completions with ``return_token_ids``, one seed a row. ``tokenizer`` (the served model's, local) gives the stop
-    tokens. The model is ``settings.model`` or the first ``/v1/models`` lists (:class:`ServerTeacherError` if down)."""
+    """A :class:`~divopd.explore.teacher.Teacher` scoring (prompt+response ids with ``max_tokens: 1`` and vLLM's
+    ``prompt_logprobs``) and acting through an OpenAI-compatible server; ``tokenizer`` (the served model's, local)
+    gives the stop tokens. The model is ``settings.model`` or the first ``/v1/models`` lists."""
 
     def __init__(self, settings: ServerSettings, tokenizer: Any, *, stop_on_newline: bool = True,
                  client: ServerClient | None = None) -> None:

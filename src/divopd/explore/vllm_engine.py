@@ -6,9 +6,13 @@ import contextlib
 import gc
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -18,14 +22,8 @@ from divopd.explore.call_deadline import call_deadline
 from divopd.explore.children import sigint_blocked
 from divopd.explore.generation import Generation, stop_token_ids
 from divopd.explore.scoring import ResponseScores, cut_prompt_logprobs
-from divopd.explore.vllm_model import (
-    VLLMEngineError,
-    check_head_dim,
-    checkpoint_shapes,
-    read_model_config,
-    tied_embeddings,
-)
-from divopd.explore.vllm_weights import NcclWeightSync, check_state_dict, reload_in_place
+from divopd.explore.vllm_model import VLLMEngineError, check_head_dim, checkpoint_shapes, read_model_config
+from divopd.explore.vllm_weights import NcclWeightSync, check_state_dict, handle_state_dict, reload_in_place
 
 __all__ = ["VLLMEngineError", "VLLMGenerator", "PromptTooLongError", "check_model", "lora_engine_kwargs"]
 
@@ -114,11 +112,10 @@ def check_model(model_path: str) -> None:
 
 
 class VLLMGenerator:
-    """A vLLM engine for one model (student or teacher) in a local HF folder, with the semantics of
-    :class:`~divopd.explore.generation.HFGenerator` (token ids in and out, raw T = 1 log probs) plus teacher scoring
-    and live weight updates. The options are :class:`~divopd.explore.settings.VLLMSettings`' (``engine_kwargs`` go to
-    ``vllm.LLM``). A call that fails inside the engine rebuilds it, re-applies the newest weights and retries, up to
-    ``max_restarts`` times; one past ``call_timeout_s`` sets :attr:`stalled` (:func:`call_deadline`)."""
+    """A vLLM engine for one model in a local HF folder, with the semantics of
+    :class:`~divopd.explore.generation.HFGenerator` plus teacher scoring and live weight updates; the options are
+    :class:`~divopd.explore.settings.VLLMSettings`'. A failed call rebuilds the engine (newest weights re-applied)
+    and retries, ``max_restarts`` times; a call past ``call_timeout_s`` sets :attr:`stalled`."""
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
                  stop_on_newline: bool = True, weight_sync: str = "auto", sync_device: str | None = None,
@@ -145,7 +142,7 @@ class VLLMGenerator:
         self.call_timeout_s = float(call_timeout_s)
         self.stalled: str | None = None  # set while a call is past call_timeout_s
         self._expected = checkpoint_shapes(self.model_path)
-        self._tied = tied_embeddings(self.model_path)
+        self._tied = bool(config.get("tie_word_embeddings", False))
         from vllm.platforms import current_platform
 
         self._on_cpu = current_platform.is_cpu()
@@ -171,7 +168,6 @@ class VLLMGenerator:
         self._llm = self._start_engine()
         self.max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
 
-    # ------------------------------------------------------------------ engine lifecycle
     def _start_engine(self) -> Any:
         _share_teardown()
         try:
@@ -237,7 +233,6 @@ class VLLMGenerator:
                 with self._lock:
                     self.restart()
 
-    # ------------------------------------------------------------------ generation
     def _check_prompts(self, prompts: Sequence[Sequence[int]], where: str, room: int = 1) -> None:
         for i, p in enumerate(prompts):
             if len(p) == 0:
@@ -277,7 +272,6 @@ class VLLMGenerator:
             results.append(Generation(ids, lps, c.finish_reason == "stop"))
         return results
 
-    # ------------------------------------------------------------------ teacher scoring
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Per turn, the log prob of each response token after its prompt ([L_i] float32; NaN without context)."""
         return [s.logprobs for s in self.score_turns(prompts, responses, topk=0)]
@@ -302,10 +296,10 @@ class VLLMGenerator:
                                   "adapter merged in) or on a GPU build")
         outs = self._guarded("score", lambda llm: llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs],
                                                                params, use_tqdm=False, lora_request=lora))
-        return [cut_prompt_logprobs(out.prompt_logprobs, len(p), list(r), topk, _read_engine_entry)
+        return [cut_prompt_logprobs(out.prompt_logprobs, len(p), list(r), topk,
+                                    lambda entry: {t: (lp.logprob, lp.rank) for t, lp in entry.items()})
                 for out, p, r in zip(outs, prompts, responses, strict=True)]
 
-    # ------------------------------------------------------------------ weights
     def update_weights(self, state_dict: dict[str, Any], version: int | None = None) -> float:
         """Load new weights into the running engine, checked first (a mismatch raises
         :class:`~divopd.explore.vllm_weights.WeightMismatchError`, the engine unchanged). Returns the seconds."""
@@ -325,15 +319,8 @@ class VLLMGenerator:
             from divopd.learn.lora import merge_adapter
 
             if self._base is None:
-                from types import SimpleNamespace
-
-                from divopd.explore.vllm_weights import handle_state_dict
-
                 self._base = handle_state_dict(SimpleNamespace(state_dict=None, path=self.model_path))
             return self.update_weights(merge_adapter(self._base, state, settings), version)
-        import tempfile
-        from pathlib import Path
-
         from vllm.lora.request import LoRARequest
 
         from divopd.learn.lora import write_adapter
@@ -347,8 +334,6 @@ class VLLMGenerator:
         if old is not None:  # the engine drops the previous version; its folder goes with it
             with contextlib.suppress(Exception):
                 self._llm.llm_engine.remove_lora(old.lora_int_id)
-            import shutil
-
             shutil.rmtree(old.lora_path, ignore_errors=True)
         self._llm.reset_prefix_cache()
         self.weight_version = version
@@ -370,7 +355,3 @@ class VLLMGenerator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _read_engine_entry(entry: dict[int, Any]) -> dict[int, tuple[float, int | None]]:
-    return {t: (lp.logprob, lp.rank) for t, lp in entry.items()}

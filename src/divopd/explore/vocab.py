@@ -11,6 +11,8 @@ import numpy as np
 
 from divopd.explore.generation import Generation
 from divopd.explore.teacher import ResponseScores, Teacher
+from divopd.explore.teacher_server import probe_text
+from divopd.explore.vocab_align import CrossTokenizerTeacher, Translator, plan_coverage, plan_turn
 
 __all__ = ["ExtensionTeacher", "PROBE_PROMPT", "VocabMatch", "adapt_teacher", "compare_vocabularies", "expand_ids",
            "probe_coverage", "student_ids_teacher"]
@@ -73,9 +75,6 @@ PROBE_PROMPT = "You see a coin and a door to the east.\nAction:"
 def probe_coverage(student_tokenizer: Any, teacher_tokenizer: Any, student_only: frozenset[int]) -> dict[str, float]:
     """The fraction of the probe response's student tokens each path scores: ``extension`` (all but the
     ``student_only`` ones) and ``cross`` (those the character-span mapping maps)."""
-    from divopd.explore.teacher_server import probe_text
-    from divopd.explore.vocab_align import Translator, plan_coverage, plan_turn
-
     prompt = [int(t) for t in student_tokenizer.encode(PROBE_PROMPT, add_special_tokens=False)]
     response = [int(t) for t in student_tokenizer.encode(" " + probe_text(student_tokenizer, skip_added=True),
                                                          add_special_tokens=False)]
@@ -97,8 +96,6 @@ def adapt_teacher(teacher: Teacher, student_tokenizer: Any, teacher_tokenizer: A
         return teacher
     if match.kind == "extension":
         return ExtensionTeacher(teacher, student_tokenizer, teacher_tokenizer, match)
-    from divopd.explore.vocab_align import CrossTokenizerTeacher
-
     return CrossTokenizerTeacher(teacher, student_tokenizer, teacher_tokenizer)
 
 

@@ -24,17 +24,18 @@ def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
     return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
+def _text_after(tokenizer: Any, ids: Sequence[int], context: Sequence[int]) -> str:
+    """The text of ``ids`` decoded after ``context`` (a leading space kept)."""
+    ctx = list(context)[-_CONTEXT:]
+    head, full = _decode(tokenizer, ctx), _decode(tokenizer, ctx + list(ids))
+    return full[len(head):] if full.startswith(head) else _decode(tokenizer, ids)
+
+
 def clean_ends(tokenizer: Any, ids: Sequence[int], text: str, context: Sequence[int] = ()) -> list[int | None]:
     """Per token, the character of ``text`` where it ends cleanly (the ids up to it decode to ``text[:c]``, after
     ``context``), else ``None`` (not recoverable on its own, or the decoding left ``text``)."""
-    ctx = list(context)[-_CONTEXT:]
-    head = _decode(tokenizer, ctx)
-    ends: list[int | None] = []
-    for k in range(1, len(ids) + 1):
-        full = _decode(tokenizer, ctx + list(ids[:k]))
-        piece = full[len(head):] if full.startswith(head) else _decode(tokenizer, ids[:k])
-        ends.append(len(piece) if text.startswith(piece) else None)
-    return ends
+    pieces = (_text_after(tokenizer, ids[:k], context) for k in range(1, len(ids) + 1))
+    return [len(piece) if text.startswith(piece) else None for piece in pieces]
 
 
 def _squeeze(text: str) -> str:
@@ -145,9 +146,7 @@ class Translator:
 
     def text(self, ids: Sequence[int], context: Sequence[int]) -> str:
         """The text of ``ids`` after ``context`` (the source's decoding, a leading space kept)."""
-        ctx = list(context)[-_CONTEXT:]
-        head, full = _decode(self.source, ctx), _decode(self.source, ctx + list(ids))
-        return full[len(head):] if full.startswith(head) else _decode(self.source, ids)
+        return _text_after(self.source, ids, context)
 
     def encode_ends(self, text: str) -> tuple[list[int], list[int | None] | None, list[bool]]:
         """The target's ids of ``text`` as a text of its own (a leading space is the dummy prefix where the target adds
