@@ -45,8 +45,7 @@ class VLLMSettings(BaseModel):
 
     def generator_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :class:`~divopd.explore.vllm_engine.VLLMGenerator` (besides path, dtype, seed)."""
-        data = self.model_dump(exclude={"engine_kwargs"}, exclude_none=True)
-        return {**data, **self.engine_kwargs}
+        return {**self.model_dump(exclude={"engine_kwargs"}, exclude_none=True), **self.engine_kwargs}
 
 
 class GenerationSettings(BaseModel):
