@@ -35,9 +35,7 @@ def stop_token_ids(tokenizer: Any, stop_on_newline: bool = True) -> list[int]:
     ids = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
     if stop_on_newline:
         special = set(tokenizer.all_special_ids)
-        for i in range(len(tokenizer)):
-            if i not in special and "\n" in tokenizer.decode([i]):
-                ids.append(i)
+        ids += [i for i in range(len(tokenizer)) if i not in special and "\n" in tokenizer.decode([i])]
     if not ids:
         raise ValueError("stop_token_ids: the tokenizer has no eos token and stop_on_newline is off: nothing stops")
     return sorted(set(ids))
