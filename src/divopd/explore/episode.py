@@ -93,21 +93,18 @@ def build_rollout(episode: Episode, scores: Sequence[ResponseScores | None], *, 
         unscored_turns=episode.unscored + sum(s is None for s in scores), policy_version_min=min(versions),
         policy_version_max=max(versions), partial=not episode.done)
     known = episode.done
-    turns = []
-    for s, sc in zip(steps, scores, strict=True):
-        turns.append(Turn(
-            rollout_id=episode.rollout_id, turn_index=s.step, policy_version=s.policy_version,
-            prompt_ids=s.prompt_ids, response_ids=s.response_ids, student_logprobs=s.logprobs,
-            teacher_logprobs=None if sc is None else sc.logprobs, prompt_truncated=s.prompt_truncated,
-            teacher_valid_mask=(np.zeros(len(s.response_ids), dtype=bool)
-                                if truncated_dead and s.prompt_truncated else None),
-            teacher_topk_ids=None if sc is None else sc.topk_ids,
-            teacher_topk_logprobs=None if sc is None else sc.topk_logprobs,
-            info={"env": env, "task": episode.task, "action": s.action, "reward": s.reward,
-                  "progress": s.progress, "score": s.score, "success": episode.success if known else None,
-                  "rollout_score": episode.score if known else None, "horizon": episode.steps if known else None,
-                  "teacher_acted": False, "teacher_turns": episode.recovery.teacher_turns,
-                  "explorer_id": explorer_id}))
+    turns = [Turn(
+        rollout_id=episode.rollout_id, turn_index=s.step, policy_version=s.policy_version,
+        prompt_ids=s.prompt_ids, response_ids=s.response_ids, student_logprobs=s.logprobs,
+        teacher_logprobs=None if sc is None else sc.logprobs, prompt_truncated=s.prompt_truncated,
+        teacher_valid_mask=np.zeros(len(s.response_ids), dtype=bool) if truncated_dead and s.prompt_truncated else None,
+        teacher_topk_ids=None if sc is None else sc.topk_ids,
+        teacher_topk_logprobs=None if sc is None else sc.topk_logprobs,
+        info={"env": env, "task": episode.task, "action": s.action, "reward": s.reward, "progress": s.progress,
+              "score": s.score, "success": episode.success if known else None,
+              "rollout_score": episode.score if known else None, "horizon": episode.steps if known else None,
+              "teacher_acted": False, "teacher_turns": episode.recovery.teacher_turns, "explorer_id": explorer_id})
+        for s, sc in zip(steps, scores, strict=True)]
     episode.queued = len(episode.student_steps)
     episode.unscored = info.unscored_turns
     return Rollout(turns, info)

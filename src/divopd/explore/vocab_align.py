@@ -253,11 +253,8 @@ class CrossTokenizerTeacher:
         results = self.inner.score_turns([plans[i].teacher_prompt for i in scored],
                                          [plans[i].teacher_response for i in scored], topk=0) if scored else []
         by_turn = dict(zip(scored, results, strict=True))
-        out = []
-        for i, plan in enumerate(plans):
-            lps = by_turn[i].logprobs if i in by_turn else np.zeros(0, np.float32)
-            out.append(ResponseScores(map_logprobs(plan, lps)))
-        return out
+        return [ResponseScores(map_logprobs(plan, by_turn[i].logprobs if i in by_turn else np.zeros(0, np.float32)))
+                for i, plan in enumerate(plans)]
 
     def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
                  seed: int | None = None) -> list[Generation]:
@@ -266,8 +263,6 @@ class CrossTokenizerTeacher:
         t_prompts = [self.to_teacher.translate(p) for p in prompts]
         gens = self.inner.generate(t_prompts, greedy=greedy, temperature=temperature, max_new_tokens=max_new_tokens,
                                    seed=seed)
-        out = []
-        for g in gens:
-            ids = self.to_student.translate(g.response_ids, lead=False)
-            out.append(Generation(ids, np.full(len(ids), np.nan, dtype=np.float32), g.stopped))
-        return out
+        student_ids = [self.to_student.translate(g.response_ids, lead=False) for g in gens]
+        return [Generation(ids, np.full(len(ids), np.nan, dtype=np.float32), g.stopped)
+                for ids, g in zip(student_ids, gens, strict=True)]
