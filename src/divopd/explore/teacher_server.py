@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -192,16 +192,8 @@ class ServerTeacher:
     def _map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         """``fn`` over ``items`` on the pool, in order; the first failure raises (after every request ended)."""
         futures = [self._pool.submit(fn, item) for item in items]
-        results, error = [], None
-        for f in futures:
-            try:
-                results.append(f.result())
-            except Exception as exc:  # noqa: BLE001 (kept: raised once every request has ended)
-                error = error or exc
-                results.append(None)
-        if error is not None:
-            raise error
-        return results
+        wait(futures)
+        return [f.result() for f in futures]
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
                     topk: int = 0) -> list[ResponseScores]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from divopd.errors import UsageError
 
@@ -56,15 +57,10 @@ def handle_state_dict(handle: Any) -> dict[str, torch.Tensor]:
     path = getattr(handle, "path", None)
     if path is None:
         raise ValueError("weight handle has neither a state_dict nor a path")
-    from safetensors.torch import load_file
-
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"weight handle: no *.safetensors in {path}")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(load_file(str(f)))
-    return out
+    return {name: tensor for f in files for name, tensor in load_file(str(f)).items()}
 
 
 def reload_in_place(llm: Any, pairs: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> None:
