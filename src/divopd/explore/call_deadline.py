@@ -19,10 +19,9 @@ EXIT_CALL_STALLED = 3
 
 @contextmanager
 def call_deadline(timeout_s: float, line: str, mark: Callable[[str | None], None]) -> Iterator[None]:
-    """Run the body under the deadline ``timeout_s``: past it ``mark(line)`` (the call is stalled, for the loop
-    watchdog) and log ``line``; ``mark(None)`` when the body ends. From the main thread (the lockstep loop itself,
-    whose watchdog the call blocks), past twice the deadline, exit the process with one line and
-    :data:`EXIT_CALL_STALLED` (the newest checkpoint and every logged turn stay: ``--resume`` continues)."""
+    """Run the body under the deadline ``timeout_s``: past it ``mark(line)`` (stalled, for the loop watchdog) and log
+    ``line``; ``mark(None)`` when the body ends. From the main thread (whose watchdog the call blocks), past twice the
+    deadline, exit the process with one line and :data:`EXIT_CALL_STALLED` (``--resume`` continues)."""
     timers: list[threading.Timer] = []
     on_main = threading.current_thread() is threading.main_thread()
 

@@ -1,10 +1,5 @@
-"""The child processes divopd starts, and a terminal's Ctrl-C: children outlive it and divopd stops them itself.
-
-A Ctrl-C sends SIGINT to the whole foreground process group, so a JVM, a learner rank or a vLLM engine process would
-die before divopd has checkpointed (their state is what it checkpoints). A JVM, which unblocks SIGINT for its shutdown
-hooks, gets a process group of its own instead (py4j's ``create_new_process_group``) and exits by py4j's
-``die_on_exit``.
-"""
+"""The child processes divopd starts, and a terminal's Ctrl-C (SIGINT to the whole process group): children outlive
+it, so divopd checkpoints before it stops them itself (a JVM gets a process group of its own instead)."""
 
 from __future__ import annotations
 
@@ -23,10 +18,9 @@ _PR_SET_PDEATHSIG = 1
 
 @contextlib.contextmanager
 def sigint_blocked(multiprocessing: bool = False) -> Iterator[None]:
-    """Block SIGINT in this thread while the body starts child processes (they inherit the mask); a SIGINT that
-    arrives meanwhile is delivered when the block ends. ``multiprocessing``: the body spawns with
-    :mod:`multiprocessing`, whose first spawn starts its resource tracker and then unblocks SIGINT in the caller
-    (``resource_tracker.ensure_running``): the tracker is started before the block."""
+    """Block SIGINT in this thread while the body starts child processes (they inherit the mask; a SIGINT meanwhile
+    is delivered when the block ends). ``multiprocessing``: start its resource tracker first (its first spawn would
+    unblock SIGINT in the caller)."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
@@ -59,10 +53,9 @@ _deferred = False  # a force quit arrived during one of them
 
 @contextlib.contextmanager
 def no_quit() -> Iterator[None]:
-    """In the main thread: a force quit (:func:`quit_deferred`) that arrives inside the body is raised as
-    ``KeyboardInterrupt`` when the body ends, not inside it: for a call that an interrupt at a random bytecode leaves
-    broken (py4j's connection handling; every such call has a deadline). A third Ctrl-C quits at once even there.
-    Other threads never receive signals: a no-op there."""
+    """In the main thread: a force quit (:func:`quit_deferred`) inside the body is raised as ``KeyboardInterrupt``
+    when it ends, for a call that an interrupt at a random bytecode leaves broken (py4j's; each has a deadline). A
+    third Ctrl-C quits at once even there. A no-op in other threads (they never receive signals)."""
     global _depth, _deferred
     if threading.current_thread() is not threading.main_thread():
         yield

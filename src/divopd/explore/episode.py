@@ -80,12 +80,8 @@ class Episode:
 def build_rollout(episode: Episode, scores: Sequence[ResponseScores | None], *, explorer_id: int, env: str,
                   max_steps: int, policy_version: int, truncated_dead: bool = True, start: int = 0) -> Rollout:
     """The rollout's Turns and info from an episode and the teacher's scores of its student turns ``start:``
-    (``scores[i]`` ``None`` = unscored). ``truncated_dead``: a turn
-    whose prompt was truncated gets an all-False teacher-valid mask (a dead row for readers without the gate).
-
-    An episode still running gives a *chunk* (``explorer.enqueue: turn``): ``info.partial`` is True and its turns'
-    outcome keys (``success``, ``rollout_score``, ``horizon``) are None, since the rollout has not ended; the chunk
-    with the last turn carries the outcome and the rollout's info (``partial`` False)."""
+    (``None``: unscored). ``truncated_dead``: a truncated prompt's turn gets an all-False teacher-valid mask. An
+    episode still running gives a *chunk* (``enqueue: turn``): ``info.partial``, and its turns' outcome keys None."""
     steps = episode.student_steps[start:]
     hit_limit = not episode.crashed and not episode.success and episode.steps >= max_steps
     versions = [s.policy_version for s in episode.student_steps] or [policy_version]
@@ -97,21 +93,18 @@ def build_rollout(episode: Episode, scores: Sequence[ResponseScores | None], *, 
         unscored_turns=episode.unscored + sum(s is None for s in scores), policy_version_min=min(versions),
         policy_version_max=max(versions), partial=not episode.done)
     known = episode.done
-    turns = []
-    for s, sc in zip(steps, scores, strict=True):
-        turns.append(Turn(
-            rollout_id=episode.rollout_id, turn_index=s.step, policy_version=s.policy_version,
-            prompt_ids=s.prompt_ids, response_ids=s.response_ids, student_logprobs=s.logprobs,
-            teacher_logprobs=None if sc is None else sc.logprobs, prompt_truncated=s.prompt_truncated,
-            teacher_valid_mask=(np.zeros(len(s.response_ids), dtype=bool)
-                                if truncated_dead and s.prompt_truncated else None),
-            teacher_topk_ids=None if sc is None else sc.topk_ids,
-            teacher_topk_logprobs=None if sc is None else sc.topk_logprobs,
-            info={"env": env, "task": episode.task, "action": s.action, "reward": s.reward,
-                  "progress": s.progress, "score": s.score, "success": episode.success if known else None,
-                  "rollout_score": episode.score if known else None, "horizon": episode.steps if known else None,
-                  "teacher_acted": False, "teacher_turns": episode.recovery.teacher_turns,
-                  "explorer_id": explorer_id}))
+    turns = [Turn(
+        rollout_id=episode.rollout_id, turn_index=s.step, policy_version=s.policy_version,
+        prompt_ids=s.prompt_ids, response_ids=s.response_ids, student_logprobs=s.logprobs,
+        teacher_logprobs=None if sc is None else sc.logprobs, prompt_truncated=s.prompt_truncated,
+        teacher_valid_mask=np.zeros(len(s.response_ids), dtype=bool) if truncated_dead and s.prompt_truncated else None,
+        teacher_topk_ids=None if sc is None else sc.topk_ids,
+        teacher_topk_logprobs=None if sc is None else sc.topk_logprobs,
+        info={"env": env, "task": episode.task, "action": s.action, "reward": s.reward, "progress": s.progress,
+              "score": s.score, "success": episode.success if known else None,
+              "rollout_score": episode.score if known else None, "horizon": episode.steps if known else None,
+              "teacher_acted": False, "teacher_turns": episode.recovery.teacher_turns, "explorer_id": explorer_id})
+        for s, sc in zip(steps, scores, strict=True)]
     episode.queued = len(episode.student_steps)
     episode.unscored = info.unscored_turns
     return Rollout(turns, info)
@@ -119,15 +112,11 @@ def build_rollout(episode: Episode, scores: Sequence[ResponseScores | None], *, 
 
 def count_rollout(stats: dict[str, float], info: RolloutInfo) -> None:
     """Add a finished rollout's info to the explorer's cumulative counters."""
-    s = stats
-    s["rollouts"] += 1
-    s["turns"] += info.student_turns
-    s["teacher_turns"] += info.teacher_turns
-    s["takeovers"] += info.takeovers
-    s["successes"] += info.success
-    s["truncated_turns"] += info.truncated_turns
-    s["unscored_turns"] += info.unscored_turns
-    s["step_limit_hits"] += info.hit_step_limit
+    for key, value in (("rollouts", 1), ("turns", info.student_turns), ("teacher_turns", info.teacher_turns),
+                       ("takeovers", info.takeovers), ("successes", info.success),
+                       ("truncated_turns", info.truncated_turns), ("unscored_turns", info.unscored_turns),
+                       ("step_limit_hits", info.hit_step_limit)):
+        stats[key] += value
 
 
 def eval_metrics(episodes: list[Episode], policy_version: int, t0: float) -> dict[str, float]:
@@ -166,18 +155,10 @@ def episode_state(e: Episode) -> dict[str, Any]:
 
 def episode_from_state(d: dict[str, Any]) -> Episode:
     """The episode :func:`episode_state` saved (allowed-set keys unset: a replay of its env fills them)."""
-    r = d["recovery"]
-    recovery = RecoveryState(no_progress_streak=r["no_progress_streak"], in_takeover=r["in_takeover"],
-                             teacher_turns=r["teacher_turns"], takeovers=r["takeovers"], last_action=r["last_action"],
-                             log=[(a, bool(p)) for a, p in r["log"]])
-    steps = [StudentStep(step=s["step"], prompt_ids=list(s["prompt_ids"]), prompt_truncated=s["prompt_truncated"],
-                         response_ids=list(s["response_ids"]), logprobs=_array_from(s["logprobs"]),
-                         policy_version=s["policy_version"], action=s["action"], reward=s["reward"],
-                         progress=s["progress"], score=s["score"]) for s in d["student_steps"]]
-    return Episode(rollout_id=d["rollout_id"], task=d["task"], first_observation=d["first_observation"],
-                   valid_actions=d["valid_actions"], history=[(a, o) for a, o in d["history"]], student_steps=steps,
-                   recovery=recovery, steps=d["steps"], score=d["score"], success=d["success"], done=d["done"],
-                   crashed=d["crashed"], queued=d["queued"], unscored=d["unscored"])
+    recovery = RecoveryState(**{**d["recovery"], "log": [(a, bool(p)) for a, p in d["recovery"]["log"]]})
+    steps = [StudentStep(**{**s, "prompt_ids": list(s["prompt_ids"]), "response_ids": list(s["response_ids"]),
+                            "logprobs": _array_from(s["logprobs"])}) for s in d["student_steps"]]
+    return Episode(**{**d, "history": [(a, o) for a, o in d["history"]], "student_steps": steps, "recovery": recovery})
 
 
 def _array_json(a: np.ndarray) -> dict[str, Any]:

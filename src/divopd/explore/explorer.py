@@ -28,7 +28,7 @@ from divopd.explore.episode import (
     eval_metrics,
 )
 from divopd.explore.generation import GenerationBackend, HFGenerator
-from divopd.explore.prompting import EncodedPrompt, decode_action, encode_prompt
+from divopd.explore.prompting import decode_action, encode_prompt
 from divopd.explore.replay import ReplayError, load_student, replay_episode
 from divopd.explore.scoring import teacher_scores
 from divopd.explore.settings import ExplorerConfig
@@ -48,65 +48,22 @@ STATE_FORMAT = 1  # of Explorer.state_dict
 
 
 class Explorer:
-    """Runs the student on ``config.num_envs`` env instances and turns its rollouts into scored :class:`Turn` s.
+    """Runs the student on ``config.num_envs`` env instances and turns its rollouts into scored :class:`Turn` s
+    (docs/concepts/explorers.md). Runtimes drive it through :meth:`collect` (lockstep: :meth:`step_round`),
+    :meth:`set_weights`, :meth:`evaluate` and :meth:`close`.
 
-    Paper, "Asynchronous multi-turn OPD": rollout workers generate student interactions and frozen-teacher scores
-    independently of learner updates, queueing turns with rollout IDs and policy versions. Here:
-
-    1. each round every unfinished rollout gets a chat prompt (``prompt_truncated`` past the context budget) and one
-       action, generated for all instances in one batch, keeping the per-token generating log probabilities;
-    2. each env steps; a rollout ends on success/failure, at the step limit, or when its env crashes (counted; its
-       turns are kept and a fresh instance replaces the env);
-    3. the teacher scores the student turns in one batched pass when a rollout ends (``enqueue: rollout``) or every
-       round (``enqueue: turn``, chunks); a failure marks turns unscored and counts it, nothing is dropped;
-    4. newer published weights (:meth:`set_weights`) are loaded between rollouts, as ``load_weights`` says;
-    5. with +R on (:mod:`divopd.explore.recovery`) the teacher acts after ``p`` no-progress student turns, at most
-       ``m`` turns a rollout; its turns are not queued (``turn_index`` is the env step: they leave gaps).
-
-    Runtimes drive it through :meth:`collect` (lockstep: :meth:`step_round`), :meth:`set_weights`, :meth:`evaluate`
-    and :meth:`close`. Example::
-
-        explorer = Explorer(ExplorerConfig(env="twx", num_envs=4), student, tokenizer, teacher, seed=0)
-        rollouts = explorer.collect(8)           # list[Rollout]; rollout.turns are Turns, rollout.info the episode
-        explorer.set_weights(learner.publish())  # applied at the next rollout boundary
-        explorer.evaluate(num_tasks=50)          # T = 0.4, seeded: {"eval/success_rate": ..., "eval/mean_score": ...}
-
-    Args:
-        config: the explorer's settings.
-        student: causal LM generating actions (used in place; its weights change via :meth:`set_weights`); ``None``
-            with a ``student_backend`` that holds its own weights (a vLLM engine).
-        tokenizer: the student's tokenizer (chat template used for prompts).
-        teacher: the frozen :class:`~divopd.explore.teacher.Teacher` (or an HF causal LM, wrapped in one) scoring
-            every student token and acting under +R; ``None`` = turns unscored.
-        teacher_tokenizer: the teacher's tokenizer (``None`` = the student's); with another vocabulary the teacher
-            is wrapped to score the student's ids (:func:`~divopd.explore.vocab.student_ids_teacher`).
-        seed: base seed of task order and sampling.
-        explorer_id: this explorer's number; rollout ids are ``f"{id_prefix}{explorer_id}-{n}"``.
-        policy_version: version of the student weights given.
-        env_factory: builds one env instance (default: ``make_env(config.env, **config.env_kwargs)``).
-        id_prefix: rollout-id prefix; a runtime that restarts explorers passes a fresh one so ids never repeat.
-        student_backend: the student's generator (default: an HFGenerator on ``student``); one with
-            ``update_weights`` receives every published version before the next rollout.
-        step_limit: the training step limit for published weights (TCOD's depth, TurnOPD's budget), applied at
-            once by each :meth:`set_weights`; ``None`` = ``config.max_steps`` (evaluators).
-        weights: the published handle the student copy holds (version ``policy_version``), for ``step_limit``.
+    ``student`` is used in place (``None`` with a ``student_backend`` that holds its own weights); ``teacher``, a
+    :class:`~divopd.explore.teacher.Teacher` or an HF causal LM (``None``: turns unscored), is wrapped to score the
+    student's ids when ``teacher_tokenizer`` is another. Rollout ids are ``f"{id_prefix}{explorer_id}-{n}"``.
+    ``step_limit`` gives the training step limit of published weights (TCOD's depth, TurnOPD's budget; ``None``:
+    ``config.max_steps``); ``weights`` is the handle the student copy holds (version ``policy_version``).
     """
 
-    def __init__(
-        self,
-        config: ExplorerConfig,
-        student: Any,
-        tokenizer: Any,
-        teacher: Any | None = None,
-        teacher_tokenizer: Any | None = None,
-        *,
-        seed: int = 0, explorer_id: int = 0, policy_version: int = 0,
-        env_factory: Callable[[], Env] | None = None,
-        id_prefix: str = "x",
-        student_backend: GenerationBackend | None = None,
-        step_limit: Callable[[Any], int] | None = None,
-        weights: WeightHandle | None = None,
-    ) -> None:
+    def __init__(self, config: ExplorerConfig, student: Any, tokenizer: Any, teacher: Any | None = None,
+                 teacher_tokenizer: Any | None = None, *, seed: int = 0, explorer_id: int = 0, policy_version: int = 0,
+                 env_factory: Callable[[], Env] | None = None, id_prefix: str = "x",
+                 student_backend: GenerationBackend | None = None, step_limit: Callable[[Any], int] | None = None,
+                 weights: WeightHandle | None = None) -> None:
         self.config = config
         self.student = student
         self.tokenizer = tokenizer
@@ -148,7 +105,6 @@ class Explorer:
         self._stats: dict[str, float] = dict.fromkeys(EXPLORER_COUNTERS, 0.0)
         self._handed_over: dict[str, float] = {}  # the stage times as of the previous rollout handed over
 
-    # ------------------------------------------------------------------ runtime-facing API
     def collect(self, num_rollouts: int) -> list[Rollout]:
         """The next ``num_rollouts`` finished rollouts (in-flight rollouts carry over to the next call)."""
         return [next(self.rollouts()) for _ in range(num_rollouts)]  # one stream per explorer: the same each call
@@ -182,12 +138,9 @@ class Explorer:
 
     def evaluate(self, tasks: Iterable[str] | None = None, num_tasks: int | None = None, *,
                  temperature: float = 0.4, greedy: bool = False, seed: int | None = None) -> dict[str, float]:
-        """Student-only episodes on held-out tasks (no recovery, no teacher): success rate and mean score.
-
-        ``tasks`` defaults to the first ``num_tasks`` (default ``config.eval_tasks``) tasks of ``config.eval_split``.
-        The student samples at ``temperature`` (the paper's 0.4) or decodes greedily. Sampling is seeded by ``seed``
-        (default: the explorer's) and the call count within this evaluation only: the same weights, tasks and seed
-        give the same result whatever the explorer generated before. Not concurrently with :meth:`rollouts`."""
+        """Student-only episodes (no recovery) on ``tasks``, default the first ``num_tasks`` (``config.eval_tasks``)
+        of ``config.eval_split``: ``eval/*`` metrics. Sampling at ``temperature`` is seeded by ``seed`` (default: the
+        explorer's) and this evaluation's calls only. Not concurrently with :meth:`rollouts`."""
         if not greedy and temperature <= 0:
             raise ValueError(f"Explorer.evaluate: temperature must be > 0 when sampling, got {temperature}")
         self._apply_pending_weights()
@@ -215,7 +168,9 @@ class Explorer:
             state = np.random.SeedSequence(seed, spawn_key=(0xE7A1, self._eval_calls)).generate_state(1)[0]
             return greedy, temperature, int(state)
         greedy = self.config.generation.greedy if actor == "student" else self.config.recovery.teacher_greedy
-        return greedy, self.config.generation.temperature, self._next_gen_seed()
+        self._gen_calls += 1
+        seed = int(np.random.SeedSequence([self.seed, self.explorer_id, self._gen_calls]).generate_state(1)[0])
+        return greedy, self.config.generation.temperature, seed
 
     def stats(self) -> dict[str, float]:
         """Cumulative counters, namespaced ``explorer/...`` (rollouts, turns, env_crashes, teacher_failures, ...)."""
@@ -238,11 +193,9 @@ class Explorer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ the spine
     def step_round(self) -> tuple[list[Rollout], int]:
         """One round on the training envs, each instance one step: the rollouts that ended (``enqueue: turn``: every
-        stepped rollout's new turns, as chunks) and the env steps taken. The lockstep runtime's way; :meth:`collect`
-        is the pull-based one (do not mix the two: they share the env instances)."""
+        stepped rollout's new turns, as chunks) and the env steps taken. Not mixed with :meth:`collect`."""
         if self._rollout_iter is not None:
             raise RuntimeError("Explorer.step_round: this explorer already streams rollouts (collect/rollouts)")
         if self._round_iter is None:
@@ -289,7 +242,8 @@ class Explorer:
             if not idx:
                 continue
             tok = self.tokenizer if actor == "student" else self.teacher_tokenizer
-            prompts = [self._prompt(episodes[i], tok) for i in idx]
+            prompts = [encode_prompt(tok, self.config.prompt, episodes[i].first_observation, episodes[i].history,
+                                     episodes[i].valid_actions) for i in idx]
             gen = self._student_gen if actor == "student" else self._teacher_gen
             greedy, temperature, seed = self._decoding(actor, evaluating)
             t0 = time.perf_counter()
@@ -363,11 +317,6 @@ class Explorer:
         rollout.info.set_stage_times(self._stats, self._handed_over)  # explorer seconds since the previous one
         return rollout
 
-    # ------------------------------------------------------------------ helpers
-    def _prompt(self, episode: Episode, tokenizer: Any) -> EncodedPrompt:
-        return encode_prompt(tokenizer, self.config.prompt, episode.first_observation, episode.history,
-                             episode.valid_actions)
-
     def _teacher_scores(self, prompts: list[list[int]], responses: list[list[int]]) -> list[ResponseScores | None]:
         """The teacher's scores per turn (``None`` = unscored), retried turn by turn on a failure."""
         teacher = self._teacher
@@ -414,20 +363,13 @@ class Explorer:
             self.policy_version = int(handle.version)
             self._stats["weight_loads"] += 1
 
-    def _next_gen_seed(self) -> int:
-        self._gen_calls += 1
-        return int(np.random.SeedSequence([self.seed, self.explorer_id, self._gen_calls]).generate_state(1)[0])
-
-    # ------------------------------------------------------------------ state (an exact resume of a lockstep run)
     def replayable(self) -> bool:
-        """Whether every env instance replays deterministically (:attr:`Env.replayable
-        <divopd.explore.envs.base.Env.replayable>`): only then can :meth:`load_state_dict` restore this explorer."""
+        """Whether every env instance replays deterministically (needed by :meth:`load_state_dict`)."""
         return all(env.replayable for env in self._envs)
 
     def state_dict(self) -> dict[str, Any]:
-        """What an explorer driven by :meth:`step_round` holds between two rounds, as plain JSON: each slot's running
-        episode, the seed counters, the task stream's position, the counters, the weights versions, the step limit
-        (the student copy's weights are not in it: :func:`~divopd.explore.replay.save_student`)."""
+        """What an explorer driven by :meth:`step_round` holds between two rounds, as plain JSON (the student copy's
+        weights aside: :func:`~divopd.explore.replay.save_student`)."""
         if self._rollout_iter is not None:
             raise RuntimeError("Explorer.state_dict: only an explorer driven by step_round (lockstep) has one")
         pending = self._pending_weights

@@ -1,11 +1,4 @@
-"""Action generation: one response per prompt, batched across env instances, with per-token generating log probs.
-
-The log probability kept for each response token comes from the model's raw logits (``output_logits``), not
-``output_scores``, which are taken after temperature/top-k warping: it is ``log π_θ(y_i | h_<i)`` at temperature 1,
-what the learner recomputes for θ_old and the focus score compares with the teacher's. Sampling uses the full
-distribution (``top_k=0``, ``top_p=1``); generation stops at end-of-sequence or at any token that decodes to a newline.
-It runs under ``torch.no_grad()``, not ``inference_mode`` (tensors made there cannot be saved for a later backward).
-"""
+"""Action generation: one response per prompt, batched across env instances, with per-token generating log probs."""
 
 from __future__ import annotations
 
@@ -21,13 +14,9 @@ __all__ = ["Generation", "GenerationBackend", "HFGenerator", "stop_token_ids"]
 
 @dataclass
 class Generation:
-    """One generated response.
-
-    Attributes:
-        response_ids: generated token ids, up to and including the stop token (eos or a newline token) when one came.
-        logprobs: [len(response_ids)] float32, log π(token | prefix) of each generated token at temperature 1.
-        stopped: whether generation ended on a stop token (False = cut at ``max_new_tokens``).
-    """
+    """One generated response: its token ids (up to and including the stop token when one came), ``logprobs``
+    ([len(response_ids)] float32, log π(token | prefix) at temperature 1) and whether it ``stopped`` on a stop token
+    (False: cut at ``max_new_tokens``)."""
 
     response_ids: list[int]
     logprobs: np.ndarray
@@ -46,9 +35,7 @@ def stop_token_ids(tokenizer: Any, stop_on_newline: bool = True) -> list[int]:
     ids = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
     if stop_on_newline:
         special = set(tokenizer.all_special_ids)
-        for i in range(len(tokenizer)):
-            if i not in special and "\n" in tokenizer.decode([i]):
-                ids.append(i)
+        ids += [i for i in range(len(tokenizer)) if i not in special and "\n" in tokenizer.decode([i])]
     if not ids:
         raise ValueError("stop_token_ids: the tokenizer has no eos token and stop_on_newline is off: nothing stops")
     return sorted(set(ids))
@@ -66,17 +53,11 @@ class HFGenerator:
             raise ValueError("HFGenerator: the tokenizer has neither a pad nor an eos token")
         self.pad_id = int(pad)
 
-    @torch.no_grad()
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        *,
-        greedy: bool = False,
-        temperature: float = 1.0,
-        max_new_tokens: int = 16,
-        seed: int | None = None,
-    ) -> list[Generation]:
-        """Generate one response per prompt (``seed`` makes sampling reproducible without touching the global RNG)."""
+    @torch.no_grad()  # not inference_mode: tensors made there cannot be saved for a later backward
+    def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, temperature: float = 1.0,
+                 max_new_tokens: int = 16, seed: int | None = None) -> list[Generation]:
+        """One response per prompt, sampled from the full distribution (``top_k=0``, ``top_p=1``); the log probs come
+        from the raw logits (``output_logits``: T = 1, unwarped). ``seed`` leaves the global RNG untouched."""
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):

@@ -53,12 +53,8 @@ class EncodedPrompt:
     history_total: int
 
 
-def build_messages(
-    config: PromptConfig,
-    first_observation: str,
-    history: Sequence[tuple[str, str]],
-    valid_actions: Sequence[str] | None = None,
-) -> list[dict[str, str]]:
+def build_messages(config: PromptConfig, first_observation: str, history: Sequence[tuple[str, str]],
+                   valid_actions: Sequence[str] | None = None) -> list[dict[str, str]]:
     """Chat messages for one turn: system, the first observation, then the (assistant action, user observation) pairs
     of ``history``; the valid actions go on the last user message."""
     messages: list[dict[str, str]] = []
@@ -91,21 +87,12 @@ def render_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
-def encode_prompt(
-    tokenizer: Any,
-    config: PromptConfig,
-    first_observation: str,
-    history: Sequence[tuple[str, str]],
-    valid_actions: Sequence[str] | None = None,
-) -> EncodedPrompt:
-    """Encode the prompt of the next turn within ``config.max_prompt_tokens``, keeping the most recent history.
-
-    Rule (paper, validity paragraph): show the whole (windowed) history if it fits; else the largest number of most
-    recent pairs that fits (at least one when there is any history), flagged ``truncated`` per
-    ``config.flag_dropped_history`` (the explorer still queues the turn; the validity gate rejects it; ``false`` is the
-    paper's Appendix E.4 mitigation, a window); if even that exceeds the budget, keep the last ``max_prompt_tokens``
-    tokens and flag the prompt truncated.
-    """
+def encode_prompt(tokenizer: Any, config: PromptConfig, first_observation: str, history: Sequence[tuple[str, str]],
+                  valid_actions: Sequence[str] | None = None) -> EncodedPrompt:
+    """The next turn's prompt within ``config.max_prompt_tokens`` (paper, validity paragraph): the whole (windowed)
+    history if it fits; else the most recent pairs that fit (at least one), flagged ``truncated`` per
+    ``config.flag_dropped_history`` (``false``: Appendix E.4's window); else the last ``max_prompt_tokens`` tokens of
+    the prompt with one pair, flagged truncated."""
     budget = config.max_prompt_tokens
     history = list(history)
     total = len(history)
@@ -136,8 +123,7 @@ def encode_prompt(
 
 
 def encode_action(tokenizer: Any, action: str) -> list[int]:
-    """Response token ids for an action as the student should emit it: the action's tokens, then end-of-sequence (as
-    assistant messages look under the chat template, so SFT examples and generated responses share one format)."""
+    """Response token ids of an action as the student should emit it: the action's tokens, then end-of-sequence."""
     ids = [int(i) for i in tokenizer(action, add_special_tokens=False)["input_ids"]]
     if tokenizer.eos_token_id is not None:
         ids.append(int(tokenizer.eos_token_id))

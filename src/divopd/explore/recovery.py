@@ -1,23 +1,6 @@
-"""DivOPD+R: bounded teacher recovery for rollouts that stop making progress (paper, Section 3.4 and Appendix G).
-
-The paper's rule (Appendix G): a **no-progress turn** is an invalid action, or a repeated action while the set of
-allowed actions is unchanged. After **p** (``patience``) consecutive no-progress turns the teacher acts, for at most
-**m** (``max_takeover``) turns **per rollout**; the student then resumes from the resulting state. Recovery starts
-after a **warmup** counted in learner updates and is off at evaluation. Teacher actions are not student turns, so they
-never become training rows. Per-setting p / m / warmup live in ``explorer.recovery`` of ``configs/<setting>.yaml``.
-
-Our reading (the paper does not say):
-
-* *Invalid* is each adapter's rule (``info["invalid"]``, stated in its docstring); the *allowed set* is
-  :meth:`~divopd.explore.envs.base.Env.allowed_actions_key`, or the observation text where an env reports none.
-* *Repeated* compares the normalised action with the previous action of the episode, whoever took it; *unchanged*
-  compares the allowed set when the action is taken with the one when the previous action was taken. The first action
-  of an episode is never a repeat.
-* *Consecutive* counts student turns only; teacher turns neither add to nor break the count, which restarts at zero
-  when control returns to the student.
-* A takeover lasts until the rollout's m teacher turns are spent or the episode ends (one takeover a rollout). With
-  ``return_on_progress: true`` it ends after a teacher turn that makes progress; the budget left serves later ones.
-"""
+"""DivOPD+R: bounded teacher recovery for rollouts that stop making progress (paper, Section 3.4 and Appendix G):
+after p consecutive no-progress student turns the teacher acts, for at most m turns per rollout. The rule and our
+reading of what the paper leaves open: docs/concepts/explorers.md (+R recovery)."""
 
 from __future__ import annotations
 
@@ -109,15 +92,11 @@ class RecoveryState:
             self.takeovers += 1
         return "teacher" if self.in_takeover else "student"
 
-    def classify(self, action: str, invalid: bool) -> bool:
-        """Whether ``action``, taken now (in the current state), is a no-progress turn."""
-        return is_no_progress(action, invalid, self.allowed, self.last_action, self.last_allowed)
-
     def step(self, actor: str, action: str, invalid: bool, allowed_after: Hashable | None, observation: str,
              config: RecoveryConfig) -> bool:
         """Account for one env step: ``actor`` took ``action`` (``invalid`` by the env's rule), reaching a state with
         allowed actions ``allowed_after`` and ``observation``. Returns whether it was a no-progress turn."""
-        no_progress = self.classify(action, invalid)
+        no_progress = is_no_progress(action, invalid, self.allowed, self.last_action, self.last_allowed)
         self.record(actor, no_progress, config)
         self.last_action, self.last_allowed = action, self.allowed
         self.allowed = _allowed(allowed_after, observation)

@@ -1,7 +1,5 @@
-"""An exact resume of a lockstep run, beside :meth:`Explorer.state_dict <divopd.explore.explorer.Explorer.state_dict>`:
-each running episode replayed on a fresh env instance, every observation coming back as recorded (an environment that
-does not replay deterministically is refused with one line, never resumed with a different state), and the student
-copy's weights on disk."""
+"""An exact resume of a lockstep run, beside ``Explorer.state_dict``: each running episode replayed on a fresh env
+instance (one that does not replay as recorded is refused in one line), and the student copy's weights on disk."""
 
 from __future__ import annotations
 
@@ -24,9 +22,8 @@ class ReplayError(UsageError, RuntimeError):
 
 def replay_episode(envs: list[Env], i: int, episode: Episode, replace_env: Callable[[Env], Env],
                    max_restarts: int) -> Episode:
-    """Reset env slot ``i`` on the episode's task and replay its actions (in the calls the explorer made: reset, then
-    ``valid_actions`` and ``allowed_actions_key`` after it and after each step); ``episode`` with its +R state's
-    allowed-set keys taken from the replayed env. An env crash is retried on a fresh instance (``replace_env``)."""
+    """Reset env slot ``i`` on the episode's task and replay its actions with the explorer's calls; ``episode`` with
+    its +R allowed-set keys from the replayed env. A crash is retried on a fresh instance (``replace_env``)."""
     for attempt in range(max_restarts + 1):
         try:
             keys = _replay(envs[i], episode)

@@ -47,12 +47,9 @@ def cut_prompt_logprobs(entries: Sequence[Any] | None, n_prompt: int, response: 
 
 def teacher_scores(score_call: ScoreCall, prompts: list[list[int]], responses: list[list[int]],
                    stats: dict[str, float], explorer_id: int) -> list[ResponseScores | None]:
-    """The teacher's scores per turn (``None`` = unscored).
-
-    One batched ``score_call``; if it fails, each turn is retried alone. Counts ``teacher_failures``,
-    ``time/teacher_score`` and ``teacher_masked_tokens`` (scored positions whose log prob is not finite: not
-    teacher-valid) in ``stats``. A result whose length differs from its response counts as unscored.
-    """
+    """The teacher's scores per turn (``None``: unscored, also for a result whose length differs from its response):
+    one batched ``score_call``, each turn retried alone if it fails. Counts ``teacher_failures``,
+    ``time/teacher_score`` and ``teacher_masked_tokens`` (positions whose log prob is not finite) in ``stats``."""
     t0 = time.perf_counter()
     try:
         results: list[ResponseScores | None] = list(score_call(prompts, responses))
@@ -68,12 +65,7 @@ def teacher_scores(score_call: ScoreCall, prompts: list[list[int]], responses: l
                 log.warning("explorer %s: teacher scoring failed for one turn: %s", explorer_id, exc_one)
                 results.append(None)
     stats["time/teacher_score"] += time.perf_counter() - t0
-    out: list[ResponseScores | None] = []
-    for scores, resp in zip(results, responses, strict=True):
-        if scores is None or len(scores.logprobs) != len(resp):
-            out.append(None)
-            continue
-        out.append(scores)
-        masked = np.count_nonzero(~np.isfinite(np.asarray(scores.logprobs, dtype=np.float64)))
-        stats["teacher_masked_tokens"] = stats.get("teacher_masked_tokens", 0) + int(masked)
+    out = [s if s is not None and len(s.logprobs) == len(r) else None for s, r in zip(results, responses, strict=True)]
+    masked = sum(np.count_nonzero(~np.isfinite(np.asarray(s.logprobs, dtype=np.float64))) for s in out if s is not None)
+    stats["teacher_masked_tokens"] = stats.get("teacher_masked_tokens", 0) + int(masked)
     return out

@@ -14,9 +14,8 @@ __all__ = ["ExplorerConfig", "GenerationSettings", "VLLMSettings"]
 
 
 class VLLMSettings(BaseModel):
-    """Options of a vLLM engine (``backend: vllm``), passed to ``vllm.LLM`` (see :class:`divopd.VLLMGenerator`).
-
-    The engine's dtype is the model's (``student.dtype`` / ``teacher.dtype``) and its seed the run seed."""
+    """Options of a vLLM engine (``backend: vllm``; :class:`divopd.VLLMGenerator`); its dtype is the model's
+    (``student.dtype`` / ``teacher.dtype``) and its seed the run seed."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -46,15 +45,12 @@ class VLLMSettings(BaseModel):
 
     def generator_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :class:`~divopd.explore.vllm_engine.VLLMGenerator` (besides path, dtype, seed)."""
-        data = self.model_dump(exclude={"engine_kwargs"}, exclude_none=True)
-        return {**data, **self.engine_kwargs}
+        return {**self.model_dump(exclude={"engine_kwargs"}, exclude_none=True), **self.engine_kwargs}
 
 
 class GenerationSettings(BaseModel):
-    """How the student generates its actions during training rollouts.
-
-    Evaluation has its own decoding (:meth:`Explorer.evaluate <divopd.explore.explorer.Explorer.evaluate>`; in a
-    training config ``eval.temperature``, the paper's 0.4, or ``eval.greedy``)."""
+    """How the student generates its actions during training rollouts (evaluation: ``eval.temperature`` or
+    ``eval.greedy``)."""
 
     model_config = ConfigDict(extra="forbid")
 

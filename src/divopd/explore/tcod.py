@@ -1,22 +1,6 @@
-"""TCOD-F2B: the trajectory-depth curriculum baseline (Wang et al., 2026c, arXiv 2604.24005).
-
-TCOD's rule, read in its public code (``github.com/kokolerk/TCOD`` at ``465eef4``, ``TCOD_f2b_workflow.py`` and
-``trinity/explorer/explorer.py``): at explorer step ``step`` (1-based, one batch of tasks per step and one weight sync
-per step) a training episode runs ``min(d, max_env_steps)`` student turns with ``d = 1 + step // checkpoint_steps``,
-an evaluation episode ``max_env_steps``; every student response of the cut episode is teacher-scored as an ordinary
-rollout. Its examples use ``checkpoint_steps`` (η) 6 and ``max_env_steps`` 30 (ALFWorld, ScienceWorld), 4 and 15
-(WebShop).
-
-divopd has no explorer batches, so "step" is our reading: the training step the rollout is collected for, ``learner
-updates done + 1``. The depth is the explorer's step limit (:func:`divopd.train.runtime.common.step_limit`, given to
-each training explorer); evaluators use the full ``explorer.max_steps``. Batches are read as vanilla OPD reads them
-(arrival order, no pool, no gate): the baseline changes which turns exist, not which are selected. Two other
-schedules are options: ``linear`` (``start_depth`` growing to the full limit over ``expand_fraction`` of
-``total_updates``) and ``stages``. Example::
-
-    cfg = TCODConfig(enabled=True, eta=6)
-    [cfg.horizon(30, update=v) for v in (0, 4, 5, 11, 200)]   # [1, 1, 2, 3, 30]
-"""
+"""TCOD-F2B: the trajectory-depth curriculum baseline (Wang et al., 2026c, arXiv 2604.24005), read in its public code
+(``github.com/kokolerk/TCOD``): a training episode runs ``d = 1 + step // η`` student turns, "step" being learner
+updates + 1 (our reading). The rule and the other schedules: docs/concepts/environments.md (TCOD-F2B baseline)."""
 
 from __future__ import annotations
 
@@ -47,22 +31,12 @@ def tcod_progress(update: int, total_updates: int) -> float:
     return min(1.0, update / total_updates)
 
 
-def tcod_horizon(
-    progress: float,
-    start_depth: int,
-    max_steps: int,
-    expand_fraction: float,
-    schedule: Literal["linear", "stages"] = "linear",
-    num_stages: int = 4,
-) -> int:
-    """The non-default ``linear`` / ``stages`` horizons at training fraction ``progress`` (not TCOD's rule).
-
-    The horizon is ``start_depth`` at ``progress = 0`` and ``max_steps`` once ``progress >= expand_fraction``; in
-    between it follows the ramp ``f = progress / expand_fraction``: ``linear`` gives
-    ``start + floor(f · (max_steps − start))``, ``stages`` gives ``start + floor(floor(f · num_stages) / num_stages ·
-    (max_steps − start))``. The result is an int in ``[min(start_depth, max_steps), max_steps]``, non-decreasing in
-    ``progress``. A ``start_depth`` above ``max_steps`` is clipped to ``max_steps`` (no curriculum left).
-    """
+def tcod_horizon(progress: float, start_depth: int, max_steps: int, expand_fraction: float,
+                 schedule: Literal["linear", "stages"] = "linear", num_stages: int = 4) -> int:
+    """The non-default ``linear`` / ``stages`` horizons at training fraction ``progress`` (not TCOD's rule):
+    ``start_depth`` (clipped to ``max_steps``) at 0, ``max_steps`` from ``expand_fraction`` on, in between ``start +
+    floor(f · (max_steps − start))`` with ``f = progress / expand_fraction`` (``stages``: ``f`` floored to
+    ``1 / num_stages`` steps). Non-decreasing in ``progress``."""
     if not isinstance(progress, (int, float)) or math.isnan(progress) or progress < 0:
         raise ValueError(f"progress must be a number >= 0, got {progress!r}")
     _check_int("start_depth", start_depth, 1)

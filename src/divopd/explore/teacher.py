@@ -1,9 +1,5 @@
-"""The frozen teacher as the explorer sees it: the :class:`Teacher` protocol and its in-process implementation.
-
-The others: :class:`~divopd.explore.vllm_engine.VLLMGenerator` (``teacher.backend: vllm``),
-:class:`~divopd.train.runtime.ray_teacher.RemoteTeacher` (``teacher.shared: true``),
-:class:`~divopd.explore.teacher_server.ServerTeacher` (``teacher.backend: server``); a teacher of another vocabulary
-is wrapped at start (:mod:`divopd.explore.vocab`) so that every implementation scores the student's token ids."""
+"""The frozen teacher as the explorer sees it: the :class:`Teacher` protocol and its in-process HF implementation
+(the others: ``VLLMGenerator``, ``RemoteTeacher``, ``ServerTeacher``; docs/concepts/teacher.md)."""
 
 from __future__ import annotations
 
@@ -36,10 +32,8 @@ class Teacher(Protocol):
 
 
 class HFTeacher:
-    """A Hugging Face model as a :class:`Teacher` (frozen: eval mode, scored under ``no_grad``).
-
-    ``max_tokens_per_batch`` bounds one scoring forward (``explorer.teacher_max_tokens_per_batch``);
-    ``stop_on_newline`` is the generation setting its +R actions use."""
+    """A Hugging Face model as a :class:`Teacher` (frozen: scored under ``no_grad``); ``max_tokens_per_batch`` bounds
+    one scoring forward, ``stop_on_newline`` is its +R actions' setting."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_tokens_per_batch: int,
                  stop_on_newline: bool = True) -> None:

@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -72,22 +72,17 @@ MAX_BACKOFF_S = 30.0
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 
 
-def _base_url(url: str) -> str:
-    base = url.strip().rstrip("/")
-    return base[: -len("/v1")] if base.endswith("/v1") else base
-
-
 class ServerClient:
     """JSON over HTTP to one server. A failed request (refused, timed out, dropped, HTTP 5xx / 429) is retried with
-    exponential backoff (``backoff_s`` doubled up to :data:`MAX_BACKOFF_S`) until ``deadline_s`` has passed since the
-    call began (``retries`` may cap the count). After a failed call the server counts as down: later requests get one
-    attempt each until one succeeds, so a dead server costs one ``deadline_s``, not one per turn. The API key is read
-    from the variable ``api_key_env`` names (never logged). ``sleep`` and ``clock``: a unit test may pass its own."""
+    exponential backoff (up to :data:`MAX_BACKOFF_S`) until ``deadline_s`` has passed since the call began. After a
+    failed call the server counts as down: one attempt per request until one succeeds, so a dead server costs one
+    ``deadline_s``, not one per turn. The API key (``api_key_env``) is never logged."""
 
     def __init__(self, settings: ServerSettings, *, sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
-        self.base = _base_url(settings.url)
+        base = settings.url.strip().rstrip("/")
+        self.base = base[: -len("/v1")] if base.endswith("/v1") else base
         self._headers = {"Content-Type": "application/json"}
         if settings.api_key_env:
             key = os.environ.get(settings.api_key_env)
@@ -97,7 +92,7 @@ class ServerClient:
             self._headers["Authorization"] = f"Bearer {key}"
         self._sleep, self._clock = sleep, clock
         self._down = threading.Event()  # set after a call failed: one attempt per request until one succeeds
-        self.requests = self.retried = 0
+        self.retried = 0
 
     def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -107,13 +102,11 @@ class ServerClient:
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None, *, retry: bool = True) -> Any:
         """The decoded JSON answer of ``method path``; :class:`ServerTeacherError` once the deadline (or ``retries``)
-        is spent, or at once on a status not worth retrying (the error line names the status and the server's
-        message)."""
+        is spent, or at once on a status not worth retrying."""
         s = self.settings
         start = self._clock()
         attempt, wait = 0, s.backoff_s
         while True:
-            self.requests += 1
             try:
                 answer = self._once(method, path, body)
                 self._down.clear()
@@ -172,22 +165,14 @@ def response_scores(prompt_logprobs: list[Any] | None, n_prompt: int, response: 
                     topk: int) -> ResponseScores:
     """Cut one choice's JSON ``prompt_logprobs`` (per position ``{token id: {"logprob", "rank", ...}}`` or null) to
     its response positions (:func:`~divopd.explore.scoring.cut_prompt_logprobs`)."""
-    return cut_prompt_logprobs(prompt_logprobs, n_prompt, response, topk, _read_json_entry)
-
-
-def _read_json_entry(entry: dict[str, Any]) -> dict[int, tuple[float, int | None]]:
-    return {int(t): (float(v["logprob"]), None if v.get("rank") is None else int(v["rank"])) for t, v in entry.items()}
+    return cut_prompt_logprobs(prompt_logprobs, n_prompt, response, topk, lambda entry: {
+        int(t): (float(v["logprob"]), None if v.get("rank") is None else int(v["rank"])) for t, v in entry.items()})
 
 
 class ServerTeacher:
-    """A :class:`~divopd.explore.teacher.Teacher` scoring and acting through an OpenAI-compatible server: scoring
-    sends prompt+response ids with ``max_tokens: 1`` and ``prompt_logprobs: topk`` (vLLM's extension),
-    ``max_turns_per_request`` turns a request, at most ``max_concurrency`` requests at a time; +R actions are
-    completions with ``return_token_ids`` and ``logprobs: 0``, the in-process backends' stop tokens and one seed a row.
-
-    ``tokenizer`` is the local tokenizer of the served model (``teacher.path``): it gives the stop tokens of
-    :meth:`generate`. The served model name is ``settings.model`` or, when None, the first one ``/v1/models``
-    lists (asked here, with retries: a server that stays down raises :class:`ServerTeacherError`)."""
+    """A :class:`~divopd.explore.teacher.Teacher` scoring (prompt+response ids with ``max_tokens: 1`` and vLLM's
+    ``prompt_logprobs``) and acting through an OpenAI-compatible server; ``tokenizer`` (the served model's, local)
+    gives the stop tokens. The model is ``settings.model`` or the first ``/v1/models`` lists."""
 
     def __init__(self, settings: ServerSettings, tokenizer: Any, *, stop_on_newline: bool = True,
                  client: ServerClient | None = None) -> None:
@@ -199,7 +184,6 @@ class ServerTeacher:
         self.stop_ids = stop_token_ids(tokenizer, stop_on_newline)
         self.model, self.max_model_len = served_model(self.client, settings.model)
         self._pool = ThreadPoolExecutor(max_workers=settings.max_concurrency, thread_name_prefix="divopd-teacher")
-        self.calls = 0
 
     def close(self) -> None:
         """Stop the request threads (a later call raises)."""
@@ -207,18 +191,9 @@ class ServerTeacher:
 
     def _map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         """``fn`` over ``items`` on the pool, in order; the first failure raises (after every request ended)."""
-        self.calls += 1
         futures = [self._pool.submit(fn, item) for item in items]
-        results, error = [], None
-        for f in futures:
-            try:
-                results.append(f.result())
-            except Exception as exc:  # noqa: BLE001 (kept: raised once every request has ended)
-                error = error or exc
-                results.append(None)
-        if error is not None:
-            raise error
-        return results
+        wait(futures)
+        return [f.result() for f in futures]
 
     def score_turns(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
                     topk: int = 0) -> list[ResponseScores]:
@@ -228,10 +203,7 @@ class ServerTeacher:
         turns = [(list(p), list(r)) for p, r in zip(prompts, responses, strict=True)]
         size = self.settings.max_turns_per_request
         groups = [turns[i:i + size] for i in range(0, len(turns), size)]
-        out: list[ResponseScores] = []
-        for group in self._map(lambda g: self._score_group(g, topk), groups):
-            out.extend(group)
-        return out
+        return [s for group in self._map(lambda g: self._score_group(g, topk), groups) for s in group]
 
     def _score_group(self, group: list[tuple[list[int], list[int]]], topk: int) -> list[ResponseScores]:
         body = {"model": self.model, "prompt": [p + r for p, r in group], "max_tokens": 1, "temperature": 0.0,
@@ -248,8 +220,7 @@ class ServerTeacher:
 
     def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
                  seed: int | None = None) -> list[Generation]:
-        """One response per prompt (the teacher acting under +R): one request per row, each with its own seed
-        derived from ``(seed, row)``, so a call is reproducible whatever the batch."""
+        """One response per prompt (+R), one request per row, seeded from ``(seed, row)``."""
         rows = []
         for i, p in enumerate(prompts):
             row_seed = None if seed is None else int(np.random.SeedSequence([seed, i]).generate_state(1)[0])
@@ -294,8 +265,8 @@ PROBE_TEXT = "The teacher scores every token: look around, take coin, go east.\n
 
 
 def probe_text(tokenizer: Any, n: int = 256, *, skip_added: bool = False) -> str:
-    """:data:`PROBE_TEXT` plus the decoded text of ``n`` token ids spread over ``tokenizer``'s vocabulary, special
-    tokens left out (with ``skip_added`` every added token too: a chat model's ``<think>`` is markup, not text)."""
+    """:data:`PROBE_TEXT` plus the text of ``n`` token ids spread over ``tokenizer``'s vocabulary, special tokens left
+    out (with ``skip_added`` every added token too)."""
     skip = set(getattr(tokenizer, "all_special_ids", []) or [])
     if skip_added:
         skip |= set(getattr(tokenizer, "get_added_vocab", dict)().values())
@@ -305,9 +276,9 @@ def probe_text(tokenizer: Any, n: int = 256, *, skip_added: bool = False) -> str
 
 
 def check_server(settings: ServerSettings, tokenizer: Any, path: str) -> str:
-    """The start check of ``teacher.backend: server``: the server answers (one attempt, no retries), serves the
-    model and tokenizes :func:`probe_text` to the ids the local tokenizer of ``path`` gives (when it has ``/tokenize``).
-    Returns the one-line description the run logs; raises :class:`ServerCheckError` (one line) otherwise."""
+    """The start check of ``teacher.backend: server``: the server answers (one attempt), serves the model and
+    tokenizes :func:`probe_text` as the local tokenizer of ``path`` does (where it has ``/tokenize``). Returns the line
+    the run logs; :class:`ServerCheckError` otherwise."""
     client = ServerClient(settings)
     try:
         name, limit = served_model(client, settings.model, retry=False)

@@ -1,14 +1,4 @@
-"""vLLM behind the explorer: :class:`VLLMGenerator` generates actions, scores teacher tokens and takes live weight
-updates, with the semantics of :class:`~divopd.explore.generation.HFGenerator`.
-
-Token ids in, token ids out (no re-tokenisation between turns); the same stop tokens
-(:func:`~divopd.explore.generation.stop_token_ids`); sampling over the full distribution (``top_k=0``, ``top_p=1``).
-The log prob kept for each sampled token is vLLM's ``raw_logprobs``: from the raw logits, ``log π(y|h)`` at
-temperature 1, what the learner recomputes. Teacher scores are the engine's prompt log probs of prompt+response.
-Weight updates are checked before the engine is touched, then loaded in place or broadcast over NCCL
-(:mod:`divopd.explore.vllm_weights`). A call that fails inside the engine (the engine died) rebuilds it from the model
-folder, re-applies the newest weights and retries, up to ``max_restarts`` times; then :class:`VLLMEngineError`.
-"""
+"""vLLM behind the explorer: :class:`VLLMGenerator` (docs/concepts/vllm.md)."""
 
 from __future__ import annotations
 
@@ -16,9 +6,13 @@ import contextlib
 import gc
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -28,14 +22,8 @@ from divopd.explore.call_deadline import call_deadline
 from divopd.explore.children import sigint_blocked
 from divopd.explore.generation import Generation, stop_token_ids
 from divopd.explore.scoring import ResponseScores, cut_prompt_logprobs
-from divopd.explore.vllm_model import (
-    VLLMEngineError,
-    check_head_dim,
-    checkpoint_shapes,
-    read_model_config,
-    tied_embeddings,
-)
-from divopd.explore.vllm_weights import NcclWeightSync, check_state_dict, reload_in_place
+from divopd.explore.vllm_model import VLLMEngineError, check_head_dim, checkpoint_shapes, read_model_config
+from divopd.explore.vllm_weights import NcclWeightSync, check_state_dict, handle_state_dict, reload_in_place
 
 __all__ = ["VLLMEngineError", "VLLMGenerator", "PromptTooLongError", "check_model", "lora_engine_kwargs"]
 
@@ -51,9 +39,8 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def lora_engine_kwargs(rank: int) -> dict[str, Any]:
-    """The engine options of a LoRA student's engine (``student.lora.rank`` = ``rank`` > 0): ``enable_lora`` with the
-    smallest ``max_lora_rank`` vLLM allows that holds ``rank``, one adapter at a time; each version's adapter is then
-    loaded per request (:meth:`VLLMGenerator.update_adapter`). Rank 0 (full fine-tuning): none."""
+    """The engine options of a LoRA student (``student.lora.rank`` > 0): ``enable_lora`` with the smallest
+    ``max_lora_rank`` vLLM allows that holds ``rank``, one adapter at a time. Rank 0 (full fine-tuning): none."""
     if rank <= 0:
         return {}
     fits = [r for r in VLLM_LORA_RANKS if r >= rank]
@@ -94,16 +81,13 @@ def _import_vllm() -> Any:
 
 #: ids of the engines of this process that are running (see :func:`_share_teardown`).
 _LIVE: set[int] = set()
-#: One engine call at a time in this process: two in-process engines stepping in two threads at once crash the CPU
-#: build (its kernels and vLLM's process-global state are not thread-safe). Explorer threads take turns on the
-#: engines; the Ray runtime's actors (one process each) run theirs in parallel.
+#: One engine call at a time in this process: two in-process engines stepping at once crash the CPU build.
 _ENGINE_LOCK = threading.RLock()
 
 
 def _share_teardown() -> None:
-    """Engines in one process share vLLM's process-global distributed state, and an engine's shutdown (also the one
-    its garbage collection runs) tears it down, breaking every other engine ("pipeline model parallel group is not
-    initialized"). Wrap that teardown so that it runs only when no other engine of this process is running."""
+    """Run vLLM's process-global teardown only when no other engine of this process is running (an engine's shutdown
+    otherwise breaks the others: "pipeline model parallel group is not initialized")."""
     import vllm.v1.engine.core as core
 
     original = core.cleanup_dist_env_and_memory
@@ -121,34 +105,17 @@ def _share_teardown() -> None:
 
 
 def check_model(model_path: str) -> None:
-    """Fail in one line (:class:`VLLMEngineError`) on what vLLM cannot serve, before an engine is built: vllm missing,
-    no model folder, a head size the CPU attention kernel rejects (runtimes call it before starting explorers)."""
+    """Fail in one line (:class:`VLLMEngineError`) before an engine is built: vllm missing, no model folder, a head
+    size the CPU attention kernel rejects."""
     _import_vllm()
     check_head_dim(str(model_path), read_model_config(str(model_path)))
 
 
 class VLLMGenerator:
-    """A vLLM engine for one model (student or teacher), behind the :class:`GenerationBackend` call.
-
-    Args:
-        model_path: a local Hugging Face model folder (``config.json``, ``*.safetensors``, tokenizer).
-        dtype: engine dtype (``float32`` | ``bfloat16`` | ``float16``).
-        max_model_len: context length of the engine (prompt + generated tokens); ``None`` = the model's.
-        seed: engine seed (each request is seeded as well: see :meth:`generate`).
-        stop_on_newline: stop at any newline-holding token as well as at eos (actions are one line).
-        weight_sync: ``reload`` (in place, engine in this process; the CPU path), ``nccl`` (broadcast into the
-            workers; GPU) or ``auto`` (``nccl`` when CUDA is available, else ``reload``).
-        sync_device: the GPU this process sends from with ``nccl`` (default ``cuda:<tensor_parallel_size>``, the
-            first one after an in-process engine's; NCCL cannot put two ranks of one group on one GPU).
-        max_restarts: engine rebuilds after a failed call before :class:`VLLMEngineError`.
-        call_timeout_s: the deadline of one engine call (generate, score, weight update). An in-process engine call
-            cannot be interrupted from Python, so the deadline marks the engine stalled instead: past it an error
-            line names the engine and the call, and :attr:`stalled` holds that line (until the call returns); the
-            run's loop watchdog (``runtime.stall_timeout_s``) then stops the run when nothing else arrives. A call
-            from the main thread (lockstep) still running at twice the deadline ends the process (exit 3).
-        engine_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``enable_prefix_caching`` — on by default,
-            ``enforce_eager``, ``kv_cache_memory_bytes`` — 512 MiB by default on CPU, ``tensor_parallel_size``, ...).
-    """
+    """A vLLM engine for one model in a local HF folder, with the semantics of
+    :class:`~divopd.explore.generation.HFGenerator` plus teacher scoring and live weight updates; the options are
+    :class:`~divopd.explore.settings.VLLMSettings`'. A failed call rebuilds the engine (newest weights re-applied)
+    and retries, ``max_restarts`` times; a call past ``call_timeout_s`` sets :attr:`stalled`."""
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
                  stop_on_newline: bool = True, weight_sync: str = "auto", sync_device: str | None = None,
@@ -175,7 +142,7 @@ class VLLMGenerator:
         self.call_timeout_s = float(call_timeout_s)
         self.stalled: str | None = None  # set while a call is past call_timeout_s
         self._expected = checkpoint_shapes(self.model_path)
-        self._tied = tied_embeddings(self.model_path)
+        self._tied = bool(config.get("tie_word_embeddings", False))
         from vllm.platforms import current_platform
 
         self._on_cpu = current_platform.is_cpu()
@@ -196,13 +163,11 @@ class VLLMGenerator:
         self._lora_dir: Any = None
         self._base: dict[str, Any] | None = None  # the folder's weights, for merged LoRA updates (no enable_lora)
         self.weight_version = 0
-        self.last_update_s = 0.0
         self._sync: NcclWeightSync | None = None
         self._lock = _ENGINE_LOCK
         self._llm = self._start_engine()
         self.max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
 
-    # ------------------------------------------------------------------ engine lifecycle
     def _start_engine(self) -> Any:
         _share_teardown()
         try:
@@ -244,18 +209,15 @@ class VLLMGenerator:
             del llm
             gc.collect()
 
-    def _deadline(self, what: str) -> contextlib.AbstractContextManager[None]:
-        """Mark the engine :attr:`stalled` while a call runs past ``call_timeout_s`` (:func:`call_deadline`)."""
-        return call_deadline(self.call_timeout_s, f"stalled at {what}: the vLLM engine for {self.model_path} gave no "
-                             f"answer within call_timeout_s = {self.call_timeout_s:g} s",
-                             lambda line: setattr(self, "stalled", line))
-
     def _guarded(self, what: str, call: Callable[[Any], T]) -> T:
         """``call(llm)``; if the engine fails, rebuild it (newest weights included) and retry, ``max_restarts``
         times in this generator's life, then raise :class:`VLLMEngineError`."""
+        stalled = (f"stalled at {what}: the vLLM engine for {self.model_path} gave no answer within call_timeout_s = "
+                   f"{self.call_timeout_s:g} s")
         while True:
             try:
-                with self._lock, self._deadline(what):
+                with self._lock, call_deadline(self.call_timeout_s, stalled,
+                                               lambda line: setattr(self, "stalled", line)):
                     if self._llm is None:
                         raise VLLMEngineError(f"VLLMGenerator for {self.model_path}: {what} after close()")
                     return call(self._llm)
@@ -271,7 +233,6 @@ class VLLMGenerator:
                 with self._lock:
                     self.restart()
 
-    # ------------------------------------------------------------------ generation
     def _check_prompts(self, prompts: Sequence[Sequence[int]], where: str, room: int = 1) -> None:
         for i, p in enumerate(prompts):
             if len(p) == 0:
@@ -283,11 +244,8 @@ class VLLMGenerator:
 
     def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, temperature: float = 1.0,
                  max_new_tokens: int = 16, seed: int | None = None) -> list[Generation]:
-        """One response per prompt, with the raw (T = 1) log prob of each generated token.
-
-        ``seed`` seeds each request (row ``i`` gets a seed derived from ``(seed, i)``), so a call is reproducible
-        whatever the batch composition; ``None`` = the engine's own randomness.
-        """
+        """One response per prompt with the raw (T = 1) log prob of each token; row ``i`` is seeded from ``(seed, i)``
+        (``None``: the engine's own randomness)."""
         if not prompts:
             return []
         if not greedy and temperature <= 0:
@@ -314,7 +272,6 @@ class VLLMGenerator:
             results.append(Generation(ids, lps, c.finish_reason == "stop"))
         return results
 
-    # ------------------------------------------------------------------ teacher scoring
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Per turn, the log prob of each response token after its prompt ([L_i] float32; NaN without context)."""
         return [s.logprobs for s in self.score_turns(prompts, responses, topk=0)]
@@ -339,43 +296,31 @@ class VLLMGenerator:
                                   "adapter merged in) or on a GPU build")
         outs = self._guarded("score", lambda llm: llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs],
                                                                params, use_tqdm=False, lora_request=lora))
-        return [cut_prompt_logprobs(out.prompt_logprobs, len(p), list(r), topk, _read_engine_entry)
+        return [cut_prompt_logprobs(out.prompt_logprobs, len(p), list(r), topk,
+                                    lambda entry: {t: (lp.logprob, lp.rank) for t, lp in entry.items()})
                 for out, p, r in zip(outs, prompts, responses, strict=True)]
 
-    # ------------------------------------------------------------------ weights
     def update_weights(self, state_dict: dict[str, Any], version: int | None = None) -> float:
-        """Load new weights into the running engine; later calls see them. Returns the seconds it took.
-
-        The tensors are checked first (every checkpoint tensor present, no unknown name, same shapes): a mismatch
-        raises :class:`~divopd.explore.vllm_weights.WeightMismatchError` and leaves the engine unchanged.
-        """
+        """Load new weights into the running engine, checked first (a mismatch raises
+        :class:`~divopd.explore.vllm_weights.WeightMismatchError`, the engine unchanged). Returns the seconds."""
         pairs = check_state_dict(state_dict, self._expected, tied=self._tied)
         t0 = time.perf_counter()
         version = self.weight_version + 1 if version is None else int(version)
         self._guarded("update_weights", lambda _llm: self._push(pairs, version))
         self._latest = pairs
-        self.last_update_s = time.perf_counter() - t0
-        return self.last_update_s
+        return time.perf_counter() - t0
 
     def update_adapter(self, state: dict[str, Any], settings: dict[str, Any], version: int | None = None) -> float:
         """Serve a LoRA student's adapter version (``state``: its tensors; ``settings``: ``r``, ``lora_alpha``,
-        ``target_modules``; :mod:`divopd.learn.lora`). An engine built with ``enable_lora`` loads the adapter per
-        request (a ``LoRARequest`` for each version's adapter folder); any other engine gets the adapter merged into
-        the folder's base weights, reloaded in place (:meth:`update_weights`). Returns the seconds it took."""
+        ``target_modules``): per request on an engine with ``enable_lora``, else merged into the folder's base weights
+        (:meth:`update_weights`). Returns the seconds."""
         version = self.weight_version + 1 if version is None else int(version)
         if not self._engine_kwargs.get("enable_lora"):
             from divopd.learn.lora import merge_adapter
 
             if self._base is None:
-                from types import SimpleNamespace
-
-                from divopd.explore.vllm_weights import handle_state_dict
-
                 self._base = handle_state_dict(SimpleNamespace(state_dict=None, path=self.model_path))
             return self.update_weights(merge_adapter(self._base, state, settings), version)
-        import tempfile
-        from pathlib import Path
-
         from vllm.lora.request import LoRARequest
 
         from divopd.learn.lora import write_adapter
@@ -389,13 +334,10 @@ class VLLMGenerator:
         if old is not None:  # the engine drops the previous version; its folder goes with it
             with contextlib.suppress(Exception):
                 self._llm.llm_engine.remove_lora(old.lora_int_id)
-            import shutil
-
             shutil.rmtree(old.lora_path, ignore_errors=True)
         self._llm.reset_prefix_cache()
         self.weight_version = version
-        self.last_update_s = time.perf_counter() - t0
-        return self.last_update_s
+        return time.perf_counter() - t0
 
     def _push(self, pairs: list[tuple[str, Any]], version: int) -> None:
         if self.weight_sync == "nccl":
@@ -413,7 +355,3 @@ class VLLMGenerator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _read_engine_entry(entry: dict[int, Any]) -> dict[int, tuple[float, int | None]]:
-    return {t: (lp.logprob, lp.rank) for t, lp in entry.items()}

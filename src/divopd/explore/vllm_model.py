@@ -9,7 +9,7 @@ from typing import Any
 
 from divopd.errors import UsageError
 
-__all__ = ["VLLMEngineError", "check_head_dim", "checkpoint_shapes", "read_model_config", "tied_embeddings"]
+__all__ = ["VLLMEngineError", "check_head_dim", "checkpoint_shapes", "read_model_config"]
 
 
 class VLLMEngineError(UsageError, RuntimeError):
@@ -61,11 +61,3 @@ def checkpoint_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
             for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 shapes[name] = tuple(fh.get_slice(name).get_shape())
     return shapes
-
-
-def tied_embeddings(model_path: str | Path) -> bool:
-    try:
-        data = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return bool(data.get("tie_word_embeddings", False))

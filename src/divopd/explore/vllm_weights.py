@@ -1,7 +1,5 @@
-"""New weights for a running vLLM engine: a ``state_dict`` checked against the checkpoint's tensors before the engine
-is touched (:func:`check_state_dict`), and the two ways they get in: in place in this process
-(:func:`reload_in_place`) or an NCCL broadcast (:class:`NcclWeightSync`). After either, the engine's prefix cache is
-reset: cached KV blocks were computed with the old weights."""
+"""New weights for a running vLLM engine: checked against the checkpoint's tensors first (:func:`check_state_dict`),
+then loaded in place (:func:`reload_in_place`) or broadcast over NCCL (:class:`NcclWeightSync`)."""
 
 from __future__ import annotations
 
@@ -11,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from divopd.errors import UsageError
 
@@ -23,12 +22,9 @@ class WeightMismatchError(UsageError, ValueError):
 
 def check_state_dict(state_dict: Mapping[str, Any], expected: Mapping[str, tuple[int, ...]], *,
                      tied: bool) -> list[tuple[str, torch.Tensor]]:
-    """The ``(name, tensor)`` pairs to load, in the checkpoint's order; raise :class:`WeightMismatchError` (one line)
-    when a checkpoint tensor is missing, a name is unknown, a shape differs or a value is not a tensor.
-
-    With tied embeddings, ``lm_head.weight`` (which HF ``state_dict`` lists, the checkpoint does not) is sent last,
-    taken from the embeddings when absent: vLLM's layer-wise reload rebuilds the head and must receive it.
-    """
+    """The ``(name, tensor)`` pairs to load, in the checkpoint's order (with ``tied`` embeddings ``lm_head.weight``
+    last); :class:`WeightMismatchError` (one line) when a checkpoint tensor is missing, a name is unknown, a shape
+    differs or a value is not a tensor."""
     missing = [k for k in expected if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected and not (tied and k.endswith("lm_head.weight"))]
     if missing or unexpected:
@@ -45,7 +41,7 @@ def check_state_dict(state_dict: Mapping[str, Any], expected: Mapping[str, tuple
             raise WeightMismatchError(f"weight update: {name} has shape {tuple(t.shape)}, the engine's model "
                                       f"{shape}; the engine is unchanged")
         pairs.append((name, t))
-    if tied:  # vLLM's layer-wise reload re-creates the tied head too: it must be sent (as the embeddings)
+    if tied:  # vLLM's layer-wise reload re-creates the tied head too: it must be sent (the embeddings if absent)
         embed = next((n for n in expected if n.endswith("embed_tokens.weight")), None)
         head = next((k for k in state_dict if k.endswith("lm_head.weight")), None)
         if head is not None or embed is not None:
@@ -61,22 +57,15 @@ def handle_state_dict(handle: Any) -> dict[str, torch.Tensor]:
     path = getattr(handle, "path", None)
     if path is None:
         raise ValueError("weight handle has neither a state_dict nor a path")
-    from safetensors.torch import load_file
-
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"weight handle: no *.safetensors in {path}")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(load_file(str(f)))
-    return out
+    return {name: tensor for f in files for name, tensor in load_file(str(f)).items()}
 
 
 def reload_in_place(llm: Any, pairs: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> None:
-    """Load ``pairs`` into an in-process engine (the CPU build, or ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) through the
-    worker's ``reload_weights``: vLLM's layer-wise reload lifecycle (fresh parameters, ``load_weights``, the backend's
-    post-processing) works where a bare ``model.load_weights`` does not (on the CPU build the loaded parameters are
-    post-processed and no longer carry a ``weight_loader``)."""
+    """Load ``pairs`` into an in-process engine through the worker's layer-wise ``reload_weights`` (a bare
+    ``model.load_weights`` fails on the CPU build: its loaded parameters no longer carry a ``weight_loader``)."""
     weights = [(name, t.detach().to("cpu", dtype=dtype).contiguous()) for name, t in pairs]
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
 
@@ -116,13 +105,9 @@ class _LLMClient:
 
 
 class NcclWeightSync:
-    """Broadcast new weights into a GPU engine's workers over NCCL (vLLM's dense ``nccl`` weight-transfer backend).
-
-    This process is rank 0 of a group with the engine's ``world_size`` workers; the group is opened on the first
-    :meth:`send`, and each update broadcasts every tensor into the workers, which load them through the same
-    layer-wise reload. The engine must have been built with ``weight_transfer_config={"backend": "nccl"}``; it runs on
-    a GPU only (checked by ``benchmarks/gpu/check_vllm_nccl.py``).
-    """
+    """Broadcast new weights into a GPU engine's workers over NCCL (vLLM's dense ``nccl`` weight-transfer backend;
+    the engine built with ``weight_transfer_config={"backend": "nccl"}``): this process is rank 0 of a group with the
+    engine's ``world_size`` workers, opened on the first :meth:`send`."""
 
     def __init__(self, llm: Any, *, world_size: int, device: str = "cuda:0") -> None:
         if not torch.cuda.is_available():

@@ -1,7 +1,5 @@
-"""Teacher and student vocabularies: decided once at start (:func:`compare_vocabularies`: ``identical``,
-``extension`` or ``cross``) and bridged by a wrapper around any inner teacher (:func:`adapt_teacher`), so the explorer
-always speaks the student's token ids. The paper's ALFWorld pair is an extension: a Qwen3 student adds ``<think>`` and
-a few tokens to Qwen2.5's."""
+"""Teacher and student vocabularies: compared once at start (identical, extension or cross) and bridged by a
+wrapper around any inner teacher (:func:`adapt_teacher`), so the explorer always speaks the student's token ids."""
 
 from __future__ import annotations
 
@@ -13,6 +11,8 @@ import numpy as np
 
 from divopd.explore.generation import Generation
 from divopd.explore.teacher import ResponseScores, Teacher
+from divopd.explore.teacher_server import probe_text
+from divopd.explore.vocab_align import CrossTokenizerTeacher, Translator, plan_coverage, plan_turn
 
 __all__ = ["ExtensionTeacher", "PROBE_PROMPT", "VocabMatch", "adapt_teacher", "compare_vocabularies", "expand_ids",
            "probe_coverage", "student_ids_teacher"]
@@ -22,18 +22,9 @@ VocabKind = Literal["identical", "extension", "cross"]
 
 @dataclass(frozen=True)
 class VocabMatch:
-    """How the teacher's vocabulary relates to the student's.
-
-    Attributes:
-        kind: ``identical``, ``extension`` or ``cross``.
-        student_only: (``extension``) ids of student tokens the teacher lacks (masked where they are responses).
-        teacher_only: (``extension``) ids of teacher tokens the student lacks.
-        student_size, teacher_size: the two vocabularies' sizes.
-        coverage: where both paths were measured (:func:`probe_coverage`), the fraction of a probe text's student
-            tokens each scores: ``{"extension": ..., "cross": ...}``; empty otherwise.
-        nested: one vocabulary holds the other at equal ids (``kind`` is ``extension``, or ``cross`` chosen by
-            coverage).
-    """
+    """How the teacher's vocabulary relates to the student's: its ``kind``; the ids only the student has (masked
+    where they are responses) and only the teacher has; the sizes; the fraction of a probe text each path scores
+    where both were measured (:func:`probe_coverage`); ``nested``: one vocabulary holds the other at equal ids."""
 
     kind: VocabKind
     student_only: frozenset[int] = field(default_factory=frozenset)
@@ -58,10 +49,8 @@ class VocabMatch:
 
 def compare_vocabularies(student_tokenizer: Any, teacher_tokenizer: Any, *, allow_cross: bool = True) -> VocabMatch:
     """The start-up decision: ``identical`` when both map every token to the same id; ``extension`` when one token
-    set contains the other and every shared token has the same id, unless the student has tokens the teacher lacks
-    and the cross-tokenizer path scores more of a probe text (:func:`probe_coverage`; only with ``allow_cross``): a
-    same-id subset vocabulary (a BPE with fewer merges) then takes the cross-tokenizer path instead of masking every
-    merge the teacher lacks; else ``cross``."""
+    set contains the other at equal ids, unless the student has tokens the teacher lacks and the cross-tokenizer path
+    scores more of a probe text (:func:`probe_coverage`; only with ``allow_cross``); else ``cross``."""
     student, teacher = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     sizes = {"student_size": len(student), "teacher_size": len(teacher)}
     if student_tokenizer is teacher_tokenizer or student == teacher:
@@ -79,18 +68,13 @@ def compare_vocabularies(student_tokenizer: Any, teacher_tokenizer: Any, *, allo
     return VocabMatch(kind, match.student_only, match.teacher_only, coverage=coverage, nested=True, **sizes)
 
 
-#: The turn the start-up probe scores: an observation as prompt, :func:`~divopd.explore.teacher_server.probe_text`
-#: (added tokens left out) as the response.
+#: The prompt of the start-up probe's turn (its response: the student's probe text, added tokens left out).
 PROBE_PROMPT = "You see a coin and a door to the east.\nAction:"
 
 
 def probe_coverage(student_tokenizer: Any, teacher_tokenizer: Any, student_only: frozenset[int]) -> dict[str, float]:
-    """The fraction of the probe response's student tokens (:data:`PROBE_PROMPT`, the probe text of the student's
-    vocabulary, the student's own tokenization) each path scores: ``extension`` (every token but the
-    ``student_only`` ones) and ``cross`` (those the character-span mapping can map; no teacher forward needed)."""
-    from divopd.explore.teacher_server import probe_text
-    from divopd.explore.vocab_align import Translator, plan_coverage, plan_turn
-
+    """The fraction of the probe response's student tokens each path scores: ``extension`` (all but the
+    ``student_only`` ones) and ``cross`` (those the character-span mapping maps)."""
     prompt = [int(t) for t in student_tokenizer.encode(PROBE_PROMPT, add_special_tokens=False)]
     response = [int(t) for t in student_tokenizer.encode(" " + probe_text(student_tokenizer, skip_added=True),
                                                          add_special_tokens=False)]
@@ -103,9 +87,8 @@ def probe_coverage(student_tokenizer: Any, teacher_tokenizer: Any, student_only:
 
 def adapt_teacher(teacher: Teacher, student_tokenizer: Any, teacher_tokenizer: Any,
                   match: VocabMatch | None = None) -> Teacher:
-    """``teacher`` (whose ids are ``teacher_tokenizer``'s) as a Teacher of the student's ids: itself when the
-    vocabularies are identical (or it is adapted already), an :class:`ExtensionTeacher` for an extension, a
-    :class:`~divopd.explore.vocab_align.CrossTokenizerTeacher` otherwise."""
+    """``teacher`` as a Teacher of the student's ids: itself when identical (or adapted already), else an
+    :class:`ExtensionTeacher` or a :class:`~divopd.explore.vocab_align.CrossTokenizerTeacher`."""
     if getattr(teacher, "speaks_student_ids", False):
         return teacher
     match = match or compare_vocabularies(student_tokenizer, teacher_tokenizer)
@@ -113,17 +96,14 @@ def adapt_teacher(teacher: Teacher, student_tokenizer: Any, teacher_tokenizer: A
         return teacher
     if match.kind == "extension":
         return ExtensionTeacher(teacher, student_tokenizer, teacher_tokenizer, match)
-    from divopd.explore.vocab_align import CrossTokenizerTeacher
-
     return CrossTokenizerTeacher(teacher, student_tokenizer, teacher_tokenizer)
 
 
 def student_ids_teacher(teacher: Teacher, student_tokenizer: Any, teacher_tokenizer: Any, *,
                         topk: int = 0) -> tuple[Teacher, Any]:
-    """The explorer's teacher and the tokenizer of its +R prompts: ``(teacher, teacher_tokenizer)`` unchanged with
-    the student's vocabulary, else the adapted teacher (:func:`adapt_teacher`) and the student's tokenizer (the adapted
-    teacher takes and gives the student's ids). A top-k (``topk`` > 0) needs the teacher's ids in the student's
-    vocabulary: a ``ValueError`` for a cross-tokenizer teacher or an extension with tokens the student lacks."""
+    """The explorer's teacher and the tokenizer of its +R prompts: both unchanged with the student's vocabulary, else
+    the adapted teacher and the student's tokenizer. ``ValueError`` when ``topk`` > 0 and the teacher's ids are not
+    all in the student's vocabulary."""
     match = None if getattr(teacher, "speaks_student_ids", False) else \
         compare_vocabularies(student_tokenizer, teacher_tokenizer, allow_cross=topk <= 0)
     if match is not None and match.kind == "identical":
@@ -136,9 +116,8 @@ def student_ids_teacher(teacher: Teacher, student_tokenizer: Any, teacher_tokeni
 
 def expand_ids(ids: Sequence[int], missing: frozenset[int], source_tokenizer: Any,
                target_tokenizer: Any) -> tuple[list[int], list[int]]:
-    """``ids`` in the target vocabulary: an id in ``missing`` (a source token the target lacks) becomes the target's
-    tokenization of its text (possibly several ids, or none for an empty text), every other id stays. Returns the
-    target ids and, per source position, the index of its target id (``-1`` for a replaced token)."""
+    """``ids`` in the target vocabulary (an id in ``missing`` becomes the target's tokenization of its text), and per
+    source position the index of its target id (``-1`` for a replaced token)."""
     out: list[int] = []
     where: list[int] = []
     for i in ids:
@@ -154,9 +133,8 @@ def expand_ids(ids: Sequence[int], missing: frozenset[int], source_tokenizer: An
 
 
 class ExtensionTeacher:
-    """A teacher whose vocabulary extends the student's or is extended by it (same id for every shared token): the
-    student's ids are scored directly; a student token the teacher lacks is sent as its text, and gets NaN at a
-    response position (not teacher-valid, counted as ``teacher_masked_tokens``)."""
+    """A teacher whose vocabulary extends the student's or the other way round (equal shared ids): a student token
+    the teacher lacks is sent as its text, and gets NaN at a response position (counted as masked)."""
 
     speaks_student_ids = True
 
@@ -193,8 +171,8 @@ class ExtensionTeacher:
 
     def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
                  seed: int | None = None) -> list[Generation]:
-        """The teacher acts on the student's prompt (tokens it lacks sent as their text); a response token the
-        student lacks is re-tokenized by the student from its text (log probs NaN there: not the student's)."""
+        """The teacher acts on the student's prompt; a response token the student lacks is re-tokenized from its text
+        (log prob NaN)."""
         s_tok, t_tok, m = self.student_tokenizer, self.tokenizer, self.match
         t_prompts = [expand_ids(p, m.student_only, s_tok, t_tok)[0] for p in prompts]
         gens = self.inner.generate(t_prompts, greedy=greedy, temperature=temperature, max_new_tokens=max_new_tokens,

@@ -1,31 +1,6 @@
 """Cross-tokenizer teachers (our reading; the paper does not specify it): the teacher scores the student's turn under
-its own tokenization and its token log probs are mapped onto the student's tokens by character spans.
-
-One turn (:func:`plan_turn`, :func:`map_logprobs`):
-
-1. **Segments.** The student's ids are cut at its special tokens that have a teacher counterpart
-   (:func:`special_anchors`: ``eos`` and ``bos`` by meaning, every other special token by its string), each sent as
-   that one teacher id; every run of other tokens is decoded and teacher-tokenized as a text of its own
-   (:class:`Translator`). A teacher that starts every text with a word boundary (:func:`adds_dummy_prefix`) gets a
-   segment's leading space as that boundary.
-2. **Cuts.** A student token *ends cleanly* at character ``c`` when its ids up to it (after a few ids of left context)
-   decode to the segment's text up to ``c`` (:func:`clean_ends`); a piece of a multi-byte character has no clean end
-   and is glued to the tokens after it. A teacher token ends where its offsets say, kept where its ids up to it decode
-   to the text, whitespace aside (:func:`offset_ends`). Text the teacher cannot spell becomes ``<unk>``: that token is
-   *lost*, but the tokens after it keep their cuts. Where the teacher's decoding changes the text (a normalizer), it
-   has no cuts from there on.
-3. **Chunks.** The cuts both sides share split the segment into aligned chunks; a chunk's teacher log prob is the sum
-   of its teacher tokens' log probs: the teacher's log prob of the chunk's text given everything before it, exactly.
-4. **Split.** A chunk's log prob is split evenly over its student tokens: a token that is a chunk by itself (whole
-   words, the common case) gets exactly the teacher's log prob of its text; a straddled chunk's sum is exact.
-5. **Not mappable.** Student tokens of a chunk holding a lost teacher token, and those after the teacher's last clean
-   cut, get NaN: not teacher-valid, counted by the explorer.
-
-The prompt is translated the same way (no cuts needed), with the teacher's begin-of-sequence id first when its
-tokenizer adds one; the response is teacher-tokenized apart from the prompt, so the boundary is always a cut. Only
-per-token log probs come back (``topk`` needs a shared vocabulary and is refused). Under +R the teacher acts on its
-own tokenization of the prompt and the student re-tokenizes its response (:meth:`CrossTokenizerTeacher.generate`).
-"""
+its own tokenization and its token log probs are mapped onto the student's tokens by character spans. The rule, steps
+1-5 (segments, clean ends, aligned chunks, split, not mappable): docs/concepts/teacher-vocabularies.md."""
 
 from __future__ import annotations
 
@@ -49,17 +24,18 @@ def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
     return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
+def _text_after(tokenizer: Any, ids: Sequence[int], context: Sequence[int]) -> str:
+    """The text of ``ids`` decoded after ``context`` (a leading space kept)."""
+    ctx = list(context)[-_CONTEXT:]
+    head, full = _decode(tokenizer, ctx), _decode(tokenizer, ctx + list(ids))
+    return full[len(head):] if full.startswith(head) else _decode(tokenizer, ids)
+
+
 def clean_ends(tokenizer: Any, ids: Sequence[int], text: str, context: Sequence[int] = ()) -> list[int | None]:
     """Per token, the character of ``text`` where it ends cleanly (the ids up to it decode to ``text[:c]``, after
     ``context``), else ``None`` (not recoverable on its own, or the decoding left ``text``)."""
-    ctx = list(context)[-_CONTEXT:]
-    head = _decode(tokenizer, ctx)
-    ends: list[int | None] = []
-    for k in range(1, len(ids) + 1):
-        full = _decode(tokenizer, ctx + list(ids[:k]))
-        piece = full[len(head):] if full.startswith(head) else _decode(tokenizer, ids[:k])
-        ends.append(len(piece) if text.startswith(piece) else None)
-    return ends
+    pieces = (_text_after(tokenizer, ids[:k], context) for k in range(1, len(ids) + 1))
+    return [len(piece) if text.startswith(piece) else None for piece in pieces]
 
 
 def _squeeze(text: str) -> str:
@@ -69,8 +45,7 @@ def _squeeze(text: str) -> str:
 def offset_ends(tokenizer: Any, ids: Sequence[int], offsets: Sequence[tuple[int, int]],
                 text: str) -> tuple[list[int | None], list[bool]]:
     """Per token of ``tokenizer``'s encoding of ``text`` (``offsets``: each token's span in ``text``), its clean end
-    (step 2 of the module docstring; whitespace aside, so a dummy prefix or a decoder that joins words with spaces is
-    no change of text) or ``None``, and whether it is *lost* (an ``<unk>`` standing for text it cannot spell)."""
+    (step 2; whitespace aside) or ``None``, and whether it is *lost* (an ``<unk>`` for text it cannot spell)."""
     unk = getattr(tokenizer, "unk_token_id", None)
     unk_text = _squeeze(_decode(tokenizer, [unk])) if unk is not None else ""
     shown, at = "", 0  # the text up to character ``at`` as the decoding shows it (unknown spans as <unk>), squeezed
@@ -87,9 +62,8 @@ def offset_ends(tokenizer: Any, ids: Sequence[int], offsets: Sequence[tuple[int,
 
 
 def adds_dummy_prefix(tokenizer: Any) -> bool:
-    """Whether ``tokenizer`` starts every text it encodes with a word boundary (SentencePiece's dummy prefix ``▁``,
-    as Llama-2, Mistral and T5-style tokenizers do; or a decoder that joins words with spaces): two texts encoded
-    apart decode, joined, with a space between them."""
+    """Whether ``tokenizer`` starts every text with a word boundary (a SentencePiece dummy prefix, or a decoder that
+    joins words with spaces): two texts encoded apart decode, joined, with a space between them."""
     try:
         a, b = (tokenizer.encode(t, add_special_tokens=False) for t in ("a", "b"))
         return _decode(tokenizer, list(a) + list(b)) == _decode(tokenizer, a) + " " + _decode(tokenizer, b)
@@ -98,9 +72,7 @@ def adds_dummy_prefix(tokenizer: Any) -> bool:
 
 
 def special_anchors(source: Any, target: Any) -> dict[int, int]:
-    """The source's special token ids that have a target counterpart, and that counterpart: ``eos`` and ``bos`` by
-    meaning (even where the target has a special token of the same string as the source's ``eos``), every other
-    special token by its string."""
+    """``{source special id: target id}``: ``eos`` and ``bos`` by meaning, every other special token by its string."""
     vocab = target.get_vocab()
     anchors: dict[int, int] = {}
     for sid in getattr(source, "all_special_ids", []):
@@ -174,20 +146,12 @@ class Translator:
 
     def text(self, ids: Sequence[int], context: Sequence[int]) -> str:
         """The text of ``ids`` after ``context`` (the source's decoding, a leading space kept)."""
-        ctx = list(context)[-_CONTEXT:]
-        head, full = _decode(self.source, ctx), _decode(self.source, ctx + list(ids))
-        return full[len(head):] if full.startswith(head) else _decode(self.source, ids)
-
-    def encode(self, text: str) -> list[int]:
-        """The target's ids of ``text`` as a text of its own (a leading space is the dummy prefix where the target
-        adds one: :func:`adds_dummy_prefix`)."""
-        return self.encode_ends(text)[0]
+        return _text_after(self.source, ids, context)
 
     def encode_ends(self, text: str) -> tuple[list[int], list[int | None] | None, list[bool]]:
-        """:meth:`encode`; per target token, the character of ``text`` where it ends cleanly (``None``: not
-        recoverable on its own), from the tokenizer's offsets (:func:`offset_ends`), ``None`` for the whole list where
-        the tokenizer gives no offsets (a slow tokenizer: the caller falls back to :func:`clean_ends`); and per target
-        token whether it is lost (an unknown token standing for text it cannot spell)."""
+        """The target's ids of ``text`` as a text of its own (a leading space is the dummy prefix where the target adds
+        one); per id its clean end (:func:`offset_ends`; the whole list ``None`` without offsets: a slow tokenizer,
+        the caller uses :func:`clean_ends`), and whether it is lost."""
         if not text:
             return [], [], []
         cut = 1 if self.dummy_prefix and text[0] == " " else 0  # the prefix the target adds stands for this space
@@ -208,7 +172,7 @@ class Translator:
         out: list[int] = []
         done: list[int] = []
         for anchor, run in self.split(ids):
-            out.extend([self.anchors[run[0]]] if anchor else self.encode(self.text(run, done)))
+            out.extend([self.anchors[run[0]]] if anchor else self.encode_ends(self.text(run, done))[0])
             done.extend(run)
         if lead and self.lead and out[:1] != self.lead:
             out = self.lead + out
@@ -216,8 +180,7 @@ class Translator:
 
 
 def plan_turn(tr: Translator, prompt: Sequence[int], response: Sequence[int]) -> TurnPlan:
-    """The teacher's ids of one turn (prompt and response translated segment by segment, anchors as their teacher
-    ids) and, for every response segment, its aligned chunks (steps 1-3 of the module docstring)."""
+    """The teacher's ids of one turn and, for every response segment, its aligned chunks (steps 1-3)."""
     teacher_prompt = tr.translate(prompt)
     done, t_done = [int(x) for x in prompt], list(teacher_prompt)
     segments, teacher_response = [], []
@@ -264,16 +227,14 @@ def map_logprobs(plan: TurnPlan, teacher_logprobs: np.ndarray) -> np.ndarray:
 
 
 def plan_coverage(plan: TurnPlan) -> tuple[int, int]:
-    """``(mappable, total)`` student response tokens of ``plan``: those that get a teacher log prob (no teacher
-    forward needed: whether a token is mappable depends on the two tokenizations only)."""
+    """``(mappable, total)`` student response tokens of ``plan`` (no teacher forward: the tokenizations decide)."""
     mapped = map_logprobs(plan, np.zeros(len(plan.teacher_response), dtype=np.float32))
     return int(np.isfinite(mapped).sum()), len(mapped)
 
 
 class CrossTokenizerTeacher:
-    """A teacher with its own tokenizer, as a Teacher of the student's ids: each turn is translated to the teacher's
-    tokens (:func:`plan_turn`), scored, and its log probs mapped back onto the student's tokens (:func:`map_logprobs`).
-    """
+    """A teacher with its own tokenizer as a Teacher of the student's ids: each turn translated (:func:`plan_turn`),
+    scored, and its log probs mapped back (:func:`map_logprobs`)."""
 
     speaks_student_ids = True
 
@@ -292,22 +253,16 @@ class CrossTokenizerTeacher:
         results = self.inner.score_turns([plans[i].teacher_prompt for i in scored],
                                          [plans[i].teacher_response for i in scored], topk=0) if scored else []
         by_turn = dict(zip(scored, results, strict=True))
-        out = []
-        for i, plan in enumerate(plans):
-            lps = by_turn[i].logprobs if i in by_turn else np.zeros(0, np.float32)
-            out.append(ResponseScores(map_logprobs(plan, lps)))
-        return out
+        return [ResponseScores(map_logprobs(plan, by_turn[i].logprobs if i in by_turn else np.zeros(0, np.float32)))
+                for i, plan in enumerate(plans)]
 
     def generate(self, prompts: Sequence[Sequence[int]], *, greedy: bool, temperature: float, max_new_tokens: int,
                  seed: int | None = None) -> list[Generation]:
-        """The teacher acts on its tokenization of the student's prompt; its response is re-tokenized by the student
-        (special tokens through their counterparts, the rest from the text). Log probs are NaN: none is the
-        student's."""
+        """The teacher acts on its tokenization of the prompt; the student re-tokenizes its response (log probs NaN:
+        none is the student's)."""
         t_prompts = [self.to_teacher.translate(p) for p in prompts]
         gens = self.inner.generate(t_prompts, greedy=greedy, temperature=temperature, max_new_tokens=max_new_tokens,
                                    seed=seed)
-        out = []
-        for g in gens:
-            ids = self.to_student.translate(g.response_ids, lead=False)
-            out.append(Generation(ids, np.full(len(ids), np.nan, dtype=np.float32), g.stopped))
-        return out
+        student_ids = [self.to_student.translate(g.response_ids, lead=False) for g in gens]
+        return [Generation(ids, np.full(len(ids), np.nan, dtype=np.float32), g.stopped)
+                for ids, g in zip(student_ids, gens, strict=True)]

@@ -1,11 +1,5 @@
-"""How a published weight version reaches the explorer's generator, and a generator's shutdown.
-
-The explorer's student generates through an :class:`~divopd.explore.generation.HFGenerator` on its own model copy, or
-through a generation backend built outside (``explorer.generation.backend: vllm``: a
-:class:`~divopd.VLLMGenerator` that holds its own copy of the weights). :func:`apply_weights` loads a published
-:class:`~divopd.learn.checkpoint.WeightHandle` into whichever of the two the explorer has, before its next rollout, and
-times it (``time/weight_load_s``; the learner side of a publication is ``time/publish_s``).
-"""
+"""How a published weight version reaches the explorer's generator (its HF student copy, or a backend such as a vLLM
+engine that holds its own weights), and a generator's shutdown."""
 
 from __future__ import annotations
 
@@ -16,8 +10,8 @@ __all__ = ["apply_weights", "close_backend"]
 
 
 def apply_weights(handle: Any, student: Any | None, backend: Any) -> float:
-    """Load ``handle`` into the HF ``student`` (when the explorer has one) and push it into ``backend`` (when it takes
-    weight updates); returns the seconds it took."""
+    """Load ``handle`` into the HF ``student`` (if any) and push it into ``backend`` (if it takes weight updates);
+    returns the seconds it took (``time/weight_load_s``)."""
     t0 = time.perf_counter()
     if student is not None:
         handle.load_into(student)
