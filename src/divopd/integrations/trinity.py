@@ -1,8 +1,4 @@
-"""DivOPD inside Trinity-RFT: the sample strategy ``divopd`` (``algorithm.sample_strategy: divopd``).
-
-Step ``s`` (the trainer's ``train_step_num + 1``) is composed for learner version ``s − 1``, the model version the
-explorer tags experiences with once the weights of ``s − 1`` updates are synced (``info["model_version"]``).
-"""
+"""DivOPD inside Trinity-RFT: the sample strategy ``divopd`` (``algorithm.sample_strategy: divopd``)."""
 
 from __future__ import annotations
 
@@ -74,7 +70,6 @@ def _decode(data: list[Any]) -> Held:
     return Experience.deserialize_many(base64.b64decode(data[0]))[0], bool(data[1])
 
 
-# ---------------------------------------------------------------------------------------------------- buffer
 def _queue_storage(buffer_config: BufferConfig) -> StorageConfig:
     """The trainer's experience buffer as a storage config; it must be a queue without Trinity's replay buffer."""
     exp_buffer = buffer_config.trainer_input.experience_buffer
@@ -90,24 +85,15 @@ def _queue_storage(buffer_config: BufferConfig) -> StorageConfig:
     return storage
 
 
-# ---------------------------------------------------------------------------------------------------- strategy
 class DivOPDSampleStrategy(SampleStrategy):
     """Trinity-RFT sample strategy (``algorithm.sample_strategy: divopd``) that composes each batch with a divopd rule.
 
-    It reads the trainer's experience buffer with Trinity's own reader; each ``Experience`` (one per student turn:
-    ``eid.rid`` the rollout, ``eid.step`` the turn, ``info["model_version"]`` the policy version) enters one
-    :class:`~divopd.sampling.Sampler`, kept across steps, as its :class:`~divopd.sampling.Candidate` with the
-    experience as payload. A step tops the sampler up from what the buffer holds (until the candidate pool can be
-    filled), composes, waits for more experiences (up to the buffer's ``max_read_timeout``) while too few turns are
-    valid, and returns the B experiences in composition order with divopd's ``sampler/...`` and ``ledger/...``
-    metrics. A record without a rollout id or a version stops the run with one line; one the composer cannot use is
-    rejected by the gate and counted in ``ledger/invalid/<reason>``.
-
-    Args:
-        buffer_config: Trinity's ``buffer`` config (the trainer's experience buffer is read).
-        **kwargs: ``algorithm.sample_strategy_args``: ``method``, ``batch_size``, ``pool_factor``, ``cap``,
-            ``max_staleness``, ``max_pending_age`` and the other :class:`SamplerConfig` fields
-            (:func:`default_sample_args`).
+    Each ``Experience`` of the trainer's queue buffer (one student turn) enters one :class:`~divopd.sampling.Sampler`,
+    kept across steps, as its :class:`~divopd.sampling.Candidate` with the experience as payload. A step reads until
+    the candidate pool can be filled, composes, waits (up to the buffer's ``max_read_timeout``) while too few turns
+    are valid, and returns the B experiences in composition order with divopd's ``sampler/...`` and ``ledger/...``
+    metrics. A record without a rollout id or a version stops the run with one line. ``kwargs``:
+    ``algorithm.sample_strategy_args`` (:func:`default_sample_args`).
     """
 
     def __init__(self, buffer_config: BufferConfig, **kwargs: Any) -> None:
@@ -141,7 +127,6 @@ class DivOPDSampleStrategy(SampleStrategy):
         """Experiences held for turns still waiting in the sampler (pending or queued): at most the pool."""
         return self.sampler.waiting
 
-    # ------------------------------------------------------------------ one step
     async def sample(self, step: int, **kwargs: Any) -> tuple[list[Experience], dict, list]:
         """Exactly ``batch_size`` experiences for trainer step ``step`` (learner version ``step − 1``)."""
         learner_version = self._learner_version = int(step) - 1
@@ -194,11 +179,8 @@ class DivOPDSampleStrategy(SampleStrategy):
                 return
 
     async def _count_unread(self) -> int:
-        """The experiences Trinity's queue holds now, unread (one round trip, nothing read): the step's backlog, whose
-        growth counts as arrived in ``sampler/arrival_ratio``. A step that reads only what its pool needs leaves the
-        rest in the queue; counted only when a read asks, the arrivals would show at the step that next counts them
-        (0, then a multiple of the step's), not at the step they came in. A step whose read asked the queue actor
-        takes that count instead (:meth:`sample`)."""
+        """The experiences Trinity's queue holds now, unread (one round trip, nothing read): the backlog of a step whose
+        read did not ask the queue actor, so that ``sampler/arrival_ratio`` counts arrivals at the step they came in."""
         if self._closed:
             return 0
         try:
@@ -210,15 +192,10 @@ class DivOPDSampleStrategy(SampleStrategy):
 
     async def _read_now(self, limit: int, learner_version: int
                         ) -> tuple[list[Experience], list[StaleHeader], bool]:
-        """Up to ``limit`` records the buffer holds now, without waiting: the experiences, the headers of the records
-        that arrived stale (left unserialized in the queue actor: they expire at this step's composition), and
-        whether that was all the buffer held (nothing when it is empty or closed).
-
-        Trinity's reader waits for a full read (its ``get_batch`` polls the queue in 1 s steps) and its ``length``
-        counts payloads, not experiences: so ask the queue actor, in one round trip, how many experiences it holds and
-        for up to ``limit`` of them (:func:`~divopd.integrations.trinity_queue.read_now_function`). This strategy is
-        the queue's only reader, so what a count saw and a read left behind is still there: without
-        :attr:`drop_stale_in_queue`, a read that needs no more than that goes straight to Trinity's reader."""
+        """Up to ``limit`` records the buffer holds now, without waiting (one round trip to the queue actor): the
+        experiences, the headers of the records that arrived stale, and whether that was all the buffer held. Being the
+        queue's only reader, a read within an earlier count goes straight to Trinity's reader (its ``get_batch`` would
+        poll in 1 s steps for a read the queue cannot fill), unless :attr:`drop_stale_in_queue`."""
         stale_below = learner_version - self.config.max_staleness if self.drop_stale_in_queue else None
         stale: list[StaleHeader] = []
         try:
@@ -289,7 +266,6 @@ class DivOPDSampleStrategy(SampleStrategy):
             return f"kept in memory only (DivOPDSampleStrategy.stopped): cannot write {path}: {exc.strerror}"
         return f"kept in {path} (Experience.deserialize_many)"
 
-    # ------------------------------------------------------------------ messages
     def _waiting_note(self) -> str:
         ledger = self.sampler.ledger
         counts = ", ".join(f"{k} {getattr(ledger, k)}"
@@ -300,7 +276,6 @@ class DivOPDSampleStrategy(SampleStrategy):
         return one_line(f"{_WHO}: no batch for step {learner_version + 1} within {self._wait_s:g} s "
                         f"(buffer.trainer_input.experience_buffer.max_read_timeout): {self._waiting_note()}")
 
-    # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
         """The sampler's state with the experiences of its waiting turns (JSON-able: Trinity writes it as JSON)."""
         self.plugin.compact()  # the experience log's parts merged at each checkpoint, as divopd train does
@@ -308,10 +283,8 @@ class DivOPDSampleStrategy(SampleStrategy):
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Resume from :meth:`state_dict`; an empty state (a fresh run) or a queue reader's index changes nothing.
-
-        Trinity's trainer calls it once, right after building the strategy, with its checkpoint's state (empty for a
-        fresh run): the experience log is opened then, for a fresh run, or continued for the resumed one without the
-        turns logged past the checkpoint (those from the restored sampler's next arrival number on)."""
+        Trinity calls it once, right after building the strategy: the experience log opens then, or, resumed, drops
+        the turns logged past the checkpoint."""
         if not state_dict or (set(state_dict) <= {"current_index"}):
             self.plugin.start()
             return

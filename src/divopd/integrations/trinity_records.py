@@ -1,17 +1,5 @@
-"""Trinity-RFT ``Experience`` records as divopd's sampler sees them, and as Trinity's trainer may receive them.
-
-* :func:`read_candidates`: the sampler's :class:`~divopd.sampling.Candidate` of each experience of a read (one
-  student turn each: ``eid.rid`` the rollout, ``eid.step`` the turn, the policy version, ``tokens[prompt_length:]``
-  the response with ``action_mask``, ``logprobs`` and ``teacher_logprobs``), computed with a few array operations for
-  the whole read; :func:`experience_to_turn` is the :class:`divopd.Turn` of one experience.
-* :func:`policy_version`: the version that generated the turn. Trinity's ``WorkflowRunner.run_task`` overwrites
-  ``info["model_version"]`` with the version at the *task's* start after the workflow returns, so divopd's workflows
-  keep the version read before each turn's generate call under ``info["divopd_policy_version"]``
-  (:data:`TURN_VERSION_KEY`), which wins; :func:`restore_model_version` puts it back into ``info["model_version"]``
-  for Trinity's own metrics (``sample/model_version/*``).
-* :func:`mask_unscored`: makes an experience safe for Trinity's stock ``on_policy_distill`` advantage, which computes
-  ``kl_coef * (teacher - old) * response_mask`` without masking NaN (NaN * 0 is NaN): positions whose teacher log prob
-  is not finite leave ``action_mask`` and carry the student's own log prob (a zero advantage) as a finite placeholder.
+"""Trinity-RFT ``Experience`` records as divopd's sampler reads them (one student turn each), and as Trinity's trainer
+may receive them: finite for its stock ``on_policy_distill`` advantage (:func:`mask_unscored`).
 """
 
 from __future__ import annotations
@@ -31,14 +19,13 @@ from divopd.sampling.gate import verdict
 __all__ = ["TURN_VERSION_KEY", "UNSCORED_KEY", "experience_to_turn", "mask_unscored", "policy_version",
            "read_candidates", "restore_model_version", "stale_candidate"]
 
-#: ``info`` key of the policy version that generated the turn (divopd's workflows set it; it beats model_version).
+#: ``info`` key of the policy version that generated the turn (divopd's workflows set it; it beats model_version,
+#: which Trinity's ``WorkflowRunner.run_task`` overwrites with the version at the task's start).
 TURN_VERSION_KEY = "divopd_policy_version"
 #: ``info`` key set True by divopd's workflows when the teacher could not score the turn at all (its teacher log
 #: probs are then a finite placeholder under an all-False action mask; the gate counts it ``missing_teacher``).
 UNSCORED_KEY = "divopd_unscored"
 _WHO = "sample_strategy divopd"
-
-
 _NATIVE = {np.int64: torch.int64, np.float32: torch.float32, bool: torch.bool}
 
 
@@ -111,11 +98,9 @@ def experience_to_turn(exp: Experience) -> Turn:
 
 
 def mask_unscored(exp: Experience) -> int:
-    """Make ``exp`` finite for Trinity's stock OPD advantage and losses; returns how many *action* positions left the
-    mask because the teacher did not score them (a NaN or infinite teacher log prob).
-
-    Such a position gets ``action_mask`` False and, as teacher log prob, the student's own log prob there (0 where
-    that is not finite either): ``teacher - old`` is then 0 even for a reader that ignores the mask."""
+    """Make ``exp`` finite for Trinity's stock OPD advantage (``kl_coef * (teacher - old) * response_mask``: NaN * 0
+    is NaN): a position with a teacher log prob not finite leaves ``action_mask`` and gets the student's log prob (0
+    where that is not finite either). Returns how many *action* positions left the mask."""
     teacher = exp.teacher_logprobs
     if teacher is None:
         return 0
@@ -139,15 +124,11 @@ def mask_unscored(exp: Experience) -> int:
 
 def read_candidates(experiences: list[Experience]) -> tuple[list[Candidate | UsageError], list[bool]]:
     """The :class:`Candidate` of each record, in order (a record that stops the run gives its :class:`UsageError` in
-    its place), and per record whether it has a teacher position that is not finite (what :func:`mask_unscored`
-    masks at hand-over).
+    its place), and per record whether it has a teacher position that is not finite (:func:`mask_unscored`).
 
-    The common record (1-d CPU tensors: integer ``tokens``, float ``logprobs`` and ``teacher_logprobs``, a bool
-    ``action_mask``, all of the response's length, a non-empty response) is read without building a turn: the
-    per-token arrays of the whole read are concatenated once and the values the gate and the rules read (``n_valid``,
-    ``kl_tokens``, ``disagreement``) are computed for all of them at once, equal to those :class:`Turn` computes (the
-    disagreement is summed over the same values by the same numpy reduction). Any other record goes through
-    :func:`experience_to_turn`."""
+    The common record (1-d CPU tensors of the response's length, a non-empty response) builds no turn: the values the
+    gate and the rules read are computed for the whole read at once, equal to those :class:`Turn` computes. Any other
+    record goes through :func:`experience_to_turn`."""
     out: list[Candidate | UsageError | None] = [None] * len(experiences)
     unscored = [False] * len(experiences)
     fast: list[tuple[int, Experience, tuple[str, int, int, bool, str]]] = []
@@ -157,12 +138,9 @@ def read_candidates(experiences: list[Experience]) -> tuple[list[Candidate | Usa
             fast.append((i, exp, head))
             continue
         try:
-            turn = experience_to_turn(exp)
+            out[i], unscored[i] = _slow(exp)
         except UsageError as exc:
             out[i] = exc
-            continue
-        out[i] = Candidate.of(turn)
-        unscored[i] = turn.teacher_logprobs is not None and not bool(np.isfinite(turn.teacher_logprobs).all())
     if fast:
         try:
             read = _fast_candidates(fast)
@@ -174,9 +152,8 @@ def read_candidates(experiences: list[Experience]) -> tuple[list[Candidate | Usa
 
 
 def stale_candidate(rollout_id: str, turn_index: int, policy_version: int, task: Any) -> Candidate:
-    """The candidate of a record that arrived stale and stayed unserialized in the queue actor: the sampler expires it
-    (``ledger/expired/stale``) at the composition it is read for, before the gate or a rule reads more than its
-    version, so its token counts are 0."""
+    """The candidate of a record left unserialized in the queue actor because it arrived stale: the sampler expires it
+    (``ledger/expired/stale``) before the gate or a rule reads more than its version, so its token counts are 0."""
     return Candidate(rollout_id, turn_index, policy_version, 0, 0, 0, 0.0, None, task_key(task, rollout_id))
 
 
@@ -191,8 +168,7 @@ _INTS = (torch.int64, torch.int32)
 
 def _fast_head(exp: Experience) -> tuple[str, int, int, bool, str] | None:
     """``(rollout id, turn index, version, prompt truncated, task group)`` when the record qualifies for the fast
-    path of :func:`read_candidates`, else ``None`` (then :func:`experience_to_turn` reads it, and raises for a record
-    that stops the run). The device and ``requires_grad`` of the tensors are checked on their concatenation."""
+    path of :func:`read_candidates`, else ``None``; device and ``requires_grad`` are checked on the concatenation."""
     eid, info = exp.eid, exp.info
     if eid is None or type(info) is not dict or info.get(UNSCORED_KEY):
         return None
@@ -248,9 +224,8 @@ def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Per segment (consecutive runs of ``counts`` values), ``values[segment].sum()`` exactly as numpy sums a 1-d
-    array: the segments of one length are summed as the rows of one C-contiguous 2-d array (numpy reduces each row
-    as it reduces a 1-d array), one reduction per distinct length."""
+    """Per segment (consecutive runs of ``counts`` values), ``values[segment].sum()`` bit for bit as numpy sums a 1-d
+    array: the segments of one length are summed as the rows of one C-contiguous 2-d array."""
     out = np.zeros(counts.shape[0], dtype=np.float64)
     starts = np.cumsum(counts) - counts
     for k in np.unique(counts).tolist():
@@ -263,9 +238,8 @@ def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def _cached_values(student: np.ndarray, teacher: np.ndarray, action: np.ndarray,
                    lengths: np.ndarray) -> tuple[np.ndarray, list[int], list[int], list[float]]:
-    """For turns whose response arrays are concatenated (``lengths`` each): their starts in the concatenation, and
-    per turn ``n_valid``, ``kl_tokens`` and ``disagreement`` (0 / 0.0 without a valid token), equal to what
-    :class:`Turn` computes for each on its own."""
+    """For turns whose response arrays are concatenated (``lengths`` each): their starts, and per turn ``n_valid``,
+    ``kl_tokens`` and ``disagreement`` (0 / 0.0 without a valid token), equal to what :class:`Turn` computes."""
     starts = np.cumsum(lengths) - lengths
     valid = np.isfinite(teacher) & action  # Turn.valid_mask
     both = valid & np.isfinite(student)  # the positions Turn.disagreement sums over

@@ -1,12 +1,7 @@
-"""Try divopd's Trinity-RFT workflow on a CPU: Trinity's real ``WorkflowRunner`` plays a divopd env with HF models
-standing in for Trinity's vLLM engines, each student turn becomes one teacher-scored ``Experience``, and the
-``divopd`` sample strategy composes a batch from Trinity's real queue.
-
-Used by ``examples/try_trinity.py`` (the command a user runs) and the Trinity integration tests. Needs Trinity-RFT
-0.6.0 (the Trinity venv). What stands in: Trinity's vLLM engines (:class:`HFInferenceModel`: Trinity's engine
-interface answered by an HF model, run as the named Ray actor Trinity's allocator looks up) and, where vLLM is not
-installed, the vLLM modules Trinity's ``ModelWrapper`` imports at import time (:func:`vllm_placeholders`: names that
-raise if called; the text-only workflow never calls them).
+"""Try divopd's Trinity-RFT workflow on a CPU (``examples/try_trinity.py``, the Trinity integration tests): Trinity's
+real ``WorkflowRunner`` plays a divopd env with HF models standing in for Trinity's vLLM engines
+(:class:`HFInferenceModel`) and, where vLLM is not installed, import-only placeholders for the vLLM modules Trinity
+imports (:func:`vllm_placeholders`). Needs Trinity-RFT 0.6.0 (the Trinity venv).
 """
 
 from __future__ import annotations
