@@ -231,13 +231,11 @@ class DivOPDSampleStrategy(SampleStrategy):
         candidates, held, bad, error = [], [], [], None
         read, unscored = read_candidates(experiences)
         records = iter(zip(experiences, read, unscored, strict=True))
-        headers = iter(stale)
-        head = next(headers, None)
+        stale_at = {head[0]: head[1:] for head in stale}
         for position in range(len(experiences) + len(stale)):
-            if head is not None and head[0] == position:
-                candidates.append(stale_candidate(*head[1:]))
+            if position in stale_at:
+                candidates.append(stale_candidate(*stale_at[position]))
                 held.append((None, False))
-                head = next(headers, None)
                 continue
             exp, candidate, flag = next(records)
             if isinstance(candidate, UsageError):

@@ -142,10 +142,7 @@ def read_candidates(experiences: list[Experience]) -> tuple[list[Candidate | Usa
         except UsageError as exc:
             out[i] = exc
     if fast:
-        try:
-            read = _fast_candidates(fast)
-        except _NotFast:
-            read = [_slow(exp) for _, exp, _ in fast]
+        read = _fast_candidates(fast) or [_slow(exp) for _, exp, _ in fast]
         for (i, _, _), (candidate, flag) in zip(fast, read, strict=True):
             out[i], unscored[i] = candidate, flag
     return out, unscored  # type: ignore[return-value]  (every slot is filled)
@@ -179,13 +176,9 @@ def _fast_head(exp: Experience) -> tuple[str, int, int, bool, str] | None:
     prompt_length = exp.prompt_length
     if type(version) is not int or version < 0 or type(prompt_length) is not int or prompt_length < 0:
         return None
-    tokens, student, teacher, mask = exp.tokens, exp.logprobs, exp.teacher_logprobs, exp.action_mask
-    if type(tokens) is not torch.Tensor or type(student) is not torch.Tensor or type(teacher) is not torch.Tensor \
-            or type(mask) is not torch.Tensor:
-        return None
-    if tokens.dtype not in _INTS or mask.dtype is not torch.bool or student.dtype not in _FLOATS \
-            or teacher.dtype not in _FLOATS or tokens.dim() != 1 or student.dim() != 1 or teacher.dim() != 1 \
-            or mask.dim() != 1:
+    tokens, student, teacher, mask = arrays = exp.tokens, exp.logprobs, exp.teacher_logprobs, exp.action_mask
+    if any(type(a) is not torch.Tensor or a.dim() != 1 for a in arrays) or tokens.dtype not in _INTS \
+            or mask.dtype is not torch.bool or student.dtype not in _FLOATS or teacher.dtype not in _FLOATS:
         return None
     n = tokens.shape[0] - prompt_length
     if n <= 0 or student.shape[0] != n or teacher.shape[0] != n or mask.shape[0] != n:
@@ -195,12 +188,15 @@ def _fast_head(exp: Experience) -> tuple[str, int, int, bool, str] | None:
 
 
 def _fast_candidates(fast: list[tuple[int, Experience, tuple[str, int, int, bool, str]]]
-                     ) -> list[tuple[Candidate, bool]]:
-    """The candidates of the fast-path records of one read, and whether each has a teacher position not finite."""
+                     ) -> list[tuple[Candidate, bool]] | None:
+    """The candidates of the fast-path records of one read, and whether each has a teacher position not finite;
+    ``None`` when their tensors cannot be concatenated on the CPU without autograd."""
     exps = [exp for _, exp, _ in fast]
-    student = _cat([e.logprobs for e in exps]).to(torch.float32).numpy()
-    teacher = _cat([e.teacher_logprobs for e in exps]).to(torch.float32).numpy()
-    action = _cat([e.action_mask for e in exps]).numpy()
+    cats = [_cat([getattr(e, key) for e in exps]) for key in ("logprobs", "teacher_logprobs", "action_mask")]
+    if any(cat is None for cat in cats):
+        return None
+    student, teacher = cats[0].to(torch.float32).numpy(), cats[1].to(torch.float32).numpy()
+    action = cats[2].numpy()
     lengths = np.fromiter((e.tokens.shape[0] - e.prompt_length for e in exps), dtype=np.int64, count=len(exps))
     starts, n_valid, kl, disagreement = _cached_values(student, teacher, action, lengths)
     masked = (np.add.reduceat(~np.isfinite(teacher), starts, dtype=np.int64) > 0).tolist()
@@ -209,18 +205,12 @@ def _fast_candidates(fast: list[tuple[int, Experience, tuple[str, int, int, bool
             in zip(fast, lengths.tolist(), n_valid, kl, disagreement, masked, strict=True)]
 
 
-class _NotFast(Exception):
-    """A read whose tensors cannot be concatenated on the CPU without autograd: it takes the per-record path."""
-
-
-def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+def _cat(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     try:
         out = torch.cat(tensors)
     except RuntimeError:  # tensors on different devices
-        raise _NotFast from None
-    if out.device.type != "cpu" or out.requires_grad:
-        raise _NotFast
-    return out
+        return None
+    return None if out.device.type != "cpu" or out.requires_grad else out
 
 
 def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
