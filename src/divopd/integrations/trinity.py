@@ -89,11 +89,9 @@ class DivOPDSampleStrategy(SampleStrategy):
     """Trinity-RFT sample strategy (``algorithm.sample_strategy: divopd``) that composes each batch with a divopd rule.
 
     Each ``Experience`` of the trainer's queue buffer (one student turn) enters one :class:`~divopd.sampling.Sampler`,
-    kept across steps, as its :class:`~divopd.sampling.Candidate` with the experience as payload. A step reads until
-    the candidate pool can be filled, composes, waits (up to the buffer's ``max_read_timeout``) while too few turns
-    are valid, and returns the B experiences in composition order with divopd's ``sampler/...`` and ``ledger/...``
-    metrics. A record without a rollout id or a version stops the run with one line. ``kwargs``:
-    ``algorithm.sample_strategy_args`` (:func:`default_sample_args`).
+    kept across steps, with the experience as payload. A step reads until the candidate pool can be filled, composes,
+    waits (up to the buffer's ``max_read_timeout``) while too few turns are valid, and returns the B experiences in
+    composition order with divopd's metrics. ``kwargs``: ``sample_strategy_args`` (:func:`default_sample_args`).
     """
 
     def __init__(self, buffer_config: BufferConfig, **kwargs: Any) -> None:
@@ -108,7 +106,6 @@ class DivOPDSampleStrategy(SampleStrategy):
         self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
         self._keep_dir = buffer_config.cache_dir  # <checkpoint job dir>/buffer, where records that stop a run go
         self.stopped: list[Experience] = []  # records that stopped the run (no rollout id / version), kept
-        # the experience log belongs to the run of Trinity's checkpoint job dir (buffer.cache_dir is <job dir>/buffer)
         job_dir = str(Path(buffer_config.cache_dir).parent) if buffer_config.cache_dir else None
         self.plugin = PluginRun(split_plugin_args(kwargs)[0], self.config.batch_size, _WHO,
                                 "algorithm.sample_strategy_args", config_hint=TRINITY_HINT, framework="Trinity-RFT",
@@ -224,10 +221,9 @@ class DivOPDSampleStrategy(SampleStrategy):
         return experiences, stale, self._known == 0
 
     def _add(self, experiences: list[Experience], stale: Sequence[StaleHeader] = ()) -> None:
-        """Queue the turns of ``experiences`` and of the ``stale`` headers, in arrival order (a header sits at its
-        position in the read); a record without a rollout id or version stops the run: it is counted and kept
-        (:attr:`stopped`, and a file under Trinity's ``buffer.cache_dir``), the records read with it are queued as
-        usual, and the one-line :class:`UsageError` names the first bad record and the file."""
+        """Queue the turns of ``experiences`` and of the ``stale`` headers, in arrival order; a record without a rollout
+        id or version is kept (:attr:`stopped`, a file under ``buffer.cache_dir``) and, once the records read with it
+        are queued, stops the run: the one-line :class:`UsageError` names the first bad record and the file."""
         candidates, held, bad, error = [], [], [], None
         read, unscored = read_candidates(experiences)
         records = iter(zip(experiences, read, unscored, strict=True))

@@ -45,12 +45,10 @@ def read_now_function(version_key: str) -> Callable[..., ReadNow]:
 
     def stale_header(position: int, exp: Any, stale_below: int) -> StaleHeader | None:
         eid, info = exp.eid, exp.info
-        if eid is None or type(info) is not dict:
+        if eid is None or type(info) is not dict or (eid.batch in ("", None) and eid.task in ("", None)):
             return None
         version = info.get(version_key, info.get("model_version"))
         if type(version) is not int or not 0 <= version < stale_below or type(eid.step) is not int or eid.step < 0:
-            return None
-        if eid.batch in ("", None) and eid.task in ("", None):
             return None
         return position, eid.rid, eid.step, version, info.get("task", eid.tid)
 

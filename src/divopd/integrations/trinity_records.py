@@ -63,9 +63,7 @@ def restore_model_version(exp: Experience) -> None:
 
 def experience_to_turn(exp: Experience) -> Turn:
     """The :class:`divopd.Turn` of one Trinity experience (one student turn); its content is judged by the gate.
-
-    Raises :class:`UsageError` (one line naming the field) when the record has no rollout id or no model version.
-    """
+    Raises :class:`UsageError` (one line naming the field) when the record has no rollout id or no model version."""
     eid = exp.eid
     if eid is None or (eid.batch in ("", None) and eid.task in ("", None)):
         raise _field_error(exp, "has no rollout id (eid.batch and eid.task are empty)")
@@ -172,7 +170,7 @@ def _fast_head(exp: Experience) -> tuple[str, int, int, bool, str] | None:
     step = eid.step
     if (eid.batch in ("", None) and eid.task in ("", None)) or type(step) is not int or step < 0:
         return None
-    version = info.get(TURN_VERSION_KEY, info.get("model_version"))
+    version = policy_version(exp)
     prompt_length = exp.prompt_length
     if type(version) is not int or version < 0 or type(prompt_length) is not int or prompt_length < 0:
         return None

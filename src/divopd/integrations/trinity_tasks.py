@@ -1,8 +1,7 @@
 """Task files for Trinity-RFT's taskset (``buffer.explorer_input.taskset``), written by ``divopd tasks --for trinity``.
 
-One JSON object per line, one file per split in one folder (Trinity's ``datasets.load_dataset(path, split=...)``). The
-dict-valued fields are written as JSON *text* (Arrow would merge dicts of different shapes into one struct type);
-:func:`read_row` decodes them. This module imports no framework.
+One JSON object per line, one file per split in one folder; the dict-valued fields as JSON *text* (Arrow would merge
+dicts of different shapes into one struct type). This module imports no framework.
 """
 
 from __future__ import annotations

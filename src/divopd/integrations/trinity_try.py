@@ -1,7 +1,5 @@
-"""Try divopd's Trinity-RFT workflow on a CPU (``examples/try_trinity.py``, the Trinity integration tests): Trinity's
-real ``WorkflowRunner`` plays a divopd env with HF models standing in for Trinity's vLLM engines
-(:class:`HFInferenceModel`) and, where vLLM is not installed, import-only placeholders for the vLLM modules Trinity
-imports (:func:`vllm_placeholders`). Needs Trinity-RFT 0.6.0 (the Trinity venv).
+"""Try divopd's Trinity-RFT workflow on a CPU (``examples/try_trinity.py``, the Trinity tests): Trinity's real
+``WorkflowRunner`` plays a divopd env, HF models standing in for Trinity's vLLM engines. Needs the Trinity venv.
 """
 
 from __future__ import annotations

@@ -47,8 +47,7 @@ def workflow_settings(setting: str | None, row: dict[str, Any], workflow_args: d
     for source in (row, workflow_args):
         merged.update({k: source[k] for k in _ROW_EXPLORER if k in source})
         merged.update(source.get("explorer") or {})
-    keep = set(ExplorerConfig.model_fields)
-    config = ExplorerConfig.model_validate({k: v for k, v in merged.items() if k in keep})
+    config = ExplorerConfig.model_validate({k: v for k, v in merged.items() if k in ExplorerConfig.model_fields})
     task = workflow_args.get("task", row.get("task"))
     if task is None:
         raise ValueError("divopd workflow: the task row has no 'task' (write task files with divopd tasks)")
@@ -74,11 +73,10 @@ def _first_line(text: str | None) -> str:
 
 
 class DivOPDWorkflow(Workflow):
-    """One rollout of a divopd environment (``explorer`` settings from the task row, then ``workflow_args``), one
-    ``Experience`` per student turn: the rollout model generates each action, the first auxiliary model (the teacher)
-    scores the turn's tokens (never NaN: an unscored position leaves ``action_mask``), and
-    ``info["divopd_policy_version"]`` keeps the version read before the turn's generate call (Trinity's runner
-    overwrites ``info["model_version"]``). With +R the teacher takes over after stalled turns (not emitted)."""
+    """One rollout of a divopd environment, one ``Experience`` per student turn: the rollout model generates each
+    action, the first auxiliary model (the teacher) scores the turn's tokens (never NaN), and
+    ``info["divopd_policy_version"]`` keeps the version read before the turn's generate call. With +R the teacher
+    takes over after stalled turns (not emitted)."""
 
     is_async: bool = True
     can_reset: bool = False
