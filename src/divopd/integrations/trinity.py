@@ -35,8 +35,8 @@ __all__ = ["STRATEGY_NAME", "DivOPDSampleStrategy", "default_sample_args", "expe
 #: The name in Trinity's SAMPLE_STRATEGY registry.
 STRATEGY_NAME = "divopd"
 _STATE_VERSION = 2
-#: What the sampler holds per turn: the experience, and whether it has a teacher position that is not finite. A record
-#: that arrived stale was left in the queue actor unserialized (``None``): it expires before it could be selected.
+#: Per turn: its experience (``None``: a record that arrived stale, left in the queue actor, expires unselected), and
+#: whether it has a teacher position that is not finite.
 Held = tuple[Experience | None, bool]
 _WHO = "sample_strategy divopd"
 
@@ -131,8 +131,7 @@ class DivOPDSampleStrategy(SampleStrategy):
         with Timer(metrics, "time/read_experience"):
             batch = await self._compose(learner_version)
         experiences = [exp for exp, _ in batch.payloads]
-        # finite for Trinity's stock OPD advantage: only records with an unscored position (flagged on arrival) change
-        masked = sum(mask_unscored(exp) for exp, unscored in batch.payloads if unscored)
+        masked = sum(mask_unscored(exp) for exp, unscored in batch.payloads if unscored)  # flagged on arrival
         metrics.update(self.sampler.ledger.as_metrics(batch.stats))
         metrics["sampler/held_experiences"] = float(self.held)
         metrics["sampler/teacher_masked_tokens"] = float(masked)
@@ -190,9 +189,8 @@ class DivOPDSampleStrategy(SampleStrategy):
     async def _read_now(self, limit: int, learner_version: int
                         ) -> tuple[list[Experience], list[StaleHeader], bool]:
         """Up to ``limit`` records the buffer holds now, without waiting (one round trip to the queue actor): the
-        experiences, the headers of the records that arrived stale, and whether that was all the buffer held. Being the
-        queue's only reader, a read within an earlier count goes straight to Trinity's reader (its ``get_batch`` would
-        poll in 1 s steps for a read the queue cannot fill), unless :attr:`drop_stale_in_queue`."""
+        experiences, the headers of the records that arrived stale, and whether that was all the buffer held. A read
+        within an earlier count goes to Trinity's reader (it won't wait), unless :attr:`drop_stale_in_queue`."""
         stale_below = learner_version - self.config.max_staleness if self.drop_stale_in_queue else None
         stale: list[StaleHeader] = []
         try:
@@ -276,9 +274,8 @@ class DivOPDSampleStrategy(SampleStrategy):
         return {"divopd": _STATE_VERSION, "sampler": self.sampler.state_dict(_encode)}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Resume from :meth:`state_dict`; an empty state (a fresh run) or a queue reader's index changes nothing.
-        Trinity calls it once, right after building the strategy: the experience log opens then, or, resumed, drops
-        the turns logged past the checkpoint."""
+        """Resume from :meth:`state_dict` (an empty state or a queue reader's index: a fresh run). Called once, right
+        after the strategy is built: the experience log opens, or drops the turns logged past the checkpoint."""
         if not state_dict or (set(state_dict) <= {"current_index"}):
             self.plugin.start()
             return

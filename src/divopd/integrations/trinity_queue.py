@@ -19,15 +19,14 @@ ReadNow = tuple[bytes | None, list[StaleHeader], int, bool]
 
 def read_now_function(version_key: str) -> Callable[..., ReadNow]:
     """``read_now(storage, limit, timeout, stale_below=None)`` for ``__ray_call__`` on Trinity's ``QueueStorage``
-    actor (a closure, so that Ray ships its code by value): the count of experiences the queue holds (the rest of a
-    payload in ``exp_pool`` plus the queued payloads'), and, when that is not 0 and the actor's event loop is known,
-    the next ``min(count, limit)`` of them serialized as Trinity's ``get_batch`` would (``None`` otherwise: read them
-    with Trinity's reader). With ``stale_below``, a readable record whose policy version (``info[version_key]``, else
-    ``info["model_version"]``) is an int in ``[0, stale_below)`` is taken unserialized: only its :data:`StaleHeader`
-    comes back, and it does not count towards ``limit``. ``timeout``: the take's deadline (the records are there).
+    actor (a closure: Ray ships its code by value): the count of experiences the queue holds, and, when that is not 0
+    and the actor's event loop is known, the next ``min(count, limit)`` of them serialized as by Trinity's
+    ``get_batch`` (``None`` otherwise: read them with Trinity's reader). With ``stale_below``, a readable record whose
+    policy version (``info[version_key]``, else ``info["model_version"]``) is an int in ``[0, stale_below)`` is taken
+    unserialized: only its :data:`StaleHeader` comes back, not counted towards ``limit``. ``timeout``: the take's.
 
-    ``__ray_call__`` runs in a Ray thread beside the actor's event loop: the count only reads, and the take runs on
-    that loop (the actor's one running loop in another thread, found once), so only the loop changes the queue."""
+    ``__ray_call__`` runs in a Ray thread: the count only reads, and the take runs on the actor's one running event
+    loop in another thread (found once), so only that loop changes the queue."""
 
     def actor_loop(storage: Any) -> Any:
         import asyncio

@@ -99,10 +99,9 @@ def mask_unscored(exp: Experience) -> int:
     """Make ``exp`` finite for Trinity's stock OPD advantage (``kl_coef * (teacher - old) * response_mask``: NaN * 0
     is NaN): a position with a teacher log prob not finite leaves ``action_mask`` and gets the student's log prob (0
     where that is not finite either). Returns how many *action* positions left the mask."""
-    teacher = exp.teacher_logprobs
-    if teacher is None:
+    if exp.teacher_logprobs is None:
         return 0
-    teacher = torch.as_tensor(teacher)
+    teacher = torch.as_tensor(exp.teacher_logprobs)
     unscored = ~torch.isfinite(teacher)
     if not bool(unscored.any()):
         return 0
@@ -114,19 +113,17 @@ def mask_unscored(exp: Experience) -> int:
     if exp.logprobs is not None and len(exp.logprobs) == n:
         student = torch.as_tensor(exp.logprobs).to(teacher.dtype)
         fill = torch.where(torch.isfinite(student), student, fill)
-    masked = int((unscored & mask).sum())
     exp.teacher_logprobs = torch.where(unscored, fill, teacher)
     exp.action_mask = mask & ~unscored
-    return masked
+    return int((unscored & mask).sum())
 
 
 def read_candidates(experiences: list[Experience]) -> tuple[list[Candidate | UsageError], list[bool]]:
     """The :class:`Candidate` of each record, in order (a record that stops the run gives its :class:`UsageError` in
     its place), and per record whether it has a teacher position that is not finite (:func:`mask_unscored`).
 
-    The common record (1-d CPU tensors of the response's length, a non-empty response) builds no turn: the values the
-    gate and the rules read are computed for the whole read at once, equal to those :class:`Turn` computes. Any other
-    record goes through :func:`experience_to_turn`."""
+    The common record (1-d CPU tensors of the response's length) builds no :class:`Turn`: the values the gate and the
+    rules read are computed for the whole read at once, equal to those of :func:`experience_to_turn`."""
     out: list[Candidate | UsageError | None] = [None] * len(experiences)
     unscored = [False] * len(experiences)
     fast: list[tuple[int, Experience, tuple[str, int, int, bool, str]]] = []

@@ -41,11 +41,8 @@ class _PlaceholderModule(types.ModuleType):
 def vllm_placeholders() -> bool:
     """Where vLLM is not installed, register import-only placeholders for the modules Trinity's ``ModelWrapper``
     imports (a call to any of their names raises); returns whether it did. With vLLM installed it does nothing."""
-    loaded = sys.modules.get("vllm")
-    if loaded is not None:
-        return isinstance(loaded, _PlaceholderModule)
-    if importlib.util.find_spec("vllm") is not None:
-        return False
+    if sys.modules.get("vllm") is not None or importlib.util.find_spec("vllm") is not None:
+        return isinstance(sys.modules.get("vllm"), _PlaceholderModule)
     for name in VLLM_MODULES:
         sys.modules.setdefault(name, _PlaceholderModule(name))
     sys.modules["vllm"].__version__ = "0.0.0-placeholder"
@@ -117,9 +114,8 @@ def trinity_config(models: dict[str, str]) -> Any:
 
 
 def engines(config: Any, models: dict[str, str], pythonpath: str) -> list[Any]:
-    """The student's and the teacher's engine as the named Ray actors Trinity's allocator looks up
-    (``<explorer>_rollout_model_0_0``, ``<explorer>_auxiliary_0_model_0_0``); ``pythonpath``: the actors' module
-    path (where divopd and Trinity import from). End them with ``ray.kill``."""
+    """The student's and the teacher's engine as the named Ray actors Trinity's allocator looks up; ``pythonpath``:
+    the actors' module path (where divopd and Trinity import from). End them with ``ray.kill``."""
     import ray
 
     engine = ray.remote(num_cpus=0)(HFInferenceModel)
