@@ -1,8 +1,4 @@
-"""DivOPD inside Trinity-RFT: the sample strategy ``divopd`` (``algorithm.sample_strategy: divopd``).
-
-Step ``s`` (the trainer's ``train_step_num + 1``) is composed for learner version ``s − 1``, the model version the
-explorer tags experiences with once the weights of ``s − 1`` updates are synced (``info["model_version"]``).
-"""
+"""DivOPD inside Trinity-RFT: the sample strategy ``divopd`` (``algorithm.sample_strategy: divopd``)."""
 
 from __future__ import annotations
 
@@ -39,8 +35,8 @@ __all__ = ["STRATEGY_NAME", "DivOPDSampleStrategy", "default_sample_args", "expe
 #: The name in Trinity's SAMPLE_STRATEGY registry.
 STRATEGY_NAME = "divopd"
 _STATE_VERSION = 2
-#: What the sampler holds per turn: the experience, and whether it has a teacher position that is not finite. A record
-#: that arrived stale was left in the queue actor unserialized (``None``): it expires before it could be selected.
+#: Per turn: its experience (``None``: a record that arrived stale, left in the queue actor, expires unselected), and
+#: whether it has a teacher position that is not finite.
 Held = tuple[Experience | None, bool]
 _WHO = "sample_strategy divopd"
 
@@ -74,7 +70,6 @@ def _decode(data: list[Any]) -> Held:
     return Experience.deserialize_many(base64.b64decode(data[0]))[0], bool(data[1])
 
 
-# ---------------------------------------------------------------------------------------------------- buffer
 def _queue_storage(buffer_config: BufferConfig) -> StorageConfig:
     """The trainer's experience buffer as a storage config; it must be a queue without Trinity's replay buffer."""
     exp_buffer = buffer_config.trainer_input.experience_buffer
@@ -90,24 +85,13 @@ def _queue_storage(buffer_config: BufferConfig) -> StorageConfig:
     return storage
 
 
-# ---------------------------------------------------------------------------------------------------- strategy
 class DivOPDSampleStrategy(SampleStrategy):
     """Trinity-RFT sample strategy (``algorithm.sample_strategy: divopd``) that composes each batch with a divopd rule.
 
-    It reads the trainer's experience buffer with Trinity's own reader; each ``Experience`` (one per student turn:
-    ``eid.rid`` the rollout, ``eid.step`` the turn, ``info["model_version"]`` the policy version) enters one
-    :class:`~divopd.sampling.Sampler`, kept across steps, as its :class:`~divopd.sampling.Candidate` with the
-    experience as payload. A step tops the sampler up from what the buffer holds (until the candidate pool can be
-    filled), composes, waits for more experiences (up to the buffer's ``max_read_timeout``) while too few turns are
-    valid, and returns the B experiences in composition order with divopd's ``sampler/...`` and ``ledger/...``
-    metrics. A record without a rollout id or a version stops the run with one line; one the composer cannot use is
-    rejected by the gate and counted in ``ledger/invalid/<reason>``.
-
-    Args:
-        buffer_config: Trinity's ``buffer`` config (the trainer's experience buffer is read).
-        **kwargs: ``algorithm.sample_strategy_args``: ``method``, ``batch_size``, ``pool_factor``, ``cap``,
-            ``max_staleness``, ``max_pending_age`` and the other :class:`SamplerConfig` fields
-            (:func:`default_sample_args`).
+    Each ``Experience`` of the trainer's queue buffer (one student turn) enters one :class:`~divopd.sampling.Sampler`,
+    kept across steps, with the experience as payload. A step reads until the candidate pool can be filled, composes,
+    waits (up to the buffer's ``max_read_timeout``) while too few turns are valid, and returns the B experiences in
+    composition order with divopd's metrics. ``kwargs``: ``sample_strategy_args`` (:func:`default_sample_args`).
     """
 
     def __init__(self, buffer_config: BufferConfig, **kwargs: Any) -> None:
@@ -122,7 +106,6 @@ class DivOPDSampleStrategy(SampleStrategy):
         self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
         self._keep_dir = buffer_config.cache_dir  # <checkpoint job dir>/buffer, where records that stop a run go
         self.stopped: list[Experience] = []  # records that stopped the run (no rollout id / version), kept
-        # the experience log belongs to the run of Trinity's checkpoint job dir (buffer.cache_dir is <job dir>/buffer)
         job_dir = str(Path(buffer_config.cache_dir).parent) if buffer_config.cache_dir else None
         self.plugin = PluginRun(split_plugin_args(kwargs)[0], self.config.batch_size, _WHO,
                                 "algorithm.sample_strategy_args", config_hint=TRINITY_HINT, framework="Trinity-RFT",
@@ -141,7 +124,6 @@ class DivOPDSampleStrategy(SampleStrategy):
         """Experiences held for turns still waiting in the sampler (pending or queued): at most the pool."""
         return self.sampler.waiting
 
-    # ------------------------------------------------------------------ one step
     async def sample(self, step: int, **kwargs: Any) -> tuple[list[Experience], dict, list]:
         """Exactly ``batch_size`` experiences for trainer step ``step`` (learner version ``step − 1``)."""
         learner_version = self._learner_version = int(step) - 1
@@ -149,8 +131,7 @@ class DivOPDSampleStrategy(SampleStrategy):
         with Timer(metrics, "time/read_experience"):
             batch = await self._compose(learner_version)
         experiences = [exp for exp, _ in batch.payloads]
-        # finite for Trinity's stock OPD advantage: only records with an unscored position (flagged on arrival) change
-        masked = sum(mask_unscored(exp) for exp, unscored in batch.payloads if unscored)
+        masked = sum(mask_unscored(exp) for exp, unscored in batch.payloads if unscored)  # flagged on arrival
         metrics.update(self.sampler.ledger.as_metrics(batch.stats))
         metrics["sampler/held_experiences"] = float(self.held)
         metrics["sampler/teacher_masked_tokens"] = float(masked)
@@ -194,11 +175,8 @@ class DivOPDSampleStrategy(SampleStrategy):
                 return
 
     async def _count_unread(self) -> int:
-        """The experiences Trinity's queue holds now, unread (one round trip, nothing read): the step's backlog, whose
-        growth counts as arrived in ``sampler/arrival_ratio``. A step that reads only what its pool needs leaves the
-        rest in the queue; counted only when a read asks, the arrivals would show at the step that next counts them
-        (0, then a multiple of the step's), not at the step they came in. A step whose read asked the queue actor
-        takes that count instead (:meth:`sample`)."""
+        """The experiences Trinity's queue holds now, unread (one round trip, nothing read): the backlog of a step whose
+        read did not ask the queue actor, so that ``sampler/arrival_ratio`` counts arrivals at the step they came in."""
         if self._closed:
             return 0
         try:
@@ -210,15 +188,9 @@ class DivOPDSampleStrategy(SampleStrategy):
 
     async def _read_now(self, limit: int, learner_version: int
                         ) -> tuple[list[Experience], list[StaleHeader], bool]:
-        """Up to ``limit`` records the buffer holds now, without waiting: the experiences, the headers of the records
-        that arrived stale (left unserialized in the queue actor: they expire at this step's composition), and
-        whether that was all the buffer held (nothing when it is empty or closed).
-
-        Trinity's reader waits for a full read (its ``get_batch`` polls the queue in 1 s steps) and its ``length``
-        counts payloads, not experiences: so ask the queue actor, in one round trip, how many experiences it holds and
-        for up to ``limit`` of them (:func:`~divopd.integrations.trinity_queue.read_now_function`). This strategy is
-        the queue's only reader, so what a count saw and a read left behind is still there: without
-        :attr:`drop_stale_in_queue`, a read that needs no more than that goes straight to Trinity's reader."""
+        """Up to ``limit`` records the buffer holds now, without waiting (one round trip to the queue actor): the
+        experiences, the headers of the records that arrived stale, and whether that was all the buffer held. A read
+        within an earlier count goes to Trinity's reader (it won't wait), unless :attr:`drop_stale_in_queue`."""
         stale_below = learner_version - self.config.max_staleness if self.drop_stale_in_queue else None
         stale: list[StaleHeader] = []
         try:
@@ -247,20 +219,17 @@ class DivOPDSampleStrategy(SampleStrategy):
         return experiences, stale, self._known == 0
 
     def _add(self, experiences: list[Experience], stale: Sequence[StaleHeader] = ()) -> None:
-        """Queue the turns of ``experiences`` and of the ``stale`` headers, in arrival order (a header sits at its
-        position in the read); a record without a rollout id or version stops the run: it is counted and kept
-        (:attr:`stopped`, and a file under Trinity's ``buffer.cache_dir``), the records read with it are queued as
-        usual, and the one-line :class:`UsageError` names the first bad record and the file."""
+        """Queue the turns of ``experiences`` and of the ``stale`` headers, in arrival order; a record without a rollout
+        id or version is kept (:attr:`stopped`, a file under ``buffer.cache_dir``) and, once the records read with it
+        are queued, stops the run: the one-line :class:`UsageError` names the first bad record and the file."""
         candidates, held, bad, error = [], [], [], None
         read, unscored = read_candidates(experiences)
         records = iter(zip(experiences, read, unscored, strict=True))
-        headers = iter(stale)
-        head = next(headers, None)
+        stale_at = {head[0]: head[1:] for head in stale}
         for position in range(len(experiences) + len(stale)):
-            if head is not None and head[0] == position:
-                candidates.append(stale_candidate(*head[1:]))
+            if position in stale_at:
+                candidates.append(stale_candidate(*stale_at[position]))
                 held.append((None, False))
-                head = next(headers, None)
                 continue
             exp, candidate, flag = next(records)
             if isinstance(candidate, UsageError):
@@ -289,7 +258,6 @@ class DivOPDSampleStrategy(SampleStrategy):
             return f"kept in memory only (DivOPDSampleStrategy.stopped): cannot write {path}: {exc.strerror}"
         return f"kept in {path} (Experience.deserialize_many)"
 
-    # ------------------------------------------------------------------ messages
     def _waiting_note(self) -> str:
         ledger = self.sampler.ledger
         counts = ", ".join(f"{k} {getattr(ledger, k)}"
@@ -300,18 +268,14 @@ class DivOPDSampleStrategy(SampleStrategy):
         return one_line(f"{_WHO}: no batch for step {learner_version + 1} within {self._wait_s:g} s "
                         f"(buffer.trainer_input.experience_buffer.max_read_timeout): {self._waiting_note()}")
 
-    # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
         """The sampler's state with the experiences of its waiting turns (JSON-able: Trinity writes it as JSON)."""
         self.plugin.compact()  # the experience log's parts merged at each checkpoint, as divopd train does
         return {"divopd": _STATE_VERSION, "sampler": self.sampler.state_dict(_encode)}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Resume from :meth:`state_dict`; an empty state (a fresh run) or a queue reader's index changes nothing.
-
-        Trinity's trainer calls it once, right after building the strategy, with its checkpoint's state (empty for a
-        fresh run): the experience log is opened then, for a fresh run, or continued for the resumed one without the
-        turns logged past the checkpoint (those from the restored sampler's next arrival number on)."""
+        """Resume from :meth:`state_dict` (an empty state or a queue reader's index: a fresh run). Called once, right
+        after the strategy is built: the experience log opens, or drops the turns logged past the checkpoint."""
         if not state_dict or (set(state_dict) <= {"current_index"}):
             self.plugin.start()
             return

@@ -1,11 +1,5 @@
 """What the Trinity-RFT sample strategy asks of Trinity's queue actor (``QueueStorage``) beyond Trinity's own reader:
-"count and read what is there, without waiting", and "leave the stale records unserialized".
-
-``__ray_call__`` runs in a thread of Ray's beside the actor's asyncio event loop, where Trinity's queue lives; the
-count only reads, and taking records is handed to that loop (``asyncio.run_coroutine_threadsafe``), so the queue is
-only ever changed from its own loop. The loop is the actor's one running event loop in another thread (found once,
-then kept on the actor object); where there is not exactly one, the strategy reads with Trinity's reader. The
-function is a closure so that Ray ships its code by value: the queue actor need not import divopd.
+count and read what is there without waiting, leaving the records that arrived stale unserialized.
 """
 
 from __future__ import annotations
@@ -25,15 +19,14 @@ ReadNow = tuple[bytes | None, list[StaleHeader], int, bool]
 
 def read_now_function(version_key: str) -> Callable[..., ReadNow]:
     """``read_now(storage, limit, timeout, stale_below=None)`` for ``__ray_call__`` on Trinity's ``QueueStorage``
-    actor: the count of experiences the queue holds (the unread rest of a payload in ``exp_pool`` plus the
-    experiences of the queued payloads), and, when that is not 0 and the actor's event loop is known, the next
-    ``min(count, limit)`` of them as Trinity's ``get_batch`` would serialize them (``None`` otherwise: read them with
-    Trinity's reader). With ``stale_below``, a record whose policy version (``info[version_key]``, else
-    ``info["model_version"]``) is an int in ``[0, stale_below)`` and whose rollout id and turn index are readable is
-    stale: it is taken but not serialized, only its :data:`StaleHeader` comes back (its position among the records
-    taken), and it does not count towards ``limit`` (the take ends at ``limit`` experiences or at the count).
-    ``timeout`` is the deadline of the take (it does not wait: the records are there, and the strategy is the only
-    reader)."""
+    actor (a closure: Ray ships its code by value): the count of experiences the queue holds, and, when that is not 0
+    and the actor's event loop is known, the next ``min(count, limit)`` of them serialized as by Trinity's
+    ``get_batch`` (``None`` otherwise: read them with Trinity's reader). With ``stale_below``, a readable record whose
+    policy version (``info[version_key]``, else ``info["model_version"]``) is an int in ``[0, stale_below)`` is taken
+    unserialized: only its :data:`StaleHeader` comes back, not counted towards ``limit``. ``timeout``: the take's.
+
+    ``__ray_call__`` runs in a Ray thread: the count only reads, and the take runs on the actor's one running event
+    loop in another thread (found once), so only that loop changes the queue."""
 
     def actor_loop(storage: Any) -> Any:
         import asyncio
@@ -51,20 +44,17 @@ def read_now_function(version_key: str) -> Callable[..., ReadNow]:
 
     def stale_header(position: int, exp: Any, stale_below: int) -> StaleHeader | None:
         eid, info = exp.eid, exp.info
-        if eid is None or type(info) is not dict:
+        if eid is None or type(info) is not dict or (eid.batch in ("", None) and eid.task in ("", None)):
             return None
         version = info.get(version_key, info.get("model_version"))
         if type(version) is not int or not 0 <= version < stale_below or type(eid.step) is not int or eid.step < 0:
-            return None
-        if eid.batch in ("", None) and eid.task in ("", None):
             return None
         return position, eid.rid, eid.step, version, info.get("task", eid.tid)
 
     async def take(storage: Any, n: int, most: int, timeout: float, stale_below: int | None
                    ) -> tuple[list[Any], list[StaleHeader]]:
-        """The next records, in order (the unread rest of a payload first, then the queued payloads; the rest of the
-        last one stays in ``exp_pool``, as with Trinity's ``get_batch``), until ``n`` of them are not stale or
-        ``most`` are taken: the experiences, and the stale records' headers."""
+        """The next records, in order (as Trinity's ``get_batch``: a payload's rest stays in ``exp_pool``), until ``n``
+        are not stale or ``most`` are taken: the experiences, and the stale records' headers."""
         import asyncio
 
         pool, taken, stale = storage.exp_pool, [], []

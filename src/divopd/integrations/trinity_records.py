@@ -1,17 +1,5 @@
-"""Trinity-RFT ``Experience`` records as divopd's sampler sees them, and as Trinity's trainer may receive them.
-
-* :func:`read_candidates`: the sampler's :class:`~divopd.sampling.Candidate` of each experience of a read (one
-  student turn each: ``eid.rid`` the rollout, ``eid.step`` the turn, the policy version, ``tokens[prompt_length:]``
-  the response with ``action_mask``, ``logprobs`` and ``teacher_logprobs``), computed with a few array operations for
-  the whole read; :func:`experience_to_turn` is the :class:`divopd.Turn` of one experience.
-* :func:`policy_version`: the version that generated the turn. Trinity's ``WorkflowRunner.run_task`` overwrites
-  ``info["model_version"]`` with the version at the *task's* start after the workflow returns, so divopd's workflows
-  keep the version read before each turn's generate call under ``info["divopd_policy_version"]``
-  (:data:`TURN_VERSION_KEY`), which wins; :func:`restore_model_version` puts it back into ``info["model_version"]``
-  for Trinity's own metrics (``sample/model_version/*``).
-* :func:`mask_unscored`: makes an experience safe for Trinity's stock ``on_policy_distill`` advantage, which computes
-  ``kl_coef * (teacher - old) * response_mask`` without masking NaN (NaN * 0 is NaN): positions whose teacher log prob
-  is not finite leave ``action_mask`` and carry the student's own log prob (a zero advantage) as a finite placeholder.
+"""Trinity-RFT ``Experience`` records as divopd's sampler reads them (one student turn each), and as Trinity's trainer
+may receive them: finite for its stock ``on_policy_distill`` advantage (:func:`mask_unscored`).
 """
 
 from __future__ import annotations
@@ -31,14 +19,13 @@ from divopd.sampling.gate import verdict
 __all__ = ["TURN_VERSION_KEY", "UNSCORED_KEY", "experience_to_turn", "mask_unscored", "policy_version",
            "read_candidates", "restore_model_version", "stale_candidate"]
 
-#: ``info`` key of the policy version that generated the turn (divopd's workflows set it; it beats model_version).
+#: ``info`` key of the policy version that generated the turn (divopd's workflows set it; it beats model_version,
+#: which Trinity's ``WorkflowRunner.run_task`` overwrites with the version at the task's start).
 TURN_VERSION_KEY = "divopd_policy_version"
 #: ``info`` key set True by divopd's workflows when the teacher could not score the turn at all (its teacher log
 #: probs are then a finite placeholder under an all-False action mask; the gate counts it ``missing_teacher``).
 UNSCORED_KEY = "divopd_unscored"
 _WHO = "sample_strategy divopd"
-
-
 _NATIVE = {np.int64: torch.int64, np.float32: torch.float32, bool: torch.bool}
 
 
@@ -76,9 +63,7 @@ def restore_model_version(exp: Experience) -> None:
 
 def experience_to_turn(exp: Experience) -> Turn:
     """The :class:`divopd.Turn` of one Trinity experience (one student turn); its content is judged by the gate.
-
-    Raises :class:`UsageError` (one line naming the field) when the record has no rollout id or no model version.
-    """
+    Raises :class:`UsageError` (one line naming the field) when the record has no rollout id or no model version."""
     eid = exp.eid
     if eid is None or (eid.batch in ("", None) and eid.task in ("", None)):
         raise _field_error(exp, "has no rollout id (eid.batch and eid.task are empty)")
@@ -111,15 +96,12 @@ def experience_to_turn(exp: Experience) -> Turn:
 
 
 def mask_unscored(exp: Experience) -> int:
-    """Make ``exp`` finite for Trinity's stock OPD advantage and losses; returns how many *action* positions left the
-    mask because the teacher did not score them (a NaN or infinite teacher log prob).
-
-    Such a position gets ``action_mask`` False and, as teacher log prob, the student's own log prob there (0 where
-    that is not finite either): ``teacher - old`` is then 0 even for a reader that ignores the mask."""
-    teacher = exp.teacher_logprobs
-    if teacher is None:
+    """Make ``exp`` finite for Trinity's stock OPD advantage (``kl_coef * (teacher - old) * response_mask``: NaN * 0
+    is NaN): a position with a teacher log prob not finite leaves ``action_mask`` and gets the student's log prob (0
+    where that is not finite either). Returns how many *action* positions left the mask."""
+    if exp.teacher_logprobs is None:
         return 0
-    teacher = torch.as_tensor(teacher)
+    teacher = torch.as_tensor(exp.teacher_logprobs)
     unscored = ~torch.isfinite(teacher)
     if not bool(unscored.any()):
         return 0
@@ -131,23 +113,17 @@ def mask_unscored(exp: Experience) -> int:
     if exp.logprobs is not None and len(exp.logprobs) == n:
         student = torch.as_tensor(exp.logprobs).to(teacher.dtype)
         fill = torch.where(torch.isfinite(student), student, fill)
-    masked = int((unscored & mask).sum())
     exp.teacher_logprobs = torch.where(unscored, fill, teacher)
     exp.action_mask = mask & ~unscored
-    return masked
+    return int((unscored & mask).sum())
 
 
 def read_candidates(experiences: list[Experience]) -> tuple[list[Candidate | UsageError], list[bool]]:
     """The :class:`Candidate` of each record, in order (a record that stops the run gives its :class:`UsageError` in
-    its place), and per record whether it has a teacher position that is not finite (what :func:`mask_unscored`
-    masks at hand-over).
+    its place), and per record whether it has a teacher position that is not finite (:func:`mask_unscored`).
 
-    The common record (1-d CPU tensors: integer ``tokens``, float ``logprobs`` and ``teacher_logprobs``, a bool
-    ``action_mask``, all of the response's length, a non-empty response) is read without building a turn: the
-    per-token arrays of the whole read are concatenated once and the values the gate and the rules read (``n_valid``,
-    ``kl_tokens``, ``disagreement``) are computed for all of them at once, equal to those :class:`Turn` computes (the
-    disagreement is summed over the same values by the same numpy reduction). Any other record goes through
-    :func:`experience_to_turn`."""
+    The common record (1-d CPU tensors of the response's length) builds no :class:`Turn`: the values the gate and the
+    rules read are computed for the whole read at once, equal to those of :func:`experience_to_turn`."""
     out: list[Candidate | UsageError | None] = [None] * len(experiences)
     unscored = [False] * len(experiences)
     fast: list[tuple[int, Experience, tuple[str, int, int, bool, str]]] = []
@@ -157,26 +133,19 @@ def read_candidates(experiences: list[Experience]) -> tuple[list[Candidate | Usa
             fast.append((i, exp, head))
             continue
         try:
-            turn = experience_to_turn(exp)
+            out[i], unscored[i] = _slow(exp)
         except UsageError as exc:
             out[i] = exc
-            continue
-        out[i] = Candidate.of(turn)
-        unscored[i] = turn.teacher_logprobs is not None and not bool(np.isfinite(turn.teacher_logprobs).all())
     if fast:
-        try:
-            read = _fast_candidates(fast)
-        except _NotFast:
-            read = [_slow(exp) for _, exp, _ in fast]
+        read = _fast_candidates(fast) or [_slow(exp) for _, exp, _ in fast]
         for (i, _, _), (candidate, flag) in zip(fast, read, strict=True):
             out[i], unscored[i] = candidate, flag
     return out, unscored  # type: ignore[return-value]  (every slot is filled)
 
 
 def stale_candidate(rollout_id: str, turn_index: int, policy_version: int, task: Any) -> Candidate:
-    """The candidate of a record that arrived stale and stayed unserialized in the queue actor: the sampler expires it
-    (``ledger/expired/stale``) at the composition it is read for, before the gate or a rule reads more than its
-    version, so its token counts are 0."""
+    """The candidate of a record left unserialized in the queue actor because it arrived stale: the sampler expires it
+    (``ledger/expired/stale``) before the gate or a rule reads more than its version, so its token counts are 0."""
     return Candidate(rollout_id, turn_index, policy_version, 0, 0, 0, 0.0, None, task_key(task, rollout_id))
 
 
@@ -191,25 +160,20 @@ _INTS = (torch.int64, torch.int32)
 
 def _fast_head(exp: Experience) -> tuple[str, int, int, bool, str] | None:
     """``(rollout id, turn index, version, prompt truncated, task group)`` when the record qualifies for the fast
-    path of :func:`read_candidates`, else ``None`` (then :func:`experience_to_turn` reads it, and raises for a record
-    that stops the run). The device and ``requires_grad`` of the tensors are checked on their concatenation."""
+    path of :func:`read_candidates`, else ``None``; device and ``requires_grad`` are checked on the concatenation."""
     eid, info = exp.eid, exp.info
     if eid is None or type(info) is not dict or info.get(UNSCORED_KEY):
         return None
     step = eid.step
     if (eid.batch in ("", None) and eid.task in ("", None)) or type(step) is not int or step < 0:
         return None
-    version = info.get(TURN_VERSION_KEY, info.get("model_version"))
+    version = policy_version(exp)
     prompt_length = exp.prompt_length
     if type(version) is not int or version < 0 or type(prompt_length) is not int or prompt_length < 0:
         return None
-    tokens, student, teacher, mask = exp.tokens, exp.logprobs, exp.teacher_logprobs, exp.action_mask
-    if type(tokens) is not torch.Tensor or type(student) is not torch.Tensor or type(teacher) is not torch.Tensor \
-            or type(mask) is not torch.Tensor:
-        return None
-    if tokens.dtype not in _INTS or mask.dtype is not torch.bool or student.dtype not in _FLOATS \
-            or teacher.dtype not in _FLOATS or tokens.dim() != 1 or student.dim() != 1 or teacher.dim() != 1 \
-            or mask.dim() != 1:
+    tokens, student, teacher, mask = arrays = exp.tokens, exp.logprobs, exp.teacher_logprobs, exp.action_mask
+    if any(type(a) is not torch.Tensor or a.dim() != 1 for a in arrays) or tokens.dtype not in _INTS \
+            or mask.dtype is not torch.bool or student.dtype not in _FLOATS or teacher.dtype not in _FLOATS:
         return None
     n = tokens.shape[0] - prompt_length
     if n <= 0 or student.shape[0] != n or teacher.shape[0] != n or mask.shape[0] != n:
@@ -219,12 +183,15 @@ def _fast_head(exp: Experience) -> tuple[str, int, int, bool, str] | None:
 
 
 def _fast_candidates(fast: list[tuple[int, Experience, tuple[str, int, int, bool, str]]]
-                     ) -> list[tuple[Candidate, bool]]:
-    """The candidates of the fast-path records of one read, and whether each has a teacher position not finite."""
+                     ) -> list[tuple[Candidate, bool]] | None:
+    """The candidates of the fast-path records of one read, and whether each has a teacher position not finite;
+    ``None`` when their tensors cannot be concatenated on the CPU without autograd."""
     exps = [exp for _, exp, _ in fast]
-    student = _cat([e.logprobs for e in exps]).to(torch.float32).numpy()
-    teacher = _cat([e.teacher_logprobs for e in exps]).to(torch.float32).numpy()
-    action = _cat([e.action_mask for e in exps]).numpy()
+    cats = [_cat([getattr(e, key) for e in exps]) for key in ("logprobs", "teacher_logprobs", "action_mask")]
+    if any(cat is None for cat in cats):
+        return None
+    student, teacher = cats[0].to(torch.float32).numpy(), cats[1].to(torch.float32).numpy()
+    action = cats[2].numpy()
     lengths = np.fromiter((e.tokens.shape[0] - e.prompt_length for e in exps), dtype=np.int64, count=len(exps))
     starts, n_valid, kl, disagreement = _cached_values(student, teacher, action, lengths)
     masked = (np.add.reduceat(~np.isfinite(teacher), starts, dtype=np.int64) > 0).tolist()
@@ -233,24 +200,17 @@ def _fast_candidates(fast: list[tuple[int, Experience, tuple[str, int, int, bool
             in zip(fast, lengths.tolist(), n_valid, kl, disagreement, masked, strict=True)]
 
 
-class _NotFast(Exception):
-    """A read whose tensors cannot be concatenated on the CPU without autograd: it takes the per-record path."""
-
-
-def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+def _cat(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     try:
         out = torch.cat(tensors)
     except RuntimeError:  # tensors on different devices
-        raise _NotFast from None
-    if out.device.type != "cpu" or out.requires_grad:
-        raise _NotFast
-    return out
+        return None
+    return None if out.device.type != "cpu" or out.requires_grad else out
 
 
 def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Per segment (consecutive runs of ``counts`` values), ``values[segment].sum()`` exactly as numpy sums a 1-d
-    array: the segments of one length are summed as the rows of one C-contiguous 2-d array (numpy reduces each row
-    as it reduces a 1-d array), one reduction per distinct length."""
+    """Per segment (consecutive runs of ``counts`` values), ``values[segment].sum()`` bit for bit as numpy sums a 1-d
+    array: the segments of one length are summed as the rows of one C-contiguous 2-d array."""
     out = np.zeros(counts.shape[0], dtype=np.float64)
     starts = np.cumsum(counts) - counts
     for k in np.unique(counts).tolist():
@@ -263,9 +223,8 @@ def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def _cached_values(student: np.ndarray, teacher: np.ndarray, action: np.ndarray,
                    lengths: np.ndarray) -> tuple[np.ndarray, list[int], list[int], list[float]]:
-    """For turns whose response arrays are concatenated (``lengths`` each): their starts in the concatenation, and
-    per turn ``n_valid``, ``kl_tokens`` and ``disagreement`` (0 / 0.0 without a valid token), equal to what
-    :class:`Turn` computes for each on its own."""
+    """For turns whose response arrays are concatenated (``lengths`` each): their starts, and per turn ``n_valid``,
+    ``kl_tokens`` and ``disagreement`` (0 / 0.0 without a valid token), equal to what :class:`Turn` computes."""
     starts = np.cumsum(lengths) - lengths
     valid = np.isfinite(teacher) & action  # Turn.valid_mask
     both = valid & np.isfinite(student)  # the positions Turn.disagreement sums over

@@ -1,15 +1,7 @@
 """Task files for Trinity-RFT's taskset (``buffer.explorer_input.taskset``), written by ``divopd tasks --for trinity``.
 
-Trinity reads a taskset with ``datasets.load_dataset(path, split=split)``: ``path`` is a *folder* and the file names
-in it name the splits (``train.jsonl`` -> ``train``, ``test.jsonl`` -> ``test``, ``dev.jsonl`` -> ``validation``).
-So write one file per split into one folder::
-
-    divopd tasks alfworld --for trinity --split train --out tasks/alfworld/train.jsonl
-    divopd tasks alfworld --for trinity --split dev --out tasks/alfworld/test.jsonl   # the evaluation taskset
-
-One JSON object per line. The dict-valued fields (``env_kwargs``, ``explorer``) are written as JSON *text*: Arrow
-(which ``datasets`` reads the file into) would merge dicts of different shapes into one struct type, filling
-missing keys with nulls; :func:`read_row` decodes them again. This module imports no framework.
+One JSON object per line, one file per split in one folder; the dict-valued fields as JSON *text* (Arrow would merge
+dicts of different shapes into one struct type). This module imports no framework.
 """
 
 from __future__ import annotations
@@ -20,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from divopd.errors import UsageError
+from divopd.integrations.verl_tasks import ROW_KEYS
 
 __all__ = ["JSON_FIELDS", "ROW_KEYS", "read_row", "write_tasks"]
 
-#: The keys every row has (``divopd.commands.tasks.task_rows``).
-ROW_KEYS = ("env", "env_kwargs", "split", "task", "index", "max_steps")
 #: Row fields holding a dict, written as JSON text.
 JSON_FIELDS = ("env_kwargs", "explorer")
 

@@ -1,12 +1,5 @@
-"""Try divopd's Trinity-RFT workflow on a CPU: Trinity's real ``WorkflowRunner`` plays a divopd env with HF models
-standing in for Trinity's vLLM engines, each student turn becomes one teacher-scored ``Experience``, and the
-``divopd`` sample strategy composes a batch from Trinity's real queue.
-
-Used by ``examples/try_trinity.py`` (the command a user runs) and the Trinity integration tests. Needs Trinity-RFT
-0.6.0 (the Trinity venv). What stands in: Trinity's vLLM engines (:class:`HFInferenceModel`: Trinity's engine
-interface answered by an HF model, run as the named Ray actor Trinity's allocator looks up) and, where vLLM is not
-installed, the vLLM modules Trinity's ``ModelWrapper`` imports at import time (:func:`vllm_placeholders`: names that
-raise if called; the text-only workflow never calls them).
+"""Try divopd's Trinity-RFT workflow on a CPU (``examples/try_trinity.py``, the Trinity tests): Trinity's real
+``WorkflowRunner`` plays a divopd env, HF models standing in for Trinity's vLLM engines. Needs the Trinity venv.
 """
 
 from __future__ import annotations
@@ -48,11 +41,8 @@ class _PlaceholderModule(types.ModuleType):
 def vllm_placeholders() -> bool:
     """Where vLLM is not installed, register import-only placeholders for the modules Trinity's ``ModelWrapper``
     imports (a call to any of their names raises); returns whether it did. With vLLM installed it does nothing."""
-    loaded = sys.modules.get("vllm")
-    if loaded is not None:
-        return isinstance(loaded, _PlaceholderModule)
-    if importlib.util.find_spec("vllm") is not None:
-        return False
+    if sys.modules.get("vllm") is not None or importlib.util.find_spec("vllm") is not None:
+        return isinstance(sys.modules.get("vllm"), _PlaceholderModule)
     for name in VLLM_MODULES:
         sys.modules.setdefault(name, _PlaceholderModule(name))
     sys.modules["vllm"].__version__ = "0.0.0-placeholder"
@@ -124,9 +114,8 @@ def trinity_config(models: dict[str, str]) -> Any:
 
 
 def engines(config: Any, models: dict[str, str], pythonpath: str) -> list[Any]:
-    """The student's and the teacher's engine as the named Ray actors Trinity's allocator looks up
-    (``<explorer>_rollout_model_0_0``, ``<explorer>_auxiliary_0_model_0_0``); ``pythonpath``: the actors' module
-    path (where divopd and Trinity import from). End them with ``ray.kill``."""
+    """The student's and the teacher's engine as the named Ray actors Trinity's allocator looks up; ``pythonpath``:
+    the actors' module path (where divopd and Trinity import from). End them with ``ray.kill``."""
     import ray
 
     engine = ray.remote(num_cpus=0)(HFInferenceModel)

@@ -1,22 +1,5 @@
-"""Per-turn OPD workflows for Trinity-RFT: play a divopd environment turn by turn, one ``Experience`` per student turn.
-
-Registered in Trinity's ``WORKFLOWS`` (loaded from divopd's plug-in directory, ``--plugin-dir``):
-
-* ``divopd_opd_workflow``: any divopd ``Env`` (registry name or ``module:Class``, as ``explorer.env``), its settings
-  from the task row written by ``divopd tasks ... --for trinity`` and then ``workflow_args``;
-* ``divopd_alfworld_workflow``, ``divopd_scienceworld_workflow``, ``divopd_webshop_workflow``: the same, with the
-  packaged setting's explorer section (``divopd/configs/<env>.yaml``: the paper's horizon, prompt budget, decoding
-  and +R settings) as defaults under the row.
-
-Each turn: the prompt is divopd's (:func:`divopd.explore.prompting.encode_prompt` under the context budget), the
-rollout model (``self.model``) generates the action with its log probs (``generate_async``), the teacher (the first
-``explorer.auxiliary_models`` entry) scores the turn's tokens (``logprobs_async``), and the env steps. The experience
-has ``eid.step`` = the env step of the turn, ``eid.task``/``eid.run`` from the runner (the rollout id ``eid.rid``),
-``action_mask``, ``logprobs``, ``teacher_logprobs`` (never NaN: an unscored position leaves the action mask and gets
-the student's log prob), and ``info["divopd_policy_version"]`` = the rollout model's version read just before the
-turn's generate call (Trinity's runner overwrites ``info["model_version"]`` with the task's start version; divopd's
-strategy restores it). +R: after ``p`` no-progress student turns the teacher generates the action through the
-auxiliary model's ``generate_async`` (at most ``m`` turns); its turns are not emitted.
+"""Per-turn OPD workflows for Trinity-RFT, registered in Trinity's ``WORKFLOWS`` from divopd's plug-in directory: play a
+divopd environment turn by turn, one teacher-scored ``Experience`` per student turn.
 """
 
 from __future__ import annotations
@@ -64,8 +47,7 @@ def workflow_settings(setting: str | None, row: dict[str, Any], workflow_args: d
     for source in (row, workflow_args):
         merged.update({k: source[k] for k in _ROW_EXPLORER if k in source})
         merged.update(source.get("explorer") or {})
-    keep = set(ExplorerConfig.model_fields)
-    config = ExplorerConfig.model_validate({k: v for k, v in merged.items() if k in keep})
+    config = ExplorerConfig.model_validate({k: v for k, v in merged.items() if k in ExplorerConfig.model_fields})
     task = workflow_args.get("task", row.get("task"))
     if task is None:
         raise ValueError("divopd workflow: the task row has no 'task' (write task files with divopd tasks)")
@@ -92,8 +74,9 @@ def _first_line(text: str | None) -> str:
 
 class DivOPDWorkflow(Workflow):
     """One rollout of a divopd environment, one ``Experience`` per student turn: the rollout model generates each
-    action, the first auxiliary model (the teacher) scores the turn's tokens, and ``info["divopd_policy_version"]``
-    keeps the version that generated it. With +R enabled the teacher takes over after stalled turns (not emitted)."""
+    action, the first auxiliary model (the teacher) scores the turn's tokens (never NaN), and
+    ``info["divopd_policy_version"]`` keeps the version read before the turn's generate call. With +R the teacher
+    takes over after stalled turns (not emitted)."""
 
     is_async: bool = True
     can_reset: bool = False
@@ -137,15 +120,12 @@ class DivOPDWorkflow(Workflow):
             encoded = encode_prompt(tokenizer, cfg.prompt, first, history, valid)
             kept = history[len(history) - encoded.history_kept:] if encoded.history_kept else []
             text = _prompt_text(tokenizer, build_messages(cfg.prompt, first, kept, valid))
-            if actor == "teacher":
-                out = (await self.teacher.generate_async([text], **self._sampling(greedy=cfg.recovery.teacher_greedy)))
-            else:
-                out = await self.model.generate_async([text], **self._sampling(greedy=cfg.generation.greedy))
-            turn = out[0]
+            model = self.teacher if actor == "teacher" else self.model
+            greedy = cfg.recovery.teacher_greedy if actor == "teacher" else cfg.generation.greedy
+            turn = (await model.generate_async([text], **self._sampling(greedy)))[0]
             action = _first_line(turn.response_text)
             if actor == "student":
-                exp = await self._score(turn, steps, version, encoded.truncated)
-                experiences.append(exp)
+                experiences.append(await self._score(turn, steps, version, encoded.truncated))
             obs, reward, done, info = await asyncio.to_thread(env.step, action)
             steps += 1
             success, score = bool(info.get("success", False)), float(info.get("score", 0.0))
