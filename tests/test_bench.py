@@ -179,8 +179,13 @@ def test_unreadable_plans(tmp_path) -> None:
     with pytest.raises(PlanError, match="no such plan file"):
         load_plan(tmp_path / "missing.yaml")
     (tmp_path / "list.yaml").write_text("- 1\n")
-    with pytest.raises(PlanError, match="a plan is a mapping"):
+    with pytest.raises(PlanError, match=r"the top level must be a mapping \(out, seeds"):
         load_plan(tmp_path / "list.yaml")
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(PlanError, match="empty plan file"):
+        load_plan(tmp_path / "empty.yaml")
+    with pytest.raises(PlanError, match="not a plan file"):
+        load_plan(tmp_path)
 
 
 def test_only_filters_by_group_and_label(tmp_path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["ConfigError", "InputFileError", "RunExistsError", "UsageError", "check_model_folder",
            "check_tokenizer_folder", "describe_validation_error", "describe_yaml_error", "env_flag", "hf_offline",
-           "one_line"]
+           "one_line", "read_yaml_mapping"]
 
 
 class UsageError(Exception):
@@ -65,6 +65,35 @@ def describe_yaml_error(exc: Any) -> str:
     problem = getattr(exc, "problem", None) or str(exc)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     return one_line(f"{where}{problem}")
+
+
+def read_yaml_mapping(path: Path, kind: str, holds: str, error: type[UsageError], shown: object = None
+                      ) -> dict[str, Any]:
+    """The top-level mapping of the YAML ``kind`` file (``config``, ``plan``) at ``path``; a file that is missing, a
+    directory, unreadable, not text, not YAML, empty or not a mapping is one ``error`` line naming ``shown`` (default
+    ``path``) and, for the last two, what the mapping ``holds``."""
+    import yaml
+
+    shown = path if shown is None else shown
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise error(f"{shown}: no such {kind} file") from None
+    except IsADirectoryError:
+        raise error(f"{shown}: not a {kind} file (a directory)") from None
+    except OSError as exc:
+        raise error(f"{shown}: cannot read the {kind} file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{shown}: not a YAML text file ({exc.reason})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise error(f"{shown}: YAML syntax error at {describe_yaml_error(exc)}") from None
+    if data is None:
+        raise error(f"{shown}: empty {kind} file; expected a mapping ({holds})")
+    if not isinstance(data, dict):
+        raise error(f"{shown}: the top level must be a mapping ({holds}), got {type(data).__name__}")
+    return data
 
 
 def env_flag(name: str) -> bool:

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from divopd.errors import UsageError, describe_validation_error, describe_yaml_error
+from divopd.errors import UsageError, describe_validation_error, read_yaml_mapping
 from divopd.sampling import method_names
 from divopd.train.packaged import CONFIGS as PACKAGED_CONFIGS
 from divopd.train.packaged import setting_names
@@ -201,20 +200,7 @@ def _as_overrides(d: dict[str, Any]) -> tuple[str, ...]:
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file; errors name the file and the problem."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise PlanError(f"{path}: no such plan file") from None
-    except OSError as exc:
-        raise PlanError(f"{path}: cannot read the plan file ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise PlanError(f"{path}: not a YAML text file ({exc.reason})") from None
-    except yaml.YAMLError as exc:
-        raise PlanError(f"{path}: not valid YAML: {describe_yaml_error(exc)}") from None
-    if data is None:
-        raise PlanError(f"{path}: empty plan file; a plan is a mapping (out, seeds, settings, methods, sweeps)")
-    if not isinstance(data, dict):
-        raise PlanError(f"{path}: a plan is a mapping (out, seeds, settings, methods, sweeps)")
+    data = read_yaml_mapping(path, "plan", "out, seeds, settings, methods, sweeps", PlanError)
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:

@@ -12,7 +12,7 @@ from typing import Any, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel
 
-from divopd.errors import ConfigError, describe_yaml_error
+from divopd.errors import ConfigError, describe_yaml_error, read_yaml_mapping
 from divopd.sampling import ROWS
 from divopd.sampling.registry import row_switches
 
@@ -99,24 +99,7 @@ def read_yaml(path: Path, schema: type[BaseModel] | None = None, seen: tuple[Pat
     shown, path = path, path.resolve()
     if path in seen:
         raise ConfigError(f"config {path}: `base:` cycle through {' -> '.join(str(p) for p in seen)}")
-    if not path.exists():
-        raise ConfigError(f"{shown}: no such config file")
-    if not path.is_file():
-        raise ConfigError(f"{shown}: not a config file (a directory)")
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{shown}: cannot read the config file ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{shown}: not a YAML text file ({exc.reason})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{shown}: YAML syntax error at {describe_yaml_error(exc)}") from exc
-    if data is None:
-        raise ConfigError(f"{shown}: empty config file; expected a mapping (setting, method, student, teacher, ...)")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{shown}: top level must be a mapping of config keys, got {type(data).__name__}")
+    data = read_yaml_mapping(path, "config", "setting, method, student, teacher, ...", ConfigError, shown)
     base = data.pop("base", None)
     if schema is not None and (unknown := unknown_key(schema, data)) is not None:
         raise ConfigError(f"{shown}: {unknown_key_line(schema, unknown)}")
