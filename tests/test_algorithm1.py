@@ -168,15 +168,12 @@ def test_groups_are_visited_by_first_seen_update_then_rollout_id() -> None:
         return Turn(rollout_id=rid, turn_index=t, policy_version=0, prompt_ids=[1], response_ids=[2],
                     student_logprobs=[0.0], teacher_logprobs=[-score])
 
-    for order in ("first-seen", "arrival"):
-        sampler = make_sampler(SamplerConfig("divopd", batch_size=1, pool_factor=3, cap=1, group_order=order,
-                                             max_staleness=10))
-        sampler.add([turn("z", 0, 1.0), turn("z", 1, 0.5)])
-        assert sampler.next_batch(0).payloads[0].key == ("z", 0)
-        sampler.add([turn("b", 0, 9.0), turn("a", 0, 9.0)])
-        assert sampler.next_batch(1).payloads[0].key == ("z", 1)  # z's group is the oldest either way
-        batch = sampler.next_batch(2)
-        assert batch.payloads[0].rollout_id == ("a" if order == "first-seen" else "b")  # same first-seen: by id
+    sampler = make_sampler(SamplerConfig("divopd", batch_size=1, pool_factor=3, cap=1, max_staleness=10))
+    sampler.add([turn("z", 0, 1.0), turn("z", 1, 0.5)])
+    assert sampler.next_batch(0).payloads[0].key == ("z", 0)
+    sampler.add([turn("b", 0, 9.0), turn("a", 0, 9.0)])
+    assert sampler.next_batch(1).payloads[0].key == ("z", 1)  # z's group is the oldest
+    assert sampler.next_batch(2).payloads[0].rollout_id == "a"  # same first-seen update: by rollout id, not arrival
 
 
 def test_first_seen_stamps_and_ages_survive_state_dict() -> None:

@@ -68,5 +68,5 @@ def test_the_runs_own_w_and_group_order_are_replayed(tmp_path, monkeypatch) -> N
 
     monkeypatch.setattr(replay_module, "replay", spy)
     run_coverage(fake_run(tmp_path / "w", "divopd-base", extra=("sampler.max_pending_age=0",
-                                                                "sampler.group_order=arrival")))
-    assert seen and all(c.max_pending_age == 0 and c.group_order == "arrival" for c in seen)
+                                                                "sampler.group_order=first-seen")))
+    assert seen and all(c.max_pending_age == 0 and c.group_order == "first-seen" for c in seen)

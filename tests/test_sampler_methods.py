@@ -18,9 +18,6 @@ from sampler_helpers import keys, slots, turn
 
 
 def sampler(method: str, batch_size: int, **kw):
-    """These hand cases visit rollout groups by oldest arrival (``group_order: arrival``, the rule before the
-    appendix); the paper's first-seen order (the default) has its own cases below and in test_algorithm1.py."""
-    kw.setdefault("group_order", "arrival")
     return make_sampler(SamplerConfig(method, batch_size, **kw))
 
 
@@ -104,7 +101,7 @@ def test_vanilla_pool_gates_then_takes_the_oldest_valid_turns() -> None:
 
 # ---------------------------------------------------------------------------------------------------- nocap
 def _three_rollouts() -> list:
-    # arrival order interleaves rollouts; visiting order (oldest arrival) is A, B, C
+    # arrival order interleaves rollouts; visiting order (one first-seen update, then rollout id) is A, B, C
     return [turn("A", 0), turn("B", 0), turn("A", 1), turn("B", 1), turn("C", 0), turn("A", 2), turn("C", 1),
             turn("C", 2)]
 
@@ -131,12 +128,13 @@ def test_nocap_within_rollout_order_is_uniform_over_seeds() -> None:
 
 # ---------------------------------------------------------------------------------------------------- cap methods
 def _sizes_5_1_4() -> list:
-    # Rollout names deliberately not in visiting order: "z" waits longest, then "a", then "m".
-    z_scores = [1, 5, 3, 5, 0]
-    m_scores = [2, 4, 4, 9]
-    arrivals = [("z", 0), ("a", 0), ("z", 1), ("m", 0), ("z", 2), ("m", 1), ("z", 3), ("m", 2), ("z", 4), ("m", 3)]
-    score = {("z", i): s for i, s in enumerate(z_scores)} | {("m", i): s for i, s in enumerate(m_scores)}
-    score[("a", 0)] = -3
+    # One composition reads them all (one first-seen update), so groups go by rollout id: "a", then "b", then "c"
+    # (arrivals interleaved).
+    a_scores = [1, 5, 3, 5, 0]
+    c_scores = [2, 4, 4, 9]
+    arrivals = [("a", 0), ("b", 0), ("a", 1), ("c", 0), ("a", 2), ("c", 1), ("a", 3), ("c", 2), ("a", 4), ("c", 3)]
+    score = {("a", i): s for i, s in enumerate(a_scores)} | {("c", i): s for i, s in enumerate(c_scores)}
+    score[("b", 0)] = -3
     return [turn(r, i, score=score[(r, i)]) for r, i in arrivals]
 
 
@@ -144,9 +142,9 @@ def test_divopd_cap_passes_and_focus_by_hand() -> None:
     s = sampler("divopd", 6, cap=2, pool_factor=2)
     s.add(_sizes_5_1_4())
     batch = s.next_batch(0)
-    # allocation [3, 1, 2]; z by focus: t1 (5), t3 (5, tie → lower turn index after), t2 (3); m: t3 (9), t1 (4)
-    # composition order: pass 0 → z rank 0,1, a rank 0, m rank 0,1; pass 1 → z rank 2
-    assert keys(batch.payloads) == [("z", 1), ("z", 3), ("a", 0), ("m", 3), ("m", 1), ("z", 2)]
+    # allocation [3, 1, 2]; a by focus: t1 (5), t3 (5, tie → lower turn index after), t2 (3); c: t3 (9), t1 (4)
+    # composition order: pass 0 → a rank 0,1, b rank 0, c rank 0,1; pass 1 → a rank 2
+    assert keys(batch.payloads) == [("a", 1), ("a", 3), ("b", 0), ("c", 3), ("c", 1), ("a", 2)]
     assert batch.stats["distinct_rollouts"] == 3
     assert s.ledger.pending == 4
 
@@ -157,8 +155,8 @@ def test_divopd_base_same_allocation_uniform_turns(seed: int) -> None:
     s.add(_sizes_5_1_4())
     batch = s.next_batch(0)
     rids = [t.rollout_id for t in batch.payloads]
-    assert Counter(rids) == {"z": 3, "a": 1, "m": 2}
-    assert rids == ["z", "z", "a", "m", "m", "z"]  # same pass/visit layout as divopd
+    assert Counter(rids) == {"a": 3, "b": 1, "c": 2}
+    assert rids == ["a", "a", "b", "c", "c", "a"]  # same pass/visit layout as divopd
     assert len(set(keys(batch.payloads))) == 6
 
 
@@ -175,17 +173,17 @@ def test_nocap_on_the_same_pool_fills_from_the_oldest_rollout() -> None:
     s = sampler("nocap", 6, cap=2, pool_factor=2)
     s.add(_sizes_5_1_4())
     rids = [t.rollout_id for t in s.next_batch(0).payloads]
-    assert Counter(rids) == {"z": 5, "a": 1}
+    assert Counter(rids) == {"a": 5, "b": 1}
 
 
 def test_pending_turns_of_a_rollout_keep_their_place_in_the_visiting_order() -> None:
-    # B=2, k=1: pass 0 gives z (oldest) its best turn and y one turn; the rest stays pending
+    # B=2, k=1: pass 0 gives a (first) its best turn and b one turn; the rest stays pending
     s = sampler("divopd", 2, cap=1, pool_factor=3)
-    s.add([turn("z", 0, score=1), turn("z", 1, score=2), turn("y", 0), turn("z", 2, score=3), turn("x", 0),
-           turn("w", 0)])
-    assert keys(s.next_batch(0).payloads) == [("z", 2), ("y", 0)]
-    # pool: z0 z1 x0 w0 (pending, oldest first): z still waits longest, then x, then w
-    assert keys(s.next_batch(0).payloads) == [("z", 1), ("x", 0)]
+    s.add([turn("a", 0, score=1), turn("a", 1, score=2), turn("b", 0), turn("a", 2, score=3), turn("c", 0),
+           turn("d", 0)])
+    assert keys(s.next_batch(0).payloads) == [("a", 2), ("b", 0)]
+    # pool: a0 a1 c0 d0 (pending, all first seen at update 0): a still comes first, then c, then d
+    assert keys(s.next_batch(0).payloads) == [("a", 1), ("c", 0)]
 
 
 # ---------------------------------------------------------------------------------------------------- top-b

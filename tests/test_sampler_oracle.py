@@ -48,7 +48,7 @@ def settings(rng: np.random.Generator) -> dict:
         "max_pending": None if rng.random() < 0.5 else int(rng.integers(0, 8)),
         "max_pending_age": None if rng.random() < 0.5 else int(rng.integers(0, 4)),
         "cap_unit": str(rng.choice(["turns", "tokens"])),
-        "group_order": str(rng.choice(["first-seen", "first-seen", "arrival"])),
+        "group_order": "first-seen",
         "seed": int(rng.integers(0, 1000)),
     }
 

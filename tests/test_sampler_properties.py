@@ -42,7 +42,6 @@ def configs(draw, methods=BUILTIN) -> SamplerConfig:
         max_pending=draw(st.one_of(st.none(), st.integers(0, 8))),
         seed=draw(st.integers(0, 3)),
         max_pending_age=draw(st.one_of(st.none(), st.integers(0, 3))),
-        group_order=draw(st.sampled_from(["first-seen", "arrival"])),
     )
 
 
@@ -93,14 +92,11 @@ def check_batch(config: SamplerConfig, batch, learner: int) -> None:
     cands = batch.candidates
     assert all(gate.check(t) is None and learner - t.policy_version <= config.max_staleness for t in cands)
     assert len(cands) <= config.pool_size
-    if config.group_order == "arrival":
-        groups = list(dict.fromkeys(t.rollout_id for t in cands))  # visiting order: oldest arrival first
-    else:  # Algorithm 1, step 4: oldest first-seen update, ties by rollout id
-        oldest: dict[str, int] = {}
-        for t, seen in zip(cands, batch.first_seen, strict=True):
-            oldest[t.rollout_id] = min(seen, oldest.get(t.rollout_id, seen))
-        assert all(seen <= learner for seen in batch.first_seen)
-        groups = sorted(oldest, key=lambda rid: (oldest[rid], rid))
+    oldest: dict[str, int] = {}  # Algorithm 1, step 4: oldest first-seen update, ties by rollout id
+    for t, seen in zip(cands, batch.first_seen, strict=True):
+        oldest[t.rollout_id] = min(seen, oldest.get(t.rollout_id, seen))
+    assert all(seen <= learner for seen in batch.first_seen)
+    groups = sorted(oldest, key=lambda rid: (oldest[rid], rid))
     per_group = Counter(t.rollout_id for t in cands)
     taken = Counter(t.rollout_id for t in turns)
     if method in ("divopd", "divopd-base"):

@@ -38,17 +38,17 @@ def test_the_training_config_hands_every_setting_to_the_sampler() -> None:
         "setting": "x", "method": "divopd-r", "seed": 3, "student": {"path": "s"}, "teacher": {"path": "t"},
         "explorer": {"recovery": {"enabled": True}},
         "sampler": {"batch_size": 7, "pool_factor": 2.5, "cap": 3, "max_staleness": 1, "max_pending": 9,
-                    "cap_unit": "tokens", "max_pending_age": None, "group_order": "arrival"}})
+                    "cap_unit": "tokens", "max_pending_age": None, "group_order": "first-seen"}})
     sc = cfg.sampler_config()
     assert (sc.method, sc.seed) == ("divopd", 3)
     assert sampler_kwargs(sc) == {"batch_size": 7, "pool_factor": 2.5, "cap": 3, "max_staleness": 1,
                                   "max_pending": 9, "cap_unit": "tokens", "max_pending_age": None,
-                                  "group_order": "arrival"}
+                                  "group_order": "first-seen"}
 
 
 @pytest.mark.parametrize("name,bad", [("batch_size", 0), ("pool_factor", 0.5), ("cap", 0), ("max_staleness", -1),
                                       ("max_pending", -1), ("cap_unit", "bytes"), ("max_pending_age", -1),
-                                      ("group_order", "random")])
+                                      ("group_order", "random"), ("group_order", "arrival")])
 def test_every_holder_rejects_the_same_bad_values(name: str, bad: object) -> None:
     with pytest.raises(ValueError, match=f"SamplerConfig.{name}"):
         SamplerConfig("divopd", **{"batch_size": 4, name: bad})

@@ -36,16 +36,13 @@ def pending_expiry(seen: np.ndarray, update: int, max_pending_age: int | None,
     return old, overflow
 
 
-def visiting_order(pool: Columns, group_order: str = "first-seen") -> np.ndarray:
+def visiting_order(pool: Columns) -> np.ndarray:
     """Algorithm 1, step 4: the visiting ordinal of each row's rollout group, groups ordered by their oldest first-seen
-    update, ties by rollout id (``group_order: arrival``: by their oldest arrival)."""
-    ids, first, inverse = np.unique(pool.rollout_id, return_index=True, return_inverse=True)
+    update, ties by rollout id."""
+    ids, inverse = np.unique(pool.rollout_id, return_inverse=True)
     inverse = inverse.reshape(-1)
-    if group_order == "arrival":
-        oldest = first
-    else:
-        oldest = np.full(len(ids), np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(oldest, inverse, pool.seen)
+    oldest = np.full(len(ids), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(oldest, inverse, pool.seen)
     ordinal = np.empty(len(ids), dtype=np.intp)
     ordinal[np.argsort(oldest, kind="stable")] = np.arange(len(ids))
     return ordinal[inverse]
@@ -128,11 +125,9 @@ def rollout_first(within: str, capped: bool) -> Rule:
         raise ValueError(f"within-rollout order must be 'focus' or 'uniform', got {within!r}")
 
     def select(pool: Columns, batch_size: int, settings: RuleSettings, rng: np.random.Generator) -> np.ndarray:
-        group = visiting_order(pool, settings.group_order)
+        group = visiting_order(pool)
         if within == "focus":
             order = focus_order(pool.disagreement, group, pool.turn_index, group)
-        elif settings.group_order == "arrival":  # one key per turn, drawn in pool order
-            order = np.lexsort((uniform_order(len(pool), rng), group))
         else:  # one key per turn, drawn in visiting order
             keys = np.empty(len(pool))
             keys[np.argsort(group, kind="stable")] = uniform_order(len(pool), rng)

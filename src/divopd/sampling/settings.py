@@ -16,7 +16,7 @@ __all__ = ["Setting", "SAMPLER_SETTINGS", "CAP_UNITS", "GROUP_ORDERS", "validate
            "sampler_kwargs", "settings_from_args", "settings_model"]
 
 CAP_UNITS = ("turns", "tokens")
-GROUP_ORDERS = ("first-seen", "arrival")
+GROUP_ORDERS = ("first-seen",)
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,7 @@ SAMPLER_SETTINGS: tuple[Setting, ...] = (
     Setting("max_pending_age", "optional-int", 8, "W: unselected valid turns first seen more than W updates ago "
             "expire (Algorithm 1, step 8; none = no age limit).", "W", minimum=0),
     Setting("group_order", "choice", "first-seen", "Rollout groups are visited by their oldest first-seen update, "
-            "ties by rollout id (Algorithm 1, step 4), or by their oldest arrival (`arrival`, an option beside the "
-            "paper's order).", choices=GROUP_ORDERS),
+            "ties by rollout id (Algorithm 1, step 4).", choices=GROUP_ORDERS),
 )
 
 
