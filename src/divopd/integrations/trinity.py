@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import ray
 from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY, SampleStrategy
 from trinity.algorithm.sample_strategy.utils import representative_sample
 from trinity.buffer import get_buffer_reader
@@ -19,25 +19,27 @@ from trinity.utils.timer import Timer
 from divopd.errors import UsageError, one_line
 from divopd.integrations.plugin_keys import TRINITY_ARGS
 from divopd.integrations.plugin_run import TRINITY_HINT, PluginRun, split_plugin_args
-from divopd.integrations.trinity_queue import StaleHeader, read_now_function
+from divopd.integrations.trinity_queue import Packed, ReadNow, fetch_function, read_now_function, unpack
 from divopd.integrations.trinity_records import (
     TURN_VERSION_KEY,
+    UNSCORED_KEY,
     experience_to_turn,
+    light_candidates,
     mask_unscored,
     read_candidates,
     restore_model_version,
     stale_candidate,
 )
-from divopd.sampling import Batch, Sampler, SamplerConfig, make_sampler
+from divopd.sampling import Batch, Candidate, Sampler, SamplerConfig, make_sampler
 
 __all__ = ["STRATEGY_NAME", "DivOPDSampleStrategy", "default_sample_args", "experience_to_turn", "sampler_config"]
 
 #: The name in Trinity's SAMPLE_STRATEGY registry.
 STRATEGY_NAME = "divopd"
 _STATE_VERSION = 2
-#: Per turn: its experience (``None``: a record that arrived stale, left in the queue actor, expires unselected), and
-#: whether it has a teacher position that is not finite.
-Held = tuple[Experience | None, bool]
+#: Per turn: its experience, or the key under which Trinity's queue actor keeps it (an int), or ``None`` (a record
+#: that arrived stale, dropped in the actor, expires unselected); and whether it has a teacher position not finite.
+Held = tuple[Experience | int | None, bool]
 _WHO = "sample_strategy divopd"
 
 
@@ -97,10 +99,12 @@ class DivOPDSampleStrategy(SampleStrategy):
     def __init__(self, buffer_config: BufferConfig, **kwargs: Any) -> None:
         super().__init__(buffer_config)
         self.config = sampler_config(kwargs, buffer_config.train_batch_size)
-        self.sampler: Sampler[Held] = make_sampler(self.config)
+        self.sampler: Sampler[Held] = make_sampler(self.config, track_departed=True)
         storage = _queue_storage(buffer_config)
         self._reader = get_buffer_reader(storage)  # blocking reads: waits up to max_read_timeout
-        self._read_fn = read_now_function(TURN_VERSION_KEY)  # count and read what the queue holds now, in its actor
+        self._read_fn = read_now_function(TURN_VERSION_KEY, UNSCORED_KEY)  # count and read, in the queue actor
+        self._fetch_fn = fetch_function()  # the records kept in the queue actor, taken when selected
+        self._release: list[int] = []  # keys of kept records that left unselected: dropped at the next fetch
         self._wait_s = float(storage.max_read_timeout)
         self._closed = False  # the explorer side released the buffer and it is empty
         self._known = 0  # experiences the buffer holds for sure (counted, not yet read): a read of that many won't wait
@@ -112,8 +116,9 @@ class DivOPDSampleStrategy(SampleStrategy):
                                 run=job_dir)
         self._learner_version = 0  # the version the step being composed is for (turns read are logged with it)
         self._counted_for: int | None = None  # the step whose read counted the queue (_known is its backlog)
-        # the actor leaves records that arrive stale unserialized, unless the experience log needs their arrays
-        self.drop_stale_in_queue = self.plugin.experience is None
+        # records stay in the queue actor until selected and stale ones are dropped there, unless the experience log
+        # needs every turn's arrays
+        self.keep_in_queue = self.plugin.experience is None
 
     @classmethod
     def default_args(cls) -> dict:
@@ -130,8 +135,9 @@ class DivOPDSampleStrategy(SampleStrategy):
         metrics: dict[str, Any] = {}
         with Timer(metrics, "time/read_experience"):
             batch = await self._compose(learner_version)
-        experiences = [exp for exp, _ in batch.payloads]
-        masked = sum(mask_unscored(exp) for exp, unscored in batch.payloads if unscored)  # flagged on arrival
+        experiences = await self._hand_over(batch.payloads)
+        masked = sum(mask_unscored(exp) for exp, (_, unscored) in zip(experiences, batch.payloads, strict=True)
+                     if unscored)  # flagged on arrival
         metrics.update(self.sampler.ledger.as_metrics(batch.stats))
         metrics["sampler/held_experiences"] = float(self.held)
         metrics["sampler/teacher_masked_tokens"] = float(masked)
@@ -155,7 +161,7 @@ class DivOPDSampleStrategy(SampleStrategy):
                 experiences = await self._reader.read(1)
                 self._known = max(self._known - 1, 0)  # it may have been one of those counted
                 self._counted_for = None
-                self._add(experiences)
+                self._add(ReadNow(None, [], [], None, len(experiences), False), experiences)
             except TimeoutError:
                 raise TimeoutError(self._starved(learner_version)) from None
             except StopAsyncIteration:
@@ -168,9 +174,8 @@ class DivOPDSampleStrategy(SampleStrategy):
             fresh = self.sampler.fresh(learner_version)
             if fresh >= target:
                 return
-            experiences, stale, drained = await self._read_now(target - fresh, learner_version)
-            if experiences or stale:
-                self._add(experiences, stale)
+            read, experiences, drained = await self._read_now(target - fresh, learner_version)
+            self._add(read, experiences)
             if drained:  # the buffer held no more when asked: no second round trip to find it empty
                 return
 
@@ -180,71 +185,96 @@ class DivOPDSampleStrategy(SampleStrategy):
         if self._closed:
             return 0
         try:
-            _, _, available, _ = await self._reader.queue.__ray_call__.remote(self._read_fn, 0, self._wait_s)
+            available = ReadNow(*await self._reader.queue.__ray_call__.remote(self._read_fn, 0, self._wait_s)).available
         except StopAsyncIteration:
             return 0
         self._known = int(available)
         return self._known
 
-    async def _read_now(self, limit: int, learner_version: int
-                        ) -> tuple[list[Experience], list[StaleHeader], bool]:
-        """Up to ``limit`` records the buffer holds now, without waiting (one round trip to the queue actor): the
-        experiences, the headers of the records that arrived stale, and whether that was all the buffer held. A read
-        within an earlier count goes to Trinity's reader (it won't wait), unless :attr:`drop_stale_in_queue`."""
-        stale_below = learner_version - self.config.max_staleness if self.drop_stale_in_queue else None
-        stale: list[StaleHeader] = []
+    async def _read_now(self, limit: int, learner_version: int) -> tuple[ReadNow, list[Experience], bool]:
+        """Up to ``limit`` records the buffer holds now, without waiting (one round trip to the queue actor): the read,
+        the experiences sent whole, and whether that was all the buffer held. A read within an earlier count goes to
+        Trinity's reader (it won't wait), unless :attr:`keep_in_queue`."""
+        keep = self.keep_in_queue
+        stale_below = learner_version - self.config.max_staleness if keep else None
+        empty = ReadNow(None, [], [], None, 0, True)
         try:
-            if limit <= self._known and stale_below is None:
-                available, data = self._known, None
+            if limit <= self._known and not keep:
+                read = ReadNow(None, [], [], None, self._known, False)
             else:
-                data, stale, available, closed = await self._reader.queue.__ray_call__.remote(
-                    self._read_fn, limit, self._wait_s, stale_below)
+                read = ReadNow(*await self._reader.queue.__ray_call__.remote(
+                    self._read_fn, limit, self._wait_s, stale_below, keep))
                 self._counted_for = learner_version
-                if available == 0:
-                    self._closed = self._closed or closed
+                if read.available == 0:
+                    self._closed = self._closed or read.closed
                     self._known = 0
-                    return [], [], True
-            if data is None and not stale:  # counted only (or known): Trinity's reader, which now does not wait
-                experiences = await self._reader.read(min(available, limit))
+                    return empty, [], True
+            if read.data is None and not read.stale and not read.kept:  # counted only: Trinity's reader, no wait
+                experiences = await self._reader.read(min(read.available, limit))
             else:
-                experiences = [] if data is None else Experience.deserialize_many(data)
-                taken = len(experiences) + len(stale)
-                if taken > available or (len(experiences) != min(available, limit) and taken != available):
-                    raise TimeoutError(f"{_WHO}: the queue held {available} experiences but gave "
-                                       f"{len(experiences)} and {len(stale)} stale for the {limit} asked for")
+                experiences = [] if read.data is None else unpack(read.data)
+                fresh, taken = len(experiences) + len(read.kept), len(experiences) + len(read.kept) + len(read.stale)
+                if taken > read.available or (fresh != min(read.available, limit) and taken != read.available):
+                    raise TimeoutError(f"{_WHO}: the queue held {read.available} experiences but gave {fresh} and "
+                                       f"{len(read.stale)} stale for the {limit} asked for")
         except StopAsyncIteration:
             self._closed, self._known = True, 0
-            return [], [], True
-        self._known = available - len(experiences) - len(stale)
-        return experiences, stale, self._known == 0
+            return empty, [], True
+        self._known = read.available - len(experiences) - len(read.kept) - len(read.stale)
+        return read, experiences, self._known == 0
 
-    def _add(self, experiences: list[Experience], stale: Sequence[StaleHeader] = ()) -> None:
-        """Queue the turns of ``experiences`` and of the ``stale`` headers, in arrival order; a record without a rollout
-        id or version is kept (:attr:`stopped`, a file under ``buffer.cache_dir``) and, once the records read with it
-        are queued, stops the run: the one-line :class:`UsageError` names the first bad record and the file."""
-        candidates, held, bad, error = [], [], [], None
-        read, unscored = read_candidates(experiences)
-        records = iter(zip(experiences, read, unscored, strict=True))
-        stale_at = {head[0]: head[1:] for head in stale}
-        for position in range(len(experiences) + len(stale)):
-            if position in stale_at:
-                candidates.append(stale_candidate(*stale_at[position]))
-                held.append((None, False))
-                continue
-            exp, candidate, flag = next(records)
+    def _add(self, read: ReadNow, experiences: list[Experience]) -> None:
+        """Queue the turns of one read in arrival order: the records kept in the queue actor and those that arrived
+        stale (from their headers) and ``experiences`` (the records sent whole, in the positions left). A record
+        without a rollout id or version is kept (:attr:`stopped`, a file under ``buffer.cache_dir``) and, once the
+        records read with it are queued, stops the run: the one-line :class:`UsageError` names the first bad record
+        and the file."""
+        slots: list[tuple[Candidate, Held] | None] = [None] * (len(experiences) + len(read.kept) + len(read.stale))
+        for position, *head in read.stale:
+            slots[position] = stale_candidate(*head), (None, False)
+        if read.kept:
+            for (position, key, *_), (candidate, flag) in zip(
+                    read.kept, light_candidates([k[2:] for k in read.kept], read.arrays), strict=True):
+                slots[position] = candidate, (key, flag)
+        bad, error = [], None
+        free = [i for i, slot in enumerate(slots) if slot is None]
+        for position, exp, candidate, flag in zip(free, experiences, *read_candidates(experiences), strict=True):
             if isinstance(candidate, UsageError):
                 bad.append(exp)
                 error = error or candidate
             else:
                 restore_model_version(exp)
-                candidates.append(candidate)
-                held.append((exp, flag))  # flag: a teacher position not finite, masked at hand-over
-        arrivals = self.sampler.add(held, candidates)
-        self.plugin.observe([c.rollout_id for c in candidates], arrivals, self._learner_version,
-                            lambda: [experience_to_turn(exp) for exp, _ in held])
+                slots[position] = candidate, (exp, flag)  # flag: a teacher position not finite, masked at hand-over
+        candidates = [slot[0] for slot in slots if slot is not None]
+        held = [slot[1] for slot in slots if slot is not None]
+        if held:
+            arrivals = self.sampler.add(held, candidates)
+            self.plugin.observe([c.rollout_id for c in candidates], arrivals, self._learner_version,
+                                lambda: [experience_to_turn(exp) for exp, _ in held])
         if bad:
             self.stopped += bad
             raise UsageError(f"{error} [{len(self.stopped)} record(s) stopped the run; {self._keep(bad)}]")
+
+    async def _hand_over(self, payloads: list[Held]) -> list[Experience]:
+        """The selected experiences, in order: those kept in the queue actor taken from it in one request (which also
+        drops the kept records that left unselected)."""
+        self._release += [key for key, _ in self.sampler.take_departed() if type(key) is int]
+        keys = [key for key, _ in payloads if type(key) is int]
+        if not keys:
+            return [exp for exp, _ in payloads]  # type: ignore[misc]  (no key, no stale record is ever selected)
+        data, missing = await self._reader.queue.__ray_call__.remote(self._fetch_fn, keys, self._release)
+        self._release = []
+        fetched = iter(self._fetched(data, missing))
+        return [next(fetched) if type(exp) is int else exp for exp, _ in payloads]  # type: ignore[misc]
+
+    def _fetched(self, data: Packed | None, missing: list[int]) -> list[Experience]:
+        if missing:
+            raise RuntimeError(f"{_WHO}: Trinity's queue actor no longer holds {len(missing)} of the records read into "
+                               "the pool (was it restarted?); resume from the last checkpoint")
+        experiences = unpack(data) if data else []
+        for exp in experiences:
+            restore_model_version(exp)
+        return experiences
 
     def _keep(self, bad: list[Experience]) -> str:
         """Write the records that stop the run beside Trinity's buffer; where they went, for the error line."""
@@ -269,9 +299,22 @@ class DivOPDSampleStrategy(SampleStrategy):
                         f"(buffer.trainer_input.experience_buffer.max_read_timeout): {self._waiting_note()}")
 
     def state_dict(self) -> dict:
-        """The sampler's state with the experiences of its waiting turns (JSON-able: Trinity writes it as JSON)."""
+        """The sampler's state with the experiences of its waiting turns (JSON-able: Trinity writes it as JSON); those
+        kept in the queue actor are copied from it (one blocking request, within the buffer's read timeout + 30 s)."""
         self.plugin.compact()  # the experience log's parts merged at each checkpoint, as divopd train does
-        return {"divopd": _STATE_VERSION, "sampler": self.sampler.state_dict(_encode)}
+        keys = [key for key, _ in self.sampler.waiting_payloads() if type(key) is int]
+        kept: dict[int, Experience] = {}
+        if keys:
+            request = self._reader.queue.__ray_call__.remote(self._fetch_fn, keys, [], False)
+            kept = dict(zip(keys, self._fetched(*ray.get(request, timeout=self._wait_s + 30.0)), strict=True))
+
+        def encode(held: Held) -> list[Any]:
+            exp = kept[held[0]] if type(held[0]) is int else held[0]
+            if exp is None:
+                raise RuntimeError(f"{_WHO}: a stale record is still waiting at a checkpoint (expired at each step)")
+            return _encode((exp, held[1]))
+
+        return {"divopd": _STATE_VERSION, "sampler": self.sampler.state_dict(encode)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Resume from :meth:`state_dict` (an empty state or a queue reader's index: a fresh run). Called once, right

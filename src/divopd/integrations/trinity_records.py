@@ -12,12 +12,13 @@ from trinity.common.experience import Experience
 
 from divopd.errors import UsageError
 from divopd.experience import Turn
+from divopd.integrations.trinity_queue import Arrays, LightHeader, light_function
 from divopd.sampling import Candidate
 from divopd.sampling.candidate import task_key
 from divopd.sampling.gate import verdict
 
 __all__ = ["TURN_VERSION_KEY", "UNSCORED_KEY", "experience_to_turn", "mask_unscored", "policy_version",
-           "read_candidates", "restore_model_version", "stale_candidate"]
+           "light_candidates", "read_candidates", "restore_model_version", "stale_candidate"]
 
 #: ``info`` key of the policy version that generated the turn (divopd's workflows set it; it beats model_version,
 #: which Trinity's ``WorkflowRunner.run_task`` overwrites with the version at the task's start).
@@ -27,6 +28,7 @@ TURN_VERSION_KEY = "divopd_policy_version"
 UNSCORED_KEY = "divopd_unscored"
 _WHO = "sample_strategy divopd"
 _NATIVE = {np.int64: torch.int64, np.float32: torch.float32, bool: torch.bool}
+_LIGHT = light_function(TURN_VERSION_KEY, UNSCORED_KEY)
 
 
 def _numpy(tensor: Any, dtype: Any) -> np.ndarray | None:
@@ -122,25 +124,34 @@ def read_candidates(experiences: list[Experience]) -> tuple[list[Candidate | Usa
     """The :class:`Candidate` of each record, in order (a record that stops the run gives its :class:`UsageError` in
     its place), and per record whether it has a teacher position that is not finite (:func:`mask_unscored`).
 
-    The common record (1-d CPU tensors of the response's length) builds no :class:`Turn`: the values the gate and the
-    rules read are computed for the whole read at once, equal to those of :func:`experience_to_turn`."""
+    The common record (:func:`~divopd.integrations.trinity_queue.light_function`) builds no :class:`Turn`: the values
+    the gate and the rules read are computed for the whole read at once (:func:`light_candidates`)."""
     out: list[Candidate | UsageError | None] = [None] * len(experiences)
     unscored = [False] * len(experiences)
-    fast: list[tuple[int, Experience, tuple[str, int, int, bool, str]]] = []
-    for i, exp in enumerate(experiences):
-        head = _fast_head(exp)
-        if head is not None:
-            fast.append((i, exp, head))
-            continue
-        try:
-            out[i], unscored[i] = _slow(exp)
-        except UsageError as exc:
-            out[i] = exc
-    if fast:
-        read = _fast_candidates(fast) or [_slow(exp) for _, exp, _ in fast]
-        for (i, _, _), (candidate, flag) in zip(fast, read, strict=True):
+    at, heads, arrays = _LIGHT(experiences)
+    if arrays is not None:
+        for i, (candidate, flag) in zip(at, light_candidates(heads, arrays), strict=True):
             out[i], unscored[i] = candidate, flag
+    for i, exp in enumerate(experiences):
+        if out[i] is None:
+            try:
+                out[i], unscored[i] = _slow(exp)
+            except UsageError as exc:
+                out[i] = exc
     return out, unscored  # type: ignore[return-value]  (every slot is filled)
+
+
+def light_candidates(heads: list[LightHeader], arrays: Arrays) -> list[tuple[Candidate, bool]]:
+    """The candidates of records read from their headers and concatenated response arrays
+    (:func:`~divopd.integrations.trinity_queue.light_function`), equal to those of :func:`experience_to_turn`, and
+    whether each has a teacher position that is not finite."""
+    lengths, student, teacher, action = arrays
+    starts, n_valid, kl, disagreement = _cached_values(student, teacher, action, lengths)
+    masked = (np.add.reduceat(~np.isfinite(teacher), starts, dtype=np.int64) > 0).tolist()
+    return [(Candidate(rid, step, version, n, nv, k, d, verdict(cut, n, True, True, None, nv),
+                       task_key(task, rid)), flag)
+            for (rid, step, version, cut, task), n, nv, k, d, flag
+            in zip(heads, lengths.tolist(), n_valid, kl, disagreement, masked, strict=True)]
 
 
 def stale_candidate(rollout_id: str, turn_index: int, policy_version: int, task: Any) -> Candidate:
@@ -152,60 +163,6 @@ def stale_candidate(rollout_id: str, turn_index: int, policy_version: int, task:
 def _slow(exp: Experience) -> tuple[Candidate, bool]:
     turn = experience_to_turn(exp)
     return Candidate.of(turn), turn.teacher_logprobs is not None and not bool(np.isfinite(turn.teacher_logprobs).all())
-
-
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_INTS = (torch.int64, torch.int32)
-
-
-def _fast_head(exp: Experience) -> tuple[str, int, int, bool, str] | None:
-    """``(rollout id, turn index, version, prompt truncated, task group)`` when the record qualifies for the fast
-    path of :func:`read_candidates`, else ``None``; device and ``requires_grad`` are checked on the concatenation."""
-    eid, info = exp.eid, exp.info
-    if eid is None or type(info) is not dict or info.get(UNSCORED_KEY):
-        return None
-    step = eid.step
-    if (eid.batch in ("", None) and eid.task in ("", None)) or type(step) is not int or step < 0:
-        return None
-    version = policy_version(exp)
-    prompt_length = exp.prompt_length
-    if type(version) is not int or version < 0 or type(prompt_length) is not int or prompt_length < 0:
-        return None
-    tokens, student, teacher, mask = arrays = exp.tokens, exp.logprobs, exp.teacher_logprobs, exp.action_mask
-    if any(type(a) is not torch.Tensor or a.dim() != 1 for a in arrays) or tokens.dtype not in _INTS \
-            or mask.dtype is not torch.bool or student.dtype not in _FLOATS or teacher.dtype not in _FLOATS:
-        return None
-    n = tokens.shape[0] - prompt_length
-    if n <= 0 or student.shape[0] != n or teacher.shape[0] != n or mask.shape[0] != n:
-        return None
-    rid = eid.rid
-    return rid, step, version, exp.truncate_status == "prompt_truncated", task_key(info.get("task", eid.tid), rid)
-
-
-def _fast_candidates(fast: list[tuple[int, Experience, tuple[str, int, int, bool, str]]]
-                     ) -> list[tuple[Candidate, bool]] | None:
-    """The candidates of the fast-path records of one read, and whether each has a teacher position not finite;
-    ``None`` when their tensors cannot be concatenated on the CPU without autograd."""
-    exps = [exp for _, exp, _ in fast]
-    cats = [_cat([getattr(e, key) for e in exps]) for key in ("logprobs", "teacher_logprobs", "action_mask")]
-    if any(cat is None for cat in cats):
-        return None
-    student, teacher = cats[0].to(torch.float32).numpy(), cats[1].to(torch.float32).numpy()
-    action = cats[2].numpy()
-    lengths = np.fromiter((e.tokens.shape[0] - e.prompt_length for e in exps), dtype=np.int64, count=len(exps))
-    starts, n_valid, kl, disagreement = _cached_values(student, teacher, action, lengths)
-    masked = (np.add.reduceat(~np.isfinite(teacher), starts, dtype=np.int64) > 0).tolist()
-    return [(Candidate(rid, step, version, n, nv, k, d, verdict(cut, n, True, True, None, nv), task), flag)
-            for (_, _, (rid, step, version, cut, task)), n, nv, k, d, flag
-            in zip(fast, lengths.tolist(), n_valid, kl, disagreement, masked, strict=True)]
-
-
-def _cat(tensors: list[torch.Tensor]) -> torch.Tensor | None:
-    try:
-        out = torch.cat(tensors)
-    except RuntimeError:  # tensors on different devices
-        return None
-    return None if out.device.type != "cpu" or out.requires_grad else out
 
 
 def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ from trinity.common.experience import EID, Experience  # noqa: E402
 from divopd.errors import UsageError  # noqa: E402
 from divopd.experience.log import read_log  # noqa: E402
 from divopd.integrations.trinity import experience_to_turn  # noqa: E402
+from divopd.integrations.trinity_queue import pack_function, unpack  # noqa: E402
 from divopd.integrations.trinity_records import read_candidates  # noqa: E402
 from divopd.sampling import Candidate, gate  # noqa: E402
 
@@ -111,3 +112,47 @@ def test_the_fast_read_gives_the_candidate_each_record_gives_alone() -> None:
         assert flag == (alone.teacher_logprobs is not None and not np.isfinite(alone.teacher_logprobs).all())
     assert sum(unscored) >= 7 and sum(c.reason is None for c in read) > 20
     assert {c.reason for c in read} >= {None, "prompt_truncated", "empty_response", "missing_teacher"}
+
+
+def test_a_packed_transfer_gives_back_equal_experiences() -> None:
+    """The queue actor's transfer (:func:`pack_function`, :func:`unpack`) gives back each experience equal field by
+    field to Trinity's own ``serialize_many`` round trip: every tensor field set or not, mixed dtypes within a record,
+    2-d tensors, rewards, info, metrics, messages and texts; records with multi-modal inputs or custom fields, or a
+    field whose dtype differs between records, go through Trinity's ``serialize_many`` itself."""
+    rng = np.random.default_rng(3)
+
+    def record(i: int) -> Experience:
+        n = 2 + i % 5
+        exp = Experience(eid=EID(batch=2, task=i, run=i % 2, step=i % 3), tokens=torch.arange(3 + n),
+                         prompt_length=3, logprobs=torch.from_numpy(-rng.exponential(1.0, n).astype(np.float32)),
+                         reward=None if i % 4 == 0 else float(i), info={"model_version": i, "task": f"t{i}"},
+                         metrics={"turns": float(i)}, response_text=f"r{i}",
+                         messages=[{"role": "user", "content": "x"}],
+                         truncate_status="response_truncated" if i == 3 else None)
+        if i % 3:
+            exp.teacher_logprobs = torch.full((n,), -1.5)
+            exp.action_mask = torch.from_numpy(rng.random(n) < 0.5)
+        if i % 2:
+            exp.advantages = torch.ones(n) * i
+            exp.routed_experts = torch.zeros((n, 2, 3), dtype=torch.int32)
+        return exp
+
+    def fields(exp: Experience) -> dict:
+        out = {name: getattr(exp, name) for name in Experience._META_FIELDS}
+        out["eid"] = exp.eid.to_dict()
+        for name in Experience._TENSOR_FIELDS:
+            value = getattr(exp, name)
+            out[name] = None if value is None else (value.dtype, tuple(value.shape), value.tolist())
+        return out
+
+    pack = pack_function()
+    exps = [record(i) for i in range(12)]
+    mixed = [record(i) for i in range(4)]
+    mixed[2].logprobs = mixed[2].logprobs.to(torch.bfloat16)
+    multi = [record(i) for i in range(3)]
+    multi[1].multi_modal_inputs = {"pixel_values": torch.ones(2, 2)}
+    for batch, how in ((exps, "columns"), (mixed, "trinity"), (multi, "trinity")):
+        packed = pack(batch)
+        assert packed[0] == how
+        trinity = Experience.deserialize_many(Experience.serialize_many(batch))
+        assert [fields(e) for e in unpack(packed)] == [fields(e) for e in trinity] == [fields(e) for e in batch]

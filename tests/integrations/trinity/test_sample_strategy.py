@@ -4,6 +4,7 @@ the strategy through Trinity's reader, under a local Ray. The turn stream is a r
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -116,44 +117,63 @@ def test_stale_and_invalid_records_are_counted_as_such(ray_local, tmp_path: Path
     asyncio.run(run())
 
 
-def test_records_that_arrive_stale_stay_unserialized_and_change_nothing(ray_local, tmp_path: Path) -> None:
-    """The queue actor leaves a record that is stale at the step it is read for unserialized (only its header comes
-    back); the batches, the ledger and the arrival numbers are those of reading every record in full (as the
-    strategy does when the experience log needs every turn's arrays)."""
+def _content(exp: Experience) -> tuple:
+    tensors = (exp.tokens, exp.logprobs, exp.teacher_logprobs, exp.action_mask)
+    return exp.eid.task, exp.eid.step, exp.info, exp.truncate_status, *(str(t.tolist()) for t in tensors)
 
-    async def run(drop: bool) -> tuple[list, list, int, int]:
+
+def test_records_stay_in_the_queue_actor_until_selected_and_change_nothing(ray_local, tmp_path: Path) -> None:
+    """The queue actor keeps each record it reads until the record is selected (only its identity and response arrays
+    come back) and drops there a record that is stale at the step it is read for (only its header comes back). The
+    batches, their experiences, the ledger, the arrival numbers and the checkpoint are those of reading every record
+    in full (as the strategy does when the experience log needs every turn's arrays); the actor holds exactly the
+    records still waiting and those that left unselected since the last hand-over."""
+
+    def in_actor(storage: Any) -> list[int]:  # a closure: Ray ships it by value
+        return sorted(storage.__dict__.get("_divopd_kept", {}))
+
+    async def run(keep: bool) -> tuple[list, list, dict, list[int]]:
         buffer = buffer_config(tmp_path, 4)
         async with queue_writer(buffer) as writer:
             plugin = strategy(buffer, method="divopd", pool_factor=2, cap=2, max_staleness=1)
-            assert plugin.drop_stale_in_queue
-            plugin.drop_stale_in_queue = drop
-            headers, full, read_now = [], [], plugin._read_now
+            assert plugin.keep_in_queue
+            plugin.keep_in_queue = keep
+            counts, read_now = [0, 0, 0], plugin._read_now
 
             async def spy(limit: int, learner_version: int) -> tuple:
-                experiences, stale, drained = await read_now(limit, learner_version)
-                headers.extend(stale)
-                full.extend(experiences)
-                return experiences, stale, drained
+                read, experiences, drained = await read_now(limit, learner_version)
+                for i, n in enumerate((len(read.stale), len(read.kept), len(experiences))):
+                    counts[i] += n
+                return read, experiences, drained
 
             plugin._read_now = spy
-            keys, ledgers = [], []
+            batches, ledgers = [], []
             for step in range(1, 6):  # every other rollout 3 versions old (stale), one with no valid token
                 old = [_experience(10 * step, t, max(step - 4, 0)) for t in range(3)] if step > 2 else []
                 new = [_experience(10 * step + 1, t, step - 1) for t in range(3)]
                 dead = [_experience(10 * step + 2, 0, step - 1, action_mask=torch.zeros(3, dtype=torch.bool))]
-                await writer.write(old + new + dead + [_experience(10 * step + 3, 0, step - 1)])
+                unscored = _experience(10 * step + 4, 0, step - 1)
+                unscored.info["divopd_unscored"] = True  # read whole: the gate rejects it
+                new[1].teacher_logprobs = torch.tensor([float("nan"), -2.0, -3.0])  # masked at hand-over
+                await writer.write(old + new + dead + [_experience(10 * step + 3, 0, step - 1), unscored])
                 batch, metrics, _ = await plugin.sample(step)
-                keys.append([(e.eid.task, e.eid.step) for e in batch])
+                batches.append([_content(exp) for exp in batch])
                 ledger = plugin.sampler.ledger
                 assert_ledger_identity(ledger)
                 ledgers.append((ledger, metrics["sampler/expired"], plugin.sampler.ledger.received))
-            return keys, ledgers, len(headers), len(full)
+                waiting = [key for key, _ in plugin.sampler.waiting_payloads() if type(key) is int]
+                assert await plugin._reader.queue.__ray_call__.remote(in_actor) == sorted(waiting + plugin._release)
+            state = plugin.state_dict()["sampler"]
+            for entry in state["queue"] + state["pending"]:  # the experience in content (eid has a random suffix)
+                entry[2] = (_content(Experience.deserialize_many(base64.b64decode(entry[2][0]))[0]), entry[2][1])
+            return batches, ledgers, state, counts
 
-    kept, ledgers_kept, headers_kept, full_kept = asyncio.run(run(True))
-    read, ledgers_read, headers_read, full_read = asyncio.run(run(False))
-    assert kept == read and ledgers_kept == ledgers_read
+    kept, ledgers_kept, state_kept, (stale, light, whole) = asyncio.run(run(True))
+    read, ledgers_read, state_read, (stale_read, light_read, whole_read) = asyncio.run(run(False))
+    assert kept == read and ledgers_kept == ledgers_read and state_kept == state_read
     assert ledgers_kept[-1][0].expired_by_reason["stale"] > 0 and ledgers_kept[-1][0].invalid > 0
-    assert headers_read == 0 and headers_kept > 0 and full_kept + headers_kept == full_read
+    assert stale > 0 and light > 0 and whole == 5  # the unscored records
+    assert stale_read == light_read == 0 and whole_read == stale + light + whole
 
 
 @pytest.mark.parametrize(("record", "field"), [
@@ -244,3 +264,25 @@ def test_a_step_counts_and_reads_the_queue_in_one_request(ray_local, tmp_path: P
     two, reads_two = asyncio.run(run(False))
     assert one == two and all(len(k) == 4 for k in one)
     assert reads_one == [] and reads_two == [6, 6, 6, 6]
+
+
+def test_a_queue_actor_that_lost_the_kept_records_stops_the_run(ray_local, tmp_path: Path) -> None:
+    """Records read into the pool stay in the queue actor; if it no longer holds them (restarted under the strategy),
+    the hand-over stops with an error saying how many, instead of training on fewer."""
+
+    def forget(storage: Any) -> int:  # as a restarted actor: nothing kept
+        kept = storage.__dict__.pop("_divopd_kept", {})
+        return len(kept)
+
+    async def run() -> None:
+        buffer = buffer_config(tmp_path, 4)
+        async with queue_writer(buffer) as writer:
+            plugin = strategy(buffer, method="divopd", pool_factor=2, cap=2, max_staleness=1)
+            await writer.write([_experience(r, t, 0) for r in range(4) for t in range(3)])
+            batch, _, _ = await plugin.sample(1)
+            assert len(batch) == 4
+            assert await plugin._reader.queue.__ray_call__.remote(forget) == plugin.sampler.waiting > 0
+            with pytest.raises(RuntimeError, match=r"no longer holds [1-4] of the records read into the pool"):
+                await plugin.sample(2)
+
+    asyncio.run(run())
