@@ -95,33 +95,11 @@ def light_function(version_key: str, unscored_key: str
     return light
 
 
-def read_now_function(version_key: str, unscored_key: str) -> Callable[..., tuple]:
-    """``read_now(storage, limit, timeout, stale_below=None, keep=False)`` for ``__ray_call__`` on Trinity's
-    ``QueueStorage`` actor; returns the fields of :class:`ReadNow`. It counts the experiences the queue holds and,
-    when that is not 0 and the actor's event loop is known, takes the next ``min(count, limit)`` of them in order (as
-    Trinity's ``get_batch``: a payload's rest stays in ``exp_pool``); otherwise it takes none (read them with
-    Trinity's reader). ``stale_below``: a record whose version is an int in ``[0, stale_below)`` is dropped in the
-    actor, only its :data:`StaleHeader` comes back, not counted towards ``limit``. ``keep``: each record that
-    :func:`light_function` can read stays in the actor under a key until :func:`fetch_function` takes it; only its
-    :data:`KeptHeader` and arrays come back. ``timeout``: the take's; on a timeout the records taken go back.
-
-    ``__ray_call__`` runs in a Ray thread: the count only reads, and the take runs on the actor's one running event
-    loop in another thread (found once), so only that loop changes the queue."""
-    light, pack = light_function(version_key, unscored_key), pack_function()
-
-    def actor_loop(storage: Any) -> Any:
-        import asyncio
-        import gc
-        import threading
-
-        loop = storage.__dict__.get("_divopd_event_loop")
-        if loop is None:
-            me = threading.get_ident()
-            running = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()
-                       and getattr(o, "_thread_id", me) != me]
-            loop = running[0] if len(running) == 1 else False  # False: not found, do not look again
-            storage.__dict__["_divopd_event_loop"] = loop
-        return loop or None
+def _take_function(version_key: str) -> Callable[..., Any]:
+    """``take(storage, n, most, timeout, stale_below)``, a coroutine for the queue actor's event loop: the next
+    records, in order, until ``n`` are not stale or ``most`` are taken (as Trinity's ``get_batch``: a payload's rest
+    stays in ``exp_pool``); returns those with their positions in the read and the stale records' headers. On a
+    timeout (or any error) every record taken goes back to the head of ``exp_pool``."""
 
     def is_stale(exp: Any, stale_below: int) -> bool:
         eid, info = exp.eid, exp.info
@@ -132,8 +110,6 @@ def read_now_function(version_key: str, unscored_key: str) -> Callable[..., tupl
 
     async def take(storage: Any, n: int, most: int, timeout: float, stale_below: int | None
                    ) -> tuple[list[tuple[int, Any]], list[StaleHeader]]:
-        """The next records until ``n`` are not stale or ``most`` are taken: those with their positions, and the stale
-        records' headers."""
         import asyncio
 
         pool, popped, taken, stale = storage.exp_pool, [], [], []
@@ -154,6 +130,37 @@ def read_now_function(version_key: str, unscored_key: str) -> Callable[..., tupl
             pool.extendleft(reversed(popped))  # nothing taken is lost: the next read starts with it
             raise
         return taken, stale
+
+    return take
+
+
+def read_now_function(version_key: str, unscored_key: str) -> Callable[..., tuple]:
+    """``read_now(storage, limit, timeout, stale_below=None, keep=False)`` for ``__ray_call__`` on Trinity's
+    ``QueueStorage`` actor; returns the fields of :class:`ReadNow`. It counts the experiences the queue holds and,
+    when that is not 0 and the actor's event loop is known, takes the next ``min(count, limit)`` of them in order (as
+    Trinity's ``get_batch``: a payload's rest stays in ``exp_pool``); otherwise it takes none (read them with
+    Trinity's reader). ``stale_below``: a record whose version is an int in ``[0, stale_below)`` is dropped in the
+    actor, only its :data:`StaleHeader` comes back, not counted towards ``limit``. ``keep``: each record that
+    :func:`light_function` can read stays in the actor under a key until :func:`fetch_function` takes it; only its
+    :data:`KeptHeader` and arrays come back. ``timeout``: the take's; on a timeout the records taken go back.
+
+    ``__ray_call__`` runs in a Ray thread: the count only reads, and the take runs on the actor's one running event
+    loop in another thread (found once), so only that loop changes the queue."""
+    light, pack, take = light_function(version_key, unscored_key), pack_function(), _take_function(version_key)
+
+    def actor_loop(storage: Any) -> Any:
+        import asyncio
+        import gc
+        import threading
+
+        loop = storage.__dict__.get("_divopd_event_loop")
+        if loop is None:
+            me = threading.get_ident()
+            running = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()
+                       and getattr(o, "_thread_id", me) != me]
+            loop = running[0] if len(running) == 1 else False  # False: not found, do not look again
+            storage.__dict__["_divopd_event_loop"] = loop
+        return loop or None
 
     def read_now(storage: Any, limit: int, timeout: float, stale_below: int | None = None, keep: bool = False
                  ) -> tuple:
