@@ -32,6 +32,11 @@ class RunExistsError(UsageError, FileExistsError):
     """A fresh run was asked for in a run directory that already holds one (``--resume`` it, or choose another)."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of ``exc``'s message, stripped, or its type's name when it has none."""
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+
+
 def one_line(text: Any, limit: int = 600) -> str:
     """``text`` with every run of whitespace holding a newline collapsed to one space, cut at ``limit`` characters."""
     s = re.sub(r"\s*\n\s*", " ", str(text)).strip()

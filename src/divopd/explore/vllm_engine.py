@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from divopd.errors import UsageError
+from divopd.errors import UsageError, first_line
 from divopd.explore.call_deadline import call_deadline
 from divopd.explore.children import sigint_blocked
 from divopd.explore.generation import Generation, stop_token_ids
@@ -62,8 +62,7 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
             text = str(errors()[0].get("msg", ""))
         except Exception:  # noqa: BLE001 (not a pydantic error after all)
             text = ""
-    text = text or next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-    text = " ".join(text.split())
+    text = " ".join((text or first_line(exc)).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

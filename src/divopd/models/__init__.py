@@ -16,7 +16,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from divopd.errors import UsageError
+from divopd.errors import UsageError, first_line
 
 __all__ = ["DTYPES", "ModelLoadError", "load_model", "load_tokenizer", "resolve_dtype"]
 
@@ -34,10 +34,6 @@ def resolve_dtype(name: str) -> torch.dtype:
 
 class ModelLoadError(UsageError, OSError):
     """A model or tokenizer path transformers cannot load (not a model folder; offline and not cached; ...)."""
-
-
-def _first_line(exc: BaseException) -> str:
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
 def _is_plain_fast_tokenizer_folder(path: Path) -> bool:
@@ -61,7 +57,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(name_or_path)
     except OSError as exc:
         raise ModelLoadError(f"{name_or_path}: no tokenizer there (or a Hugging Face tokenizer that can be fetched): "
-                             f"{_first_line(exc)}") from exc
+                             f"{first_line(exc)}") from exc
 
 
 def load_model(name_or_path: str, *, dtype: str = "float32",
@@ -77,7 +73,7 @@ def load_model(name_or_path: str, *, dtype: str = "float32",
         if isinstance(exc, ValueError) and not str(exc).startswith("Unrecognized model"):
             raise
         raise ModelLoadError(f"{name_or_path} is not a model folder (or a Hugging Face model that can be fetched): "
-                             f"{_first_line(exc)}") from exc
+                             f"{first_line(exc)}") from exc
     model = model.to(device).eval()
     tokenizer = load_tokenizer(name_or_path)
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:

@@ -25,18 +25,12 @@ from divopd.learn.checkpoint import WeightHandle
 from divopd.models import load_model, load_tokenizer
 from divopd.train.config import TrainConfig
 
-__all__ = ["bridge_vocabularies", "build_explorer", "check_vocabularies", "explorer_seed", "first_line",
+__all__ = ["bridge_vocabularies", "build_explorer", "check_vocabularies", "explorer_seed",
            "fresh_session", "load_teacher", "logged_rollout_ids", "rollout_id_prefix", "step_limit", "vllm_generator"]
 
 # transformers' from_pretrained swaps process-global state (meta-device init); loading in two threads at once races.
 _LOAD_LOCK = threading.Lock()
 log = logging.getLogger(__name__)
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of ``exc``'s message, or its type's name when it has none."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def explorer_seed(cfg: TrainConfig, explorer_id: int, session: int, incarnation: int = 0) -> int:

@@ -14,13 +14,13 @@ import ray
 import torch
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from divopd.errors import UsageError
+from divopd.errors import UsageError, first_line
 from divopd.explore.children import sigint_blocked
 from divopd.explore.explorer import Rollout
 from divopd.learn.checkpoint import WeightHandle
 from divopd.train.config import TrainConfig
 from divopd.train.protocol import EvalResult, StatelessRuntime
-from divopd.train.runtime.common import build_explorer, first_line, load_teacher
+from divopd.train.runtime.common import build_explorer, load_teacher
 from divopd.train.runtime.ray_teacher import RemoteTeacher, TeacherWatch, start_shared_teacher
 from divopd.train.watchdog import note_stall
 

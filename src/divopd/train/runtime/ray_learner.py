@@ -11,10 +11,10 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from divopd.errors import first_line
 from divopd.learn.dist_worker import RankWorker, free_port
 from divopd.learn.ranks import REPLY_SLACK_S, LearnerRankError, ReplyDeadline
 from divopd.train.config import TrainConfig
-from divopd.train.runtime.common import first_line
 from divopd.train.runtime.ray import init_ray
 
 __all__ = ["RankActor", "RayRanks", "ray_ranks"]

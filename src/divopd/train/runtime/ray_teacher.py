@@ -13,10 +13,11 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from divopd.errors import first_line
 from divopd.experience.turn import ResponseScores
 from divopd.explore.generation import Generation
 from divopd.train.config import TrainConfig
-from divopd.train.runtime.common import first_line, load_teacher
+from divopd.train.runtime.common import load_teacher
 from divopd.train.watchdog import note_stall
 
 __all__ = ["RemoteTeacher", "TeacherActor", "TeacherTimeoutError", "TeacherWatch", "start_shared_teacher"]
