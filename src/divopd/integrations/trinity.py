@@ -126,7 +126,8 @@ class DivOPDSampleStrategy(SampleStrategy):
 
     @property
     def held(self) -> int:
-        """Experiences held for turns still waiting in the sampler (pending or queued): at most the pool."""
+        """Experiences held for turns still waiting in the sampler (pending or queued), most of them in Trinity's queue
+        actor: at most the pool."""
         return self.sampler.waiting
 
     async def sample(self, step: int, **kwargs: Any) -> tuple[list[Experience], dict, list]:
