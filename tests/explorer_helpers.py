@@ -21,7 +21,7 @@ def env_tokenizer(env_name: str = "tiny", n_tasks: int = 40):
 
     env = make_env(env_name)
     try:
-        records, _ = collect_gold_examples(env, env.tasks("train")[:n_tasks], None)
+        records, _ = collect_gold_examples(env, env.tasks("train")[:n_tasks])
     finally:
         env.close()
     cfg = PromptConfig()

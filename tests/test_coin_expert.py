@@ -48,8 +48,8 @@ def test_it_wins_every_real_episode_in_fewer_steps_than_gold(rooms: int) -> None
     env = make_env("twx", game="coin", params=f"numLocations={rooms},numDistractorItems=0,includeDoors=0")
     try:
         tasks = env.tasks("train")[:40]
-        explore, failed = collect_gold_examples(env, tasks, None, expert="explore", max_steps=30)
-        gold, _ = collect_gold_examples(env, tasks, None)
+        explore, failed = collect_gold_examples(env, tasks, expert="explore", max_steps=30)
+        gold, _ = collect_gold_examples(env, tasks)
     finally:
         env.close()
     assert failed == 0
@@ -66,7 +66,7 @@ def _coin4_examples(*calls: dict) -> list[tuple[list[dict], int]]:
     env = make_env("twx", game="coin", params="numLocations=4,numDistractorItems=0,includeDoors=0")
     try:
         tasks = env.tasks("train")[:30]
-        return [collect_gold_examples(env, tasks, None, expert="explore", **kw) for kw in calls]
+        return [collect_gold_examples(env, tasks, expert="explore", **kw) for kw in calls]
     finally:
         env.close()
 

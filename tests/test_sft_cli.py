@@ -18,7 +18,7 @@ from divopd.models import load_model
 def test_gold_examples_are_the_prompts_the_explorer_would_build():
     env = make_env("tiny")
     task = env.tasks("train")[0]
-    records, failed = collect_gold_examples(env, [task], PromptConfig())
+    records, failed = collect_gold_examples(env, [task])
     gold = env.gold_actions(task)
     assert failed == 0 and [r["action"] for r in records] == gold
     assert [len(r["history"]) for r in records] == list(range(len(gold)))

@@ -41,11 +41,11 @@ def test_it_wins_every_real_episode_and_recovers_from_perturbations() -> None:
     env = make_env("twx", game="twc", params=TWC_PARAMS, dev_from_train=200)
     try:
         tasks = env.tasks("train")[:40]
-        clean, failed = collect_gold_examples(env, tasks, None, expert="explore", max_steps=5, game="twc")
-        gold, _ = collect_gold_examples(env, tasks, None)
-        noisy = {t: collect_gold_examples(env, [t], None, expert="explore", max_steps=5, noise=0.3, seed=i,
+        clean, failed = collect_gold_examples(env, tasks, expert="explore", max_steps=5, game="twc")
+        gold, _ = collect_gold_examples(env, tasks)
+        noisy = {t: collect_gold_examples(env, [t], expert="explore", max_steps=5, noise=0.3, seed=i,
                                           game="twc")[0] for i, t in enumerate(tasks)}
-        again = collect_gold_examples(env, tasks[:1], None, expert="explore", max_steps=5, noise=0.3, seed=0,
+        again = collect_gold_examples(env, tasks[:1], expert="explore", max_steps=5, noise=0.3, seed=0,
                                       game="twc")[0]
         goals = {t: putaway_goal(env.gold_actions(t)) for t in tasks}
     finally:

@@ -98,7 +98,7 @@ def _expert_policy(env: Any, task: str, expert: str, game: str,
     return max_steps, lambda i, first, history, valid: twc_putaway_action(goal, valid)
 
 
-def collect_gold_examples(env: Any, tasks: list[str], prompt_config: Any, *, expert: str = "gold",
+def collect_gold_examples(env: Any, tasks: list[str], *, expert: str = "gold",
                           max_steps: int = 30, noise: float = 0.0, seed: int = 0,
                           game: str = "coin", epsilon: float = 0.0,
                           miss: float = 0.0) -> tuple[list[dict[str, Any]], int]:
@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     env = make_env(args.env, **env_kwargs)
     try:
         tasks = env.tasks("train")[: args.train_tasks]
-        records, failed = collect_gold_examples(env, tasks, prompt_config, expert=args.expert,
+        records, failed = collect_gold_examples(env, tasks, expert=args.expert,
                                                 max_steps=args.expert_max_steps, noise=args.expert_noise,
                                                 seed=args.seed, game=env_kwargs.get("game", "coin"),
                                                 epsilon=args.expert_epsilon, miss=args.expert_miss)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from divopd.errors import UsageError
-from divopd.integrations.verl_tasks import ROW_KEYS
+from divopd.integrations.verl_tasks import ROW_KEYS, check_row
 
 __all__ = ["JSON_FIELDS", "ROW_KEYS", "read_row", "write_tasks"]
 
@@ -27,9 +27,7 @@ def write_tasks(rows: list[dict], out: Path) -> None:
         raise UsageError(f"--out {out}: a Trinity taskset file ends in .jsonl (name it after its split: "
                          "train.jsonl, test.jsonl)")
     for row in rows:
-        missing = [k for k in ROW_KEYS if k not in row]
-        if missing:
-            raise UsageError(f"task row {row.get('index')!r} has no {missing[0]!r}")
+        check_row(row)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with tmp.open("w") as f:

@@ -14,7 +14,7 @@ from typing import Any
 
 from divopd.errors import UsageError
 
-__all__ = ["AGENT_NAME", "ROW_KEYS", "verl_row", "write_tasks"]
+__all__ = ["AGENT_NAME", "ROW_KEYS", "check_row", "verl_row", "write_tasks"]
 
 #: The name divopd's agent loop is registered under in verl (:mod:`divopd.integrations.verl_env_agent`).
 AGENT_NAME = "divopd_env_agent"
@@ -23,11 +23,16 @@ AGENT_NAME = "divopd_env_agent"
 ROW_KEYS = ("env", "env_kwargs", "split", "task", "index", "max_steps")
 
 
-def verl_row(row: dict[str, Any]) -> dict[str, Any]:
-    """The verl dataset row of one divopd task row."""
+def check_row(row: dict[str, Any]) -> None:
+    """One :class:`UsageError` line naming the first of :data:`ROW_KEYS` that ``row`` lacks."""
     missing = [k for k in ROW_KEYS if k not in row]
     if missing:
         raise UsageError(f"task row {row.get('index')!r} has no {missing[0]!r}")
+
+
+def verl_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The verl dataset row of one divopd task row."""
+    check_row(row)
     return {
         "data_source": f"divopd/{row['env']}",
         "agent_name": AGENT_NAME,
