@@ -136,7 +136,7 @@ class DivOPDSampleStrategy(SampleStrategy):
         metrics: dict[str, Any] = {}
         with Timer(metrics, "time/read_experience"):
             batch = await self._compose(learner_version)
-        experiences = await self._hand_over(batch.payloads)
+            experiences = await self._hand_over(batch.payloads)
         masked = sum(mask_unscored(exp) for exp, (_, unscored) in zip(experiences, batch.payloads, strict=True)
                      if unscored)  # flagged on arrival
         metrics.update(self.sampler.ledger.as_metrics(batch.stats))
