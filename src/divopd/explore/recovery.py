@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RecoveryConfig", "RecoveryState", "is_no_progress", "normalize_action", "should_recover"]
+__all__ = ["RecoveryConfig", "RecoveryState", "allowed_key", "is_no_progress", "normalize_action", "should_recover"]
 
 
 class RecoveryConfig(BaseModel):
@@ -54,7 +54,7 @@ def should_recover(no_progress_streak: int, learner_version: int, config: Recove
             and teacher_turns < config.max_takeover)
 
 
-def _allowed(allowed: Hashable | None, observation: str) -> Hashable:
+def allowed_key(allowed: Hashable | None, observation: str) -> Hashable:
     """The allowed-set key, or the observation text where the env reports no allowed actions."""
     return allowed if allowed is not None else ("observation", str(observation).strip())
 
@@ -77,7 +77,7 @@ class RecoveryState:
 
     def start(self, allowed: Hashable | None, observation: str = "") -> None:
         """The episode's first state: its allowed actions key (``None``: the observation text stands for it)."""
-        self.allowed = _allowed(allowed, observation)
+        self.allowed = allowed_key(allowed, observation)
         self.last_action, self.last_allowed = None, None
 
     def next_actor(self, learner_version: int, config: RecoveryConfig, evaluating: bool = False) -> str:
@@ -99,7 +99,7 @@ class RecoveryState:
         no_progress = is_no_progress(action, invalid, self.allowed, self.last_action, self.last_allowed)
         self.record(actor, no_progress, config)
         self.last_action, self.last_allowed = action, self.allowed
-        self.allowed = _allowed(allowed_after, observation)
+        self.allowed = allowed_key(allowed_after, observation)
         return no_progress
 
     def record(self, actor: str, no_progress: bool, config: RecoveryConfig) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from divopd.errors import UsageError
 from divopd.explore.envs import Env, EnvCrash
 from divopd.explore.episode import Episode
-from divopd.explore.recovery import _allowed
+from divopd.explore.recovery import allowed_key
 
 __all__ = ["ReplayError", "load_student", "replay_episode", "save_student"]
 
@@ -49,12 +49,12 @@ def _replay(env: Env, episode: Episode) -> list[Any]:
     first = env.reset(episode.task)
     check("first observation", first, episode.first_observation)
     valid = env.valid_actions()
-    keys = [_allowed(env.allowed_actions_key(), first)]
+    keys = [allowed_key(env.allowed_actions_key(), first)]
     for n, (action, observation) in enumerate(episode.history):
         obs, _, _, _ = env.step(action)
         check(f"observation at step {n}", obs, observation)
         valid = env.valid_actions()
-        keys.append(_allowed(env.allowed_actions_key(), obs))
+        keys.append(allowed_key(env.allowed_actions_key(), obs))
     check("valid-action list", None if valid is None else list(valid), episode.valid_actions)
     return keys
 
