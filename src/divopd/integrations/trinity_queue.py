@@ -36,8 +36,8 @@ Packed = tuple
 
 
 class ReadNow(NamedTuple):
-    """One read of the queue actor: the records sent whole (serialized as by Trinity's ``get_batch``) fill the
-    positions that :attr:`stale` and :attr:`kept` leave free, in order."""
+    """One read of the queue actor: the records sent whole (:func:`pack_function`) fill the positions that
+    :attr:`stale` and :attr:`kept` leave free, in order."""
 
     data: Packed | None
     stale: list[StaleHeader]
@@ -45,6 +45,23 @@ class ReadNow(NamedTuple):
     arrays: Arrays | None  # of the kept records
     available: int  # experiences the queue held before the read
     closed: bool  # closed and empty
+
+
+def _identity_function(version_key: str) -> Callable[[Any], tuple[str, int, int, Any] | None]:
+    """``identity(record)``: ``(rollout id, turn index, policy version, info["task"] or eid.tid)`` of a record with a
+    rollout id (eid.batch or eid.task), an int turn index >= 0 and an int version >= 0 (``info[version_key]``, else
+    ``info["model_version"]``); ``None`` for any other record (the strategy reads it whole and judges it)."""
+
+    def identity(exp: Any) -> tuple[str, int, int, Any] | None:
+        eid, info = exp.eid, exp.info
+        if eid is None or type(info) is not dict or (eid.batch in ("", None) and eid.task in ("", None)):
+            return None
+        step, version = eid.step, info.get(version_key, info.get("model_version"))
+        if type(step) is not int or step < 0 or type(version) is not int or version < 0:
+            return None
+        return eid.rid, step, version, info.get("task", eid.tid)
+
+    return identity
 
 
 def light_function(version_key: str, unscored_key: str
@@ -55,6 +72,8 @@ def light_function(version_key: str, unscored_key: str
     int tokens, float log probs, a bool action mask, the three of the response's length (> 0). ``[], [], None``
     when their tensors cannot be concatenated on the CPU."""
 
+    identity = _identity_function(version_key)
+
     def light(records: list[Any]) -> tuple[list[int], list[LightHeader], Arrays | None]:
         import numpy as np
         import torch
@@ -62,12 +81,8 @@ def light_function(version_key: str, unscored_key: str
         floats, ints = (torch.float32, torch.bfloat16, torch.float16, torch.float64), (torch.int64, torch.int32)
         at, heads = [], []
         for i, exp in enumerate(records):
-            eid, info = exp.eid, exp.info
-            if eid is None or type(info) is not dict or info.get(unscored_key):
-                continue
-            step, version, prompt_length = eid.step, info.get(version_key, info.get("model_version")), exp.prompt_length
-            if (eid.batch in ("", None) and eid.task in ("", None)) or type(step) is not int or step < 0 \
-                    or type(version) is not int or version < 0 or type(prompt_length) is not int or prompt_length < 0:
+            head, prompt_length = identity(exp), exp.prompt_length
+            if head is None or exp.info.get(unscored_key) or type(prompt_length) is not int or prompt_length < 0:
                 continue
             tokens, student, teacher, mask = arrays = exp.tokens, exp.logprobs, exp.teacher_logprobs, exp.action_mask
             if any(type(a) is not torch.Tensor or a.dim() != 1 for a in arrays) or tokens.dtype not in ints \
@@ -77,7 +92,8 @@ def light_function(version_key: str, unscored_key: str
             if n <= 0 or student.shape[0] != n or teacher.shape[0] != n or mask.shape[0] != n:
                 continue
             at.append(i)
-            heads.append((eid.rid, step, version, exp.truncate_status == "prompt_truncated", info.get("task", eid.tid)))
+            rid, step, version, task = head
+            heads.append((rid, step, version, exp.truncate_status == "prompt_truncated", task))
         if not at:
             return at, heads, None
         picked = [records[i] for i in at]
@@ -101,12 +117,7 @@ def _take_function(version_key: str) -> Callable[..., Any]:
     stays in ``exp_pool``); returns those with their positions in the read and the stale records' headers. On a
     timeout (or any error) every record taken goes back to the head of ``exp_pool``."""
 
-    def is_stale(exp: Any, stale_below: int) -> bool:
-        eid, info = exp.eid, exp.info
-        if eid is None or type(info) is not dict or (eid.batch in ("", None) and eid.task in ("", None)):
-            return False
-        version = info.get(version_key, info.get("model_version"))
-        return type(version) is int and 0 <= version < stale_below and type(eid.step) is int and eid.step >= 0
+    identity = _identity_function(version_key)
 
     async def take(storage: Any, n: int, most: int, timeout: float, stale_below: int | None
                    ) -> tuple[list[tuple[int, Any]], list[StaleHeader]]:
@@ -120,10 +131,8 @@ def _take_function(version_key: str) -> Callable[..., Any]:
                     continue
                 exp = pool.popleft()
                 popped.append(exp)
-                if stale_below is not None and is_stale(exp, stale_below):
-                    stale.append((len(popped) - 1, exp.eid.rid, exp.eid.step,
-                                  exp.info.get(version_key, exp.info.get("model_version")),
-                                  exp.info.get("task", exp.eid.tid)))
+                if stale_below is not None and (head := identity(exp)) is not None and head[2] < stale_below:
+                    stale.append((len(popped) - 1, *head))
                 else:
                     taken.append((len(popped) - 1, exp))
         except BaseException:
