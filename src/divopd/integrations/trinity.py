@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError
 from trinity.algorithm.sample_strategy import SAMPLE_STRATEGY, SampleStrategy
 from trinity.algorithm.sample_strategy.utils import representative_sample
 from trinity.buffer import get_buffer_reader
@@ -41,6 +43,9 @@ _STATE_VERSION = 2
 #: that arrived stale, dropped in the actor, expires unselected); and whether it has a teacher position not finite.
 Held = tuple[Experience | int | None, bool]
 _WHO = "sample_strategy divopd"
+#: A request to Trinity's queue actor gets the buffer's ``max_read_timeout`` plus this many seconds (its take waits up
+#: to the former, its reply up to 30 s more), then stops the step with a TimeoutError line.
+CALL_SLACK_S = 60.0
 
 
 def default_sample_args() -> dict[str, Any]:
@@ -186,7 +191,7 @@ class DivOPDSampleStrategy(SampleStrategy):
         if self._closed:
             return 0
         try:
-            available = ReadNow(*await self._reader.queue.__ray_call__.remote(self._read_fn, 0, self._wait_s)).available
+            available = ReadNow(*await self._ask("a count", self._read_fn, 0, self._wait_s)).available
         except StopAsyncIteration:
             return 0
         self._known = int(available)
@@ -203,8 +208,7 @@ class DivOPDSampleStrategy(SampleStrategy):
             if limit <= self._known and not keep:
                 read = ReadNow(None, [], [], None, self._known, False)
             else:
-                read = ReadNow(*await self._reader.queue.__ray_call__.remote(
-                    self._read_fn, limit, self._wait_s, stale_below, keep))
+                read = ReadNow(*await self._ask("a read", self._read_fn, limit, self._wait_s, stale_below, keep))
                 self._counted_for = learner_version
                 if read.available == 0:
                     self._closed = self._closed or read.closed
@@ -263,10 +267,25 @@ class DivOPDSampleStrategy(SampleStrategy):
         keys = [key for key, _ in payloads if type(key) is int]
         if not keys:
             return [exp for exp, _ in payloads]  # type: ignore[misc]  (no key, no stale record is ever selected)
-        data, missing = await self._reader.queue.__ray_call__.remote(self._fetch_fn, keys, self._release)
+        data, missing = await self._ask("the hand-over of the selected records", self._fetch_fn, keys,
+                                            self._release)
         self._release = []
         fetched = iter(self._fetched(data, missing))
         return [next(fetched) if type(exp) is int else exp for exp, _ in payloads]  # type: ignore[misc]
+
+    async def _ask(self, what: str, function: Any, *args: Any) -> Any:
+        """``function(storage, *args)`` run in Trinity's queue actor, within ``max_read_timeout`` +
+        :data:`CALL_SLACK_S` (``what``: the request, for the error line)."""
+        try:
+            return await asyncio.wait_for(self._reader.queue.__ray_call__.remote(function, *args),
+                                          self._wait_s + CALL_SLACK_S)
+        except asyncio.TimeoutError:
+            raise TimeoutError(self._no_reply(what)) from None
+
+    def _no_reply(self, what: str) -> str:
+        return (f"{_WHO}: Trinity's queue actor did not answer {what} within {self._wait_s + CALL_SLACK_S:g} s "
+                f"(buffer.trainer_input.experience_buffer.max_read_timeout + {CALL_SLACK_S:g} s); resume from the last "
+                "checkpoint")
 
     def _fetched(self, data: Packed | None, missing: list[int]) -> list[Experience]:
         if missing:
@@ -301,13 +320,18 @@ class DivOPDSampleStrategy(SampleStrategy):
 
     def state_dict(self) -> dict:
         """The sampler's state with the experiences of its waiting turns (JSON-able: Trinity writes it as JSON); those
-        kept in the queue actor are copied from it (one blocking request, within the buffer's read timeout + 30 s)."""
+        kept in the queue actor are copied from it (one blocking request, within ``max_read_timeout`` +
+        :data:`CALL_SLACK_S`)."""
         self.plugin.compact()  # the experience log's parts merged at each checkpoint, as divopd train does
         keys = [key for key, _ in self.sampler.waiting_payloads() if type(key) is int]
         kept: dict[int, Experience] = {}
         if keys:
             request = self._reader.queue.__ray_call__.remote(self._fetch_fn, keys, [], False)
-            kept = dict(zip(keys, self._fetched(*ray.get(request, timeout=self._wait_s + 30.0)), strict=True))
+            try:
+                reply = ray.get(request, timeout=self._wait_s + CALL_SLACK_S)
+            except GetTimeoutError:
+                raise TimeoutError(self._no_reply("copying the waiting records for a checkpoint")) from None
+            kept = dict(zip(keys, self._fetched(*reply), strict=True))
 
         def encode(held: Held) -> list[Any]:
             exp = kept[held[0]] if type(held[0]) is int else held[0]

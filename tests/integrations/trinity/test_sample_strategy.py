@@ -21,6 +21,7 @@ from trinity.common.experience import EID, Experience  # noqa: E402
 from divopd.analysis.replay import ReplayConfig, replay  # noqa: E402
 from divopd.errors import UsageError  # noqa: E402
 from divopd.experience.log import read_log  # noqa: E402
+from divopd.integrations import trinity as trinity_strategy  # noqa: E402
 from divopd.integrations.trinity import DivOPDSampleStrategy, default_sample_args  # noqa: E402
 from divopd.sampling import METHODS, SamplerConfig, get_method  # noqa: E402
 from divopd.sampling.gate import REASONS  # noqa: E402
@@ -283,6 +284,37 @@ def test_a_queue_actor_that_lost_the_kept_records_stops_the_run(ray_local, tmp_p
             assert len(batch) == 4
             assert await plugin._reader.queue.__ray_call__.remote(forget) == plugin.sampler.waiting > 0
             with pytest.raises(RuntimeError, match=r"no longer holds [1-4] of the records read into the pool"):
+                await plugin.sample(2)
+
+    asyncio.run(run())
+
+
+def test_a_queue_actor_that_does_not_answer_stops_the_step_at_its_deadline(ray_local, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request to the queue actor that gets no answer within ``max_read_timeout`` + ``CALL_SLACK_S`` stops the step
+    (and a checkpoint's copy of the waiting records) with one TimeoutError line naming the request."""
+    monkeypatch.setattr(trinity_strategy, "CALL_SLACK_S", 2.0)
+
+    def slow(function: Any) -> Any:
+        def call(storage: Any, *args: Any) -> Any:  # a closure: Ray ships it by value
+            import time
+
+            time.sleep(6.0)
+            return function(storage, *args)
+
+        return call
+
+    async def run() -> None:
+        buffer = buffer_config(tmp_path, 4, max_read_timeout=0.5)
+        async with queue_writer(buffer) as writer:
+            plugin = strategy(buffer, method="divopd", pool_factor=2, cap=2, max_staleness=1)
+            await writer.write([_experience(r, t, 0) for r in range(4) for t in range(3)])
+            assert len((await plugin.sample(1))[0]) == 4
+            plugin._fetch_fn = slow(plugin._fetch_fn)
+            with pytest.raises(TimeoutError, match=r"did not answer copying the waiting records .* within 2.5 s"):
+                plugin.state_dict()
+            await asyncio.sleep(6.0)  # the actor answers one request at a time: let the late copy end
+            with pytest.raises(TimeoutError, match=r"did not answer the hand-over of the selected .* within 2.5 s"):
                 await plugin.sample(2)
 
     asyncio.run(run())
